@@ -1,0 +1,95 @@
+// Command dkc-dev starts and stops the local dev cluster (CONTRACT §6): `dkc-dev up` returns once etcd,
+// kube-apiserver and the real nodes are ready and leaves them running in the background; `dkc-dev down`
+// stops exactly what `up` recorded. The Makefile's `up` and `down` targets call it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/dkc-dev/dkc/internal/devcluster"
+)
+
+type options struct {
+	command     string
+	dir         string
+	kubeVersion string
+	kubeBinDir  string
+	nodes       []string
+}
+
+func parse(fs *flag.FlagSet, args []string) (options, error) {
+	o := options{}
+	fs.StringVar(&o.dir, "dir", "_output/dev", "directory for the cluster's kubeconfig, env, logs, pki and state")
+	fs.StringVar(&o.kubeVersion, "kube-version", envOr("KUBE_VERSION", "1.34"), "Kubernetes minor version of the control plane and kubelets ($KUBE_VERSION)")
+	fs.StringVar(&o.kubeBinDir, "kube-bin-dir", os.Getenv("KUBE_BIN_DIR"), "take kube-apiserver and kubelet from this directory instead of building them ($KUBE_BIN_DIR)")
+	nodes := fs.String("nodes", "node-1", "comma-separated names of the real nodes (containerd + kubelet)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: dkc-dev [flags] up|down\n\n  up    start etcd, kube-apiserver and the real nodes in the background; returns when ready\n  down  stop everything up started, unmount and clean up\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() != 1 || (fs.Arg(0) != "up" && fs.Arg(0) != "down") {
+		fs.Usage()
+		return o, errors.New("expected exactly one command: up or down")
+	}
+	o.command = fs.Arg(0)
+	o.nodes = strings.Split(*nodes, ",")
+	return o, nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(ctx context.Context, o options, out io.Writer) error {
+	switch o.command {
+	case "up":
+		_, err := devcluster.Start(ctx, devcluster.Config{
+			Dir: o.dir, KubeVersion: o.kubeVersion, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes, Progress: out,
+		})
+		return err
+	default:
+		c, err := devcluster.Open(o.dir)
+		if errors.Is(err, os.ErrNotExist) {
+			fmt.Fprintf(out, "no dev cluster recorded in %s; nothing to stop\n", o.dir)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := c.Stop(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "dev cluster in %s stopped\n", o.dir)
+		return nil
+	}
+}
+
+func main() {
+	o, err := parse(flag.NewFlagSet("dkc-dev", flag.ContinueOnError), os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "dkc-dev %s: %v\n", o.command, err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,11 @@
+//go:build tools
+
+// Package tools pins the Kubernetes binaries the local cluster runs. This module is kept out of the main
+// go.mod on purpose: kube-apiserver drags in etcd's server and a large dependency tree that dkc itself must
+// not inherit.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)

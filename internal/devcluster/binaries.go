@@ -1,0 +1,216 @@
+package devcluster
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// Binaries are the paths of the programs the cluster runs.
+type Binaries struct {
+	Etcd, APIServer, Kubelet string
+}
+
+// pinnedModule is a wrapper module in hack/ that pins one upstream program by version; building it from the
+// Go module proxy is the only supply chain the dev cluster needs.
+type pinnedModule struct {
+	dir      string   // relative to the repository root
+	packages []string // main packages to build
+	outputs  []string // binary names go build produces, in order
+	// versionOf names the required module whose version is stamped into the binaries as Kubernetes does in
+	// its release builds (otherwise they report v0.0.0-master and version-gated behaviour is off).
+	versionOf string
+}
+
+// buildRecipe is part of the cache key: bump it when the way binaries are built changes.
+const buildRecipe = "2"
+
+var (
+	kubeModule = map[string]pinnedModule{
+		"1.34": {dir: "hack/kube/v1.34", packages: []string{"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubelet"}, outputs: []string{"kube-apiserver", "kubelet"}, versionOf: "k8s.io/kubernetes"},
+	}
+	etcdModule = pinnedModule{dir: "hack/etcd", packages: []string{"go.etcd.io/etcd/server/v3"}, outputs: []string{"etcd"}}
+)
+
+// CacheDir is where built binaries are kept between runs: $DKC_CACHE_DIR, else $XDG_CACHE_HOME/dkc, else
+// ~/.cache/dkc. It is outside the repository so that a fresh clone reuses a warm cache.
+func CacheDir() string {
+	if d := os.Getenv("DKC_CACHE_DIR"); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "dkc")
+	}
+	return filepath.Join(os.TempDir(), "dkc-cache")
+}
+
+// EnsureBinaries returns etcd, kube-apiserver and kubelet for kubeVersion ("1.34"), building them from the
+// pinned wrapper modules into CacheDir on first use (about 7 minutes on 2 cores; seconds afterwards). When
+// binDir is non-empty (KUBE_BIN_DIR) kube-apiserver and kubelet, and etcd if present, are taken from there.
+// Concurrent callers (parallel test packages, `make up`) serialise on a lock file.
+func EnsureBinaries(ctx context.Context, repoRoot, kubeVersion, binDir string, progress io.Writer) (Binaries, error) {
+	mod, ok := kubeModule[kubeVersion]
+	if !ok {
+		return Binaries{}, fmt.Errorf("kube version %q is not supported by the dev cluster (supported: 1.34)", kubeVersion)
+	}
+	cache := CacheDir()
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return Binaries{}, fmt.Errorf("create cache dir %s: %w", cache, err)
+	}
+	unlock, err := lockFile(filepath.Join(cache, ".build.lock"))
+	if err != nil {
+		return Binaries{}, err
+	}
+	defer unlock()
+
+	etcdDir, err := buildPinned(ctx, repoRoot, cache, "etcd", etcdModule, progress)
+	if err != nil {
+		return Binaries{}, err
+	}
+	b := Binaries{Etcd: filepath.Join(etcdDir, "etcd")}
+	if binDir != "" {
+		b.APIServer, b.Kubelet = filepath.Join(binDir, "kube-apiserver"), filepath.Join(binDir, "kubelet")
+		if _, err := os.Stat(filepath.Join(binDir, "etcd")); err == nil {
+			b.Etcd = filepath.Join(binDir, "etcd")
+		}
+		for _, p := range []string{b.APIServer, b.Kubelet} {
+			if _, err := os.Stat(p); err != nil {
+				return Binaries{}, fmt.Errorf("KUBE_BIN_DIR %s: %w", binDir, err)
+			}
+		}
+		return b, nil
+	}
+	kubeDir, err := buildPinned(ctx, repoRoot, cache, "kube-"+kubeVersion, mod, progress)
+	if err != nil {
+		return Binaries{}, err
+	}
+	b.APIServer, b.Kubelet = filepath.Join(kubeDir, "kube-apiserver"), filepath.Join(kubeDir, "kubelet")
+	return b, nil
+}
+
+// buildPinned builds mod into cache/<prefix>-<hash of go.mod and go.sum>/ unless already there, so that
+// changing a pin rebuilds and an unchanged pin never does.
+func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinnedModule, progress io.Writer) (string, error) {
+	src := filepath.Join(repoRoot, mod.dir)
+	h := sha256.New()
+	h.Write([]byte(buildRecipe))
+	for _, f := range []string{"go.mod", "go.sum"} {
+		data, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			return "", fmt.Errorf("read pinned module %s: %w", mod.dir, err)
+		}
+		h.Write(data)
+	}
+	out := filepath.Join(cache, prefix+"-"+hex.EncodeToString(h.Sum(nil))[:12])
+	complete := true
+	for _, o := range mod.outputs {
+		if _, err := os.Stat(filepath.Join(out, o)); err != nil {
+			complete = false
+		}
+	}
+	if complete {
+		return out, nil
+	}
+	tmp := out + ".tmp"
+	_ = os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return "", fmt.Errorf("create build dir %s: %w", tmp, err)
+	}
+	if progress != nil {
+		fmt.Fprintf(progress, "building %v from %s into %s (first time only; kube-apiserver and kubelet take ~7 minutes)\n", mod.outputs, mod.dir, out)
+	}
+	args := []string{"build", "-trimpath", "-o", tmp + "/"}
+	if mod.versionOf != "" {
+		ldflags, err := kubeVersionLDFlags(filepath.Join(src, "go.mod"), mod.versionOf)
+		if err != nil {
+			return "", err
+		}
+		args = append(args, "-ldflags="+ldflags)
+	}
+	args = append(args, mod.packages...)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=readonly")
+	if outb, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build %v in %s: %w\n%s", mod.packages, mod.dir, err, outb)
+	}
+	// etcd's main package is named after its module path's last element ("v3"); give it its real name.
+	if len(mod.packages) == 1 {
+		entries, err := os.ReadDir(tmp)
+		if err != nil || len(entries) != 1 {
+			return "", fmt.Errorf("build %s: expected one binary in %s", mod.dir, tmp)
+		}
+		if err := os.Rename(filepath.Join(tmp, entries[0].Name()), filepath.Join(tmp, mod.outputs[0])); err != nil {
+			return "", err
+		}
+	}
+	_ = os.RemoveAll(out)
+	if err := os.Rename(tmp, out); err != nil {
+		return "", fmt.Errorf("publish build %s: %w", out, err)
+	}
+	return out, nil
+}
+
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+}
+
+// RepoRoot finds the dkc repository root (the directory with the main go.mod) from dir upwards.
+func RepoRoot(dir string) (string, error) {
+	for d := dir; ; d = filepath.Dir(d) {
+		data, err := os.ReadFile(filepath.Join(d, "go.mod"))
+		if err == nil && strings.HasPrefix(string(data), "module github.com/dkc-dev/dkc\n") {
+			return d, nil
+		}
+		if d == filepath.Dir(d) {
+			return "", errors.New("not inside the dkc repository (no go.mod of github.com/dkc-dev/dkc above " + dir + ")")
+		}
+	}
+}
+
+// kubeVersionLDFlags reads the pinned version of module from a go.mod and returns the -X flags Kubernetes'
+// own build (hack/lib/version.sh) sets.
+func kubeVersionLDFlags(goMod, module string) (string, error) {
+	data, err := os.ReadFile(goMod)
+	if err != nil {
+		return "", err
+	}
+	var version string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+		if len(f) >= 2 && f[0] == module {
+			version = f[1]
+			break
+		}
+	}
+	parts := strings.SplitN(strings.TrimPrefix(version, "v"), ".", 3)
+	if len(parts) < 2 {
+		return "", fmt.Errorf("no version of %s in %s", module, goMod)
+	}
+	var flags []string
+	for _, pkg := range []string{"k8s.io/component-base/version", "k8s.io/client-go/pkg/version"} {
+		flags = append(flags,
+			"-X "+pkg+".gitVersion="+version,
+			"-X "+pkg+".gitMajor="+parts[0],
+			"-X "+pkg+".gitMinor="+parts[1],
+			"-X "+pkg+".gitTreeState=clean",
+		)
+	}
+	return strings.Join(flags, " "), nil
+}

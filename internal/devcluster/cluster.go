@@ -1,0 +1,454 @@
+// Package devcluster runs a real local Kubernetes cluster for dkc's tests, `make up` and `make demo`: etcd,
+// kube-apiserver with authentication and Node,RBAC authorization, and real nodes (containerd + kubelet)
+// registered through their own client certificates. Every process is started here, recorded by PID and start
+// time under <dir>/run, logs to <dir>/logs, and is stopped by Stop, which also unmounts what the kubelet
+// mounted. Binaries come from pinned Go modules (see EnsureBinaries).
+package devcluster
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Config says what cluster to run. Zero values take the defaults documented on each field.
+type Config struct {
+	// Dir holds everything of the cluster that a user or test reads: kubeconfig, env, logs, pki, state.
+	Dir string
+	// RepoRoot is the dkc checkout (for the pinned wrapper modules); found from the working directory if empty.
+	RepoRoot string
+	// KubeVersion selects the pinned Kubernetes minor version; default "1.34".
+	KubeVersion string
+	// KubeBinDir, if set, supplies kube-apiserver and kubelet (and optionally etcd) instead of building them.
+	KubeBinDir string
+	// RealNodes are the names of nodes that run a real containerd and kubelet; default ["node-1"].
+	RealNodes []string
+	// Progress receives one line per step; nil discards.
+	Progress io.Writer
+}
+
+// State is what a running cluster recorded about itself in <Dir>/state.json; Open reads it back.
+type State struct {
+	KubeVersion   string      `json:"kubeVersion"`
+	APIServerPort int         `json:"apiServerPort"`
+	EtcdPort      int         `json:"etcdPort"`
+	RuntimeDir    string      `json:"runtimeDir"`
+	Nodes         []NodeState `json:"nodes"`
+}
+
+// NodeState describes one real node.
+type NodeState struct {
+	Name        string `json:"name"`
+	KubeletPort int    `json:"kubeletPort"`
+	HealthzPort int    `json:"healthzPort"`
+	// RootDir is the kubelet's --root-dir; ContainerdDir holds containerd's root, state and socket. Both sit
+	// under the short RuntimeDir because unix socket paths are limited to 108 bytes.
+	RootDir       string `json:"rootDir"`
+	ContainerdDir string `json:"containerdDir"`
+}
+
+// Cluster is a started (or opened) dev cluster.
+type Cluster struct {
+	cfg   Config
+	state State
+	pki   *pki
+	procs []*process // in start order
+}
+
+const processGrace = 15 * time.Second
+
+// Start brings the cluster up and returns when the apiserver is ready and every real node is registered and
+// healthy. On error everything already started is stopped again.
+func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("devcluster: Config.Dir is required")
+	}
+	if cfg.Dir, err = filepath.Abs(cfg.Dir); err != nil {
+		return nil, err
+	}
+	if cfg.KubeVersion == "" {
+		cfg.KubeVersion = "1.34"
+	}
+	if len(cfg.RealNodes) == 0 {
+		cfg.RealNodes = []string{"node-1"}
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	if cfg.RepoRoot == "" {
+		wd, _ := os.Getwd()
+		if cfg.RepoRoot, err = RepoRoot(wd); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Dir, "state.json")); err == nil {
+		return nil, fmt.Errorf("a dev cluster already runs in %s (stop it first: make down)", cfg.Dir)
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the dev cluster runs a real kubelet and containerd and must run as root")
+	}
+	bins, err := EnsureBinaries(ctx, cfg.RepoRoot, cfg.KubeVersion, cfg.KubeBinDir, cfg.Progress)
+	if err != nil {
+		return nil, err
+	}
+	if err := ensureNodePackages(ctx, cfg.Progress); err != nil {
+		return nil, err
+	}
+
+	c = &Cluster{cfg: cfg}
+	defer func() {
+		if err != nil {
+			if stopErr := c.Stop(context.Background()); stopErr != nil {
+				err = fmt.Errorf("%w (and stopping what had started: %v)", err, stopErr)
+			}
+		}
+	}()
+	if err := c.allocate(); err != nil {
+		return c, err
+	}
+	if c.pki, err = loadOrCreatePKI(filepath.Join(cfg.Dir, "pki")); err != nil {
+		return c, err
+	}
+	if err := c.issueCertificates(); err != nil {
+		return c, err
+	}
+	if err := c.writeState(); err != nil {
+		return c, err
+	}
+	if err := c.startEtcd(ctx, bins.Etcd); err != nil {
+		return c, err
+	}
+	if err := c.startAPIServer(ctx, bins.APIServer); err != nil {
+		return c, err
+	}
+	for _, n := range c.state.Nodes {
+		if err := c.startNode(ctx, n, bins.Kubelet); err != nil {
+			return c, err
+		}
+	}
+	if err := c.writeEnv(nil); err != nil {
+		return c, err
+	}
+	fmt.Fprintf(cfg.Progress, "cluster ready: . %s (KUBECONFIG=%s)\n", c.EnvPath(), c.KubeconfigPath())
+	return c, nil
+}
+
+// Open returns the cluster recorded in dir, for stopping it or talking to it from another process.
+func Open(dir string) (*Cluster, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err != nil {
+		return nil, fmt.Errorf("open dev cluster in %s: %w", dir, err)
+	}
+	c := &Cluster{cfg: Config{Dir: dir, Progress: io.Discard}, pki: &pki{dir: filepath.Join(dir, "pki")}}
+	if err := json.Unmarshal(data, &c.state); err != nil {
+		return nil, fmt.Errorf("decode %s/state.json: %w", dir, err)
+	}
+	return c, nil
+}
+
+// Stop stops every process of the cluster by recorded PID, newest first, unmounts what kubelets mounted,
+// and removes the runtime directories and the state file. It is safe to call on a partly started cluster
+// and twice.
+func (c *Cluster) Stop(ctx context.Context) error {
+	var errs []error
+	names := c.processNames()
+	for i := len(names) - 1; i >= 0; i-- {
+		p, err := loadProcess(names[i], c.runDir())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if p == nil {
+			continue
+		}
+		// The apiserver has been seen ignoring SIGTERM for 15s+; stop it with a shorter grace.
+		if err := p.stop(processGrace); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, n := range c.state.Nodes {
+		if err := unmountUnder(n.RootDir); err != nil {
+			errs = append(errs, err)
+		}
+		if err := unmountUnder(n.ContainerdDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.state.RuntimeDir != "" {
+		if err := os.RemoveAll(c.state.RuntimeDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove runtime dir %s: %w", c.state.RuntimeDir, err))
+		}
+	}
+	if len(errs) == 0 {
+		_ = os.Remove(filepath.Join(c.cfg.Dir, "state.json"))
+	}
+	return errors.Join(errs...)
+}
+
+// processNames lists every process the cluster may run, in start order.
+func (c *Cluster) processNames() []string {
+	names := []string{"etcd", "kube-apiserver"}
+	for _, n := range c.state.Nodes {
+		names = append(names, "containerd-"+n.Name, "kubelet-"+n.Name)
+	}
+	return names
+}
+
+// Dir is the cluster's directory.
+func (c *Cluster) Dir() string { return c.cfg.Dir }
+
+// State returns what the cluster recorded about itself.
+func (c *Cluster) State() State { return c.state }
+
+// KubeconfigPath is the admin kubeconfig (CONTRACT §6: _output/dev/kubeconfig for `make up`).
+func (c *Cluster) KubeconfigPath() string { return filepath.Join(c.cfg.Dir, "kubeconfig") }
+
+// LogDir holds one log file per process.
+func (c *Cluster) LogDir() string { return filepath.Join(c.cfg.Dir, "logs") }
+
+// NodeDir is where node-specific files live: _output/dev/nodes/<name>.
+func (c *Cluster) NodeDir(name string) string { return filepath.Join(c.cfg.Dir, "nodes", name) }
+
+// CAFile is the cluster CA certificate.
+func (c *Cluster) CAFile() string { return c.pki.CAFile() }
+
+// RESTConfig is an admin client configuration.
+func (c *Cluster) RESTConfig() (*rest.Config, error) {
+	return clientcmd.BuildConfigFromFlags("", c.KubeconfigPath())
+}
+
+// Client is an admin clientset.
+func (c *Cluster) Client() (kubernetes.Interface, error) {
+	cfg, err := c.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+func (c *Cluster) runDir() string { return filepath.Join(c.cfg.Dir, "run") }
+
+func (c *Cluster) logFile(name string) string { return filepath.Join(c.LogDir(), name+".log") }
+
+func (c *Cluster) writeState() error {
+	data, err := json.MarshalIndent(c.state, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.cfg.Dir, 0o755); err != nil {
+		return fmt.Errorf("create cluster dir %s: %w", c.cfg.Dir, err)
+	}
+	return os.WriteFile(filepath.Join(c.cfg.Dir, "state.json"), data, 0o644)
+}
+
+// allocate picks free loopback ports and the runtime directories.
+func (c *Cluster) allocate() error {
+	ports, err := freePorts(2 + 2*len(c.cfg.RealNodes))
+	if err != nil {
+		return err
+	}
+	// A short, per-cluster runtime dir: two clusters (make up and a test run) never share kubelet or
+	// containerd state, and socket paths stay far below the 108-byte limit.
+	id := shortHash(c.cfg.Dir)
+	c.state = State{
+		KubeVersion:   c.cfg.KubeVersion,
+		EtcdPort:      ports[0],
+		APIServerPort: ports[1],
+		RuntimeDir:    filepath.Join("/var/lib/dkc-dev", id),
+	}
+	for i, name := range c.cfg.RealNodes {
+		c.state.Nodes = append(c.state.Nodes, NodeState{
+			Name:          name,
+			KubeletPort:   ports[2+2*i],
+			HealthzPort:   ports[3+2*i],
+			RootDir:       filepath.Join(c.state.RuntimeDir, name, "kubelet"),
+			ContainerdDir: filepath.Join(c.state.RuntimeDir, name, "containerd"),
+		})
+	}
+	return nil
+}
+
+func (c *Cluster) issueCertificates() error {
+	loopback := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.IPv4(10, 0, 0, 1)}
+	dns := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	if err := c.pki.issue("apiserver", "kube-apiserver", nil, x509.ExtKeyUsageServerAuth, loopback, dns); err != nil {
+		return err
+	}
+	if err := c.pki.issue("admin", "dkc-admin", []string{"system:masters"}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+		return err
+	}
+	if err := c.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", nil, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+		return err
+	}
+	for _, n := range c.state.Nodes {
+		// The Node authorizer and NodeRestriction recognise a kubelet by exactly this identity.
+		if err := c.pki.issue("node-"+n.Name, "system:node:"+n.Name, []string{"system:nodes"}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+			return err
+		}
+	}
+	if _, err := c.pki.serviceAccountKey(); err != nil {
+		return err
+	}
+	return writeKubeconfig(c.KubeconfigPath(), c.apiServerURL(), c.pki.CAFile(), c.pki.path("admin.crt"), c.pki.path("admin.key"))
+}
+
+func (c *Cluster) apiServerURL() string {
+	return fmt.Sprintf("https://127.0.0.1:%d", c.state.APIServerPort)
+}
+
+func (c *Cluster) startEtcd(ctx context.Context, bin string) error {
+	fmt.Fprintf(c.cfg.Progress, "starting etcd on 127.0.0.1:%d\n", c.state.EtcdPort)
+	peer, err := freePorts(1)
+	if err != nil {
+		return err
+	}
+	client := fmt.Sprintf("http://127.0.0.1:%d", c.state.EtcdPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer[0])
+	p, err := startProcess("etcd", c.runDir(), c.logFile("etcd"), nil, bin,
+		"--name=dkc-dev",
+		"--data-dir="+filepath.Join(c.cfg.Dir, "etcd"),
+		"--listen-client-urls="+client, "--advertise-client-urls="+client,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=dkc-dev="+peerURL,
+		"--log-level=warn",
+	)
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return p.waitFor(ctx, "healthy", func(ctx context.Context) error {
+		return httpOK(ctx, http.DefaultClient, client+"/health")
+	})
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context, bin string) error {
+	fmt.Fprintf(c.cfg.Progress, "starting kube-apiserver v%s on 127.0.0.1:%d\n", c.cfg.KubeVersion, c.state.APIServerPort)
+	sa := c.pki.path("sa.key")
+	p, err := startProcess("kube-apiserver", c.runDir(), c.logFile("kube-apiserver"), nil, bin,
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.state.EtcdPort),
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", c.state.APIServerPort),
+		"--tls-cert-file="+c.pki.path("apiserver.crt"),
+		"--tls-private-key-file="+c.pki.path("apiserver.key"),
+		"--client-ca-file="+c.pki.CAFile(),
+		"--anonymous-auth=false",
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+sa,
+		"--service-account-signing-key-file="+sa,
+		"--api-audiences=https://kubernetes.default.svc.cluster.local",
+		"--service-cluster-ip-range=10.0.0.0/24",
+		// configz through the node proxy reaches kubelets on 127.0.0.1 only by their InternalIP.
+		"--kubelet-preferred-address-types=InternalIP",
+		"--kubelet-client-certificate="+c.pki.path("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key="+c.pki.path("apiserver-kubelet-client.key"),
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--endpoint-reconciler-type=none",
+	)
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	client, err := c.Client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := p.waitFor(ctx, "ready", func(ctx context.Context) error {
+		_, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err
+	}); err != nil {
+		return err
+	}
+	// Let the apiserver act on kubelets (logs, exec, the configz proxy) as kubeadm sets it up.
+	_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "dkc-dev:apiserver-kubelet-admin"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "kube-apiserver-kubelet-client"}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("bind kubelet-api-admin for the apiserver: %w", err)
+	}
+	return nil
+}
+
+func httpOK(ctx context.Context, client *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return nil
+}
+
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// EnvPath is the shell-sourceable file of CONTRACT §6 (`. _output/dev/env`).
+func (c *Cluster) EnvPath() string { return filepath.Join(c.cfg.Dir, "env") }
+
+// writeEnv writes EnvPath with KUBECONFIG plus extra KEY=VALUE pairs from the parts that joined the cluster.
+func (c *Cluster) writeEnv(extra map[string]string) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "export KUBECONFIG=%s\n", c.KubeconfigPath())
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "export %s=%s\n", k, extra[k])
+	}
+	return os.WriteFile(c.EnvPath(), []byte(b.String()), 0o644)
+}

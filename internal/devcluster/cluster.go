@@ -50,12 +50,17 @@ type State struct {
 	APIServerPort int         `json:"apiServerPort"`
 	EtcdPort      int         `json:"etcdPort"`
 	RuntimeDir    string      `json:"runtimeDir"`
+	Network       Network     `json:"network"`
 	Nodes         []NodeState `json:"nodes"`
 }
 
 // NodeState describes one real node.
 type NodeState struct {
-	Name        string `json:"name"`
+	Name string `json:"name"`
+	// IP is the node's address on the cluster bridge (its --node-ip); Netns its network namespace.
+	IP          string `json:"ip"`
+	Netns       string `json:"netns"`
+	HostVeth    string `json:"hostVeth"`
 	KubeletPort int    `json:"kubeletPort"`
 	HealthzPort int    `json:"healthzPort"`
 	// RootDir is the kubelet's --root-dir; ContainerdDir holds containerd's root, state and socket. Both sit
@@ -129,7 +134,20 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if err := c.issueCertificates(); err != nil {
 		return c, err
 	}
+	// Recorded before anything is created, so that Stop (or a later `make down`) can undo a partial start.
 	if err := c.writeState(); err != nil {
+		return c, err
+	}
+	if err := createBridge(ctx, c.state.Network); err != nil {
+		return c, err
+	}
+	for _, n := range c.state.Nodes {
+		if err := createNodeNetns(ctx, c.state.Network, n.Netns, n.HostVeth, n.IP); err != nil {
+			return c, err
+		}
+	}
+	// A fresh cluster each time: objects of an earlier run (Nodes, ConfigMaps) would confuse tests and demos.
+	if err := os.RemoveAll(filepath.Join(cfg.Dir, "etcd")); err != nil {
 		return c, err
 	}
 	if err := c.startEtcd(ctx, bins.Etcd); err != nil {
@@ -194,6 +212,14 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		if err := unmountUnder(n.ContainerdDir); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	for _, n := range c.state.Nodes {
+		if err := deleteNetns(ctx, n.Netns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := deleteBridge(ctx, c.state.Network.Bridge); err != nil {
+		errs = append(errs, err)
 	}
 	if c.state.RuntimeDir != "" {
 		if err := os.RemoveAll(c.state.RuntimeDir); err != nil {
@@ -271,15 +297,24 @@ func (c *Cluster) allocate() error {
 	// A short, per-cluster runtime dir: two clusters (make up and a test run) never share kubelet or
 	// containerd state, and socket paths stay far below the 108-byte limit.
 	id := shortHash(c.cfg.Dir)
+	k, err := pickSubnet(id)
+	if err != nil {
+		return err
+	}
 	c.state = State{
 		KubeVersion:   c.cfg.KubeVersion,
 		EtcdPort:      ports[0],
 		APIServerPort: ports[1],
 		RuntimeDir:    filepath.Join("/var/lib/dkc-dev", id),
+		// Interface names are limited to 15 bytes.
+		Network: Network{Bridge: "dkcbr" + id[:8], GatewayIP: fmt.Sprintf("198.18.%d.1", k), PrefixLen: 24},
 	}
 	for i, name := range c.cfg.RealNodes {
 		c.state.Nodes = append(c.state.Nodes, NodeState{
 			Name:          name,
+			IP:            fmt.Sprintf("198.18.%d.%d", k, 10+i),
+			Netns:         fmt.Sprintf("dkc-%s-%s", id[:8], name),
+			HostVeth:      fmt.Sprintf("dkc%s%d", id[:8], i),
 			KubeletPort:   ports[2+2*i],
 			HealthzPort:   ports[3+2*i],
 			RootDir:       filepath.Join(c.state.RuntimeDir, name, "kubelet"),
@@ -290,8 +325,12 @@ func (c *Cluster) allocate() error {
 }
 
 func (c *Cluster) issueCertificates() error {
-	loopback := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.IPv4(10, 0, 0, 1)}
+	loopback := []net.IP{net.ParseIP(c.state.Network.GatewayIP), net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.IPv4(10, 0, 0, 1)}
 	dns := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	// The serving certificate names the bridge address, which may differ between runs: issue it anew.
+	if err := c.pki.remove("apiserver"); err != nil {
+		return err
+	}
 	if err := c.pki.issue("apiserver", "kube-apiserver", nil, x509.ExtKeyUsageServerAuth, loopback, dns); err != nil {
 		return err
 	}
@@ -314,7 +353,7 @@ func (c *Cluster) issueCertificates() error {
 }
 
 func (c *Cluster) apiServerURL() string {
-	return fmt.Sprintf("https://127.0.0.1:%d", c.state.APIServerPort)
+	return fmt.Sprintf("https://%s:%d", c.state.Network.GatewayIP, c.state.APIServerPort)
 }
 
 func (c *Cluster) startEtcd(ctx context.Context, bin string) error {
@@ -345,12 +384,12 @@ func (c *Cluster) startEtcd(ctx context.Context, bin string) error {
 }
 
 func (c *Cluster) startAPIServer(ctx context.Context, bin string) error {
-	fmt.Fprintf(c.cfg.Progress, "starting kube-apiserver v%s on 127.0.0.1:%d\n", c.cfg.KubeVersion, c.state.APIServerPort)
+	fmt.Fprintf(c.cfg.Progress, "starting kube-apiserver v%s on %s:%d\n", c.cfg.KubeVersion, c.state.Network.GatewayIP, c.state.APIServerPort)
 	sa := c.pki.path("sa.key")
 	p, err := startProcess("kube-apiserver", c.runDir(), c.logFile("kube-apiserver"), nil, bin,
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.state.EtcdPort),
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address="+c.state.Network.GatewayIP,
+		"--advertise-address="+c.state.Network.GatewayIP,
 		fmt.Sprintf("--secure-port=%d", c.state.APIServerPort),
 		"--tls-cert-file="+c.pki.path("apiserver.crt"),
 		"--tls-private-key-file="+c.pki.path("apiserver.key"),
@@ -363,13 +402,12 @@ func (c *Cluster) startAPIServer(ctx context.Context, bin string) error {
 		"--service-account-signing-key-file="+sa,
 		"--api-audiences=https://kubernetes.default.svc.cluster.local",
 		"--service-cluster-ip-range=10.0.0.0/24",
-		// configz through the node proxy reaches kubelets on 127.0.0.1 only by their InternalIP.
+		// Node names do not resolve; the node proxy (configz) reaches kubelets by their InternalIP.
 		"--kubelet-preferred-address-types=InternalIP",
 		"--kubelet-client-certificate="+c.pki.path("apiserver-kubelet-client.crt"),
 		"--kubelet-client-key="+c.pki.path("apiserver-kubelet-client.key"),
 		"--allow-privileged=true",
 		"--profiling=false",
-		"--endpoint-reconciler-type=none",
 	)
 	if err != nil {
 		return err

@@ -27,7 +27,7 @@ func TestKubeVersionLDFlags(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		name, gomod, want string
-		wantErr        bool
+		wantErr           bool
 	}{
 		{"single require", "module x\n\nrequire k8s.io/kubernetes v1.34.4\n", "gitVersion=v1.34.4", false},
 		{"require block", "module x\n\nrequire (\n\tk8s.io/kubernetes v1.23.17\n)\n", "gitMinor=23", false},

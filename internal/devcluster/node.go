@@ -16,17 +16,15 @@ import (
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // nodePackages are the Debian packages a real node needs; installed on first use when missing so that a
 // fresh machine runs the cluster without manual steps.
-var nodePackages = map[string]string{"containerd": "containerd", "runc": "runc"}
+var nodePackages = map[string]string{"containerd": "containerd", "runc": "runc", "ip": "iproute2", "nsenter": "util-linux"}
 
 func ensureNodePackages(ctx context.Context, progress io.Writer) error {
 	var missing []string
@@ -72,7 +70,7 @@ func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin string)
 	if err := os.WriteFile(ctrdConf, []byte(containerdConfig(n.ContainerdDir, sock)), 0o644); err != nil {
 		return fmt.Errorf("write containerd config: %w", err)
 	}
-	ctrd, err := startProcess("containerd-"+n.Name, c.runDir(), c.logFile("containerd-"+n.Name), nil, "containerd", "--config", ctrdConf)
+	ctrd, err := startProcess("containerd-"+n.Name, c.runDir(), c.logFile("containerd-"+n.Name), nil, inNetns(n, "containerd", "--config", ctrdConf)...)
 	if err != nil {
 		return err
 	}
@@ -92,7 +90,7 @@ func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin string)
 	if err := os.WriteFile(c.KubeletConfigPath(n.Name), []byte(kubeletConfig(n, c.pki.CAFile(), sock)), 0o644); err != nil {
 		return fmt.Errorf("write kubelet config: %w", err)
 	}
-	kl, err := startProcess("kubelet-"+n.Name, c.runDir(), c.logFile("kubelet-"+n.Name), nil, append([]string{kubeletBin}, c.KubeletArgs(n)...)...)
+	kl, err := startProcess("kubelet-"+n.Name, c.runDir(), c.logFile("kubelet-"+n.Name), nil, inNetns(n, kubeletBin, c.KubeletArgs(n)...)...)
 	if err != nil {
 		return err
 	}
@@ -104,47 +102,28 @@ func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin string)
 	wctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return kl.waitFor(wctx, "registered and healthy", func(ctx context.Context) error {
-		if err := httpOK(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/healthz", n.HealthzPort)); err != nil {
+		if err := httpOK(ctx, http.DefaultClient, fmt.Sprintf("http://%s:%d/healthz", n.IP, n.HealthzPort)); err != nil {
 			return err
 		}
-		return initializeNode(ctx, client, n.Name)
+		node, err := client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("node %s not registered yet", n.Name)
+		}
+		if err != nil {
+			return err
+		}
+		if len(node.Status.Addresses) == 0 {
+			return fmt.Errorf("node %s has no addresses yet", n.Name)
+		}
+		return nil
 	})
 }
 
-// uninitializedTaint is what a kubelet with --cloud-provider=external puts on its Node until the cloud
-// controller manager has initialised it.
-const uninitializedTaint = "node.cloudprovider.kubernetes.io/uninitialized"
-
-// initializeNode does the cloud controller manager's part for a dev node: it sets the node's addresses to
-// loopback (so the apiserver's node proxy, and with it `kubectl get --raw .../proxy/configz`, reaches the
-// kubelet) and removes the uninitialized taint. It fails while the Node is not registered yet.
-func initializeNode(ctx context.Context, client kubernetes.Interface, name string) error {
-	node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return fmt.Errorf("node %s not registered yet", name)
-	}
-	if err != nil {
-		return err
-	}
-	patch := fmt.Sprintf(`{"status":{"addresses":[{"type":"InternalIP","address":"127.0.0.1"},{"type":"Hostname","address":%q}]}}`, name)
-	if _, err := client.CoreV1().Nodes().PatchStatus(ctx, name, []byte(patch)); err != nil {
-		return fmt.Errorf("set addresses of node %s: %w", name, err)
-	}
-	var taints []corev1.Taint
-	for _, t := range node.Spec.Taints {
-		if t.Key != uninitializedTaint {
-			taints = append(taints, t)
-		}
-	}
-	if len(taints) == len(node.Spec.Taints) {
-		return nil
-	}
-	node = node.DeepCopy()
-	node.Spec.Taints = taints
-	if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("remove %s taint from node %s: %w", uninitializedTaint, name, err)
-	}
-	return nil
+// inNetns wraps a command so that it runs in the node's network namespace. nsenter enters only the network
+// namespace (unlike `ip netns exec`, which also unshares mounts): the kubelet's mounts stay visible to Stop.
+// nsenter execs the command, so the recorded PID is the program's own.
+func inNetns(n NodeState, argv0 string, args ...string) []string {
+	return append([]string{"nsenter", "--net=/run/netns/" + n.Netns, "--", argv0}, args...)
 }
 
 // KubeletArgs are the kubelet's command-line flags on node n. Flags override the config file (and, later,
@@ -156,23 +135,21 @@ func (c *Cluster) KubeletArgs(n NodeState) []string {
 		"--root-dir=" + n.RootDir,
 		"--cert-dir=" + filepath.Join(n.RootDir, "pki"),
 		"--hostname-override=" + n.Name,
-		// The kubelet refuses a loopback --node-ip, so the dev cluster plays the cloud controller manager
-		// for its nodes (initializeNode): the kubelet waits for it to set the node's addresses.
-		"--cloud-provider=external",
+		"--node-ip=" + n.IP,
 		"--v=1",
 	}
 }
 
 // kubeletConfig is the node's local config. cgroupsPerQOS is off so that the kubelet creates no cgroup
 // hierarchy that would outlive it (the dev nodes run no pods); the rest is a production-like kubelet serving
-// authenticated configz on loopback.
+// authenticated configz on the node's address.
 func kubeletConfig(n NodeState, caFile, containerdSock string) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: %s
 port: %d
 readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
+healthzBindAddress: %s
 healthzPort: %d
 authentication:
   anonymous:
@@ -190,7 +167,7 @@ failSwapOn: false
 containerRuntimeEndpoint: unix://%s
 rotateCertificates: false
 registerNode: true
-`, n.KubeletPort, n.HealthzPort, caFile, containerdSock)
+`, n.IP, n.KubeletPort, n.IP, n.HealthzPort, caFile, containerdSock)
 }
 
 func containerdConfig(dir, sock string) string {

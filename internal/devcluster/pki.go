@@ -96,6 +96,16 @@ func (p *pki) issue(name, cn string, orgs []string, usage x509.ExtKeyUsage, ips 
 	return writePair(base, der, key)
 }
 
+// remove deletes <name>.crt and <name>.key.
+func (p *pki) remove(name string) error {
+	for _, ext := range []string{".crt", ".key"} {
+		if err := os.Remove(p.path(name) + ext); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
 // serviceAccountKey writes the RSA key the apiserver signs ServiceAccount tokens with.
 func (p *pki) serviceAccountKey() (string, error) {
 	path := p.path("sa.key")

@@ -1,0 +1,109 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+)
+
+// TestStopLeavesNothingBehind starts a second cluster next to the shared one (as `make up` does while tests
+// run), then stops it from a fresh handle opened from its directory — what `make down` does — and checks
+// that no recorded process, mount, network namespace, interface or runtime directory survives.
+func TestStopLeavesNothingBehind(t *testing.T) {
+	dir, err := devclustertest.Dir("integration-stop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, RealNodes: []string{"stop-1"}})
+	if err != nil {
+		t.Fatalf("start second cluster: %v", err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = c.Stop(context.Background())
+		}
+	})
+	state := c.State()
+	if state.Network.Bridge == cluster.State().Network.Bridge || state.Network.GatewayIP == cluster.State().Network.GatewayIP {
+		t.Fatalf("two clusters share a network: %+v and %+v", state.Network, cluster.State().Network)
+	}
+	client, err := c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/stop-1/proxy/configz").DoRaw(ctx); err != nil {
+		t.Fatalf("configz of the second cluster's node: %v", err)
+	}
+	pids := recordedPIDs(t, filepath.Join(dir, "run"))
+	if len(pids) != 4 {
+		t.Fatalf("recorded processes = %v, want etcd, kube-apiserver, containerd and kubelet", pids)
+	}
+
+	reopened, err := devcluster.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reopened.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	stopped = true
+
+	for name, pid := range pids {
+		if data, err := os.ReadFile(filepath.Join("/proc", pid, "stat")); err == nil && !strings.Contains(string(data), ") Z ") {
+			t.Errorf("%s (pid %s) still running", name, pid)
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), state.RuntimeDir) {
+		t.Errorf("mounts left under %s", state.RuntimeDir)
+	}
+	if _, err := os.Stat(state.RuntimeDir); !os.IsNotExist(err) {
+		t.Errorf("runtime dir %s left behind (%v)", state.RuntimeDir, err)
+	}
+	for _, n := range state.Nodes {
+		if _, err := os.Stat("/run/netns/" + n.Netns); !os.IsNotExist(err) {
+			t.Errorf("network namespace %s left behind", n.Netns)
+		}
+		if _, err := net.InterfaceByName(n.HostVeth); err == nil {
+			t.Errorf("veth %s left behind", n.HostVeth)
+		}
+	}
+	if _, err := net.InterfaceByName(state.Network.Bridge); err == nil {
+		t.Errorf("bridge %s left behind", state.Network.Bridge)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state.json")); !os.IsNotExist(err) {
+		t.Errorf("state.json left behind: a later start would refuse to run")
+	}
+}
+
+func recordedPIDs(t *testing.T, runDir string) map[string]string {
+	t.Helper()
+	entries, err := os.ReadDir(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := map[string]string{}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(runDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids[strings.TrimSuffix(e.Name(), ".pid")] = strings.Fields(string(data))[0]
+	}
+	return pids
+}

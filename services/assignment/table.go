@@ -1,0 +1,140 @@
+// Package assignment holds each node's desired state — the config it should use and the sync error it
+// should report — and tells whoever waits on a node when that changes. The controller writes it; WatchConfig
+// streams and the status writer read it. A change closes a channel instead of sending on one, so a slow
+// reader (a node on a bad link) never blocks the controller or other nodes, and a reader that wakes up late
+// sees only the latest state.
+package assignment
+
+import (
+	"sync"
+	"time"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+)
+
+// State is a node's desired state.
+type State struct {
+	// Assignment is the config the node should use; nil while the service has no good resolution for the node
+	// (its ConfigMap has been missing since the service started, say): the node then keeps what it has.
+	// Assignments of nodes sharing a ConfigMap version are the same pointer; treat them as immutable.
+	Assignment *dkcv1.Assignment
+	// SyncError is the status error while the node's source cannot be synced, e.g.
+	// "failed to sync: failed to download config, see Kubelet log for details"; empty otherwise.
+	SyncError string
+	// Changed is when this state was set.
+	Changed time.Time
+}
+
+// Same reports whether two states tell a node the same thing (Changed aside).
+func (s State) Same(o State) bool {
+	return s.SyncError == o.SyncError && SameAssignment(s.Assignment, o.Assignment)
+}
+
+// SameAssignment compares by source and content hash, never by payload: cheap for thousands of nodes.
+func SameAssignment(a, b *dkcv1.Assignment) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.GetContentHash() == b.GetContentHash() && SameSource(a.GetSource(), b.GetSource())
+}
+
+// SameSource compares two sources field by field; nil (and a source without subfield) is local config.
+func SameSource(a, b *dkcv1.NodeConfigSource) bool {
+	x, y := a.GetConfigMap(), b.GetConfigMap()
+	if x == nil || y == nil {
+		return x == nil && y == nil
+	}
+	return x.GetNamespace() == y.GetNamespace() && x.GetName() == y.GetName() && x.GetUid() == y.GetUid() &&
+		x.GetResourceVersion() == y.GetResourceVersion() && x.GetKubeletConfigKey() == y.GetKubeletConfigKey()
+}
+
+type entry struct {
+	state   State
+	changed chan struct{} // closed and replaced on every change
+}
+
+// Table is the desired state of every known node. The zero value is not usable; use NewTable.
+type Table struct {
+	mu       sync.Mutex
+	nodes    map[string]*entry
+	onChange func(node string)
+	now      func() time.Time
+}
+
+// NewTable returns an empty table. onChange, if not nil, is called (outside the lock) after a node's state
+// changed or the node was deleted.
+func NewTable(onChange func(node string)) *Table {
+	return &Table{nodes: map[string]*entry{}, onChange: onChange, now: time.Now}
+}
+
+func (t *Table) entry(node string) *entry {
+	e, ok := t.nodes[node]
+	if !ok {
+		e = &entry{changed: make(chan struct{})}
+		t.nodes[node] = e
+	}
+	return e
+}
+
+// Get returns the node's state, whether it has one, and a channel closed at the next change (or deletion).
+func (t *Table) Get(node string) (State, bool, <-chan struct{}) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entry(node)
+	return e.state, !e.state.Changed.IsZero(), e.changed
+}
+
+// Set replaces the node's state unless it is the Same; it reports whether it changed.
+func (t *Table) Set(node string, s State) bool {
+	t.mu.Lock()
+	e := t.entry(node)
+	if !e.state.Changed.IsZero() && e.state.Same(s) {
+		t.mu.Unlock()
+		return false
+	}
+	s.Changed = t.now()
+	e.state = s
+	close(e.changed)
+	e.changed = make(chan struct{})
+	t.mu.Unlock()
+	if t.onChange != nil {
+		t.onChange(node)
+	}
+	return true
+}
+
+// SetSyncError keeps the node's assignment and sets its sync error ("" clears it).
+func (t *Table) SetSyncError(node, syncError string) bool {
+	t.mu.Lock()
+	s := t.entry(node).state
+	t.mu.Unlock()
+	s.SyncError = syncError
+	return t.Set(node, s) // a concurrent Set in between is fine: the controller is the only writer per node
+}
+
+// Delete forgets a node (its Node object is gone) and wakes its waiters.
+func (t *Table) Delete(node string) {
+	t.mu.Lock()
+	e, ok := t.nodes[node]
+	if ok {
+		delete(t.nodes, node)
+		close(e.changed)
+	}
+	t.mu.Unlock()
+	if ok && t.onChange != nil {
+		t.onChange(node)
+	}
+}
+
+// Len is the number of nodes with a state.
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, e := range t.nodes {
+		if !e.state.Changed.IsZero() {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,235 @@
+// Package controller keeps every Node's desired state current: it watches Nodes and the ConfigMaps they
+// reference, and for each node resolves its config source (package resolve) into the assignment table that
+// WatchConfig streams read. The shape is sample-controller's: informers feed a rate-limited workqueue keyed
+// by node name; workers never modify cached objects.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/assignment"
+	"github.com/dkc-dev/dkc/services/configmaps"
+	"github.com/dkc-dev/dkc/services/resolve"
+)
+
+// ConfigMaps is what the controller needs of the ConfigMap tracker.
+type ConfigMaps interface {
+	Track(node, key string)
+	Get(key string) (*corev1.ConfigMap, bool, error)
+	Nodes(key string) []string
+}
+
+// Controller resolves Nodes into the assignment table.
+type Controller struct {
+	log         *zap.Logger
+	nodes       corelisters.NodeLister
+	nodesSynced cache.InformerSynced
+	cms         ConfigMaps
+	table       *assignment.Table
+	queue       workqueue.TypedRateLimitingInterface[string]
+
+	// resolved shares one Assignment among all nodes on the same ConfigMap version, so 2,000 nodes on one
+	// ConfigMap hold one copy of its data and one hash computation.
+	mu       sync.Mutex
+	resolved map[string]*dkcv1.Assignment // by namespace/name/key
+}
+
+// New wires the controller to a Node informer (from the service's one informer factory).
+func New(log *zap.Logger, nodeInformer coreinformers.NodeInformer, table *assignment.Table) *Controller {
+	c := &Controller{
+		log:         log,
+		nodes:       nodeInformer.Lister(),
+		nodesSynced: nodeInformer.Informer().HasSynced,
+		table:       table,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodes"}),
+		resolved: map[string]*dkcv1.Assignment{},
+	}
+	_, _ = nodeInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: c.enqueue,
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Node)
+			n, ok2 := newObj.(*corev1.Node)
+			// Heartbeats and status writes (our own included) do not touch the source: skip them.
+			if !ok1 || !ok2 || sourceChanged(o, n) {
+				c.enqueue(newObj)
+			}
+		},
+		DeleteFunc: c.enqueue,
+	})
+	return c
+}
+
+// SetConfigMaps connects the ConfigMap tracker, whose change callback is OnConfigMapChange.
+func (c *Controller) SetConfigMaps(cms ConfigMaps) { c.cms = cms }
+
+func sourceChanged(o, n *corev1.Node) bool {
+	return o.Annotations[resolve.SourceAnnotation] != n.Annotations[resolve.SourceAnnotation] ||
+		!equalSpecSource(o.Spec.ConfigSource, n.Spec.ConfigSource)
+}
+
+func equalSpecSource(a, b *corev1.NodeConfigSource) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	if a.ConfigMap == nil || b.ConfigMap == nil {
+		return a.ConfigMap == b.ConfigMap
+	}
+	return *a.ConfigMap == *b.ConfigMap
+}
+
+func (c *Controller) enqueue(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj) // handles tombstones
+	if err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	c.queue.Add(key)
+}
+
+// OnConfigMapChange re-resolves every node that references the ConfigMap key.
+func (c *Controller) OnConfigMapChange(key string) {
+	for _, n := range c.cms.Nodes(key) {
+		c.queue.Add(n)
+	}
+}
+
+// Run waits for the Node cache, then runs workers until ctx ends.
+func (c *Controller) Run(ctx context.Context, workers int) error {
+	defer c.queue.ShutDown()
+	if !cache.WaitForNamedCacheSync("nodes", ctx.Done(), c.nodesSynced) {
+		return ctx.Err()
+	}
+	c.log.Info("node cache synced", zap.Int("workers", workers))
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wait.UntilWithContext(ctx, c.runWorker, time.Second)
+		}()
+	}
+	<-ctx.Done()
+	c.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+// Synced reports whether the Node cache has synced (the service serves only then).
+func (c *Controller) Synced() bool { return c.nodesSynced() }
+
+func (c *Controller) runWorker(ctx context.Context) {
+	for c.processNext(ctx) {
+	}
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	node, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(node)
+	if err := c.sync(ctx, node); err != nil {
+		c.log.Warn("sync node failed; retrying", zap.String("node", node), zap.Error(err))
+		c.queue.AddRateLimited(node)
+		return true
+	}
+	c.queue.Forget(node)
+	return true
+}
+
+// sync resolves one node. Errors the node must see (bad source, missing ConfigMap) go into its state and
+// are not returned: retrying cannot fix them, and the next Node or ConfigMap event re-resolves the node.
+func (c *Controller) sync(_ context.Context, name string) error {
+	node, err := c.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		c.cms.Track(name, "")
+		c.table.Delete(name)
+		c.log.Info("node deleted; forgot it", zap.String("node", name))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get node %s from cache: %w", name, err)
+	}
+	src, origin, err := resolve.NodeSource(node)
+	var se *resolve.SourceError
+	if errors.As(err, &se) {
+		c.cms.Track(name, "")
+		if c.table.SetSyncError(name, se.Status) {
+			c.log.Info("node config source invalid; node keeps its config", zap.String("node", name), zap.String("origin", string(origin)), zap.String("error", se.Status))
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if src == nil {
+		c.cms.Track(name, "")
+		if c.table.Set(name, assignment.State{Assignment: resolve.Local()}) {
+			c.log.Info("node assigned local config", zap.String("node", name))
+		}
+		return nil
+	}
+	ref := src.ConfigMap
+	key := configmaps.Key(ref.Namespace, ref.Name)
+	c.cms.Track(name, key)
+	cm, synced, err := c.cms.Get(key)
+	if err != nil {
+		c.table.SetSyncError(name, resolve.SyncErrorPrefix+resolve.InternalError)
+		return fmt.Errorf("read configmap %s for node %s: %w", key, name, err)
+	}
+	if !synced {
+		return nil // the tracker calls OnConfigMapChange once its first list is done
+	}
+	if cm == nil {
+		if c.table.SetSyncError(name, resolve.SyncErrorPrefix+resolve.DownloadError) {
+			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name), zap.String("configmap", key))
+		}
+		return nil
+	}
+	a, err := c.resolveShared(ref, cm)
+	if err != nil {
+		c.table.SetSyncError(name, resolve.SyncErrorPrefix+resolve.InternalError)
+		return err
+	}
+	if c.table.Set(name, assignment.State{Assignment: a}) {
+		c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
+			zap.String("configmap", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
+			zap.String("kubeletConfigKey", ref.KubeletConfigKey))
+	}
+	return nil
+}
+
+func (c *Controller) resolveShared(ref *corev1.ConfigMapNodeConfigSource, cm *corev1.ConfigMap) (*dkcv1.Assignment, error) {
+	k := ref.Namespace + "/" + ref.Name + "/" + ref.KubeletConfigKey
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if a, ok := c.resolved[k]; ok {
+		got := a.GetSource().GetConfigMap()
+		if got.GetUid() == string(cm.UID) && got.GetResourceVersion() == cm.ResourceVersion {
+			return a, nil
+		}
+	}
+	a, err := resolve.Assignment(ref, cm)
+	if err != nil {
+		return nil, err
+	}
+	c.resolved[k] = a
+	return a, nil
+}

@@ -1,0 +1,243 @@
+// Package nodestatus is where Node status is written (CONTRACT §4). For every node whose sidecar reported,
+// it keeps the dkc.dev/config-status annotation, the ConfigOK condition and — where the apiserver keeps it —
+// status.config equal to the node's reported NodeConfigStatus, with the sync error of the service's own
+// resolution taking the place of the reported error while there is one (the original kubelet's "error
+// override"). It also records the KubeletConfigChanged Event of each kubelet restart.
+//
+// Each change is one strategic-merge patch of the Node's status subresource with field manager dkc-server,
+// touching only our annotation and condition; identical content is never written again (so several replicas
+// can write idempotently), and a failed write is retried with backoff — the original kubelet dropped failed
+// status patches silently.
+package nodestatus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
+
+	"github.com/dkc-dev/dkc/internal/convert"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/assignment"
+)
+
+// StatusAnnotation holds the JSON of the node's core/v1 NodeConfigStatus.
+const StatusAnnotation = "dkc.dev/config-status"
+
+// FieldManager owns what dkc writes on Nodes.
+const FieldManager = "dkc-server"
+
+// report is the latest status a node's sidecar reported.
+type report struct {
+	status   *dkcv1.NodeConfigStatus
+	message  string
+	observed time.Time
+}
+
+// Writer writes node status. Create it with New and run it with Run.
+type Writer struct {
+	log     *zap.Logger
+	client  kubernetes.Interface
+	nodes   corelisters.NodeLister
+	table   *assignment.Table
+	clock   clock.PassiveClock
+	metrics *Metrics
+	queue   workqueue.TypedRateLimitingInterface[string]
+
+	mu      sync.Mutex
+	reports map[string]report
+
+	locks [64]sync.Mutex // per-node write serialisation, striped by name
+}
+
+// New returns a Writer; m may be nil.
+func New(log *zap.Logger, client kubernetes.Interface, nodes corelisters.NodeLister, table *assignment.Table, m *Metrics) *Writer {
+	return &Writer{
+		log: log, client: client, nodes: nodes, table: table, clock: clock.RealClock{}, metrics: m,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodestatus"}),
+		reports: map[string]report{},
+	}
+}
+
+// ErrStale is returned for a report older than the one already accepted for the node.
+var ErrStale = errors.New("report is older than the last accepted one")
+
+// Report accepts a node's status report: it records the kubelet restart's Event, if any, and writes the
+// node's status before returning, so that an acknowledged report is on the Node (the sidecar retries until
+// acknowledged). A report older than the last accepted one is ignored.
+func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) error {
+	observed := req.GetObservedTime().AsTime()
+	if req.GetObservedTime() == nil {
+		observed = w.clock.Now()
+	}
+	w.mu.Lock()
+	if prev, ok := w.reports[node]; ok && observed.Before(prev.observed) {
+		w.mu.Unlock()
+		return ErrStale
+	}
+	w.reports[node] = report{status: req.GetStatus(), message: req.GetMessage(), observed: observed}
+	w.mu.Unlock()
+	if r := req.GetRestart(); r != nil {
+		if err := w.recordRestart(ctx, node, r); err != nil {
+			return err
+		}
+	}
+	return w.write(ctx, node)
+}
+
+// Enqueue asks for the node's status to be rewritten (its sync error changed).
+func (w *Writer) Enqueue(node string) { w.queue.Add(node) }
+
+// Forget drops what is known of a node (its Node object was deleted).
+func (w *Writer) Forget(node string) {
+	w.mu.Lock()
+	delete(w.reports, node)
+	w.mu.Unlock()
+}
+
+// Run processes enqueued nodes until ctx ends.
+func (w *Writer) Run(ctx context.Context, workers int) error {
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wait.UntilWithContext(ctx, func(ctx context.Context) {
+				for w.processNext(ctx) {
+				}
+			}, time.Second)
+		}()
+	}
+	<-ctx.Done()
+	w.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (w *Writer) processNext(ctx context.Context) bool {
+	node, quit := w.queue.Get()
+	if quit {
+		return false
+	}
+	defer w.queue.Done(node)
+	if err := w.write(ctx, node); err != nil {
+		w.log.Warn("write node status failed; retrying", zap.String("node", node), zap.Error(err))
+		w.queue.AddRateLimited(node)
+		return true
+	}
+	w.queue.Forget(node)
+	return true
+}
+
+// Desired is the status the node should carry: the reported one, with the service's sync error in place of
+// the reported error while there is one. ok is false when the node has not reported to this replica.
+func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message string, ok bool) {
+	w.mu.Lock()
+	r, ok := w.reports[node]
+	w.mu.Unlock()
+	if !ok {
+		return nil, "", false
+	}
+	status = convert.StatusToCore(r.status)
+	message = r.message
+	if st, known, _ := w.table.Get(node); known && st.SyncError != "" {
+		status.Error = st.SyncError
+		message = ""
+	}
+	return status, message, true
+}
+
+func (w *Writer) lock(node string) *sync.Mutex {
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	return &w.locks[h.Sum32()%uint32(len(w.locks))]
+}
+
+// write patches the node's status unless the Node already shows it.
+func (w *Writer) write(ctx context.Context, name string) error {
+	l := w.lock(name)
+	l.Lock()
+	defer l.Unlock()
+	status, message, ok := w.Desired(name)
+	if !ok {
+		return nil
+	}
+	node, err := w.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get node %s from cache: %w", name, err)
+	}
+	annotation, err := json.Marshal(status)
+	if err != nil {
+		return fmt.Errorf("encode status of node %s: %w", name, err)
+	}
+	cond := Condition(status, message)
+	if upToDate(node, string(annotation), status, cond) {
+		w.metrics.write("unchanged")
+		return nil
+	}
+	now := metav1.NewTime(w.clock.Now())
+	cond.LastHeartbeatTime = now
+	cond.LastTransitionTime = now
+	for _, c := range node.Status.Conditions {
+		if c.Type == ConditionType && c.Status == cond.Status {
+			cond.LastTransitionTime = c.LastTransitionTime
+		}
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{StatusAnnotation: string(annotation)}},
+		"status": map[string]any{
+			// Dropped by apiservers ≥ 1.24 unless the Node already has it (CONTRACT §2); kept where allowed.
+			"config":     status,
+			"conditions": []corev1.NodeCondition{cond},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	start := w.clock.Now()
+	_, err = w.client.CoreV1().Nodes().PatchStatus(ctx, name, patch)
+	if err != nil {
+		w.metrics.write("error")
+		return fmt.Errorf("patch status of node %s: %w", name, err)
+	}
+	w.metrics.write("written")
+	w.log.Info("node status written", zap.String("node", name), zap.String("status", string(annotation)),
+		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start)))
+	return nil
+}
+
+// upToDate reports whether the cached Node already carries the status. status.config is compared only
+// where the apiserver keeps it, or a v1.24+ apiserver would be patched forever.
+func upToDate(node *corev1.Node, annotation string, status *corev1.NodeConfigStatus, cond corev1.NodeCondition) bool {
+	if node.Annotations[StatusAnnotation] != annotation {
+		return false
+	}
+	if node.Status.Config != nil && !apiequality.Semantic.DeepEqual(node.Status.Config, status) {
+		return false
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == ConditionType {
+			return c.Status == cond.Status && c.Reason == cond.Reason && c.Message == cond.Message
+		}
+	}
+	return false
+}

@@ -1,0 +1,176 @@
+// Package resolve is where a Node's config source is read and resolved (CONTRACT §3): spec.configSource
+// where the apiserver kept it, else the dkc.dev/config-source annotation, validated with the apiserver's
+// own rules and messages, then resolved against the referenced ConfigMap to a fully resolved Assignment
+// (UID + ResourceVersion + every data file + content hash).
+package resolve
+
+import (
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/dkc-dev/dkc/internal/payload"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+)
+
+// SourceAnnotation holds the JSON of a core/v1 NodeConfigSource on apiservers that drop spec.configSource.
+const SourceAnnotation = "dkc.dev/config-source"
+
+// Status error texts of the original kubelet (pkg/kubelet/kubeletconfig/status) that arise while syncing a
+// source, and dkc's own in the same style. The full status error is SyncErrorPrefix + one of these.
+const (
+	SyncErrorPrefix      = "failed to sync: "
+	AllNilSubfieldsError = "invalid NodeConfigSource, exactly one subfield must be non-nil, but all were nil"
+	DownloadError        = "failed to download config, see Kubelet log for details"
+	InternalError        = "internal failure, see Kubelet log for details"
+	// InvalidSourcePrefix starts dkc's error for a source the apiserver would have refused; the field errors
+	// follow, in the apiserver's words.
+	InvalidSourcePrefix = "invalid NodeConfigSource: "
+)
+
+// Origin says where a Node's source was read from.
+type Origin string
+
+const (
+	OriginNone       Origin = ""
+	OriginSpec       Origin = "spec"
+	OriginAnnotation Origin = "annotation"
+)
+
+// SourceError is a Node source that cannot be used. Status is the node's status error text.
+type SourceError struct {
+	Status string
+}
+
+func (e *SourceError) Error() string { return e.Status }
+
+// NodeSource returns the Node's config source and where it came from; nil means the node's local config.
+// A source that is present but unusable returns a *SourceError whose Status the node's status must show;
+// the node then keeps what it has.
+func NodeSource(node *corev1.Node) (*corev1.NodeConfigSource, Origin, error) {
+	if node.Spec.ConfigSource != nil {
+		src := node.Spec.ConfigSource.DeepCopy() // never hand out a pointer into an informer's cache
+		return src, OriginSpec, Validate(src, field.NewPath("spec", "configSource"))
+	}
+	raw, ok := node.Annotations[SourceAnnotation]
+	if !ok {
+		return nil, OriginNone, nil
+	}
+	path := field.NewPath("metadata", "annotations").Key(SourceAnnotation)
+	src, err := ParseAnnotation(raw, path)
+	if err != nil {
+		return nil, OriginAnnotation, err
+	}
+	return src, OriginAnnotation, Validate(src, path)
+}
+
+// ParseAnnotation decodes the annotation's JSON. Unknown fields are ignored, as the kubelet ignored source
+// types newer than itself: they end as "all subfields nil" in Validate.
+func ParseAnnotation(raw string, path *field.Path) (*corev1.NodeConfigSource, error) {
+	var src corev1.NodeConfigSource
+	if err := json.Unmarshal([]byte(raw), &src); err != nil {
+		shown := raw
+		if len(shown) > 256 {
+			shown = shown[:256] + "..."
+		}
+		return nil, &SourceError{Status: SyncErrorPrefix + InvalidSourcePrefix +
+			field.Invalid(path, shown, "not the JSON of a NodeConfigSource: "+err.Error()).Error()}
+	}
+	return &src, nil
+}
+
+// Validate applies the apiserver's validation of Node.Spec.ConfigSource (validateNodeConfigSourceSpec in
+// pkg/apis/core/validation) with its messages, e.g.
+// "spec.configSource.configMap.namespace: Required value: namespace must be set".
+func Validate(src *corev1.NodeConfigSource, path *field.Path) error {
+	if src.ConfigMap == nil {
+		// The kubelet's wording for a source with no subfield it knows (the apiserver's would be "exactly one
+		// reference subfield must be non-nil"); the seeds document this one in the status table.
+		return &SourceError{Status: SyncErrorPrefix + AllNilSubfieldsError}
+	}
+	errs := ValidateSpec(src, path)
+	if len(errs) == 0 {
+		return nil
+	}
+	return &SourceError{Status: SyncErrorPrefix + InvalidSourcePrefix + errs.ToAggregate().Error()}
+}
+
+// ValidateSpec returns the apiserver's field errors for a NodeConfigSource in a spec.
+func ValidateSpec(src *corev1.NodeConfigSource, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	count := 0
+	if src.ConfigMap != nil {
+		count++
+		errs = append(errs, validateConfigMapSpec(src.ConfigMap, path.Child("configMap"))...)
+	}
+	if count != 1 {
+		errs = append(errs, field.Invalid(path, src, "exactly one reference subfield must be non-nil"))
+	}
+	return errs
+}
+
+func validateConfigMapSpec(cm *corev1.ConfigMapNodeConfigSource, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	// uid and resourceVersion are the result of resolution, never an input.
+	if cm.UID != "" {
+		errs = append(errs, field.Forbidden(path.Child("uid"), "uid must not be set in spec"))
+	}
+	if cm.ResourceVersion != "" {
+		errs = append(errs, field.Forbidden(path.Child("resourceVersion"), "resourceVersion must not be set in spec"))
+	}
+	if cm.Namespace == "" {
+		errs = append(errs, field.Required(path.Child("namespace"), "namespace must be set"))
+	} else {
+		for _, msg := range apivalidation.ValidateNamespaceName(cm.Namespace, false) {
+			errs = append(errs, field.Invalid(path.Child("namespace"), cm.Namespace, msg))
+		}
+	}
+	if cm.Name == "" {
+		errs = append(errs, field.Required(path.Child("name"), "name must be set"))
+	} else {
+		for _, msg := range apivalidation.NameIsDNSSubdomain(cm.Name, false) {
+			errs = append(errs, field.Invalid(path.Child("name"), cm.Name, msg))
+		}
+	}
+	if cm.KubeletConfigKey == "" {
+		errs = append(errs, field.Required(path.Child("kubeletConfigKey"), "kubeletConfigKey must be set"))
+	} else {
+		for _, msg := range validation.IsConfigMapKey(cm.KubeletConfigKey) {
+			errs = append(errs, field.Invalid(path.Child("kubeletConfigKey"), cm.KubeletConfigKey, msg))
+		}
+	}
+	return errs
+}
+
+// Assignment resolves a validated ConfigMap source against the ConfigMap it names: the result carries the
+// ConfigMap's UID and ResourceVersion, all of its data (binaryData is ignored, as the original did) and the
+// content hash. The kubelet config key need not exist in the data: as in the original, the node then fails
+// to load the config and falls back to its last-known-good.
+func Assignment(ref *corev1.ConfigMapNodeConfigSource, cm *corev1.ConfigMap) (*dkcv1.Assignment, error) {
+	if cm.UID == "" || cm.ResourceVersion == "" {
+		return nil, fmt.Errorf("configmap %s/%s has no UID or ResourceVersion", cm.Namespace, cm.Name)
+	}
+	src := &dkcv1.ConfigMapNodeConfigSource{
+		Namespace:        ref.Namespace,
+		Name:             ref.Name,
+		Uid:              string(cm.UID),
+		ResourceVersion:  cm.ResourceVersion,
+		KubeletConfigKey: ref.KubeletConfigKey,
+	}
+	files := make(map[string]string, len(cm.Data))
+	for k, v := range cm.Data {
+		files[k] = v
+	}
+	return &dkcv1.Assignment{
+		Source:      &dkcv1.NodeConfigSource{ConfigMap: src},
+		Files:       files,
+		ContentHash: payload.Hash(src, files),
+	}, nil
+}
+
+// Local is the assignment "use the node's local config".
+func Local() *dkcv1.Assignment { return &dkcv1.Assignment{} }

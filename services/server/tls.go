@@ -1,0 +1,73 @@
+package server
+
+import (
+	"crypto/tls"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+)
+
+// certReloader serves the certificate in certFile/keyFile and loads it again when either file changes, so
+// that a rotated certificate (cert-manager, a mounted Secret) is picked up without a restart. It checks at
+// most once per interval; a broken new pair keeps the old certificate in use.
+type certReloader struct {
+	certFile, keyFile string
+	interval          time.Duration
+
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	modTime time.Time
+	checked time.Time
+	onError func(error)
+}
+
+func newCertReloader(certFile, keyFile string, onError func(error)) (*certReloader, error) {
+	r := &certReloader{certFile: certFile, keyFile: keyFile, interval: 10 * time.Second, onError: onError}
+	if err := r.load(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *certReloader) newest() (time.Time, error) {
+	var newest time.Time
+	for _, f := range []string{r.certFile, r.keyFile} {
+		st, err := os.Stat(f)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if st.ModTime().After(newest) {
+			newest = st.ModTime()
+		}
+	}
+	return newest, nil
+}
+
+func (r *certReloader) load() error {
+	mod, err := r.newest()
+	if err != nil {
+		return fmt.Errorf("stat TLS files: %w", err)
+	}
+	cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+	if err != nil {
+		return fmt.Errorf("load TLS key pair %s, %s: %w", r.certFile, r.keyFile, err)
+	}
+	r.cert, r.modTime = &cert, mod
+	return nil
+}
+
+// GetCertificate is tls.Config.GetCertificate.
+func (r *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Since(r.checked) >= r.interval {
+		r.checked = time.Now()
+		if mod, err := r.newest(); err == nil && !mod.Equal(r.modTime) {
+			if err := r.load(); err != nil && r.onError != nil {
+				r.onError(err)
+			}
+		}
+	}
+	return r.cert, nil
+}

@@ -15,7 +15,7 @@ INTEGRATION_PKGS := ./test/integration/...
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN). dkc-server, dkc-sidecar and kubectl-dkc join as their issues land.
-MAINS := ./hack/dkc-dev
+MAINS := ./hack/dkc-dev ./services/cmd/dkc-server
 
 .PHONY: help
 help: ## list targets

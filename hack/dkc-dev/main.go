@@ -23,6 +23,7 @@ type options struct {
 	kubeVersion string
 	kubeBinDir  string
 	nodes       []string
+	serviceBin  string
 }
 
 func parse(fs *flag.FlagSet, args []string) (options, error) {
@@ -31,6 +32,7 @@ func parse(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.kubeVersion, "kube-version", envOr("KUBE_VERSION", "1.34"), "Kubernetes minor version of the control plane and kubelets ($KUBE_VERSION)")
 	fs.StringVar(&o.kubeBinDir, "kube-bin-dir", os.Getenv("KUBE_BIN_DIR"), "take kube-apiserver and kubelet from this directory instead of building them ($KUBE_BIN_DIR)")
 	nodes := fs.String("nodes", "node-1", "comma-separated names of the real nodes (containerd + kubelet)")
+	fs.StringVar(&o.serviceBin, "service-bin", "_output/bin/dkc-server", "dkc-server binary to run as the cluster's config service; empty runs none")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dkc-dev [flags] up|down\n\n  up    start etcd, kube-apiserver and the real nodes in the background; returns when ready\n  down  stop everything up started, unmount and clean up\n\nflags:\n")
 		fs.PrintDefaults()
@@ -58,7 +60,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	switch o.command {
 	case "up":
 		_, err := devcluster.Start(ctx, devcluster.Config{
-			Dir: o.dir, KubeVersion: o.kubeVersion, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes, Progress: out,
+			Dir: o.dir, KubeVersion: o.kubeVersion, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes, ServiceBinary: o.serviceBin, Progress: out,
 		})
 		return err
 	default:

@@ -40,18 +40,21 @@ type Config struct {
 	KubeBinDir string
 	// RealNodes are the names of nodes that run a real containerd and kubelet; default ["node-1"].
 	RealNodes []string
+	// ServiceBinary, if set, is the dkc-server binary to run as the cluster's config service.
+	ServiceBinary string
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
 }
 
 // State is what a running cluster recorded about itself in <Dir>/state.json; Open reads it back.
 type State struct {
-	KubeVersion   string      `json:"kubeVersion"`
-	APIServerPort int         `json:"apiServerPort"`
-	EtcdPort      int         `json:"etcdPort"`
-	RuntimeDir    string      `json:"runtimeDir"`
-	Network       Network     `json:"network"`
-	Nodes         []NodeState `json:"nodes"`
+	KubeVersion   string        `json:"kubeVersion"`
+	APIServerPort int           `json:"apiServerPort"`
+	EtcdPort      int           `json:"etcdPort"`
+	RuntimeDir    string        `json:"runtimeDir"`
+	Network       Network       `json:"network"`
+	Nodes         []NodeState   `json:"nodes"`
+	Service       *ServiceState `json:"service,omitempty"`
 }
 
 // NodeState describes one real node.
@@ -161,7 +164,16 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			return c, err
 		}
 	}
-	if err := c.writeEnv(nil); err != nil {
+	env := map[string]string{}
+	if cfg.ServiceBinary != "" {
+		if err := c.startService(ctx, cfg.ServiceBinary); err != nil {
+			return c, err
+		}
+		env["DKC_SERVER"] = c.ServiceAddress()
+		env["DKC_SERVER_CA"] = c.CAFile()
+		env["DKC_METRICS"] = c.MetricsAddress()
+	}
+	if err := c.writeEnv(env); err != nil {
 		return c, err
 	}
 	fmt.Fprintf(cfg.Progress, "cluster ready: . %s (KUBECONFIG=%s)\n", c.EnvPath(), c.KubeconfigPath())
@@ -238,7 +250,7 @@ func (c *Cluster) processNames() []string {
 	for _, n := range c.state.Nodes {
 		names = append(names, "containerd-"+n.Name, "kubelet-"+n.Name)
 	}
-	return names
+	return append(names, "dkc-server")
 }
 
 // Dir is the cluster's directory.

@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -51,7 +52,12 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute) // includes a cold binary build
 	defer cancel()
-	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, Progress: os.Stderr})
+	bin, err := BuildService(ctx, dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, ServiceBinary: bin, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster: %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
 		return 1
@@ -66,4 +72,24 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 		return 1
 	}
 	return code
+}
+
+// BuildService builds dkc-server from this checkout into dir/bin, so that integration tests always run the
+// code under test (and need no `make build` first).
+func BuildService(ctx context.Context, dir string) (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	root, err := devcluster.RepoRoot(wd)
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "bin", "dkc-server")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./services/cmd/dkc-server")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build dkc-server: %w\n%s", err, b)
+	}
+	return out, nil
 }

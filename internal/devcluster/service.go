@@ -1,0 +1,200 @@
+package devcluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Names of what the dev cluster sets up for dkc; deploy/ uses the same.
+const (
+	ServiceUser           = "dkc-server"
+	SidecarNamespace      = "kube-system"
+	SidecarServiceAccount = "dkc-sidecar"
+	TokenAudience         = "dkc"
+)
+
+// ServiceState records the running config service.
+type ServiceState struct {
+	Port        int `json:"port"`
+	MetricsPort int `json:"metricsPort"`
+}
+
+// ServiceAddress is host:port of the config service (DKC_SERVER), on the bridge so nodes reach it.
+func (c *Cluster) ServiceAddress() string {
+	return net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.Port))
+}
+
+// MetricsAddress is host:port of the service's /metrics.
+func (c *Cluster) MetricsAddress() string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(c.state.Service.MetricsPort))
+}
+
+// serviceRBAC is the config service's least privilege: read Nodes and ConfigMaps, write Node status (which
+// carries the dkc.dev/config-status annotation and the ConfigOK condition), create Events and TokenReviews.
+func serviceRBAC() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "dkc-server"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
+			{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+		},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "dkc-server"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: ServiceUser}},
+	}
+	return role, binding
+}
+
+// startService runs the config service binary with its own identity and TLS, and waits until its gRPC
+// health says SERVING (caches synced).
+func (c *Cluster) startService(ctx context.Context, bin string) error {
+	ports, err := freePorts(2)
+	if err != nil {
+		return err
+	}
+	c.state.Service = &ServiceState{Port: ports[0], MetricsPort: ports[1]}
+	if err := c.writeState(); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.cfg.Progress, "starting dkc-server on %s\n", c.ServiceAddress())
+	client, err := c.Client()
+	if err != nil {
+		return err
+	}
+	role, binding := serviceRBAC()
+	if _, err := client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create clusterrole dkc-server: %w", err)
+	}
+	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create clusterrolebinding dkc-server: %w", err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: SidecarServiceAccount, Namespace: SidecarNamespace}}
+	if _, err := client.CoreV1().ServiceAccounts(SidecarNamespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create service account %s/%s: %w", SidecarNamespace, SidecarServiceAccount, err)
+	}
+	if err := c.pki.remove("dkc-server"); err != nil {
+		return err
+	}
+	ips := []net.IP{net.ParseIP(c.state.Network.GatewayIP), net.IPv4(127, 0, 0, 1)}
+	if err := c.pki.issue("dkc-server", "dkc-server", nil, x509.ExtKeyUsageServerAuth, ips, []string{"localhost", "dkc-server"}); err != nil {
+		return err
+	}
+	if err := c.pki.issue("dkc-server-client", ServiceUser, nil, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+		return err
+	}
+	kubeconfig := filepath.Join(c.cfg.Dir, "dkc-server.kubeconfig")
+	if err := writeKubeconfig(kubeconfig, c.apiServerURL(), c.pki.CAFile(), c.pki.path("dkc-server-client.crt"), c.pki.path("dkc-server-client.key")); err != nil {
+		return err
+	}
+	for _, n := range c.state.Nodes {
+		if _, err := c.NodeToken(ctx, n.Name); err != nil {
+			return err
+		}
+	}
+	p, err := startProcess("dkc-server", c.runDir(), c.logFile("dkc-server"), nil, bin,
+		"--kubeconfig="+kubeconfig,
+		"--listen-address="+c.ServiceAddress(),
+		"--metrics-address="+c.MetricsAddress(),
+		"--tls-cert-file="+c.pki.path("dkc-server.crt"),
+		"--tls-key-file="+c.pki.path("dkc-server.key"),
+		"--allowed-service-accounts="+SidecarNamespace+"/"+SidecarServiceAccount,
+	)
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	conn, err := c.DialService()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return p.waitFor(wctx, "serving", func(ctx context.Context) error {
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			return err
+		}
+		if resp.Status != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Errorf("health %s", resp.Status)
+		}
+		return nil
+	})
+}
+
+// DialService opens a gRPC connection to the config service, trusting the cluster CA.
+func (c *Cluster) DialService() (*grpc.ClientConn, error) {
+	ca, err := os.ReadFile(c.pki.CAFile())
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	return grpc.NewClient(c.ServiceAddress(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
+}
+
+// NodeTokenPath is where node's sidecar credential is (CONTRACT §6).
+func (c *Cluster) NodeTokenPath(node string) string { return filepath.Join(c.NodeDir(node), "token") }
+
+// NodeToken mints the sidecar credential of node — a dkc-sidecar ServiceAccount token for audience dkc,
+// bound to the Node object so that it carries the node claim, as a pod-bound token of a DaemonSet pod does
+// in production — writes it to NodeTokenPath and returns it. The Node must exist.
+func (c *Cluster) NodeToken(ctx context.Context, node string) (string, error) {
+	client, err := c.Client()
+	if err != nil {
+		return "", err
+	}
+	return MintToken(ctx, client, SidecarNamespace, SidecarServiceAccount, TokenAudience, node, c.NodeTokenPath(node))
+}
+
+// MintToken requests a token of namespace/sa for audience, bound to Node node (empty: unbound), valid for
+// 24 hours, and writes it to path if path is not empty.
+func MintToken(ctx context.Context, client kubernetes.Interface, namespace, sa, audience, node, path string) (string, error) {
+	expiry := int64(24 * 3600)
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		Audiences: []string{audience}, ExpirationSeconds: &expiry,
+	}}
+	if node != "" {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return "", fmt.Errorf("get node %s to bind its token: %w", node, err)
+		}
+		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node, UID: n.UID}
+	}
+	tr, err := client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, req, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("mint token of %s/%s for node %q: %w", namespace, sa, node, err)
+	}
+	if path != "" {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(path, []byte(tr.Status.Token), 0o600); err != nil {
+			return "", fmt.Errorf("write token %s: %w", path, err)
+		}
+	}
+	return tr.Status.Token, nil
+}

@@ -1,0 +1,176 @@
+package rpc
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/assignment"
+	"github.com/dkc-dev/dkc/services/auth"
+)
+
+type recordingWriter struct {
+	mu      sync.Mutex
+	reports []*dkcv1.ReportStatusRequest
+}
+
+func (r *recordingWriter) Report(_ context.Context, _ string, req *dkcv1.ReportStatusRequest) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reports = append(r.reports, req)
+	return nil
+}
+
+// start serves the service in memory; every call acts as node "n1".
+func start(t *testing.T, table *assignment.Table, w StatusWriter) dkcv1.ConfigServiceClient {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	asNode := func(ctx context.Context) context.Context {
+		return auth.WithIdentity(ctx, auth.Identity{Node: "n1", ServiceAccount: "kube-system/dkc-sidecar"})
+	}
+	s := grpc.NewServer(
+		grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			return h(asNode(ctx), req)
+		}),
+		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			return h(srv, &ctxStream{ServerStream: ss, ctx: asNode(ss.Context())})
+		}))
+	dkcv1.RegisterConfigServiceServer(s, New(zap.NewNop(), table, w, nil))
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return dkcv1.NewConfigServiceClient(conn)
+}
+
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+func assign(rv string) *dkcv1.Assignment {
+	return &dkcv1.Assignment{
+		Source:      &dkcv1.NodeConfigSource{ConfigMap: &dkcv1.ConfigMapNodeConfigSource{Namespace: "ns", Name: "c", Uid: "u", ResourceVersion: rv, KubeletConfigKey: "kubelet"}},
+		ContentHash: "h" + rv,
+	}
+}
+
+func recv(t *testing.T, stream dkcv1.ConfigService_WatchConfigClient) *dkcv1.WatchConfigResponse {
+	t.Helper()
+	m, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestWatchConfig(t *testing.T) {
+	table := assignment.NewTable(nil)
+	client := start(t, table, &recordingWriter{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	table.Set("n1", assignment.State{Assignment: assign("1")})
+	stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := recv(t, stream); m.GetAssignment().GetContentHash() != "h1" {
+		t.Fatalf("first message = %v", m)
+	}
+	// Several changes while the node is not reading arrive as the latest one.
+	table.Set("n1", assignment.State{Assignment: assign("2")})
+	table.SetSyncError("n1", "failed to sync: x")
+	if m := recv(t, stream); m.GetAssignment().GetContentHash() != "h2" {
+		t.Fatalf("second message = %v", m)
+	}
+	// The sync error may come with it or right after; the stream ends on the latest state.
+	table.SetSyncError("n1", "")
+	table.Set("n1", assignment.State{Assignment: assign("3")})
+	for {
+		m := recv(t, stream)
+		if m.GetAssignment().GetContentHash() == "h3" && m.GetSyncError() == "" {
+			break
+		}
+	}
+
+	// Resuming with what the node has: silence until something changes.
+	resumed, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", LastApplied: &dkcv1.AppliedConfig{
+		Source: assign("3").GetSource(), ContentHash: "h3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dkcv1.WatchConfigResponse, 1)
+	go func() {
+		if m, err := resumed.Recv(); err == nil {
+			got <- m
+		}
+	}()
+	select {
+	case m := <-got:
+		t.Fatalf("resumed stream re-delivered %v", m)
+	case <-time.After(300 * time.Millisecond):
+	}
+	table.Set("n1", assignment.State{Assignment: assign("4")})
+	select {
+	case m := <-got:
+		if m.GetAssignment().GetContentHash() != "h4" {
+			t.Fatalf("resumed stream got %v", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("resumed stream missed a change")
+	}
+}
+
+func TestWatchConfigOtherNodeDenied(t *testing.T) {
+	client := start(t, assignment.NewTable(nil), &recordingWriter{})
+	stream, err := client.WatchConfig(context.Background(), &dkcv1.WatchConfigRequest{NodeName: "n2"})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("watch for another node: %v", err)
+	}
+}
+
+func TestReportStatus(t *testing.T) {
+	w := &recordingWriter{}
+	client := start(t, assignment.NewTable(nil), w)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		req  *dkcv1.ReportStatusRequest
+		code codes.Code
+	}{
+		{"ok", &dkcv1.ReportStatusRequest{NodeName: "n1", Status: &dkcv1.NodeConfigStatus{}}, codes.OK},
+		{"other node", &dkcv1.ReportStatusRequest{NodeName: "n2", Status: &dkcv1.NodeConfigStatus{}}, codes.PermissionDenied},
+		{"no node", &dkcv1.ReportStatusRequest{Status: &dkcv1.NodeConfigStatus{}}, codes.InvalidArgument},
+		{"no status", &dkcv1.ReportStatusRequest{NodeName: "n1"}, codes.InvalidArgument},
+		{"bad restart id", &dkcv1.ReportStatusRequest{NodeName: "n1", Status: &dkcv1.NodeConfigStatus{}, Restart: &dkcv1.KubeletRestart{Id: "../x"}}, codes.InvalidArgument},
+	} {
+		_, err := client.ReportStatus(ctx, tc.req)
+		if status.Code(err) != tc.code {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.code)
+		}
+	}
+	if len(w.reports) != 1 {
+		t.Errorf("writer got %d reports, want 1", len(w.reports))
+	}
+}

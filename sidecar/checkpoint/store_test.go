@@ -1,0 +1,272 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dkc-dev/dkc/internal/payload"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/sidecar/durable"
+)
+
+func assignment(uid, rv string, files map[string]string) *dkcv1.Assignment {
+	src := &dkcv1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "c", Uid: uid, ResourceVersion: rv, KubeletConfigKey: "kubelet"}
+	return &dkcv1.Assignment{Source: &dkcv1.NodeConfigSource{ConfigMap: src}, Files: files, ContentHash: payload.Hash(src, files)}
+}
+
+func newStore(t *testing.T) *Store {
+	t.Helper()
+	s := New(filepath.Join(t.TempDir(), "dynamic-config"))
+	if _, err := s.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestInitializeLayout(t *testing.T) {
+	s := newStore(t)
+	for _, p := range []string{"meta/assigned", "meta/last-known-good"} {
+		data, err := os.ReadFile(filepath.Join(s.Dir(), p))
+		if err != nil || len(data) != 0 {
+			t.Errorf("%s: %q, %v; want an empty file (local)", p, data, err)
+		}
+	}
+	if st, err := os.Stat(filepath.Join(s.Dir(), "checkpoints")); err != nil || !st.IsDir() {
+		t.Errorf("checkpoints dir: %v", err)
+	}
+	a, err := s.Assigned()
+	if err != nil || a != nil {
+		t.Errorf("Assigned() = %v, %v; want local", a, err)
+	}
+}
+
+func TestSaveAndRecords(t *testing.T) {
+	s := newStore(t)
+	a := assignment("uid-1", "42", map[string]string{"kubelet": "kind: KubeletConfiguration\n", "ca.crt": "pem"})
+	if err := s.Save(a); err != nil {
+		t.Fatal(err)
+	}
+	src := SourceOf(a)
+	for name, want := range map[string]string{"kubelet": "kind: KubeletConfiguration\n", "ca.crt": "pem"} {
+		got, err := os.ReadFile(filepath.Join(s.Dir(), "checkpoints", "uid-1", "42", name))
+		if err != nil || string(got) != want {
+			t.Errorf("checkpoint file %s = %q, %v", name, got, err)
+		}
+	}
+	if s.ConfigFile(src.ConfigMap) != filepath.Join(s.Dir(), "checkpoints/uid-1/42/kubelet") {
+		t.Errorf("ConfigFile = %s", s.ConfigFile(src.ConfigMap))
+	}
+	if h, err := s.ContentHash(src); err != nil || h != a.GetContentHash() {
+		t.Errorf("ContentHash = %q, %v; want %q", h, err, a.GetContentHash())
+	}
+	// Saving again is a no-op (checkpoints are immutable).
+	if err := s.Save(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetAssigned(src); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(filepath.Join(s.Dir(), "meta/assigned"))
+	for _, want := range []string{"apiVersion: kubelet.config.k8s.io/v1beta1", "kind: SerializedNodeConfigSource", "uid: uid-1", `resourceVersion: "42"`, "kubeletConfigKey: kubelet"} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("meta/assigned lacks %q:\n%s", want, raw)
+		}
+	}
+	got, err := s.Assigned()
+	if err != nil || got == nil || got.ConfigMap.UID != "uid-1" || got.ConfigMap.ResourceVersion != "42" || got.ConfigMap.Name != "c" {
+		t.Errorf("Assigned() = %+v, %v", got, err)
+	}
+	if err := s.SetAssigned(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Assigned(); got != nil {
+		t.Errorf("after SetAssigned(nil): %+v", got)
+	}
+}
+
+func TestDecodeRecordOfTheOriginal(t *testing.T) {
+	// The 1.12+ kubelet's meta file, verbatim, plus a field a newer writer might add.
+	data := []byte(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: SerializedNodeConfigSource
+futureField: ignored
+source:
+  configMap:
+    kubeletConfigKey: kubelet
+    name: my-node-config-9mbkccg2cc
+    namespace: kube-system
+    resourceVersion: "1326"
+    uid: 705ab4f5-6393-11e8-b7cc-42010a800002
+`)
+	src, err := DecodeRecord(data)
+	if err != nil || src.ConfigMap.ResourceVersion != "1326" || src.ConfigMap.Name != "my-node-config-9mbkccg2cc" {
+		t.Fatalf("DecodeRecord = %+v, %v", src, err)
+	}
+	for _, bad := range []string{"kind: Other\napiVersion: v1\n", "{", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: SerializedNodeConfigSource\n",
+		"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: SerializedNodeConfigSource\nsource:\n  configMap:\n    uid: ../..\n    resourceVersion: '1'\n    kubeletConfigKey: k\n"} {
+		if _, err := DecodeRecord([]byte(bad)); err == nil {
+			t.Errorf("DecodeRecord(%q) accepted", bad)
+		}
+	}
+}
+
+func TestHostilePayloadsAreRefused(t *testing.T) {
+	s := newStore(t)
+	big := strings.Repeat("x", MaxTotalBytes+1)
+	many := map[string]string{}
+	for i := 0; i <= MaxFiles; i++ {
+		many[fmt.Sprintf("f%d", i)] = ""
+	}
+	badHash := assignment("u", "1", map[string]string{"kubelet": "x"})
+	badHash.ContentHash = "sha256:0000"
+	for name, a := range map[string]*dkcv1.Assignment{
+		"slash in name":  assignment("u", "1", map[string]string{"../escape": "x"}),
+		"absolute name":  assignment("u", "1", map[string]string{"/etc/passwd": "x"}),
+		"dotdot":         assignment("u", "1", map[string]string{"..": "x"}),
+		"NUL":            assignment("u", "1", map[string]string{"a\x00b": "x"}),
+		"uid traversal":  assignment("../..", "1", map[string]string{"kubelet": "x"}),
+		"rv traversal":   assignment("u", "..", map[string]string{"kubelet": "x"}),
+		"rv with slash":  assignment("u", "1/2", map[string]string{"kubelet": "x"}),
+		"too big":        assignment("u", "1", map[string]string{"kubelet": big}),
+		"too many files": assignment("u", "1", many),
+		"hash mismatch":  badHash,
+		"no source":      {Files: map[string]string{"kubelet": "x"}},
+		"key with slash": {Source: &dkcv1.NodeConfigSource{ConfigMap: &dkcv1.ConfigMapNodeConfigSource{Uid: "u", ResourceVersion: "1", KubeletConfigKey: "a/b"}}},
+	} {
+		if err := s.Save(a); err == nil {
+			t.Errorf("%s: Save accepted a hostile payload", name)
+		}
+	}
+	// Nothing was written anywhere.
+	var found []string
+	_ = filepath.Walk(filepath.Dir(s.Dir()), func(p string, info os.FileInfo, _ error) error {
+		if !info.IsDir() && !strings.HasSuffix(p, "meta/assigned") && !strings.HasSuffix(p, "meta/last-known-good") {
+			found = append(found, p)
+		}
+		return nil
+	})
+	if len(found) > 0 {
+		t.Errorf("files written by refused payloads: %v", found)
+	}
+}
+
+func TestGC(t *testing.T) {
+	s := newStore(t)
+	var srcs []*corev1.NodeConfigSource
+	for i, rv := range []string{"1", "2", "3", "4", "5"} {
+		a := assignment("uid-a", rv, map[string]string{"kubelet": rv})
+		if err := s.Save(a); err != nil {
+			t.Fatal(err)
+		}
+		srcs = append(srcs, SourceOf(a))
+		// distinct mtimes, oldest first
+		ts := time.Now().Add(time.Duration(i-10) * time.Minute)
+		_ = os.Chtimes(s.CheckpointDir(srcs[i].ConfigMap), ts, ts)
+	}
+	other := assignment("uid-b", "9", map[string]string{"kubelet": "b"})
+	if err := s.Save(other); err != nil {
+		t.Fatal(err)
+	}
+	ts := time.Now().Add(-time.Hour)
+	_ = os.Chtimes(s.CheckpointDir(SourceOf(other).ConfigMap), ts, ts)
+	// Keep rv 1 (e.g. last-known-good) and rv 5 (assigned), plus the newest other one (rv 4).
+	removed, err := s.GC([]*corev1.NodeConfigSource{srcs[0], srcs[4], nil}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"uid-a/3": true, "uid-a/2": true, "uid-b/9": true}
+	if len(removed) != len(want) {
+		t.Fatalf("removed %v, want %v", removed, want)
+	}
+	for _, r := range removed {
+		if !want[r] {
+			t.Errorf("removed %s unexpectedly", r)
+		}
+	}
+	for _, keep := range []*corev1.NodeConfigSource{srcs[0], srcs[3], srcs[4]} {
+		if ok, _ := s.Exists(keep.ConfigMap); !ok {
+			t.Errorf("checkpoint %s removed", keep.ConfigMap.ResourceVersion)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir(), "checkpoints", "uid-b")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("empty uid dir left: %v", err)
+	}
+}
+
+// TestCrashAtEveryStep fails each write at each durable step, as a crash would, then restarts the store:
+// the old state must be intact, the new one absent or complete, and no temp file may survive Initialize.
+func TestCrashAtEveryStep(t *testing.T) {
+	steps := []string{"write", "fsync", "rename", "fsync-dir"}
+	crash := errors.New("injected crash")
+	t.Cleanup(func() { durable.Fault = nil })
+	kills := 0
+	for _, step := range steps {
+		for _, op := range []string{"save", "assign"} {
+			s := newStore(t)
+			old := assignment("uid-old", "1", map[string]string{"kubelet": "old"})
+			if err := s.Save(old); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.SetAssigned(SourceOf(old)); err != nil {
+				t.Fatal(err)
+			}
+			next := assignment("uid-new", "2", map[string]string{"kubelet": "new", "extra": "e"})
+			if op == "assign" {
+				if err := s.Save(next); err != nil {
+					t.Fatal(err)
+				}
+			}
+			durable.Fault = func(st, _ string) error {
+				if st == step {
+					return crash
+				}
+				return nil
+			}
+			var err error
+			if op == "save" {
+				err = s.Save(next)
+			} else {
+				err = s.SetAssigned(SourceOf(next))
+			}
+			durable.Fault = nil
+			if !errors.Is(err, crash) {
+				t.Fatalf("%s at %s: err = %v, want the injected crash", op, step, err)
+			}
+			kills++
+			// "Restart".
+			s2 := New(s.Dir())
+			if _, err := s2.Initialize(); err != nil {
+				t.Fatal(err)
+			}
+			assigned, err := s2.Assigned()
+			if err != nil {
+				t.Fatalf("%s at %s: meta/assigned unreadable after crash: %v", op, step, err)
+			}
+			uid := string(UIDOf(assigned))
+			if uid != "uid-old" && uid != "uid-new" {
+				t.Fatalf("%s at %s: assigned = %q", op, step, uid)
+			}
+			if files, err := s2.Files(assigned.ConfigMap); err != nil || len(files) == 0 {
+				t.Fatalf("%s at %s: assigned points at an incomplete checkpoint: %v %v", op, step, files, err)
+			}
+			if ok, _ := s2.Exists(SourceOf(next).ConfigMap); ok {
+				if files, _ := s2.Files(SourceOf(next).ConfigMap); len(files) != 2 {
+					t.Fatalf("%s at %s: new checkpoint present but incomplete: %v", op, step, files)
+				}
+			}
+			_ = filepath.Walk(s.Dir(), func(p string, _ os.FileInfo, _ error) error {
+				if strings.HasPrefix(filepath.Base(p), durable.TempPrefix) {
+					t.Errorf("%s at %s: temp file survived Initialize: %s", op, step, p)
+				}
+				return nil
+			})
+		}
+	}
+	t.Logf("%d injected crashes at %d distinct points", kills, len(steps)*2)
+}

@@ -1,0 +1,585 @@
+// Package agent is the node's state machine: it checkpoints what the config service assigns, decides which
+// config the kubelet should run (assigned if it loads, validates and runs; else last-known-good; else the
+// local config), makes the kubelet use it and restarts it through the service manager only when that changes,
+// checks that the kubelet came back healthy with the intended config, rolls back when it did not, promotes a
+// config that ran healthy for the trial duration to last-known-good, and reports the node's status.
+//
+// Everything it decides from survives a restart of the sidecar: the checkpoint store, the kubelet env file
+// and a small state file (trial start, configs that failed to run, the kubelet's flags). A sidecar restart
+// alone therefore never restarts the kubelet.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
+	"k8s.io/utils/clock"
+
+	"github.com/dkc-dev/dkc/internal/convert"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/sidecar/checkpoint"
+	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
+	"github.com/dkc-dev/dkc/sidecar/probe"
+)
+
+// Status errors: the original kubelet's texts (pkg/kubelet/kubeletconfig/status) and dkc's own in their
+// style. The README lists them.
+const (
+	LoadError         = "failed to load config, see Kubelet log for details"
+	ValidateError     = "failed to validate config, see Kubelet log for details"
+	InternalError     = "internal failure, see Kubelet log for details"
+	SyncInternalError = "failed to sync: internal failure, see Kubelet log for details"
+	// HealthError: the config passed validation but the kubelet did not come back healthy running it
+	// within the health timeout; the node was rolled back.
+	HealthError = "failed to run kubelet with config, rolled back, see dkc-sidecar log for details"
+	// PayloadError: the service sent a payload the node refuses to write (bad hash, names, sizes).
+	PayloadError = "failed to sync: refused invalid payload, see dkc-sidecar log for details"
+)
+
+// ServiceManager restarts the kubelet; implemented by systemd.Manager (D-Bus) and systemd.Signal.
+type ServiceManager interface {
+	// Restart is `systemctl restart kubelet`: it returns when the restart job finished.
+	Restart(ctx context.Context) error
+	// MainPID is `systemctl show --property MainPID kubelet`: 0 when not running.
+	MainPID(ctx context.Context) (int, error)
+}
+
+// Prober asks the running kubelet how it is; implemented by probe.Kubelet.
+type Prober interface {
+	Healthz(ctx context.Context, kc *kubeletconfiginternal.KubeletConfiguration) error
+	Configz(ctx context.Context, kc *kubeletconfiginternal.KubeletConfiguration) (map[string]any, error)
+}
+
+// Reporter delivers status to the config service, retrying until acknowledged; implemented by the client.
+type Reporter interface {
+	Report(status *dkcv1.NodeConfigStatus, message string, restart *dkcv1.KubeletRestart)
+}
+
+// Desired is what the config service wants for the node.
+type Desired struct {
+	// Assignment to apply; nil keeps the current one (the service could not resolve a new one).
+	Assignment *dkcv1.Assignment
+	// SyncError is the service's error for the node's source, "" when it syncs.
+	SyncError string
+}
+
+// Config of the agent.
+type Config struct {
+	// LocalConfig is the node's own kubelet config file, used when nothing (valid) is assigned.
+	LocalConfig string
+	// KubeletFlags, if not nil, are the kubelet's command-line flags; otherwise they are read from the
+	// running kubelet's /proc/<pid>/cmdline (and remembered for when it is not running).
+	KubeletFlags []string
+	// TrialDuration a config must run healthy before it becomes last-known-good.
+	TrialDuration time.Duration
+	// HealthTimeout bounds the wait for the kubelet to come back healthy with a new config.
+	HealthTimeout time.Duration
+	// KeepCheckpoints is how many unreferenced checkpoints are kept besides assigned and last-known-good.
+	KeepCheckpoints int
+	// TrialCheckInterval is how often the trial is checked; default 10s, as the original.
+	TrialCheckInterval time.Duration
+}
+
+// Agent runs the state machine for one node.
+type Agent struct {
+	cfg      Config
+	log      *zap.Logger
+	store    *checkpoint.Store
+	env      kubeletunit.EnvFile
+	svc      ServiceManager
+	kubelet  Prober
+	reporter Reporter
+	metrics  *Metrics
+	clock    clock.WithTicker
+	state    *stateFile
+
+	// What the node knows now.
+	syncError      string                   // from the service
+	localSyncError string                   // checkpointing failed here
+	configError    string                   // assigned could not be used
+	detail         string                   // why, for humans
+	active         *corev1.NodeConfigSource // config the kubelet runs, nil = local
+	activeKnown    bool
+	pendingRestart *dkcv1.KubeletRestart
+}
+
+// New returns an agent; metrics may be nil.
+func New(cfg Config, log *zap.Logger, store *checkpoint.Store, svc ServiceManager, kubelet Prober, reporter Reporter, metrics *Metrics, clk clock.WithTicker) *Agent {
+	if cfg.TrialCheckInterval == 0 {
+		cfg.TrialCheckInterval = 10 * time.Second
+	}
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	return &Agent{
+		cfg: cfg, log: log, store: store, env: kubeletunit.New(store.Dir()), svc: svc, kubelet: kubelet,
+		reporter: reporter, metrics: metrics, clock: clk, state: &stateFile{path: filepath.Join(store.Dir(), StateFileName)},
+	}
+}
+
+// Init prepares the store and brings the kubelet in line with what is on disk — without restarting it if it
+// already runs the right config. Call it before Run and before connecting to the service: a node with the
+// service and apiserver down keeps what it has.
+func (a *Agent) Init(ctx context.Context) error {
+	removed, err := a.store.Initialize()
+	if err != nil {
+		return fmt.Errorf("initialize checkpoint store %s: %w", a.store.Dir(), err)
+	}
+	if len(removed) > 0 {
+		a.log.Info("removed leftovers of interrupted writes", zap.Strings("paths", removed))
+	}
+	if err := a.state.load(); err != nil {
+		// A corrupt state file must not strand the node: start from an empty one.
+		a.log.Warn("sidecar state unreadable; starting fresh", zap.Error(err))
+		a.state.s = persisted{}
+	}
+	a.reconcile(ctx)
+	return nil
+}
+
+// Applied is what the node has checkpointed as assigned, for resuming the service stream.
+func (a *Agent) Applied() *dkcv1.AppliedConfig {
+	assigned, err := a.store.Assigned()
+	if err != nil {
+		return nil // unknown: the service sends the current assignment
+	}
+	hash, err := a.store.ContentHash(assigned)
+	if err != nil {
+		return nil
+	}
+	return &dkcv1.AppliedConfig{Source: convert.SourceFromCore(assigned), ContentHash: hash}
+}
+
+// Run applies updates and checks the trial until ctx ends.
+func (a *Agent) Run(ctx context.Context, updates <-chan Desired) error {
+	tick := a.clock.NewTicker(a.cfg.TrialCheckInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d := <-updates:
+			a.Apply(ctx, d)
+		case <-tick.C():
+			a.CheckTrial(ctx)
+		}
+	}
+}
+
+// Apply takes a desired state from the service.
+func (a *Agent) Apply(ctx context.Context, d Desired) {
+	a.syncError = d.SyncError
+	if d.Assignment != nil {
+		a.assign(ctx, d.Assignment)
+	}
+	a.reconcile(ctx)
+}
+
+func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
+	assigned, err := a.store.Assigned()
+	if err != nil {
+		a.log.Error("read assigned record", zap.Error(err))
+		assigned = nil
+	}
+	src := checkpoint.SourceOf(as)
+	if src == nil {
+		// Reset: the local config is always assumed good, so last-known-good is forgotten at once (as the
+		// original's store.Reset).
+		lkg, _ := a.store.LastKnownGood()
+		if assigned != nil || lkg != nil {
+			a.log.Info("assigned local config (reset)")
+		}
+		if err := a.store.SetLastKnownGood(nil); err != nil {
+			a.fail(SyncInternalError, err)
+			return
+		}
+		if err := a.store.SetAssigned(nil); err != nil {
+			a.fail(SyncInternalError, err)
+			return
+		}
+		a.state.clearAssigned()
+		a.localSyncError = ""
+		return
+	}
+	if err := a.store.Save(as); err != nil {
+		if strings.HasPrefix(err.Error(), "refuse payload") {
+			a.fail(PayloadError, err)
+		} else {
+			a.fail(SyncInternalError, err)
+		}
+		return
+	}
+	a.localSyncError = ""
+	if sameSource(src, assigned) {
+		return
+	}
+	if err := a.store.SetAssigned(src); err != nil {
+		a.fail(SyncInternalError, err)
+		return
+	}
+	a.state.clearAssigned() // a new assignment gets a fresh trial and a fresh chance
+	a.log.Info("checkpointed new assignment", sourceFields(src)...)
+}
+
+func (a *Agent) fail(status string, err error) {
+	a.localSyncError = status
+	a.log.Error("sync failed", zap.String("status", status), zap.Error(err))
+}
+
+// candidate is a config the kubelet could run.
+type candidate struct {
+	src    *corev1.NodeConfigSource // nil: local
+	file   string
+	config *kubeletconfiginternal.KubeletConfiguration
+}
+
+func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []string) (candidate, error) {
+	c := candidate{src: src, file: a.cfg.LocalConfig}
+	if src != nil {
+		c.file = a.store.ConfigFile(src.ConfigMap)
+	}
+	r, err := kubeletconfig.Load(ctx, c.file, flags)
+	if err != nil {
+		return c, err
+	}
+	for _, w := range r.Warnings {
+		a.log.Warn("kubelet config warning", zap.String("file", c.file), zap.String("warning", w))
+	}
+	c.config = r.Config
+	return c, nil
+}
+
+func statusFor(err error) string {
+	switch {
+	case errors.Is(err, kubeletconfig.ErrLoad):
+		return LoadError
+	case errors.Is(err, kubeletconfig.ErrValidate):
+		return ValidateError
+	default:
+		return InternalError
+	}
+}
+
+// reconcile decides the target config and brings the kubelet to it, then reports.
+func (a *Agent) reconcile(ctx context.Context) {
+	defer a.report()
+	for attempt := 0; attempt < 3; attempt++ { // assigned, then last-known-good, then local: never a loop
+		if done := a.reconcileOnce(ctx); done {
+			return
+		}
+	}
+}
+
+// reconcileOnce returns false when a failed restart changed what should run, so another round is needed.
+func (a *Agent) reconcileOnce(ctx context.Context) bool {
+	assigned, err := a.store.Assigned()
+	if err != nil {
+		a.configError, a.detail = InternalError, err.Error()
+		a.log.Error("read meta/assigned", zap.Error(err))
+		return true
+	}
+	lkg, err := a.store.LastKnownGood()
+	if err != nil {
+		a.log.Error("read meta/last-known-good; treating it as local", zap.Error(err))
+		lkg = nil
+	}
+	flags, err := a.kubeletFlags(ctx)
+	if err != nil {
+		a.configError, a.detail = InternalError, err.Error()
+		a.log.Error("kubelet flags unknown; not changing the kubelet", zap.Error(err))
+		return true
+	}
+
+	a.configError, a.detail = "", ""
+	var target candidate
+	usable := false
+	if assigned != nil {
+		if f := a.state.failure(assigned); f != "" {
+			a.configError, a.detail = HealthError, f
+		} else if c, err := a.load(ctx, assigned, flags); err != nil {
+			a.configError, a.detail = statusFor(err), err.Error()
+			a.log.Warn("assigned config unusable; falling back", append(sourceFields(assigned), zap.String("status", a.configError), zap.Error(err))...)
+		} else {
+			target, usable = c, true
+		}
+	}
+	if !usable && lkg != nil && a.state.failure(lkg) == "" {
+		if c, err := a.load(ctx, lkg, flags); err != nil {
+			a.log.Error("last-known-good config unusable; falling back to local", append(sourceFields(lkg), zap.Error(err))...)
+		} else {
+			target, usable = c, true
+		}
+	}
+	if !usable {
+		c, err := a.load(ctx, nil, flags)
+		if err != nil {
+			// The node's own config does not validate: nothing dkc can pick is safe, so touch nothing.
+			if a.configError == "" {
+				a.configError, a.detail = InternalError, "local config: "+err.Error()
+			}
+			a.log.Error("local kubelet config unusable; leaving the kubelet alone", zap.String("file", a.cfg.LocalConfig), zap.Error(err))
+			return true
+		}
+		target = c
+	}
+
+	if err := a.run(ctx, target); err != nil {
+		a.log.Error("kubelet did not come back healthy with the target config", append(sourceFields(target.src), zap.Error(err))...)
+		if target.src == nil {
+			a.configError, a.detail = HealthError, "local config: "+err.Error()
+			return true // nothing left to roll back to; no more restarts
+		}
+		a.state.markFailed(target.src, err.Error())
+		if err := a.state.save(); err != nil {
+			a.log.Error("persist failed config", zap.Error(err))
+		}
+		return false
+	}
+	if target.src != nil && sameSource(target.src, assigned) {
+		if a.state.startTrial(assigned, a.clock.Now()) {
+			if err := a.state.save(); err != nil {
+				a.log.Error("persist trial start", zap.Error(err))
+			}
+			a.log.Info("assigned config active; trial started", append(sourceFields(assigned), zap.Duration("trialDuration", a.cfg.TrialDuration))...)
+		}
+	}
+	a.gc(assigned, lkg)
+	return true
+}
+
+// run makes the kubelet run target: it restarts the kubelet only when the env file must change, or when the
+// kubelet demonstrably does not run what the env file says (a crash between writing the file and restarting).
+func (a *Agent) run(ctx context.Context, target candidate) error {
+	current, err := a.env.Get()
+	if err != nil {
+		a.log.Warn("kubelet env file unreadable; rewriting it", zap.Error(err))
+	}
+	if current == "" && err == nil {
+		// No env file yet (first start on this node): the drop-in ignores a missing file, so the kubelet
+		// runs its local config.
+		current = a.cfg.LocalConfig
+		if target.src == nil {
+			if err := a.env.Set(target.file); err != nil {
+				return fmt.Errorf("write kubelet env file: %w", err)
+			}
+		}
+	}
+	if current == target.file && a.activeKnown && sameSource(a.active, target.src) {
+		return nil
+	}
+	if current == target.file {
+		if err := a.verify(ctx, target, a.cfg.HealthTimeout, true); err == nil {
+			a.active, a.activeKnown = target.src, true
+			return nil
+		} else if !errors.Is(err, errMismatch) {
+			return err
+		}
+		a.log.Info("kubelet runs another config than its env file names; restarting it", sourceFields(target.src)...)
+	}
+	if err := a.env.Set(target.file); err != nil {
+		return fmt.Errorf("write kubelet env file: %w", err)
+	}
+	restart := &dkcv1.KubeletRestart{Id: newRestartID(), Target: convert.SourceFromCore(target.src), Time: nil}
+	a.log.Info("restarting kubelet to use config", append(sourceFields(target.src), zap.String("file", target.file))...)
+	start := a.clock.Now()
+	if err := a.svc.Restart(ctx); err != nil {
+		return fmt.Errorf("restart kubelet: %w", err)
+	}
+	restart.Time = timestamp(start)
+	a.pendingRestart = restart
+	a.metrics.restarted()
+	if err := a.verify(ctx, target, a.cfg.HealthTimeout, false); err != nil {
+		return err
+	}
+	a.active, a.activeKnown = target.src, true
+	a.log.Info("kubelet healthy with config", append(sourceFields(target.src), zap.Duration("took", a.clock.Since(start)))...)
+	return nil
+}
+
+var errMismatch = errors.New("kubelet runs another config")
+
+// verify waits until the kubelet is healthy and its configz shows the target's fields. With
+// mismatchIsFinal, a healthy kubelet reporting another config returns errMismatch at once.
+func (a *Agent) verify(ctx context.Context, target candidate, timeout time.Duration, mismatchIsFinal bool) error {
+	content, err := os.ReadFile(target.file)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", target.file, err)
+	}
+	deadline := a.clock.Now().Add(timeout)
+	var last error
+	for {
+		last = a.check(ctx, target, content)
+		if last == nil {
+			return nil
+		}
+		if mismatchIsFinal && errors.Is(last, errMismatch) {
+			return last
+		}
+		if a.clock.Now().After(deadline) {
+			return fmt.Errorf("not healthy with %s after %v: %w", target.file, timeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-a.clock.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (a *Agent) check(ctx context.Context, target candidate, content []byte) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := a.kubelet.Healthz(cctx, target.config); err != nil {
+		return fmt.Errorf("healthz: %w", err)
+	}
+	running, err := a.kubelet.Configz(cctx, target.config)
+	if err != nil {
+		return fmt.Errorf("configz: %w", err)
+	}
+	diff, err := probe.Mismatch(target.config, content, running)
+	if err != nil {
+		return err
+	}
+	if len(diff) > 0 {
+		return fmt.Errorf("%w: %s", errMismatch, strings.Join(diff, "; "))
+	}
+	return nil
+}
+
+// CheckTrial promotes the assigned config to last-known-good once it has run healthy for the trial
+// duration. No restart is needed: the kubelet already runs it.
+func (a *Agent) CheckTrial(ctx context.Context) {
+	assigned, err := a.store.Assigned()
+	if err != nil || assigned == nil || !a.activeKnown || !sameSource(a.active, assigned) {
+		return
+	}
+	lkg, err := a.store.LastKnownGood()
+	if err != nil || sameSource(assigned, lkg) {
+		return
+	}
+	start := a.state.trialStart(assigned)
+	if start.IsZero() || a.clock.Since(start) < a.cfg.TrialDuration {
+		return
+	}
+	flags, err := a.kubeletFlags(ctx)
+	if err != nil {
+		return
+	}
+	c, err := a.load(ctx, assigned, flags)
+	if err != nil {
+		return
+	}
+	if err := a.kubelet.Healthz(ctx, c.config); err != nil {
+		a.log.Info("trial over but kubelet not healthy now; not promoting yet", zap.Error(err))
+		return
+	}
+	if err := a.store.SetLastKnownGood(assigned); err != nil {
+		a.log.Error("write last-known-good", zap.Error(err))
+		return
+	}
+	a.log.Info("updated last-known-good config", sourceFields(assigned)...)
+	a.gc(assigned, assigned)
+	a.report()
+}
+
+func (a *Agent) gc(assigned, lkg *corev1.NodeConfigSource) {
+	removed, err := a.store.GC([]*corev1.NodeConfigSource{assigned, lkg, a.active}, a.cfg.KeepCheckpoints)
+	if err != nil {
+		a.log.Warn("checkpoint garbage collection failed", zap.Error(err))
+	}
+	if len(removed) > 0 {
+		a.log.Info("removed unreferenced checkpoints", zap.Strings("checkpoints", removed))
+	}
+}
+
+// Status is the node's current config status.
+func (a *Agent) Status() (*dkcv1.NodeConfigStatus, string) {
+	assigned, _ := a.store.Assigned()
+	lkg, _ := a.store.LastKnownGood()
+	errText := a.configError
+	if a.localSyncError != "" {
+		errText = a.localSyncError
+	}
+	if a.syncError != "" {
+		errText = a.syncError
+	}
+	active := a.active
+	return &dkcv1.NodeConfigStatus{
+		Assigned:      convert.SourceFromCore(assigned),
+		Active:        convert.SourceFromCore(active),
+		LastKnownGood: convert.SourceFromCore(lkg),
+		Error:         errText,
+	}, a.detail
+}
+
+func (a *Agent) report() {
+	st, detail := a.Status()
+	a.metrics.set(st)
+	if a.reporter != nil {
+		a.reporter.Report(st, detail, a.pendingRestart)
+	}
+	a.pendingRestart = nil // the reporter owns it now, until acknowledged
+}
+
+// kubeletFlags returns the kubelet's command-line flags without --config.
+func (a *Agent) kubeletFlags(ctx context.Context) ([]string, error) {
+	if a.cfg.KubeletFlags != nil {
+		return a.cfg.KubeletFlags, nil
+	}
+	pid, err := a.svc.MainPID(ctx)
+	if err == nil && pid > 0 {
+		if raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil {
+			args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+			if len(args) > 0 {
+				_, rest := kubeletconfig.ConfigFlag(args[1:])
+				if rest == nil {
+					rest = []string{}
+				}
+				if a.state.setFlags(rest) {
+					if err := a.state.save(); err != nil {
+						a.log.Warn("persist kubelet flags", zap.Error(err))
+					}
+				}
+				return rest, nil
+			}
+		}
+	}
+	if f := a.state.s.KubeletFlags; f != nil {
+		return f, nil
+	}
+	return nil, errors.New("the kubelet is not running and its flags were never seen")
+}
+
+func sameSource(x, y *corev1.NodeConfigSource) bool {
+	if x == nil || x.ConfigMap == nil || y == nil || y.ConfigMap == nil {
+		return (x == nil || x.ConfigMap == nil) && (y == nil || y.ConfigMap == nil)
+	}
+	return apiequality.Semantic.DeepEqual(x.ConfigMap, y.ConfigMap)
+}
+
+func sourceFields(src *corev1.NodeConfigSource) []zap.Field {
+	if src == nil || src.ConfigMap == nil {
+		return []zap.Field{zap.String("config", "local")}
+	}
+	cm := src.ConfigMap
+	return []zap.Field{zap.String("config", cm.Namespace+"/"+cm.Name), zap.String("uid", string(cm.UID)),
+		zap.String("resourceVersion", cm.ResourceVersion), zap.String("kubeletConfigKey", cm.KubeletConfigKey)}
+}
+
+func newRestartID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

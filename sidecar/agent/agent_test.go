@@ -1,0 +1,267 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/dkc-dev/dkc/internal/payload"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/sidecar/checkpoint"
+	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
+	"github.com/dkc-dev/dkc/sidecar/probe"
+)
+
+// fakeKubelet records restarts (as a systemd fake would) and "runs" the config file the env file names at
+// each restart. A config with maxPods: 13 validates but never becomes healthy.
+type fakeKubelet struct {
+	mu       sync.Mutex
+	env      kubeletunit.EnvFile
+	local    string
+	running  string
+	restarts []string
+}
+
+func (k *fakeKubelet) Restart(context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	f, _ := k.env.Get()
+	if f == "" {
+		f = k.local
+	}
+	k.running = f
+	k.restarts = append(k.restarts, f)
+	return nil
+}
+
+func (k *fakeKubelet) MainPID(context.Context) (int, error) { return 0, nil }
+
+func (k *fakeKubelet) runningConfig() (*kubeletconfiginternal.KubeletConfiguration, error) {
+	k.mu.Lock()
+	f := k.running
+	k.mu.Unlock()
+	r, err := kubeletconfig.Load(context.Background(), f, nil)
+	if err != nil {
+		return nil, err
+	}
+	return r.Config, nil
+}
+
+func (k *fakeKubelet) Healthz(context.Context, *kubeletconfiginternal.KubeletConfiguration) error {
+	kc, err := k.runningConfig()
+	if err != nil {
+		return err
+	}
+	if kc.MaxPods == 13 {
+		return errors.New("connection refused")
+	}
+	return nil
+}
+
+func (k *fakeKubelet) Configz(context.Context, *kubeletconfiginternal.KubeletConfiguration) (map[string]any, error) {
+	kc, err := k.runningConfig()
+	if err != nil {
+		return nil, err
+	}
+	return probe.ToV1beta1JSON(kc)
+}
+
+func (k *fakeKubelet) count() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.restarts)
+}
+
+type recordingReporter struct {
+	last     *dkcv1.NodeConfigStatus
+	restarts []*dkcv1.KubeletRestart
+}
+
+func (r *recordingReporter) Report(st *dkcv1.NodeConfigStatus, _ string, restart *dkcv1.KubeletRestart) {
+	r.last = st
+	if restart != nil {
+		r.restarts = append(r.restarts, restart)
+	}
+}
+
+type node struct {
+	t        *testing.T
+	dir      string
+	local    string
+	kubelet  *fakeKubelet
+	reporter *recordingReporter
+	clock    *clocktesting.FakeClock
+	agent    *Agent
+}
+
+const cfgHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+
+func newNode(t *testing.T) *node {
+	t.Helper()
+	root := t.TempDir()
+	n := &node{t: t, dir: filepath.Join(root, "dynamic-config"), local: filepath.Join(root, "config.yaml"),
+		clock: clocktesting.NewFakeClock(time.Now())}
+	if err := os.WriteFile(n.local, []byte(cfgHeader+"eventRecordQPS: 50\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.kubelet = &fakeKubelet{env: kubeletunit.New(n.dir), local: n.local, running: n.local}
+	n.start()
+	return n
+}
+
+// start (re)starts the sidecar on the node, as after a crash or upgrade.
+func (n *node) start() {
+	n.t.Helper()
+	n.reporter = &recordingReporter{}
+	n.agent = New(Config{LocalConfig: n.local, KubeletFlags: []string{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+		KeepCheckpoints: 2, TrialCheckInterval: time.Second}, zap.NewNop(), checkpoint.New(n.dir), n.kubelet, n.kubelet, n.reporter, nil, n.clock)
+	// The fake clock does not advance by itself: let the health wait's sleeps pass at once.
+	go func() {
+		for i := 0; i < 200; i++ {
+			time.Sleep(5 * time.Millisecond)
+			n.clock.Step(600 * time.Millisecond)
+		}
+	}()
+	if err := n.agent.Init(context.Background()); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+func assignment(uid, rv, kubelet string) *dkcv1.Assignment {
+	src := &dkcv1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "c", Uid: uid, ResourceVersion: rv, KubeletConfigKey: "kubelet"}
+	files := map[string]string{"kubelet": kubelet}
+	return &dkcv1.Assignment{Source: &dkcv1.NodeConfigSource{ConfigMap: src}, Files: files, ContentHash: payload.Hash(src, files)}
+}
+
+func (n *node) apply(a *dkcv1.Assignment, syncErr string) {
+	n.t.Helper()
+	go func() {
+		for i := 0; i < 200; i++ {
+			time.Sleep(5 * time.Millisecond)
+			n.clock.Step(600 * time.Millisecond)
+		}
+	}()
+	n.agent.Apply(context.Background(), Desired{Assignment: a, SyncError: syncErr})
+}
+
+func rv(s *dkcv1.NodeConfigSource) string {
+	if s.GetConfigMap() == nil {
+		return "local"
+	}
+	return s.GetConfigMap().GetResourceVersion()
+}
+
+func (n *node) expect(assigned, active, lkg, errText string, restarts int) {
+	n.t.Helper()
+	st := n.reporter.last
+	if st == nil {
+		n.t.Fatal("no status reported")
+	}
+	if rv(st.GetAssigned()) != assigned || rv(st.GetActive()) != active || rv(st.GetLastKnownGood()) != lkg || st.GetError() != errText {
+		n.t.Errorf("status assigned=%s active=%s lkg=%s error=%q; want %s %s %s %q",
+			rv(st.GetAssigned()), rv(st.GetActive()), rv(st.GetLastKnownGood()), st.GetError(), assigned, active, lkg, errText)
+	}
+	if got := n.kubelet.count(); got != restarts {
+		n.t.Errorf("kubelet restarts = %d, want %d (%v)", got, restarts, n.kubelet.restarts)
+	}
+}
+
+func TestFreshNodeDoesNotRestart(t *testing.T) {
+	n := newNode(t)
+	n.expect("local", "local", "local", "", 0)
+	n.apply(&dkcv1.Assignment{}, "")
+	n.expect("local", "local", "local", "", 0)
+}
+
+func TestValidAssignmentRestartsOnceAndSurvivesSidecarRestart(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+	if f, _ := n.kubelet.env.Get(); f != filepath.Join(n.dir, "checkpoints/u/1/kubelet") {
+		t.Errorf("env file names %s", f)
+	}
+	if len(n.reporter.restarts) != 1 || n.reporter.restarts[0].GetTarget().GetConfigMap().GetResourceVersion() != "1" {
+		t.Errorf("restart reports = %v", n.reporter.restarts)
+	}
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "") // the same again
+	n.expect("1", "1", "local", "", 1)
+	n.start() // sidecar restart
+	n.expect("1", "1", "local", "", 1)
+	// A sync error from the service overrides the status error but changes nothing else.
+	n.apply(nil, "failed to sync: failed to download config, see Kubelet log for details")
+	n.expect("1", "1", "local", "failed to sync: failed to download config, see Kubelet log for details", 1)
+}
+
+func TestInvalidAssignmentsNeverReachTheKubelet(t *testing.T) {
+	for _, tc := range []struct{ name, content, err string }{
+		{"invalid", cfgHeader + "eventRecordQPS: -1\n", ValidateError},
+		{"unparsable", "{{{ not yaml", LoadError},
+		{"wrong kind", "apiVersion: v1\nkind: ConfigMap\n", LoadError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			n.apply(assignment("u", "1", tc.content), "")
+			n.expect("1", "local", "local", tc.err, 0)
+			n.start()
+			n.expect("1", "local", "local", tc.err, 0)
+		})
+	}
+}
+
+func TestUnhealthyConfigIsRolledBackOnce(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"maxPods: 13\n"), "")
+	// Restarted into the bad config, then back to local: two restarts, and no more.
+	n.expect("1", "local", "local", HealthError, 2)
+	n.start()
+	n.expect("1", "local", "local", HealthError, 2)
+	n.apply(assignment("u", "2", cfgHeader+"eventRecordQPS: 9\n"), "")
+	n.expect("2", "2", "local", "", 3)
+}
+
+func TestTrialPromotesAndLastKnownGoodIsTheFallback(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+	n.clock.Step(5 * time.Minute)
+	n.agent.CheckTrial(context.Background())
+	n.expect("1", "1", "local", "", 1)
+	n.start() // the trial start is on disk: a sidecar restart does not reset it
+	n.clock.Step(6 * time.Minute)
+	n.agent.CheckTrial(context.Background())
+	n.expect("1", "1", "1", "", 1)
+
+	// A bad new config falls back to last-known-good, which already runs: no restart.
+	n.apply(assignment("u", "2", cfgHeader+"eventRecordQPS: -1\n"), "")
+	n.expect("2", "1", "1", ValidateError, 1)
+	// A good one replaces it; last-known-good moves only after its own trial.
+	n.apply(assignment("u", "3", cfgHeader+"eventRecordQPS: 8\n"), "")
+	n.expect("3", "3", "1", "", 2)
+	n.clock.Step(11 * time.Minute)
+	n.agent.CheckTrial(context.Background())
+	n.expect("3", "3", "3", "", 2)
+
+	// Reset: local config, last-known-good forgotten at once.
+	n.apply(&dkcv1.Assignment{}, "")
+	n.expect("local", "local", "local", "", 3)
+}
+
+func TestRefusedPayload(t *testing.T) {
+	n := newNode(t)
+	bad := assignment("u", "1", cfgHeader)
+	bad.Files["../escape"] = "x"
+	n.apply(bad, "")
+	n.expect("local", "local", "local", PayloadError, 0)
+	if _, err := os.Stat(filepath.Join(n.dir, "..", "escape")); !os.IsNotExist(err) {
+		t.Error("payload escaped the dynamic config dir")
+	}
+}

@@ -1,0 +1,69 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+)
+
+// Metrics are the original kubelet's node_config_* gauges (pkg/kubelet/metrics), under dkc's prefix, plus a
+// restart counter. A nil *Metrics records nothing.
+type Metrics struct {
+	assigned, active, lkg *prometheus.GaugeVec
+	errorGauge            prometheus.Gauge
+	restarts              prometheus.Counter
+}
+
+var sourceLabels = []string{"node_config_source", "node_config_uid", "node_config_resource_version", "node_config_kubelet_key"}
+
+// NewMetrics registers the agent's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Name: name, Help: help}, sourceLabels)
+	}
+	m := &Metrics{
+		assigned: gauge("node_config_assigned", "The node's assigned config: 1 on the series naming it (source \"local\" for the local config)."),
+		active:   gauge("node_config_active", "The config the kubelet runs: 1 on the series naming it."),
+		lkg:      gauge("node_config_last_known_good", "The node's last-known-good config: 1 on the series naming it."),
+		errorGauge: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dkc", Name: "node_config_error",
+			Help: "1 when the node's config status has an error, else 0."}),
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Name: "sidecar_kubelet_restarts_total",
+			Help: "Kubelet restarts the sidecar performed to change the config."}),
+	}
+	reg.MustRegister(m.assigned, m.active, m.lkg, m.errorGauge, m.restarts)
+	return m
+}
+
+func labels(src *dkcv1.NodeConfigSource) prometheus.Labels {
+	cm := src.GetConfigMap()
+	if cm == nil {
+		return prometheus.Labels{"node_config_source": "local", "node_config_uid": "", "node_config_resource_version": "", "node_config_kubelet_key": ""}
+	}
+	return prometheus.Labels{
+		"node_config_source":           "/api/v1/namespaces/" + cm.GetNamespace() + "/configmaps/" + cm.GetName(),
+		"node_config_uid":              cm.GetUid(),
+		"node_config_resource_version": cm.GetResourceVersion(),
+		"node_config_kubelet_key":      cm.GetKubeletConfigKey(),
+	}
+}
+
+func (m *Metrics) set(st *dkcv1.NodeConfigStatus) {
+	if m == nil {
+		return
+	}
+	for g, src := range map[*prometheus.GaugeVec]*dkcv1.NodeConfigSource{m.assigned: st.GetAssigned(), m.active: st.GetActive(), m.lkg: st.GetLastKnownGood()} {
+		g.Reset() // the previous label set goes, as in the original
+		g.With(labels(src)).Set(1)
+	}
+	if st.GetError() != "" {
+		m.errorGauge.Set(1)
+	} else {
+		m.errorGauge.Set(0)
+	}
+}
+
+func (m *Metrics) restarted() {
+	if m != nil {
+		m.restarts.Inc()
+	}
+}

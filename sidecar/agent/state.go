@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dkc-dev/dkc/sidecar/durable"
+)
+
+// StateFileName is the sidecar's own record in the dynamic config dir, next to the original's meta/ (which
+// keeps exactly the original's format). It holds what the original kept nowhere or in a file's mtime.
+const StateFileName = "dkc-sidecar-state.json"
+
+type persisted struct {
+	// KubeletFlags last seen on the running kubelet, for when it is not running.
+	KubeletFlags []string `json:"kubeletFlags,omitempty"`
+	// TrialSource became active at TrialStart; it becomes last-known-good after the trial duration. The
+	// original used the mtime of meta/assigned, which every sync rewrote, so trials restarted at random.
+	TrialSource *corev1.NodeConfigSource `json:"trialSource,omitempty"`
+	TrialStart  *time.Time               `json:"trialStart,omitempty"`
+	// Failed configs passed validation but the kubelet did not run healthy with them; they are not tried
+	// again until something else is assigned (no restart loops).
+	Failed []failure `json:"failed,omitempty"`
+}
+
+type failure struct {
+	Source *corev1.NodeConfigSource `json:"source"`
+	Reason string                   `json:"reason"`
+}
+
+type stateFile struct {
+	path string
+	s    persisted
+}
+
+func (f *stateFile) load() error {
+	data, err := os.ReadFile(f.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", f.path, err)
+	}
+	if err := json.Unmarshal(data, &f.s); err != nil {
+		return fmt.Errorf("decode %s: %w", f.path, err)
+	}
+	return nil
+}
+
+func (f *stateFile) save() error {
+	data, err := json.MarshalIndent(f.s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return durable.WriteFile(f.path, data, 0o644)
+}
+
+func (f *stateFile) failure(src *corev1.NodeConfigSource) string {
+	for _, x := range f.s.Failed {
+		if sameSource(x.Source, src) {
+			return x.Reason
+		}
+	}
+	return ""
+}
+
+func (f *stateFile) markFailed(src *corev1.NodeConfigSource, reason string) {
+	if f.failure(src) == "" {
+		f.s.Failed = append(f.s.Failed, failure{Source: src, Reason: reason})
+	}
+}
+
+// clearAssigned forgets the trial and failures when a new config is assigned; failures of the current
+// last-known-good are kept.
+func (f *stateFile) clearAssigned() {
+	f.s.TrialSource, f.s.TrialStart = nil, nil
+	f.s.Failed = nil
+	_ = f.save()
+}
+
+// startTrial records the trial start unless this source's trial already runs; it reports a change.
+func (f *stateFile) startTrial(src *corev1.NodeConfigSource, now time.Time) bool {
+	if f.s.TrialStart != nil && sameSource(f.s.TrialSource, src) {
+		return false
+	}
+	f.s.TrialSource, f.s.TrialStart = src, &now
+	return true
+}
+
+func (f *stateFile) trialStart(src *corev1.NodeConfigSource) time.Time {
+	if f.s.TrialStart == nil || !sameSource(f.s.TrialSource, src) {
+		return time.Time{}
+	}
+	return *f.s.TrialStart
+}
+
+func (f *stateFile) setFlags(flags []string) bool {
+	if equalStrings(f.s.KubeletFlags, flags) && f.s.KubeletFlags != nil {
+		return false
+	}
+	f.s.KubeletFlags = flags
+	return true
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }

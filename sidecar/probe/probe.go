@@ -1,0 +1,174 @@
+// Package probe asks the running kubelet how it is: /healthz, and /configz compared with the config the
+// sidecar meant it to run. A restart counts as successful only when the kubelet is healthy AND reports the
+// intended config — the original trusted its own process to have loaded what it checkpointed; dkc checks.
+package probe
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
+	kubeletscheme "k8s.io/kubernetes/pkg/kubelet/apis/config/scheme"
+	"sigs.k8s.io/yaml"
+)
+
+// Kubelet probes one kubelet.
+type Kubelet struct {
+	// TokenFile holds a bearer token the kubelet's webhook authentication accepts, with RBAC `get` on
+	// nodes/configz (fine-grained kubelet authorization, on by default since 1.33). Read on every call, so
+	// rotated projected tokens work.
+	TokenFile string
+	// Host overrides the address from the config (which may be 0.0.0.0).
+	Host   string
+	client *http.Client
+}
+
+// New returns a prober. The kubelet's serving certificate is self-signed by default, so it is not verified
+// (the kubelet is on the same node and the token is the authentication that matters), as metrics-server's
+// --kubelet-insecure-tls does; caFile, if set, is used instead.
+func New(tokenFile, host, caFile string) (*Kubelet, error) {
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: caFile == ""} //nolint:gosec // see doc
+	if caFile != "" {
+		pool, err := loadPool(caFile)
+		if err != nil {
+			return nil, err
+		}
+		tlsCfg.RootCAs = pool
+	}
+	return &Kubelet{TokenFile: tokenFile, Host: host, client: &http.Client{
+		Timeout:   5 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true},
+	}}, nil
+}
+
+func (k *Kubelet) host(addr string) string {
+	if k.Host != "" {
+		return k.Host
+	}
+	if addr == "" || addr == "0.0.0.0" || addr == "::" {
+		return "127.0.0.1"
+	}
+	return addr
+}
+
+// Healthz checks http://<healthzBindAddress>:<healthzPort>/healthz of the config.
+func (k *Kubelet) Healthz(ctx context.Context, kc *kubeletconfiginternal.KubeletConfiguration) error {
+	if kc.HealthzPort == 0 {
+		return nil // disabled: configz is the only signal
+	}
+	url := "http://" + net.JoinHostPort(k.host(kc.HealthzBindAddress), strconv.Itoa(int(kc.HealthzPort))) + "/healthz"
+	_, err := k.get(ctx, url, false)
+	return err
+}
+
+// Configz returns the running kubelet's configuration as JSON fields (the "kubeletconfig" object).
+func (k *Kubelet) Configz(ctx context.Context, kc *kubeletconfiginternal.KubeletConfiguration) (map[string]any, error) {
+	url := "https://" + net.JoinHostPort(k.host(kc.Address), strconv.Itoa(int(kc.Port))) + "/configz"
+	body, err := k.get(ctx, url, true)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		KubeletConfig map[string]any `json:"kubeletconfig"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		return nil, fmt.Errorf("decode configz: %w", err)
+	}
+	return resp.KubeletConfig, nil
+}
+
+func (k *Kubelet) get(ctx context.Context, url string, auth bool) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if auth && k.TokenFile != "" {
+		token, err := os.ReadFile(k.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("read kubelet token: %w", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	}
+	resp, err := k.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %.200s", url, resp.Status, body)
+	}
+	return body, nil
+}
+
+// Mismatch compares the running config (configz) with the intended one on every field the config file
+// sets explicitly (its top-level keys): those are what a new config changes, while fields the kubelet fills
+// in at run time (a self-signed tlsCertFile, say) would make a full comparison fail for no reason. It
+// returns the differing fields, empty when the kubelet runs the intended config.
+func Mismatch(intended *kubeletconfiginternal.KubeletConfiguration, fileContent []byte, running map[string]any) ([]string, error) {
+	want, err := ToV1beta1JSON(intended)
+	if err != nil {
+		return nil, err
+	}
+	var file map[string]any
+	if err := yaml.Unmarshal(fileContent, &file); err != nil {
+		return nil, fmt.Errorf("parse config file: %w", err)
+	}
+	var diff []string
+	for key := range file {
+		if key == "apiVersion" || key == "kind" {
+			continue
+		}
+		if !reflect.DeepEqual(want[key], running[key]) {
+			diff = append(diff, fmt.Sprintf("%s: running %v, want %v", key, running[key], want[key]))
+		}
+	}
+	sort.Strings(diff)
+	return diff, nil
+}
+
+// ToV1beta1JSON is the config as /configz shows it: v1beta1 fields as JSON values.
+func ToV1beta1JSON(kc *kubeletconfiginternal.KubeletConfiguration) (map[string]any, error) {
+	scheme, _, err := kubeletscheme.NewSchemeAndCodecs()
+	if err != nil {
+		return nil, err
+	}
+	out := &kubeletv1beta1.KubeletConfiguration{}
+	if err := scheme.Convert(kc, out, nil); err != nil {
+		return nil, fmt.Errorf("convert config to v1beta1: %w", err)
+	}
+	data, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	return m, json.Unmarshal(data, &m)
+}
+
+func loadPool(caFile string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("read kubelet CA %s: %w", caFile, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("no certificates in %s", caFile)
+	}
+	return pool, nil
+}

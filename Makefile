@@ -14,8 +14,8 @@ BUF_AGAINST ?= .git\#ref=HEAD~1
 INTEGRATION_PKGS := ./test/integration/...
 TEST_FLAGS ?=
 
-# Programs `make build` puts in $(BIN). dkc-server, dkc-sidecar and kubectl-dkc join as their issues land.
-MAINS := ./hack/dkc-dev ./services/cmd/dkc-server
+# Programs `make build` puts in $(BIN). kubectl-dkc joins with its issue.
+MAINS := ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar
 
 .PHONY: help
 help: ## list targets
@@ -57,7 +57,7 @@ test-integration: build ## integration tests against a real local cluster (root;
 	for d in $(OUT)/test/*/; do [ -f "$$d/state.json" ] && $(BIN)/dkc-dev -dir "$$d" down; done; exit $$rc
 
 .PHONY: up
-up: build ## start the local cluster in the background (KUBE_VERSION, KUBE_BIN_DIR); see _output/dev/env
+up: build ## start the local cluster in the background (KUBE_VERSION, KUBE_BIN_DIR, SIM_NODES, DKC_TRIAL_DURATION); see _output/dev/env
 	$(BIN)/dkc-dev -dir $(DEV_DIR) up
 
 .PHONY: down

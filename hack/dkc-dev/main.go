@@ -11,8 +11,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/dkc-dev/dkc/internal/devcluster"
 )
@@ -24,6 +26,10 @@ type options struct {
 	kubeBinDir  string
 	nodes       []string
 	serviceBin  string
+	sidecarBin  string
+	fakeKubelet string
+	simNodes    int
+	trial       time.Duration
 }
 
 func parse(fs *flag.FlagSet, args []string) (options, error) {
@@ -33,6 +39,12 @@ func parse(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.kubeBinDir, "kube-bin-dir", os.Getenv("KUBE_BIN_DIR"), "take kube-apiserver and kubelet from this directory instead of building them ($KUBE_BIN_DIR)")
 	nodes := fs.String("nodes", "node-1", "comma-separated names of the real nodes (containerd + kubelet)")
 	fs.StringVar(&o.serviceBin, "service-bin", "_output/bin/dkc-server", "dkc-server binary to run as the cluster's config service; empty runs none")
+	fs.StringVar(&o.sidecarBin, "sidecar-bin", "_output/bin/dkc-sidecar", "dkc-sidecar binary; with it real nodes run their kubelet under systemd (nspawn) beside a sidecar; empty runs none")
+	fs.StringVar(&o.fakeKubelet, "fake-kubelet-bin", "_output/bin/fake-kubelet", "stand-in kubelet of the simulated nodes")
+	simDefault, _ := strconv.Atoi(envOr("SIM_NODES", "2"))
+	fs.IntVar(&o.simNodes, "sim-nodes", simDefault, "simulated nodes ($SIM_NODES)")
+	trialDefault, _ := time.ParseDuration(envOr("DKC_TRIAL_DURATION", "10m"))
+	fs.DurationVar(&o.trial, "trial-duration", trialDefault, "sidecars' --trial-duration ($DKC_TRIAL_DURATION)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dkc-dev [flags] up|down\n\n  up    start etcd, kube-apiserver and the real nodes in the background; returns when ready\n  down  stop everything up started, unmount and clean up\n\nflags:\n")
 		fs.PrintDefaults()
@@ -60,7 +72,9 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	switch o.command {
 	case "up":
 		_, err := devcluster.Start(ctx, devcluster.Config{
-			Dir: o.dir, KubeVersion: o.kubeVersion, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes, ServiceBinary: o.serviceBin, Progress: out,
+			Dir: o.dir, KubeVersion: o.kubeVersion, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes,
+			ServiceBinary: o.serviceBin, SidecarBinary: o.sidecarBin, FakeKubeletBinary: o.fakeKubelet, SimNodes: o.simNodes,
+			TrialDuration: o.trial, Progress: out,
 		})
 		return err
 	default:

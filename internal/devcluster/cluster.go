@@ -42,30 +42,43 @@ type Config struct {
 	RealNodes []string
 	// ServiceBinary, if set, is the dkc-server binary to run as the cluster's config service.
 	ServiceBinary string
+	// SidecarBinary, if set (with ServiceBinary), runs each real node's kubelet as a unit of a real systemd
+	// (systemd-nspawn) with the dkc sidecar beside it, and SimNodes simulated nodes.
+	SidecarBinary string
+	// SimNodes is the number of simulated nodes: a Node object, a stand-in kubelet and the real sidecar code
+	// in signal mode, each with its own directory. Needs SidecarBinary and FakeKubeletBinary.
+	SimNodes          int
+	FakeKubeletBinary string
+	// TrialDuration is the sidecars' --trial-duration (DKC_TRIAL_DURATION); default 10m.
+	TrialDuration time.Duration
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
 }
 
 // State is what a running cluster recorded about itself in <Dir>/state.json; Open reads it back.
 type State struct {
-	KubeVersion   string        `json:"kubeVersion"`
-	APIServerPort int           `json:"apiServerPort"`
-	EtcdPort      int           `json:"etcdPort"`
-	RuntimeDir    string        `json:"runtimeDir"`
-	Network       Network       `json:"network"`
-	Nodes         []NodeState   `json:"nodes"`
-	Service       *ServiceState `json:"service,omitempty"`
+	KubeVersion   string         `json:"kubeVersion"`
+	APIServerPort int            `json:"apiServerPort"`
+	EtcdPort      int            `json:"etcdPort"`
+	RuntimeDir    string         `json:"runtimeDir"`
+	Network       Network        `json:"network"`
+	Nodes         []NodeState    `json:"nodes"`
+	Service       *ServiceState  `json:"service,omitempty"`
+	SimNodes      []SimNodeState `json:"simNodes,omitempty"`
 }
 
 // NodeState describes one real node.
 type NodeState struct {
 	Name string `json:"name"`
 	// IP is the node's address on the cluster bridge (its --node-ip); Netns its network namespace.
-	IP          string `json:"ip"`
-	Netns       string `json:"netns"`
-	HostVeth    string `json:"hostVeth"`
-	KubeletPort int    `json:"kubeletPort"`
-	HealthzPort int    `json:"healthzPort"`
+	IP       string `json:"ip"`
+	Netns    string `json:"netns"`
+	HostVeth string `json:"hostVeth"`
+	// Systemd: the kubelet runs as a unit of the node's own systemd (nspawn), with the sidecar beside it.
+	Systemd            bool `json:"systemd,omitempty"`
+	SidecarMetricsPort int  `json:"sidecarMetricsPort,omitempty"`
+	KubeletPort        int  `json:"kubeletPort"`
+	HealthzPort        int  `json:"healthzPort"`
 	// RootDir is the kubelet's --root-dir; ContainerdDir holds containerd's root, state and socket. Both sit
 	// under the short RuntimeDir because unix socket paths are limited to 108 bytes.
 	RootDir       string `json:"rootDir"`
@@ -116,8 +129,14 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureNodePackages(ctx, cfg.Progress); err != nil {
+	if err := ensurePackages(ctx, nodePackages, cfg.Progress); err != nil {
 		return nil, err
+	}
+	var rootfs string
+	if cfg.SidecarBinary != "" {
+		if rootfs, err = EnsureRootfs(ctx, cfg.Progress); err != nil {
+			return nil, err
+		}
 	}
 
 	c = &Cluster{cfg: cfg}
@@ -160,7 +179,7 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return c, err
 	}
 	for _, n := range c.state.Nodes {
-		if err := c.startNode(ctx, n, bins.Kubelet); err != nil {
+		if err := c.startNode(ctx, n, bins.Kubelet, rootfs); err != nil {
 			return c, err
 		}
 	}
@@ -172,6 +191,11 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		env["DKC_SERVER"] = c.ServiceAddress()
 		env["DKC_SERVER_CA"] = c.CAFile()
 		env["DKC_METRICS"] = c.MetricsAddress()
+		if cfg.SidecarBinary != "" {
+			if err := c.startSidecars(ctx); err != nil {
+				return c, err
+			}
+		}
 	}
 	if err := c.writeEnv(env); err != nil {
 		return c, err
@@ -218,6 +242,11 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		}
 	}
 	for _, n := range c.state.Nodes {
+		if n.Systemd {
+			if err := removeNodeCgroups(n); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if err := unmountUnder(n.RootDir); err != nil {
 			errs = append(errs, err)
 		}
@@ -248,9 +277,13 @@ func (c *Cluster) Stop(ctx context.Context) error {
 func (c *Cluster) processNames() []string {
 	names := []string{"etcd", "kube-apiserver"}
 	for _, n := range c.state.Nodes {
-		names = append(names, "containerd-"+n.Name, "kubelet-"+n.Name)
+		names = append(names, "containerd-"+n.Name, "kubelet-"+n.Name, "node-"+n.Name)
 	}
-	return append(names, "dkc-server")
+	names = append(names, "dkc-server")
+	for _, s := range c.state.SimNodes {
+		names = append(names, "kubelet-"+s.Name, "dkc-sidecar-"+s.Name)
+	}
+	return names
 }
 
 // Dir is the cluster's directory.
@@ -302,7 +335,7 @@ func (c *Cluster) writeState() error {
 
 // allocate picks free loopback ports and the runtime directories.
 func (c *Cluster) allocate() error {
-	ports, err := freePorts(2 + 2*len(c.cfg.RealNodes))
+	ports, err := freePorts(2 + 3*len(c.cfg.RealNodes))
 	if err != nil {
 		return err
 	}
@@ -321,16 +354,25 @@ func (c *Cluster) allocate() error {
 		// Interface names are limited to 15 bytes.
 		Network: Network{Bridge: "dkcbr" + id[:8], GatewayIP: fmt.Sprintf("198.18.%d.1", k), PrefixLen: 24},
 	}
+	if c.cfg.ServiceBinary != "" {
+		sp, err := freePorts(2)
+		if err != nil {
+			return err
+		}
+		c.state.Service = &ServiceState{Port: sp[0], MetricsPort: sp[1]}
+	}
 	for i, name := range c.cfg.RealNodes {
 		c.state.Nodes = append(c.state.Nodes, NodeState{
-			Name:          name,
-			IP:            fmt.Sprintf("198.18.%d.%d", k, 10+i),
-			Netns:         fmt.Sprintf("dkc-%s-%s", id[:8], name),
-			HostVeth:      fmt.Sprintf("dkc%s%d", id[:8], i),
-			KubeletPort:   ports[2+2*i],
-			HealthzPort:   ports[3+2*i],
-			RootDir:       filepath.Join(c.state.RuntimeDir, name, "kubelet"),
-			ContainerdDir: filepath.Join(c.state.RuntimeDir, name, "containerd"),
+			Name:               name,
+			IP:                 fmt.Sprintf("198.18.%d.%d", k, 10+i),
+			Netns:              fmt.Sprintf("dkc-%s-%s", id[:8], name),
+			HostVeth:           fmt.Sprintf("dkc%s%d", id[:8], i),
+			KubeletPort:        ports[2+3*i],
+			HealthzPort:        ports[3+3*i],
+			SidecarMetricsPort: ports[4+3*i],
+			Systemd:            c.cfg.SidecarBinary != "",
+			RootDir:            filepath.Join(c.state.RuntimeDir, name, "kubelet"),
+			ContainerdDir:      filepath.Join(c.state.RuntimeDir, name, "containerd"),
 		})
 	}
 	return nil

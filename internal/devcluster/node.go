@@ -26,9 +26,10 @@ import (
 // fresh machine runs the cluster without manual steps.
 var nodePackages = map[string]string{"containerd": "containerd", "runc": "runc", "ip": "iproute2", "nsenter": "util-linux"}
 
-func ensureNodePackages(ctx context.Context, progress io.Writer) error {
+// ensurePackages installs the Debian packages (binary → package) whose binaries are missing.
+func ensurePackages(ctx context.Context, packages map[string]string, progress io.Writer) error {
 	var missing []string
-	for bin, pkg := range nodePackages {
+	for bin, pkg := range packages {
 		if _, err := exec.LookPath(bin); err != nil {
 			missing = append(missing, pkg)
 		}
@@ -58,9 +59,10 @@ func (c *Cluster) NodeKubeconfigPath(node string) string {
 	return filepath.Join(c.NodeDir(node), "kubelet.kubeconfig")
 }
 
-func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin string) error {
+func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin, rootfs string) error {
 	fmt.Fprintf(c.cfg.Progress, "starting node %s: containerd and kubelet (port %d, healthz %d)\n", n.Name, n.KubeletPort, n.HealthzPort)
-	for _, d := range []string{c.NodeDir(n.Name), n.RootDir, n.ContainerdDir, filepath.Join(n.ContainerdDir, "cni")} {
+	for _, d := range []string{c.NodeDir(n.Name), n.RootDir, n.ContainerdDir, filepath.Join(n.ContainerdDir, "cni"),
+		filepath.Join(c.NodeDir(n.Name), "bus"), c.DynamicConfigDir(n.Name), c.NodeLogDir(n.Name)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
@@ -90,9 +92,29 @@ func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin string)
 	if err := os.WriteFile(c.KubeletConfigPath(n.Name), []byte(kubeletConfig(n, c.pki.CAFile(), sock)), 0o644); err != nil {
 		return fmt.Errorf("write kubelet config: %w", err)
 	}
-	kl, err := startProcess("kubelet-"+n.Name, c.runDir(), c.logFile("kubelet-"+n.Name), nil, inNetns(n, kubeletBin, c.KubeletArgs(n)...)...)
-	if err != nil {
-		return err
+	var kl *process
+	if n.Systemd {
+		units, err := c.nodeUnits(n, c.sidecarArgs(n))
+		if err != nil {
+			return err
+		}
+		argv := c.nspawnArgs(n, rootfs, kubeletBin, c.cfg.SidecarBinary, units)
+		if kl, err = startProcess("node-"+n.Name, c.runDir(), c.logFile("node-"+n.Name), nil, argv...); err != nil {
+			return err
+		}
+		bctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := waitBus(bctx, filepath.Join(c.NodeDir(n.Name), "bus", "system_bus_socket")); err != nil {
+			return fmt.Errorf("node %s: %w; see %s", n.Name, err, c.logFile("node-"+n.Name))
+		}
+		if err := c.startUnit(bctx, n.Name, "kubelet.service"); err != nil {
+			return err
+		}
+	} else {
+		kl, err = startProcess("kubelet-"+n.Name, c.runDir(), c.logFile("kubelet-"+n.Name), nil, inNetns(n, kubeletBin, c.KubeletArgs(n)...)...)
+		if err != nil {
+			return err
+		}
 	}
 	c.procs = append(c.procs, kl)
 	client, err := c.Client()

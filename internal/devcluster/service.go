@@ -70,14 +70,6 @@ func serviceRBAC() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
 // startService runs the config service binary with its own identity and TLS, and waits until its gRPC
 // health says SERVING (caches synced).
 func (c *Cluster) startService(ctx context.Context, bin string) error {
-	ports, err := freePorts(2)
-	if err != nil {
-		return err
-	}
-	c.state.Service = &ServiceState{Port: ports[0], MetricsPort: ports[1]}
-	if err := c.writeState(); err != nil {
-		return err
-	}
 	fmt.Fprintf(c.cfg.Progress, "starting dkc-server on %s\n", c.ServiceAddress())
 	client, err := c.Client()
 	if err != nil {

@@ -84,3 +84,20 @@ func (m *Manager) MainPID(ctx context.Context) (int, error) {
 	}
 	return int(pid), nil
 }
+
+// Start is `systemctl start UNIT`: it returns when the start job has finished.
+func (m *Manager) Start(ctx context.Context) error {
+	done := make(chan string, 1)
+	if _, err := m.conn.StartUnitContext(ctx, m.unit, "replace", done); err != nil {
+		return fmt.Errorf("start %s: %w", m.unit, err)
+	}
+	select {
+	case result := <-done:
+		if result != "done" {
+			return fmt.Errorf("start %s: job %s", m.unit, result)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("start %s: %w", m.unit, ctx.Err())
+	}
+}

@@ -52,12 +52,13 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute) // includes a cold binary build
 	defer cancel()
-	bin, err := BuildService(ctx, dir)
+	bins, err := Build(ctx, dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, ServiceBinary: bin, Progress: os.Stderr})
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, ServiceBinary: bins["dkc-server"], SidecarBinary: bins["dkc-sidecar"],
+		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: 2, TrialDuration: TrialDuration, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster: %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
 		return 1
@@ -74,22 +75,29 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 	return code
 }
 
-// BuildService builds dkc-server from this checkout into dir/bin, so that integration tests always run the
-// code under test (and need no `make build` first).
-func BuildService(ctx context.Context, dir string) (string, error) {
+// TrialDuration is the sidecars' trial in test clusters: short, so that promotion can be tested.
+const TrialDuration = 20 * time.Second
+
+// Build builds dkc-server, dkc-sidecar and fake-kubelet from this checkout into dir/bin, so that integration
+// tests always run the code under test (and need no `make build` first). It returns name → path.
+func Build(ctx context.Context, dir string) (map[string]string, error) {
 	wd, err := os.Getwd()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	root, err := devcluster.RepoRoot(wd)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	out := filepath.Join(dir, "bin", "dkc-server")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./services/cmd/dkc-server")
+	out := filepath.Join(dir, "bin")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out+"/", "./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./hack/fake-kubelet")
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build dkc-server: %w\n%s", err, b)
+		return nil, fmt.Errorf("build binaries: %w\n%s", err, b)
 	}
-	return out, nil
+	bins := map[string]string{}
+	for _, name := range []string{"dkc-server", "dkc-sidecar", "fake-kubelet"} {
+		bins[name] = filepath.Join(out, name)
+	}
+	return bins, nil
 }

@@ -1,0 +1,147 @@
+package devcluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/sidecar/systemd"
+)
+
+// APIAudience is the dev apiserver's token audience, which kubelets accept in their webhook authentication.
+const APIAudience = "https://kubernetes.default.svc.cluster.local"
+
+// KubeletTokenPath holds the token the node's sidecar presents to its kubelet for /configz.
+func (c *Cluster) KubeletTokenPath(node string) string { return c.NodeDir(node) + "/kubelet-token" }
+
+func (c *Cluster) trialDuration() string {
+	if c.cfg.TrialDuration > 0 {
+		return c.cfg.TrialDuration.String()
+	}
+	return "10m0s"
+}
+
+// sidecarArgs are a real node's dkc-sidecar flags inside its container.
+func (c *Cluster) sidecarArgs(n NodeState) []string {
+	return []string{
+		"--node-name=" + n.Name,
+		"--server=" + c.ServiceAddress(),
+		"--server-ca-file=" + c.CAFile(),
+		"--token-file=" + c.NodeTokenPath(n.Name),
+		"--kubelet-token-file=" + c.KubeletTokenPath(n.Name),
+		"--kubelet-config=" + c.KubeletConfigPath(n.Name),
+		"--dynamic-config-dir=" + DynamicConfigDirInNode,
+		"--trial-duration=" + c.trialDuration(),
+		"--health-timeout=60s",
+		"--metrics-address=" + n.IP + ":" + strconv.Itoa(n.SidecarMetricsPort),
+	}
+}
+
+// sidecarRBAC lets the sidecars read their kubelet's /configz (fine-grained kubelet authorization).
+func sidecarRBAC() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "dkc-sidecar"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes/configz", "nodes/healthz"}, Verbs: []string{"get"}}},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "dkc-sidecar"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: SidecarServiceAccount, Namespace: SidecarNamespace}},
+	}
+	return role, binding
+}
+
+// startSidecars starts the sidecar unit on every real node and the simulated nodes, then waits until each
+// node's sidecar has reported its status onto its Node.
+func (c *Cluster) startSidecars(ctx context.Context) error {
+	client, err := c.Client()
+	if err != nil {
+		return err
+	}
+	role, binding := sidecarRBAC()
+	if _, err := client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create clusterrole dkc-sidecar: %w", err)
+	}
+	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create clusterrolebinding dkc-sidecar: %w", err)
+	}
+	var names []string
+	for _, n := range c.state.Nodes {
+		if !n.Systemd {
+			continue
+		}
+		if _, err := MintToken(ctx, client, SidecarNamespace, SidecarServiceAccount, APIAudience, n.Name, c.KubeletTokenPath(n.Name)); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.cfg.Progress, "starting dkc-sidecar on node %s (systemd unit, restarts the kubelet over D-Bus)\n", n.Name)
+		if err := c.startUnit(ctx, n.Name, "dkc-sidecar.service"); err != nil {
+			return err
+		}
+		names = append(names, n.Name)
+	}
+	if err := c.startSimNodes(ctx); err != nil {
+		return err
+	}
+	for _, s := range c.state.SimNodes {
+		names = append(names, s.Name)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for _, name := range names {
+		if err := c.WaitStatus(wctx, name, func(map[string]any) bool { return true }); err != nil {
+			return fmt.Errorf("sidecar of node %s never reported: %w (logs in %s)", name, err, c.LogDir())
+		}
+	}
+	return nil
+}
+
+// WaitStatus waits until node's dkc.dev/config-status annotation satisfies ok.
+func (c *Cluster) WaitStatus(ctx context.Context, node string, ok func(map[string]any) bool) error {
+	client, err := c.Client()
+	if err != nil {
+		return err
+	}
+	var last string
+	for {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err == nil {
+			last = n.Annotations["dkc.dev/config-status"]
+			var st map[string]any
+			if last != "" && json.Unmarshal([]byte(last), &st) == nil && ok(st) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last status %q)", ctx.Err(), last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// startUnit is `systemctl start UNIT` on the node's own systemd. The bus may refuse connections for a moment
+// after its socket appears, so connecting is retried.
+func (c *Cluster) startUnit(ctx context.Context, node, unit string) error {
+	var m *systemd.Manager
+	var err error
+	for i := 0; i < 50; i++ {
+		if m, err = systemd.Dial(ctx, c.BusAddress(node), unit); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("node %s: %w", node, err)
+	}
+	defer m.Close()
+	if err := m.Start(ctx); err != nil {
+		return fmt.Errorf("node %s: %w", node, err)
+	}
+	return nil
+}

@@ -1,0 +1,229 @@
+package devcluster
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
+)
+
+// A real node runs its kubelet as a unit of a real systemd: a Debian rootfs (debootstrapped once into the
+// cache) booted by systemd-nspawn inside the node's network namespace. The kubelet unit carries dkc's
+// drop-in, and the dkc sidecar runs as a second unit in the same container, restarting the kubelet over
+// that systemd's D-Bus — the shape of a production node with the DaemonSet pod (hostPID, the host's bus).
+//
+// Measured requirements (reference/local-cluster-facts.md and this package's history): --keep-unit and
+// --register=no (no host systemd), --capability=all (the kubelet needs CAP_SYSLOG for /dev/kmsg, above
+// nspawn's default bounding set), /dev/kmsg bound in, and each container started inside a cgroup of its own
+// so that the payload/supervisor cgroups nspawn leaves behind can be removed without touching another.
+
+const rootfsRecipe = "bookworm-minbase-systemd-1"
+
+// DynamicConfigDirInNode is the sidecar's --dynamic-config-dir inside the node (the production default).
+const DynamicConfigDirInNode = "/var/lib/kubelet/dynamic-config"
+
+var systemdPackages = map[string]string{"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap"}
+
+// EnsureRootfs returns a Debian rootfs with systemd and dbus, building it on first use (about a minute).
+func EnsureRootfs(ctx context.Context, progress io.Writer) (string, error) {
+	if err := ensurePackages(ctx, systemdPackages, progress); err != nil {
+		return "", err
+	}
+	cache := CacheDir()
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", err
+	}
+	unlock, err := lockFile(filepath.Join(cache, ".rootfs.lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	dir := filepath.Join(cache, "rootfs-"+rootfsRecipe)
+	if _, err := os.Stat(filepath.Join(dir, "usr/lib/systemd/systemd")); err == nil {
+		return dir, nil
+	}
+	tmp := dir + ".tmp"
+	_ = os.RemoveAll(tmp)
+	fmt.Fprintf(progress, "debootstrapping a Debian rootfs with systemd into %s (first time only, ~1 minute)\n", dir)
+	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--include=systemd,systemd-sysv,dbus", "bookworm", tmp, debianMirror())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("debootstrap: %w\n%s", err, tail2(string(out), 20))
+	}
+	for _, p := range []string{"var/cache/apt/archives", "usr/share/doc", "usr/share/man", "usr/share/locale"} {
+		_ = os.RemoveAll(filepath.Join(tmp, p))
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// debianMirror is the machine's own Debian mirror (the only one reachable), else deb.debian.org.
+func debianMirror() string {
+	for _, f := range []string{"/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list"} {
+		fh, err := os.Open(f)
+		if err != nil {
+			continue
+		}
+		s := bufio.NewScanner(fh)
+		for s.Scan() {
+			fields := strings.Fields(s.Text())
+			if len(fields) >= 2 && fields[0] == "URIs:" && !strings.Contains(fields[1], "security") {
+				fh.Close()
+				return fields[1]
+			}
+			if len(fields) >= 3 && fields[0] == "deb" && !strings.Contains(fields[1], "security") {
+				fh.Close()
+				return fields[1]
+			}
+		}
+		fh.Close()
+	}
+	return "http://deb.debian.org/debian"
+}
+
+func tail2(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// nodeUnits writes the node's systemd units into <nodeDir>/systemd: kubelet.service (kubeadm-style, its
+// --config in $KUBELET_CONFIG_ARGS), the dkc drop-in, and dkc-sidecar.service.
+func (c *Cluster) nodeUnits(n NodeState, sidecarArgs []string) (map[string]string, error) {
+	dir := filepath.Join(c.NodeDir(n.Name), "systemd")
+	if err := os.MkdirAll(filepath.Join(dir, "kubelet.service.d"), 0o755); err != nil {
+		return nil, err
+	}
+	var args []string
+	for _, a := range c.KubeletArgs(n) {
+		if !strings.HasPrefix(a, "--config=") {
+			args = append(args, a)
+		}
+	}
+	files := map[string]string{
+		"kubelet.service": fmt.Sprintf(`[Unit]
+Description=kubelet of dkc dev node %[1]s
+[Service]
+Environment="%[2]s=--config=%[3]s"
+ExecStart=/usr/local/bin/kubelet $%[2]s %[4]s
+Restart=always
+RestartSec=1
+StandardOutput=append:/var/log/dkc/kubelet.log
+StandardError=inherit
+`, n.Name, kubeletunit.Variable, c.KubeletConfigPath(n.Name), strings.Join(args, " ")),
+		"kubelet.service.d/20-dkc.conf": kubeletunit.DropIn(DynamicConfigDirInNode),
+		"dkc-sidecar.service": fmt.Sprintf(`[Unit]
+Description=dkc sidecar of dev node %s
+[Service]
+ExecStart=/usr/local/bin/dkc-sidecar %s
+Restart=always
+RestartSec=1
+StandardOutput=append:/var/log/dkc/dkc-sidecar.log
+StandardError=inherit
+`, n.Name, strings.Join(sidecarArgs, " ")),
+	}
+	paths := map[string]string{}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			return nil, err
+		}
+		paths[name] = p
+	}
+	return paths, nil
+}
+
+// nodeCgroup is the cgroup (in the name=systemd and unified hierarchies) the node's nspawn runs in.
+func nodeCgroup(n NodeState) string { return "dkc-" + n.Netns }
+
+var cgroupHierarchies = []string{"/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"}
+
+// removeNodeCgroups removes what nspawn left under the node's cgroups, deepest first.
+func removeNodeCgroups(n NodeState) error {
+	var errs []string
+	for _, h := range cgroupHierarchies {
+		root := filepath.Join(h, nodeCgroup(n))
+		var dirs []string
+		_ = filepath.Walk(root, func(p string, info os.FileInfo, err error) error {
+			if err == nil && info.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil && !os.IsNotExist(err) {
+				errs = append(errs, err.Error())
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("remove cgroups of node %s: %s", n.Name, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// BusAddress is the D-Bus address of the node's systemd as seen from the host.
+func (c *Cluster) BusAddress(node string) string {
+	return "unix:path=" + filepath.Join(c.NodeDir(node), "bus", "system_bus_socket")
+}
+
+// NodeLogDir holds the logs of the units inside node (kubelet.log, dkc-sidecar.log).
+func (c *Cluster) NodeLogDir(node string) string { return filepath.Join(c.LogDir(), node) }
+
+// DynamicConfigDir is node's --dynamic-config-dir on the host (CONTRACT §6).
+func (c *Cluster) DynamicConfigDir(node string) string {
+	return filepath.Join(c.NodeDir(node), "dynamic-config")
+}
+
+// nspawnArgs boots the node's container: its own cgroup, the node's netns, the binaries, the cluster's
+// files at the same paths, the dynamic config dir where production has it, the units, and the bus socket
+// exported to the host.
+func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string, units map[string]string) []string {
+	cg := nodeCgroup(n)
+	var join strings.Builder
+	for _, h := range cgroupHierarchies {
+		fmt.Fprintf(&join, "mkdir -p %[1]s/%[2]s && echo $$ > %[1]s/%[2]s/cgroup.procs && ", h, cg)
+	}
+	nspawn := []string{"systemd-nspawn", "--boot", "--directory=" + rootfs, "--volatile=overlay", "--machine=" + n.Name,
+		"--register=no", "--keep-unit", "--console=pipe", "--capability=all",
+		"--network-namespace-path=/run/netns/" + n.Netns,
+		"--bind=" + filepath.Join(c.NodeDir(n.Name), "bus") + ":/run/dbus",
+		"--bind-ro=" + kubeletBin + ":/usr/local/bin/kubelet",
+		"--bind-ro=" + sidecarBin + ":/usr/local/bin/dkc-sidecar",
+		"--bind=/dev/kmsg",
+		"--bind=" + c.cfg.Dir,
+		"--bind=" + c.state.RuntimeDir,
+		"--bind=" + c.DynamicConfigDir(n.Name) + ":" + DynamicConfigDirInNode,
+		"--bind=" + c.NodeLogDir(n.Name) + ":/var/log/dkc",
+		"--bind-ro=" + units["kubelet.service"] + ":/etc/systemd/system/kubelet.service",
+		"--bind-ro=" + units["kubelet.service.d/20-dkc.conf"] + ":/etc/systemd/system/kubelet.service.d/20-dkc.conf",
+		"--bind-ro=" + units["dkc-sidecar.service"] + ":/etc/systemd/system/dkc-sidecar.service",
+	}
+	return append([]string{"sh", "-c", join.String() + "exec \"$@\"", "nspawn"}, nspawn...)
+}
+
+// waitBus waits for the node's systemd to answer on its bus.
+func waitBus(ctx context.Context, socket string) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(socket); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("no D-Bus socket at %s after a minute", socket)
+}

@@ -1,0 +1,116 @@
+// Package app wires the dkc sidecar together: configuration (defaults, flags, validation), the checkpoint
+// store, the service manager, the kubelet prober, the agent and the service client. Run is the whole sidecar;
+// cmd/dkc-sidecar only parses flags and calls it.
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// Config is the sidecar's configuration.
+type Config struct {
+	NodeName         string
+	Server           string
+	ServerCAFile     string
+	Insecure         bool
+	TokenFile        string
+	DynamicConfigDir string
+	KubeletConfig    string
+	KubeletFlags     string
+	RestartMode      string
+	KubeletUnit      string
+	DBusAddress      string
+	KubeletPIDFile   string
+	KubeletTokenFile string
+	KubeletHost      string
+	KubeletCAFile    string
+	TrialDuration    time.Duration
+	HealthTimeout    time.Duration
+	KeepCheckpoints  int
+	MetricsAddress   string
+	LogLevel         string
+	LogDevelopment   bool
+	PrintDropIn      bool
+}
+
+// DefaultConfig returns the defaults for a DaemonSet pod on a kubeadm-style node.
+func DefaultConfig() Config {
+	return Config{
+		NodeName:         os.Getenv("NODE_NAME"),
+		TokenFile:        "/var/run/secrets/dkc/token",
+		DynamicConfigDir: "/var/lib/kubelet/dynamic-config",
+		KubeletConfig:    "/var/lib/kubelet/config.yaml",
+		RestartMode:      "systemd",
+		KubeletUnit:      "kubelet.service",
+		KubeletTokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token",
+		TrialDuration:    10 * time.Minute,
+		HealthTimeout:    2 * time.Minute,
+		KeepCheckpoints:  3,
+		MetricsAddress:   ":9091",
+		LogLevel:         "info",
+	}
+}
+
+// BindFlags registers the flags on fs with c's values as defaults.
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's name ($NODE_NAME, from the downward API)")
+	fs.StringVar(&c.Server, "server", c.Server, "host:port of the dkc config service")
+	fs.StringVar(&c.ServerCAFile, "server-ca-file", c.ServerCAFile, "CA certificate that signed the config service's certificate")
+	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "talk plaintext gRPC to the service. FOR TESTS ONLY")
+	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "projected ServiceAccount token for audience \"dkc\" (re-read on every call)")
+	fs.StringVar(&c.DynamicConfigDir, "dynamic-config-dir", c.DynamicConfigDir, "checkpoint directory (meta/assigned, meta/last-known-good, checkpoints/<uid>/<resourceVersion>/)")
+	fs.StringVar(&c.KubeletConfig, "kubelet-config", c.KubeletConfig, "the node's local kubelet config file (never modified); used when nothing valid is assigned")
+	fs.StringVar(&c.KubeletFlags, "kubelet-flags", c.KubeletFlags, "the kubelet's command-line flags, space-separated; default: read from the running kubelet's /proc/<pid>/cmdline")
+	fs.StringVar(&c.RestartMode, "restart-mode", c.RestartMode, "how the kubelet is restarted: systemd (RestartUnit over D-Bus) or signal (SIGTERM; a supervisor restarts it)")
+	fs.StringVar(&c.KubeletUnit, "kubelet-unit", c.KubeletUnit, "the kubelet's systemd unit")
+	fs.StringVar(&c.DBusAddress, "dbus-address", c.DBusAddress, "system bus address; default unix:path=/run/dbus/system_bus_socket")
+	fs.StringVar(&c.KubeletPIDFile, "kubelet-pid-file", c.KubeletPIDFile, "with --restart-mode=signal: file holding the kubelet's PID")
+	fs.StringVar(&c.KubeletTokenFile, "kubelet-token-file", c.KubeletTokenFile, "token the kubelet accepts for GET /configz (RBAC: get nodes/configz)")
+	fs.StringVar(&c.KubeletHost, "kubelet-host", c.KubeletHost, "address of the kubelet; default: from its config (127.0.0.1 when it binds all addresses)")
+	fs.StringVar(&c.KubeletCAFile, "kubelet-ca-file", c.KubeletCAFile, "CA of the kubelet's serving certificate; default: not verified (self-signed, same node)")
+	fs.DurationVar(&c.TrialDuration, "trial-duration", c.TrialDuration, "time a new config must run healthy before it becomes last-known-good")
+	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout, "time the kubelet gets to come back healthy with a new config before it is rolled back")
+	fs.IntVar(&c.KeepCheckpoints, "keep-checkpoints", c.KeepCheckpoints, "unreferenced checkpoints kept besides assigned and last-known-good")
+	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address for /metrics and /healthz; empty disables")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
+	fs.BoolVar(&c.PrintDropIn, "print-kubelet-dropin", c.PrintDropIn, "print the kubelet systemd drop-in for --dynamic-config-dir (one-time node setup) and exit")
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.PrintDropIn {
+		return nil
+	}
+	var errs []error
+	if c.NodeName == "" {
+		errs = append(errs, errors.New("--node-name (or $NODE_NAME) is required"))
+	}
+	if c.Server == "" {
+		errs = append(errs, errors.New("--server is required"))
+	}
+	if !c.Insecure && c.ServerCAFile == "" {
+		errs = append(errs, errors.New("--server-ca-file is required (or --insecure, for tests only)"))
+	}
+	switch c.RestartMode {
+	case "systemd":
+	case "signal":
+		if c.KubeletPIDFile == "" {
+			errs = append(errs, errors.New("--restart-mode=signal needs --kubelet-pid-file"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--restart-mode %q: want systemd or signal", c.RestartMode))
+	}
+	if !strings.HasPrefix(c.DynamicConfigDir, "/") || !strings.HasPrefix(c.KubeletConfig, "/") {
+		errs = append(errs, errors.New("--dynamic-config-dir and --kubelet-config must be absolute paths"))
+	}
+	if c.TrialDuration <= 0 || c.HealthTimeout <= 0 || c.KeepCheckpoints < 0 {
+		errs = append(errs, errors.New("--trial-duration and --health-timeout must be positive, --keep-checkpoints not negative"))
+	}
+	return errors.Join(errs...)
+}

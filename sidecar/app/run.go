@@ -1,0 +1,121 @@
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/dkc-dev/dkc/sidecar/agent"
+	"github.com/dkc-dev/dkc/sidecar/checkpoint"
+	"github.com/dkc-dev/dkc/sidecar/client"
+	"github.com/dkc-dev/dkc/sidecar/probe"
+	"github.com/dkc-dev/dkc/sidecar/systemd"
+)
+
+// Run runs the sidecar until ctx ends. It first brings the kubelet in line with what is on disk — with the
+// service and apiserver unreachable the node keeps what it has — then follows the service.
+func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
+	log = log.With(zap.String("node", cfg.NodeName))
+	var svc agent.ServiceManager
+	if cfg.RestartMode == "signal" {
+		svc = systemd.Signal{PIDFile: cfg.KubeletPIDFile, Timeout: cfg.HealthTimeout}
+	} else {
+		m, err := systemd.Dial(ctx, cfg.DBusAddress, cfg.KubeletUnit)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		svc = m
+	}
+	prober, err := probe.New(cfg.KubeletTokenFile, cfg.KubeletHost, cfg.KubeletCAFile)
+	if err != nil {
+		return err
+	}
+	conn, err := dial(cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cl := client.New(conn, cfg.NodeName, cfg.TokenFile, client.Backoff{Initial: 500 * time.Millisecond, Max: 30 * time.Second}, log.Named("client"))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var flags []string
+	if cfg.KubeletFlags != "" {
+		flags = strings.Fields(cfg.KubeletFlags)
+	}
+	ag := agent.New(agent.Config{
+		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
+		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints,
+	}, log.Named("agent"), checkpoint.New(cfg.DynamicConfigDir), svc, prober, cl, agent.NewMetrics(reg), nil)
+
+	log.Info("dkc-sidecar starting", zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
+		zap.String("restartMode", cfg.RestartMode), zap.Duration("trialDuration", cfg.TrialDuration))
+	if err := ag.Init(ctx); err != nil {
+		return err
+	}
+	updates := make(chan agent.Desired, 1)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ag.Run(gctx, updates) })
+	g.Go(func() error { return cl.Watch(gctx, ag.Applied, updates) })
+	g.Go(func() error { return cl.RunReporter(gctx) })
+	if cfg.MetricsAddress != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+		srv := &http.Server{Addr: cfg.MetricsAddress, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serve metrics on %s: %w", cfg.MetricsAddress, err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	err = g.Wait()
+	log.Info("dkc-sidecar stopped")
+	return err
+}
+
+func dial(cfg Config) (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if !cfg.Insecure {
+		pem, err := os.ReadFile(cfg.ServerCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read server CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("no certificates in %s", cfg.ServerCAFile)
+		}
+		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+	}
+	return grpc.NewClient(cfg.Server,
+		grpc.WithTransportCredentials(creds),
+		// Find a dead service (or path) within a minute; the service permits pings every 20s.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 20 * time.Second, PermitWithoutStream: true}),
+		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
+	)
+}

@@ -1,0 +1,228 @@
+// Package client is the sidecar's side of dkc.v1.ConfigService: one WatchConfig stream, reconnected with
+// exponential backoff and jitter and resumed from what the node last applied (so a reconnect re-delivers
+// nothing), and status reports retried until the service acknowledges them. While the service is away the
+// node simply keeps what it has.
+package client
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/sidecar/agent"
+)
+
+// Backoff bounds reconnect delays.
+type Backoff struct {
+	Initial, Max time.Duration
+}
+
+func (b Backoff) next(d time.Duration) time.Duration {
+	if d == 0 {
+		return b.Initial
+	}
+	d *= 2
+	if d > b.Max {
+		d = b.Max
+	}
+	return d
+}
+
+// jitter spreads reconnects of thousands of nodes: a uniformly random delay in [d/2, d).
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)))
+}
+
+// Client talks to the config service for one node.
+type Client struct {
+	node      string
+	tokenFile string
+	rpc       dkcv1.ConfigServiceClient
+	log       *zap.Logger
+	backoff   Backoff
+
+	mu      sync.Mutex
+	pending *dkcv1.ReportStatusRequest // latest unacknowledged report
+	restart *dkcv1.KubeletRestart      // restart not yet acknowledged; rides on every report until then
+	wake    chan struct{}
+	// connected is closed-and-replaced on each new stream, so the reporter re-sends after a reconnect (the
+	// service may be a new replica that knows nothing of this node).
+	connected chan struct{}
+}
+
+// New returns a client for node over conn; the bearer token is read from tokenFile on every call, so a
+// rotated projected token is picked up.
+func New(conn grpc.ClientConnInterface, node, tokenFile string, backoff Backoff, log *zap.Logger) *Client {
+	return &Client{node: node, tokenFile: tokenFile, rpc: dkcv1.NewConfigServiceClient(conn), log: log, backoff: backoff,
+		wake: make(chan struct{}, 1), connected: make(chan struct{})}
+}
+
+func (c *Client) authed(ctx context.Context) (context.Context, error) {
+	token, err := os.ReadFile(c.tokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("read token %s: %w", c.tokenFile, err)
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+strings.TrimSpace(string(token))), nil
+}
+
+// Watch streams desired states into updates until ctx ends; applied says what the node has, for resuming.
+// updates is bidirectional because an unread older update is dropped in favour of the newest.
+func (c *Client) Watch(ctx context.Context, applied func() *dkcv1.AppliedConfig, updates chan agent.Desired) error {
+	var delay time.Duration
+	for ctx.Err() == nil {
+		received, err := c.watchOnce(ctx, applied, updates)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if received {
+			delay = 0 // the stream worked: a quick reconnect is right
+		}
+		delay = c.backoff.next(delay)
+		wait := jitter(delay)
+		c.log.Info("config stream ended; reconnecting", zap.Error(err), zap.Duration("in", wait))
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	return nil
+}
+
+func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedConfig, updates chan agent.Desired) (bool, error) {
+	actx, err := c.authed(ctx)
+	if err != nil {
+		return false, err
+	}
+	sctx, cancel := context.WithCancel(actx)
+	defer cancel()
+	stream, err := c.rpc.WatchConfig(sctx, &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied()})
+	if err != nil {
+		return false, err
+	}
+	// The stream is open once the first response or header arrives; headers come at once.
+	if _, err := stream.Header(); err != nil {
+		return false, err
+	}
+	c.log.Info("config stream open")
+	c.mu.Lock()
+	close(c.connected)
+	c.connected = make(chan struct{})
+	c.mu.Unlock()
+	received := false
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return received, err
+		}
+		received = true
+		d := agent.Desired{Assignment: resp.GetAssignment(), SyncError: resp.GetSyncError()}
+		// Latest wins: an update the agent has not taken yet is replaced.
+		select {
+		case updates <- d:
+		default:
+			select {
+			case <-updates:
+			default:
+			}
+			updates <- d
+		}
+	}
+}
+
+// Report implements agent.Reporter: it records the status to send; Run delivers it.
+func (c *Client) Report(st *dkcv1.NodeConfigStatus, message string, restart *dkcv1.KubeletRestart) {
+	c.mu.Lock()
+	if restart != nil {
+		c.restart = restart
+	}
+	c.pending = &dkcv1.ReportStatusRequest{NodeName: c.node, Status: st, Message: message, ObservedTime: timestamppb.Now()}
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// RunReporter sends the latest report until acknowledged, with backoff, until ctx ends; after every
+// reconnect of the stream it sends the latest status again.
+func (c *Client) RunReporter(ctx context.Context) error {
+	var last *dkcv1.ReportStatusRequest
+	var delay time.Duration
+	for {
+		c.mu.Lock()
+		req := c.pending
+		restart := c.restart
+		connected := c.connected
+		c.mu.Unlock()
+		if req != nil {
+			req = proto.Clone(req).(*dkcv1.ReportStatusRequest)
+			req.Restart = restart
+			err := c.send(ctx, req)
+			if err == nil {
+				delay = 0
+				c.mu.Lock()
+				if c.restart == restart {
+					c.restart = nil
+				}
+				if c.pending != nil && proto.Equal(c.pending.GetStatus(), req.GetStatus()) && c.pending.GetMessage() == req.GetMessage() {
+					last, c.pending = c.pending, nil
+				}
+				c.mu.Unlock()
+				continue
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			delay = c.backoff.next(delay)
+			c.log.Warn("status report failed; retrying", zap.Error(err), zap.Duration("in", delay))
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(jitter(delay)):
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.wake:
+		case <-connected:
+			// A new stream: the service replica may never have heard of us.
+			c.mu.Lock()
+			if c.pending == nil && last != nil {
+				resend := proto.Clone(last).(*dkcv1.ReportStatusRequest)
+				resend.ObservedTime = timestamppb.Now()
+				c.pending = resend
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+func (c *Client) send(ctx context.Context, req *dkcv1.ReportStatusRequest) error {
+	actx, err := c.authed(ctx)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(actx, 30*time.Second)
+	defer cancel()
+	if _, err := c.rpc.ReportStatus(cctx, req); err != nil {
+		return err
+	}
+	c.log.Info("status reported", zap.String("error", req.GetStatus().GetError()), zap.Bool("restart", req.GetRestart() != nil))
+	return nil
+}

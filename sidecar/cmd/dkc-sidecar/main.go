@@ -1,0 +1,92 @@
+// Command dkc-sidecar is the node half of dkc (a DaemonSet): it receives the node's kubelet config from the
+// dkc config service, checkpoints it, validates it as the kubelet would, switches the kubelet to it and
+// restarts it through systemd, rolls back what does not run, keeps a last-known-good config, and reports the
+// node's config status. See `dkc-sidecar --help`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/dkc-dev/dkc/sidecar/app"
+	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
+)
+
+func parse(fs *flag.FlagSet, args []string) (app.Config, error) {
+	cfg := app.DefaultConfig()
+	cfg.BindFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `dkc-sidecar applies the kubelet config the dkc config service assigns to this node.
+
+It checkpoints each assignment under --dynamic-config-dir (meta/assigned, meta/last-known-good,
+checkpoints/<uid>/<resourceVersion>/), validates it with the kubelet's own code and the kubelet's
+flags, points the kubelet at it through <dynamic-config-dir>/kubelet.env (read by the kubelet unit's
+drop-in, see --print-kubelet-dropin), restarts the kubelet over D-Bus, waits for /healthz and a
+matching /configz, rolls back to last-known-good when that fails, and promotes a config to
+last-known-good after --trial-duration of healthy running.
+
+Usage: dkc-sidecar [flags]
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %v", fs.Args())
+	}
+	return cfg, cfg.Validate()
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("dkc-sidecar", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg, err := parse(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "dkc-sidecar: %v\n", err)
+		return 2
+	}
+	if cfg.PrintDropIn {
+		fmt.Fprint(stdout, kubeletunit.DropIn(cfg.DynamicConfigDir))
+		return 0
+	}
+	zc := zap.NewProductionConfig()
+	if cfg.LogDevelopment {
+		zc = zap.NewDevelopmentConfig()
+	}
+	lvl, err := zapcore.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "dkc-sidecar: %v\n", err)
+		return 2
+	}
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	log, err := zc.Build()
+	if err != nil {
+		fmt.Fprintf(stderr, "dkc-sidecar: %v\n", err)
+		return 2
+	}
+	defer func() { _ = log.Sync() }()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := app.Run(ctx, cfg, log.Named("dkc-sidecar")); err != nil {
+		log.Error("dkc-sidecar failed", zap.Error(err))
+		return 1
+	}
+	return 0
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

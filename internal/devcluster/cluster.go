@@ -51,6 +51,8 @@ type Config struct {
 	FakeKubeletBinary string
 	// TrialDuration is the sidecars' --trial-duration (DKC_TRIAL_DURATION); default 10m.
 	TrialDuration time.Duration
+	// HealthTimeout is the sidecars' --health-timeout; default 60s.
+	HealthTimeout time.Duration
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"syscall"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -27,6 +28,13 @@ func (c *Cluster) trialDuration() string {
 	return "10m0s"
 }
 
+func (c *Cluster) healthTimeout() string {
+	if c.cfg.HealthTimeout > 0 {
+		return c.cfg.HealthTimeout.String()
+	}
+	return "1m0s"
+}
+
 // sidecarArgs are a real node's dkc-sidecar flags inside its container.
 func (c *Cluster) sidecarArgs(n NodeState) []string {
 	return []string{
@@ -38,7 +46,7 @@ func (c *Cluster) sidecarArgs(n NodeState) []string {
 		"--kubelet-config=" + c.KubeletConfigPath(n.Name),
 		"--dynamic-config-dir=" + DynamicConfigDirInNode,
 		"--trial-duration=" + c.trialDuration(),
-		"--health-timeout=60s",
+		"--health-timeout=" + c.healthTimeout(),
 		"--metrics-address=" + n.IP + ":" + strconv.Itoa(n.SidecarMetricsPort),
 	}
 }
@@ -144,4 +152,37 @@ func (c *Cluster) startUnit(ctx context.Context, node, unit string) error {
 		return fmt.Errorf("node %s: %w", node, err)
 	}
 	return nil
+}
+
+// KubeletMainPID is `systemctl show -p MainPID kubelet` on a real node (0: not running).
+func (c *Cluster) KubeletMainPID(ctx context.Context, node string) (int, error) {
+	m, err := systemd.Dial(ctx, c.BusAddress(node), "kubelet.service")
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	return m.MainPID(ctx)
+}
+
+// RestartSidecar is `systemctl restart dkc-sidecar` on a real node.
+func (c *Cluster) RestartSidecar(ctx context.Context, node string) error {
+	m, err := systemd.Dial(ctx, c.BusAddress(node), "dkc-sidecar.service")
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return m.Restart(ctx)
+}
+
+// Signal sends sig to the cluster process name (e.g. "kube-apiserver", "dkc-server"), by recorded PID.
+// SIGSTOP and SIGCONT make a component unreachable and back, as a partition or a hung process would.
+func (c *Cluster) Signal(name string, sig syscall.Signal) error {
+	p, err := loadProcess(name, c.runDir())
+	if err != nil {
+		return err
+	}
+	if p == nil || p.pid() == 0 {
+		return fmt.Errorf("process %s is not running", name)
+	}
+	return syscall.Kill(p.pid(), sig)
 }

@@ -194,7 +194,7 @@ func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string,
 	for _, h := range cgroupHierarchies {
 		fmt.Fprintf(&join, "mkdir -p %[1]s/%[2]s && echo $$ > %[1]s/%[2]s/cgroup.procs && ", h, cg)
 	}
-	nspawn := []string{"systemd-nspawn", "--boot", "--directory=" + rootfs, "--volatile=overlay", "--machine=" + n.Name,
+	nspawn := []string{"systemd-nspawn", "--boot", "--directory=" + rootfs, "--volatile=overlay", "--machine=" + n.Netns,
 		"--register=no", "--keep-unit", "--console=pipe", "--capability=all",
 		"--network-namespace-path=/run/netns/" + n.Netns,
 		"--bind=" + filepath.Join(c.NodeDir(n.Name), "bus") + ":/run/dbus",

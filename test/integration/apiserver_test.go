@@ -67,7 +67,12 @@ func TestAPIServerDropsDynamicConfigFields(t *testing.T) {
 		}
 	})
 
-	node := "node-1" // the real node: its kubelet keeps writing status concurrently, as in production
+	// A Node no dkc sidecar serves: on node-1 dkc itself owns the ConfigOK condition.
+	node := "contract-guard"
+	if _, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nodes.Delete(context.Background(), node, metav1.DeleteOptions{}) })
 	t.Run("spec patch", func(t *testing.T) {
 		patch := `{"spec":{"configSource":{"configMap":{"namespace":"kube-system","name":"my-node-config","kubeletConfigKey":"kubelet"}}}}`
 		got, err := nodes.Patch(ctx, node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
@@ -124,7 +129,8 @@ func TestAPIServerDropsDynamicConfigFields(t *testing.T) {
 			_, _ = nodes.Patch(context.Background(), node, types.StrategicMergePatchType,
 				[]byte(`{"metadata":{"annotations":{"dkc.dev/config-source":null}}}`), metav1.PatchOptions{})
 		})
-		// Read after the kubelet had time to write its own status in between: the condition must survive it.
+		// Read after the service had time to react to the annotation: it writes status only for nodes whose
+		// sidecar reported, so the condition must be ours, untouched.
 		time.Sleep(2 * time.Second)
 		stored, err := nodes.Get(ctx, node, metav1.GetOptions{})
 		if err != nil {

@@ -15,9 +15,10 @@ import (
 	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
 )
 
-// TestStopLeavesNothingBehind starts a second cluster next to the shared one (as `make up` does while tests
-// run), then stops it from a fresh handle opened from its directory — what `make down` does — and checks
-// that no recorded process, mount, network namespace, interface or runtime directory survives.
+// TestStopLeavesNothingBehind starts a second complete cluster next to the shared one (as `make up` does
+// while tests run): a real node under systemd-nspawn with its sidecar, the service and a simulated node. It
+// stops it from a fresh handle opened from its directory — what `make down` does — and checks that no
+// recorded process, mount, network namespace, interface, cgroup or runtime directory survives.
 func TestStopLeavesNothingBehind(t *testing.T) {
 	dir, err := devclustertest.Dir("integration-stop")
 	if err != nil {
@@ -28,7 +29,12 @@ func TestStopLeavesNothingBehind(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, RealNodes: []string{"stop-1"}})
+	bins, err := devclustertest.Build(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, RealNodes: []string{"stop-1"}, ServiceBinary: bins["dkc-server"],
+		SidecarBinary: bins["dkc-sidecar"], FakeKubeletBinary: bins["fake-kubelet"], SimNodes: 1})
 	if err != nil {
 		t.Fatalf("start second cluster: %v", err)
 	}
@@ -50,8 +56,10 @@ func TestStopLeavesNothingBehind(t *testing.T) {
 		t.Fatalf("configz of the second cluster's node: %v", err)
 	}
 	pids := recordedPIDs(t, filepath.Join(dir, "run"))
-	if len(pids) != 4 {
-		t.Fatalf("recorded processes = %v, want etcd, kube-apiserver, containerd and kubelet", pids)
+	for _, want := range []string{"etcd", "kube-apiserver", "containerd-stop-1", "node-stop-1", "dkc-server", "kubelet-sim-1", "dkc-sidecar-sim-1"} {
+		if pids[want] == "" {
+			t.Errorf("no recorded process %s in %v", want, pids)
+		}
 	}
 
 	reopened, err := devcluster.Open(dir)
@@ -81,6 +89,11 @@ func TestStopLeavesNothingBehind(t *testing.T) {
 		}
 		if _, err := net.InterfaceByName(n.HostVeth); err == nil {
 			t.Errorf("veth %s left behind", n.HostVeth)
+		}
+		for _, h := range []string{"/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"} {
+			if _, err := os.Stat(filepath.Join(h, "dkc-"+n.Netns)); !os.IsNotExist(err) {
+				t.Errorf("cgroup %s/dkc-%s left behind", h, n.Netns)
+			}
 		}
 	}
 	if _, err := net.InterfaceByName(state.Network.Bridge); err == nil {

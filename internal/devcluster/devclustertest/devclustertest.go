@@ -58,7 +58,7 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 		return 1
 	}
 	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, ServiceBinary: bins["dkc-server"], SidecarBinary: bins["dkc-sidecar"],
-		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: 2, TrialDuration: TrialDuration, Progress: os.Stderr})
+		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: 2, TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster: %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
 		return 1
@@ -77,6 +77,9 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 
 // TrialDuration is the sidecars' trial in test clusters: short, so that promotion can be tested.
 const TrialDuration = 20 * time.Second
+
+// HealthTimeout is the sidecars' health timeout in test clusters (a dev kubelet is healthy in ~2s).
+const HealthTimeout = 20 * time.Second
 
 // Build builds dkc-server, dkc-sidecar and fake-kubelet from this checkout into dir/bin, so that integration
 // tests always run the code under test (and need no `make build` first). It returns name → path.

@@ -1,0 +1,315 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+	"github.com/dkc-dev/dkc/sidecar/agent"
+)
+
+const realNode = "node-1"
+
+// nodeStatus is the dkc.dev/config-status annotation of a node, decoded.
+func nodeStatus(t *testing.T, node string) corev1.NodeConfigStatus {
+	t.Helper()
+	n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st corev1.NodeConfigStatus
+	if raw := n.Annotations["dkc.dev/config-status"]; raw != "" {
+		if err := json.Unmarshal([]byte(raw), &st); err != nil {
+			t.Fatalf("status annotation %q: %v", raw, err)
+		}
+	}
+	return st
+}
+
+func srcName(s *corev1.NodeConfigSource) string {
+	if s == nil || s.ConfigMap == nil {
+		return "local"
+	}
+	return s.ConfigMap.Name + "@" + s.ConfigMap.ResourceVersion
+}
+
+// waitNodeStatus waits until the node's status is exactly assigned/active/lkg (names as "name@rv" or
+// "local"; lkg "*" for any) with an error containing errPart ("" = no error).
+func waitNodeStatus(t *testing.T, node, assigned, active, lkg, errPart string, timeout time.Duration) corev1.NodeConfigStatus {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var st corev1.NodeConfigStatus
+	for {
+		st = nodeStatus(t, node)
+		ok := srcName(st.Assigned) == assigned && srcName(st.Active) == active && (lkg == "*" || srcName(st.LastKnownGood) == lkg) &&
+			((errPart == "" && st.Error == "") || (errPart != "" && strings.Contains(st.Error, errPart)))
+		if ok {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s status: assigned=%s active=%s lkg=%s error=%q; want %s %s %s %q\nlogs: %s",
+				node, srcName(st.Assigned), srcName(st.Active), srcName(st.LastKnownGood), st.Error, assigned, active, lkg, errPart, cluster.NodeLogDir(node))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// configz returns the running kubelet's config through the apiserver's node proxy (the seed's recipe).
+func configz(t *testing.T, node string) map[string]any {
+	t.Helper()
+	raw, err := adminClient(t).CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node + "/proxy/configz").DoRaw(testContext(t))
+	if err != nil {
+		t.Fatalf("configz of %s: %v", node, err)
+	}
+	var c struct {
+		KubeletConfig map[string]any `json:"kubeletconfig"`
+	}
+	if err := json.Unmarshal(raw, &c); err != nil {
+		t.Fatal(err)
+	}
+	return c.KubeletConfig
+}
+
+// kubeletConfig is a valid config for the real node: its local config with overrides. The dev node runs
+// without QoS cgroups, so enforceNodeAllocatable must stay empty (configz omits the empty list, the trap
+// in the seed's configz recipe).
+func kubeletConfig(t *testing.T, extra string) string {
+	t.Helper()
+	local, err := os.ReadFile(cluster.KubeletConfigPath(realNode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(local) + extra
+}
+
+func restartEvents(t *testing.T, node string) int {
+	t.Helper()
+	evs, err := adminClient(t).CoreV1().Events("default").List(testContext(t), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + node + ",reason=KubeletConfigChanged"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(evs.Items)
+}
+
+func kubeletPID(t *testing.T) int {
+	t.Helper()
+	pid, err := cluster.KubeletMainPID(testContext(t), realNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+func resetRealNode(t *testing.T) {
+	t.Helper()
+	setSource(t, adminClient(t), realNode, "")
+	waitNodeStatus(t, realNode, "local", "local", "local", "", time.Minute)
+}
+
+// TestRealNodeConfigLifecycle walks the seed's paths on the real node, whose kubelet is a systemd unit
+// restarted by the sidecar over D-Bus, checking status, /configz and restarts at every step.
+func TestRealNodeConfigLifecycle(t *testing.T) {
+	client := adminClient(t)
+	resetRealNode(t)
+	t.Cleanup(func() { resetRealNode(t) })
+	events := restartEvents(t, realNode)
+
+	// A valid config reaches the running kubelet.
+	good := createConfigMap(t, "real-good", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 7\n")})
+	goodName := "real-good@" + good.ResourceVersion
+	setSource(t, client, realNode, cmSource("real-good"))
+	waitNodeStatus(t, realNode, goodName, goodName, "local", "", 2*time.Minute)
+	if got := configz(t, realNode)["eventRecordQPS"]; got != float64(7) {
+		t.Fatalf("configz eventRecordQPS = %v, want 7", got)
+	}
+	if n := restartEvents(t, realNode) - events; n != 1 {
+		t.Errorf("KubeletConfigChanged events = %d, want 1", n)
+	}
+	pid := kubeletPID(t)
+
+	// After the (short, test) trial it becomes last-known-good, without a restart.
+	waitNodeStatus(t, realNode, goodName, goodName, goodName, "", devclustertest.TrialDuration+time.Minute)
+	if kubeletPID(t) != pid {
+		t.Error("promotion to last-known-good restarted the kubelet")
+	}
+
+	// An invalid config never reaches the kubelet; status says why; no restart.
+	createConfigMap(t, "real-invalid", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: -1\n")})
+	setSource(t, client, realNode, cmSource("real-invalid"))
+	st := waitNodeStatus(t, realNode, "real-invalid@"+mustRV(t, "real-invalid"), goodName, goodName, agent.ValidateError, time.Minute)
+	if got := configz(t, realNode)["eventRecordQPS"]; got != float64(7) || kubeletPID(t) != pid {
+		t.Errorf("invalid config changed the kubelet: eventRecordQPS %v, pid %d→%d", got, pid, kubeletPID(t))
+	}
+	_ = st
+	cond := configOK(t, realNode)
+	if cond.Status != corev1.ConditionFalse || !strings.Contains(cond.Message, "eventRecordQPS") {
+		t.Errorf("ConfigOK = %s %q, want False naming eventRecordQPS", cond.Status, cond.Message)
+	}
+
+	// An unparsable config: load error, same fallback.
+	createConfigMap(t, "real-garbage", map[string]string{"kubelet": "{{{ not yaml"})
+	setSource(t, client, realNode, cmSource("real-garbage"))
+	waitNodeStatus(t, realNode, "real-garbage@"+mustRV(t, "real-garbage"), goodName, goodName, agent.LoadError, time.Minute)
+
+	// A config that validates but keeps the kubelet from starting is rolled back to last-known-good.
+	createConfigMap(t, "real-broken", map[string]string{"kubelet": kubeletConfig(t, "containerRuntimeEndpoint: unix:///run/dkc-no-such-runtime.sock\n")})
+	setSource(t, client, realNode, cmSource("real-broken"))
+	waitNodeStatus(t, realNode, "real-broken@"+mustRV(t, "real-broken"), goodName, goodName, agent.HealthError, devclustertest.HealthTimeout+2*time.Minute)
+	if got := configz(t, realNode)["eventRecordQPS"]; got != float64(7) {
+		t.Errorf("after rollback configz eventRecordQPS = %v, want 7 (last-known-good)", got)
+	}
+
+	// Back to the good config: it is already running (it is last-known-good), so no restart is needed.
+	before := restartEvents(t, realNode)
+	pid = kubeletPID(t)
+	setSource(t, client, realNode, cmSource("real-good"))
+	waitNodeStatus(t, realNode, goodName, goodName, goodName, "", time.Minute)
+	if kubeletPID(t) != pid || restartEvents(t, realNode) != before {
+		t.Error("reassigning the running config restarted the kubelet")
+	}
+
+	// The same config re-assigned, a ConfigMap resync, a no-op update: no restart either.
+	cm, err := client.CoreV1().ConfigMaps("kube-system").Get(testContext(t), "real-good", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().ConfigMaps("kube-system").Update(testContext(t), cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if kubeletPID(t) != pid {
+		t.Error("a no-op ConfigMap update restarted the kubelet")
+	}
+}
+
+func mustRV(t *testing.T, name string) string {
+	t.Helper()
+	cm, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Get(testContext(t), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cm.ResourceVersion
+}
+
+func configOK(t *testing.T, node string) corev1.NodeCondition {
+	t.Helper()
+	n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == "ConfigOK" {
+			return c
+		}
+	}
+	t.Fatalf("node %s has no ConfigOK condition", node)
+	return corev1.NodeCondition{}
+}
+
+// TestSidecarRestartWithServiceAndAPIServerDown restarts the sidecar while the config service and the
+// apiserver are frozen (SIGSTOP: unreachable, as in a partition): the kubelet keeps running its config and
+// is not restarted; when they come back, status is reported again.
+func TestSidecarRestartWithServiceAndAPIServerDown(t *testing.T) {
+	client := adminClient(t)
+	resetRealNode(t)
+	t.Cleanup(func() { resetRealNode(t) })
+	createConfigMap(t, "real-partition", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 11\n")})
+	name := "real-partition@" + mustRV(t, "real-partition")
+	setSource(t, client, realNode, cmSource("real-partition"))
+	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
+	pid := kubeletPID(t)
+	env, err := os.ReadFile(filepath.Join(cluster.DynamicConfigDir(realNode), "kubelet.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, p := range []string{"dkc-server", "kube-apiserver"} {
+		if err := cluster.Signal(p, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			for _, p := range []string{"kube-apiserver", "dkc-server"} {
+				_ = cluster.Signal(p, syscall.SIGCONT)
+			}
+		}
+	}
+	t.Cleanup(resume)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := cluster.RestartSidecar(ctx, realNode); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(8 * time.Second) // the restarted sidecar initialises against disk and the kubelet
+	if got, err := cluster.KubeletMainPID(ctx, realNode); err != nil || got != pid {
+		t.Errorf("kubelet pid %d → %d (%v): the sidecar restart restarted the kubelet", pid, got, err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(cluster.DynamicConfigDir(realNode), "kubelet.env")); string(after) != string(env) {
+		t.Errorf("kubelet.env changed while the service was down:\n%s\n→\n%s", env, after)
+	}
+	resume()
+	waitNodeStatus(t, realNode, name, name, "*", "", time.Minute)
+	if got, _ := cluster.KubeletMainPID(ctx, realNode); got != pid {
+		t.Errorf("kubelet restarted after the service came back (pid %d → %d)", pid, got)
+	}
+}
+
+// TestSimulatedNodesShareOneConfigMap assigns one ConfigMap to both simulated nodes (real sidecar code,
+// signal mode, stand-in kubelets) and checks each applies it, then an in-place update reaches both.
+func TestSimulatedNodesShareOneConfigMap(t *testing.T) {
+	client := adminClient(t)
+	sims := []string{"sim-1", "sim-2"}
+	local := func(node string) string {
+		data, err := os.ReadFile(cluster.KubeletConfigPath(node))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	// Each stand-in kubelet listens on its own ports, so each gets a ConfigMap key of its own.
+	data := map[string]string{}
+	for _, s := range sims {
+		data[s] = local(s) + "eventRecordQPS: 21\n"
+	}
+	cm := createConfigMap(t, "sim-shared", data)
+	for _, s := range sims {
+		setSource(t, client, s, fmt.Sprintf(`{"configMap":{"namespace":"kube-system","name":"sim-shared","kubeletConfigKey":%q}}`, s))
+	}
+	t.Cleanup(func() {
+		for _, s := range sims {
+			setSource(t, client, s, "")
+		}
+	})
+	for _, s := range sims {
+		n := "sim-shared@" + cm.ResourceVersion
+		waitNodeStatus(t, s, n, n, "*", "", time.Minute)
+	}
+	for _, s := range sims {
+		data[s] = local(s) + "eventRecordQPS: 22\n"
+	}
+	cm.Data = data
+	updated, err := client.CoreV1().ConfigMaps("kube-system").Update(testContext(t), cm, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sims {
+		n := "sim-shared@" + updated.ResourceVersion
+		waitNodeStatus(t, s, n, n, "*", "", time.Minute)
+	}
+}

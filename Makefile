@@ -15,7 +15,7 @@ INTEGRATION_PKGS := ./test/integration/...
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN). kubectl-dkc joins with its issue.
-MAINS := ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar
+MAINS := ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar
 
 .PHONY: help
 help: ## list targets
@@ -64,9 +64,14 @@ up: build ## start the local cluster in the background (KUBE_VERSION, KUBE_BIN_D
 down: ## stop everything `make up` started
 	@if [ -x $(BIN)/dkc-dev ]; then $(BIN)/dkc-dev -dir $(DEV_DIR) down; else go run ./hack/dkc-dev -dir $(DEV_DIR) down; fi
 
+DEMO_DIR := $(OUT)/demo
 .PHONY: demo
-demo: ## the main job end to end on the local cluster (placeholder until the end-to-end issue lands)
-	@echo "make demo: not implemented yet — it arrives with the end-to-end issue (the seed workflow on a real node)."; exit 1
+demo: build ## the main job end to end: the seed workflow on a fresh local cluster's real node (DEMO_KEEP=1 keeps it)
+	@$(BIN)/dkc-dev -dir $(DEMO_DIR) down >/dev/null
+	DKC_TRIAL_DURATION=20s SIM_NODES=0 $(BIN)/dkc-dev -dir $(DEMO_DIR) up
+	@rc=0; $(BIN)/demo -kubeconfig $(DEMO_DIR)/kubeconfig || rc=$$?; \
+	if [ -z "$${DEMO_KEEP:-}" ]; then $(BIN)/dkc-dev -dir $(DEMO_DIR) down; else echo "cluster kept: . $(DEMO_DIR)/env"; fi; \
+	if [ $$rc -ne 0 ]; then echo "logs: $(DEMO_DIR)/logs"; fi; exit $$rc
 
 .PHONY: bench
 bench: ## the scale benchmark (placeholder until the scale issue lands)

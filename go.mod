@@ -25,6 +25,7 @@ require (
 	k8s.io/client-go v0.34.4
 	k8s.io/component-base v0.34.4
 	k8s.io/klog/v2 v2.130.1
+	k8s.io/kubectl v0.0.0
 	k8s.io/kubelet v0.34.4
 	k8s.io/kubernetes v1.34.4
 	k8s.io/utils v0.0.0-20250604170112-4c0f3b243397

@@ -87,6 +87,12 @@ done`, env, kubeletunit.Variable, c.KubeletConfigPath(s.Name), pidFile, c.cfg.Fa
 			return err
 		}
 		c.procs = append(c.procs, kp)
+		if err := kp.waitFor(ctx, "serving", func(context.Context) error {
+			_, err := os.Stat(pidFile)
+			return err
+		}); err != nil {
+			return err
+		}
 		fmt.Fprintf(c.cfg.Progress, "starting simulated node %s (stand-in kubelet on 127.0.0.1:%d, dkc-sidecar in signal mode)\n", s.Name, s.KubeletPort)
 		sp, err := startProcess("dkc-sidecar-"+s.Name, c.runDir(), c.logFile("dkc-sidecar-"+s.Name), nil, c.cfg.SidecarBinary,
 			"--node-name="+s.Name,

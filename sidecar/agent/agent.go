@@ -112,6 +112,7 @@ type Agent struct {
 	detail         string                   // why, for humans
 	active         *corev1.NodeConfigSource // config the kubelet runs, nil = local
 	activeKnown    bool
+	retry          bool // the last reconcile could not decide (e.g. kubelet flags unknown yet): try again
 	pendingRestart *dkcv1.KubeletRestart
 }
 
@@ -173,6 +174,9 @@ func (a *Agent) Run(ctx context.Context, updates <-chan Desired) error {
 		case d := <-updates:
 			a.Apply(ctx, d)
 		case <-tick.C():
+			if a.retry {
+				a.reconcile(ctx)
+			}
 			a.CheckTrial(ctx)
 		}
 	}
@@ -275,6 +279,7 @@ func statusFor(err error) string {
 // reconcile decides the target config and brings the kubelet to it, then reports.
 func (a *Agent) reconcile(ctx context.Context) {
 	defer a.report()
+	a.retry = false
 	for attempt := 0; attempt < 3; attempt++ { // assigned, then last-known-good, then local: never a loop
 		if done := a.reconcileOnce(ctx); done {
 			return
@@ -288,6 +293,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 	if err != nil {
 		a.configError, a.detail = InternalError, err.Error()
 		a.log.Error("read meta/assigned", zap.Error(err))
+		a.retry = true
 		return true
 	}
 	lkg, err := a.store.LastKnownGood()
@@ -298,7 +304,8 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 	flags, err := a.kubeletFlags(ctx)
 	if err != nil {
 		a.configError, a.detail = InternalError, err.Error()
-		a.log.Error("kubelet flags unknown; not changing the kubelet", zap.Error(err))
+		a.log.Error("kubelet flags unknown; not changing the kubelet, will retry", zap.Error(err))
+		a.retry = true
 		return true
 	}
 

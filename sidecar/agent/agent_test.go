@@ -82,11 +82,20 @@ func (k *fakeKubelet) count() int {
 }
 
 type recordingReporter struct {
+	mu       sync.Mutex
 	last     *dkcv1.NodeConfigStatus
 	restarts []*dkcv1.KubeletRestart
 }
 
+func (r *recordingReporter) lastStatus() *dkcv1.NodeConfigStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
+
 func (r *recordingReporter) Report(st *dkcv1.NodeConfigStatus, _ string, restart *dkcv1.KubeletRestart) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.last = st
 	if restart != nil {
 		r.restarts = append(r.restarts, restart)
@@ -263,5 +272,28 @@ func TestRefusedPayload(t *testing.T) {
 	n.expect("local", "local", "local", PayloadError, 0)
 	if _, err := os.Stat(filepath.Join(n.dir, "..", "escape")); !os.IsNotExist(err) {
 		t.Error("payload escaped the dynamic config dir")
+	}
+}
+
+func TestUnknownFlagsAreRetried(t *testing.T) {
+	n := newNode(t)
+	n.agent.cfg.KubeletFlags = nil // read them from the running kubelet, which has no PID yet
+	n.agent.Apply(context.Background(), Desired{Assignment: &dkcv1.Assignment{}})
+	if st := n.reporter.last; st.GetError() != InternalError || !n.agent.retry {
+		t.Fatalf("status %v, retry %v; want an internal error to be retried", st, n.agent.retry)
+	}
+	n.agent.cfg.KubeletFlags = []string{} // the kubelet came up
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = n.agent.Run(ctx, make(chan Desired)); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for n.reporter.lastStatus().GetError() != "" && time.Now().Before(deadline) {
+		n.clock.Step(time.Second)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if st := n.reporter.lastStatus(); st.GetError() != "" {
+		t.Fatalf("not retried: %v", st)
 	}
 }

@@ -1,0 +1,171 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+	"github.com/dkc-dev/dkc/sidecar/agent"
+)
+
+// The seed's paths on a simulated node: the real sidecar code (checkpoints, validation with the kubelet's
+// code, restarts by signal, health and configz checks) against a stand-in kubelet, so every transition
+// takes seconds. Exact status is checked at every step.
+
+const simE2E = "sim-1"
+
+func simConfig(t *testing.T, qps int, extra string) string {
+	t.Helper()
+	local, err := os.ReadFile(cluster.KubeletConfigPath(simE2E))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(local) + "eventRecordQPS: " + strconv.Itoa(qps) + "\n" + extra
+}
+
+func resetSim(t *testing.T) {
+	t.Helper()
+	setSource(t, adminClient(t), simE2E, "")
+	waitNodeStatus(t, simE2E, "local", "local", "local", "", time.Minute)
+}
+
+// waitLKG waits for the trial to promote active to last-known-good.
+func waitLKG(t *testing.T, name string) {
+	t.Helper()
+	waitNodeStatus(t, simE2E, name, name, name, "", devclustertest.TrialDuration+time.Minute)
+}
+
+func keySource(cm, key string) string {
+	return fmt.Sprintf(`{"configMap":{"namespace":"kube-system","name":%q,"kubeletConfigKey":%q}}`, cm, key)
+}
+
+func TestE2ETransitionsBetweenLocalValidUnparsableInvalid(t *testing.T) {
+	client := adminClient(t)
+	resetSim(t)
+	t.Cleanup(func() { resetSim(t) })
+	valid := createConfigMap(t, "e2e-valid", map[string]string{"kubelet": simConfig(t, 31, "")})
+	createConfigMap(t, "e2e-unparsable", map[string]string{"kubelet": "{{{"})
+	createConfigMap(t, "e2e-invalid", map[string]string{"kubelet": simConfig(t, -1, "")})
+	v := "e2e-valid@" + valid.ResourceVersion
+	u := "e2e-unparsable@" + mustRV(t, "e2e-unparsable")
+	i := "e2e-invalid@" + mustRV(t, "e2e-invalid")
+
+	steps := []struct {
+		source, assigned, active, err string
+	}{
+		{"e2e-unparsable", u, "local", agent.LoadError},  // none → unparsable
+		{"e2e-invalid", i, "local", agent.ValidateError}, // unparsable → invalid
+		{"e2e-valid", v, v, ""},                          // invalid → valid
+		{"e2e-invalid", i, "local", agent.ValidateError}, // valid → invalid (lkg still local: no trial yet)
+		{"e2e-unparsable", u, "local", agent.LoadError},  // invalid → unparsable
+		{"e2e-valid", v, v, ""},                          // unparsable → valid
+		{"", "local", "local", ""},                       // valid → none
+		{"e2e-invalid", i, "local", agent.ValidateError}, // none → invalid
+		{"", "local", "local", ""},                       // invalid → none
+	}
+	for _, s := range steps {
+		src := ""
+		if s.source != "" {
+			src = cmSource(s.source)
+		}
+		setSource(t, client, simE2E, src)
+		waitNodeStatus(t, simE2E, s.assigned, s.active, "local", s.err, time.Minute)
+	}
+}
+
+func TestE2ERecoveryToLastKnownGood(t *testing.T) {
+	client := adminClient(t)
+	resetSim(t)
+	t.Cleanup(func() { resetSim(t) })
+
+	// By ConfigMap: a good one becomes last-known-good, a bad other ConfigMap falls back to it.
+	good := createConfigMap(t, "e2e-lkg-good", map[string]string{"kubelet": simConfig(t, 41, ""), "bad": simConfig(t, -1, "")})
+	g := "e2e-lkg-good@" + good.ResourceVersion
+	setSource(t, client, simE2E, keySource("e2e-lkg-good", "kubelet"))
+	waitLKG(t, g)
+	createConfigMap(t, "e2e-lkg-other-bad", map[string]string{"kubelet": "{{{"})
+	setSource(t, client, simE2E, cmSource("e2e-lkg-other-bad"))
+	waitNodeStatus(t, simE2E, "e2e-lkg-other-bad@"+mustRV(t, "e2e-lkg-other-bad"), g, g, agent.LoadError, time.Minute)
+
+	// By kubeletConfigKey: same ConfigMap, a key holding an invalid config.
+	setSource(t, client, simE2E, keySource("e2e-lkg-good", "bad"))
+	st := waitNodeStatus(t, simE2E, g, g, g, agent.ValidateError, time.Minute)
+	if st.Assigned.ConfigMap.KubeletConfigKey != "bad" || st.Active.ConfigMap.KubeletConfigKey != "kubelet" {
+		t.Errorf("assigned key %q, active key %q", st.Assigned.ConfigMap.KubeletConfigKey, st.Active.ConfigMap.KubeletConfigKey)
+	}
+	// A missing key is a load error.
+	setSource(t, client, simE2E, keySource("e2e-lkg-good", "no-such-key"))
+	waitNodeStatus(t, simE2E, g, g, g, agent.LoadError, time.Minute)
+
+	// By an older ResourceVersion of the same ConfigMap, after in-place updates.
+	setSource(t, client, simE2E, keySource("e2e-lkg-good", "kubelet"))
+	waitNodeStatus(t, simE2E, g, g, g, "", time.Minute)
+	good.Data["kubelet"] = "{{{ broken in place"
+	broken, err := client.CoreV1().ConfigMaps("kube-system").Update(testContext(t), good, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitNodeStatus(t, simE2E, "e2e-lkg-good@"+broken.ResourceVersion, g, g, agent.LoadError, time.Minute)
+	broken.Data["kubelet"] = simConfig(t, -5, "")
+	invalid, err := client.CoreV1().ConfigMaps("kube-system").Update(testContext(t), broken, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitNodeStatus(t, simE2E, "e2e-lkg-good@"+invalid.ResourceVersion, g, g, agent.ValidateError, time.Minute)
+
+	// Last-known-good replaced by a newer one: fix in place, let it pass its trial.
+	invalid.Data["kubelet"] = simConfig(t, 42, "")
+	fixed, err := client.CoreV1().ConfigMaps("kube-system").Update(testContext(t), invalid, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := "e2e-lkg-good@" + fixed.ResourceVersion
+	waitNodeStatus(t, simE2E, f, f, g, "", time.Minute)
+	waitLKG(t, f)
+}
+
+func TestE2EDeleteAndRecreateConfigMap(t *testing.T) {
+	client := adminClient(t)
+	resetSim(t)
+	t.Cleanup(func() { resetSim(t) })
+	first := createConfigMap(t, "e2e-recreate", map[string]string{"kubelet": simConfig(t, 51, "")})
+	a := "e2e-recreate@" + first.ResourceVersion
+	setSource(t, client, simE2E, cmSource("e2e-recreate"))
+	waitNodeStatus(t, simE2E, a, a, "*", "", time.Minute)
+	if err := client.CoreV1().ConfigMaps("kube-system").Delete(testContext(t), "e2e-recreate", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The node keeps running its checkpoint and says it cannot download.
+	waitNodeStatus(t, simE2E, a, a, "*", "failed to sync: failed to download config, see Kubelet log for details", time.Minute)
+	second := createConfigMap(t, "e2e-recreate", map[string]string{"kubelet": simConfig(t, 52, "")})
+	b := "e2e-recreate@" + second.ResourceVersion
+	st := waitNodeStatus(t, simE2E, b, b, "*", "", time.Minute)
+	if st.Active.ConfigMap.UID == first.UID {
+		t.Error("re-created ConfigMap kept the old UID")
+	}
+}
+
+func TestE2ERapidReassignmentsConverge(t *testing.T) {
+	client := adminClient(t)
+	resetSim(t)
+	t.Cleanup(func() { resetSim(t) })
+	const n = 30
+	for i := 0; i < n; i++ {
+		createConfigMap(t, fmt.Sprintf("e2e-rapid-%d", i), map[string]string{"kubelet": simConfig(t, 60+i, "")})
+	}
+	for i := 0; i < n; i++ {
+		setSource(t, client, simE2E, cmSource(fmt.Sprintf("e2e-rapid-%d", i)))
+	}
+	last := fmt.Sprintf("e2e-rapid-%d@%s", n-1, mustRV(t, fmt.Sprintf("e2e-rapid-%d", n-1)))
+	waitNodeStatus(t, simE2E, last, last, "*", "", 2*time.Minute)
+	// Settled: no further change.
+	time.Sleep(2 * time.Second)
+	waitNodeStatus(t, simE2E, last, last, "*", "", time.Second)
+}

@@ -14,8 +14,8 @@ BUF_AGAINST ?= .git\#ref=HEAD~1
 INTEGRATION_PKGS := ./test/integration/...
 TEST_FLAGS ?=
 
-# Programs `make build` puts in $(BIN). kubectl-dkc joins with its issue.
-MAINS := ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar
+# Programs `make build` puts in $(BIN).
+MAINS := ./cli/cmd/kubectl-dkc ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar
 
 .PHONY: help
 help: ## list targets

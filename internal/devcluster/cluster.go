@@ -357,11 +357,11 @@ func (c *Cluster) allocate() error {
 		Network: Network{Bridge: "dkcbr" + id[:8], GatewayIP: fmt.Sprintf("198.18.%d.1", k), PrefixLen: 24},
 	}
 	if c.cfg.ServiceBinary != "" {
-		sp, err := freePorts(2)
+		sp, err := freePorts(3)
 		if err != nil {
 			return err
 		}
-		c.state.Service = &ServiceState{Port: sp[0], MetricsPort: sp[1]}
+		c.state.Service = &ServiceState{Port: sp[0], MetricsPort: sp[1], WebhookPort: sp[2]}
 	}
 	for i, name := range c.cfg.RealNodes {
 		c.state.Nodes = append(c.state.Nodes, NodeState{

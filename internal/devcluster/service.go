@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -34,6 +35,7 @@ const (
 type ServiceState struct {
 	Port        int `json:"port"`
 	MetricsPort int `json:"metricsPort"`
+	WebhookPort int `json:"webhookPort"`
 }
 
 // ServiceAddress is host:port of the config service (DKC_SERVER), on the bridge so nodes reach it.
@@ -112,6 +114,7 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 		"--tls-cert-file="+c.pki.path("dkc-server.crt"),
 		"--tls-key-file="+c.pki.path("dkc-server.key"),
 		"--allowed-service-accounts="+SidecarNamespace+"/"+SidecarServiceAccount,
+		"--webhook-address="+net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)),
 	)
 	if err != nil {
 		return err
@@ -125,7 +128,7 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 	hc := healthpb.NewHealthClient(conn)
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return p.waitFor(wctx, "serving", func(ctx context.Context) error {
+	if err := p.waitFor(wctx, "serving", func(ctx context.Context) error {
 		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
 		if err != nil {
 			return err
@@ -134,7 +137,52 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 			return fmt.Errorf("health %s", resp.Status)
 		}
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	return c.registerWebhook(ctx, client)
+}
+
+// AdmissionSkipLabel exempts a Node from the webhook; nodes cannot set labels of this prefix on themselves
+// (NodeRestriction), so it is no way around the self-assignment check. Tests use it to set malformed
+// sources on purpose.
+const AdmissionSkipLabel = "node-restriction.kubernetes.io/dkc-admission"
+
+// registerWebhook installs the validating webhook of the dkc service for Node writes that change the
+// dkc.dev/config-source annotation (matchConditions keep every other Node write — heartbeats, labels —
+// out of it, so failurePolicy Fail cannot block them).
+func (c *Cluster) registerWebhook(ctx context.Context, client kubernetes.Interface) error {
+	ca, err := os.ReadFile(c.CAFile())
+	if err != nil {
+		return err
+	}
+	fail := admissionregistrationv1.Fail
+	none := admissionregistrationv1.SideEffectClassNone
+	timeout := int32(5)
+	url := "https://" + net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)) + "/validate-node"
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "dkc-validate-nodes"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "nodes.dkc.dev",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}}}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+			ObjectSelector:          &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: AdmissionSkipLabel, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"skip"}}}},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{
+				Name: "changes-dkc-config-source",
+				Expression: `has(object.metadata.annotations) && 'dkc.dev/config-source' in object.metadata.annotations && ` +
+					`(request.operation == 'CREATE' || !has(oldObject.metadata.annotations) || !('dkc.dev/config-source' in oldObject.metadata.annotations) || ` +
+					`oldObject.metadata.annotations['dkc.dev/config-source'] != object.metadata.annotations['dkc.dev/config-source'])`,
+			}},
+		}},
+	}
+	if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, cfg, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("register admission webhook: %w", err)
+	}
+	return nil
 }
 
 // DialService opens a gRPC connection to the config service, trusting the cluster CA.

@@ -2,6 +2,7 @@ package devcluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -53,23 +54,24 @@ func (c *Cluster) startSimNodes(ctx context.Context) error {
 		if err := os.WriteFile(sock, nil, 0o644); err != nil {
 			return err
 		}
-		local := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: 127.0.0.1
-port: %d
-healthzBindAddress: 127.0.0.1
-healthzPort: %d
-containerRuntimeEndpoint: unix://%s
-failSwapOn: false
-cgroupsPerQOS: false
-enforceNodeAllocatable: []
-`, s.KubeletPort, s.HealthzPort, sock)
+		// Ports and the runtime endpoint are the stand-in kubelet's command-line flags, which override any
+		// config (seed semantics): so one ConfigMap key fits every simulated node, as on real nodes.
+		local := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailSwapOn: false\n"
 		if err := os.WriteFile(c.KubeletConfigPath(s.Name), []byte(local), 0o644); err != nil {
 			return err
 		}
 		if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.Name,
 			Labels: map[string]string{"dkc.dev/simulated": "true"}}}, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create simulated node %s: %w", s.Name, err)
+		}
+		// No kubelet posts a simulated node's status: mark it Ready once, as a healthy node would be, so that
+		// rollouts (which wait for Ready) can run on it. No node lifecycle controller runs to undo it.
+		now := metav1.Now()
+		ready, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", Message: "simulated node",
+			LastHeartbeatTime: now, LastTransitionTime: now}}}})
+		if _, err := client.CoreV1().Nodes().PatchStatus(ctx, s.Name, ready); err != nil {
+			return fmt.Errorf("mark simulated node %s Ready: %w", s.Name, err)
 		}
 		if _, err := c.NodeToken(ctx, s.Name); err != nil {
 			return err
@@ -78,10 +80,10 @@ enforceNodeAllocatable: []
 		env := kubeletunit.New(c.DynamicConfigDir(s.Name)).Path
 		loop := fmt.Sprintf(`while :; do
   if [ -f %[1]q ]; then . %[1]q; else %[2]s=--config=%[3]s; fi
-  FAKE_KUBELET_PID_FILE=%[4]q %[5]q $%[2]s --v=1 &
+  FAKE_KUBELET_PID_FILE=%[4]q %[5]q $%[2]s --v=1 --address=127.0.0.1 --port=%[6]d --healthz-bind-address=127.0.0.1 --healthz-port=%[7]d --container-runtime-endpoint=unix://%[8]s &
   wait $!
   sleep 0.3
-done`, env, kubeletunit.Variable, c.KubeletConfigPath(s.Name), pidFile, c.cfg.FakeKubeletBinary)
+done`, env, kubeletunit.Variable, c.KubeletConfigPath(s.Name), pidFile, c.cfg.FakeKubeletBinary, s.KubeletPort, s.HealthzPort, sock)
 		kp, err := startProcess("kubelet-"+s.Name, c.runDir(), c.logFile("kubelet-"+s.Name), nil, "sh", "-c", loop)
 		if err != nil {
 			return err

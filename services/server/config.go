@@ -15,11 +15,12 @@ import (
 // Config is the service's configuration. Build it with DefaultConfig, override from flags (BindFlags),
 // then Validate; treat it as immutable afterwards.
 type Config struct {
-	Kubeconfig    string
-	KubeAPIQPS    float64
-	KubeAPIBurst  int
-	ListenAddress string
-	MetricsAddr   string
+	Kubeconfig     string
+	KubeAPIQPS     float64
+	KubeAPIBurst   int
+	ListenAddress  string
+	MetricsAddr    string
+	WebhookAddress string
 
 	TLSCertFile string
 	TLSKeyFile  string
@@ -50,6 +51,7 @@ func DefaultConfig() Config {
 		KubeAPIBurst:           100,
 		ListenAddress:          ":9443",
 		MetricsAddr:            ":9090",
+		WebhookAddress:         ":9444",
 		AllowedServiceAccounts: []string{"kube-system/dkc-sidecar"},
 		TokenCacheTTL:          time.Minute,
 		Workers:                4,
@@ -92,6 +94,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, "burst of requests to the apiserver")
 	fs.StringVar(&c.ListenAddress, "listen-address", c.ListenAddress, "address of the gRPC API (dkc.v1.ConfigService, health, reflection)")
 	fs.StringVar(&c.MetricsAddr, "metrics-address", c.MetricsAddr, "address of the HTTP endpoint for /metrics, /healthz and /readyz; empty disables it")
+	fs.StringVar(&c.WebhookAddress, "webhook-address", c.WebhookAddress, "address of the HTTPS validating webhook for Node writes that change dkc.dev/config-source (path /validate-node); empty disables it, and so does --insecure")
 	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "serving certificate (PEM); reloaded when the file changes")
 	fs.StringVar(&c.TLSKeyFile, "tls-key-file", c.TLSKeyFile, "serving key (PEM); reloaded when the file changes")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "serve plaintext gRPC without TLS. FOR TESTS ONLY: tokens cross the network in the clear")

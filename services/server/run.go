@@ -28,6 +28,7 @@ import (
 	"k8s.io/klog/v2"
 
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/admission"
 	"github.com/dkc-dev/dkc/services/assignment"
 	"github.com/dkc-dev/dkc/services/auth"
 	"github.com/dkc-dev/dkc/services/configmaps"
@@ -56,6 +57,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return fmt.Errorf("create kubernetes client: %w", err)
 	}
 	var creds credentials.TransportCredentials
+	var tlsConfig *tls.Config
 	if cfg.Insecure {
 		log.Warn("SERVING PLAINTEXT gRPC (--insecure): node tokens cross the network in the clear; for tests only")
 	} else {
@@ -65,7 +67,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		if err != nil {
 			return err
 		}
-		creds = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: reloader.GetCertificate})
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: reloader.GetCertificate}
+		creds = credentials.NewTLS(tlsConfig.Clone())
 	}
 
 	reg := prometheus.NewRegistry()
@@ -140,6 +143,23 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 			sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 			defer cancel()
 			return httpSrv.Shutdown(sctx)
+		})
+	}
+	if cfg.WebhookAddress != "" && tlsConfig != nil {
+		mux := http.NewServeMux()
+		mux.Handle(admission.Path, admission.Handler(log.Named("admission")))
+		hook := &http.Server{Addr: cfg.WebhookAddress, Handler: mux, TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error {
+			if err := hook.ListenAndServeTLS("", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serve admission webhook on %s: %w", cfg.WebhookAddress, err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+			defer cancel()
+			return hook.Shutdown(sctx)
 		})
 	}
 	g.Go(func() error {

@@ -120,7 +120,7 @@ func TestAPIServerDropsDynamicConfigFields(t *testing.T) {
 		if _, err := nodes.PatchStatus(ctx, node, patch); err != nil {
 			t.Fatalf("patch status: %v", err)
 		}
-		annotation := `{"configMap":{"namespace":"kube-system","name":"my-node-config","kubeletConfigKey":"kubelet"}}`
+		annotation := `{"configMap":{"namespace":"kube-system","name":"my-node-config","kubeletConfigKey":"kubelet"}}` // valid: the webhook admits it
 		ap, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{"dkc.dev/config-source": annotation}}})
 		if _, err := nodes.Patch(ctx, node, types.StrategicMergePatchType, ap, metav1.PatchOptions{}); err != nil {
 			t.Fatalf("patch annotation: %v", err)

@@ -178,6 +178,12 @@ func TestWatchResolvesAnnotationAndResets(t *testing.T) {
 func TestInvalidSourceIsReportedWithAPIServerMessage(t *testing.T) {
 	client := adminClient(t)
 	token := simNode(t, "sim-invalid")
+	// The admission webhook would refuse these sources; the service must still report them when they get
+	// in (set while the webhook was down, or before dkc was installed).
+	skip := fmt.Sprintf(`{"metadata":{"labels":{%q:"skip"}}}`, devcluster.AdmissionSkipLabel)
+	if _, err := client.CoreV1().Nodes().Patch(testContext(t), "sim-invalid", types.StrategicMergePatchType, []byte(skip), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	w := watch(t, token, "sim-invalid", nil)
 	w.next("local", func(m *dkcv1.WatchConfigResponse) bool { return m.GetAssignment() != nil })
 	for _, tc := range []struct{ source, want string }{

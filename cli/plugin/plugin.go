@@ -1,0 +1,151 @@
+// Package plugin is `kubectl dkc`, the operator's CLI: assign and reset config sources, read status, dump a
+// node's running config, diff it against a ConfigMap with per-field safety advice, and roll a ConfigMap out
+// over many nodes in batches. It uses the usual kubectl flags (cli-runtime) and writes the annotation
+// dkc.dev/config-source, or spec.configSource on Nodes where the apiserver keeps it.
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dkc-dev/dkc/services/resolve"
+)
+
+// Options shared by the subcommands.
+type Options struct {
+	flags  *genericclioptions.ConfigFlags
+	io     genericiooptions.IOStreams
+	client kubernetes.Interface
+	output string
+}
+
+// NewCommand returns the `kubectl dkc` command tree.
+func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
+	o := &Options{flags: genericclioptions.NewConfigFlags(true), io: streams}
+	root := &cobra.Command{
+		Use:   "kubectl-dkc",
+		Short: "Reconfigure the kubelets of a live cluster through the API (dkc)",
+		Long: `kubectl dkc drives dkc, the Dynamic Kubelet Configuration of Kubernetes 1.8-1.23 brought back:
+point Nodes at a ConfigMap holding a KubeletConfiguration, watch them apply it, fall back when it is bad.`,
+		SilenceUsage: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := o.flags.ToRESTConfig()
+			if err != nil {
+				return err
+			}
+			o.client, err = kubernetes.NewForConfig(cfg)
+			return err
+		},
+	}
+	o.flags.AddFlags(root.PersistentFlags())
+	root.PersistentFlags().StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
+	root.AddCommand(o.assignCommand(), o.resetCommand(), o.statusCommand(), o.dumpCommand(), o.diffCommand(), o.rolloutCommand())
+	return root
+}
+
+// selectNodes returns the named nodes, or those matching selector.
+func (o *Options) selectNodes(ctx context.Context, names []string, selector string) ([]corev1.Node, error) {
+	if len(names) > 0 && selector != "" {
+		return nil, fmt.Errorf("name nodes or give -l, not both")
+	}
+	if len(names) == 0 && selector == "" {
+		return nil, fmt.Errorf("name at least one node, or select nodes with -l")
+	}
+	if selector != "" {
+		list, err := o.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return nil, err
+		}
+		if len(list.Items) == 0 {
+			return nil, fmt.Errorf("no nodes match %q", selector)
+		}
+		sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+		return list.Items, nil
+	}
+	var nodes []corev1.Node
+	for _, n := range names {
+		node, err := o.client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		nodes = append(nodes, *node)
+	}
+	return nodes, nil
+}
+
+// parseConfigMap splits NS/NAME.
+func parseConfigMap(ref string) (string, string, error) {
+	ns, name, ok := strings.Cut(ref, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("--configmap %q: want NAMESPACE/NAME", ref)
+	}
+	return ns, name, nil
+}
+
+// setSource points node at src (nil: reset to local), through spec.configSource where the apiserver keeps
+// it (the stored Node has it), else through the annotation. A source is validated first with the
+// apiserver's own rules.
+func (o *Options) setSource(ctx context.Context, node *corev1.Node, src *corev1.NodeConfigSource) (string, error) {
+	var patch map[string]any
+	where := "annotation " + resolve.SourceAnnotation
+	if node.Spec.ConfigSource != nil {
+		where = "spec.configSource"
+		patch = map[string]any{"spec": map[string]any{"configSource": src}}
+		if src == nil {
+			// Clear both: after a reset the apiserver will no longer keep the spec field.
+			patch["metadata"] = map[string]any{"annotations": map[string]any{resolve.SourceAnnotation: nil}}
+		}
+	} else {
+		var value any
+		if src != nil {
+			raw, err := json.Marshal(src)
+			if err != nil {
+				return "", err
+			}
+			value = string(raw)
+		}
+		patch = map[string]any{"metadata": map[string]any{"annotations": map[string]any{resolve.SourceAnnotation: value}}}
+	}
+	raw, err := json.Marshal(patch)
+	if err != nil {
+		return "", err
+	}
+	_, err = o.client.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, raw, metav1.PatchOptions{FieldManager: "kubectl-dkc"})
+	return where, err
+}
+
+func (o *Options) print(w io.Writer, v any) error {
+	switch o.output {
+	case "json":
+		data, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(w, string(data))
+		return err
+	case "yaml":
+		data, err := yaml.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(data)
+		return err
+	case "table", "":
+		return nil
+	default:
+		return fmt.Errorf("--output %q: want table, json or yaml", o.output)
+	}
+}

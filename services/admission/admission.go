@@ -1,0 +1,91 @@
+// Package admission is the validating webhook the config service serves for Node writes that change the
+// dkc.dev/config-source annotation. It refuses a malformed source with the apiserver's own messages for
+// spec.configSource (e.g. "...configMap.namespace: Required value: namespace must be set"), and — as
+// NodeRestriction did for spec.configSource — refuses a node's own credentials pointing the node at a
+// config (a node could otherwise escalate its view to any ConfigMap); clearing it stays allowed.
+//
+// A ValidatingAdmissionPolicy cannot do this: CEL has no JSON decoding, and the annotation is JSON.
+package admission
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+
+	"go.uber.org/zap"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/dkc-dev/dkc/services/resolve"
+)
+
+// Path is where the webhook is served.
+const Path = "/validate-node"
+
+// Review decides one AdmissionRequest for a Node.
+func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	deny := func(code int32, msg string) *admissionv1.AdmissionResponse {
+		resp.Allowed = false
+		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: msg, Reason: metav1.StatusReasonInvalid}
+		if code == http.StatusForbidden {
+			resp.Result.Reason = metav1.StatusReasonForbidden
+		}
+		return resp
+	}
+	var node, old corev1.Node
+	if err := json.Unmarshal(req.Object.Raw, &node); err != nil {
+		return deny(http.StatusBadRequest, "decode node: "+err.Error())
+	}
+	oldValue, hadOld := "", false
+	if len(req.OldObject.Raw) > 0 {
+		if err := json.Unmarshal(req.OldObject.Raw, &old); err != nil {
+			return deny(http.StatusBadRequest, "decode old node: "+err.Error())
+		}
+		oldValue, hadOld = old.Annotations[resolve.SourceAnnotation]
+	}
+	value, has := node.Annotations[resolve.SourceAnnotation]
+	if !has || (hadOld && value == oldValue) {
+		return resp // not set, or unchanged
+	}
+	if req.UserInfo.Username == "system:node:"+node.Name {
+		return deny(http.StatusForbidden, fmt.Sprintf("node %q is not allowed to set its own config source (annotation %s)", node.Name, resolve.SourceAnnotation))
+	}
+	path := field.NewPath("metadata", "annotations").Key(resolve.SourceAnnotation)
+	src, err := resolve.ParseAnnotation(value, path)
+	if err != nil {
+		return deny(http.StatusUnprocessableEntity, err.(*resolve.SourceError).Status[len(resolve.SyncErrorPrefix+resolve.InvalidSourcePrefix):])
+	}
+	if errs := resolve.ValidateSpec(src, path); len(errs) > 0 {
+		return deny(http.StatusUnprocessableEntity, errs.ToAggregate().Error())
+	}
+	return resp
+}
+
+// Handler serves AdmissionReview v1 requests.
+func Handler(log *zap.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 3<<20))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var review admissionv1.AdmissionReview
+		if err := json.Unmarshal(body, &review); err != nil || review.Request == nil {
+			http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
+			return
+		}
+		resp := Review(review.Request)
+		if !resp.Allowed {
+			log.Info("refused node write", zap.String("node", review.Request.Name), zap.String("user", review.Request.UserInfo.Username),
+				zap.String("reason", resp.Result.Message))
+		}
+		review.Response = resp
+		review.Request = nil
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(review)
+	})
+}

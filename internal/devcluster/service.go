@@ -161,7 +161,7 @@ func (c *Cluster) registerWebhook(ctx context.Context, client kubernetes.Interfa
 	timeout := int32(5)
 	url := "https://" + net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)) + "/validate-node"
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "dkc-validate-nodes"},
+		ObjectMeta: metav1.ObjectMeta{Name: "dkc-dev-validate-nodes"}, // deploy/ installs dkc-validate-nodes
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name:                    "nodes.dkc.dev",
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca},

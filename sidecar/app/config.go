@@ -36,6 +36,7 @@ type Config struct {
 	LogLevel         string
 	LogDevelopment   bool
 	PrintDropIn      bool
+	InstallDropIn    string
 }
 
 // DefaultConfig returns the defaults for a DaemonSet pod on a kubeadm-style node.
@@ -79,6 +80,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address for /metrics and /healthz; empty disables")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
+	fs.StringVar(&c.InstallDropIn, "install-kubelet-dropin", c.InstallDropIn, "with --restart-mode=systemd: write the kubelet drop-in to this path (e.g. /etc/systemd/system/kubelet.service.d/20-dkc.conf) if it differs, and daemon-reload")
 	fs.BoolVar(&c.PrintDropIn, "print-kubelet-dropin", c.PrintDropIn, "print the kubelet systemd drop-in for --dynamic-config-dir (one-time node setup) and exit")
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -24,6 +25,8 @@ import (
 	"github.com/dkc-dev/dkc/sidecar/agent"
 	"github.com/dkc-dev/dkc/sidecar/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/client"
+	"github.com/dkc-dev/dkc/sidecar/durable"
+	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
 	"github.com/dkc-dev/dkc/sidecar/probe"
 	"github.com/dkc-dev/dkc/sidecar/systemd"
 )
@@ -42,6 +45,11 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		}
 		defer m.Close()
 		svc = m
+		if cfg.InstallDropIn != "" {
+			if err := installDropIn(ctx, m, cfg.InstallDropIn, kubeletunit.DropIn(cfg.DynamicConfigDir), log); err != nil {
+				return err
+			}
+		}
 	}
 	prober, err := probe.New(cfg.KubeletTokenFile, cfg.KubeletHost, cfg.KubeletCAFile)
 	if err != nil {
@@ -96,6 +104,23 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	err = g.Wait()
 	log.Info("dkc-sidecar stopped")
 	return err
+}
+
+// installDropIn writes the kubelet drop-in when it differs and makes systemd read it. The kubelet itself is
+// not restarted: the drop-in only matters once the env file it names exists, and the agent restarts the
+// kubelet when it writes that.
+func installDropIn(ctx context.Context, m *systemd.Manager, path, content string, log *zap.Logger) error {
+	if old, err := os.ReadFile(path); err == nil && string(old) == content {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("install kubelet drop-in: %w", err)
+	}
+	if err := durable.WriteFile(path, []byte(content), 0o644); err != nil {
+		return fmt.Errorf("install kubelet drop-in: %w", err)
+	}
+	log.Info("installed kubelet drop-in; reloading systemd", zap.String("path", path))
+	return m.Reload(ctx)
 }
 
 func dial(cfg Config) (*grpc.ClientConn, error) {

@@ -101,3 +101,11 @@ func (m *Manager) Start(ctx context.Context) error {
 		return fmt.Errorf("start %s: %w", m.unit, ctx.Err())
 	}
 }
+
+// Reload is `systemctl daemon-reload`: systemd re-reads unit files and drop-ins.
+func (m *Manager) Reload(ctx context.Context) error {
+	if err := m.conn.ReloadContext(ctx); err != nil {
+		return fmt.Errorf("daemon-reload: %w", err)
+	}
+	return nil
+}

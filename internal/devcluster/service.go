@@ -69,6 +69,18 @@ func serviceRBAC() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
 	return role, binding
 }
 
+// ensureRBAC creates a ClusterRole and its binding unless they exist.
+func ensureRBAC(ctx context.Context, client kubernetes.Interface, rbac func() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding)) error {
+	role, binding := rbac()
+	if _, err := client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create clusterrole %s: %w", role.Name, err)
+	}
+	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create clusterrolebinding %s: %w", binding.Name, err)
+	}
+	return nil
+}
+
 // startService runs the config service binary with its own identity and TLS, and waits until its gRPC
 // health says SERVING (caches synced).
 func (c *Cluster) startService(ctx context.Context, bin string) error {
@@ -77,12 +89,8 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 	if err != nil {
 		return err
 	}
-	role, binding := serviceRBAC()
-	if _, err := client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create clusterrole dkc-server: %w", err)
-	}
-	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create clusterrolebinding dkc-server: %w", err)
+	if err := ensureRBAC(ctx, client, serviceRBAC); err != nil {
+		return err
 	}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: SidecarServiceAccount, Namespace: SidecarNamespace}}
 	if _, err := client.CoreV1().ServiceAccounts(SidecarNamespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dkc-dev/dkc/sidecar/systemd"
@@ -72,12 +71,8 @@ func (c *Cluster) startSidecars(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	role, binding := sidecarRBAC()
-	if _, err := client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create clusterrole dkc-sidecar: %w", err)
-	}
-	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create clusterrolebinding dkc-sidecar: %w", err)
+	if err := ensureRBAC(ctx, client, sidecarRBAC); err != nil {
+		return err
 	}
 	var names []string
 	for _, n := range c.state.Nodes {

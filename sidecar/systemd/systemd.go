@@ -57,18 +57,23 @@ func (m *Manager) Unit() string { return m.unit }
 // Restart is `systemctl restart UNIT`: it queues a restart job (mode "replace") and returns when the job
 // has finished; an outcome other than "done" is an error.
 func (m *Manager) Restart(ctx context.Context) error {
+	return m.job(ctx, "restart", m.conn.RestartUnitContext)
+}
+
+// job queues a unit job (mode "replace") and waits for its result; anything but "done" is an error.
+func (m *Manager) job(ctx context.Context, verb string, queue func(context.Context, string, string, chan<- string) (int, error)) error {
 	done := make(chan string, 1)
-	if _, err := m.conn.RestartUnitContext(ctx, m.unit, "replace", done); err != nil {
-		return fmt.Errorf("restart %s: %w", m.unit, err)
+	if _, err := queue(ctx, m.unit, "replace", done); err != nil {
+		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
 	}
 	select {
 	case result := <-done:
 		if result != "done" {
-			return fmt.Errorf("restart %s: job %s", m.unit, result)
+			return fmt.Errorf("%s %s: job %s", verb, m.unit, result)
 		}
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("restart %s: %w", m.unit, ctx.Err())
+		return fmt.Errorf("%s %s: %w", verb, m.unit, ctx.Err())
 	}
 }
 
@@ -87,19 +92,7 @@ func (m *Manager) MainPID(ctx context.Context) (int, error) {
 
 // Start is `systemctl start UNIT`: it returns when the start job has finished.
 func (m *Manager) Start(ctx context.Context) error {
-	done := make(chan string, 1)
-	if _, err := m.conn.StartUnitContext(ctx, m.unit, "replace", done); err != nil {
-		return fmt.Errorf("start %s: %w", m.unit, err)
-	}
-	select {
-	case result := <-done:
-		if result != "done" {
-			return fmt.Errorf("start %s: job %s", m.unit, result)
-		}
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("start %s: %w", m.unit, ctx.Err())
-	}
+	return m.job(ctx, "start", m.conn.StartUnitContext)
 }
 
 // Reload is `systemctl daemon-reload`: systemd re-reads unit files and drop-ins.

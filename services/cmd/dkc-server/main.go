@@ -14,8 +14,8 @@ import (
 	"syscall"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/dkc-dev/dkc/internal/zaplog"
 	"github.com/dkc-dev/dkc/services/server"
 )
 
@@ -43,19 +43,6 @@ Flags:
 	return cfg, cfg.Validate()
 }
 
-func newLogger(cfg server.Config) (*zap.Logger, error) {
-	zc := zap.NewProductionConfig()
-	if cfg.LogDevelopment {
-		zc = zap.NewDevelopmentConfig()
-	}
-	lvl, err := zapcore.ParseLevel(cfg.LogLevel)
-	if err != nil {
-		return nil, err
-	}
-	zc.Level = zap.NewAtomicLevelAt(lvl)
-	return zc.Build()
-}
-
 func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dkc-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -67,7 +54,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dkc-server: %v\n", err)
 		return 2
 	}
-	log, err := newLogger(cfg)
+	log, err := zaplog.New(cfg.LogLevel, cfg.LogDevelopment)
 	if err != nil {
 		fmt.Fprintf(stderr, "dkc-server: %v\n", err)
 		return 2

@@ -15,8 +15,8 @@ import (
 	"syscall"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/dkc-dev/dkc/internal/zaplog"
 	"github.com/dkc-dev/dkc/sidecar/app"
 	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
 )
@@ -64,17 +64,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, kubeletunit.DropIn(cfg.DynamicConfigDir))
 		return 0
 	}
-	zc := zap.NewProductionConfig()
-	if cfg.LogDevelopment {
-		zc = zap.NewDevelopmentConfig()
-	}
-	lvl, err := zapcore.ParseLevel(cfg.LogLevel)
-	if err != nil {
-		fmt.Fprintf(stderr, "dkc-sidecar: %v\n", err)
-		return 2
-	}
-	zc.Level = zap.NewAtomicLevelAt(lvl)
-	log, err := zc.Build()
+	log, err := zaplog.New(cfg.LogLevel, cfg.LogDevelopment)
 	if err != nil {
 		fmt.Fprintf(stderr, "dkc-sidecar: %v\n", err)
 		return 2

@@ -170,9 +170,12 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			return c, err
 		}
 	}
-	// A fresh cluster each time: objects of an earlier run (Nodes, ConfigMaps) would confuse tests and demos.
-	if err := os.RemoveAll(filepath.Join(cfg.Dir, "etcd")); err != nil {
-		return c, err
+	// A fresh cluster each time: objects of an earlier run (Nodes, ConfigMaps) would confuse tests and demos,
+	// and so would a node's checkpoints and kubelet.env, which name configs of the old cluster (and its ports).
+	for _, d := range []string{"etcd", "nodes", "logs"} {
+		if err := os.RemoveAll(filepath.Join(cfg.Dir, d)); err != nil {
+			return c, err
+		}
 	}
 	if err := c.startEtcd(ctx, bins.Etcd); err != nil {
 		return c, err

@@ -24,6 +24,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -214,7 +215,7 @@ func (w *Writer) write(ctx context.Context, name string) error {
 		return err
 	}
 	start := w.clock.Now()
-	_, err = w.client.CoreV1().Nodes().PatchStatus(ctx, name, patch)
+	_, err = w.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager}, "status")
 	if err != nil {
 		w.metrics.write("error")
 		return fmt.Errorf("patch status of node %s: %w", name, err)

@@ -127,27 +127,27 @@ func TestKubectlDKCRolloutAcrossSimulatedNodes(t *testing.T) {
 	good := createConfigMap(t, "cli-rollout-good", map[string]string{"kubelet": header + "eventRecordQPS: 33\n"})
 	g := "cli-rollout-good@" + good.ResourceVersion
 
-	out, errOut, err := kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-good", "-l", sel, "--max-unavailable", "1", "--timeout", "1m")
+	out, errOut, err := kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-good", "-l", sel, "--max-unavailable", "40%", "--timeout", "1m")
 	if err != nil {
 		t.Fatalf("rollout: %v\n%s\n%s", err, out, errOut)
 	}
-	for _, want := range []string{"to 2 of 2 nodes, 1 at a time", "batch 1: sim-1", "batch 2: sim-2", "rollout complete"} {
+	for _, want := range []string{"to 5 of 5 nodes, 2 at a time", "batch 1: sim-1, sim-2", "batch 3: sim-5", "rollout complete"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("rollout output lacks %q:\n%s", want, out)
 		}
 	}
-	for _, n := range []string{"sim-1", "sim-2"} {
+	for _, n := range []string{"sim-1", "sim-2", "sim-3", "sim-4", "sim-5"} {
 		waitNodeStatus(t, n, g, g, "*", "", 10*time.Second)
 	}
 	// Running it again resumes nothing: every node is done.
-	if out, _, err = kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-good", "-l", sel); err != nil || !strings.Contains(out, "to 0 of 2 nodes") {
+	if out, _, err = kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-good", "-l", sel); err != nil || !strings.Contains(out, "to 0 of 5 nodes") {
 		t.Errorf("re-run: %v\n%s", err, out)
 	}
 
 	// Let the good config pass its trial on sim-1: it is then what sim-1 falls back to.
 	waitNodeStatus(t, "sim-1", g, g, g, "", 2*time.Minute)
 	createConfigMap(t, "cli-rollout-bad", map[string]string{"kubelet": header + "eventRecordQPS: -3\n"})
-	out, errOut, err = kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-bad", "-l", sel, "--max-unavailable", "50%", "--timeout", "1m")
+	out, errOut, err = kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-bad", "-l", sel, "--max-unavailable", "1", "--timeout", "1m")
 	var paused *plugin.ErrPaused
 	if !errors.As(err, &paused) || !strings.Contains(paused.Message, "node sim-1") || !strings.Contains(paused.Message, agent.ValidateError) {
 		t.Fatalf("bad rollout: err %v\n%s\n%s", err, out, errOut)
@@ -155,7 +155,9 @@ func TestKubectlDKCRolloutAcrossSimulatedNodes(t *testing.T) {
 	if !strings.Contains(errOut, "to resume") || !strings.Contains(errOut, "kubectl dkc reset sim-1") {
 		t.Errorf("pause message does not say how to resume or roll back:\n%s", errOut)
 	}
-	// sim-1 keeps running the good config (its last-known-good or still active); sim-2 was never touched.
+	// sim-1 keeps running the good config (its last-known-good); the other nodes were never touched.
 	waitNodeStatus(t, "sim-1", "cli-rollout-bad@"+mustRV(t, "cli-rollout-bad"), g, "*", agent.ValidateError, 30*time.Second)
-	waitNodeStatus(t, "sim-2", g, g, "*", "", 5*time.Second)
+	for _, n := range []string{"sim-2", "sim-3", "sim-4", "sim-5"} {
+		waitNodeStatus(t, n, g, g, "*", "", 5*time.Second)
+	}
 }

@@ -332,6 +332,12 @@ func TestNodeIdentityIsEnforced(t *testing.T) {
 
 func statusWrites(t *testing.T) float64 {
 	t.Helper()
+	return serverMetric(t, `dkc_server_node_status_writes_total{result="written"}`)
+}
+
+// serverMetric reads one sample of the service's /metrics.
+func serverMetric(t *testing.T, series string) float64 {
+	t.Helper()
 	resp, err := http.Get("http://" + cluster.MetricsAddress() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -340,7 +346,7 @@ func statusWrites(t *testing.T) float64 {
 	body, _ := io.ReadAll(resp.Body)
 	var v float64
 	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, `dkc_server_node_status_writes_total{result="written"}`) {
+		if strings.HasPrefix(line, series+" ") {
 			fmt.Sscanf(strings.Fields(line)[1], "%g", &v)
 		}
 	}
@@ -398,6 +404,21 @@ func TestStatusWriteBack(t *testing.T) {
 	if cond == nil || cond.Status != corev1.ConditionTrue || !strings.HasPrefix(cond.Message, "using current (kube-system/status-cm, UID: "+string(cm.UID)) {
 		t.Errorf("ConfigOK condition = %+v", cond)
 	}
+	// Writes carry field manager dkc-server. Checked on the real node (its sidecar reported at start): the
+	// apiserver returned no managedFields at all for Nodes created by this test, a puzzle left for later.
+	real, err := client.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	managed := false
+	for _, mf := range real.ManagedFields {
+		if mf.Manager == "dkc-server" && mf.Subresource == "status" {
+			managed = true
+		}
+	}
+	if !managed {
+		t.Errorf("node-1: no status fields managed by dkc-server: %+v", real.ManagedFields)
+	}
 	if n := statusWrites(t) - before; n != 2 {
 		t.Errorf("Node writes for one assignment = %v, want 2", n)
 	}
@@ -425,4 +446,30 @@ func TestStatusWriteBack(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestOnlyReferencedConfigMapsAreWatched: unrelated ConfigMaps cost the service nothing; a referenced one
+// is watched while some Node references it.
+func TestOnlyReferencedConfigMapsAreWatched(t *testing.T) {
+	client := adminClient(t)
+	for i := range 20 {
+		createConfigMap(t, fmt.Sprintf("unrelated-%d", i), map[string]string{"x": "y"})
+	}
+	base := serverMetric(t, "dkc_server_watched_configmaps")
+	simNode(t, "sim-watched")
+	createConfigMap(t, "watched-one", map[string]string{"kubelet": "a"})
+	setSource(t, client, "sim-watched", cmSource("watched-one"))
+	waitMetric := func(want float64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for serverMetric(t, "dkc_server_watched_configmaps") != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("watched configmaps = %v, want %v", serverMetric(t, "dkc_server_watched_configmaps"), want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitMetric(base + 1)
+	setSource(t, client, "sim-watched", "")
+	waitMetric(base)
 }

@@ -270,26 +270,19 @@ func TestSidecarRestartWithServiceAndAPIServerDown(t *testing.T) {
 	}
 }
 
-// TestSimulatedNodesShareOneConfigMap assigns one ConfigMap to both simulated nodes (real sidecar code,
-// signal mode, stand-in kubelets) and checks each applies it, then an in-place update reaches both.
+// TestSimulatedNodesShareOneConfigMap assigns one ConfigMap key to every simulated node (real sidecar code,
+// signal mode, stand-in kubelets whose ports are flags, as on real nodes) and checks each applies it, then
+// that an in-place update reaches all of them.
 func TestSimulatedNodesShareOneConfigMap(t *testing.T) {
 	client := adminClient(t)
-	sims := []string{"sim-1", "sim-2"}
-	local := func(node string) string {
-		data, err := os.ReadFile(cluster.KubeletConfigPath(node))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(data)
+	var sims []string
+	for i := 1; i <= devclustertest.SimNodes; i++ {
+		sims = append(sims, fmt.Sprintf("sim-%d", i))
 	}
-	// Each stand-in kubelet listens on its own ports, so each gets a ConfigMap key of its own.
-	data := map[string]string{}
+	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	cm := createConfigMap(t, "sim-shared", map[string]string{"kubelet": header + "eventRecordQPS: 21\n"})
 	for _, s := range sims {
-		data[s] = local(s) + "eventRecordQPS: 21\n"
-	}
-	cm := createConfigMap(t, "sim-shared", data)
-	for _, s := range sims {
-		setSource(t, client, s, fmt.Sprintf(`{"configMap":{"namespace":"kube-system","name":"sim-shared","kubeletConfigKey":%q}}`, s))
+		setSource(t, client, s, cmSource("sim-shared"))
 	}
 	t.Cleanup(func() {
 		for _, s := range sims {
@@ -300,10 +293,7 @@ func TestSimulatedNodesShareOneConfigMap(t *testing.T) {
 		n := "sim-shared@" + cm.ResourceVersion
 		waitNodeStatus(t, s, n, n, "*", "", time.Minute)
 	}
-	for _, s := range sims {
-		data[s] = local(s) + "eventRecordQPS: 22\n"
-	}
-	cm.Data = data
+	cm.Data = map[string]string{"kubelet": header + "eventRecordQPS: 22\n"}
 	updated, err := client.CoreV1().ConfigMaps("kube-system").Update(testContext(t), cm, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -58,7 +58,7 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 		return 1
 	}
 	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, ServiceBinary: bins["dkc-server"], SidecarBinary: bins["dkc-sidecar"],
-		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: 2, TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
+		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: SimNodes, TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster: %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
 		return 1
@@ -74,6 +74,9 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 	}
 	return code
 }
+
+// SimNodes is the number of simulated nodes in test clusters (sim-1 ... sim-N).
+const SimNodes = 5
 
 // TrialDuration is the sidecars' trial in test clusters: short, so that promotion can be tested.
 const TrialDuration = 20 * time.Second

@@ -45,7 +45,15 @@ build: ## build the binaries into _output/bin
 	go build -o $(BIN)/ $(MAINS)
 
 .PHONY: test
-test: test-unit test-integration ## run every test: unit, then integration against the real local cluster
+test: test-unit test-fuzz test-integration ## run every test: unit, fuzzing (short), then integration against the real local cluster
+
+FUZZTIME ?= 5s
+FUZZ_TARGETS := ./internal/payload:FuzzValidateFileName ./services/resolve:FuzzParseAnnotation ./sidecar/checkpoint:FuzzSave ./sidecar/checkpoint:FuzzDecodeRecord
+.PHONY: test-fuzz
+test-fuzz: ## run each fuzz target for FUZZTIME (default 5s; longer runs: make test-fuzz FUZZTIME=10m)
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "go test -run=^$$ -fuzz=^$$fn\$$ -fuzztime=$(FUZZTIME) $$pkg"; \
+		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) $$pkg || exit 1; done
 
 .PHONY: test-unit
 test-unit: ## unit tests (no cluster)

@@ -204,7 +204,7 @@ func TestGC(t *testing.T) {
 func TestCrashAtEveryStep(t *testing.T) {
 	steps := []string{"write", "fsync", "rename", "fsync-dir"}
 	crash := errors.New("injected crash")
-	t.Cleanup(func() { durable.Fault = nil })
+	t.Cleanup(func() { durable.SetFault(nil) })
 	kills := 0
 	for _, step := range steps {
 		for _, op := range []string{"save", "assign"} {
@@ -222,19 +222,19 @@ func TestCrashAtEveryStep(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			durable.Fault = func(st, _ string) error {
+			durable.SetFault(func(st, _ string) error {
 				if st == step {
 					return crash
 				}
 				return nil
-			}
+			})
 			var err error
 			if op == "save" {
 				err = s.Save(next)
 			} else {
 				err = s.SetAssigned(SourceOf(next))
 			}
-			durable.Fault = nil
+			durable.SetFault(nil)
 			if !errors.Is(err, crash) {
 				t.Fatalf("%s at %s: err = %v, want the injected crash", op, step, err)
 			}

@@ -13,21 +13,33 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 )
 
 // TempPrefix starts the name of every temporary file or directory.
 const TempPrefix = ".tmp-"
 
-// Fault is called at each step of a write with a name for the step ("write", "fsync", "rename",
-// "fsync-dir"); a non-nil error aborts the write there, as a crash would. Tests inject crashes with it.
-// Production code leaves it nil.
-var Fault func(step, path string) error
+// FaultFunc is called at each step of a write with a name for the step ("write", "fsync", "rename",
+// "fsync-dir"); a non-nil error aborts the write there. Tests inject crashes with it (a FaultFunc that never
+// returns is a kill -9 at that instant). Production code never sets one.
+type FaultFunc func(step, path string) error
+
+var faultHook atomic.Pointer[FaultFunc]
+
+// SetFault installs f (nil removes it).
+func SetFault(f FaultFunc) {
+	if f == nil {
+		faultHook.Store(nil)
+		return
+	}
+	faultHook.Store(&f)
+}
 
 func fault(step, path string) error {
-	if Fault == nil {
-		return nil
+	if f := faultHook.Load(); f != nil {
+		return (*f)(step, path)
 	}
-	return Fault(step, path)
+	return nil
 }
 
 // WriteFile atomically and durably replaces path with data.

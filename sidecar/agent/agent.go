@@ -108,6 +108,7 @@ type Agent struct {
 	// What the node knows now.
 	syncError      string                   // from the service
 	localSyncError string                   // checkpointing failed here
+	localSyncWhy   string                   // why, for humans
 	configError    string                   // assigned could not be used
 	detail         string                   // why, for humans
 	active         *corev1.NodeConfigSource // config the kubelet runs, nil = local
@@ -238,7 +239,7 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 }
 
 func (a *Agent) fail(status string, err error) {
-	a.localSyncError = status
+	a.localSyncError, a.localSyncWhy = status, err.Error()
 	a.log.Error("sync failed", zap.String("status", status), zap.Error(err))
 }
 
@@ -515,9 +516,9 @@ func (a *Agent) gc(assigned, lkg *corev1.NodeConfigSource) {
 func (a *Agent) Status() (*dkcv1.NodeConfigStatus, string) {
 	assigned, _ := a.store.Assigned()
 	lkg, _ := a.store.LastKnownGood()
-	errText := a.configError
+	errText, detail := a.configError, a.detail
 	if a.localSyncError != "" {
-		errText = a.localSyncError
+		errText, detail = a.localSyncError, a.localSyncWhy
 	}
 	if a.syncError != "" {
 		errText = a.syncError
@@ -528,7 +529,7 @@ func (a *Agent) Status() (*dkcv1.NodeConfigStatus, string) {
 		Active:        convert.SourceFromCore(active),
 		LastKnownGood: convert.SourceFromCore(lkg),
 		Error:         errText,
-	}, a.detail
+	}, detail
 }
 
 func (a *Agent) report() {

@@ -11,14 +11,19 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dkc-dev/dkc/services/resolve"
@@ -123,8 +128,17 @@ func (o *Options) setSource(ctx context.Context, node *corev1.Node, src *corev1.
 	if err != nil {
 		return "", err
 	}
-	_, err = o.client.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, raw, metav1.PatchOptions{FieldManager: "kubectl-dkc"})
+	// Transient failures (an apiserver restarting, a webhook replica away) are retried for a while.
+	err = retry.OnError(wait.Backoff{Steps: 20, Duration: 250 * time.Millisecond, Factor: 1.5, Cap: 5 * time.Second}, transient, func() error {
+		_, err := o.client.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, raw, metav1.PatchOptions{FieldManager: "kubectl-dkc"})
+		return err
+	})
 	return where, err
+}
+
+func transient(err error) bool {
+	return apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsServerTimeout(err) ||
+		apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) || utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err)
 }
 
 func (o *Options) print(w io.Writer, v any) error {

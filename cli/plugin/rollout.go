@@ -129,11 +129,15 @@ to roll the batch back: kubectl dkc assign %s --configmap <previous NAMESPACE/NA
 func (o *Options) waitBatch(ctx context.Context, names []string, cm *corev1.ConfigMap, key string, timeout, poll time.Duration) (string, string) {
 	deadline := time.Now().Add(timeout)
 	for {
-		pending := ""
+		pending, why := "", ""
 		for _, n := range names {
 			node, err := o.client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
 			if err != nil {
-				return n, err.Error()
+				// An apiserver restart or a network blip is not the node failing: keep waiting.
+				if pending == "" {
+					pending, why = n, err.Error()
+				}
+				continue
 			}
 			done, failed := nodeDone(node, cm, key)
 			if failed != "" {
@@ -147,6 +151,9 @@ func (o *Options) waitBatch(ctx context.Context, names []string, cm *corev1.Conf
 			return "", ""
 		}
 		if time.Now().After(deadline) {
+			if why != "" {
+				return pending, why
+			}
 			return pending, fmt.Sprintf("not active with ConfigOK and Ready after %v", timeout)
 		}
 		select {

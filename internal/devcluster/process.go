@@ -3,6 +3,7 @@ package devcluster
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -57,7 +58,39 @@ func startProcess(name, runDir, logFile string, env []string, argv ...string) (*
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("write pid file of %s: %w", name, err)
 	}
+	// The command line too, so that Restart can start the same process again.
+	rec, _ := json.Marshal(processRecord{Argv: argv, Env: env, LogFile: logFile})
+	if err := os.WriteFile(filepath.Join(runDir, name+".argv"), rec, 0o644); err != nil {
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("write argv of %s: %w", name, err)
+	}
 	return p, nil
+}
+
+type processRecord struct {
+	Argv    []string `json:"argv"`
+	Env     []string `json:"env,omitempty"`
+	LogFile string   `json:"logFile"`
+}
+
+// restartProcess stops the recorded process by PID and starts its recorded command line again.
+func restartProcess(name, runDir string, grace time.Duration) (*process, error) {
+	data, err := os.ReadFile(filepath.Join(runDir, name+".argv"))
+	if err != nil {
+		return nil, fmt.Errorf("restart %s: %w", name, err)
+	}
+	var rec processRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("restart %s: %w", name, err)
+	}
+	if p, err := loadProcess(name, runDir); err != nil {
+		return nil, err
+	} else if p != nil {
+		if err := p.stop(grace); err != nil {
+			return nil, err
+		}
+	}
+	return startProcess(name, runDir, rec.LogFile, rec.Env, rec.Argv...)
 }
 
 // loadProcess returns the process recorded in pidFile, or nil if the file is missing.

@@ -6,6 +6,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,12 +33,19 @@ type Service struct {
 	table   *assignment.Table
 	status  StatusWriter
 	metrics *Metrics
+
+	shutdownOnce sync.Once
+	shutdown     chan struct{}
 }
 
 // New returns the service; m may be nil.
 func New(log *zap.Logger, table *assignment.Table, status StatusWriter, m *Metrics) *Service {
-	return &Service{log: log, table: table, status: status, metrics: m}
+	return &Service{log: log, table: table, status: status, metrics: m, shutdown: make(chan struct{})}
 }
+
+// Shutdown ends every WatchConfig stream with codes.Unavailable so that sidecars reconnect (to another
+// replica) at once: gRPC's GracefulStop waits for RPCs to end, and these streams never end by themselves.
+func (s *Service) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
 
 // WatchConfig streams the node's desired state. It sends a message whenever the state differs from what
 // the node has: at first from what the request says it applied, later from what was sent. While a Send is
@@ -90,6 +98,8 @@ func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.Config
 		case <-changed:
 		case <-ctx.Done():
 			return nil
+		case <-s.shutdown:
+			return status.Error(codes.Unavailable, "dkc-server is shutting down; reconnect")
 		}
 	}
 }

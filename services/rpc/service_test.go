@@ -174,3 +174,43 @@ func TestReportStatus(t *testing.T) {
 		t.Errorf("writer got %d reports, want 1", len(w.reports))
 	}
 }
+
+func TestShutdownEndsStreams(t *testing.T) {
+	table := assignment.NewTable(nil)
+	table.Set("n1", assignment.State{Assignment: assign("1")})
+	w := &recordingWriter{}
+	lis := bufconn.Listen(1 << 20)
+	svc := New(zap.NewNop(), table, w, nil)
+	s := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		return h(srv, &ctxStream{ServerStream: ss, ctx: auth.WithIdentity(ss.Context(), auth.Identity{Node: "n1"})})
+	}))
+	dkcv1.RegisterConfigServiceServer(s, svc)
+	go func() { _ = s.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := dkcv1.NewConfigServiceClient(conn).WatchConfig(context.Background(), &dkcv1.WatchConfigRequest{NodeName: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv(t, stream)
+	start := time.Now()
+	svc.Shutdown()
+	done := make(chan struct{})
+	go func() { s.GracefulStop(); close(done) }()
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("stream after shutdown: %v, want Unavailable", err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("GracefulStop still waiting for streams")
+	}
+	if time.Since(start) > 2*time.Second {
+		t.Errorf("shutdown took %v", time.Since(start))
+	}
+}

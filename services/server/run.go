@@ -166,6 +166,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		<-gctx.Done()
 		log.Info("shutting down")
 		setServing(healthpb.HealthCheckResponse_NOT_SERVING)
+		svc.Shutdown()
 		done := make(chan struct{})
 		go func() { grpcSrv.GracefulStop(); close(done) }()
 		select {

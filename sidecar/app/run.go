@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -60,7 +61,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	defer conn.Close()
-	cl := client.New(conn, cfg.NodeName, cfg.TokenFile, client.Backoff{Initial: 500 * time.Millisecond, Max: 30 * time.Second}, log.Named("client"))
+	// Reconnects within a few seconds of the service coming back (the goal is 5s); refused connection
+	// attempts of thousands of nodes while it is away are cheap.
+	cl := client.New(conn, cfg.NodeName, cfg.TokenFile, client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second}, log.Named("client"))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -140,6 +143,9 @@ func dial(cfg Config) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(creds),
 		// Find a dead service (or path) within a minute; the service permits pings every 20s.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 20 * time.Second, PermitWithoutStream: true}),
+		// gRPC's own reconnect backoff defaults to a 120s cap; keep it as short as the stream's.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+			MinConnectTimeout: 5 * time.Second}),
 		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
 	)

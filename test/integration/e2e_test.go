@@ -3,12 +3,15 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
@@ -168,4 +171,55 @@ func TestE2ERapidReassignmentsConverge(t *testing.T) {
 	// Settled: no further change.
 	time.Sleep(2 * time.Second)
 	waitNodeStatus(t, simE2E, last, last, "*", "", time.Second)
+}
+
+// TestE2EMalformedConfigMaps: what a ConfigMap can hold wrong, and the documented outcome of each.
+func TestE2EMalformedConfigMaps(t *testing.T) {
+	client := adminClient(t)
+	resetSim(t)
+	t.Cleanup(func() { resetSim(t) })
+	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	for _, tc := range []struct {
+		name, kubelet string
+		extra         map[string]string
+		binary        map[string][]byte
+		wantErr       string // "" = applied
+	}{
+		{name: "e2e-mal-yaml", kubelet: "eventRecordQPS: [", wantErr: agent.LoadError},
+		{name: "e2e-mal-kind", kubelet: "apiVersion: v1\nkind: Pod\n", wantErr: agent.LoadError},
+		{name: "e2e-mal-apiversion", kubelet: "apiVersion: kubelet.config.k8s.io/v9\nkind: KubeletConfiguration\n", wantErr: agent.LoadError},
+		{name: "e2e-mal-unknown-fields", kubelet: header + "eventRecordQPS: 12\nfieldOfAFutureKubelet: true\n"},
+		{name: "e2e-mal-big", kubelet: header + "eventRecordQPS: 13\n", extra: map[string]string{"ballast": strings.Repeat("x", 900<<10)}},
+		{name: "e2e-mal-binary", kubelet: header + "eventRecordQPS: 14\n", binary: map[string][]byte{"blob": {0xff, 0x00, 0xfe}}},
+	} {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: tc.name, Namespace: "kube-system"},
+			Data: map[string]string{"kubelet": tc.kubelet}, BinaryData: tc.binary}
+		for k, v := range tc.extra {
+			cm.Data[k] = v
+		}
+		created, err := client.CoreV1().ConfigMaps("kube-system").Create(testContext(t), cm, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		t.Cleanup(func() {
+			_ = client.CoreV1().ConfigMaps("kube-system").Delete(context.Background(), tc.name, metav1.DeleteOptions{})
+		})
+		setSource(t, client, simE2E, cmSource(tc.name))
+		n := tc.name + "@" + created.ResourceVersion
+		if tc.wantErr == "" {
+			waitNodeStatus(t, simE2E, n, n, "*", "", time.Minute)
+		} else {
+			deadline := time.Now().Add(time.Minute)
+			for {
+				st := nodeStatus(t, simE2E)
+				if srcName(st.Assigned) == n && st.Error == tc.wantErr && srcName(st.Active) != n {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: assigned=%s active=%s error=%q, want %q and not active", tc.name, srcName(st.Assigned), srcName(st.Active), st.Error, tc.wantErr)
+				}
+				time.Sleep(300 * time.Millisecond)
+			}
+		}
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -435,11 +436,46 @@ func (c *Cluster) startEtcd(ctx context.Context, bin string) error {
 		return err
 	}
 	c.procs = append(c.procs, p)
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	return c.waitReady(ctx, p)
+}
+
+// waitReady waits until a control-plane process serves: etcd healthy, kube-apiserver ready, dkc-server
+// SERVING (its caches synced). Other processes only need to be running. Used at start and by Restart.
+func (c *Cluster) waitReady(ctx context.Context, p *process) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	return p.waitFor(ctx, "healthy", func(ctx context.Context) error {
-		return httpOK(ctx, http.DefaultClient, client+"/health")
-	})
+	switch p.name {
+	case "etcd":
+		url := fmt.Sprintf("http://127.0.0.1:%d/health", c.state.EtcdPort)
+		return p.waitFor(ctx, "healthy", func(ctx context.Context) error { return httpOK(ctx, http.DefaultClient, url) })
+	case "kube-apiserver":
+		client, err := c.Client()
+		if err != nil {
+			return err
+		}
+		return p.waitFor(ctx, "ready", func(ctx context.Context) error {
+			_, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+			return err
+		})
+	case "dkc-server":
+		conn, err := c.DialService()
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		hc := healthpb.NewHealthClient(conn)
+		return p.waitFor(ctx, "serving", func(ctx context.Context) error {
+			resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+			if err != nil {
+				return err
+			}
+			if resp.Status != healthpb.HealthCheckResponse_SERVING {
+				return fmt.Errorf("health %s", resp.Status)
+			}
+			return nil
+		})
+	}
+	return nil
 }
 
 func (c *Cluster) startAPIServer(ctx context.Context, bin string) error {
@@ -472,16 +508,11 @@ func (c *Cluster) startAPIServer(ctx context.Context, bin string) error {
 		return err
 	}
 	c.procs = append(c.procs, p)
-	client, err := c.Client()
-	if err != nil {
+	if err := c.waitReady(ctx, p); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	if err := p.waitFor(ctx, "ready", func(ctx context.Context) error {
-		_, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err
-	}); err != nil {
+	client, err := c.Client()
+	if err != nil {
 		return err
 	}
 	// Let the apiserver act on kubelets (logs, exec, the configz proxy) as kubeadm sets it up.

@@ -9,11 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -128,24 +126,7 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 		return err
 	}
 	c.procs = append(c.procs, p)
-	conn, err := c.DialService()
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := p.waitFor(wctx, "serving", func(ctx context.Context) error {
-		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
-		if err != nil {
-			return err
-		}
-		if resp.Status != healthpb.HealthCheckResponse_SERVING {
-			return fmt.Errorf("health %s", resp.Status)
-		}
-		return nil
-	}); err != nil {
+	if err := c.waitReady(ctx, p); err != nil {
 		return err
 	}
 	return c.registerWebhook(ctx, client)

@@ -4,12 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strconv"
 	"syscall"
 	"time"
-
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -186,45 +183,11 @@ func (c *Cluster) Signal(name string, sig syscall.Signal) error {
 }
 
 // Restart stops the cluster process name by PID and starts it again with the same command line, then waits
-// until it serves again (etcd healthy, apiserver ready, dkc-server SERVING; others: running).
+// until it serves again (see waitReady).
 func (c *Cluster) Restart(ctx context.Context, name string) error {
 	p, err := restartProcess(name, c.runDir(), processGrace)
 	if err != nil {
 		return err
 	}
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	switch name {
-	case "etcd":
-		return p.waitFor(wctx, "healthy", func(ctx context.Context) error {
-			return httpOK(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/health", c.state.EtcdPort))
-		})
-	case "kube-apiserver":
-		client, err := c.Client()
-		if err != nil {
-			return err
-		}
-		return p.waitFor(wctx, "ready", func(ctx context.Context) error {
-			_, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-			return err
-		})
-	case "dkc-server":
-		conn, err := c.DialService()
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		hc := healthpb.NewHealthClient(conn)
-		return p.waitFor(wctx, "serving", func(ctx context.Context) error {
-			resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
-			if err != nil {
-				return err
-			}
-			if resp.Status != healthpb.HealthCheckResponse_SERVING {
-				return fmt.Errorf("health %s", resp.Status)
-			}
-			return nil
-		})
-	}
-	return nil
+	return c.waitReady(ctx, p)
 }

@@ -15,7 +15,7 @@ INTEGRATION_PKGS := ./test/integration/...
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN).
-MAINS := ./cli/cmd/kubectl-dkc ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar
+MAINS := ./cli/cmd/kubectl-dkc ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar ./sidecar/cmd/dkc-kubelet-check
 
 .PHONY: help
 help: ## list targets

@@ -15,7 +15,6 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/configz"
 	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
-	"github.com/dkc-dev/dkc/sidecar/probe"
 )
 
 // Safety of changing a field on a running node.
@@ -143,7 +142,7 @@ func (o *Options) configMapConfig(ctx context.Context, ns, name, key string) (ma
 	if err != nil {
 		return nil, fmt.Errorf("configmap %s/%s key %s: %w", ns, name, key, err)
 	}
-	m, err := probe.ToV1beta1JSON(r.Config)
+	m, err := kubeletconfig.ToV1beta1JSON(r.Config)
 	if err != nil {
 		return nil, err
 	}

@@ -26,8 +26,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
 	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
-	"github.com/dkc-dev/dkc/sidecar/probe"
 )
 
 func main() {
@@ -38,7 +38,7 @@ func main() {
 }
 
 func run() error {
-	cfgFile, flags := kubeletconfig.ConfigFlag(os.Args[1:])
+	cfgFile, flags := configcheck.ConfigFlag(os.Args[1:])
 	r, err := kubeletconfig.Load(context.Background(), cfgFile, flags)
 	if err != nil {
 		return fmt.Errorf("failed to load kubelet config file %s: %w", cfgFile, err)
@@ -50,7 +50,7 @@ func run() error {
 			return fmt.Errorf("validate service connection: %s: %w", kc.ContainerRuntimeEndpoint, err)
 		}
 	}
-	configz, err := probe.ToV1beta1JSON(kc)
+	configz, err := kubeletconfig.ToV1beta1JSON(kc)
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
-	"github.com/dkc-dev/dkc/sidecar/probe"
 )
 
 // TestRoundTrip: a config with empty values, as the kubelet reports it on /configz, dumps to a file that
@@ -28,7 +27,7 @@ eventRecordQPS: 9
 	if err != nil {
 		t.Fatal(err)
 	}
-	running, err := probe.ToV1beta1JSON(r.Config) // what /configz shows
+	running, err := kubeletconfig.ToV1beta1JSON(r.Config) // what /configz shows
 	if err != nil {
 		t.Fatal(err)
 	}

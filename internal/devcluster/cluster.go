@@ -44,7 +44,8 @@ type Config struct {
 	// ServiceBinary, if set, is the dkc-server binary to run as the cluster's config service.
 	ServiceBinary string
 	// SidecarBinary, if set (with ServiceBinary), runs each real node's kubelet as a unit of a real systemd
-	// (systemd-nspawn) with the dkc sidecar beside it, and SimNodes simulated nodes.
+	// (systemd-nspawn) with the dkc sidecar beside it, and SimNodes simulated nodes. Its helper dkc-kubelet-check
+	// must be in the same directory.
 	SidecarBinary string
 	// SimNodes is the number of simulated nodes: a Node object, a stand-in kubelet and the real sidecar code
 	// in signal mode, each with its own directory. Needs SidecarBinary and FakeKubeletBinary.

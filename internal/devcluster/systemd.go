@@ -200,6 +200,8 @@ func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string,
 		"--bind=" + filepath.Join(c.NodeDir(n.Name), "bus") + ":/run/dbus",
 		"--bind-ro=" + kubeletBin + ":/usr/local/bin/kubelet",
 		"--bind-ro=" + sidecarBin + ":/usr/local/bin/dkc-sidecar",
+		// The sidecar runs the kubelet's config code from its helper, which ships next to it.
+		"--bind-ro=" + filepath.Join(filepath.Dir(sidecarBin), "dkc-kubelet-check") + ":/usr/local/bin/dkc-kubelet-check",
 		"--bind=/dev/kmsg",
 		"--bind=" + c.cfg.Dir,
 		"--bind=" + c.state.RuntimeDir,

@@ -23,13 +23,12 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
 	"k8s.io/utils/clock"
 
 	"github.com/dkc-dev/dkc/internal/convert"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/checkpoint"
-	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
 	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
 	"github.com/dkc-dev/dkc/sidecar/probe"
 )
@@ -58,8 +57,8 @@ type ServiceManager interface {
 
 // Prober asks the running kubelet how it is; implemented by probe.Kubelet.
 type Prober interface {
-	Healthz(ctx context.Context, kc *kubeletconfiginternal.KubeletConfiguration) error
-	Configz(ctx context.Context, kc *kubeletconfiginternal.KubeletConfiguration) (map[string]any, error)
+	Healthz(ctx context.Context, kc *configcheck.Checked) error
+	Configz(ctx context.Context, kc *configcheck.Checked) (map[string]any, error)
 }
 
 // Reporter delivers status to the config service, retrying until acknowledged; implemented by the client.
@@ -90,6 +89,10 @@ type Config struct {
 	KeepCheckpoints int
 	// TrialCheckInterval is how often the trial is checked; default 10s, as the original.
 	TrialCheckInterval time.Duration
+	// Checker loads and validates configs with the kubelet's code (configcheck.Exec in the daemon).
+	Checker configcheck.Checker
+	// Checkpointed, if set, is called when a new assignment is durably checkpointed (the benchmark's probe).
+	Checkpointed func(*corev1.NodeConfigSource)
 }
 
 // Agent runs the state machine for one node.
@@ -236,6 +239,9 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 	}
 	a.state.clearAssigned() // a new assignment gets a fresh trial and a fresh chance
 	a.log.Info("checkpointed new assignment", sourceFields(src)...)
+	if a.cfg.Checkpointed != nil {
+		a.cfg.Checkpointed(src)
+	}
 }
 
 func (a *Agent) fail(status string, err error) {
@@ -247,7 +253,7 @@ func (a *Agent) fail(status string, err error) {
 type candidate struct {
 	src    *corev1.NodeConfigSource // nil: local
 	file   string
-	config *kubeletconfiginternal.KubeletConfiguration
+	config *configcheck.Checked
 }
 
 func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []string) (candidate, error) {
@@ -255,22 +261,22 @@ func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []
 	if src != nil {
 		c.file = a.store.ConfigFile(src.ConfigMap)
 	}
-	r, err := kubeletconfig.Load(ctx, c.file, flags)
+	r, err := a.cfg.Checker.Check(ctx, c.file, flags)
 	if err != nil {
 		return c, err
 	}
 	for _, w := range r.Warnings {
 		a.log.Warn("kubelet config warning", zap.String("file", c.file), zap.String("warning", w))
 	}
-	c.config = r.Config
+	c.config = r
 	return c, nil
 }
 
 func statusFor(err error) string {
 	switch {
-	case errors.Is(err, kubeletconfig.ErrLoad):
+	case errors.Is(err, configcheck.ErrLoad):
 		return LoadError
-	case errors.Is(err, kubeletconfig.ErrValidate):
+	case errors.Is(err, configcheck.ErrValidate):
 		return ValidateError
 	default:
 		return InternalError
@@ -551,7 +557,7 @@ func (a *Agent) kubeletFlags(ctx context.Context) ([]string, error) {
 		if raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil {
 			args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 			if len(args) > 0 {
-				_, rest := kubeletconfig.ConfigFlag(args[1:])
+				_, rest := configcheck.ConfigFlag(args[1:])
 				if rest == nil {
 					rest = []string{}
 				}

@@ -11,6 +11,8 @@ import (
 
 	"go.uber.org/zap"
 	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
+
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/payload"
@@ -18,7 +20,6 @@ import (
 	"github.com/dkc-dev/dkc/sidecar/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
 	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
-	"github.com/dkc-dev/dkc/sidecar/probe"
 )
 
 // fakeKubelet records restarts (as a systemd fake would) and "runs" the config file the env file names at
@@ -56,7 +57,7 @@ func (k *fakeKubelet) runningConfig() (*kubeletconfiginternal.KubeletConfigurati
 	return r.Config, nil
 }
 
-func (k *fakeKubelet) Healthz(context.Context, *kubeletconfiginternal.KubeletConfiguration) error {
+func (k *fakeKubelet) Healthz(context.Context, *configcheck.Checked) error {
 	kc, err := k.runningConfig()
 	if err != nil {
 		return err
@@ -67,12 +68,12 @@ func (k *fakeKubelet) Healthz(context.Context, *kubeletconfiginternal.KubeletCon
 	return nil
 }
 
-func (k *fakeKubelet) Configz(context.Context, *kubeletconfiginternal.KubeletConfiguration) (map[string]any, error) {
+func (k *fakeKubelet) Configz(context.Context, *configcheck.Checked) (map[string]any, error) {
 	kc, err := k.runningConfig()
 	if err != nil {
 		return nil, err
 	}
-	return probe.ToV1beta1JSON(kc)
+	return kubeletconfig.ToV1beta1JSON(kc)
 }
 
 func (k *fakeKubelet) count() int {
@@ -131,7 +132,7 @@ func newNode(t *testing.T) *node {
 func (n *node) start() {
 	n.t.Helper()
 	n.reporter = &recordingReporter{}
-	n.agent = New(Config{LocalConfig: n.local, KubeletFlags: []string{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+	n.agent = New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
 		KeepCheckpoints: 2, TrialCheckInterval: time.Second}, zap.NewNop(), checkpoint.New(n.dir), n.kubelet, n.kubelet, n.reporter, nil, n.clock)
 	// The fake clock does not advance by itself: let the health wait's sleeps pass at once.
 	go func() {

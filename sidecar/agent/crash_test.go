@@ -56,7 +56,7 @@ func TestCrashConsistency(t *testing.T) {
 	// Every payload ever sent, by resourceVersion: a checkpoint must hold exactly one of these.
 	contents := map[string]string{}
 	newAgent := func(kubelet *fakeKubelet) *Agent {
-		return New(Config{LocalConfig: local, KubeletFlags: []string{}, TrialDuration: time.Hour, HealthTimeout: 5 * time.Second,
+		return New(Config{LocalConfig: local, KubeletFlags: []string{}, Checker: kubeletconfig.InProcess{}, TrialDuration: time.Hour, HealthTimeout: 5 * time.Second,
 			KeepCheckpoints: 2, TrialCheckInterval: time.Hour}, zap.NewNop(), checkpoint.New(dir), kubelet, kubelet, nil, nil, clk)
 	}
 	kubelet := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}

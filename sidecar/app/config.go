@@ -37,6 +37,8 @@ type Config struct {
 	LogDevelopment   bool
 	PrintDropIn      bool
 	InstallDropIn    string
+	// KubeletCheckBinary is the dkc-kubelet-check helper; default: next to this executable.
+	KubeletCheckBinary string
 }
 
 // DefaultConfig returns the defaults for a DaemonSet pod on a kubeadm-style node.
@@ -81,6 +83,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
 	fs.StringVar(&c.InstallDropIn, "install-kubelet-dropin", c.InstallDropIn, "with --restart-mode=systemd: write the kubelet drop-in to this path (e.g. /etc/systemd/system/kubelet.service.d/20-dkc.conf) if it differs, and daemon-reload")
+	fs.StringVar(&c.KubeletCheckBinary, "kubelet-check-binary", c.KubeletCheckBinary, "the dkc-kubelet-check helper that loads and validates configs with the kubelet's code; default: dkc-kubelet-check next to this executable")
 	fs.BoolVar(&c.PrintDropIn, "print-kubelet-dropin", c.PrintDropIn, "print the kubelet systemd drop-in for --dynamic-config-dir (one-time node setup) and exit")
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/dkc-dev/dkc/sidecar/agent"
 	"github.com/dkc-dev/dkc/sidecar/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/client"
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
 	"github.com/dkc-dev/dkc/sidecar/durable"
 	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
 	"github.com/dkc-dev/dkc/sidecar/probe"
@@ -56,6 +57,10 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	checker, err := kubeletChecker(cfg)
+	if err != nil {
+		return err
+	}
 	conn, err := dial(cfg)
 	if err != nil {
 		return err
@@ -73,7 +78,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}
 	ag := agent.New(agent.Config{
 		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
-		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints,
+		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, Checker: checker,
 	}, log.Named("agent"), checkpoint.New(cfg.DynamicConfigDir), svc, prober, cl, agent.NewMetrics(reg), nil)
 
 	log.Info("dkc-sidecar starting", zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
@@ -149,4 +154,20 @@ func dial(cfg Config) (*grpc.ClientConn, error) {
 		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
 	)
+}
+
+// kubeletChecker returns the helper that runs the kubelet's config code, failing early when it is missing.
+func kubeletChecker(cfg Config) (configcheck.Exec, error) {
+	bin := cfg.KubeletCheckBinary
+	if bin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return configcheck.Exec{}, fmt.Errorf("locate dkc-kubelet-check: %w", err)
+		}
+		bin = filepath.Join(filepath.Dir(self), "dkc-kubelet-check")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return configcheck.Exec{}, fmt.Errorf("kubelet config checker (--kubelet-check-binary): %w", err)
+	}
+	return configcheck.Exec{Binary: bin}, nil
 }

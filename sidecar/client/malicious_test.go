@@ -18,14 +18,14 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
+
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
 
 	"github.com/dkc-dev/dkc/internal/payload"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/agent"
 	"github.com/dkc-dev/dkc/sidecar/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
-	"github.com/dkc-dev/dkc/sidecar/probe"
 )
 
 // rawCodec lets the malicious server send bytes no honest protobuf marshaller would produce.
@@ -106,15 +106,15 @@ func (k *steadyKubelet) Restart(context.Context) error {
 	return nil
 }
 func (k *steadyKubelet) MainPID(context.Context) (int, error) { return 0, nil }
-func (k *steadyKubelet) Healthz(context.Context, *kubeletconfiginternal.KubeletConfiguration) error {
+func (k *steadyKubelet) Healthz(context.Context, *configcheck.Checked) error {
 	return nil
 }
-func (k *steadyKubelet) Configz(ctx context.Context, _ *kubeletconfiginternal.KubeletConfiguration) (map[string]any, error) {
+func (k *steadyKubelet) Configz(ctx context.Context, _ *configcheck.Checked) (map[string]any, error) {
 	r, err := kubeletconfig.Load(ctx, k.file, nil)
 	if err != nil {
 		return nil, err
 	}
-	return probe.ToV1beta1JSON(r.Config)
+	return kubeletconfig.ToV1beta1JSON(r.Config)
 }
 
 func hostile(uid, rv string, files map[string]string, badHash bool) []byte {
@@ -170,7 +170,7 @@ func TestMaliciousServer(t *testing.T) {
 
 	kubelet := &steadyKubelet{file: local}
 	cl := New(conn, "n1", token, Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}, zap.NewNop())
-	ag := agent.New(agent.Config{LocalConfig: local, KubeletFlags: []string{}, TrialDuration: time.Hour, HealthTimeout: time.Second},
+	ag := agent.New(agent.Config{LocalConfig: local, KubeletFlags: []string{}, TrialDuration: time.Hour, HealthTimeout: time.Second, Checker: kubeletconfig.InProcess{}},
 		zap.NewNop(), checkpoint.New(dir), kubelet, kubelet, cl, nil, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -9,7 +9,6 @@ package kubeletconfig
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -25,16 +24,16 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/eviction"
 	"k8s.io/kubernetes/pkg/kubelet/kubeletconfig/configfiles"
 	utilfs "k8s.io/kubernetes/pkg/util/filesystem"
+
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
 )
 
-// Kind of failure, mapped to the original's status errors by the caller.
+// Kind of failure, mapped to the original's status errors by the caller (configcheck's, so that errors.Is
+// works on both sides of the helper process).
 var (
-	// ErrLoad: the file is missing, empty, not YAML/JSON, or not a KubeletConfiguration.
-	ErrLoad = errors.New("failed to load config")
-	// ErrFlags: the node kubelet's flags cannot be applied (the original's internal failure).
-	ErrFlags = errors.New("failed to apply kubelet flags")
-	// ErrValidate: the kubelet would refuse to run with it.
-	ErrValidate = errors.New("failed to validate config")
+	ErrLoad     = configcheck.ErrLoad
+	ErrFlags    = configcheck.ErrFlags
+	ErrValidate = configcheck.ErrValidate
 )
 
 // Result is a config as the kubelet would run it.
@@ -127,21 +126,4 @@ func Validate(kc *kubeletconfiginternal.KubeletConfiguration) error {
 		return err
 	}
 	return kubeletconfigvalidation.ValidateKubeletConfiguration(kc, gates)
-}
-
-// ConfigFlag splits a kubelet command line into its --config value and the other arguments.
-func ConfigFlag(args []string) (config string, rest []string) {
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case a == "--config" && i+1 < len(args):
-			config = args[i+1]
-			i++
-		case strings.HasPrefix(a, "--config="):
-			config = strings.TrimPrefix(a, "--config=")
-		default:
-			rest = append(rest, a)
-		}
-	}
-	return config, rest
 }

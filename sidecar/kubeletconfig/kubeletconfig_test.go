@@ -85,14 +85,3 @@ func TestLoad(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
-
-func TestConfigFlag(t *testing.T) {
-	cfg, rest := ConfigFlag([]string{"--kubeconfig=/k", "--config", "/c.yaml", "--v=2"})
-	if cfg != "/c.yaml" || strings.Join(rest, " ") != "--kubeconfig=/k --v=2" {
-		t.Errorf("ConfigFlag = %q, %v", cfg, rest)
-	}
-	cfg, _ = ConfigFlag([]string{"--config=/d.yaml"})
-	if cfg != "/d.yaml" {
-		t.Errorf("ConfigFlag = %q", cfg)
-	}
-}

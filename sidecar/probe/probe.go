@@ -19,10 +19,9 @@ import (
 	"strings"
 	"time"
 
-	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
-	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
-	kubeletscheme "k8s.io/kubernetes/pkg/kubelet/apis/config/scheme"
 	"sigs.k8s.io/yaml"
+
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
 )
 
 // Kubelet probes one kubelet.
@@ -65,7 +64,7 @@ func (k *Kubelet) host(addr string) string {
 }
 
 // Healthz checks http://<healthzBindAddress>:<healthzPort>/healthz of the config.
-func (k *Kubelet) Healthz(ctx context.Context, kc *kubeletconfiginternal.KubeletConfiguration) error {
+func (k *Kubelet) Healthz(ctx context.Context, kc *configcheck.Checked) error {
 	if kc.HealthzPort == 0 {
 		return nil // disabled: configz is the only signal
 	}
@@ -75,7 +74,7 @@ func (k *Kubelet) Healthz(ctx context.Context, kc *kubeletconfiginternal.Kubelet
 }
 
 // Configz returns the running kubelet's configuration as JSON fields (the "kubeletconfig" object).
-func (k *Kubelet) Configz(ctx context.Context, kc *kubeletconfiginternal.KubeletConfiguration) (map[string]any, error) {
+func (k *Kubelet) Configz(ctx context.Context, kc *configcheck.Checked) (map[string]any, error) {
 	url := "https://" + net.JoinHostPort(k.host(kc.Address), strconv.Itoa(int(kc.Port))) + "/configz"
 	body, err := k.get(ctx, url, true)
 	if err != nil {
@@ -121,11 +120,8 @@ func (k *Kubelet) get(ctx context.Context, url string, auth bool) ([]byte, error
 // sets explicitly (its top-level keys): those are what a new config changes, while fields the kubelet fills
 // in at run time (a self-signed tlsCertFile, say) would make a full comparison fail for no reason. It
 // returns the differing fields, empty when the kubelet runs the intended config.
-func Mismatch(intended *kubeletconfiginternal.KubeletConfiguration, fileContent []byte, running map[string]any) ([]string, error) {
-	want, err := ToV1beta1JSON(intended)
-	if err != nil {
-		return nil, err
-	}
+func Mismatch(intended *configcheck.Checked, fileContent []byte, running map[string]any) ([]string, error) {
+	want := intended.Fields
 	var file map[string]any
 	if err := yaml.Unmarshal(fileContent, &file); err != nil {
 		return nil, fmt.Errorf("parse config file: %w", err)
@@ -141,24 +137,6 @@ func Mismatch(intended *kubeletconfiginternal.KubeletConfiguration, fileContent 
 	}
 	sort.Strings(diff)
 	return diff, nil
-}
-
-// ToV1beta1JSON is the config as /configz shows it: v1beta1 fields as JSON values.
-func ToV1beta1JSON(kc *kubeletconfiginternal.KubeletConfiguration) (map[string]any, error) {
-	scheme, _, err := kubeletscheme.NewSchemeAndCodecs()
-	if err != nil {
-		return nil, err
-	}
-	out := &kubeletv1beta1.KubeletConfiguration{}
-	if err := scheme.Convert(kc, out, nil); err != nil {
-		return nil, fmt.Errorf("convert config to v1beta1: %w", err)
-	}
-	data, err := json.Marshal(out)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	return m, json.Unmarshal(data, &m)
 }
 
 func loadPool(caFile string) (*x509.CertPool, error) {

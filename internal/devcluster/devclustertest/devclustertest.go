@@ -84,7 +84,7 @@ const TrialDuration = 20 * time.Second
 // HealthTimeout is the sidecars' health timeout in test clusters (a dev kubelet is healthy in ~2s).
 const HealthTimeout = 20 * time.Second
 
-// Build builds dkc-server, dkc-sidecar and fake-kubelet from this checkout into dir/bin, so that integration
+// Build builds dkc-server, dkc-sidecar (with dkc-kubelet-check) and fake-kubelet from this checkout into dir/bin, so that integration
 // tests always run the code under test (and need no `make build` first). It returns name → path.
 func Build(ctx context.Context, dir string) (map[string]string, error) {
 	wd, err := os.Getwd()
@@ -96,7 +96,7 @@ func Build(ctx context.Context, dir string) (map[string]string, error) {
 		return nil, err
 	}
 	out := filepath.Join(dir, "bin")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out+"/", "./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./hack/fake-kubelet")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out+"/", "./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./sidecar/cmd/dkc-kubelet-check", "./hack/fake-kubelet")
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build binaries: %w\n%s", err, b)

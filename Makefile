@@ -15,7 +15,7 @@ INTEGRATION_PKGS := ./test/integration/...
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN).
-MAINS := ./cli/cmd/kubectl-dkc ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar ./sidecar/cmd/dkc-kubelet-check
+MAINS := ./cli/cmd/kubectl-dkc ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar ./sidecar/cmd/dkc-kubelet-check ./hack/bench
 
 .PHONY: help
 help: ## list targets
@@ -82,8 +82,10 @@ demo: build ## the main job end to end: the seed workflow on a fresh local clust
 	if [ $$rc -ne 0 ]; then echo "logs: $(DEMO_DIR)/logs"; fi; exit $$rc
 
 .PHONY: bench
-bench: ## the scale benchmark (placeholder until the scale issue lands)
-	@echo "make bench: not implemented yet — it arrives with the scale issue."; exit 1
+BENCH_DIR := $(OUT)/bench
+bench: build ## the scale benchmark: prints a table, writes _output/bench/results.json (BENCH_FLAGS=-help for knobs)
+	@$(BIN)/dkc-dev -dir $(BENCH_DIR)/cluster down >/dev/null
+	$(BIN)/bench -dir $(BENCH_DIR) -bin $(BIN) $(BENCH_FLAGS)
 
 .PHONY: clean
 clean: down ## stop the cluster and remove _output

@@ -39,10 +39,13 @@ type Config struct {
 	KubeVersion string
 	// KubeBinDir, if set, supplies kube-apiserver and kubelet (and optionally etcd) instead of building them.
 	KubeBinDir string
-	// RealNodes are the names of nodes that run a real containerd and kubelet; default ["node-1"].
+	// RealNodes are the names of nodes that run a real containerd and kubelet; nil means ["node-1"], an
+	// empty slice none.
 	RealNodes []string
 	// ServiceBinary, if set, is the dkc-server binary to run as the cluster's config service.
 	ServiceBinary string
+	// ServiceArgs are extra dkc-server flags (the benchmark raises its apiserver QPS).
+	ServiceArgs []string
 	// SidecarBinary, if set (with ServiceBinary), runs each real node's kubelet as a unit of a real systemd
 	// (systemd-nspawn) with the dkc sidecar beside it, and SimNodes simulated nodes. Its helper dkc-kubelet-check
 	// must be in the same directory.
@@ -111,7 +114,7 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if cfg.KubeVersion == "" {
 		cfg.KubeVersion = "1.34"
 	}
-	if len(cfg.RealNodes) == 0 {
+	if cfg.RealNodes == nil {
 		cfg.RealNodes = []string{"node-1"}
 	}
 	if cfg.Progress == nil {
@@ -137,7 +140,7 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return nil, err
 	}
 	var rootfs string
-	if cfg.SidecarBinary != "" {
+	if cfg.SidecarBinary != "" && len(cfg.RealNodes) > 0 {
 		if rootfs, err = EnsureRootfs(ctx, cfg.Progress); err != nil {
 			return nil, err
 		}

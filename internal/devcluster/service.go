@@ -113,15 +113,16 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 			return err
 		}
 	}
-	p, err := startProcess("dkc-server", c.runDir(), c.logFile("dkc-server"), nil, bin,
-		"--kubeconfig="+kubeconfig,
-		"--listen-address="+c.ServiceAddress(),
-		"--metrics-address="+c.MetricsAddress(),
-		"--tls-cert-file="+c.pki.path("dkc-server.crt"),
-		"--tls-key-file="+c.pki.path("dkc-server.key"),
-		"--allowed-service-accounts="+SidecarNamespace+"/"+SidecarServiceAccount,
-		"--webhook-address="+net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)),
-	)
+	args := append([]string{bin,
+		"--kubeconfig=" + kubeconfig,
+		"--listen-address=" + c.ServiceAddress(),
+		"--metrics-address=" + c.MetricsAddress(),
+		"--tls-cert-file=" + c.pki.path("dkc-server.crt"),
+		"--tls-key-file=" + c.pki.path("dkc-server.key"),
+		"--allowed-service-accounts=" + SidecarNamespace + "/" + SidecarServiceAccount,
+		"--webhook-address=" + net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)),
+	}, c.cfg.ServiceArgs...)
+	p, err := startProcess("dkc-server", c.runDir(), c.logFile("dkc-server"), nil, args...)
 	if err != nil {
 		return err
 	}

@@ -182,6 +182,24 @@ func (c *Cluster) Signal(name string, sig syscall.Signal) error {
 	return syscall.Kill(p.pid(), sig)
 }
 
+// PID is the recorded PID of the cluster process name; 0 if it is not running.
+func (c *Cluster) PID(name string) (int, error) {
+	p, err := loadProcess(name, c.runDir())
+	if err != nil || p == nil {
+		return 0, err
+	}
+	return p.pid(), nil
+}
+
+// StopProcess stops the cluster process name by PID (TERM, then KILL after a grace period).
+func (c *Cluster) StopProcess(name string) error {
+	p, err := loadProcess(name, c.runDir())
+	if err != nil || p == nil {
+		return err
+	}
+	return p.stop(processGrace)
+}
+
 // Restart stops the cluster process name by PID and starts it again with the same command line, then waits
 // until it serves again (see waitReady).
 func (c *Cluster) Restart(ctx context.Context, name string) error {

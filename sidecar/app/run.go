@@ -61,7 +61,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	conn, err := dial(cfg)
+	conn, err := Dial(cfg)
 	if err != nil {
 		return err
 	}
@@ -131,7 +131,8 @@ func installDropIn(ctx context.Context, m *systemd.Manager, path, content string
 	return m.Reload(ctx)
 }
 
-func dial(cfg Config) (*grpc.ClientConn, error) {
+// Dial opens the sidecar's connection to the config service (also used by the benchmark's simulated nodes).
+func Dial(cfg Config) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if !cfg.Insecure {
 		pem, err := os.ReadFile(cfg.ServerCAFile)

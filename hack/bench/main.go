@@ -1,0 +1,51 @@
+// Command bench is `make bench`: dkc's scale benchmark on a real local cluster (see internal/bench). It
+// prints a table and writes <dir>/results.json. It must run as root (the dev cluster does).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/dkc-dev/dkc/internal/bench"
+)
+
+func main() {
+	var cfg bench.Config
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	fs.StringVar(&cfg.Dir, "dir", "_output/bench", "where results.json, the cluster and the simulated nodes' directories go")
+	fs.StringVar(&cfg.Bin, "bin", "_output/bin", "directory with dkc-server, dkc-sidecar, dkc-kubelet-check and fake-kubelet")
+	fs.IntVar(&cfg.PropagationNodes, "propagation-nodes", 1000, "connected nodes when measuring propagation")
+	fs.IntVar(&cfg.FanoutNodes, "fanout-nodes", 2000, "nodes sharing one ConfigMap in the fan-out and the watch comparison")
+	fs.IntVar(&cfg.ScaleNodes, "scale-nodes", 5000, "connected nodes when measuring dkc-server's memory per node")
+	fs.IntVar(&cfg.PropagationRate, "propagation-rate", 100, "Node source changes per second in the propagation phase")
+	fs.DurationVar(&cfg.Trial, "trial", 0, "simulated nodes' trial duration before last-known-good (default 5s)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: bench [flags]\n\nRuns dkc's scale benchmark against a real local etcd, kube-apiserver and dkc-server,\nwith thousands of simulated nodes in this process, and prints the figures with their goals.")
+		fs.PrintDefaults()
+	}
+	_ = fs.Parse(os.Args[1:])
+	cfg.Progress = os.Stderr
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	res, err := bench.Run(ctx, cfg)
+	if res != nil {
+		res.Table(os.Stdout)
+		if path, werr := res.WriteJSON(cfg.Dir); werr == nil {
+			fmt.Println("results:", path)
+		} else {
+			fmt.Fprintln(os.Stderr, "bench: write results:", werr)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,683 @@
+// Package bench is dkc's scale benchmark (`make bench`). On a real local etcd and kube-apiserver with the
+// real dkc-server binary it creates thousands of Node objects and runs as many simulated nodes in this
+// process — each the real sidecar client, agent and checkpoint store with its own directory, token and gRPC
+// connection, beside a stand-in kubelet — and measures what the scale issue asks:
+//
+//   - propagation: a Node's source changed → that node's checkpoint durable, against a bare client-go watch
+//     seeing the same change;
+//   - fan-out: one ConfigMap shared by thousands of nodes updated in place → all checkpointed;
+//   - apiserver cost: watches and apiserver RSS under dkc and under the original per-node-watch design
+//     (emulated: a Node and a ConfigMap informer, field-selected, per node);
+//   - dkc-server RSS per connected node; Node writes per node per assignment; one real sidecar's idle RSS.
+//
+// Figures are printed as a table and written to results.json; goals are reported, never asserted.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/services/nodestatus"
+	"github.com/dkc-dev/dkc/services/resolve"
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
+)
+
+// Config of a benchmark run. Zero values take the issue's sizes.
+type Config struct {
+	// Dir receives results.json, the cluster (Dir/cluster) and the simulated nodes (Dir/nodes).
+	Dir string
+	// Bin holds dkc-server, dkc-sidecar, dkc-kubelet-check and fake-kubelet.
+	Bin string
+	// PropagationNodes (1000), FanoutNodes (2000) and ScaleNodes (5000): connected nodes in each phase.
+	PropagationNodes, FanoutNodes, ScaleNodes int
+	// PropagationRate is how many Node sources are changed per second in the propagation phase (100).
+	PropagationRate int
+	// Trial is the simulated nodes' trial duration before last-known-good (5s).
+	Trial    time.Duration
+	Progress io.Writer
+}
+
+func (c *Config) defaults() {
+	if c.PropagationNodes == 0 {
+		c.PropagationNodes = 1000
+	}
+	if c.FanoutNodes == 0 {
+		c.FanoutNodes = 2000
+	}
+	if c.ScaleNodes == 0 {
+		c.ScaleNodes = 5000
+	}
+	if c.PropagationRate == 0 {
+		c.PropagationRate = 100
+	}
+	if c.Trial == 0 {
+		c.Trial = 5 * time.Second
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+}
+
+const (
+	namespace = "kube-system"
+	cmA       = "bench-a"
+	cmB       = "bench-b"
+	cmShared  = "bench-shared"
+)
+
+type run struct {
+	cfg     Config
+	cluster *devcluster.Cluster
+	rc      *rest.Config
+	client  kubernetes.Interface
+	rec     *recorder
+	checker *sharedChecker
+	log     *zap.Logger
+	nodes   []string
+	sims    map[string]*simNode
+	simsMu  sync.Mutex
+	res     *Results
+	cmRV    map[string]string
+}
+
+// Run runs the benchmark and returns its results; the cluster and every simulated node are stopped before it
+// returns.
+func Run(ctx context.Context, cfg Config) (res *Results, err error) {
+	cfg.defaults()
+	if cfg.ScaleNodes < cfg.FanoutNodes || cfg.FanoutNodes < cfg.PropagationNodes {
+		return nil, errors.New("want PropagationNodes <= FanoutNodes <= ScaleNodes")
+	}
+	if err := raiseFileLimit(); err != nil {
+		return nil, err
+	}
+	started := time.Now()
+	r := &run{cfg: cfg, rec: newRecorder(), checker: &sharedChecker{cache: map[[32]byte]*configcheck.Checked{}}, sims: map[string]*simNode{},
+		res: newResults(), cmRV: map[string]string{}}
+	if err := os.RemoveAll(filepath.Join(cfg.Dir, "nodes")); err != nil {
+		return nil, err
+	}
+	if r.log, err = simLogger(filepath.Join(cfg.Dir, "simnodes.log")); err != nil {
+		return nil, err
+	}
+	defer func() { _ = r.log.Sync() }()
+
+	r.progress("starting the cluster: etcd, kube-apiserver, dkc-server and one real dkc-sidecar (simulated node sim-1)")
+	r.cluster, err = devcluster.Start(ctx, devcluster.Config{
+		Dir: filepath.Join(cfg.Dir, "cluster"), RealNodes: []string{},
+		ServiceBinary: filepath.Join(cfg.Bin, "dkc-server"), SidecarBinary: filepath.Join(cfg.Bin, "dkc-sidecar"),
+		FakeKubeletBinary: filepath.Join(cfg.Bin, "fake-kubelet"), SimNodes: 1, TrialDuration: 10 * time.Minute,
+		// One replica for 5,000 nodes: TokenReviews at connect and status writes need more than the
+		// default 50 QPS (deploy/ documents the flag).
+		ServiceArgs: []string{"--kube-api-qps=1000", "--kube-api-burst=2000"},
+		Progress:    cfg.Progress,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		r.stopSims()
+		if stopErr := r.cluster.Stop(context.Background()); stopErr != nil && err == nil {
+			err = stopErr
+		}
+	}()
+	if r.rc, err = r.cluster.RESTConfig(); err != nil {
+		return nil, err
+	}
+	r.rc.QPS, r.rc.Burst = -1, 0 // the benchmark is the load; client-side throttling would measure itself
+	if r.client, err = kubernetes.NewForConfig(r.rc); err != nil {
+		return nil, err
+	}
+	for _, phase := range []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"idle sidecar", r.idleSidecar},
+		{"setup", r.setup},
+		{"propagation", r.propagation},
+		{"fan-out", r.fanout},
+		{"per-node-watch design", r.design},
+		{"scale", r.scale},
+		{"watches of dkc", r.dkcWatches},
+	} {
+		r.progress("phase: %s", phase.name)
+		if err := phase.run(ctx); err != nil {
+			return r.res, fmt.Errorf("%s: %w", phase.name, err)
+		}
+	}
+	r.res.Took = time.Since(started).Round(time.Second).String()
+	return r.res, nil
+}
+
+func (r *run) progress(format string, args ...any) {
+	fmt.Fprintf(r.cfg.Progress, "bench: "+format+"\n", args...)
+}
+
+// idleSidecar measures one real dkc-sidecar process after it connected, reported and went quiet.
+func (r *run) idleSidecar(ctx context.Context) error {
+	if err := r.cluster.WaitStatus(ctx, "sim-1", func(map[string]any) bool { return true }); err != nil {
+		return err
+	}
+	pid, err := r.cluster.PID("dkc-sidecar-sim-1")
+	if err != nil || pid == 0 {
+		return fmt.Errorf("dkc-sidecar of sim-1 not running (%v)", err)
+	}
+	v, err := settledRSS(ctx, pid, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	r.res.set("sidecar_idle_rss_bytes", float64(v))
+	return nil
+}
+
+// setup creates the ConfigMaps, ScaleNodes Node objects and their tokens, and measures the baselines: no
+// simulated node is connected yet.
+func (r *run) setup(ctx context.Context) error {
+	for _, name := range []string{cmA, cmB, cmShared} {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+			Data: map[string]string{"kubelet": kubeletConfig(name, 0)}}
+		created, err := r.client.CoreV1().ConfigMaps(namespace).Create(ctx, cm, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("create configmap %s: %w", name, err)
+		}
+		r.cmRV[name] = created.ResourceVersion
+	}
+	r.nodes = make([]string, r.cfg.ScaleNodes)
+	for i := range r.nodes {
+		r.nodes[i] = fmt.Sprintf("bench-%05d", i)
+	}
+	start := time.Now()
+	err := parallel(ctx, r.nodes, 32, func(ctx context.Context, i int, name string) error {
+		cm := cmShared
+		if i < r.cfg.PropagationNodes {
+			cm = []string{cmA, cmB}[i%2]
+		}
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels:      map[string]string{"dkc.dev/simulated": "true", "dkc.dev/bench": "true"},
+			Annotations: map[string]string{resolve.SourceAnnotation: sourceAnnotation(cm)}}}
+		if _, err := r.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create node %s: %w", name, err)
+		}
+		_, err := devcluster.MintToken(ctx, r.client, devcluster.SidecarNamespace, devcluster.SidecarServiceAccount,
+			devcluster.TokenAudience, name, filepath.Join(r.nodeDir(name), "token"))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	r.progress("created %d Nodes with their tokens in %v", len(r.nodes), time.Since(start).Round(time.Millisecond))
+	if r.res.serviceRSSBase, err = r.processRSS(ctx, "dkc-server", 10*time.Second); err != nil {
+		return err
+	}
+	r.res.apiserverRSSBase, err = r.processRSS(ctx, "kube-apiserver", 0)
+	return err
+}
+
+// propagation connects PropagationNodes nodes, then changes each one's source once, at PropagationRate per
+// second, timing a bare watch and dkc's checkpoint for each change.
+func (r *run) propagation(ctx context.Context) error {
+	nodes := r.nodes[:r.cfg.PropagationNodes]
+	if err := r.connect(ctx, nodes); err != nil {
+		return err
+	}
+	for i, n := range nodes {
+		cm := []string{cmA, cmB}[i%2]
+		if err := r.rec.wait(ctx, []string{n}, cm, r.cmRV[cm], 2*time.Minute); err != nil {
+			return err
+		}
+	}
+	// The bare watch: what any client-go watcher of Nodes sees, with nothing behind it.
+	list, err := r.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return err
+	}
+	w, err := r.client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	var seenMu sync.Mutex
+	seen := map[string]time.Time{} // node + annotation value → first seen
+	go func() {
+		for ev := range w.ResultChan() {
+			now := time.Now()
+			n, ok := ev.Object.(*corev1.Node)
+			if !ok {
+				continue
+			}
+			key := n.Name + "\x00" + n.Annotations[resolve.SourceAnnotation]
+			seenMu.Lock()
+			if _, dup := seen[key]; !dup {
+				seen[key] = now
+			}
+			seenMu.Unlock()
+		}
+	}()
+
+	start := make([]time.Time, len(nodes))
+	target := make([]string, len(nodes))
+	interval := time.Second / time.Duration(r.cfg.PropagationRate)
+	tick := time.NewTicker(interval)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	for i, n := range nodes {
+		<-tick.C
+		target[i] = []string{cmB, cmA}[i%2]
+		g.Go(func() error {
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+				resolve.SourceAnnotation: sourceAnnotation(target[i])}}})
+			start[i] = time.Now()
+			_, err := r.client.CoreV1().Nodes().Patch(gctx, n, types.MergePatchType, patch, metav1.PatchOptions{})
+			return err
+		})
+	}
+	tick.Stop()
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for _, cm := range []string{cmA, cmB} {
+		var want []string
+		for i, n := range nodes {
+			if target[i] == cm {
+				want = append(want, n)
+			}
+		}
+		if err := r.rec.wait(ctx, want, cm, r.cmRV[cm], 2*time.Minute); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var bare, dkc []time.Duration
+	for i, n := range nodes {
+		key := n + "\x00" + sourceAnnotation(target[i])
+		var at time.Time
+		for {
+			seenMu.Lock()
+			at = seen[key]
+			seenMu.Unlock()
+			if !at.IsZero() || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if at.IsZero() {
+			return fmt.Errorf("the bare watch never saw %s change to %s", n, target[i])
+		}
+		cp, _ := r.rec.get(n, target[i], r.cmRV[target[i]])
+		bare = append(bare, at.Sub(start[i]))
+		dkc = append(dkc, cp.Sub(start[i]))
+	}
+	bp50, bp99 := percentile(bare, 0.5), percentile(bare, 0.99)
+	dp50, dp99 := percentile(dkc, 0.5), percentile(dkc, 0.99)
+	r.res.set("propagation_bare_watch_p50_seconds", bp50.Seconds())
+	r.res.set("propagation_bare_watch_p99_seconds", bp99.Seconds())
+	r.res.set("propagation_dkc_p50_seconds", dp50.Seconds())
+	r.res.set("propagation_dkc_p99_seconds", dp99.Seconds())
+	r.res.set("propagation_p99_ratio_to_bare_watch", dp99.Seconds()/bp99.Seconds())
+	return nil
+}
+
+// fanout moves every propagation node to the shared ConfigMap, connects FanoutNodes nodes in all, updates
+// the shared ConfigMap in place and times all checkpoints; then counts Node writes until every node
+// reports the new version as last-known-good.
+func (r *run) fanout(ctx context.Context) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		resolve.SourceAnnotation: sourceAnnotation(cmShared)}}})
+	if err := parallel(ctx, r.nodes[:r.cfg.PropagationNodes], 32, func(ctx context.Context, _ int, n string) error {
+		_, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	}); err != nil {
+		return err
+	}
+	nodes := r.nodes[:r.cfg.FanoutNodes]
+	if err := r.connect(ctx, nodes[r.cfg.PropagationNodes:]); err != nil {
+		return err
+	}
+	if err := r.rec.wait(ctx, nodes, cmShared, r.cmRV[cmShared], 3*time.Minute); err != nil {
+		return err
+	}
+	if err := r.waitLastKnownGood(ctx, nodes, cmShared, r.cmRV[cmShared]); err != nil {
+		return err
+	}
+	var err error
+	if r.res.apiserverRSSDKC, err = r.processRSS(ctx, "kube-apiserver", 10*time.Second); err != nil {
+		return err
+	}
+
+	// Count every write to these Nodes from now on, whoever makes it.
+	counter, err := r.countNodeWrites(ctx)
+	if err != nil {
+		return err
+	}
+	defer counter.stop()
+	writesBefore, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total", map[string]string{"result": "success"})
+	if err != nil {
+		return err
+	}
+	cm, err := r.client.CoreV1().ConfigMaps(namespace).Get(ctx, cmShared, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	cm.Data["kubelet"] = kubeletConfig(cmShared, 1)
+	start := time.Now()
+	updated, err := r.client.CoreV1().ConfigMaps(namespace).Update(ctx, cm, metav1.UpdateOptions{})
+	if err != nil {
+		return err
+	}
+	r.cmRV[cmShared] = updated.ResourceVersion
+	if err := r.rec.wait(ctx, nodes, cmShared, updated.ResourceVersion, 3*time.Minute); err != nil {
+		return err
+	}
+	var last time.Duration
+	var all []time.Duration
+	for _, n := range nodes {
+		t, _ := r.rec.get(n, cmShared, updated.ResourceVersion)
+		all = append(all, t.Sub(start))
+		last = max(last, t.Sub(start))
+	}
+	r.res.set("fanout_2000_all_checkpointed_seconds", last.Seconds())
+	r.res.set("fanout_p50_checkpointed_seconds", percentile(all, 0.5).Seconds())
+	r.res.note("fanout_nodes", float64(len(nodes)))
+
+	if err := r.waitLastKnownGood(ctx, nodes, cmShared, updated.ResourceVersion); err != nil {
+		return err
+	}
+	time.Sleep(3 * time.Second) // late writes would count
+	writes := counter.count()
+	r.res.set("node_writes_per_node_per_assignment", float64(writes)/float64(len(nodes)))
+	writesAfter, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total", map[string]string{"result": "success"})
+	if err != nil {
+		return err
+	}
+	r.res.note("dkc_status_patches_per_node_per_assignment", (writesAfter-writesBefore)/float64(len(nodes)))
+	return nil
+}
+
+// design emulates the original design for FanoutNodes nodes: each kubelet had a Node informer and a
+// ConfigMap informer, both selecting one object by name.
+func (r *run) design(ctx context.Context) error {
+	before, err := apiserverWatches(ctx, r.rc)
+	if err != nil {
+		return err
+	}
+	r.res.watchesBeforeDesign = before
+	rssBefore, err := r.processRSS(ctx, "kube-apiserver", 0)
+	if err != nil {
+		return err
+	}
+	ictx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	nodes := r.nodes[:r.cfg.FanoutNodes]
+	var synced []cache.InformerSynced
+	for _, n := range nodes {
+		for _, w := range []struct {
+			lw  *cache.ListWatch
+			obj runtime.Object
+		}{
+			{cache.NewListWatchFromClient(r.client.CoreV1().RESTClient(), "nodes", metav1.NamespaceAll, fields.OneTermEqualSelector("metadata.name", n)), &corev1.Node{}},
+			{cache.NewListWatchFromClient(r.client.CoreV1().RESTClient(), "configmaps", namespace, fields.OneTermEqualSelector("metadata.name", cmShared)), &corev1.ConfigMap{}},
+		} {
+			inf := cache.NewSharedIndexInformer(w.lw, w.obj, 0, cache.Indexers{})
+			go inf.Run(ictx.Done())
+			synced = append(synced, inf.HasSynced)
+		}
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return errors.New("design informers did not sync")
+	}
+	time.Sleep(5 * time.Second)
+	after, err := apiserverWatches(ctx, r.rc)
+	if err != nil {
+		return err
+	}
+	rssAfter, err := r.processRSS(ctx, "kube-apiserver", 5*time.Second)
+	if err != nil {
+		return err
+	}
+	r.res.set("apiserver_watches_design", float64(after-before))
+	r.res.set("apiserver_rss_growth_bytes_per_node_design", float64(rssAfter-rssBefore)/float64(len(nodes)))
+	r.res.set("apiserver_rss_growth_bytes_per_node_dkc", float64(r.res.apiserverRSSDKC-r.res.apiserverRSSBase)/float64(len(nodes)))
+	return nil
+}
+
+// scale connects ScaleNodes nodes in all and measures dkc-server's RSS per connected node.
+func (r *run) scale(ctx context.Context) error {
+	nodes := r.nodes
+	if err := r.connect(ctx, nodes[r.cfg.FanoutNodes:]); err != nil {
+		return err
+	}
+	if err := r.rec.wait(ctx, nodes, cmShared, r.cmRV[cmShared], 5*time.Minute); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		n, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_connected_nodes", nil)
+		if err != nil {
+			return err
+		}
+		if int(n) >= len(nodes) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("dkc-server reports %d of %d nodes connected", int(n), len(nodes))
+		}
+		time.Sleep(time.Second)
+	}
+	if err := r.waitLastKnownGood(ctx, nodes, cmShared, r.cmRV[cmShared]); err != nil {
+		return err
+	}
+	v, err := r.processRSS(ctx, "dkc-server", 10*time.Second)
+	if err != nil {
+		return err
+	}
+	r.res.set("service_rss_bytes_per_node_at_5000", float64(v-r.res.serviceRSSBase)/float64(len(nodes)))
+	r.res.note("service_rss_bytes_at_5000", float64(v))
+	r.res.note("service_rss_bytes_no_nodes_connected", float64(r.res.serviceRSSBase))
+	heap, err := serverMetric(ctx, r.cluster.MetricsAddress(), "go_memstats_heap_inuse_bytes", nil)
+	if err == nil {
+		r.res.note("service_heap_inuse_bytes_at_5000", heap)
+	}
+	return nil
+}
+
+// dkcWatches counts the watches dkc holds: those open now (every simulated node connected) minus those
+// open once dkc-server is stopped. Simulated nodes never talk to the apiserver.
+func (r *run) dkcWatches(ctx context.Context) error {
+	with, err := apiserverWatches(ctx, r.rc)
+	if err != nil {
+		return err
+	}
+	r.stopSims()
+	if err := r.cluster.StopProcess("dkc-server"); err != nil {
+		return err
+	}
+	time.Sleep(2 * time.Second)
+	without, err := apiserverWatches(ctx, r.rc)
+	if err != nil {
+		return err
+	}
+	dkc := with - without
+	r.res.set("apiserver_watches_dkc", float64(dkc))
+	r.res.note("apiserver_watches_dkc_nodes_served", float64(len(r.nodes)))
+	design := r.res.Values["apiserver_watches_design"]
+	r.res.set("apiserver_watch_ratio_per_node_design_over_dkc", design/float64(max(dkc, 1)))
+	return nil
+}
+
+// connect starts simulated nodes for names.
+func (r *run) connect(ctx context.Context, names []string) error {
+	start := time.Now()
+	ca := r.cluster.CAFile()
+	err := parallel(ctx, names, 16, func(ctx context.Context, _ int, name string) error {
+		s, err := startSimNode(context.Background(), name, simConfig{
+			server: r.cluster.ServiceAddress(), caFile: ca, token: filepath.Join(r.nodeDir(name), "token"),
+			dir: r.nodeDir(name), trial: r.cfg.Trial, checker: r.checker, rec: r.rec, log: r.log,
+		})
+		if err != nil {
+			return err
+		}
+		r.simsMu.Lock()
+		r.sims[name] = s
+		r.simsMu.Unlock()
+		return nil
+	})
+	r.progress("started %d simulated nodes in %v", len(names), time.Since(start).Round(time.Millisecond))
+	return err
+}
+
+func (r *run) stopSims() {
+	r.simsMu.Lock()
+	defer r.simsMu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range r.sims {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.stop() }()
+	}
+	wg.Wait()
+	r.sims = map[string]*simNode{}
+}
+
+func (r *run) nodeDir(name string) string { return filepath.Join(r.cfg.Dir, "nodes", name) }
+
+func (r *run) processRSS(ctx context.Context, name string, settle time.Duration) (int64, error) {
+	pid, err := r.cluster.PID(name)
+	if err != nil || pid == 0 {
+		return 0, fmt.Errorf("%s not running (%v)", name, err)
+	}
+	return settledRSS(ctx, pid, settle)
+}
+
+// waitLastKnownGood waits until every node's status (as dkc-server wrote it) has cm@rv as last-known-good.
+func (r *run) waitLastKnownGood(ctx context.Context, nodes []string, cm, rv string) error {
+	want := map[string]bool{}
+	for _, n := range nodes {
+		want[n] = true
+	}
+	deadline := time.Now().Add(r.cfg.Trial + 3*time.Minute)
+	for {
+		list, err := r.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: "0"})
+		if err != nil {
+			return err
+		}
+		missing := 0
+		for i := range list.Items {
+			n := &list.Items[i]
+			if !want[n.Name] {
+				continue
+			}
+			var st corev1.NodeConfigStatus
+			if err := json.Unmarshal([]byte(n.Annotations[nodestatus.StatusAnnotation]), &st); err != nil ||
+				st.LastKnownGood == nil || st.LastKnownGood.ConfigMap == nil ||
+				st.LastKnownGood.ConfigMap.Name != cm || st.LastKnownGood.ConfigMap.ResourceVersion != rv || st.Error != "" {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d nodes do not report %s@%s as last-known-good", missing, len(nodes), cm, rv)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// writeCounter counts Node modifications seen by a watch of the benchmark's Nodes.
+type writeCounter struct {
+	mu   sync.Mutex
+	n    int
+	stop func()
+}
+
+func (w *writeCounter) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+func (r *run) countNodeWrites(ctx context.Context) (*writeCounter, error) {
+	list, err := r.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return nil, err
+	}
+	w, err := r.client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		return nil, err
+	}
+	c := &writeCounter{stop: w.Stop}
+	go func() {
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Modified {
+				c.mu.Lock()
+				c.n++
+				c.mu.Unlock()
+			}
+		}
+	}()
+	return c, nil
+}
+
+// parallel runs f for each item with at most limit at a time; the first error cancels the rest.
+func parallel(ctx context.Context, items []string, limit int, f func(context.Context, int, string) error) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(limit)
+	for i, it := range items {
+		g.Go(func() error { return f(gctx, i, it) })
+	}
+	return g.Wait()
+}
+
+func sourceAnnotation(cm string) string {
+	b, _ := json.Marshal(corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{
+		Namespace: namespace, Name: cm, KubeletConfigKey: "kubelet"}})
+	return string(b)
+}
+
+// kubeletConfig is a small valid config; generation makes in-place updates real changes.
+func kubeletConfig(name string, generation int) string {
+	return fmt.Sprintf("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailSwapOn: false\n"+
+		"maxPods: %d\neventRecordQPS: %d\n# %s\n", 100+generation, 5+generation, name)
+}
+
+func simLogger(path string) (*zap.Logger, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(f), zapcore.WarnLevel)), nil
+}
+
+// raiseFileLimit lifts the soft open-file limit to the hard one: every simulated node holds a connection.
+func raiseFileLimit() error {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return err
+	}
+	l.Cur = l.Max
+	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+}

@@ -1,0 +1,143 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"k8s.io/client-go/rest"
+)
+
+// rss is the resident set size of pid in bytes (VmRSS of /proc/<pid>/status).
+func rss(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+// settledRSS samples pid's RSS for d and returns the last sample: Go processes release memory lazily, so a
+// single sample right after a burst overstates what stays.
+func settledRSS(ctx context.Context, pid int, d time.Duration) (int64, error) {
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(d):
+	}
+	return rss(pid)
+}
+
+// metricSum adds up the samples of the named metric whose labels include every pair in match.
+func metricSum(body io.Reader, name string, match map[string]string) (float64, error) {
+	var p expfmt.TextParser
+	families, err := p.TextToMetricFamilies(body)
+	if err != nil {
+		return 0, fmt.Errorf("parse metrics: %w", err)
+	}
+	mf, ok := families[name]
+	if !ok {
+		return 0, nil
+	}
+	var sum float64
+	for _, m := range mf.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		ok := true
+		for k, v := range match {
+			if labels[k] != v {
+				ok = false
+			}
+		}
+		if !ok {
+			continue
+		}
+		switch {
+		case m.GetGauge() != nil:
+			sum += m.GetGauge().GetValue()
+		case m.GetCounter() != nil:
+			sum += m.GetCounter().GetValue()
+		case m.GetUntyped() != nil:
+			sum += m.GetUntyped().GetValue()
+		}
+	}
+	return sum, nil
+}
+
+// apiserverWatches counts the WATCH requests the apiserver holds open on nodes and configmaps.
+func apiserverWatches(ctx context.Context, rc *rest.Config) (int, error) {
+	httpClient, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(rc.Host, "/")+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("GET apiserver /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, resource := range []string{"nodes", "configmaps"} {
+		n, err := metricSum(strings.NewReader(string(data)), "apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "resource": resource})
+		if err != nil {
+			return 0, err
+		}
+		total += int(n)
+	}
+	return total, nil
+}
+
+// serverMetric reads one metric (summed over matching labels) from dkc-server's /metrics.
+func serverMetric(ctx context.Context, addr, name string, match map[string]string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("GET dkc-server /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	return metricSum(resp.Body, name, match)
+}
+
+// percentile of sorted-in-place durations (nearest rank).
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	i := int(float64(len(d))*p+0.999999) - 1
+	if i < 0 {
+		i = 0
+	}
+	if i >= len(d) {
+		i = len(d) - 1
+	}
+	return d[i]
+}

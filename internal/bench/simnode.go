@@ -1,0 +1,202 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dkc-dev/dkc/sidecar/agent"
+	"github.com/dkc-dev/dkc/sidecar/app"
+	"github.com/dkc-dev/dkc/sidecar/checkpoint"
+	"github.com/dkc-dev/dkc/sidecar/client"
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
+	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
+)
+
+// localConfig is each simulated node's own kubelet config.
+const localConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailSwapOn: false\n"
+
+// sharedChecker runs the kubelet's config code once per distinct file content. A real node validates on its
+// own CPU; thousands of simulated nodes share this machine's few cores, and letting each re-run the kubelet's
+// loader on the same bytes would measure that sharing, not dkc. The file is still read from the node's own
+// checkpoint every time.
+type sharedChecker struct {
+	mu    sync.Mutex
+	cache map[[32]byte]*configcheck.Checked
+}
+
+func (s *sharedChecker) Check(ctx context.Context, path string, flags []string) (*configcheck.Checked, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return kubeletconfig.Check(ctx, path, flags) // the kubelet's own error for a missing file
+	}
+	key := sha256.Sum256([]byte(string(data) + "\x00" + strings.Join(flags, "\x00")))
+	s.mu.Lock()
+	c, ok := s.cache[key]
+	s.mu.Unlock()
+	if ok {
+		return c, nil
+	}
+	c, err = kubeletconfig.Check(ctx, path, flags)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.cache[key] = c
+	s.mu.Unlock()
+	return c, nil
+}
+
+// standInKubelet is a simulated node's kubelet: restarts succeed at once, it is always healthy, and it runs
+// the file its env file names (what the real drop-in makes a kubelet do).
+type standInKubelet struct {
+	env     kubeletunit.EnvFile
+	local   string
+	checker configcheck.Checker
+}
+
+func (k *standInKubelet) Restart(context.Context) error                       { return nil }
+func (k *standInKubelet) MainPID(context.Context) (int, error)                { return 0, nil }
+func (k *standInKubelet) Healthz(context.Context, *configcheck.Checked) error { return nil }
+func (k *standInKubelet) Configz(ctx context.Context, _ *configcheck.Checked) (map[string]any, error) {
+	file, err := k.env.Get()
+	if err != nil {
+		return nil, err
+	}
+	if file == "" {
+		file = k.local
+	}
+	c, err := k.checker.Check(ctx, file, nil)
+	if err != nil {
+		return nil, err
+	}
+	return c.Fields, nil
+}
+
+// recorder notes when each node durably checkpointed each config version.
+type recorder struct {
+	mu   sync.Mutex
+	at   map[string]time.Time // node + "\x00" + configmap name + "\x00" + resourceVersion
+	wake chan struct{}
+}
+
+func newRecorder() *recorder {
+	return &recorder{at: map[string]time.Time{}, wake: make(chan struct{}, 1)}
+}
+
+func recordKey(node, cm, rv string) string { return node + "\x00" + cm + "\x00" + rv }
+
+func (r *recorder) checkpointed(node string, src *corev1.NodeConfigSource) {
+	now := time.Now()
+	r.mu.Lock()
+	r.at[recordKey(node, src.ConfigMap.Name, src.ConfigMap.ResourceVersion)] = now
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *recorder) get(node, cm, rv string) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.at[recordKey(node, cm, rv)]
+	return t, ok
+}
+
+// wait returns when every node has checkpointed cm at rv, or fails at the deadline naming how many did not.
+func (r *recorder) wait(ctx context.Context, nodes []string, cm, rv string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		missing := 0
+		for _, n := range nodes {
+			if _, ok := r.get(n, cm, rv); !ok {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d nodes did not checkpoint %s@%s within %v", missing, len(nodes), cm, rv, timeout)
+		case <-r.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+// simNode is one simulated node in this process: the real sidecar client, agent and checkpoint store, with
+// its own directory, its own token and its own gRPC connection to dkc-server.
+type simNode struct {
+	name   string
+	conn   *grpc.ClientConn
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+type simConfig struct {
+	server, caFile, token, dir string
+	trial                      time.Duration
+	checker                    configcheck.Checker
+	rec                        *recorder
+	log                        *zap.Logger
+}
+
+func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, error) {
+	dynamic := filepath.Join(cfg.dir, "dynamic-config")
+	if err := os.MkdirAll(dynamic, 0o755); err != nil {
+		return nil, err
+	}
+	local := filepath.Join(cfg.dir, "kubelet.yaml")
+	if err := os.WriteFile(local, []byte(localConfig), 0o644); err != nil {
+		return nil, err
+	}
+	conn, err := app.Dial(app.Config{Server: cfg.server, ServerCAFile: cfg.caFile})
+	if err != nil {
+		return nil, fmt.Errorf("dial dkc-server for %s: %w", name, err)
+	}
+	log := cfg.log.With(zap.String("node", name))
+	kubelet := &standInKubelet{env: kubeletunit.New(dynamic), local: local, checker: cfg.checker}
+	cl := client.New(conn, name, cfg.token, client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second}, log)
+	ag := agent.New(agent.Config{
+		LocalConfig: local, KubeletFlags: []string{}, TrialDuration: cfg.trial, HealthTimeout: 10 * time.Second,
+		TrialCheckInterval: time.Second, KeepCheckpoints: 1, Checker: cfg.checker,
+		Checkpointed: func(src *corev1.NodeConfigSource) { cfg.rec.checkpointed(name, src) },
+	}, log, checkpoint.New(dynamic), kubelet, kubelet, cl, nil, nil)
+	if err := ag.Init(ctx); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s := &simNode{name: name, conn: conn, cancel: cancel}
+	updates := make(chan agent.Desired, 1)
+	for _, run := range []func(){
+		func() { _ = ag.Run(ctx, updates) },
+		func() { _ = cl.Watch(ctx, ag.Applied, updates) },
+		func() { _ = cl.RunReporter(ctx) },
+	} {
+		s.done.Add(1)
+		go func() { defer s.done.Done(); run() }()
+	}
+	return s, nil
+}
+
+func (s *simNode) stop() {
+	s.cancel()
+	s.done.Wait()
+	s.conn.Close()
+}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
+	"strings"
 	"syscall"
 
 	"github.com/dkc-dev/dkc/internal/bench"
@@ -17,23 +19,40 @@ func main() {
 	var cfg bench.Config
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
 	fs.StringVar(&cfg.Dir, "dir", "_output/bench", "where results.json, the cluster and the simulated nodes' directories go")
+	fs.StringVar(&cfg.NodesDir, "nodes-dir", "", "where the simulated nodes' directories go (default <dir>/nodes)")
 	fs.StringVar(&cfg.Bin, "bin", "_output/bin", "directory with dkc-server, dkc-sidecar, dkc-kubelet-check and fake-kubelet")
 	fs.IntVar(&cfg.PropagationNodes, "propagation-nodes", 1000, "connected nodes when measuring propagation")
 	fs.IntVar(&cfg.FanoutNodes, "fanout-nodes", 2000, "nodes sharing one ConfigMap in the fan-out and the watch comparison")
 	fs.IntVar(&cfg.ScaleNodes, "scale-nodes", 5000, "connected nodes when measuring dkc-server's memory per node")
 	fs.IntVar(&cfg.PropagationRate, "propagation-rate", 100, "Node source changes per second in the propagation phase")
 	fs.DurationVar(&cfg.Trial, "trial", 0, "simulated nodes' trial duration before last-known-good (default 5s)")
+	cpuProfile := fs.String("cpuprofile", "", "write the benchmark process's own CPU profile (the simulated nodes) to this file")
+	phases := fs.String("phases", "", "comma-separated phases to run: propagation, fanout, watches, scale (default all; setup and the idle sidecar always run)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: bench [flags]\n\nRuns dkc's scale benchmark against a real local etcd, kube-apiserver and dkc-server,\nwith thousands of simulated nodes in this process, and prints the figures with their goals.")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
+	if *phases != "" {
+		cfg.Phases = strings.Split(*phases, ",")
+	}
 	cfg.Progress = os.Stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	res, err := bench.Run(ctx, cfg)
 	if res != nil {
@@ -45,6 +64,7 @@ func main() {
 		}
 	}
 	if err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

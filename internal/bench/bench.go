@@ -21,6 +21,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -41,6 +42,7 @@ import (
 	"github.com/dkc-dev/dkc/internal/devcluster"
 	"github.com/dkc-dev/dkc/services/nodestatus"
 	"github.com/dkc-dev/dkc/services/resolve"
+	"github.com/dkc-dev/dkc/sidecar/agent"
 	"github.com/dkc-dev/dkc/sidecar/configcheck"
 )
 
@@ -48,6 +50,8 @@ import (
 type Config struct {
 	// Dir receives results.json, the cluster (Dir/cluster) and the simulated nodes (Dir/nodes).
 	Dir string
+	// NodesDir holds the simulated nodes' directories; default Dir/nodes.
+	NodesDir string
 	// Bin holds dkc-server, dkc-sidecar, dkc-kubelet-check and fake-kubelet.
 	Bin string
 	// PropagationNodes (1000), FanoutNodes (2000) and ScaleNodes (5000): connected nodes in each phase.
@@ -55,7 +59,9 @@ type Config struct {
 	// PropagationRate is how many Node sources are changed per second in the propagation phase (100).
 	PropagationRate int
 	// Trial is the simulated nodes' trial duration before last-known-good (5s).
-	Trial    time.Duration
+	Trial time.Duration
+	// Phases to run, by name (default all); setup always runs.
+	Phases   []string
 	Progress io.Writer
 }
 
@@ -77,6 +83,9 @@ func (c *Config) defaults() {
 	}
 	if c.Progress == nil {
 		c.Progress = io.Discard
+	}
+	if c.NodesDir == "" {
+		c.NodesDir = filepath.Join(c.Dir, "nodes")
 	}
 }
 
@@ -115,7 +124,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	started := time.Now()
 	r := &run{cfg: cfg, rec: newRecorder(), checker: &sharedChecker{cache: map[[32]byte]*configcheck.Checked{}}, sims: map[string]*simNode{},
 		res: newResults(), cmRV: map[string]string{}}
-	if err := os.RemoveAll(filepath.Join(cfg.Dir, "nodes")); err != nil {
+	if err := os.RemoveAll(cfg.NodesDir); err != nil {
 		return nil, err
 	}
 	if r.log, err = simLogger(filepath.Join(cfg.Dir, "simnodes.log")); err != nil {
@@ -130,7 +139,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		FakeKubeletBinary: filepath.Join(cfg.Bin, "fake-kubelet"), SimNodes: 1, TrialDuration: 10 * time.Minute,
 		// One replica for 5,000 nodes: TokenReviews at connect and status writes need more than the
 		// default 50 QPS (deploy/ documents the flag).
-		ServiceArgs: []string{"--kube-api-qps=1000", "--kube-api-burst=2000"},
+		ServiceArgs: []string{"--kube-api-qps=1000", "--kube-api-burst=2000", "--profiling"},
 		Progress:    cfg.Progress,
 	})
 	if err != nil {
@@ -146,21 +155,27 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		return nil, err
 	}
 	r.rc.QPS, r.rc.Burst = -1, 0 // the benchmark is the load; client-side throttling would measure itself
+	// The same encoding as dkc-server's informers, so that the bare watch is the same watch with nothing
+	// behind it.
+	r.rc.ContentType = "application/vnd.kubernetes.protobuf"
+	r.rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	if r.client, err = kubernetes.NewForConfig(r.rc); err != nil {
 		return nil, err
 	}
 	for _, phase := range []struct {
-		name string
-		run  func(context.Context) error
+		name, short string
+		run         func(context.Context) error
 	}{
-		{"idle sidecar", r.idleSidecar},
-		{"setup", r.setup},
-		{"propagation", r.propagation},
-		{"fan-out", r.fanout},
-		{"per-node-watch design", r.design},
-		{"scale", r.scale},
-		{"watches of dkc", r.dkcWatches},
+		{"idle sidecar", "idle", r.idleSidecar},
+		{"setup", "setup", r.setup},
+		{"propagation", "propagation", r.propagation},
+		{"fan-out", "fanout", r.fanout},
+		{"watches and apiserver memory: dkc, then the per-node-watch design", "watches", r.watches},
+		{"scale", "scale", r.scale},
 	} {
+		if phase.name != "setup" && phase.name != "idle sidecar" && len(cfg.Phases) > 0 && !slices.Contains(cfg.Phases, phase.short) {
+			continue
+		}
 		r.progress("phase: %s", phase.name)
 		if err := phase.run(ctx); err != nil {
 			return r.res, fmt.Errorf("%s: %w", phase.name, err)
@@ -227,10 +242,7 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	r.progress("created %d Nodes with their tokens in %v", len(r.nodes), time.Since(start).Round(time.Millisecond))
-	if r.res.serviceRSSBase, err = r.processRSS(ctx, "dkc-server", 10*time.Second); err != nil {
-		return err
-	}
-	r.res.apiserverRSSBase, err = r.processRSS(ctx, "kube-apiserver", 0)
+	r.res.serviceRSSBase, err = r.processRSS(ctx, "dkc-server", 10*time.Second)
 	return err
 }
 
@@ -241,40 +253,51 @@ func (r *run) propagation(ctx context.Context) error {
 	if err := r.connect(ctx, nodes); err != nil {
 		return err
 	}
-	for i, n := range nodes {
-		cm := []string{cmA, cmB}[i%2]
-		if err := r.rec.wait(ctx, []string{n}, cm, r.cmRV[cm], 2*time.Minute); err != nil {
+	// Measure a quiet cluster: every node has its first config as last-known-good and reported it.
+	for i, cm := range []string{cmA, cmB} {
+		var these []string
+		for j := i; j < len(nodes); j += 2 {
+			these = append(these, nodes[j])
+		}
+		if err := r.rec.wait(ctx, these, cm, r.cmRV[cm], 2*time.Minute); err != nil {
+			return err
+		}
+		if err := r.waitLastKnownGood(ctx, these, cm, r.cmRV[cm]); err != nil {
 			return err
 		}
 	}
-	// The bare watch: what any client-go watcher of Nodes sees, with nothing behind it.
-	list, err := r.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
-	if err != nil {
-		return err
-	}
-	w, err := r.client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
-	if err != nil {
-		return err
-	}
-	defer w.Stop()
+	time.Sleep(3 * time.Second)
+	// The bare watch: a client-go informer on Nodes, as dkc-server's, with nothing behind it. (A raw Watch
+	// is closed by the apiserver's cacher whenever this busy process falls behind; an informer resumes.)
 	var seenMu sync.Mutex
 	seen := map[string]time.Time{} // node + annotation value → first seen
-	go func() {
-		for ev := range w.ResultChan() {
-			now := time.Now()
-			n, ok := ev.Object.(*corev1.Node)
-			if !ok {
-				continue
-			}
-			key := n.Name + "\x00" + n.Annotations[resolve.SourceAnnotation]
-			seenMu.Lock()
-			if _, dup := seen[key]; !dup {
-				seen[key] = now
-			}
-			seenMu.Unlock()
+	note := func(obj any) {
+		now := time.Now()
+		n, ok := obj.(*corev1.Node)
+		if !ok {
+			return
 		}
-	}()
+		key := n.Name + "\x00" + n.Annotations[resolve.SourceAnnotation]
+		seenMu.Lock()
+		if _, dup := seen[key]; !dup {
+			seen[key] = now
+		}
+		seenMu.Unlock()
+	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	inf := cache.NewSharedIndexInformer(cache.NewListWatchFromClient(r.client.CoreV1().RESTClient(), "nodes", metav1.NamespaceAll, fields.Everything()),
+		&corev1.Node{}, 0, cache.Indexers{})
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: note, UpdateFunc: func(_, obj any) { note(obj) }}); err != nil {
+		return err
+	}
+	go inf.Run(wctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return errors.New("bare Node informer did not sync")
+	}
 
+	profiled := r.profile(ctx, "propagation", time.Duration(len(nodes)/r.cfg.PropagationRate)*time.Second)
+	defer profiled()
 	start := make([]time.Time, len(nodes))
 	target := make([]string, len(nodes))
 	interval := time.Second / time.Duration(r.cfg.PropagationRate)
@@ -308,7 +331,7 @@ func (r *run) propagation(ctx context.Context) error {
 		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	var bare, dkc []time.Duration
+	var bare, dkc, received []time.Duration
 	for i, n := range nodes {
 		key := n + "\x00" + sourceAnnotation(target[i])
 		var at time.Time
@@ -325,9 +348,15 @@ func (r *run) propagation(ctx context.Context) error {
 			return fmt.Errorf("the bare watch never saw %s change to %s", n, target[i])
 		}
 		cp, _ := r.rec.get(n, target[i], r.cmRV[target[i]])
+		recv, _ := r.rec.getEvent(agent.TraceReceived, n, target[i], r.cmRV[target[i]])
 		bare = append(bare, at.Sub(start[i]))
 		dkc = append(dkc, cp.Sub(start[i]))
+		received = append(received, recv.Sub(start[i]))
 	}
+	r.res.note("propagation_dkc_received_p50_seconds", percentile(received, 0.5).Seconds())
+	r.res.note("propagation_dkc_received_p99_seconds", percentile(received, 0.99).Seconds())
+	r.res.note("propagation_changes", float64(len(nodes)))
+	r.res.note("propagation_changes_per_second", float64(r.cfg.PropagationRate))
 	bp50, bp99 := percentile(bare, 0.5), percentile(bare, 0.99)
 	dp50, dp99 := percentile(dkc, 0.5), percentile(dkc, 0.99)
 	r.res.set("propagation_bare_watch_p50_seconds", bp50.Seconds())
@@ -351,7 +380,7 @@ func (r *run) fanout(ctx context.Context) error {
 		return err
 	}
 	nodes := r.nodes[:r.cfg.FanoutNodes]
-	if err := r.connect(ctx, nodes[r.cfg.PropagationNodes:]); err != nil {
+	if err := r.connect(ctx, nodes); err != nil {
 		return err
 	}
 	if err := r.rec.wait(ctx, nodes, cmShared, r.cmRV[cmShared], 3*time.Minute); err != nil {
@@ -360,18 +389,13 @@ func (r *run) fanout(ctx context.Context) error {
 	if err := r.waitLastKnownGood(ctx, nodes, cmShared, r.cmRV[cmShared]); err != nil {
 		return err
 	}
-	var err error
-	if r.res.apiserverRSSDKC, err = r.processRSS(ctx, "kube-apiserver", 10*time.Second); err != nil {
-		return err
-	}
-
 	// Count every write to these Nodes from now on, whoever makes it.
 	counter, err := r.countNodeWrites(ctx)
 	if err != nil {
 		return err
 	}
 	defer counter.stop()
-	writesBefore, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total", map[string]string{"result": "success"})
+	writesBefore, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total", map[string]string{"result": "written"})
 	if err != nil {
 		return err
 	}
@@ -380,6 +404,8 @@ func (r *run) fanout(ctx context.Context) error {
 		return err
 	}
 	cm.Data["kubelet"] = kubeletConfig(cmShared, 1)
+	profiled := r.profile(ctx, "fanout", 5*time.Second)
+	defer profiled()
 	start := time.Now()
 	updated, err := r.client.CoreV1().ConfigMaps(namespace).Update(ctx, cm, metav1.UpdateOptions{})
 	if err != nil {
@@ -390,12 +416,16 @@ func (r *run) fanout(ctx context.Context) error {
 		return err
 	}
 	var last time.Duration
-	var all []time.Duration
+	var all, received []time.Duration
 	for _, n := range nodes {
 		t, _ := r.rec.get(n, cmShared, updated.ResourceVersion)
 		all = append(all, t.Sub(start))
 		last = max(last, t.Sub(start))
+		t, _ = r.rec.getEvent(agent.TraceReceived, n, cmShared, updated.ResourceVersion)
+		received = append(received, t.Sub(start))
 	}
+	r.res.note("fanout_all_received_seconds", percentile(received, 1).Seconds())
+	r.res.note("fanout_p50_received_seconds", percentile(received, 0.5).Seconds())
 	r.res.set("fanout_2000_all_checkpointed_seconds", last.Seconds())
 	r.res.set("fanout_p50_checkpointed_seconds", percentile(all, 0.5).Seconds())
 	r.res.note("fanout_nodes", float64(len(nodes)))
@@ -406,7 +436,7 @@ func (r *run) fanout(ctx context.Context) error {
 	time.Sleep(3 * time.Second) // late writes would count
 	writes := counter.count()
 	r.res.set("node_writes_per_node_per_assignment", float64(writes)/float64(len(nodes)))
-	writesAfter, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total", map[string]string{"result": "success"})
+	writesAfter, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total", map[string]string{"result": "written"})
 	if err != nil {
 		return err
 	}
@@ -414,21 +444,36 @@ func (r *run) fanout(ctx context.Context) error {
 	return nil
 }
 
-// design emulates the original design for FanoutNodes nodes: each kubelet had a Node informer and a
-// ConfigMap informer, both selecting one object by name.
-func (r *run) design(ctx context.Context) error {
-	before, err := apiserverWatches(ctx, r.rc)
+// watches measures what serving FanoutNodes nodes costs the apiserver — watches, RSS and live heap — first
+// for dkc, then for the original design. dkc: dkc-server is stopped, the apiserver measured, dkc-server
+// started again and measured once every node is back and quiet. The design, emulated on top: each kubelet had
+// a Node informer and a ConfigMap informer, both selecting one object by name.
+func (r *run) watches(ctx context.Context) error {
+	nodes := r.nodes[:r.cfg.FanoutNodes]
+	if err := r.connect(ctx, nodes); err != nil {
+		return err
+	}
+	if err := r.cluster.StopProcess("dkc-server"); err != nil {
+		return err
+	}
+	time.Sleep(3 * time.Second)
+	base, err := r.apiserverCost(ctx, 0)
 	if err != nil {
 		return err
 	}
-	r.res.watchesBeforeDesign = before
-	rssBefore, err := r.processRSS(ctx, "kube-apiserver", 0)
+	if err := r.cluster.Restart(ctx, "dkc-server"); err != nil {
+		return err
+	}
+	if err := r.waitConnected(ctx); err != nil {
+		return err
+	}
+	withDKC, err := r.apiserverCost(ctx, 10*time.Second)
 	if err != nil {
 		return err
 	}
+
 	ictx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	nodes := r.nodes[:r.cfg.FanoutNodes]
 	var synced []cache.InformerSynced
 	for _, n := range nodes {
 		for _, w := range []struct {
@@ -444,45 +489,88 @@ func (r *run) design(ctx context.Context) error {
 		}
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return errors.New("design informers did not sync")
+		return errors.New("the design's informers did not sync")
 	}
-	time.Sleep(5 * time.Second)
-	after, err := apiserverWatches(ctx, r.rc)
+	withDesign, err := r.apiserverCost(ctx, 10*time.Second)
 	if err != nil {
 		return err
 	}
-	rssAfter, err := r.processRSS(ctx, "kube-apiserver", 5*time.Second)
-	if err != nil {
-		return err
-	}
-	r.res.set("apiserver_watches_design", float64(after-before))
-	r.res.set("apiserver_rss_growth_bytes_per_node_design", float64(rssAfter-rssBefore)/float64(len(nodes)))
-	r.res.set("apiserver_rss_growth_bytes_per_node_dkc", float64(r.res.apiserverRSSDKC-r.res.apiserverRSSBase)/float64(len(nodes)))
+	perNode := func(a, b int64) float64 { return float64(b-a) / float64(len(nodes)) }
+	dkc, design := withDKC.watches-base.watches, withDesign.watches-withDKC.watches
+	r.res.set("apiserver_watches_dkc", float64(dkc))
+	r.res.set("apiserver_watches_design", float64(design))
+	r.res.set("apiserver_watch_ratio_per_node_design_over_dkc", float64(design)/float64(max(dkc, 1)))
+	r.res.set("apiserver_rss_growth_bytes_per_node_dkc", perNode(base.rss, withDKC.rss))
+	r.res.set("apiserver_rss_growth_bytes_per_node_design", perNode(withDKC.rss, withDesign.rss))
+	r.res.note("apiserver_live_heap_growth_bytes_per_node_dkc", perNode(base.heap, withDKC.heap))
+	r.res.note("apiserver_live_heap_growth_bytes_per_node_design", perNode(withDKC.heap, withDesign.heap))
+	r.res.note("watch_comparison_nodes", float64(len(nodes)))
 	return nil
+}
+
+type apiserverCost struct {
+	watches   int
+	rss, heap int64
+}
+
+// apiserverCost measures the apiserver after settle: open watches on nodes and configmaps, RSS, and the live
+// heap right after a forced garbage collection (pprof's heap?gc=1), which RSS alone hides.
+func (r *run) apiserverCost(ctx context.Context, settle time.Duration) (apiserverCost, error) {
+	var c apiserverCost
+	var err error
+	if c.rss, err = r.processRSS(ctx, "kube-apiserver", settle); err != nil {
+		return c, err
+	}
+	if c.heap, err = apiserverLiveHeap(ctx, r.rc); err != nil {
+		return c, err
+	}
+	c.watches, err = apiserverWatches(ctx, r.rc)
+	return c, err
+}
+
+// profile takes a CPU profile of dkc-server for d in the background into <Dir>/dkc-server-<name>.cpu.pprof;
+// the returned func waits for it.
+func (r *run) profile(ctx context.Context, name string, d time.Duration) func() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		path := filepath.Join(r.cfg.Dir, "dkc-server-"+name+".cpu.pprof")
+		if err := fetch(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.cluster.MetricsAddress(), max(1, int(d.Seconds()))), path); err != nil {
+			r.progress("profile %s: %v", name, err)
+		}
+	}()
+	return func() { <-done }
+}
+
+// waitConnected waits until dkc-server reports every running simulated node connected.
+func (r *run) waitConnected(ctx context.Context) error {
+	r.simsMu.Lock()
+	want := len(r.sims)
+	r.simsMu.Unlock()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		n, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_connected_nodes", nil)
+		if err == nil && int(n) >= want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("dkc-server reports %d of %d nodes connected (%v)", int(n), want, err)
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // scale connects ScaleNodes nodes in all and measures dkc-server's RSS per connected node.
 func (r *run) scale(ctx context.Context) error {
 	nodes := r.nodes
-	if err := r.connect(ctx, nodes[r.cfg.FanoutNodes:]); err != nil {
+	if err := r.connect(ctx, nodes); err != nil {
 		return err
 	}
 	if err := r.rec.wait(ctx, nodes, cmShared, r.cmRV[cmShared], 5*time.Minute); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		n, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_connected_nodes", nil)
-		if err != nil {
-			return err
-		}
-		if int(n) >= len(nodes) {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("dkc-server reports %d of %d nodes connected", int(n), len(nodes))
-		}
-		time.Sleep(time.Second)
+	if err := r.waitConnected(ctx); err != nil {
+		return err
 	}
 	if err := r.waitLastKnownGood(ctx, nodes, cmShared, r.cmRV[cmShared]); err != nil {
 		return err
@@ -501,33 +589,17 @@ func (r *run) scale(ctx context.Context) error {
 	return nil
 }
 
-// dkcWatches counts the watches dkc holds: those open now (every simulated node connected) minus those
-// open once dkc-server is stopped. Simulated nodes never talk to the apiserver.
-func (r *run) dkcWatches(ctx context.Context) error {
-	with, err := apiserverWatches(ctx, r.rc)
-	if err != nil {
-		return err
-	}
-	r.stopSims()
-	if err := r.cluster.StopProcess("dkc-server"); err != nil {
-		return err
-	}
-	time.Sleep(2 * time.Second)
-	without, err := apiserverWatches(ctx, r.rc)
-	if err != nil {
-		return err
-	}
-	dkc := with - without
-	r.res.set("apiserver_watches_dkc", float64(dkc))
-	r.res.note("apiserver_watches_dkc_nodes_served", float64(len(r.nodes)))
-	design := r.res.Values["apiserver_watches_design"]
-	r.res.set("apiserver_watch_ratio_per_node_design_over_dkc", design/float64(max(dkc, 1)))
-	return nil
-}
-
-// connect starts simulated nodes for names.
-func (r *run) connect(ctx context.Context, names []string) error {
+// connect starts simulated nodes for those of names not running yet.
+func (r *run) connect(ctx context.Context, all []string) error {
 	start := time.Now()
+	var names []string
+	r.simsMu.Lock()
+	for _, n := range all {
+		if r.sims[n] == nil {
+			names = append(names, n)
+		}
+	}
+	r.simsMu.Unlock()
 	ca := r.cluster.CAFile()
 	err := parallel(ctx, names, 16, func(ctx context.Context, _ int, name string) error {
 		s, err := startSimNode(context.Background(), name, simConfig{
@@ -558,7 +630,7 @@ func (r *run) stopSims() {
 	r.sims = map[string]*simNode{}
 }
 
-func (r *run) nodeDir(name string) string { return filepath.Join(r.cfg.Dir, "nodes", name) }
+func (r *run) nodeDir(name string) string { return filepath.Join(r.cfg.NodesDir, name) }
 
 func (r *run) processRSS(ctx context.Context, name string, settle time.Duration) (int64, error) {
 	pid, err := r.cluster.PID(name)

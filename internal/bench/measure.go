@@ -112,6 +112,32 @@ func apiserverWatches(ctx context.Context, rc *rest.Config) (int, error) {
 	return total, nil
 }
 
+// apiserverLiveHeap forces a garbage collection in the apiserver and returns its heap in use
+// (/debug/pprof/heap?gc=1, which needs the admin credentials the benchmark has).
+func apiserverLiveHeap(ctx context.Context, rc *rest.Config) (int64, error) {
+	httpClient, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(rc.Host, "/")+"/debug/pprof/heap?gc=1&debug=1", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("GET apiserver heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "# HeapInuse = "); ok {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no HeapInuse in the apiserver's heap profile (%s)", resp.Status)
+}
+
 // serverMetric reads one metric (summed over matching labels) from dkc-server's /metrics.
 func serverMetric(ctx context.Context, addr, name string, match map[string]string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
@@ -140,4 +166,29 @@ func percentile(d []time.Duration, p float64) time.Duration {
 		i = len(d) - 1
 	}
 	return d[i]
+}
+
+// fetch GETs url into path.
+func fetch(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

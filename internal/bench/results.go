@@ -21,8 +21,7 @@ type Results struct {
 	Notes   map[string]float64 `json:"notes"`
 	Goals   map[string]goal    `json:"goals"`
 
-	serviceRSSBase, apiserverRSSBase, apiserverRSSDKC int64
-	watchesBeforeDesign                               int
+	serviceRSSBase int64
 }
 
 type goal struct {

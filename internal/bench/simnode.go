@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -57,17 +58,46 @@ func (s *sharedChecker) Check(ctx context.Context, path string, flags []string) 
 	return c, nil
 }
 
-// standInKubelet is a simulated node's kubelet: restarts succeed at once, it is always healthy, and it runs
-// the file its env file names (what the real drop-in makes a kubelet do).
+// standInKubelet is a simulated node's kubelet. It behaves as a kubelet under systemd does, in time: a
+// restart job takes restartJob, and the kubelet answers /healthz only startup later; it runs the file its
+// env file names (what the real drop-in makes a kubelet do).
 type standInKubelet struct {
 	env     kubeletunit.EnvFile
 	local   string
 	checker configcheck.Checker
+
+	mu        sync.Mutex
+	healthyAt time.Time
 }
 
-func (k *standInKubelet) Restart(context.Context) error                       { return nil }
-func (k *standInKubelet) MainPID(context.Context) (int, error)                { return 0, nil }
-func (k *standInKubelet) Healthz(context.Context, *configcheck.Checked) error { return nil }
+const (
+	restartJob = 100 * time.Millisecond
+	startup    = 2 * time.Second
+)
+
+func (k *standInKubelet) Restart(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(restartJob):
+	}
+	k.mu.Lock()
+	k.healthyAt = time.Now().Add(startup)
+	k.mu.Unlock()
+	return nil
+}
+
+func (k *standInKubelet) MainPID(context.Context) (int, error) { return 0, nil }
+
+func (k *standInKubelet) Healthz(context.Context, *configcheck.Checked) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if time.Now().Before(k.healthyAt) {
+		return errors.New("connection refused (kubelet starting)")
+	}
+	return nil
+}
+
 func (k *standInKubelet) Configz(ctx context.Context, _ *configcheck.Checked) (map[string]any, error) {
 	file, err := k.env.Get()
 	if err != nil {
@@ -86,7 +116,7 @@ func (k *standInKubelet) Configz(ctx context.Context, _ *configcheck.Checked) (m
 // recorder notes when each node durably checkpointed each config version.
 type recorder struct {
 	mu   sync.Mutex
-	at   map[string]time.Time // node + "\x00" + configmap name + "\x00" + resourceVersion
+	at   map[string]time.Time // event + node + configmap name + resourceVersion, \x00-separated
 	wake chan struct{}
 }
 
@@ -94,12 +124,21 @@ func newRecorder() *recorder {
 	return &recorder{at: map[string]time.Time{}, wake: make(chan struct{}, 1)}
 }
 
-func recordKey(node, cm, rv string) string { return node + "\x00" + cm + "\x00" + rv }
+func recordKey(event, node, cm, rv string) string {
+	return event + "\x00" + node + "\x00" + cm + "\x00" + rv
+}
 
-func (r *recorder) checkpointed(node string, src *corev1.NodeConfigSource) {
+// trace is the agent's Config.Trace for node.
+func (r *recorder) trace(node, event string, src *corev1.NodeConfigSource) {
+	if src == nil || src.ConfigMap == nil {
+		return
+	}
 	now := time.Now()
+	key := recordKey(event, node, src.ConfigMap.Name, src.ConfigMap.ResourceVersion)
 	r.mu.Lock()
-	r.at[recordKey(node, src.ConfigMap.Name, src.ConfigMap.ResourceVersion)] = now
+	if _, ok := r.at[key]; !ok {
+		r.at[key] = now
+	}
 	r.mu.Unlock()
 	select {
 	case r.wake <- struct{}{}:
@@ -107,10 +146,15 @@ func (r *recorder) checkpointed(node string, src *corev1.NodeConfigSource) {
 	}
 }
 
+// get is when node checkpointed cm at rv.
 func (r *recorder) get(node, cm, rv string) (time.Time, bool) {
+	return r.getEvent(agent.TraceCheckpointed, node, cm, rv)
+}
+
+func (r *recorder) getEvent(event, node, cm, rv string) (time.Time, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t, ok := r.at[recordKey(node, cm, rv)]
+	t, ok := r.at[recordKey(event, node, cm, rv)]
 	return t, ok
 }
 
@@ -174,8 +218,8 @@ func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, er
 	cl := client.New(conn, name, cfg.token, client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second}, log)
 	ag := agent.New(agent.Config{
 		LocalConfig: local, KubeletFlags: []string{}, TrialDuration: cfg.trial, HealthTimeout: 10 * time.Second,
-		TrialCheckInterval: time.Second, KeepCheckpoints: 1, Checker: cfg.checker,
-		Checkpointed: func(src *corev1.NodeConfigSource) { cfg.rec.checkpointed(name, src) },
+		KeepCheckpoints: 1, Checker: cfg.checker, // trial checks every 10s, as in production
+		Trace: func(event string, src *corev1.NodeConfigSource) { cfg.rec.trace(name, event, src) },
 	}, log, checkpoint.New(dynamic), kubelet, kubelet, cl, nil, nil)
 	if err := ag.Init(ctx); err != nil {
 		conn.Close()

@@ -506,7 +506,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, bin string) error {
 		"--kubelet-client-certificate="+c.pki.path("apiserver-kubelet-client.crt"),
 		"--kubelet-client-key="+c.pki.path("apiserver-kubelet-client.key"),
 		"--allow-privileged=true",
-		"--profiling=false",
+		"--profiling=true",
 	)
 	if err != nil {
 		return err

@@ -20,6 +20,7 @@ type Config struct {
 	KubeAPIBurst   int
 	ListenAddress  string
 	MetricsAddr    string
+	Profiling      bool
 	WebhookAddress string
 
 	TLSCertFile string
@@ -94,6 +95,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, "burst of requests to the apiserver")
 	fs.StringVar(&c.ListenAddress, "listen-address", c.ListenAddress, "address of the gRPC API (dkc.v1.ConfigService, health, reflection)")
 	fs.StringVar(&c.MetricsAddr, "metrics-address", c.MetricsAddr, "address of the HTTP endpoint for /metrics, /healthz and /readyz; empty disables it")
+	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "serve Go profiles at /debug/pprof/ on the metrics address")
 	fs.StringVar(&c.WebhookAddress, "webhook-address", c.WebhookAddress, "address of the HTTPS validating webhook for Node writes that change dkc.dev/config-source (path /validate-node); empty disables it, and so does --insecure")
 	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "serving certificate (PEM); reloaded when the file changes")
 	fs.StringVar(&c.TLSKeyFile, "tls-key-file", c.TLSKeyFile, "serving key (PEM); reloaded when the file changes")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/go-logr/zapr"
@@ -131,7 +132,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return nil
 	})
 	if cfg.MetricsAddr != "" {
-		httpSrv := &http.Server{Addr: cfg.MetricsAddr, Handler: metricsMux(reg, ctrl.Synced), ReadHeaderTimeout: 5 * time.Second}
+		httpSrv := &http.Server{Addr: cfg.MetricsAddr, Handler: metricsMux(reg, ctrl.Synced, cfg.Profiling), ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
 			if err := httpSrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("serve metrics on %s: %w", cfg.MetricsAddr, err)
@@ -194,6 +195,9 @@ func restConfig(cfg Config) (*rest.Config, error) {
 	}
 	rc.QPS, rc.Burst = float32(cfg.KubeAPIQPS), cfg.KubeAPIBurst
 	rc.UserAgent = "dkc-server"
+	// As kube-controller-manager: protobuf is cheaper to encode and decode than JSON for every Node event.
+	rc.ContentType = "application/vnd.kubernetes.protobuf"
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	return rc, nil
 }
 
@@ -208,8 +212,14 @@ func stripNode(obj any) (any, error) {
 	return obj, nil
 }
 
-func metricsMux(reg *prometheus.Registry, synced func() bool) *http.ServeMux {
+func metricsMux(reg *prometheus.Registry, synced func() bool, profiling bool) *http.ServeMux {
 	mux := http.NewServeMux()
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {

@@ -47,6 +47,12 @@ const (
 	PayloadError = "failed to sync: refused invalid payload, see dkc-sidecar log for details"
 )
 
+// Events of Config.Trace.
+const (
+	TraceReceived     = "received"
+	TraceCheckpointed = "checkpointed"
+)
+
 // ServiceManager restarts the kubelet; implemented by systemd.Manager (D-Bus) and systemd.Signal.
 type ServiceManager interface {
 	// Restart is `systemctl restart kubelet`: it returns when the restart job finished.
@@ -91,8 +97,9 @@ type Config struct {
 	TrialCheckInterval time.Duration
 	// Checker loads and validates configs with the kubelet's code (configcheck.Exec in the daemon).
 	Checker configcheck.Checker
-	// Checkpointed, if set, is called when a new assignment is durably checkpointed (the benchmark's probe).
-	Checkpointed func(*corev1.NodeConfigSource)
+	// Trace, if set, is called when an assignment is received (TraceReceived) and when a new one is durably
+	// checkpointed (TraceCheckpointed): the benchmark's probes.
+	Trace func(event string, src *corev1.NodeConfigSource)
 }
 
 // Agent runs the state machine for one node.
@@ -202,6 +209,9 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 		assigned = nil
 	}
 	src := checkpoint.SourceOf(as)
+	if a.cfg.Trace != nil {
+		a.cfg.Trace(TraceReceived, src)
+	}
 	if src == nil {
 		// Reset: the local config is always assumed good, so last-known-good is forgotten at once (as the
 		// original's store.Reset).
@@ -239,8 +249,8 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 	}
 	a.state.clearAssigned() // a new assignment gets a fresh trial and a fresh chance
 	a.log.Info("checkpointed new assignment", sourceFields(src)...)
-	if a.cfg.Checkpointed != nil {
-		a.cfg.Checkpointed(src)
+	if a.cfg.Trace != nil {
+		a.cfg.Trace(TraceCheckpointed, src)
 	}
 }
 

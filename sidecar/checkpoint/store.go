@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -37,13 +38,18 @@ const (
 	maxSegment    = 253
 )
 
-// Store is the checkpoint directory of one node.
+// Store is the checkpoint directory of one node. It must be the only writer of its meta files: it keeps
+// what it last read or wrote of them in memory, because the agent consults them on every decision and
+// every trial check (decoding YAML from disk each time was most of an idle node's work).
 type Store struct {
 	dir string
+
+	mu      sync.Mutex
+	records map[string]*corev1.NodeConfigSource // path → record; absent: read from disk
 }
 
 // New returns the store rooted at dir (the --dynamic-config-dir).
-func New(dir string) *Store { return &Store{dir: dir} }
+func New(dir string) *Store { return &Store{dir: dir, records: map[string]*corev1.NodeConfigSource{}} }
 
 // Dir is the store's root.
 func (s *Store) Dir() string { return s.dir }
@@ -56,6 +62,9 @@ func (s *Store) lkgPath() string        { return filepath.Join(s.metaDir(), "las
 // Initialize creates the layout where missing (empty meta files mean local config) and removes leftovers of
 // interrupted writes. It returns what it removed.
 func (s *Store) Initialize() ([]string, error) {
+	s.mu.Lock()
+	s.records = map[string]*corev1.NodeConfigSource{}
+	s.mu.Unlock()
 	for _, d := range []string{s.dir, s.metaDir(), s.checkpointsDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("create %s: %w", d, err)
@@ -286,6 +295,15 @@ func DecodeRecord(data []byte) (*corev1.NodeConfigSource, error) {
 }
 
 func (s *Store) readRecord(path string) (*corev1.NodeConfigSource, error) {
+	s.mu.Lock()
+	cached, ok := s.records[path]
+	s.mu.Unlock()
+	if ok {
+		if cached.ConfigMap == nil {
+			return nil, nil // local
+		}
+		return cached.DeepCopy(), nil
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
@@ -294,7 +312,26 @@ func (s *Store) readRecord(path string) (*corev1.NodeConfigSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	s.remember(path, src)
 	return src, nil
+}
+
+// remember caches a record (nil: local).
+func (s *Store) remember(path string, src *corev1.NodeConfigSource) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if src == nil || src.ConfigMap == nil {
+		s.records[path] = &corev1.NodeConfigSource{} // local, distinct from "not cached"
+		return
+	}
+	s.records[path] = src.DeepCopy()
+}
+
+// forget drops a cached record: after a failed write its state on disk is unknown.
+func (s *Store) forget(path string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.records, path)
 }
 
 func (s *Store) writeRecord(path string, src *corev1.NodeConfigSource) error {
@@ -302,7 +339,12 @@ func (s *Store) writeRecord(path string, src *corev1.NodeConfigSource) error {
 	if err != nil {
 		return err
 	}
-	return durable.WriteFile(path, data, 0o644)
+	s.forget(path)
+	if err := durable.WriteFile(path, data, 0o644); err != nil {
+		return err
+	}
+	s.remember(path, src)
+	return nil
 }
 
 // GC removes checkpoints that none of keep references, except the newest extra of them (by directory

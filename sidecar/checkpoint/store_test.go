@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -269,4 +270,45 @@ func TestCrashAtEveryStep(t *testing.T) {
 		}
 	}
 	t.Logf("%d injected crashes at %d distinct points", kills, len(steps)*2)
+}
+
+// The store caches meta records; what it returns must always be what is on disk, including after a write
+// that failed half-way, and callers must not be able to change the cache through a returned record.
+func TestRecordCacheFollowsDisk(t *testing.T) {
+	s := newStore(t)
+	a := SourceOf(assignment("uid-1", "1", map[string]string{"kubelet": "x"}))
+	b := SourceOf(assignment("uid-2", "2", map[string]string{"kubelet": "y"}))
+	if err := s.SetAssigned(a); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.Assigned()
+	got.ConfigMap.Name = "changed-by-caller"
+	if again, _ := s.Assigned(); again.ConfigMap.Name != "c" {
+		t.Errorf("a caller changed the cached record: %+v", again.ConfigMap)
+	}
+	// A write that fails after its rename (the directory fsync) leaves the new record on disk.
+	durable.SetFault(func(step, _ string) error {
+		if step == "fsync-dir" {
+			return errors.New("injected")
+		}
+		return nil
+	})
+	err := s.SetAssigned(b)
+	durable.SetFault(nil)
+	if err == nil {
+		t.Fatal("no error from the failed write")
+	}
+	onDisk, err := New(s.Dir()).Assigned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Assigned(); !reflect.DeepEqual(got, onDisk) {
+		t.Errorf("after a failed write Assigned() = %+v; disk has %+v", got, onDisk)
+	}
+	if err := s.SetLastKnownGood(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.LastKnownGood(); got != nil || err != nil {
+		t.Errorf("LastKnownGood() after setting local = %+v, %v", got, err)
+	}
 }

@@ -20,6 +20,7 @@ func main() {
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
 	fs.StringVar(&cfg.Dir, "dir", "_output/bench", "where results.json, the cluster and the simulated nodes' directories go")
 	fs.StringVar(&cfg.NodesDir, "nodes-dir", "", "where the simulated nodes' directories go (default <dir>/nodes)")
+	fs.IntVar(&cfg.DiskWriters, "disk-writers", 16, "concurrent durable writes of all simulated nodes together (they share one disk); 0 is unbounded")
 	fs.StringVar(&cfg.Bin, "bin", "_output/bin", "directory with dkc-server, dkc-sidecar, dkc-kubelet-check and fake-kubelet")
 	fs.IntVar(&cfg.PropagationNodes, "propagation-nodes", 1000, "connected nodes when measuring propagation")
 	fs.IntVar(&cfg.FanoutNodes, "fanout-nodes", 2000, "nodes sharing one ConfigMap in the fan-out and the watch comparison")
@@ -32,7 +33,17 @@ func main() {
 		fmt.Fprintln(fs.Output(), "usage: bench [flags]\n\nRuns dkc's scale benchmark against a real local etcd, kube-apiserver and dkc-server,\nwith thousands of simulated nodes in this process, and prints the figures with their goals.")
 		fs.PrintDefaults()
 	}
+	bareWatch := fs.String(bench.BareWatchFlag, "", "internal: run only the propagation baseline's bare watch with this kubeconfig")
 	_ = fs.Parse(os.Args[1:])
+	if *bareWatch != "" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := bench.BareWatch(ctx, *bareWatch, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: bare watch:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *phases != "" {
 		cfg.Phases = strings.Split(*phases, ",")
 	}

@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -44,6 +45,7 @@ import (
 	"github.com/dkc-dev/dkc/services/resolve"
 	"github.com/dkc-dev/dkc/sidecar/agent"
 	"github.com/dkc-dev/dkc/sidecar/configcheck"
+	"github.com/dkc-dev/dkc/sidecar/durable"
 )
 
 // Config of a benchmark run. Zero values take the sizes.
@@ -60,6 +62,8 @@ type Config struct {
 	PropagationRate int
 	// Trial is the simulated nodes' trial duration before last-known-good (5s).
 	Trial time.Duration
+	// DiskWriters bounds concurrent durable writes of all simulated nodes together (0: unbounded).
+	DiskWriters int
 	// Phases to run, by name (default all); setup always runs.
 	Phases   []string
 	Progress io.Writer
@@ -121,6 +125,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err := raiseFileLimit(); err != nil {
 		return nil, err
 	}
+	// Thousands of nodes' stores share this machine's one disk: see durable.SetMaxConcurrent.
+	durable.SetMaxConcurrent(cfg.DiskWriters)
+	defer durable.SetMaxConcurrent(0)
 	started := time.Now()
 	r := &run{cfg: cfg, rec: newRecorder(), checker: &sharedChecker{cache: map[[32]byte]*configcheck.Checked{}}, sims: map[string]*simNode{},
 		res: newResults(), cmRV: map[string]string{}}
@@ -267,34 +274,11 @@ func (r *run) propagation(ctx context.Context) error {
 		}
 	}
 	time.Sleep(3 * time.Second)
-	// The bare watch: a client-go informer on Nodes, as dkc-server's, with nothing behind it. (A raw Watch
-	// is closed by the apiserver's cacher whenever this busy process falls behind; an informer resumes.)
-	var seenMu sync.Mutex
-	seen := map[string]time.Time{} // node + annotation value → first seen
-	note := func(obj any) {
-		now := time.Now()
-		n, ok := obj.(*corev1.Node)
-		if !ok {
-			return
-		}
-		key := n.Name + "\x00" + n.Annotations[resolve.SourceAnnotation]
-		seenMu.Lock()
-		if _, dup := seen[key]; !dup {
-			seen[key] = now
-		}
-		seenMu.Unlock()
-	}
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	inf := cache.NewSharedIndexInformer(cache.NewListWatchFromClient(r.client.CoreV1().RESTClient(), "nodes", metav1.NamespaceAll, fields.Everything()),
-		&corev1.Node{}, 0, cache.Indexers{})
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: note, UpdateFunc: func(_, obj any) { note(obj) }}); err != nil {
+	bare, err := startBareWatch(ctx, r.cluster.KubeconfigPath())
+	if err != nil {
 		return err
 	}
-	go inf.Run(wctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return errors.New("bare Node informer did not sync")
-	}
+	defer bare.stop()
 
 	profiled := r.profile(ctx, "propagation", time.Duration(len(nodes)/r.cfg.PropagationRate)*time.Second)
 	defer profiled()
@@ -331,15 +315,12 @@ func (r *run) propagation(ctx context.Context) error {
 		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	var bare, dkc, received []time.Duration
+	var watched, dkc, received []time.Duration
 	for i, n := range nodes {
-		key := n + "\x00" + sourceAnnotation(target[i])
 		var at time.Time
 		for {
-			seenMu.Lock()
-			at = seen[key]
-			seenMu.Unlock()
-			if !at.IsZero() || time.Now().After(deadline) {
+			var ok bool
+			if at, ok = bare.at(n, sourceAnnotation(target[i])); ok || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -349,7 +330,7 @@ func (r *run) propagation(ctx context.Context) error {
 		}
 		cp, _ := r.rec.get(n, target[i], r.cmRV[target[i]])
 		recv, _ := r.rec.getEvent(agent.TraceReceived, n, target[i], r.cmRV[target[i]])
-		bare = append(bare, at.Sub(start[i]))
+		watched = append(watched, at.Sub(start[i]))
 		dkc = append(dkc, cp.Sub(start[i]))
 		received = append(received, recv.Sub(start[i]))
 	}
@@ -357,7 +338,7 @@ func (r *run) propagation(ctx context.Context) error {
 	r.res.note("propagation_dkc_received_p99_seconds", percentile(received, 0.99).Seconds())
 	r.res.note("propagation_changes", float64(len(nodes)))
 	r.res.note("propagation_changes_per_second", float64(r.cfg.PropagationRate))
-	bp50, bp99 := percentile(bare, 0.5), percentile(bare, 0.99)
+	bp50, bp99 := percentile(watched, 0.5), percentile(watched, 0.99)
 	dp50, dp99 := percentile(dkc, 0.5), percentile(dkc, 0.99)
 	r.res.set("propagation_bare_watch_p50_seconds", bp50.Seconds())
 	r.res.set("propagation_bare_watch_p99_seconds", bp99.Seconds())
@@ -371,12 +352,7 @@ func (r *run) propagation(ctx context.Context) error {
 // the shared ConfigMap in place and times all checkpoints; then counts Node writes until every node
 // reports the new version as last-known-good.
 func (r *run) fanout(ctx context.Context) error {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		resolve.SourceAnnotation: sourceAnnotation(cmShared)}}})
-	if err := parallel(ctx, r.nodes[:r.cfg.PropagationNodes], 32, func(ctx context.Context, _ int, n string) error {
-		_, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, patch, metav1.PatchOptions{})
-		return err
-	}); err != nil {
+	if err := r.allOnShared(ctx); err != nil {
 		return err
 	}
 	nodes := r.nodes[:r.cfg.FanoutNodes]
@@ -560,9 +536,22 @@ func (r *run) waitConnected(ctx context.Context) error {
 	}
 }
 
+// allOnShared points the propagation phase's nodes at the shared ConfigMap, as every other node is.
+func (r *run) allOnShared(ctx context.Context) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		resolve.SourceAnnotation: sourceAnnotation(cmShared)}}})
+	return parallel(ctx, r.nodes[:r.cfg.PropagationNodes], 32, func(ctx context.Context, _ int, n string) error {
+		_, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	})
+}
+
 // scale connects ScaleNodes nodes in all and measures dkc-server's RSS per connected node.
 func (r *run) scale(ctx context.Context) error {
 	nodes := r.nodes
+	if err := r.allOnShared(ctx); err != nil {
+		return err
+	}
 	if err := r.connect(ctx, nodes); err != nil {
 		return err
 	}
@@ -582,9 +571,13 @@ func (r *run) scale(ctx context.Context) error {
 	r.res.set("service_rss_bytes_per_node_at_5000", float64(v-r.res.serviceRSSBase)/float64(len(nodes)))
 	r.res.note("service_rss_bytes_at_5000", float64(v))
 	r.res.note("service_rss_bytes_no_nodes_connected", float64(r.res.serviceRSSBase))
-	heap, err := serverMetric(ctx, r.cluster.MetricsAddress(), "go_memstats_heap_inuse_bytes", nil)
-	if err == nil {
-		r.res.note("service_heap_inuse_bytes_at_5000", heap)
+	if err := fetch(ctx, "http://"+r.cluster.MetricsAddress()+"/debug/pprof/heap", filepath.Join(r.cfg.Dir, "dkc-server-scale.heap.pprof")); err != nil {
+		r.progress("heap profile: %v", err)
+	}
+	for _, m := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines"} {
+		if v, err := serverMetric(ctx, r.cluster.MetricsAddress(), m, nil); err == nil {
+			r.res.note("service_"+strings.TrimPrefix(m, "go_memstats_")+"_at_5000", v)
+		}
 	}
 	return nil
 }

@@ -63,7 +63,7 @@ func DefaultConfig() Config {
 		MaxConnAgeGrace:        time.Minute,
 		ShutdownGrace:          10 * time.Second,
 		LogLevel:               "info",
-		ReadBufferSize:         8 << 10,
+		ReadBufferSize:         0,
 		WriteBufferSize:        8 << 10,
 		MaxSendMsgSizeMiB:      4,
 	}
@@ -111,7 +111,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "time in-flight calls get to finish on shutdown")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
-	fs.IntVar(&c.ReadBufferSize, "grpc-read-buffer-size", c.ReadBufferSize, "per-connection read buffer in bytes (small keeps 5,000 idle streams cheap)")
+	fs.IntVar(&c.ReadBufferSize, "grpc-read-buffer-size", c.ReadBufferSize, "per-connection read buffer in bytes; 0 (default) reads frames straight from the TLS connection, which costs idle streams nothing (8 KiB each saved at 5,000 nodes)")
 	fs.IntVar(&c.WriteBufferSize, "grpc-write-buffer-size", c.WriteBufferSize, "per-connection write buffer in bytes (shared between writes)")
 	fs.IntVar(&c.MaxSendMsgSizeMiB, "max-send-msg-size-mib", c.MaxSendMsgSizeMiB, "largest assignment sent, in MiB (a ConfigMap holds at most 1 MiB)")
 }

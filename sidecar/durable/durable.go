@@ -42,8 +42,34 @@ func fault(step, path string) error {
 	return nil
 }
 
+// writers bounds concurrent writes in this process when set (SetMaxConcurrent).
+var writers atomic.Pointer[chan struct{}]
+
+// SetMaxConcurrent bounds how many writes run at once in this process; 0 removes the bound. A sidecar writes
+// one thing at a time and never needs it. A process that runs thousands of nodes' stores on one disk (the
+// benchmark) does: otherwise every write blocks an OS thread in the same filesystem journal and the kernel
+// spends the CPU on contention that the nodes' network code needs.
+func SetMaxConcurrent(n int) {
+	if n <= 0 {
+		writers.Store(nil)
+		return
+	}
+	ch := make(chan struct{}, n)
+	writers.Store(&ch)
+}
+
+func acquire() func() {
+	ch := writers.Load()
+	if ch == nil {
+		return func() {}
+	}
+	*ch <- struct{}{}
+	return func() { <-*ch }
+}
+
 // WriteFile atomically and durably replaces path with data.
 func WriteFile(path string, data []byte, perm os.FileMode) error {
+	defer acquire()()
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
@@ -94,6 +120,7 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 // WriteDir atomically and durably creates directory path holding files (name → content). path must not
 // exist; each name must be a plain file name (the caller validates untrusted names).
 func WriteDir(path string, files map[string][]byte, perm os.FileMode) error {
+	defer acquire()()
 	parent, base := filepath.Split(path)
 	tmp, err := os.MkdirTemp(parent, TempPrefix+base+"-")
 	if err != nil {

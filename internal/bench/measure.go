@@ -192,3 +192,52 @@ func fetch(ctx context.Context, url, path string) error {
 	}
 	return f.Close()
 }
+
+// histogram is a Prometheus histogram's cumulative bucket counts by upper bound.
+type histogram map[float64]float64
+
+// serverHistogram reads a histogram from dkc-server's /metrics.
+func serverHistogram(ctx context.Context, addr, name string) (histogram, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var p expfmt.TextParser
+	families, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	h := histogram{}
+	if mf, ok := families[name]; ok {
+		for _, m := range mf.GetMetric() {
+			for _, b := range m.GetHistogram().GetBucket() {
+				h[b.GetUpperBound()] += float64(b.GetCumulativeCount())
+			}
+		}
+	}
+	return h, nil
+}
+
+// quantile of the observations between before and h: the upper bound of the bucket holding it.
+func (h histogram) quantile(before histogram, q float64) float64 {
+	bounds := make([]float64, 0, len(h))
+	for b := range h {
+		bounds = append(bounds, b)
+	}
+	sort.Float64s(bounds)
+	total := 0.0
+	if len(bounds) > 0 {
+		total = h[bounds[len(bounds)-1]] - before[bounds[len(bounds)-1]]
+	}
+	for _, b := range bounds {
+		if h[b]-before[b] >= q*total {
+			return b
+		}
+	}
+	return 0
+}

@@ -218,7 +218,9 @@ func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, er
 	cl := client.New(conn, name, cfg.token, client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second}, log)
 	ag := agent.New(agent.Config{
 		LocalConfig: local, KubeletFlags: []string{}, TrialDuration: cfg.trial, HealthTimeout: 10 * time.Second,
-		KeepCheckpoints: 1, Checker: cfg.checker, // trial checks every 10s, as in production
+		// Trial checks every second, not every 10s: a real cluster's nodes tick independently, while the
+		// tickers of nodes started together here would promote their configs in bursts of hundreds.
+		TrialCheckInterval: time.Second, KeepCheckpoints: 1, Checker: cfg.checker,
 		Trace: func(event string, src *corev1.NodeConfigSource) { cfg.rec.trace(name, event, src) },
 	}, log, checkpoint.New(dynamic), kubelet, kubelet, cl, nil, nil)
 	if err := ag.Init(ctx); err != nil {

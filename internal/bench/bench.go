@@ -440,6 +440,9 @@ func (r *run) fanout(ctx context.Context) error {
 // a Node informer and a ConfigMap informer, both selecting one object by name.
 func (r *run) watches(ctx context.Context) error {
 	nodes := r.nodes[:r.cfg.FanoutNodes]
+	if err := r.allOnShared(ctx); err != nil {
+		return err
+	}
 	if err := r.connect(ctx, nodes); err != nil {
 		return err
 	}

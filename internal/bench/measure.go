@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -82,22 +83,31 @@ func metricSum(body io.Reader, name string, match map[string]string) (float64, e
 	return sum, nil
 }
 
-// apiserverWatches counts the WATCH requests the apiserver holds open on nodes and configmaps.
-func apiserverWatches(ctx context.Context, rc *rest.Config) (int, error) {
+// apiserverGet GETs path from the apiserver with the benchmark's admin credentials.
+func apiserverGet(ctx context.Context, rc *rest.Config, path string) ([]byte, error) {
 	httpClient, err := rest.HTTPClientFor(rc)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(rc.Host, "/")+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(rc.Host, "/")+path, nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("GET apiserver /metrics: %w", err)
+		return nil, fmt.Errorf("GET apiserver %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET apiserver %s: %s", path, resp.Status)
+	}
+	return data, err
+}
+
+// apiserverWatches counts the WATCH requests the apiserver holds open on nodes and configmaps.
+func apiserverWatches(ctx context.Context, rc *rest.Config) (int, error) {
+	data, err := apiserverGet(ctx, rc, "/metrics")
 	if err != nil {
 		return 0, err
 	}
@@ -115,27 +125,18 @@ func apiserverWatches(ctx context.Context, rc *rest.Config) (int, error) {
 // apiserverLiveHeap forces a garbage collection in the apiserver and returns its heap in use
 // (/debug/pprof/heap?gc=1, which needs the admin credentials the benchmark has).
 func apiserverLiveHeap(ctx context.Context, rc *rest.Config) (int64, error) {
-	httpClient, err := rest.HTTPClientFor(rc)
+	data, err := apiserverGet(ctx, rc, "/debug/pprof/heap?gc=1&debug=1")
 	if err != nil {
 		return 0, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(rc.Host, "/")+"/debug/pprof/heap?gc=1&debug=1", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("GET apiserver heap profile: %w", err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(strings.NewReader(string(data)))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "# HeapInuse = "); ok {
 			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		}
 	}
-	return 0, fmt.Errorf("no HeapInuse in the apiserver's heap profile (%s)", resp.Status)
+	return 0, errors.New("no HeapInuse in the apiserver's heap profile")
 }
 
 // serverMetric reads one metric (summed over matching labels) from dkc-server's /metrics.

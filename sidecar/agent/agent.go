@@ -334,6 +334,8 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 			a.configError, a.detail = HealthError, f
 		} else if c, err := a.load(ctx, assigned, flags); err != nil {
 			a.configError, a.detail = statusFor(err), err.Error()
+			// The check itself failed (the helper could not run): not the config's fault, so try again.
+			a.retry = a.retry || a.configError == InternalError
 			a.log.Warn("assigned config unusable; falling back", append(sourceFields(assigned), zap.String("status", a.configError), zap.Error(err))...)
 		} else {
 			target, usable = c, true

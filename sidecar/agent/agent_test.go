@@ -298,3 +298,45 @@ func TestUnknownFlagsAreRetried(t *testing.T) {
 		t.Fatalf("not retried: %v", st)
 	}
 }
+
+// failingChecker fails every check (the helper process could not run) until healed.
+type failingChecker struct {
+	mu     sync.Mutex
+	broken bool
+}
+
+func (f *failingChecker) Check(ctx context.Context, path string, flags []string) (*configcheck.Checked, error) {
+	f.mu.Lock()
+	broken := f.broken
+	f.mu.Unlock()
+	if broken {
+		return nil, errors.New("run dkc-kubelet-check: fork/exec: resource temporarily unavailable")
+	}
+	return kubeletconfig.InProcess{}.Check(ctx, path, flags)
+}
+
+func TestFailedCheckIsRetriedAndTouchesNothing(t *testing.T) {
+	n := newNode(t)
+	checker := &failingChecker{broken: true}
+	n.agent.cfg.Checker = checker
+	n.apply(assignment("u1", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	if st := n.reporter.lastStatus(); st.GetError() != InternalError || !n.agent.retry || n.kubelet.count() != 0 {
+		t.Fatalf("status %v, retry %v, restarts %d; want an internal error, a retry and no restart", st, n.agent.retry, n.kubelet.count())
+	}
+	checker.mu.Lock()
+	checker.broken = false
+	checker.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = n.agent.Run(ctx, make(chan Desired)); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for rv(n.reporter.lastStatus().GetActive()) != "1" && time.Now().Before(deadline) {
+		n.clock.Step(time.Second)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if st := n.reporter.lastStatus(); st.GetError() != "" || rv(st.GetActive()) != "1" {
+		t.Fatalf("not retried: %v", st)
+	}
+}

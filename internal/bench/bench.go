@@ -115,6 +115,8 @@ type run struct {
 	simsMu  sync.Mutex
 	res     *Results
 	cmRV    map[string]string
+	// serviceRSSBase is dkc-server's RSS with every Node cached and no node connected.
+	serviceRSSBase int64
 }
 
 // Run runs the benchmark and returns its results; the cluster and every simulated node are stopped before it
@@ -251,7 +253,7 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	r.progress("created %d Nodes with their tokens in %v", len(r.nodes), time.Since(start).Round(time.Millisecond))
-	r.res.serviceRSSBase, err = r.processRSS(ctx, "dkc-server", 10*time.Second)
+	r.serviceRSSBase, err = r.processRSS(ctx, "dkc-server", 10*time.Second)
 	return err
 }
 
@@ -585,9 +587,9 @@ func (r *run) scale(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.res.set("service_rss_bytes_per_node_at_5000", float64(v-r.res.serviceRSSBase)/float64(len(nodes)))
+	r.res.set("service_rss_bytes_per_node_at_5000", float64(v-r.serviceRSSBase)/float64(len(nodes)))
 	r.res.note("service_rss_bytes_at_5000", float64(v))
-	r.res.note("service_rss_bytes_no_nodes_connected", float64(r.res.serviceRSSBase))
+	r.res.note("service_rss_bytes_no_nodes_connected", float64(r.serviceRSSBase))
 	if err := fetch(ctx, "http://"+r.cluster.MetricsAddress()+"/debug/pprof/heap", filepath.Join(r.cfg.Dir, "dkc-server-scale.heap.pprof")); err != nil {
 		r.progress("heap profile: %v", err)
 	}

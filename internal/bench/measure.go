@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"k8s.io/client-go/rest"
 )
@@ -45,19 +46,20 @@ func settledRSS(ctx context.Context, pid int, d time.Duration) (int64, error) {
 	return rss(pid)
 }
 
-// metricSum adds up the samples of the named metric whose labels include every pair in match.
-func metricSum(body io.Reader, name string, match map[string]string) (float64, error) {
+// metricFamilies parses a Prometheus text exposition.
+func metricFamilies(body io.Reader) (map[string]*dto.MetricFamily, error) {
 	var p expfmt.TextParser
 	families, err := p.TextToMetricFamilies(body)
 	if err != nil {
-		return 0, fmt.Errorf("parse metrics: %w", err)
+		return nil, fmt.Errorf("parse metrics: %w", err)
 	}
-	mf, ok := families[name]
-	if !ok {
-		return 0, nil
-	}
+	return families, nil
+}
+
+// metricSum adds up the samples of the named metric whose labels include every pair in match.
+func metricSum(families map[string]*dto.MetricFamily, name string, match map[string]string) float64 {
 	var sum float64
-	for _, m := range mf.GetMetric() {
+	for _, m := range families[name].GetMetric() {
 		labels := map[string]string{}
 		for _, l := range m.GetLabel() {
 			labels[l.GetName()] = l.GetValue()
@@ -71,16 +73,9 @@ func metricSum(body io.Reader, name string, match map[string]string) (float64, e
 		if !ok {
 			continue
 		}
-		switch {
-		case m.GetGauge() != nil:
-			sum += m.GetGauge().GetValue()
-		case m.GetCounter() != nil:
-			sum += m.GetCounter().GetValue()
-		case m.GetUntyped() != nil:
-			sum += m.GetUntyped().GetValue()
-		}
+		sum += m.GetGauge().GetValue() + m.GetCounter().GetValue() + m.GetUntyped().GetValue()
 	}
-	return sum, nil
+	return sum
 }
 
 // apiserverGet GETs path from the apiserver with the benchmark's admin credentials.
@@ -111,13 +106,13 @@ func apiserverWatches(ctx context.Context, rc *rest.Config) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	families, err := metricFamilies(strings.NewReader(string(data)))
+	if err != nil {
+		return 0, err
+	}
 	total := 0
 	for _, resource := range []string{"nodes", "configmaps"} {
-		n, err := metricSum(strings.NewReader(string(data)), "apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "resource": resource})
-		if err != nil {
-			return 0, err
-		}
-		total += int(n)
+		total += int(metricSum(families, "apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "resource": resource}))
 	}
 	return total, nil
 }
@@ -139,18 +134,40 @@ func apiserverLiveHeap(ctx context.Context, rc *rest.Config) (int64, error) {
 	return 0, errors.New("no HeapInuse in the apiserver's heap profile")
 }
 
-// serverMetric reads one metric (summed over matching labels) from dkc-server's /metrics.
-func serverMetric(ctx context.Context, addr, name string, match map[string]string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+// get GETs url from dkc-server's metrics address and returns the body of a 200 response.
+func get(ctx context.Context, url string) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("GET dkc-server /metrics: %w", err)
+		return nil, err
 	}
-	defer resp.Body.Close()
-	return metricSum(resp.Body, name, match)
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return resp.Body, nil
+}
+
+// serverMetrics reads dkc-server's /metrics.
+func serverMetrics(ctx context.Context, addr string) (map[string]*dto.MetricFamily, error) {
+	body, err := get(ctx, "http://"+addr+"/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer body.Close()
+	return metricFamilies(body)
+}
+
+// serverMetric reads one metric (summed over matching labels) from dkc-server's /metrics.
+func serverMetric(ctx context.Context, addr, name string, match map[string]string) (float64, error) {
+	families, err := serverMetrics(ctx, addr)
+	if err != nil {
+		return 0, err
+	}
+	return metricSum(families, name, match), nil
 }
 
 // percentile of sorted-in-place durations (nearest rank).
@@ -171,23 +188,16 @@ func percentile(d []time.Duration, p float64) time.Duration {
 
 // fetch GETs url into path.
 func fetch(ctx context.Context, url, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	body, err := get(ctx, url)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
+	defer body.Close()
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
+	if _, err := io.Copy(f, body); err != nil {
 		f.Close()
 		return err
 	}
@@ -199,26 +209,14 @@ type histogram map[float64]float64
 
 // serverHistogram reads a histogram from dkc-server's /metrics.
 func serverHistogram(ctx context.Context, addr, name string) (histogram, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var p expfmt.TextParser
-	families, err := p.TextToMetricFamilies(resp.Body)
+	families, err := serverMetrics(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
 	h := histogram{}
-	if mf, ok := families[name]; ok {
-		for _, m := range mf.GetMetric() {
-			for _, b := range m.GetHistogram().GetBucket() {
-				h[b.GetUpperBound()] += float64(b.GetCumulativeCount())
-			}
+	for _, m := range families[name].GetMetric() {
+		for _, b := range m.GetHistogram().GetBucket() {
+			h[b.GetUpperBound()] += float64(b.GetCumulativeCount())
 		}
 	}
 	return h, nil

@@ -20,8 +20,6 @@ type Results struct {
 	Values  map[string]float64 `json:"values"`
 	Notes   map[string]float64 `json:"notes"`
 	Goals   map[string]goal    `json:"goals"`
-
-	serviceRSSBase int64
 }
 
 type goal struct {

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/component-helpers/node/util/sysctl"
 )
 
 // Config says what cluster to run. Zero values take the defaults documented on each field.
@@ -138,6 +139,11 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	}
 	if err := ensurePackages(ctx, nodePackages, cfg.Progress); err != nil {
 		return nil, err
+	}
+	if len(cfg.RealNodes) > 0 {
+		if _, err := ProvisionKernel(sysctl.New(), cfg.Progress); err != nil {
+			return nil, err
+		}
 	}
 	var rootfs string
 	if cfg.SidecarBinary != "" && len(cfg.RealNodes) > 0 {

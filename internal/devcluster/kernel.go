@@ -1,0 +1,83 @@
+package devcluster
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"k8s.io/component-helpers/node/util/sysctl"
+)
+
+// The kubelet's container manager requires these kernel settings. At every start it compares them with the
+// running kernel and writes the ones that differ; where /proc/sys is read-only (inside systemd-nspawn, the
+// real nodes' container) the write fails and the kubelet refuses to start ("Failed to start
+// ContainerManager ... open /proc/sys/kernel/panic: read-only file system"). A brand-new machine has
+// kernel.panic=1, kernel.panic_on_oops=0 and vm.overcommit_memory=0.
+//
+// The dev nodes share the host's kernel: the host IS their kernel, so the settings are made on the host
+// before a real node starts, the way node provisioning makes them on a production node (kubeadm's and
+// kubespray's images ship them in /etc/sysctl.d). The kubelet's own check stays as it is: no
+// --protect-kernel-defaults, nothing hidden. The values come from the package the kubelet itself reads them
+// from, so a kubelet that changes them changes them here too.
+var kubeletKernelTunables = []KernelTunable{
+	{Name: sysctl.VMOvercommitMemory, Value: sysctl.VMOvercommitMemoryAlways},
+	{Name: sysctl.VMPanicOnOOM, Value: sysctl.VMPanicOnOOMInvokeOOMKiller},
+	{Name: sysctl.KernelPanic, Value: sysctl.KernelPanicRebootTimeout},
+	{Name: sysctl.KernelPanicOnOops, Value: sysctl.KernelPanicOnOopsAlways},
+	{Name: sysctl.RootMaxKeys, Value: sysctl.RootMaxKeysSetting},
+	{Name: sysctl.RootMaxBytes, Value: sysctl.RootMaxBytesSetting},
+}
+
+// KernelTunable is one sysctl, named as under /proc/sys ("kernel/panic"), and its value.
+type KernelTunable struct {
+	Name  string
+	Value int
+}
+
+// String is the sysctl(8) form, kernel.panic=10.
+func (t KernelTunable) String() string {
+	return fmt.Sprintf("%s=%d", strings.ReplaceAll(t.Name, "/", "."), t.Value)
+}
+
+// KubeletKernelTunables returns the kernel settings a kubelet requires of its node.
+func KubeletKernelTunables() []KernelTunable {
+	return append([]KernelTunable(nil), kubeletKernelTunables...)
+}
+
+// KernelChange is a tunable that was set, and the value it had before.
+type KernelChange struct {
+	KernelTunable
+	Was int
+}
+
+// ProvisionKernel sets every kernel tunable the kubelet requires that the running kernel does not have yet,
+// says so on progress, and returns what it changed. Nothing is changed back when the cluster stops: like
+// node provisioning, the settings belong to the machine, and a second cluster may be running on it.
+func ProvisionKernel(sys sysctl.Interface, progress io.Writer) ([]KernelChange, error) {
+	var changes []KernelChange
+	for _, t := range kubeletKernelTunables {
+		v, err := sys.GetSysctl(t.Name)
+		if err != nil {
+			return changes, fmt.Errorf("read kernel setting %s the kubelet requires: %w", t, err)
+		}
+		if v == t.Value {
+			continue
+		}
+		if err := sys.SetSysctl(t.Name, t.Value); err != nil {
+			return changes, fmt.Errorf("set kernel setting %s the kubelet requires (was %d): %w", t, v, err)
+		}
+		changes = append(changes, KernelChange{KernelTunable: t, Was: v})
+	}
+	if len(changes) > 0 {
+		var b strings.Builder
+		for i, c := range changes {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s (was %d)", c.KernelTunable, c.Was)
+		}
+		fmt.Fprintf(progress, "node provisioning: set %s on this host, as node provisioning does: the kubelet requires them "+
+			"and the dev nodes share this kernel (they stay set after make down; see README, \"The local cluster\")\n", b.String())
+	}
+	return changes, nil
+}

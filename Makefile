@@ -48,7 +48,7 @@ build: ## build the binaries into _output/bin
 test: test-unit test-fuzz test-integration ## run every test: unit, fuzzing (short), then integration against the real local cluster
 
 FUZZTIME ?= 5s
-FUZZ_TARGETS := ./internal/payload:FuzzValidateFileName ./services/resolve:FuzzParseAnnotation ./sidecar/checkpoint:FuzzSave ./sidecar/checkpoint:FuzzDecodeRecord
+FUZZ_TARGETS := ./internal/payload:FuzzValidateFileName ./services/resolve:FuzzParseAnnotation ./sidecar/checkpoint:FuzzSave ./sidecar/checkpoint:FuzzDecodeRecord ./sidecar/kubeletunit:FuzzEnvFileSet
 .PHONY: test-fuzz
 test-fuzz: ## run each fuzz target for FUZZTIME (default 5s; longer runs: make test-fuzz FUZZTIME=10m)
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \

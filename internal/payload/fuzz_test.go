@@ -6,9 +6,10 @@ import (
 	"testing"
 )
 
-// FuzzValidateFileName: an accepted name joins to a path directly inside the directory, never elsewhere.
+// FuzzValidateFileName: an accepted name joins to a path directly inside the directory, never elsewhere, and
+// holds no byte that systemd or a shell would split on or interpret.
 func FuzzValidateFileName(f *testing.F) {
-	for _, s := range []string{"kubelet", "", ".", "..", "../x", "/etc/passwd", "a/b", `a\b`, "a\x00b", strings.Repeat("x", 300), "..kubelet", "\xff\xfe"} {
+	for _, s := range []string{"kubelet", "", ".", "..", "../x", "/etc/passwd", "a/b", `a\b`, "a\x00b", strings.Repeat("x", 300), "..kubelet", "\xff\xfe", "kubelet\t--authorization-mode=AlwaysAllow", "a$b", "a%nb"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
@@ -21,6 +22,11 @@ func FuzzValidateFileName(f *testing.F) {
 		}
 		if filepath.Base(name) != name || strings.ContainsRune(name, 0) {
 			t.Fatalf("accepted %q is not a plain file name", name)
+		}
+		if i := strings.IndexFunc(name, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-._", r))
+		}); i >= 0 {
+			t.Fatalf("accepted %q has %q at byte %d", name, name[i], i)
 		}
 	})
 }

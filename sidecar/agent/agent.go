@@ -145,6 +145,13 @@ func New(cfg Config, log *zap.Logger, store *checkpoint.Store, svc ServiceManage
 // already runs the right config. Call it before Run and before connecting to the service: a node with the
 // service and apiserver down keeps what it has.
 func (a *Agent) Init(ctx context.Context) error {
+	// Every path the env file will name starts with one of these; refusing them here says at start what a
+	// failed env-file write would otherwise only say on the first restart.
+	for _, p := range []string{a.cfg.LocalConfig, a.store.Dir()} {
+		if err := kubeletunit.ValidatePath(p); err != nil {
+			return fmt.Errorf("kubelet env file cannot name this node's configs: %w", err)
+		}
+	}
 	removed, err := a.store.Initialize()
 	if err != nil {
 		return fmt.Errorf("initialize checkpoint store %s: %w", a.store.Dir(), err)

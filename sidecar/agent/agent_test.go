@@ -3,8 +3,10 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -273,6 +275,27 @@ func TestRefusedPayload(t *testing.T) {
 	n.expect("local", "local", "local", PayloadError, 0)
 	if _, err := os.Stat(filepath.Join(n.dir, "..", "escape")); !os.IsNotExist(err) {
 		t.Error("payload escaped the dynamic config dir")
+	}
+}
+
+// TestInitRefusesPathsTheEnvFileCannotName: a local config or dynamic config dir that would split the
+// kubelet's --config flag stops the sidecar at start, before anything is written.
+func TestInitRefusesPathsTheEnvFileCannotName(t *testing.T) {
+	for _, tc := range []struct {
+		name, local, dir, offender string
+	}{
+		{"tab in local config", "/etc/kubernetes/kubelet.yaml\t--authorization-mode=AlwaysAllow", "/var/lib/kubelet/dynamic-config",
+			"/etc/kubernetes/kubelet.yaml\t--authorization-mode=AlwaysAllow"},
+		{"space in dynamic config dir", "/etc/kubernetes/kubelet.yaml", "/var/lib/kubelet/dynamic config", "/var/lib/kubelet/dynamic config"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := New(Config{LocalConfig: tc.local}, zap.NewNop(), checkpoint.New(tc.dir), nil, nil, nil, nil, nil)
+			if err := a.Init(context.Background()); err == nil {
+				t.Fatal("Init accepted")
+			} else if want := fmt.Sprintf("%q", tc.offender); !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not name %s", err, want)
+			}
+		})
 	}
 }
 

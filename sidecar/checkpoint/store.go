@@ -7,7 +7,8 @@
 //
 // Every write goes through package durable (atomic and durable). Checkpoints are immutable once written: a
 // ConfigMap version never changes content. Payloads from the wire are checked before anything is written:
-// the content hash must match, UID, ResourceVersion and file names must be plain path segments, and sizes
+// the content hash must match, UID, ResourceVersion and file names must use only the characters the API
+// allows them (so each is one plain path segment and the checkpoint path is one kubelet argument), and sizes
 // are bounded — nothing is ever written outside the directory.
 package checkpoint
 
@@ -35,7 +36,6 @@ import (
 const (
 	MaxFiles      = 1024
 	MaxTotalBytes = 2 << 20
-	maxSegment    = 253
 )
 
 // Store is the checkpoint directory of one node. It must be the only writer of its meta files: it keeps
@@ -102,24 +102,19 @@ func (s *Store) Initialize() ([]string, error) {
 	return removed, nil
 }
 
-// validSegment checks that a UID or ResourceVersion can be one path element.
-func validSegment(what, v string) error {
-	if v == "" || v == "." || v == ".." || len(v) > maxSegment || strings.ContainsAny(v, "/\\\x00") ||
-		strings.HasPrefix(v, durable.TempPrefix) {
-		return fmt.Errorf("%s %q is not a valid path segment", what, v)
-	}
-	return nil
-}
-
-// checkSource validates a resolved ConfigMap source for use as a checkpoint location.
+// checkSource validates a resolved ConfigMap source for use as a checkpoint location. UID, resourceVersion
+// and key end up in the kubelet's --config flag (package kubeletunit), so they are held to the characters
+// the API gives them (package payload), not merely to "one path segment": a tab in any of them would split
+// that flag in two. Having no ".", a UID or resourceVersion can be neither "." nor ".." nor start with
+// durable's temp prefix, which Initialize would take for a leftover.
 func checkSource(cm *corev1.ConfigMapNodeConfigSource) error {
 	if cm == nil {
 		return errors.New("no ConfigMap source")
 	}
-	if err := validSegment("uid", string(cm.UID)); err != nil {
+	if err := payload.ValidateUID(string(cm.UID)); err != nil {
 		return err
 	}
-	if err := validSegment("resourceVersion", cm.ResourceVersion); err != nil {
+	if err := payload.ValidateResourceVersion(cm.ResourceVersion); err != nil {
 		return err
 	}
 	if err := payload.ValidateFileName(cm.KubeletConfigKey); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dkc-dev/dkc/internal/payload"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
@@ -154,6 +155,68 @@ func TestHostilePayloadsAreRefused(t *testing.T) {
 	})
 	if len(found) > 0 {
 		t.Errorf("files written by refused payloads: %v", found)
+	}
+}
+
+// TestFlagInjectionIsRefused: the checkpoint path becomes the value of the kubelet's --config flag, which
+// systemd splits on tabs as well as spaces, so a tab in the key, the UID or the resourceVersion would add
+// kubelet flags nobody validated. Every way a name enters the store refuses it, naming the value.
+func TestFlagInjectionIsRefused(t *testing.T) {
+	const injected = "\t--authorization-mode=AlwaysAllow"
+	source := func(uid, rv, key string) *corev1.NodeConfigSource {
+		return &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "c", UID: types.UID(uid), ResourceVersion: rv, KubeletConfigKey: key}}
+	}
+	for _, tc := range []struct {
+		name       string
+		src        *corev1.NodeConfigSource
+		files      map[string]string
+		offender   string
+		goodSource bool
+	}{
+		{"tab in key", source("u", "1", "kubelet"+injected), map[string]string{"kubelet" + injected: "x"}, "kubelet" + injected, false},
+		{"tab in uid", source("u"+injected, "1", "kubelet"), map[string]string{"kubelet": "x"}, "u" + injected, false},
+		{"tab in resourceVersion", source("u", "1"+injected, "kubelet"), map[string]string{"kubelet": "x"}, "1" + injected, false},
+		{"tab in another file", source("u", "1", "kubelet"), map[string]string{"kubelet": "x", "ca" + injected: "x"}, "ca" + injected, true},
+		{"vertical tab in key", source("u", "1", "kubelet\v--x"), map[string]string{"kubelet\v--x": "x"}, "kubelet\v--x", false},
+		{"dollar in resourceVersion", source("u", "$X", "kubelet"), map[string]string{"kubelet": "x"}, "$X", false},
+		{"uppercase uid", source("U", "1", "kubelet"), map[string]string{"kubelet": "x"}, "U", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t)
+			want := fmt.Sprintf("%q", tc.offender)
+			check := func(op string, err error) {
+				t.Helper()
+				if err == nil {
+					t.Errorf("%s accepted %q", op, tc.offender)
+				} else if !strings.Contains(err.Error(), want) {
+					t.Errorf("%s: error %q does not name %s", op, err, want)
+				}
+			}
+			src := tc.src
+			wire := &dkcv1.Assignment{Source: &dkcv1.NodeConfigSource{ConfigMap: &dkcv1.ConfigMapNodeConfigSource{
+				Namespace: "kube-system", Name: "c", Uid: string(src.ConfigMap.UID), ResourceVersion: src.ConfigMap.ResourceVersion, KubeletConfigKey: src.ConfigMap.KubeletConfigKey}},
+				Files: tc.files}
+			wire.ContentHash = payload.Hash(wire.Source.ConfigMap, tc.files)
+			check("Save", s.Save(wire))
+			if _, err := os.ReadDir(filepath.Join(s.Dir(), "checkpoints", string(src.ConfigMap.UID))); err == nil {
+				t.Errorf("Save created a checkpoint directory for a refused payload")
+			}
+			if tc.goodSource {
+				return // only one of the payload's other files is bad
+			}
+			check("SetAssigned", s.SetAssigned(src))
+			check("SetLastKnownGood", s.SetLastKnownGood(src))
+			_, err := s.Exists(src.ConfigMap)
+			check("Exists", err)
+			// A meta file with such a name (written by hand, or by an older sidecar) is not trusted either.
+			rec := fmt.Sprintf("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: SerializedNodeConfigSource\nsource:\n  configMap:\n    uid: %q\n    resourceVersion: %q\n    kubeletConfigKey: %q\n",
+				src.ConfigMap.UID, src.ConfigMap.ResourceVersion, src.ConfigMap.KubeletConfigKey)
+			_, err = DecodeRecord([]byte(rec))
+			check("DecodeRecord", err)
+			if a, err := s.Assigned(); err != nil || a != nil {
+				t.Errorf("meta/assigned = %v, %v after refused writes; want local", a, err)
+			}
+		})
 	}
 }
 

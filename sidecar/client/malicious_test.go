@@ -118,7 +118,11 @@ func (k *steadyKubelet) Configz(ctx context.Context, _ *configcheck.Checked) (ma
 }
 
 func hostile(uid, rv string, files map[string]string, badHash bool) []byte {
-	src := &dkcv1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "evil", Uid: uid, ResourceVersion: rv, KubeletConfigKey: "kubelet"}
+	return hostileKey(uid, rv, "kubelet", files, badHash)
+}
+
+func hostileKey(uid, rv, key string, files map[string]string, badHash bool) []byte {
+	src := &dkcv1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "evil", Uid: uid, ResourceVersion: rv, KubeletConfigKey: key}
 	h := payload.Hash(src, files)
 	if badHash {
 		h = "sha256:0000"
@@ -186,6 +190,7 @@ func TestMaliciousServer(t *testing.T) {
 	for i := 0; i < 5000; i++ {
 		many[fmt.Sprintf("f%d", i)] = ""
 	}
+	const inject = "\t--authorization-mode=AlwaysAllow"
 	cases := []struct {
 		name string
 		msg  []byte
@@ -199,6 +204,10 @@ func TestMaliciousServer(t *testing.T) {
 		{"uid traversal", hostile("../../..", "7", map[string]string{"kubelet": "x"}, false)},
 		{"resourceVersion traversal", hostile("u", "..", map[string]string{"kubelet": "x"}, false)},
 		{"wrong content hash", hostile("u", "8", map[string]string{"kubelet": "x"}, true)},
+		// A tab splits the kubelet's --config flag in two (systemd splits $KUBELET_CONFIG_ARGS on it).
+		{"tab in kubeletConfigKey", hostileKey("u", "9", "kubelet"+inject, map[string]string{"kubelet" + inject: "x"}, false)},
+		{"tab in uid", hostile("u"+inject, "10", map[string]string{"kubelet": "x"}, false)},
+		{"tab in resourceVersion", hostile("u", "11"+inject, map[string]string{"kubelet": "x"}, false)},
 	}
 	for _, tc := range cases {
 		srv.send <- tc.msg

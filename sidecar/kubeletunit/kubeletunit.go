@@ -48,16 +48,53 @@ func New(dynamicConfigDir string) EnvFile {
 	return EnvFile{Path: filepath.Join(dynamicConfigDir, EnvFileName)}
 }
 
-// Set makes the kubelet's next start use configFile.
+// MaxPathLength is PATH_MAX: no longer config path can be opened.
+const MaxPathLength = 4096
+
+// ValidatePath checks that configFile can be the value of one --config= argument whatever reads the env file.
+// systemd's EnvironmentFile= parser strips whitespace, removes quotes, honours backslash escapes and
+// line continuations and expands "$"; an unquoted $KUBELET_CONFIG_ARGS in ExecStart= is then split on
+// space, tab, CR and newline (and unquoted again); "%" is a unit-file specifier; the dev cluster's
+// simulated nodes even source the file with sh, which adds globbing and command syntax. A deny-list of
+// those rules would be one missed byte away from a second kubelet flag, so this is an allow-list instead:
+// an absolute path made of the POSIX portable file name characters [A-Za-z0-9._-] and "/", which every
+// config path dkc writes (checkpoint names are held to the API's characters by package payload) and every
+// kubelet config path in practice is.
+func ValidatePath(configFile string) error {
+	switch {
+	case configFile == "":
+		return fmt.Errorf("kubelet config path %q is empty", configFile)
+	case len(configFile) > MaxPathLength:
+		return fmt.Errorf("kubelet config path of %d bytes is longer than %d", len(configFile), MaxPathLength)
+	case !strings.HasPrefix(configFile, "/"):
+		return fmt.Errorf("kubelet config path %q is not absolute", configFile)
+	}
+	for i := 0; i < len(configFile); i++ {
+		if c := configFile[i]; !portable(c) && c != '/' {
+			return fmt.Errorf("kubelet config path %q has %q at byte %d; only A-Z a-z 0-9 . _ - / are allowed", configFile, c, i)
+		}
+	}
+	return nil
+}
+
+// portable reports whether c is in the POSIX portable file name character set.
+func portable(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+}
+
+// Set makes the kubelet's next start use configFile. A path ValidatePath refuses is never written, so the
+// env file always adds exactly one kubelet argument.
 func (e EnvFile) Set(configFile string) error {
-	if configFile == "" || strings.ContainsAny(configFile, "\n\"\\ ") {
-		return fmt.Errorf("kubelet config path %q cannot be written to %s", configFile, e.Path)
+	if err := ValidatePath(configFile); err != nil {
+		return fmt.Errorf("write %s: %w", e.Path, err)
 	}
 	content := fmt.Sprintf("# Written by dkc-sidecar: the kubelet config in use. Do not edit.\n%s=--config=%s\n", Variable, configFile)
 	return durable.WriteFile(e.Path, []byte(content), 0o644)
 }
 
-// Get returns the config file the kubelet's next start uses; "" when the env file does not exist.
+// Get returns the config file the kubelet's next start uses; "" when the env file does not exist. A file
+// that does not set the variable exactly once to one --config= argument with a path ValidatePath accepts
+// (edited by hand, or by something else) is an error, so that the caller rewrites it.
 func (e EnvFile) Get() (string, error) {
 	data, err := os.ReadFile(e.Path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -66,11 +103,25 @@ func (e EnvFile) Get() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", e.Path, err)
 	}
+	var values []string
 	s := bufio.NewScanner(bytes.NewReader(data))
 	for s.Scan() {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(s.Text()), Variable+"=--config="); ok {
-			return v, nil
+		if v, ok := strings.CutPrefix(strings.TrimSpace(s.Text()), Variable+"="); ok {
+			values = append(values, v)
 		}
 	}
-	return "", fmt.Errorf("%s has no %s=--config=... line", e.Path, Variable)
+	if err := s.Err(); err != nil {
+		return "", fmt.Errorf("read %s: %w", e.Path, err)
+	}
+	if len(values) != 1 {
+		return "", fmt.Errorf("%s sets %s %d times, want once", e.Path, Variable, len(values))
+	}
+	path, ok := strings.CutPrefix(values[0], "--config=")
+	if !ok {
+		return "", fmt.Errorf("%s: %s=%q is not --config=<path>", e.Path, Variable, values[0])
+	}
+	if err := ValidatePath(path); err != nil {
+		return "", fmt.Errorf("%s: %w", e.Path, err)
+	}
+	return path, nil
 }

@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,40 +15,35 @@ import (
 	"github.com/dkc-dev/dkc/internal/devcluster"
 )
 
-// standInCertManagerCRDs declares cert-manager's Issuer and Certificate without schema, so that the
-// cert-manager overlay's objects can be dry-run against a cluster without cert-manager (which cannot be
-// fetched here). Everything else in the overlay is checked by the real apiserver.
-const standInCertManagerCRDs = `
+// standInCertManagerCRDs declares cert-manager's Issuer, ClusterIssuer and Certificate and trust-manager's
+// Bundle without schema, plus trust-manager's trust namespace, so that the cert-manager overlay's objects can
+// be dry-run against a cluster without them (they cannot be fetched here). Everything else in the overlay is
+// checked by the real apiserver.
+var standInCertManagerCRDs = "apiVersion: v1\nkind: Namespace\nmetadata: {name: cert-manager}\n" +
+	standInCRD("cert-manager.io", "v1", "Issuer", "issuers", "Namespaced") +
+	standInCRD("cert-manager.io", "v1", "ClusterIssuer", "clusterissuers", "Cluster") +
+	standInCRD("cert-manager.io", "v1", "Certificate", "certificates", "Namespaced") +
+	standInCRD("trust.cert-manager.io", "v1alpha1", "Bundle", "bundles", "Cluster")
+
+// standInCRD is a CustomResourceDefinition of kind that accepts any object.
+func standInCRD(group, version, kind, plural, scope string) string {
+	return fmt.Sprintf(`---
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: issuers.cert-manager.io
+  name: %[4]s.%[1]s
 spec:
-  group: cert-manager.io
-  names: {kind: Issuer, listKind: IssuerList, plural: issuers, singular: issuer}
-  scope: Namespaced
+  group: %[1]s
+  names: {kind: %[3]s, listKind: %[3]sList, plural: %[4]s, singular: %[5]s}
+  scope: %[6]s
   versions:
-    - name: v1
+    - name: %[2]s
       served: true
       storage: true
       schema:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: certificates.cert-manager.io
-spec:
-  group: cert-manager.io
-  names: {kind: Certificate, listKind: CertificateList, plural: certificates, singular: certificate}
-  scope: Namespaced
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-`
+`, group, version, kind, plural, strings.ToLower(kind), scope)
+}
 
 func kubectl(t *testing.T, stdin string, args ...string) string {
 	t.Helper()
@@ -86,16 +82,18 @@ func TestDeployOverlaysDryRunOnTheRealAPIServer(t *testing.T) {
 	out := kubectl(t, "", "apply", "--dry-run=server", "-k", filepath.Join(tmp, "deploy/overlays/self-signed"))
 	for _, want := range []string{"deployment.apps/dkc-server created (server dry run)", "daemonset.apps/dkc-sidecar created (server dry run)",
 		"validatingwebhookconfiguration.admissionregistration.k8s.io/dkc-validate-nodes", "poddisruptionbudget.policy/dkc-server created (server dry run)",
-		"secret/dkc-server-tls created (server dry run)"} {
+		"secret/dkc-server-tls created (server dry run)", "configmap/dkc-server-ca created (server dry run)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("self-signed overlay: %q missing from\n%s", want, out)
 		}
 	}
 
 	kubectl(t, standInCertManagerCRDs, "apply", "-f", "-")
-	kubectl(t, "", "wait", "--for=condition=Established", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io", "--timeout=60s")
+	kubectl(t, "", "wait", "--for=condition=Established", "crd/issuers.cert-manager.io", "crd/clusterissuers.cert-manager.io",
+		"crd/certificates.cert-manager.io", "crd/bundles.trust.cert-manager.io", "--timeout=60s")
 	out = kubectl(t, "", "apply", "--dry-run=server", "-k", filepath.Join(tmp, "deploy/overlays/cert-manager"))
-	for _, want := range []string{"certificate.cert-manager.io/dkc-server created (server dry run)", "issuer.cert-manager.io/dkc-ca created (server dry run)",
+	for _, want := range []string{"certificate.cert-manager.io/dkc-server created (server dry run)", "clusterissuer.cert-manager.io/dkc-ca created (server dry run)",
+		"certificate.cert-manager.io/dkc-ca created (server dry run)", "bundle.trust.cert-manager.io/dkc-server-ca created (server dry run)",
 		"daemonset.apps/dkc-sidecar created (server dry run)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("cert-manager overlay: %q missing from\n%s", want, out)

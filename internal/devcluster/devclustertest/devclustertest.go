@@ -19,8 +19,11 @@ import (
 )
 
 // Dir is where the cluster of the test binary called name lives: _output/test/<name> in the repository, so
-// that its logs survive a failing run for reading.
+// that its logs survive a failing run for reading. $DKC_TEST_CLUSTER_SUFFIX, when set, is appended to name,
+// so that two runs of the same test binary from one checkout (two developers' -run selections) each get a
+// cluster of their own instead of stopping each other's as a leftover.
 func Dir(name string) (string, error) {
+	name += os.Getenv("DKC_TEST_CLUSTER_SUFFIX")
 	wd, err := os.Getwd()
 	if err != nil {
 		return "", err

@@ -5,12 +5,15 @@ package systemd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
+	"k8s.io/utils/clock"
 )
 
 // DefaultAddress is the system bus.
@@ -18,8 +21,9 @@ const DefaultAddress = "unix:path=/run/dbus/system_bus_socket"
 
 // Manager controls one unit.
 type Manager struct {
-	conn *sddbus.Conn
-	unit string
+	conn  *sddbus.Conn
+	unit  string
+	pacer startPacer
 }
 
 // Dial connects to systemd on the bus at address (DefaultAddress if empty) with EXTERNAL authentication.
@@ -45,7 +49,7 @@ func Dial(ctx context.Context, address, unit string) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to systemd on %s: %w", address, err)
 	}
-	return &Manager{conn: conn, unit: unit}, nil
+	return &Manager{conn: conn, unit: unit, pacer: startPacer{clock: clock.RealClock{}}}, nil
 }
 
 // Close closes the bus connection.
@@ -54,13 +58,86 @@ func (m *Manager) Close() { m.conn.Close() }
 // Unit is the controlled unit's name.
 func (m *Manager) Unit() string { return m.unit }
 
-// Restart is `systemctl restart UNIT`: it queues a restart job (mode "replace") and returns when the job
-// has finished; an outcome other than "done" is an error.
+// ErrJobFailed: systemd ran the job and it did not end "done" (failed, timeout, dependency, ...).
+var ErrJobFailed = errors.New("job did not complete")
+
+// Restart is `systemctl restart UNIT`, made safe to call in bursts. Every start counts against the unit's
+// start limit (systemd's default: 5 starts in 10 s; kubeadm's kubelet unit sets none), the kubelet's own
+// crash restarts (Restart=always) included, and a unit over its limit is left "failed" with Result
+// "start-limit-hit": the kubelet stays stopped until someone runs reset-failed. So Restart
+//   - paces dkc's own starts to leave the limit room (startPacer), waiting if it must;
+//   - first clears a unit that is already failed (`systemctl reset-failed UNIT`), whoever left it so;
+//   - when the job still fails on the start limit, clears it and starts the unit once more.
+// It returns when the job has finished; an outcome other than "done" wraps ErrJobFailed.
 func (m *Manager) Restart(ctx context.Context) error {
-	return m.job(ctx, "restart", m.conn.RestartUnitContext)
+	interval, burst, err := m.startLimit(ctx)
+	if err != nil {
+		return err
+	}
+	if err := m.pacer.wait(ctx, interval, burst); err != nil {
+		return fmt.Errorf("restart %s: wait for room in its start limit: %w", m.unit, err)
+	}
+	if err := m.resetIfFailed(ctx); err != nil {
+		return err
+	}
+	m.pacer.record()
+	err = m.job(ctx, "restart", m.conn.RestartUnitContext)
+	if !errors.Is(err, ErrJobFailed) {
+		return err
+	}
+	if result, rerr := m.serviceResult(ctx); rerr != nil || result != "start-limit-hit" {
+		return err
+	}
+	if rerr := m.conn.ResetFailedUnitContext(ctx, m.unit); rerr != nil {
+		return fmt.Errorf("%w; reset-failed: %v", err, rerr)
+	}
+	m.pacer.record()
+	return m.job(ctx, "start", m.conn.StartUnitContext)
 }
 
-// job queues a unit job (mode "replace") and waits for its result; anything but "done" is an error.
+// resetIfFailed is `systemctl reset-failed UNIT` when the unit is in state "failed" (e.g. it hit its start
+// limit before dkc came along): a start job on a unit over its limit fails at once.
+func (m *Manager) resetIfFailed(ctx context.Context) error {
+	p, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "ActiveState")
+	if err != nil {
+		return fmt.Errorf("read ActiveState of %s: %w", m.unit, err)
+	}
+	if state, _ := p.Value.Value().(string); state != "failed" {
+		return nil
+	}
+	if err := m.conn.ResetFailedUnitContext(ctx, m.unit); err != nil {
+		return fmt.Errorf("reset-failed %s: %w", m.unit, err)
+	}
+	return nil
+}
+
+// serviceResult is `systemctl show --property Result UNIT` ("success", "exit-code", "start-limit-hit", ...).
+func (m *Manager) serviceResult(ctx context.Context) (string, error) {
+	p, err := m.conn.GetServicePropertyContext(ctx, m.unit, "Result")
+	if err != nil {
+		return "", fmt.Errorf("read Result of %s: %w", m.unit, err)
+	}
+	r, _ := p.Value.Value().(string)
+	return r, nil
+}
+
+// startLimit is `systemctl show --property StartLimitIntervalUSec,StartLimitBurst UNIT`; a zero interval or
+// burst means the unit has no start limit.
+func (m *Manager) startLimit(ctx context.Context) (time.Duration, int, error) {
+	iv, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "StartLimitIntervalUSec")
+	if err != nil {
+		return 0, 0, fmt.Errorf("read StartLimitIntervalUSec of %s: %w", m.unit, err)
+	}
+	bv, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "StartLimitBurst")
+	if err != nil {
+		return 0, 0, fmt.Errorf("read StartLimitBurst of %s: %w", m.unit, err)
+	}
+	usec, _ := iv.Value.Value().(uint64)
+	burst, _ := bv.Value.Value().(uint32)
+	return time.Duration(usec) * time.Microsecond, int(burst), nil
+}
+
+// job queues a unit job (mode "replace") and waits for its result; anything but "done" wraps ErrJobFailed.
 func (m *Manager) job(ctx context.Context, verb string, queue func(context.Context, string, string, chan<- string) (int, error)) error {
 	done := make(chan string, 1)
 	if _, err := queue(ctx, m.unit, "replace", done); err != nil {
@@ -69,7 +146,7 @@ func (m *Manager) job(ctx context.Context, verb string, queue func(context.Conte
 	select {
 	case result := <-done:
 		if result != "done" {
-			return fmt.Errorf("%s %s: job %s", verb, m.unit, result)
+			return fmt.Errorf("%s %s: %w: %s", verb, m.unit, ErrJobFailed, result)
 		}
 		return nil
 	case <-ctx.Done():

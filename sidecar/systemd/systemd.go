@@ -68,6 +68,7 @@ var ErrJobFailed = errors.New("job did not complete")
 //   - paces dkc's own starts to leave the limit room (startPacer), waiting if it must;
 //   - first clears a unit that is already failed (`systemctl reset-failed UNIT`), whoever left it so;
 //   - when the job still fails on the start limit, clears it and starts the unit once more.
+//
 // It returns when the job has finished; an outcome other than "done" wraps ErrJobFailed.
 func (m *Manager) Restart(ctx context.Context) error {
 	interval, burst, err := m.startLimit(ctx)

@@ -1,14 +1,20 @@
 package devcluster
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -18,7 +24,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // Names of what the dev cluster sets up for dkc; deploy/ uses the same.
@@ -130,17 +140,125 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 	if err := c.waitReady(ctx, p); err != nil {
 		return err
 	}
+	// Admission: the policy decides who may change a source, the webhook whether it is well-formed.
+	if err := c.installAdmissionPolicy(ctx, client); err != nil {
+		return err
+	}
 	return c.registerWebhook(ctx, client)
 }
 
-// AdmissionSkipLabel exempts a Node from the webhook; nodes cannot set labels of this prefix on themselves
-// (NodeRestriction), so it is no way around the self-assignment check. Tests use it to set malformed
-// sources on purpose.
+// AdmissionSkipLabel exempts a Node from the webhook's validation only: the ValidatingAdmissionPolicy of
+// AdmissionPolicyFile has no such exemption, so the label never lets a node set its own config source (and
+// nodes cannot set labels of this prefix on themselves anyway, NodeRestriction). Tests use it to set
+// malformed sources on purpose.
 const AdmissionSkipLabel = "node-restriction.kubernetes.io/dkc-admission"
 
+// AdmissionPolicyFile, relative to the repository root, holds the ValidatingAdmissionPolicy and its binding
+// that decide who may change a Node's dkc.dev/config-source. The dev cluster installs this very file, so that
+// tests exercise what users install from deploy/.
+const AdmissionPolicyFile = "deploy/base/config-source-policy.yaml"
+
+// decodeAdmissionPolicy decodes AdmissionPolicyFile's content: exactly one ValidatingAdmissionPolicy and one
+// binding of it, admissionregistration.k8s.io/v1, no unknown fields.
+func decodeAdmissionPolicy(data []byte) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
+	var (
+		policy  *admissionregistrationv1.ValidatingAdmissionPolicy
+		binding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	)
+	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := docs.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		var tm metav1.TypeMeta
+		if err := sigsyaml.Unmarshal(doc, &tm); err != nil {
+			return nil, nil, err
+		}
+		if tm == (metav1.TypeMeta{}) {
+			continue // only comments
+		}
+		if tm.APIVersion != admissionregistrationv1.SchemeGroupVersion.String() {
+			return nil, nil, fmt.Errorf("unexpected apiVersion %q of %s", tm.APIVersion, tm.Kind)
+		}
+		switch {
+		case tm.Kind == "ValidatingAdmissionPolicy" && policy == nil:
+			policy = &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			err = sigsyaml.UnmarshalStrict(doc, policy)
+		case tm.Kind == "ValidatingAdmissionPolicyBinding" && binding == nil:
+			binding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+			err = sigsyaml.UnmarshalStrict(doc, binding)
+		default:
+			err = fmt.Errorf("unexpected (or second) %s", tm.Kind)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	switch {
+	case policy == nil || binding == nil:
+		return nil, nil, errors.New("want a ValidatingAdmissionPolicy and a ValidatingAdmissionPolicyBinding")
+	case binding.Spec.PolicyName != policy.Name:
+		return nil, nil, fmt.Errorf("binding %s binds policy %q, not %q", binding.Name, binding.Spec.PolicyName, policy.Name)
+	}
+	return policy, binding, nil
+}
+
+// installAdmissionPolicy creates the ValidatingAdmissionPolicy and binding of AdmissionPolicyFile and waits
+// until the apiserver enforces them: the policy takes effect only once the apiserver's informers have seen
+// both, and tests may write Nodes right after Start returns.
+func (c *Cluster) installAdmissionPolicy(ctx context.Context, client kubernetes.Interface) error {
+	file := filepath.Join(c.cfg.RepoRoot, AdmissionPolicyFile)
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("read admission policy: %w", err)
+	}
+	policy, binding, err := decodeAdmissionPolicy(data)
+	if err != nil {
+		return fmt.Errorf("decode admission policy %s: %w", file, err)
+	}
+	vaps := client.AdmissionregistrationV1()
+	if _, err := vaps.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create validating admission policy %s: %w", policy.Name, err)
+	}
+	if _, err := vaps.ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create validating admission policy binding %s: %w", binding.Name, err)
+	}
+	if len(c.state.Nodes) == 0 {
+		return nil
+	}
+	// Probe: a dry-run write of the source through nodes/status, which the policy refuses whoever asks.
+	node := c.state.Nodes[0].Name
+	probe := []byte(`{"metadata":{"annotations":{"dkc.dev/config-source":"probe"}}}`)
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, last = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, probe, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+		return apierrors.IsForbidden(last) && refusedBy(policy, last), nil
+	})
+	if err != nil {
+		return fmt.Errorf("admission policy %s not enforced (last probe of node %s: %v): %w", policy.Name, node, last, err)
+	}
+	return nil
+}
+
+// refusedBy says whether err is a refusal by one of policy's validations — not, say, an expression that
+// failed to evaluate, which failurePolicy Fail turns into a refusal too.
+func refusedBy(policy *admissionregistrationv1.ValidatingAdmissionPolicy, err error) bool {
+	for _, v := range policy.Spec.Validations {
+		if v.Message != "" && strings.Contains(err.Error(), v.Message) {
+			return true
+		}
+	}
+	return false
+}
+
 // registerWebhook installs the validating webhook of the dkc service for Node writes that change the
-// dkc.dev/config-source annotation (matchConditions keep every other Node write — heartbeats, labels —
-// out of it, so failurePolicy Fail cannot block them).
+// dkc.dev/config-source annotation; it validates the value only (who may write it is the admission policy's
+// business, see installAdmissionPolicy). matchConditions keep every other Node write — heartbeats, labels —
+// out of it, so failurePolicy Fail cannot block them.
 func (c *Cluster) registerWebhook(ctx context.Context, client kubernetes.Interface) error {
 	ca, err := os.ReadFile(c.CAFile())
 	if err != nil {

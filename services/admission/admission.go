@@ -1,15 +1,15 @@
 // Package admission is the validating webhook the config service serves for Node writes that change the
 // dkc.dev/config-source annotation. It refuses a malformed source with the apiserver's own messages for
-// spec.configSource (e.g. "...configMap.namespace: Required value: namespace must be set"), and — as
-// NodeRestriction did for spec.configSource — refuses a node's own credentials pointing the node at a
-// config (a node could otherwise escalate its view to any ConfigMap); clearing it stays allowed.
+// spec.configSource (e.g. "...configMap.namespace: Required value: namespace must be set").
 //
-// A ValidatingAdmissionPolicy cannot do this: CEL has no JSON decoding, and the annotation is JSON.
+// Validation only: a ValidatingAdmissionPolicy cannot do it (CEL has no JSON decoding, and the annotation is
+// JSON). Who may change the annotation — not a node's own credentials, not through nodes/status — is a
+// matter of string comparisons and lives in the ValidatingAdmissionPolicy of
+// deploy/base/config-source-policy.yaml, which, unlike this webhook, no label exempts a Node from.
 package admission
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 
@@ -31,9 +31,6 @@ func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	deny := func(code int32, msg string) *admissionv1.AdmissionResponse {
 		resp.Allowed = false
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: msg, Reason: metav1.StatusReasonInvalid}
-		if code == http.StatusForbidden {
-			resp.Result.Reason = metav1.StatusReasonForbidden
-		}
 		return resp
 	}
 	var node, old corev1.Node
@@ -50,9 +47,6 @@ func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	value, has := node.Annotations[resolve.SourceAnnotation]
 	if !has || (hadOld && value == oldValue) {
 		return resp // not set, or unchanged
-	}
-	if req.UserInfo.Username == "system:node:"+node.Name {
-		return deny(http.StatusForbidden, fmt.Sprintf("node %q is not allowed to set its own config source (annotation %s)", node.Name, resolve.SourceAnnotation))
 	}
 	path := field.NewPath("metadata", "annotations").Key(resolve.SourceAnnotation)
 	src, err := resolve.ParseAnnotation(value, path)

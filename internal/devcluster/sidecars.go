@@ -159,6 +159,16 @@ func (c *Cluster) KubeletMainPID(ctx context.Context, node string) (int, error) 
 	return m.MainPID(ctx)
 }
 
+// KubeletUnitState is `systemctl show -p ActiveState,Result kubelet` on a real node.
+func (c *Cluster) KubeletUnitState(ctx context.Context, node string) (activeState, result string, err error) {
+	m, err := systemd.Dial(ctx, c.BusAddress(node), "kubelet.service")
+	if err != nil {
+		return "", "", err
+	}
+	defer m.Close()
+	return m.State(ctx)
+}
+
 // RestartSidecar is `systemctl restart dkc-sidecar` on a real node.
 func (c *Cluster) RestartSidecar(ctx context.Context, node string) error {
 	m, err := systemd.Dial(ctx, c.BusAddress(node), "dkc-sidecar.service")

@@ -99,17 +99,29 @@ func (m *Manager) Restart(ctx context.Context) error {
 // resetIfFailed is `systemctl reset-failed UNIT` when the unit is in state "failed" (e.g. it hit its start
 // limit before dkc came along): a start job on a unit over its limit fails at once.
 func (m *Manager) resetIfFailed(ctx context.Context) error {
-	p, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "ActiveState")
+	state, _, err := m.State(ctx)
 	if err != nil {
-		return fmt.Errorf("read ActiveState of %s: %w", m.unit, err)
+		return err
 	}
-	if state, _ := p.Value.Value().(string); state != "failed" {
+	if state != "failed" {
 		return nil
 	}
 	if err := m.conn.ResetFailedUnitContext(ctx, m.unit); err != nil {
 		return fmt.Errorf("reset-failed %s: %w", m.unit, err)
 	}
 	return nil
+}
+
+// State is `systemctl show --property ActiveState,Result UNIT`: e.g. "active" and "success", or "failed"
+// and "start-limit-hit" for a unit systemd gave up on.
+func (m *Manager) State(ctx context.Context) (activeState, result string, err error) {
+	p, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "ActiveState")
+	if err != nil {
+		return "", "", fmt.Errorf("read ActiveState of %s: %w", m.unit, err)
+	}
+	activeState, _ = p.Value.Value().(string)
+	result, err = m.serviceResult(ctx)
+	return activeState, result, err
 }
 
 // serviceResult is `systemctl show --property Result UNIT` ("success", "exit-code", "start-limit-hit", ...).

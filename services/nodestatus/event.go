@@ -63,11 +63,13 @@ func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.Kubele
 	}
 	_, err := w.client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{FieldManager: FieldManager})
 	if apierrors.IsAlreadyExists(err) {
+		w.metrics.event("duplicate")
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("create %s event for node %s: %w", EventReason, node, err)
+		return fmt.Errorf("create %s event %s for node %s: %w", EventReason, ev.Name, node, err)
 	}
+	w.metrics.event("created")
 	w.log.Info("kubelet restart recorded", zap.String("node", node), zap.String("message", msg))
 	return nil
 }

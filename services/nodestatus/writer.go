@@ -5,9 +5,10 @@
 // override"). It also records the KubeletConfigChanged Event of each kubelet restart.
 //
 // Each change is one strategic-merge patch of the Node's status subresource with field manager dkc-server,
-// touching only our annotation and condition; identical content is never written again (so several replicas
-// can write idempotently), and a failed write is retried with backoff — the original kubelet dropped failed
-// status patches silently.
+// touching only our annotation, our condition and status.config; identical content is never written again
+// (so several replicas can write idempotently), and a failed write is retried with backoff — the original
+// kubelet dropped failed status patches silently. A restart's Event that cannot be created is logged and
+// dropped, as the original did: it never holds back the node's status.
 package nodestatus
 
 import (
@@ -95,8 +96,13 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	w.reports[node] = report{status: req.GetStatus(), message: req.GetMessage(), observed: observed}
 	w.mu.Unlock()
 	if r := req.GetRestart(); r != nil {
+		// A refused Event (quota, admission policy) would be refused again on every retry, and the sidecar
+		// retries the whole report: failing here would freeze the node's status for good. The Event is
+		// news, the status is the record, so the status wins (as in the original, which logged and went on).
 		if err := w.recordRestart(ctx, node, r); err != nil {
-			return err
+			w.metrics.event("error")
+			w.log.Warn("kubelet restart event not recorded; dropping it", zap.String("node", node),
+				zap.String("restartID", r.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
 		}
 	}
 	return w.write(ctx, node)
@@ -207,7 +213,7 @@ func (w *Writer) write(ctx context.Context, name string) error {
 		"metadata": map[string]any{"annotations": map[string]string{StatusAnnotation: string(annotation)}},
 		"status": map[string]any{
 			// Dropped by apiservers ≥ 1.24 unless the Node already has it (CONTRACT §2); kept where allowed.
-			"config":     status,
+			"config":     configPatch(status),
 			"conditions": []corev1.NodeCondition{cond},
 		},
 	})
@@ -224,6 +230,41 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	w.log.Info("node status written", zap.String("node", name), zap.String("status", string(annotation)),
 		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start)))
 	return nil
+}
+
+// configPatch is status.config as a patch that leaves exactly status behind, whatever the Node held: every
+// NodeConfigStatus field is omitempty, so a patch made of status alone could set fields but never remove one
+// (an error would never clear, a reset would leave the old sources). Each absent field is therefore sent as
+// null. The original kubelet got the nulls from a two-way patch against a Node it had just read; naming
+// every field instead does not depend on what this replica's Node cache (possibly stale, possibly behind
+// another replica's write) says the Node holds.
+func configPatch(status *corev1.NodeConfigStatus) map[string]any {
+	patch := map[string]any{
+		"assigned":      sourcePatch(status.Assigned),
+		"active":        sourcePatch(status.Active),
+		"lastKnownGood": sourcePatch(status.LastKnownGood),
+		"error":         nil,
+	}
+	if status.Error != "" {
+		patch["error"] = status.Error
+	}
+	return patch
+}
+
+// sourcePatch is a NodeConfigSource as a patch that replaces the stored one: nil (JSON null, which removes
+// the field) for none, else every field of its only kind, so nothing of a previous source survives.
+func sourcePatch(s *corev1.NodeConfigSource) any {
+	if s == nil || s.ConfigMap == nil {
+		return nil
+	}
+	cm := s.ConfigMap
+	return map[string]any{"configMap": map[string]any{
+		"namespace":        cm.Namespace,
+		"name":             cm.Name,
+		"uid":              cm.UID,
+		"resourceVersion":  cm.ResourceVersion,
+		"kubeletConfigKey": cm.KubeletConfigKey,
+	}}
 }
 
 // upToDate reports whether the cached Node already carries the status. status.config is compared only

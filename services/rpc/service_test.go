@@ -141,7 +141,11 @@ func TestWatchConfig(t *testing.T) {
 
 func TestWatchConfigOtherNodeDenied(t *testing.T) {
 	client := start(t, assignment.NewTable(nil), &recordingWriter{})
-	stream, err := client.WatchConfig(context.Background(), &dkcv1.WatchConfigRequest{NodeName: "n2"})
+	// An authorised stream never ends by itself: without a deadline, a lost authorisation check would
+	// hang here until the test binary's timeout instead of failing.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n2"})
 	if err == nil {
 		_, err = stream.Recv()
 	}

@@ -69,6 +69,8 @@ type Prober interface {
 
 // Reporter delivers status to the config service, retrying until acknowledged; implemented by the client.
 type Reporter interface {
+	// Report records the node's latest status and, if restart is not nil, queues that restart behind the
+	// ones not yet acknowledged: each restart is delivered (and becomes its Event) once, in order.
 	Report(status *dkcv1.NodeConfigStatus, message string, restart *dkcv1.KubeletRestart)
 }
 
@@ -124,7 +126,9 @@ type Agent struct {
 	active         *corev1.NodeConfigSource // config the kubelet runs, nil = local
 	activeKnown    bool
 	retry          bool // the last reconcile could not decide (e.g. kubelet flags unknown yet): try again
-	pendingRestart *dkcv1.KubeletRestart
+	// Restarts since the last report, in order. One reconcile can restart the kubelet more than once (into
+	// the assigned config, then back to last-known-good when it does not run), and each restart is an Event.
+	pendingRestarts []*dkcv1.KubeletRestart
 }
 
 // New returns an agent; metrics may be nil.
@@ -234,7 +238,10 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 			a.fail(SyncInternalError, err)
 			return
 		}
-		a.state.clearAssigned()
+		if err := a.state.clearAssigned(nil); err != nil {
+			a.fail(SyncInternalError, fmt.Errorf("forget the trial and failures of the previous assignment: %w", err))
+			return
+		}
 		a.localSyncError = ""
 		return
 	}
@@ -254,7 +261,17 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 		a.fail(SyncInternalError, err)
 		return
 	}
-	a.state.clearAssigned() // a new assignment gets a fresh trial and a fresh chance
+	lkg, err := a.store.LastKnownGood()
+	if err != nil {
+		// reconcile treats an unreadable last-known-good as local, so it is no fallback whose failures matter.
+		a.log.Error("read meta/last-known-good; treating it as local", zap.Error(err))
+		lkg = nil
+	}
+	// A new assignment gets a fresh trial and a fresh chance. If that cannot be recorded, the old
+	// failures stay in force (nothing that failed before is restarted into) and the node says so.
+	if err := a.state.clearAssigned(lkg); err != nil {
+		a.fail(SyncInternalError, fmt.Errorf("forget the trial and failures of the previous assignment: %w", err))
+	}
 	a.log.Info("checkpointed new assignment", sourceFields(src)...)
 	if a.cfg.Trace != nil {
 		a.cfg.Trace(TraceCheckpointed, src)
@@ -431,7 +448,7 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 		return fmt.Errorf("restart kubelet: %w", err)
 	}
 	restart.Time = timestamp(start)
-	a.pendingRestart = restart
+	a.pendingRestarts = append(a.pendingRestarts, restart)
 	a.metrics.restarted()
 	if err := a.verify(ctx, target, a.cfg.HealthTimeout, false); err != nil {
 		return err
@@ -561,9 +578,14 @@ func (a *Agent) report() {
 	st, detail := a.Status()
 	a.metrics.set(st)
 	if a.reporter != nil {
-		a.reporter.Report(st, detail, a.pendingRestart)
+		if len(a.pendingRestarts) == 0 {
+			a.reporter.Report(st, detail, nil)
+		}
+		for _, r := range a.pendingRestarts {
+			a.reporter.Report(st, detail, r)
+		}
 	}
-	a.pendingRestart = nil // the reporter owns it now, until acknowledged
+	a.pendingRestarts = nil // the reporter owns them now, until acknowledged
 }
 
 // kubeletFlags returns the kubelet's command-line flags without --config.

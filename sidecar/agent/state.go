@@ -53,12 +53,17 @@ func (f *stateFile) load() error {
 	return nil
 }
 
-func (f *stateFile) save() error {
-	data, err := json.MarshalIndent(f.s, "", "  ")
+func (f *stateFile) save() error { return saveState(f.path, f.s) }
+
+func saveState(path string, s persisted) error {
+	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
-		return err
+		return fmt.Errorf("encode sidecar state: %w", err)
 	}
-	return durable.WriteFile(f.path, data, 0o644)
+	if err := durable.WriteFile(path, data, 0o644); err != nil {
+		return fmt.Errorf("write sidecar state: %w", err)
+	}
+	return nil
 }
 
 func (f *stateFile) failure(src *corev1.NodeConfigSource) string {
@@ -76,12 +81,24 @@ func (f *stateFile) markFailed(src *corev1.NodeConfigSource, reason string) {
 	}
 }
 
-// clearAssigned forgets the trial and failures when a new config is assigned; failures of the current
-// last-known-good are kept.
-func (f *stateFile) clearAssigned() {
-	f.s.TrialSource, f.s.TrialStart = nil, nil
-	f.s.Failed = nil
-	_ = f.save()
+// clearAssigned forgets the trial and the failures when a new config is assigned: each assignment gets a
+// fresh trial and every config a fresh chance. Failures of lkg (the current last-known-good) are kept: it
+// is the fallback of the new assignment, and a fallback already seen failing must not be restarted into
+// again. The state in memory changes only once it is on disk; on error nothing changed.
+func (f *stateFile) clearAssigned(lkg *corev1.NodeConfigSource) error {
+	next := f.s
+	next.TrialSource, next.TrialStart = nil, nil
+	next.Failed = nil
+	for _, x := range f.s.Failed {
+		if lkg != nil && sameSource(x.Source, lkg) {
+			next.Failed = append(next.Failed, x)
+		}
+	}
+	if err := saveState(f.path, next); err != nil {
+		return err
+	}
+	f.s = next
+	return nil
 }
 
 // startTrial records the trial start unless this source's trial already runs; it reports a change.

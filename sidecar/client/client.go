@@ -57,8 +57,10 @@ type Client struct {
 
 	mu      sync.Mutex
 	pending *dkcv1.ReportStatusRequest // latest unacknowledged report
-	restart *dkcv1.KubeletRestart      // restart not yet acknowledged; rides on every report until then
-	wake    chan struct{}
+	// restarts not yet acknowledged, oldest first. A report carries one restart (one Event); the head rides
+	// on every report until acknowledged, then the next one does, so none is lost while the service is away.
+	restarts []*dkcv1.KubeletRestart
+	wake     chan struct{}
 	// connected is closed-and-replaced on each new stream, so the reporter re-sends after a reconnect (the
 	// service may be a new replica that knows nothing of this node).
 	connected chan struct{}
@@ -143,11 +145,21 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	}
 }
 
-// Report implements agent.Reporter: it records the status to send; Run delivers it.
+// MaxPendingRestarts bounds the restarts kept for delivery while the service is unreachable. Restarts are
+// seconds apart at the least (each waits for the kubelet's health), so this covers a long outage; beyond
+// it the oldest are dropped, with a log line each: their Events are history, the status is what matters.
+const MaxPendingRestarts = 32
+
+// Report implements agent.Reporter: it records the status to send and queues the restart; Run delivers them.
 func (c *Client) Report(st *dkcv1.NodeConfigStatus, message string, restart *dkcv1.KubeletRestart) {
 	c.mu.Lock()
 	if restart != nil {
-		c.restart = restart
+		if len(c.restarts) == MaxPendingRestarts {
+			c.log.Warn("too many unacknowledged kubelet restarts; dropping the oldest, its event is lost",
+				zap.String("restartID", c.restarts[0].GetId()), zap.Int("max", MaxPendingRestarts))
+			c.restarts = c.restarts[1:]
+		}
+		c.restarts = append(c.restarts, restart)
 	}
 	c.pending = &dkcv1.ReportStatusRequest{NodeName: c.node, Status: st, Message: message, ObservedTime: timestamppb.Now()}
 	c.mu.Unlock()
@@ -165,7 +177,10 @@ func (c *Client) RunReporter(ctx context.Context) error {
 	for {
 		c.mu.Lock()
 		req := c.pending
-		restart := c.restart
+		var restart *dkcv1.KubeletRestart
+		if len(c.restarts) > 0 {
+			restart = c.restarts[0]
+		}
 		connected := c.connected
 		c.mu.Unlock()
 		if req != nil {
@@ -175,10 +190,11 @@ func (c *Client) RunReporter(ctx context.Context) error {
 			if err == nil {
 				delay = 0
 				c.mu.Lock()
-				if c.restart == restart {
-					c.restart = nil
+				if restart != nil && len(c.restarts) > 0 && c.restarts[0] == restart {
+					c.restarts = c.restarts[1:]
 				}
-				if c.pending != nil && proto.Equal(c.pending.GetStatus(), req.GetStatus()) && c.pending.GetMessage() == req.GetMessage() {
+				// The report stays pending while restarts wait: the next one rides on it.
+				if len(c.restarts) == 0 && c.pending != nil && proto.Equal(c.pending.GetStatus(), req.GetStatus()) && c.pending.GetMessage() == req.GetMessage() {
 					last, c.pending = c.pending, nil
 				}
 				c.mu.Unlock()

@@ -6,17 +6,20 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/dkc-dev/dkc/internal/convert"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
@@ -68,19 +71,7 @@ func TestCompatNativeConfigSource(t *testing.T) {
 	upgradeNode(t, "compat-1", &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{
 		Namespace: "kube-system", Name: "compat-first", KubeletConfigKey: "kubelet"}})
 
-	var stored *corev1.Node
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var err error
-		stored, err = client.CoreV1().Nodes().Get(ctx, "compat-1", metav1.GetOptions{})
-		if err == nil && stored.Spec.ConfigSource != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("apiserver does not serve the upgraded node's spec.configSource: %v %+v", err, stored)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitForConfigSource(t, "compat-1")
 
 	w := watch(t, token, "compat-1", nil)
 	m := w.next("assignment from spec.configSource", hasConfigMap("compat-first", first.ResourceVersion))
@@ -117,4 +108,150 @@ func TestCompatNativeConfigSource(t *testing.T) {
 	// The spec wins over an annotation, as CONTRACT §3 orders them.
 	setSource(t, client, "compat-1", cmSource("compat-first"))
 	w.quiet(2 * time.Second)
+}
+
+// TestCompatStatusConfigClears moves an upgraded Node (whose apiserver keeps status.config) through
+// assigned → error set → error cleared → reset, as a sidecar reports them, and checks after each step that
+// status.config and the annotation say exactly what was reported: a field the node no longer reports is
+// gone from status.config (every NodeConfigStatus field is omitempty, so only a patch that sends null
+// removes it), and a step reported again is not written again.
+func TestCompatStatusConfigClears(t *testing.T) {
+	ctx := testContext(t)
+	client := adminClient(t)
+	const name = "compat-clear"
+	token := simNode(t, name)
+	good := createConfigMap(t, "compat-clear-good", map[string]string{"kubelet": "a"})
+	bad := createConfigMap(t, "compat-clear-bad", map[string]string{"kubelet": "b"})
+	source := func(cm *corev1.ConfigMap) *corev1.NodeConfigSource {
+		return &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: cm.Namespace, Name: cm.Name,
+			UID: cm.UID, ResourceVersion: cm.ResourceVersion, KubeletConfigKey: "kubelet"}}
+	}
+	upgradeNode(t, name, &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{
+		Namespace: "kube-system", Name: good.Name, KubeletConfigKey: "kubelet"}})
+	waitForConfigSource(t, name)
+	setSpec := func(value string) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"spec":{"configSource":%s}}`, value)
+		if _, err := client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("patch spec.configSource of %s to %s: %v", name, value, err)
+		}
+	}
+	svc := serviceClient(t)
+	report := func(st *corev1.NodeConfigStatus) {
+		t.Helper()
+		if _, err := svc.ReportStatus(withToken(ctx, token), &dkcv1.ReportStatusRequest{NodeName: name,
+			Status: convert.StatusFromCore(st), ObservedTime: timestamppb.Now()}); err != nil {
+			t.Fatalf("ReportStatus: %v", err)
+		}
+	}
+
+	const validateError = "failed to validate config, see Kubelet log for details"
+	for _, step := range []struct {
+		name string
+		spec string // spec.configSource before the report; "" leaves it
+		want corev1.NodeConfigStatus
+		keys []string // the JSON keys status.config must have, no more
+	}{
+		{"assigned", "", corev1.NodeConfigStatus{Assigned: source(good), Active: source(good), LastKnownGood: source(good)},
+			[]string{"active", "assigned", "lastKnownGood"}},
+		{"error set", cmSource(bad.Name), corev1.NodeConfigStatus{Assigned: source(bad), Active: source(good), LastKnownGood: source(good), Error: validateError},
+			[]string{"active", "assigned", "error", "lastKnownGood"}},
+		{"error cleared", cmSource(good.Name), corev1.NodeConfigStatus{Assigned: source(good), Active: source(good), LastKnownGood: source(good)},
+			[]string{"active", "assigned", "lastKnownGood"}},
+		{"reset", "null", corev1.NodeConfigStatus{}, []string{}},
+	} {
+		if step.spec != "" {
+			setSpec(step.spec)
+		}
+		report(&step.want)
+		node, raw := getNodeRaw(t, name)
+		if node.Status.Config == nil {
+			t.Fatalf("%s: status.config dropped by the apiserver", step.name)
+		}
+		if !apiequality.Semantic.DeepEqual(*node.Status.Config, step.want) {
+			t.Errorf("%s: status.config = %s\nwant %s", step.name, jsonOf(node.Status.Config), jsonOf(step.want))
+		}
+		var rawNode struct {
+			Status struct {
+				Config map[string]json.RawMessage `json:"config"`
+			} `json:"status"`
+		}
+		if err := json.Unmarshal(raw, &rawNode); err != nil {
+			t.Fatal(err)
+		}
+		keys := []string{}
+		for k := range rawNode.Status.Config {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		if !slices.Equal(keys, step.keys) {
+			t.Errorf("%s: status.config has fields %v, want exactly %v", step.name, keys, step.keys)
+		}
+		annotation := node.Annotations["dkc.dev/config-status"]
+		var ann corev1.NodeConfigStatus
+		if err := json.Unmarshal([]byte(annotation), &ann); err != nil || !apiequality.Semantic.DeepEqual(ann, step.want) {
+			t.Errorf("%s: annotation = %s (%v)\nwant %s", step.name, annotation, err, jsonOf(step.want))
+		}
+		if step.name == "reset" && annotation != "{}" {
+			t.Errorf("reset: annotation = %s, want {}", annotation)
+		}
+		wantOK := corev1.ConditionTrue
+		if step.want.Error != "" {
+			wantOK = corev1.ConditionFalse
+		}
+		if c := configOK(t, name); c.Status != wantOK {
+			t.Errorf("%s: ConfigOK = %+v, want %s", step.name, c, wantOK)
+		}
+
+		// The same status reported again finds the Node up to date. The service compares with its Node
+		// cache, which may not have seen its own write yet: one more write is allowed, an endless run is not.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			before := statusWrites(t)
+			report(&step.want)
+			if statusWrites(t) == before {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the Node is written again at every report of the same status", step.name)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+// waitForConfigSource waits until the apiserver serves the upgraded node's spec.configSource.
+func waitForConfigSource(t *testing.T, name string) {
+	t.Helper()
+	client := adminClient(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		stored, err := client.CoreV1().Nodes().Get(testContext(t), name, metav1.GetOptions{})
+		if err == nil && stored.Spec.ConfigSource != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("apiserver does not serve the upgraded node's spec.configSource: %v %+v", err, stored)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// getNodeRaw returns the Node both decoded and as the apiserver's JSON, for checking which fields exist.
+func getNodeRaw(t *testing.T, name string) (*corev1.Node, []byte) {
+	t.Helper()
+	raw, err := adminClient(t).CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", name).DoRaw(testContext(t))
+	if err != nil {
+		t.Fatalf("get node %s: %v", name, err)
+	}
+	var node corev1.Node
+	if err := json.Unmarshal(raw, &node); err != nil {
+		t.Fatalf("decode node %s: %v", name, err)
+	}
+	return &node, raw
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
 }

@@ -1,0 +1,179 @@
+package nodestatus
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/dkc-dev/dkc/internal/convert"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/assignment"
+)
+
+// freshLister reads Nodes straight from the clientset: these tests are about what is written, not about
+// a lagging cache.
+type freshLister struct{ client kubernetes.Interface }
+
+func (l freshLister) List(labels.Selector) ([]*corev1.Node, error) {
+	list, err := l.client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	nodes := make([]*corev1.Node, len(list.Items))
+	for i := range list.Items {
+		nodes[i] = &list.Items[i]
+	}
+	return nodes, nil
+}
+
+func (l freshLister) Get(name string) (*corev1.Node, error) {
+	return l.client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+}
+
+var _ corelisters.NodeLister = freshLister{}
+
+func newWriter(t *testing.T, client *fake.Clientset) (*Writer, *Metrics) {
+	t.Helper()
+	m := NewMetrics(prometheus.NewRegistry())
+	return New(zap.NewNop(), client, freshLister{client}, assignment.NewTable(nil), m), m
+}
+
+func getNode(t *testing.T, client kubernetes.Interface, name string) *corev1.Node {
+	t.Helper()
+	n, err := client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func annotationOf(t *testing.T, n *corev1.Node) corev1.NodeConfigStatus {
+	t.Helper()
+	var st corev1.NodeConfigStatus
+	if err := json.Unmarshal([]byte(n.Annotations[StatusAnnotation]), &st); err != nil {
+		t.Fatalf("status annotation %q: %v", n.Annotations[StatusAnnotation], err)
+	}
+	return st
+}
+
+func statusJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// TestStatusConfigFollowsEveryStep: on a Node that keeps status.config (an apiserver ≤ 1.23, or a Node
+// upgraded from one), each report leaves status.config exactly equal to it — fields the node stopped
+// reporting are removed — and a report of what the Node already shows writes nothing.
+func TestStatusConfigFollowsEveryStep(t *testing.T) {
+	const name = "n1"
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{Config: &corev1.NodeConfigStatus{}}})
+	w, m := newWriter(t, client)
+	good, bad := cm("1"), cm("2")
+	observed := time.Now()
+	for _, step := range []struct {
+		name string
+		want corev1.NodeConfigStatus
+	}{
+		{"assigned", corev1.NodeConfigStatus{Assigned: good, Active: good, LastKnownGood: good}},
+		{"error set", corev1.NodeConfigStatus{Assigned: bad, Active: good, LastKnownGood: good, Error: "failed to validate config, see Kubelet log for details"}},
+		{"error cleared", corev1.NodeConfigStatus{Assigned: good, Active: good, LastKnownGood: good}},
+		{"last-known-good forgotten", corev1.NodeConfigStatus{Assigned: good, Active: good}},
+		{"reset", corev1.NodeConfigStatus{}},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			report := func() {
+				t.Helper()
+				observed = observed.Add(time.Second)
+				if err := w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
+					Status: convert.StatusFromCore(&step.want), ObservedTime: timestamppb.New(observed)}); err != nil {
+					t.Fatalf("Report: %v", err)
+				}
+			}
+			report()
+			n := getNode(t, client, name)
+			if n.Status.Config == nil || !apiequality.Semantic.DeepEqual(*n.Status.Config, step.want) {
+				t.Errorf("status.config = %s\nwant %s", statusJSON(n.Status.Config), statusJSON(step.want))
+			}
+			if got := annotationOf(t, n); !apiequality.Semantic.DeepEqual(got, step.want) {
+				t.Errorf("annotation = %s\nwant %s", statusJSON(got), statusJSON(step.want))
+			}
+			before := testutil.ToFloat64(m.writes.WithLabelValues("written"))
+			report()
+			if n := testutil.ToFloat64(m.writes.WithLabelValues("written")) - before; n != 0 {
+				t.Errorf("the same status reported again was written %v more times", n)
+			}
+		})
+	}
+}
+
+// TestRefusedEventDoesNotHoldBackStatus: an Event the apiserver refuses (quota, admission policy) is
+// logged, counted and dropped; the report is still written and acknowledged, and later reports — still
+// carrying the restart, as a sidecar's retries do — advance the node's status.
+func TestRefusedEventDoesNotHoldBackStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		refuse      bool
+		wantEvents  int
+		wantCounted map[string]float64
+	}{
+		{"events refused", true, 0, map[string]float64{"error": 2, "created": 0}},
+		{"events accepted", false, 1, map[string]float64{"error": 0, "created": 1, "duplicate": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const name = "n1"
+			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+			if tc.refuse {
+				client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+					return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "events"}, "",
+						apierrors.NewBadRequest(`exceeded quota: events, requested: count/events=1`))
+				})
+			}
+			w, m := newWriter(t, client)
+			restart := &dkcv1.KubeletRestart{Id: "r1", Target: convert.SourceFromCore(cm("1")), Time: timestamppb.Now()}
+			t0 := time.Now()
+			for i, st := range []corev1.NodeConfigStatus{
+				{Assigned: cm("1")},
+				{Assigned: cm("1"), Active: cm("1")},
+			} {
+				err := w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
+					Status: convert.StatusFromCore(&st), Restart: restart, ObservedTime: timestamppb.New(t0.Add(time.Duration(i) * time.Second))})
+				if err != nil {
+					t.Fatalf("report %d: %v", i, err)
+				}
+				if got := annotationOf(t, getNode(t, client, name)); !apiequality.Semantic.DeepEqual(got, st) {
+					t.Fatalf("report %d: annotation = %s, want %s", i, statusJSON(got), statusJSON(st))
+				}
+			}
+			events, err := client.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(events.Items) != tc.wantEvents {
+				t.Errorf("%d events, want %d", len(events.Items), tc.wantEvents)
+			}
+			for result, want := range tc.wantCounted {
+				if got := testutil.ToFloat64(m.events.WithLabelValues(result)); got != want {
+					t.Errorf("restart_events_total{result=%q} = %v, want %v", result, got, want)
+				}
+			}
+		})
+	}
+}

@@ -45,7 +45,17 @@ const (
 	HealthError = "failed to run kubelet with config, rolled back, see dkc-sidecar log for details"
 	// PayloadError: the service sent a payload the node refuses to write (bad hash, names, sizes).
 	PayloadError = "failed to sync: refused invalid payload, see dkc-sidecar log for details"
+	// RestartError: the service manager did not restart the kubelet (a failed job, the bus unreachable) or
+	// the env file could not be written. Not the config's fault: nothing is rolled back, and the restart is
+	// retried at the next tick.
+	RestartError = "failed to restart kubelet, will retry, see dkc-sidecar log for details"
 )
+
+// errConfigFault marks what run returns when the config itself is to blame: the kubelet, running it, did not
+// become healthy. Only such a failure marks a config failed (and rolls back); anything else — the service
+// manager, the env file, the sidecar being stopped in the middle of a health wait — says nothing about the
+// config and is retried.
+var errConfigFault = errors.New("kubelet not healthy with config")
 
 // Events of Config.Trace.
 const (
@@ -386,6 +396,17 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 	}
 
 	if err := a.run(ctx, target); err != nil {
+		if !errors.Is(err, errConfigFault) {
+			// What runs now is unknown until the next reconcile proves it through /configz.
+			a.activeKnown = false
+			if ctx.Err() != nil {
+				return true // stopping: the next start picks up from what is on disk
+			}
+			a.configError, a.detail = RestartError, err.Error()
+			a.retry = true
+			a.log.Error("could not make the kubelet run the target config; retrying, the config is not blamed", append(sourceFields(target.src), zap.Error(err))...)
+			return true
+		}
 		a.log.Error("kubelet did not come back healthy with the target config", append(sourceFields(target.src), zap.Error(err))...)
 		if target.src == nil {
 			a.configError, a.detail = HealthError, "local config: "+err.Error()
@@ -430,13 +451,21 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 		return nil
 	}
 	if current == target.file {
-		if err := a.verify(ctx, target, a.cfg.HealthTimeout, true); err == nil {
+		if pid, err := a.svc.MainPID(ctx); err == nil && pid == 0 {
+			// Not running at all (stopped, or its unit failed, e.g. on its start limit): waiting for it to
+			// become healthy would only blame the config for what the service manager did.
+			a.log.Info("kubelet is not running; starting it", sourceFields(target.src)...)
+		} else if err := a.verify(ctx, target, a.cfg.HealthTimeout, true); err == nil {
 			a.active, a.activeKnown = target.src, true
 			return nil
 		} else if !errors.Is(err, errMismatch) {
-			return err
+			if ctx.Err() != nil {
+				return err
+			}
+			return fmt.Errorf("%w: %v", errConfigFault, err)
+		} else {
+			a.log.Info("kubelet runs another config than its env file names; restarting it", sourceFields(target.src)...)
 		}
-		a.log.Info("kubelet runs another config than its env file names; restarting it", sourceFields(target.src)...)
 	}
 	if err := a.env.Set(target.file); err != nil {
 		return fmt.Errorf("write kubelet env file: %w", err)
@@ -451,7 +480,10 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 	a.pendingRestarts = append(a.pendingRestarts, restart)
 	a.metrics.restarted()
 	if err := a.verify(ctx, target, a.cfg.HealthTimeout, false); err != nil {
-		return err
+		if ctx.Err() != nil {
+			return err // stopped in the middle of the health wait: that is not the config's fault
+		}
+		return fmt.Errorf("%w: %v", errConfigFault, err)
 	}
 	a.active, a.activeKnown = target.src, true
 	a.log.Info("kubelet healthy with config", append(sourceFields(target.src), zap.Duration("took", a.clock.Since(start)))...)

@@ -32,11 +32,21 @@ type fakeKubelet struct {
 	local    string
 	running  string
 	restarts []string
+	// stopped: the kubelet does not run (its unit failed); a restart starts it again.
+	stopped bool
+	// failRestarts: so many next restarts fail as a refused systemd job does, the kubelet left stopped.
+	failRestarts int
 }
 
 func (k *fakeKubelet) Restart(context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.failRestarts > 0 {
+		k.failRestarts--
+		k.stopped = true
+		return errors.New("restart kubelet.service: job did not complete: failed")
+	}
+	k.stopped = false
 	f, _ := k.env.Get()
 	if f == "" {
 		f = k.local
@@ -46,7 +56,14 @@ func (k *fakeKubelet) Restart(context.Context) error {
 	return nil
 }
 
-func (k *fakeKubelet) MainPID(context.Context) (int, error) { return 0, nil }
+func (k *fakeKubelet) MainPID(context.Context) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped {
+		return 0, nil
+	}
+	return 4242, nil
+}
 
 func (k *fakeKubelet) runningConfig() (*kubeletconfiginternal.KubeletConfiguration, error) {
 	k.mu.Lock()
@@ -60,6 +77,12 @@ func (k *fakeKubelet) runningConfig() (*kubeletconfiginternal.KubeletConfigurati
 }
 
 func (k *fakeKubelet) Healthz(context.Context, *configcheck.Checked) error {
+	k.mu.Lock()
+	stopped := k.stopped
+	k.mu.Unlock()
+	if stopped {
+		return errors.New("connection refused")
+	}
 	kc, err := k.runningConfig()
 	if err != nil {
 		return err

@@ -132,12 +132,17 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 		}
 		received = true
 		d := agent.Desired{Assignment: resp.GetAssignment(), SyncError: resp.GetSyncError()}
-		// Latest wins: an update the agent has not taken yet is replaced.
+		// Latest wins: an update the agent has not taken yet is replaced, so that a burst of reassignments
+		// costs one kubelet restart, not one each. An update without an assignment (only a sync error: the
+		// service could not resolve the new source) does not drop an assignment still waiting.
 		select {
 		case updates <- d:
 		default:
 			select {
-			case <-updates:
+			case old := <-updates:
+				if d.Assignment == nil {
+					d.Assignment = old.Assignment
+				}
 			default:
 			}
 			updates <- d

@@ -105,7 +105,7 @@ func (k *steadyKubelet) Restart(context.Context) error {
 	k.restarts++
 	return nil
 }
-func (k *steadyKubelet) MainPID(context.Context) (int, error) { return 0, nil }
+func (k *steadyKubelet) MainPID(context.Context) (int, error) { return 4242, nil }
 func (k *steadyKubelet) Healthz(context.Context, *configcheck.Checked) error {
 	return nil
 }

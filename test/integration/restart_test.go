@@ -4,11 +4,13 @@ package integration
 
 import (
 	"fmt"
+	"sort"
 	"testing"
 	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestBurstOfReassignmentsKeepsTheKubeletAlive is the burst a new user tried on the real node: twenty
@@ -24,6 +26,7 @@ func TestBurstOfReassignmentsKeepsTheKubeletAlive(t *testing.T) {
 	t.Cleanup(func() { resetRealNode(t) })
 	ctx := testContext(t)
 	before := restartEvents(t, realNode)
+	began := time.Now()
 
 	names := map[int]string{}
 	for i, qps := range []int{31, 32} {
@@ -56,6 +59,17 @@ func TestBurstOfReassignmentsKeepsTheKubeletAlive(t *testing.T) {
 		t.Errorf("%d kubelet restarts for %d reassignments; want between 1 and %d (bursts coalesce)", n, reassignments, reassignments-1)
 	}
 	t.Logf("%d reassignments, %d kubelet restarts, unit %s/%s", reassignments, n, state, result)
+	// Paced inside the unit's start limit: never 5 of dkc's restarts (StartLimitBurst) within its 10 s
+	// (StartLimitIntervalSec) window. Event times have whole seconds, so 5 restarts at most 8 s apart on
+	// them are surely inside one window.
+	times := restartTimes(t, realNode, began)
+	for i := 0; i+4 < len(times); i++ {
+		if span := times[i+4].Sub(times[i]); span <= 8*time.Second {
+			t.Errorf("5 kubelet restarts within %v (from %s): systemd's default start limit is 5 in 10s; restarts %v",
+				span, times[i].Format(time.TimeOnly), times)
+			break
+		}
+	}
 
 	// Going back to the first config still works: it was never marked failed.
 	setSource(t, client, realNode, cmSource("burst-0"))
@@ -114,4 +128,22 @@ func TestKubeletLeftAtItsStartLimitIsRecovered(t *testing.T) {
 	if state, result, err := cluster.KubeletUnitState(ctx, realNode); err != nil || state != "active" {
 		t.Errorf("kubelet.service is %s (Result=%s, %v), want active", state, result, err)
 	}
+}
+
+// restartTimes are the times of node's KubeletConfigChanged Events since (whole seconds), oldest first.
+func restartTimes(t *testing.T, node string, since time.Time) []time.Time {
+	t.Helper()
+	evs, err := adminClient(t).CoreV1().Events("default").List(testContext(t), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + node + ",reason=KubeletConfigChanged"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var times []time.Time
+	for _, e := range evs.Items {
+		if !e.FirstTimestamp.Time.Before(since.Truncate(time.Second)) {
+			times = append(times, e.FirstTimestamp.Time)
+		}
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
+	return times
 }

@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,21 +23,10 @@ import (
 // stops it from a fresh handle opened from its directory — what `make down` does — and checks that no
 // recorded process, mount, network namespace, interface, cgroup or runtime directory survives.
 func TestStopLeavesNothingBehind(t *testing.T) {
-	dir, err := devclustertest.Dir("integration-stop")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bins, err := devclustertest.Build(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, RealNodes: []string{"stop-1"}, ServiceBinary: bins["dkc-server"],
-		SidecarBinary: bins["dkc-sidecar"], FakeKubeletBinary: bins["fake-kubelet"], SimNodes: 1})
+	dir := clusterDir(t, "integration-stop")
+	c, err := startSecondCluster(ctx, t, dir, "stop-1", 1, nil)
 	if err != nil {
 		t.Fatalf("start second cluster: %v", err)
 	}
@@ -140,22 +130,11 @@ func TestRealNodeOnFreshKernel(t *testing.T) {
 		}
 	}
 
-	dir, err := devclustertest.Dir("integration-fresh-kernel")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bins, err := devclustertest.Build(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := clusterDir(t, "integration-fresh-kernel")
 	var progress strings.Builder
-	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, RealNodes: []string{"fresh-1"}, ServiceBinary: bins["dkc-server"],
-		SidecarBinary: bins["dkc-sidecar"], FakeKubeletBinary: bins["fake-kubelet"], SimNodes: 0, Progress: &progress})
+	c, err := startSecondCluster(ctx, t, dir, "fresh-1", 0, &progress)
 	if err != nil {
 		t.Fatalf("start a cluster with a real node on a fresh kernel: %v\n%s\nkubelet log: %s", err, progress.String(),
 			filepath.Join(dir, "logs", "fresh-1", "kubelet.log"))
@@ -187,6 +166,31 @@ func TestRealNodeOnFreshKernel(t *testing.T) {
 	} else if strings.Contains(string(log), "Failed to start ContainerManager") {
 		t.Errorf("the kubelet failed to start its container manager at least once:\n%s", log)
 	}
+}
+
+// clusterDir is a fresh, empty directory for a test's own cluster called name.
+func clusterDir(t *testing.T, name string) string {
+	t.Helper()
+	dir, err := devclustertest.Dir(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// startSecondCluster starts a complete cluster in dir next to the shared one, as `make up` does while tests
+// run: one real node under systemd-nspawn with its sidecar, the service, and simNodes simulated nodes.
+func startSecondCluster(ctx context.Context, t *testing.T, dir, node string, simNodes int, progress io.Writer) (*devcluster.Cluster, error) {
+	t.Helper()
+	bins, err := devclustertest.Build(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return devcluster.Start(ctx, devcluster.Config{Dir: dir, RealNodes: []string{node}, ServiceBinary: bins["dkc-server"],
+		SidecarBinary: bins["dkc-sidecar"], FakeKubeletBinary: bins["fake-kubelet"], SimNodes: simNodes, Progress: progress})
 }
 
 func recordedPIDs(t *testing.T, runDir string) map[string]string {

@@ -56,27 +56,6 @@ func (c *Cluster) MetricsAddress() string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(c.state.Service.MetricsPort))
 }
 
-// serviceRBAC is the config service's least privilege: read Nodes and ConfigMaps, write Node status (which
-// carries the dkc.dev/config-status annotation and the ConfigOK condition), create Events and TokenReviews.
-func serviceRBAC() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
-	role := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "dkc-server"},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
-			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
-			{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
-		},
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "dkc-server"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: ServiceUser}},
-	}
-	return role, binding
-}
-
 // ensureRBAC creates a ClusterRole and its binding unless they exist.
 func ensureRBAC(ctx context.Context, client kubernetes.Interface, rbac func() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding)) error {
 	role, binding := rbac()
@@ -97,7 +76,8 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 	if err != nil {
 		return err
 	}
-	if err := ensureRBAC(ctx, client, serviceRBAC); err != nil {
+	// Exactly what deploy/ grants (ServerRBACFile), to the dev cluster's dkc-server user.
+	if err := c.applyServerRBAC(ctx, client); err != nil {
 		return err
 	}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: SidecarServiceAccount, Namespace: SidecarNamespace}}

@@ -1,6 +1,8 @@
 // Package admission is the validating webhook the config service serves for Node writes that change the
 // dkc.dev/config-source annotation. It refuses a malformed source with the apiserver's own messages for
-// spec.configSource (e.g. "...configMap.namespace: Required value: namespace must be set").
+// spec.configSource (e.g. "...configMap.namespace: Required value: namespace must be set"), and a source
+// whose ConfigMap lies outside the namespaces dkc-server reads configs from (--config-namespaces), naming
+// them, so that a mistake is refused at the write instead of showing up as the node's sync error.
 //
 // Validation only: a ValidatingAdmissionPolicy cannot do it (CEL has no JSON decoding, and the annotation is
 // JSON). Who may change the annotation — not a node's own credentials, not through nodes/status — is a
@@ -10,8 +12,10 @@ package admission
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"go.uber.org/zap"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -25,8 +29,8 @@ import (
 // Path is where the webhook is served.
 const Path = "/validate-node"
 
-// Review decides one AdmissionRequest for a Node.
-func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+// Review decides one AdmissionRequest for a Node; namespaces are where a source may point.
+func Review(req *admissionv1.AdmissionRequest, namespaces resolve.Namespaces) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	deny := func(code int32, msg string) *admissionv1.AdmissionResponse {
 		resp.Allowed = false
@@ -56,11 +60,16 @@ func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	if errs := resolve.ValidateSpec(src, path); len(errs) > 0 {
 		return deny(http.StatusUnprocessableEntity, errs.ToAggregate().Error())
 	}
+	if ns := src.ConfigMap.Namespace; !namespaces.Allows(ns) {
+		return deny(http.StatusUnprocessableEntity, field.Forbidden(path.Child("configMap", "namespace"),
+			fmt.Sprintf("namespace %q is not one dkc-server reads configs from; allowed: %s (dkc-server --config-namespaces)",
+				ns, strings.Join(namespaces.List(), ", "))).Error())
+	}
 	return resp
 }
 
-// Handler serves AdmissionReview v1 requests.
-func Handler(log *zap.Logger) http.Handler {
+// Handler serves AdmissionReview v1 requests; namespaces are the server's --config-namespaces.
+func Handler(log *zap.Logger, namespaces resolve.Namespaces) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, 3<<20))
 		if err != nil {
@@ -72,7 +81,7 @@ func Handler(log *zap.Logger) http.Handler {
 			http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
 			return
 		}
-		resp := Review(review.Request)
+		resp := Review(review.Request, namespaces)
 		if !resp.Allowed {
 			log.Info("refused node write", zap.String("node", review.Request.Name), zap.String("user", review.Request.UserInfo.Username),
 				zap.String("reason", resp.Result.Message))

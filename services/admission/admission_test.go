@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/dkc-dev/dkc/services/resolve"
 )
 
 func nodeWith(annotation *string) runtime.RawExtension {
@@ -45,13 +47,21 @@ func TestReview(t *testing.T) {
 		{"node's own credential: identity is not the webhook's business", nil, str(valid), "system:node:n1", true, ""},
 		{"node's own credential: still validated", nil, str(`{}`), "system:node:n1", false, "exactly one reference subfield must be non-nil"},
 		{"node clears its own", str(valid), nil, "system:node:n1", true, ""},
+		// --config-namespaces (here kube-system and team-a): the message names the field and the allowed list.
+		{"namespace not allowed", nil, str(`{"configMap":{"namespace":"other","name":"c","kubeletConfigKey":"kubelet"}}`), "admin", false,
+			`metadata.annotations[dkc.dev/config-source].configMap.namespace: Forbidden: namespace "other" is not one dkc-server reads configs from; allowed: kube-system, team-a (dkc-server --config-namespaces)`},
+		{"second allowed namespace", nil, str(`{"configMap":{"namespace":"team-a","name":"c","kubeletConfigKey":"kubelet"}}`), "admin", true, ""},
+		{"change into a namespace not allowed", str(valid), str(`{"configMap":{"namespace":"default","name":"c","kubeletConfigKey":"kubelet"}}`), "admin", false,
+			`namespace "default" is not one dkc-server reads configs from`},
+		{"unchanged outside the namespaces stays (set before the flag)", str(`{"configMap":{"namespace":"other","name":"c","kubeletConfigKey":"kubelet"}}`),
+			str(`{"configMap":{"namespace":"other","name":"c","kubeletConfigKey":"kubelet"}}`), "admin", true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := &admissionv1.AdmissionRequest{UID: "u", Object: nodeWith(tc.new), UserInfo: authenticationv1.UserInfo{Username: tc.user}}
 			if tc.old != nil || tc.name == "valid" {
 				req.OldObject = nodeWith(tc.old)
 			}
-			resp := Review(req)
+			resp := Review(req, resolve.NewNamespaces("team-a", "kube-system"))
 			if resp.Allowed != tc.allowed {
 				t.Fatalf("allowed = %v, want %v (%v)", resp.Allowed, tc.allowed, resp.Result)
 			}

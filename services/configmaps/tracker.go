@@ -2,6 +2,9 @@
 // informer filtered to its name (the list/watch the original kubelet ran, but once per ConfigMap instead of
 // once per node), started when the first Node references it and stopped when the last one lets go. A cluster
 // with 10,000 unrelated ConfigMaps costs nothing; 2,000 nodes sharing one ConfigMap cost one watch.
+//
+// Every list and watch is namespaced, and only in the namespaces dkc-server reads configs from
+// (--config-namespaces), which is all its RBAC grants (namespaced Roles, no ClusterRole on ConfigMaps).
 package configmaps
 
 import (
@@ -15,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/dkc-dev/dkc/services/resolve"
 )
 
 // Key names a ConfigMap as "namespace/name".
@@ -22,9 +27,10 @@ func Key(namespace, name string) string { return namespace + "/" + name }
 
 // Tracker runs the per-ConfigMap informers. Create it with New; it does nothing until Run.
 type Tracker struct {
-	client   kubernetes.Interface
-	log      *zap.Logger
-	onChange func(key string)
+	client     kubernetes.Interface
+	namespaces resolve.Namespaces
+	log        *zap.Logger
+	onChange   func(key string)
 
 	mu        sync.Mutex
 	ctx       context.Context // set by Run; informers started before Run wait for it
@@ -40,10 +46,11 @@ type tracked struct {
 
 // New returns a Tracker. onChange is called with a ConfigMap's key whenever it is added, changes
 // (a new ResourceVersion), is deleted, or its informer finishes its first list — the moment "not found"
-// becomes trustworthy.
-func New(client kubernetes.Interface, log *zap.Logger, onChange func(key string)) *Tracker {
+// becomes trustworthy. The tracker never lists or watches outside namespaces: the controller refuses such
+// sources first, and Track ignores them as a second line (a cluster-wide list would be Forbidden anyway).
+func New(client kubernetes.Interface, namespaces resolve.Namespaces, log *zap.Logger, onChange func(key string)) *Tracker {
 	return &Tracker{
-		client: client, log: log, onChange: onChange,
+		client: client, namespaces: namespaces, log: log, onChange: onChange,
 		byNode: map[string]string{}, refs: map[string]map[string]struct{}{}, informers: map[string]*tracked{},
 	}
 }
@@ -67,7 +74,13 @@ func (t *Tracker) Run(ctx context.Context) error {
 }
 
 // Track records that node references the ConfigMap key ("" for none), starting and stopping informers.
+// A key outside the tracker's namespaces (or not namespace/name) counts as none: it is never watched.
 func (t *Tracker) Track(node, key string) {
+	if ns, name, ok := strings.Cut(key, "/"); key != "" && (!ok || name == "" || !t.namespaces.Allows(ns)) {
+		t.log.Error("refused to watch configmap outside --config-namespaces", zap.String("node", node), zap.String("configmap", key),
+			zap.Stringer("configNamespaces", t.namespaces))
+		key = ""
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	old := t.byNode[node]

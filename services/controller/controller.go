@@ -41,6 +41,7 @@ type Controller struct {
 	nodesSynced cache.InformerSynced
 	cms         ConfigMaps
 	table       *assignment.Table
+	namespaces  resolve.Namespaces // where sources may point (--config-namespaces)
 	queue       workqueue.TypedRateLimitingInterface[string]
 
 	// resolved shares one Assignment among all nodes on the same ConfigMap version, so 2,000 nodes on one
@@ -49,10 +50,12 @@ type Controller struct {
 	resolved map[string]*dkcv1.Assignment // by namespace/name/key
 }
 
-// New wires the controller to a Node informer (from the service's one informer factory).
-func New(log *zap.Logger, nodeInformer coreinformers.NodeInformer, table *assignment.Table) *Controller {
+// New wires the controller to a Node informer (from the service's one informer factory). Sources outside
+// namespaces are refused (resolve.NamespaceNotAllowedError) and their ConfigMaps never read.
+func New(log *zap.Logger, nodeInformer coreinformers.NodeInformer, table *assignment.Table, namespaces resolve.Namespaces) *Controller {
 	c := &Controller{
 		log:         log,
+		namespaces:  namespaces,
 		nodes:       nodeInformer.Lister(),
 		nodesSynced: nodeInformer.Informer().HasSynced,
 		table:       table,
@@ -167,12 +170,13 @@ func (c *Controller) sync(_ context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("get node %s from cache: %w", name, err)
 	}
-	src, origin, err := resolve.NodeSource(node)
+	src, origin, err := resolve.NodeSource(node, c.namespaces)
 	var se *resolve.SourceError
 	if errors.As(err, &se) {
 		c.cms.Track(name, "")
 		if c.table.SetSyncError(name, se.Status) {
-			c.log.Info("node config source invalid; node keeps its config", zap.String("node", name), zap.String("origin", string(origin)), zap.String("error", se.Status))
+			c.log.Info("node config source invalid; node keeps its config", zap.String("node", name), zap.String("origin", string(origin)),
+				zap.String("error", se.Status), zap.String("detail", se.Detail))
 		}
 		return nil
 	}

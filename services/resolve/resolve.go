@@ -7,6 +7,8 @@ package resolve
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
@@ -30,6 +32,11 @@ const (
 	// InvalidSourcePrefix starts dkc's error for a source the apiserver would have refused; the field errors
 	// follow, in the apiserver's words.
 	InvalidSourcePrefix = "invalid NodeConfigSource: "
+	// NamespaceNotAllowedError is dkc's error for a well-formed source in a namespace dkc-server does not
+	// read configs from (its --config-namespaces). The original had no such limit: the node authorizer let
+	// a kubelet read its ConfigMap anywhere. dkc-server reads ConfigMaps with its own identity, so it keeps
+	// to namespaces where it is granted that read, and the log says which namespace was refused.
+	NamespaceNotAllowedError = "config namespace not allowed, see dkc-server log for details"
 )
 
 // Origin says where a Node's source was read from.
@@ -41,17 +48,60 @@ const (
 	OriginAnnotation Origin = "annotation"
 )
 
-// SourceError is a Node source that cannot be used. Status is the node's status error text.
+// SourceError is a Node source that cannot be used. Status is the node's status error text; Detail, when
+// set, is what the log says beyond it (the status text of some kinds points to the log).
 type SourceError struct {
 	Status string
+	Detail string
 }
 
 func (e *SourceError) Error() string { return e.Status }
 
+// Namespaces is the set of namespaces dkc-server reads configs from (--config-namespaces).
+type Namespaces struct{ list []string }
+
+// NewNamespaces returns the set of the given namespaces.
+func NewNamespaces(namespaces ...string) Namespaces {
+	list := slices.Clone(namespaces)
+	slices.Sort(list)
+	return Namespaces{list: slices.Compact(list)}
+}
+
+// Allows says whether ns is in the set.
+func (n Namespaces) Allows(ns string) bool {
+	_, found := slices.BinarySearch(n.list, ns)
+	return found
+}
+
+// List returns the namespaces, sorted.
+func (n Namespaces) List() []string { return slices.Clone(n.list) }
+
+func (n Namespaces) String() string { return strings.Join(n.list, ",") }
+
+// Check refuses a validated source whose ConfigMap lies outside the set, with NamespaceNotAllowedError.
+func (n Namespaces) Check(src *corev1.NodeConfigSource) error {
+	if src == nil || src.ConfigMap == nil || n.Allows(src.ConfigMap.Namespace) {
+		return nil
+	}
+	return &SourceError{
+		Status: SyncErrorPrefix + NamespaceNotAllowedError,
+		Detail: fmt.Sprintf("configmap %s/%s is in namespace %q; dkc-server reads configs only from %s (--config-namespaces)",
+			src.ConfigMap.Namespace, src.ConfigMap.Name, src.ConfigMap.Namespace, n),
+	}
+}
+
 // NodeSource returns the Node's config source and where it came from; nil means the node's local config.
-// A source that is present but unusable returns a *SourceError whose Status the node's status must show;
-// the node then keeps what it has.
-func NodeSource(node *corev1.Node) (*corev1.NodeConfigSource, Origin, error) {
+// A source that is present but unusable — malformed, or in a namespace outside allowed — returns a
+// *SourceError whose Status the node's status must show; the node then keeps what it has.
+func NodeSource(node *corev1.Node, allowed Namespaces) (*corev1.NodeConfigSource, Origin, error) {
+	src, origin, err := nodeSource(node)
+	if err != nil || src == nil {
+		return src, origin, err
+	}
+	return src, origin, allowed.Check(src)
+}
+
+func nodeSource(node *corev1.Node) (*corev1.NodeConfigSource, Origin, error) {
 	if node.Spec.ConfigSource != nil {
 		src := node.Spec.ConfigSource.DeepCopy() // never hand out a pointer into an informer's cache
 		return src, OriginSpec, Validate(src, field.NewPath("spec", "configSource"))

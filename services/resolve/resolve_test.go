@@ -29,6 +29,7 @@ func TestNodeSource(t *testing.T) {
 		wantName   string
 		wantOrigin Origin
 		wantErr    string // substring of the status error; "" = no error
+		wantDetail string // substring of the error's log detail
 	}{
 		{name: "nothing is local", node: node(nil, nil), wantOrigin: OriginNone},
 		{name: "annotation", node: node(nil, ptr(`{"configMap":{"namespace":"kube-system","name":"my-node-config-gkt4c2m4b2","kubeletConfigKey":"kubelet"}}`)),
@@ -59,9 +60,19 @@ func TestNodeSource(t *testing.T) {
 			wantErr: `configMap.kubeletConfigKey: Invalid value: "../k"`},
 		{name: "spec validated with spec path", node: node(&corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Name: "a", KubeletConfigKey: "k"}}, nil), wantOrigin: OriginSpec,
 			wantErr: "spec.configSource.configMap.namespace: Required value: namespace must be set"},
+		// --config-namespaces: a well-formed source outside the allowed namespaces is refused with dkc's own
+		// status text, whatever field it came from; malformed sources keep the apiserver's messages.
+		{name: "annotation in a namespace not allowed", node: node(nil, ptr(`{"configMap":{"namespace":"other","name":"c","kubeletConfigKey":"kubelet"}}`)), wantOrigin: OriginAnnotation,
+			wantErr: "failed to sync: config namespace not allowed, see dkc-server log for details", wantDetail: `namespace "other"; dkc-server reads configs only from kube-system,team-a`},
+		{name: "spec in a namespace not allowed", node: node(&corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: "default", Name: "c", KubeletConfigKey: "k"}}, nil), wantOrigin: OriginSpec,
+			wantErr: "failed to sync: config namespace not allowed, see dkc-server log for details"},
+		{name: "second allowed namespace", node: node(nil, ptr(`{"configMap":{"namespace":"team-a","name":"c","kubeletConfigKey":"kubelet"}}`)),
+			wantName: "c", wantOrigin: OriginAnnotation},
+		{name: "malformed outside the allowed namespaces keeps the apiserver message", node: node(nil, ptr(`{"configMap":{"namespace":"other","name":"c"}}`)), wantOrigin: OriginAnnotation,
+			wantErr: "configMap.kubeletConfigKey: Required value: kubeletConfigKey must be set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			src, origin, err := NodeSource(tc.node)
+			src, origin, err := NodeSource(tc.node, NewNamespaces("team-a", "kube-system"))
 			if origin != tc.wantOrigin {
 				t.Errorf("origin = %q, want %q", origin, tc.wantOrigin)
 			}
@@ -69,6 +80,9 @@ func TestNodeSource(t *testing.T) {
 				var se *SourceError
 				if !errors.As(err, &se) || !strings.Contains(se.Status, tc.wantErr) {
 					t.Fatalf("err = %v, want a SourceError containing %q", err, tc.wantErr)
+				}
+				if !strings.Contains(se.Detail, tc.wantDetail) {
+					t.Errorf("detail = %q, want it to contain %q", se.Detail, tc.wantDetail)
 				}
 				return
 			}
@@ -88,7 +102,7 @@ func TestNodeSource(t *testing.T) {
 
 func TestNodeSourceDoesNotAliasCache(t *testing.T) {
 	n := node(&corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: "a", Name: "b", KubeletConfigKey: "k"}}, nil)
-	src, _, _ := NodeSource(n)
+	src, _, _ := NodeSource(n, NewNamespaces("a"))
 	src.ConfigMap.UID = "mutated"
 	if n.Spec.ConfigSource.ConfigMap.UID != "" {
 		t.Fatal("NodeSource returned a pointer into the node object (the original kubelet's resync bug)")
@@ -122,5 +136,14 @@ func TestAssignment(t *testing.T) {
 	}
 	if _, err := Assignment(ref, &corev1.ConfigMap{}); err == nil {
 		t.Error("a ConfigMap without UID/ResourceVersion resolved")
+	}
+}
+
+func TestNamespaceNotAllowedErrorIsStatusStyle(t *testing.T) {
+	// CONTRACT §4: new failure kinds get strings in the seed table's style; this one is pinned here and in
+	// the README.
+	const want = "failed to sync: config namespace not allowed, see dkc-server log for details"
+	if got := SyncErrorPrefix + NamespaceNotAllowedError; got != want {
+		t.Fatalf("status = %q, want %q", got, want)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 )
 
 // Config is the service's configuration. Build it with DefaultConfig, override from flags (BindFlags),
@@ -29,6 +31,8 @@ type Config struct {
 
 	AllowedServiceAccounts []string
 	TokenCacheTTL          time.Duration
+	// ConfigNamespaces are the only namespaces whose ConfigMaps Nodes may use (and dkc-server may read).
+	ConfigNamespaces []string
 
 	Workers       int
 	StatusWorkers int
@@ -55,6 +59,7 @@ func DefaultConfig() Config {
 		WebhookAddress:         ":9444",
 		AllowedServiceAccounts: []string{"kube-system/dkc-sidecar"},
 		TokenCacheTTL:          time.Minute,
+		ConfigNamespaces:       []string{"kube-system"}, // where the seed workflow puts configs
 		Workers:                4,
 		StatusWorkers:          4,
 		KeepaliveTime:          time.Minute,
@@ -101,6 +106,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSKeyFile, "tls-key-file", c.TLSKeyFile, "serving key (PEM); reloaded when the file changes")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "serve plaintext gRPC without TLS. FOR TESTS ONLY: tokens cross the network in the clear")
 	fs.Var(stringList{&c.AllowedServiceAccounts}, "allowed-service-accounts", "comma-separated namespace/name of the service accounts sidecars run as")
+	fs.Var(stringList{&c.ConfigNamespaces}, "config-namespaces", "comma-separated namespaces whose ConfigMaps Nodes may use as config sources; a source elsewhere is refused by the webhook and reported as a sync error. dkc-server needs a Role to list and watch ConfigMaps in each")
 	fs.DurationVar(&c.TokenCacheTTL, "token-cache-ttl", c.TokenCacheTTL, "how long a TokenReview result is reused")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "nodes resolved in parallel")
 	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers, "node status writes in parallel (sync errors; reports write inline)")
@@ -134,6 +140,14 @@ func (c Config) Validate() error {
 	for _, sa := range c.AllowedServiceAccounts {
 		if ns, name, ok := strings.Cut(sa, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 			errs = append(errs, fmt.Errorf("--allowed-service-accounts: %q is not namespace/name", sa))
+		}
+	}
+	if len(c.ConfigNamespaces) == 0 {
+		errs = append(errs, errors.New("--config-namespaces must name at least one namespace"))
+	}
+	for _, ns := range c.ConfigNamespaces {
+		if msgs := apivalidation.ValidateNamespaceName(ns, false); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--config-namespaces: %q is not a namespace name: %s", ns, strings.Join(msgs, "; ")))
 		}
 	}
 	if c.Workers < 1 || c.StatusWorkers < 1 {

@@ -35,6 +35,7 @@ import (
 	"github.com/dkc-dev/dkc/services/configmaps"
 	"github.com/dkc-dev/dkc/services/controller"
 	"github.com/dkc-dev/dkc/services/nodestatus"
+	"github.com/dkc-dev/dkc/services/resolve"
 	"github.com/dkc-dev/dkc/services/rpc"
 )
 
@@ -81,8 +82,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 
 	var writer *nodestatus.Writer
 	table := assignment.NewTable(func(node string) { writer.Enqueue(node) })
-	ctrl := controller.New(log.Named("controller"), nodeInformer, table)
-	tracker := configmaps.New(client, log.Named("configmaps"), ctrl.OnConfigMapChange)
+	namespaces := resolve.NewNamespaces(cfg.ConfigNamespaces...)
+	ctrl := controller.New(log.Named("controller"), nodeInformer, table, namespaces)
+	tracker := configmaps.New(client, namespaces, log.Named("configmaps"), ctrl.OnConfigMapChange)
 	ctrl.SetConfigMaps(tracker)
 	writer = nodestatus.New(log.Named("nodestatus"), client, nodeInformer.Lister(), table, nodestatus.NewMetrics(reg))
 	svc := rpc.New(log.Named("rpc"), table, writer, rpc.NewMetrics(reg))
@@ -105,7 +107,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return fmt.Errorf("listen on %s: %w", cfg.ListenAddress, err)
 	}
 	log.Info("config service starting", zap.String("address", lis.Addr().String()), zap.Bool("tls", !cfg.Insecure),
-		zap.Strings("allowedServiceAccounts", cfg.AllowedServiceAccounts))
+		zap.Strings("allowedServiceAccounts", cfg.AllowedServiceAccounts), zap.Stringer("configNamespaces", namespaces))
 
 	g, gctx := errgroup.WithContext(ctx)
 	factory.Start(gctx.Done())
@@ -148,7 +150,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}
 	if cfg.WebhookAddress != "" && tlsConfig != nil {
 		mux := http.NewServeMux()
-		mux.Handle(admission.Path, admission.Handler(log.Named("admission")))
+		mux.Handle(admission.Path, admission.Handler(log.Named("admission"), namespaces))
 		hook := &http.Server{Addr: cfg.WebhookAddress, Handler: mux, TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
 			if err := hook.ListenAndServeTLS("", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {

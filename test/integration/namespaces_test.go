@@ -1,0 +1,153 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dkc-dev/dkc/internal/devcluster"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+)
+
+// The status error of a source outside dkc-server's --config-namespaces (default kube-system).
+const namespaceNotAllowed = "failed to sync: config namespace not allowed, see dkc-server log for details"
+
+// otherNamespace creates the namespace "other" with a ConfigMap "elsewhere" holding a kubelet config.
+func otherNamespace(t *testing.T, admin kubernetes.Interface) {
+	t.Helper()
+	ctx := testContext(t)
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	// No kube-controller-manager runs in the dev cluster to finalize a deleted namespace: delete the
+	// ConfigMap, keep the (empty) namespace.
+	if _, err := admin.CoreV1().ConfigMaps("other").Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "elsewhere", Namespace: "other"}, Data: map[string]string{"kubelet": "eventRecordQPS: 3"},
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.CoreV1().ConfigMaps("other").Delete(context.Background(), "elsewhere", metav1.DeleteOptions{})
+	})
+}
+
+const elsewhereSource = `{"configMap":{"namespace":"other","name":"elsewhere","kubeletConfigKey":"kubelet"}}`
+
+// A Node pointed at a ConfigMap outside --config-namespaces is refused by the webhook (naming the allowed
+// namespaces) and, when the source gets in anyway (skip label, set before dkc was installed), the node's
+// status says so with dkc's own sync error; its config does not change and the ConfigMap is never read.
+func TestConfigOutsideConfigNamespacesIsRefused(t *testing.T) {
+	ctx := testContext(t)
+	admin := adminClient(t)
+	otherNamespace(t, admin)
+	const node = "sim-other-ns"
+	token := simNode(t, node)
+
+	err := patchSource(ctx, admin, node, elsewhereSource, true)
+	if err == nil || !strings.Contains(err.Error(), `namespace "other" is not one dkc-server reads configs from; allowed: kube-system`) {
+		t.Errorf("webhook must refuse a source in namespace other, naming kube-system: %v", err)
+	}
+
+	skip := fmt.Sprintf(`{"metadata":{"labels":{%q:"skip"}}}`, devcluster.AdmissionSkipLabel)
+	if _, err := admin.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, []byte(skip), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := watch(t, token, node, nil)
+	w.next("local", func(m *dkcv1.WatchConfigResponse) bool { return m.GetAssignment() != nil })
+	// The node reports (as its sidecar would), so that dkc-server writes its status.
+	if _, err := serviceClient(t).ReportStatus(withToken(ctx, token), &dkcv1.ReportStatusRequest{
+		NodeName: node, Status: &dkcv1.NodeConfigStatus{}, ObservedTime: nowProto()}); err != nil {
+		t.Fatalf("ReportStatus: %v", err)
+	}
+	watchedBefore := serverMetric(t, "dkc_server_watched_configmaps")
+
+	setSource(t, admin, node, elsewhereSource)
+	m := w.next("namespace sync error", func(m *dkcv1.WatchConfigResponse) bool { return m.GetSyncError() != "" })
+	if m.GetSyncError() != namespaceNotAllowed {
+		t.Errorf("sync error %q, want %q", m.GetSyncError(), namespaceNotAllowed)
+	}
+	if m.GetAssignment() != nil && m.GetAssignment().GetSource().GetConfigMap() != nil {
+		t.Errorf("a source outside --config-namespaces changed the assignment: %v", m.GetAssignment())
+	}
+	st := waitNodeStatus(t, node, "local", "local", "*", namespaceNotAllowed, 30*time.Second)
+	if st.Error != namespaceNotAllowed {
+		t.Errorf("node status error %q, want exactly %q", st.Error, namespaceNotAllowed)
+	}
+	if got := serverMetric(t, "dkc_server_watched_configmaps"); got != watchedBefore {
+		t.Errorf("watched configmaps %v -> %v: dkc-server watched a ConfigMap outside --config-namespaces", watchedBefore, got)
+	}
+
+	// Back to a source in kube-system: the error clears.
+	cm := createConfigMap(t, "inside-ns", map[string]string{"kubelet": "a"})
+	setSource(t, admin, node, cmSource("inside-ns"))
+	w.next("assignment in kube-system", hasConfigMap("inside-ns", cm.ResourceVersion))
+}
+
+func nowProto() *timestamppb.Timestamp { return timestamppb.Now() }
+
+// dkc-server's own identity (the dev cluster grants it deploy/base/server-rbac.yaml) reads ConfigMaps only
+// in kube-system, writes Events only in default, and holds no verb its code does not call.
+func TestServerIdentityIsConfinedToConfigNamespaces(t *testing.T) {
+	ctx := testContext(t)
+	otherNamespace(t, adminClient(t))
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(cluster.Dir(), "dkc-server.kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := server.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("dkc-server lists ConfigMaps in kube-system: %v", err)
+	}
+	for _, ns := range []string{"other", metav1.NamespaceAll} {
+		if _, err := server.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("dkc-server lists ConfigMaps in %q: err %v, want Forbidden", ns, err)
+		}
+	}
+	for _, tc := range []struct {
+		ns, verb, resource, sub string
+		allowed                 bool
+	}{
+		{"kube-system", "list", "configmaps", "", true},
+		{"kube-system", "watch", "configmaps", "", true},
+		{"other", "watch", "configmaps", "", false},
+		{"", "watch", "configmaps", "", false},
+		{"kube-system", "get", "configmaps", "", false}, // informers list and watch; nothing gets one by name
+		{"default", "create", "events", "", true},
+		{"default", "patch", "events", "", false},
+		{"kube-system", "create", "events", "", false},
+		{"", "list", "nodes", "", true},
+		{"", "watch", "nodes", "", true},
+		{"", "get", "nodes", "", false},
+		{"", "patch", "nodes", "", false},
+		{"", "patch", "nodes", "status", true},
+		{"kube-system", "get", "secrets", "", false},
+	} {
+		ssar, err := server.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: tc.ns, Verb: tc.verb, Resource: tc.resource, Subresource: tc.sub}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ssar.Status.Allowed != tc.allowed {
+			t.Errorf("dkc-server may %s %s/%s in %q: %v, want %v (%s)", tc.verb, tc.resource, tc.sub, tc.ns, ssar.Status.Allowed, tc.allowed, ssar.Status.Reason)
+		}
+	}
+}

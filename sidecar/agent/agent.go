@@ -134,8 +134,13 @@ type Agent struct {
 	configError    string                   // assigned could not be used
 	detail         string                   // why, for humans
 	active         *corev1.NodeConfigSource // config the kubelet runs, nil = local
-	activeKnown    bool
-	retry          bool // the last reconcile could not decide (e.g. kubelet flags unknown yet): try again
+	activeKnown    bool                     // active proven by this process; else active is the last proven one
+	retry          bool                     // the last reconcile could not decide (e.g. kubelet flags unknown yet): try again
+	// unsynced is the last assignment from the service that could not be checkpointed (a failed disk write,
+	// not a refused payload). The service sends an assignment once per change, so without this the node
+	// would drop it until its next reconnect; it is retried at every tick instead, as the original re-synced
+	// every 10s, until written or replaced by a newer one.
+	unsynced *dkcv1.Assignment
 	// Restarts since the last report, in order. One reconcile can restart the kubelet more than once (into
 	// the assigned config, then back to last-known-good when it does not run), and each restart is an Event.
 	pendingRestarts []*dkcv1.KubeletRestart
@@ -178,6 +183,19 @@ func (a *Agent) Init(ctx context.Context) error {
 		a.log.Warn("sidecar state unreadable; starting fresh", zap.Error(err))
 		a.state.s = persisted{}
 	}
+	// Until this process proves what the kubelet runs (it may be stopped, its flags never seen), report what
+	// was last proven: the service has no "unknown" for active and writes an absent one as local, which
+	// would claim the node's local config while it runs an assigned one.
+	if r := a.state.s.Active; r != nil {
+		a.active = r.Source
+	}
+	// A kubelet started with another config than --kubelet-config would silently switch to that file at the
+	// first restart dkc makes: refuse to start rather than change the node behind its operator's back.
+	if a.cfg.KubeletFlags == nil {
+		if _, err := a.kubeletFlags(ctx); errors.Is(err, errForeignConfig) {
+			return err
+		}
+	}
 	a.reconcile(ctx)
 	return nil
 }
@@ -206,7 +224,10 @@ func (a *Agent) Run(ctx context.Context, updates <-chan Desired) error {
 		case d := <-updates:
 			a.Apply(ctx, d)
 		case <-tick.C():
-			if a.retry {
+			if a.unsynced != nil {
+				a.log.Info("retrying checkpoint of the last assignment", sourceFields(checkpoint.SourceOf(a.unsynced))...)
+				a.Apply(ctx, Desired{Assignment: a.unsynced, SyncError: a.syncError})
+			} else if a.retry {
 				a.reconcile(ctx)
 			}
 			a.CheckTrial(ctx)
@@ -218,6 +239,7 @@ func (a *Agent) Run(ctx context.Context, updates <-chan Desired) error {
 func (a *Agent) Apply(ctx context.Context, d Desired) {
 	a.syncError = d.SyncError
 	if d.Assignment != nil {
+		a.unsynced = nil // a newer assignment replaces one not yet written
 		a.assign(ctx, d.Assignment)
 	}
 	a.reconcile(ctx)
@@ -241,11 +263,11 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 			a.log.Info("assigned local config (reset)")
 		}
 		if err := a.store.SetLastKnownGood(nil); err != nil {
-			a.fail(SyncInternalError, err)
+			a.failWrite(as, err)
 			return
 		}
 		if err := a.store.SetAssigned(nil); err != nil {
-			a.fail(SyncInternalError, err)
+			a.failWrite(as, err)
 			return
 		}
 		if err := a.state.clearAssigned(nil); err != nil {
@@ -259,7 +281,7 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 		if strings.HasPrefix(err.Error(), "refuse payload") {
 			a.fail(PayloadError, err)
 		} else {
-			a.fail(SyncInternalError, err)
+			a.failWrite(as, err)
 		}
 		return
 	}
@@ -268,7 +290,7 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 		return
 	}
 	if err := a.store.SetAssigned(src); err != nil {
-		a.fail(SyncInternalError, err)
+		a.failWrite(as, err)
 		return
 	}
 	lkg, err := a.store.LastKnownGood()
@@ -286,6 +308,12 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 	if a.cfg.Trace != nil {
 		a.cfg.Trace(TraceCheckpointed, src)
 	}
+}
+
+// failWrite records that as could not be written to disk and keeps it for the retry tick.
+func (a *Agent) failWrite(as *dkcv1.Assignment, err error) {
+	a.unsynced = as
+	a.fail(SyncInternalError, err)
 }
 
 func (a *Agent) fail(status string, err error) {
@@ -355,7 +383,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 	flags, err := a.kubeletFlags(ctx)
 	if err != nil {
 		a.configError, a.detail = InternalError, err.Error()
-		a.log.Error("kubelet flags unknown; not changing the kubelet, will retry", zap.Error(err))
+		a.log.Error("kubelet command line unknown or not dkc's to manage; not changing the kubelet, will retry", zap.Error(err))
 		a.retry = true
 		return true
 	}
@@ -456,7 +484,7 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 			// become healthy would only blame the config for what the service manager did.
 			a.log.Info("kubelet is not running; starting it", sourceFields(target.src)...)
 		} else if err := a.verify(ctx, target, a.cfg.HealthTimeout, true); err == nil {
-			a.active, a.activeKnown = target.src, true
+			a.setActive(target.src)
 			return nil
 		} else if !errors.Is(err, errMismatch) {
 			if ctx.Err() != nil {
@@ -485,9 +513,20 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 		}
 		return fmt.Errorf("%w: %v", errConfigFault, err)
 	}
-	a.active, a.activeKnown = target.src, true
+	a.setActive(target.src)
 	a.log.Info("kubelet healthy with config", append(sourceFields(target.src), zap.Duration("took", a.clock.Since(start)))...)
 	return nil
+}
+
+// setActive records that the kubelet was proven to run src, on disk too for the next sidecar's first status.
+func (a *Agent) setActive(src *corev1.NodeConfigSource) {
+	a.active, a.activeKnown = src, true
+	if a.state.setActive(src) {
+		if err := a.state.save(); err != nil {
+			// Only a restarted sidecar's first status depends on it, until it proves the active config again.
+			a.log.Warn("persist active config", zap.Error(err))
+		}
+	}
 }
 
 var errMismatch = errors.New("kubelet runs another config")
@@ -597,6 +636,7 @@ func (a *Agent) Status() (*dkcv1.NodeConfigStatus, string) {
 	if a.syncError != "" {
 		errText = a.syncError
 	}
+	// Not proven yet by this process, a.active is the last proven config (Init), never a default of local.
 	active := a.active
 	return &dkcv1.NodeConfigStatus{
 		Assigned:      convert.SourceFromCore(assigned),
@@ -630,7 +670,10 @@ func (a *Agent) kubeletFlags(ctx context.Context) ([]string, error) {
 		if raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil {
 			args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 			if len(args) > 0 {
-				_, rest := configcheck.ConfigFlag(args[1:])
+				config, rest := configcheck.ConfigFlag(args[1:])
+				if err := checkConfigFlag(config, a.cfg.LocalConfig, a.store.Dir()); err != nil {
+					return nil, err
+				}
 				if rest == nil {
 					rest = []string{}
 				}
@@ -647,6 +690,25 @@ func (a *Agent) kubeletFlags(ctx context.Context) ([]string, error) {
 		return f, nil
 	}
 	return nil, errors.New("the kubelet is not running and its flags were never seen")
+}
+
+// errForeignConfig marks a kubelet running with a --config dkc did not give it.
+var errForeignConfig = errors.New("kubelet runs a config dkc does not manage")
+
+// checkConfigFlag accepts the running kubelet's --config value when it is the node's local config
+// (--kubelet-config) or one of dkc's checkpoints (inside --dynamic-config-dir). Anything else means
+// --kubelet-config is wrong: the next restart dkc makes would replace the kubelet's real config with it. No
+// --config at all is accepted: the kubelet then runs on flags and defaults, and there is no path to compare.
+func checkConfigFlag(running, local, dynamicConfigDir string) error {
+	if running == "" || filepath.Clean(running) == filepath.Clean(local) {
+		return nil
+	}
+	if rel, err := filepath.Rel(dynamicConfigDir, running); err == nil && filepath.IsAbs(running) && rel != "." &&
+		rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return nil
+	}
+	return fmt.Errorf("%w: the kubelet runs with --config=%s, which is neither --kubelet-config=%s nor inside --dynamic-config-dir=%s; "+
+		"fix --kubelet-config (a restart by dkc would switch the kubelet to that file)", errForeignConfig, running, local, dynamicConfigDir)
 }
 
 func sameSource(x, y *corev1.NodeConfigSource) bool {

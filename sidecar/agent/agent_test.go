@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -385,4 +386,143 @@ func TestFailedCheckIsRetriedAndTouchesNothing(t *testing.T) {
 	if st := n.reporter.lastStatus(); st.GetError() != "" || rv(st.GetActive()) != "1" {
 		t.Fatalf("not retried: %v", st)
 	}
+}
+
+// runUntil runs the agent's loop, stepping the fake clock through its ticks, until done holds or 5s pass.
+func (n *node) runUntil(done func(*dkcv1.NodeConfigStatus) bool) *dkcv1.NodeConfigStatus {
+	n.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { _ = n.agent.Run(ctx, make(chan Desired)); close(stopped) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for !done(n.reporter.lastStatus()) && time.Now().Before(deadline) {
+		n.clock.Step(time.Second)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-stopped
+	return n.reporter.lastStatus()
+}
+
+// TestFailedCheckpointWriteIsRetried: the service sends an assignment once; a checkpoint write that fails
+// (here: checkpoints/ replaced by a file, which stops root too) must not drop it until the next reconnect.
+// The status says so meanwhile, and the assignment is applied at a tick once the disk takes writes again.
+func TestFailedCheckpointWriteIsRetried(t *testing.T) {
+	n := newNode(t)
+	cps := filepath.Join(n.dir, "checkpoints")
+	if err := os.RemoveAll(cps); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cps, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("local", "local", "local", SyncInternalError, 0)
+	// Still failing: every tick keeps saying so, and nothing restarts.
+	ticks := 0
+	st := n.runUntil(func(*dkcv1.NodeConfigStatus) bool { ticks++; return ticks > 5 })
+	if st.GetError() != SyncInternalError || n.kubelet.count() != 0 {
+		t.Fatalf("while the disk refuses writes: status %v, restarts %d", st, n.kubelet.count())
+	}
+	if err := os.Remove(cps); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(cps, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st = n.runUntil(func(st *dkcv1.NodeConfigStatus) bool { return rv(st.GetActive()) == "1" })
+	if rv(st.GetAssigned()) != "1" || rv(st.GetActive()) != "1" || st.GetError() != "" {
+		t.Fatalf("assignment not retried after the disk recovered: %v", st)
+	}
+}
+
+func TestCheckConfigFlag(t *testing.T) {
+	const local, dir = "/var/lib/kubelet/config.yaml", "/var/lib/kubelet/dynamic-config"
+	for _, tc := range []struct {
+		name, running string
+		ok            bool
+	}{
+		{"local config", local, true},
+		{"local config, unclean", "/var/lib/kubelet//config.yaml", true},
+		{"dkc checkpoint", dir + "/checkpoints/u/1/kubelet", true},
+		{"no --config", "", true},
+		{"another file", "/etc/kubernetes/kubelet.yaml", false},
+		{"beside the dynamic config dir", "/var/lib/kubelet/dynamic-config-other/kubelet", false},
+		{"the dynamic config dir itself", dir, false},
+		{"escaping the dynamic config dir", dir + "/../other.yaml", false},
+		{"relative", "dynamic-config/checkpoints/u/1/kubelet", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkConfigFlag(tc.running, local, dir)
+			if (err == nil) != tc.ok {
+				t.Fatalf("checkConfigFlag(%q) = %v, want ok=%v", tc.running, err, tc.ok)
+			}
+			if err != nil && (!errors.Is(err, errForeignConfig) || !strings.Contains(err.Error(), tc.running) || !strings.Contains(err.Error(), local)) {
+				t.Errorf("error %q does not name both paths", err)
+			}
+		})
+	}
+}
+
+// pidKubelet is a fakeKubelet whose MainPID is a real process, so the agent reads its command line.
+type pidKubelet struct {
+	*fakeKubelet
+	pid int
+}
+
+func (k pidKubelet) MainPID(context.Context) (int, error) { return k.pid, nil }
+
+// TestInitRefusesAKubeletRunningAnotherConfig: with the kubelet started with --config=/other/path and the
+// sidecar told --kubelet-config=<local>, the first restart would silently switch the node to <local>. Init
+// must refuse, naming both paths, and restart nothing.
+func TestInitRefusesAKubeletRunningAnotherConfig(t *testing.T) {
+	// sh stays the process (a second command stops it from exec'ing sleep), its argv ending in the flag.
+	cmd := exec.Command("sh", "-c", "sleep 60; :", "kubelet", "--config=/other/path")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	root := t.TempDir()
+	dir, local := filepath.Join(root, "dynamic-config"), filepath.Join(root, "config.yaml")
+	if err := os.WriteFile(local, []byte(cfgHeader), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fk := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
+	k := pidKubelet{fakeKubelet: fk, pid: cmd.Process.Pid}
+	rep := &recordingReporter{}
+	a := New(Config{LocalConfig: local, Checker: kubeletconfig.InProcess{}, HealthTimeout: time.Second}, zap.NewNop(),
+		checkpoint.New(dir), k, k, rep, nil, nil)
+	err := a.Init(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "/other/path") || !strings.Contains(err.Error(), local) {
+		t.Fatalf("Init = %v; want a refusal naming /other/path and %s", err, local)
+	}
+	if fk.count() != 0 {
+		t.Errorf("kubelet restarted %d times", fk.count())
+	}
+	// Found later (the kubelet restarted by someone else): an internal failure in status, nothing restarted.
+	a.Apply(context.Background(), Desired{Assignment: assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n")})
+	if st := rep.lastStatus(); st.GetError() != InternalError || fk.count() != 0 {
+		t.Errorf("status %v, restarts %d; want %q and none", st, fk.count(), InternalError)
+	}
+}
+
+// TestActiveIsNotLocalWhileUnknown: a node runs an assigned config; its sidecar restarts while the kubelet
+// is stopped and without ever having seen the kubelet's flags, so it cannot check or prove anything. Its
+// status must not claim the local config is active (the service writes an absent active as local); it says
+// what was last proven, next to the internal error.
+func TestActiveIsNotLocalWhileUnknown(t *testing.T) {
+	n := newNode(t) // flags given by configuration (--kubelet-flags): never read from the kubelet, never saved
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+
+	n.kubelet.mu.Lock()
+	n.kubelet.stopped = true
+	n.kubelet.mu.Unlock()
+	n.reporter = &recordingReporter{}
+	n.agent = New(Config{LocalConfig: n.local, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+		KeepCheckpoints: 2, TrialCheckInterval: time.Second}, zap.NewNop(), checkpoint.New(n.dir), n.kubelet, n.kubelet, n.reporter, nil, n.clock)
+	if err := n.agent.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	n.expect("1", "1", "local", InternalError, 1)
 }

@@ -24,9 +24,29 @@ type persisted struct {
 	// original used the mtime of meta/assigned, which every sync rewrote, so trials restarted at random.
 	TrialSource *corev1.NodeConfigSource `json:"trialSource,omitempty"`
 	TrialStart  *time.Time               `json:"trialStart,omitempty"`
+	// Active is the config the kubelet was last proven (through /configz) to run; nil: never proven. A
+	// restarted sidecar reports it until it proves again, rather than "local" while it cannot tell.
+	Active *activeRecord `json:"active,omitempty"`
 	// Failed configs passed validation but the kubelet did not run healthy with them; they are not tried
 	// again until something else is assigned (no restart loops).
 	Failed []failure `json:"failed,omitempty"`
+}
+
+// activeRecord wraps the active source so that local (nil Source) differs from unknown (no record).
+type activeRecord struct {
+	Source *corev1.NodeConfigSource `json:"source,omitempty"`
+}
+
+// setActive records src as the proven active config; it reports a change.
+func (f *stateFile) setActive(src *corev1.NodeConfigSource) bool {
+	if f.s.Active != nil && sameSource(f.s.Active.Source, src) {
+		return false
+	}
+	if src != nil && src.ConfigMap == nil {
+		src = nil
+	}
+	f.s.Active = &activeRecord{Source: src}
+	return true
 }
 
 type failure struct {

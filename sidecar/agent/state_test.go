@@ -42,7 +42,11 @@ func TestNewAssignmentAndTheStateFile(t *testing.T) {
 			n.expect("2", "local", "1", HealthError, 3)
 		}},
 		{"a state file that cannot be written is reported", func(t *testing.T, n *node) {
-			// A directory in the state file's place: every write of it fails.
+			// A directory in the state file's place (written at Init, recording the active config): every
+			// write of it fails.
+			if err := os.Remove(filepath.Join(n.dir, StateFileName)); err != nil {
+				t.Fatal(err)
+			}
 			if err := os.Mkdir(filepath.Join(n.dir, StateFileName), 0o755); err != nil {
 				t.Fatal(err)
 			}

@@ -121,7 +121,7 @@ func installDropIn(ctx context.Context, m *systemd.Manager, path, content string
 	if old, err := os.ReadFile(path); err == nil && string(old) == content {
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := durable.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("install kubelet drop-in: %w", err)
 	}
 	if err := durable.WriteFile(path, []byte(content), 0o644); err != nil {

@@ -66,8 +66,16 @@ func (s *Store) Initialize() ([]string, error) {
 	s.records = map[string]*corev1.NodeConfigSource{}
 	s.mu.Unlock()
 	for _, d := range []string{s.dir, s.metaDir(), s.checkpointsDir()} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, fmt.Errorf("create %s: %w", d, err)
+		if err := durable.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("initialize checkpoint store: %w", err)
+		}
+	}
+	// MkdirAll syncs only what it creates. A predecessor killed between creating a directory and syncing its
+	// parent left an entry that exists but may not survive a power loss; one sync of each parent at start
+	// settles those (checkpoints/<uid> included).
+	for _, d := range []string{filepath.Dir(s.dir), s.dir, s.checkpointsDir()} {
+		if err := durable.SyncDir(d); err != nil {
+			return nil, fmt.Errorf("initialize checkpoint store: %w", err)
 		}
 	}
 	for _, f := range []string{s.assignedPath(), s.lkgPath()} {
@@ -187,7 +195,7 @@ func (s *Store) Save(a *dkcv1.Assignment) error {
 	if ok, err := s.Exists(cm); err != nil || ok {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Join(s.checkpointsDir(), string(cm.UID)), 0o755); err != nil {
+	if err := durable.MkdirAll(filepath.Join(s.checkpointsDir(), string(cm.UID)), 0o755); err != nil {
 		return fmt.Errorf("create checkpoint dir for %s: %w", cm.UID, err)
 	}
 	files := make(map[string][]byte, len(a.GetFiles()))

@@ -375,3 +375,31 @@ func TestRecordCacheFollowsDisk(t *testing.T) {
 		t.Errorf("LastKnownGood() after setting local = %+v, %v", got, err)
 	}
 }
+
+// TestNewDirectoriesAreSyncedIntoTheirParents: the directories the store creates (its layout at
+// Initialize, checkpoints/<uid> at the first Save of a ConfigMap) are synced into their parents, or a power
+// loss could lose them together with the checkpoints durably written inside.
+func TestNewDirectoriesAreSyncedIntoTheirParents(t *testing.T) {
+	root := t.TempDir()
+	s := New(filepath.Join(root, "dynamic-config"))
+	synced := map[string]bool{}
+	durable.SetFault(func(step, path string) error {
+		if step == "fsync-dir" {
+			rel, _ := filepath.Rel(root, path)
+			synced[rel] = true
+		}
+		return nil
+	})
+	t.Cleanup(func() { durable.SetFault(nil) })
+	if _, err := s.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(assignment("uid-1", "1", map[string]string{"kubelet": "x"})); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"dynamic-config", "dynamic-config/meta", "dynamic-config/checkpoints", "dynamic-config/checkpoints/uid-1"} {
+		if !synced[d] {
+			t.Errorf("%s created without syncing its parent (synced: %v)", d, synced)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 )
 
 // TempPrefix starts the name of every temporary file or directory.
@@ -179,6 +180,39 @@ func writeSynced(path string, data []byte, perm os.FileMode) error {
 		return fmt.Errorf("fsync %s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// MkdirAll creates path and any missing parents, as os.MkdirAll, and makes each creation durable: a new
+// directory is only an entry in its parent until the parent is fsynced, and a power loss before that loses
+// it with everything durably written inside it. The fault step is "fsync-dir" with the created directory
+// as path, as for a file, whose "fsync-dir" also syncs its parent.
+func MkdirAll(path string, perm os.FileMode) error {
+	path = filepath.Clean(path)
+	st, err := os.Stat(path)
+	if err == nil {
+		if st.IsDir() {
+			return nil
+		}
+		return fmt.Errorf("create dir %s: %w", path, syscall.ENOTDIR)
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("create dir %s: %w", path, err)
+	}
+	parent := filepath.Dir(path)
+	if parent != path {
+		if err := MkdirAll(parent, perm); err != nil {
+			return err
+		}
+	}
+	// EEXIST: another writer created it in the meantime; syncing the parent again is harmless and does not
+	// depend on that writer having got to its own sync.
+	if err := os.Mkdir(path, perm); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create dir %s: %w", path, err)
+	}
+	if err := fault("fsync-dir", path); err != nil {
+		return err
+	}
+	return SyncDir(parent)
 }
 
 // SyncDir fsyncs a directory, making renames and creations in it durable.

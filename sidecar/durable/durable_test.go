@@ -2,7 +2,9 @@ package durable
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,5 +49,60 @@ func TestSetMaxConcurrentBoundsWriters(t *testing.T) {
 				t.Errorf("peak concurrent writes = %d, limit %d", p, limit)
 			}
 		})
+	}
+}
+
+// TestMkdirAllSyncsEachParent: every directory MkdirAll creates is synced into its parent (the "fsync-dir"
+// step names the created directory), and nothing is synced for what already exists.
+func TestMkdirAllSyncsEachParent(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		existing string // under the temp root, created beforehand
+		path     string
+		created  []string
+	}{
+		{"one level", "", "a", []string{"a"}},
+		{"three levels", "", "a/b/c", []string{"a", "a/b", "a/b/c"}},
+		{"partly there", "a/b", "a/b/c/d", []string{"a/b/c", "a/b/c/d"}},
+		{"all there", "a/b", "a/b", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			if tc.existing != "" {
+				if err := os.MkdirAll(filepath.Join(root, tc.existing), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var synced []string
+			SetFault(func(step, path string) error {
+				if step == "fsync-dir" {
+					rel, _ := filepath.Rel(root, path)
+					synced = append(synced, rel)
+				}
+				return nil
+			})
+			defer SetFault(nil)
+			if err := MkdirAll(filepath.Join(root, tc.path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(synced, tc.created) {
+				t.Errorf("parents synced for %v, want %v", synced, tc.created)
+			}
+			if st, err := os.Stat(filepath.Join(root, tc.path)); err != nil || !st.IsDir() {
+				t.Errorf("%s not a directory: %v", tc.path, err)
+			}
+		})
+	}
+}
+
+func TestMkdirAllOverAFile(t *testing.T) {
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"f", "f/sub"} {
+		if err := MkdirAll(filepath.Join(root, p), 0o755); err == nil {
+			t.Errorf("MkdirAll(%s) over a file succeeded", p)
+		}
 	}
 }

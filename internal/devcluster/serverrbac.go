@@ -1,21 +1,16 @@
 package devcluster
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
-	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // ServerRBACFile, relative to the repository root, holds dkc-server's ClusterRole, Roles and their bindings.
@@ -40,54 +35,44 @@ type serverRBAC struct {
 // ServiceAccount itself is skipped.
 func decodeServerRBAC(data []byte) (*serverRBAC, error) {
 	var out serverRBAC
-	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	for {
-		doc, err := docs.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		var tm metav1.TypeMeta
-		if err := sigsyaml.Unmarshal(doc, &tm); err != nil {
-			return nil, err
-		}
+	docs, err := splitManifest(data)
+	if err != nil {
+		return nil, err
+	}
+	for _, doc := range docs {
 		switch {
-		case tm == (metav1.TypeMeta{}):
-			continue // only comments
-		case tm.APIVersion == "v1" && tm.Kind == "ServiceAccount":
+		case doc.APIVersion == "v1" && doc.Kind == "ServiceAccount":
 			continue
-		case tm.APIVersion != rbacv1.SchemeGroupVersion.String():
-			return nil, fmt.Errorf("unexpected apiVersion %q of %s", tm.APIVersion, tm.Kind)
+		case doc.APIVersion != rbacv1.SchemeGroupVersion.String():
+			return nil, fmt.Errorf("unexpected apiVersion %q of %s", doc.APIVersion, doc.Kind)
 		}
-		switch tm.Kind {
+		switch doc.Kind {
 		case "ClusterRole":
 			var o rbacv1.ClusterRole
-			err = sigsyaml.UnmarshalStrict(doc, &o)
+			err = doc.decodeStrict(&o)
 			out.clusterRoles = append(out.clusterRoles, &o)
 		case "ClusterRoleBinding":
 			var o rbacv1.ClusterRoleBinding
-			err = sigsyaml.UnmarshalStrict(doc, &o)
+			err = doc.decodeStrict(&o)
 			o.Subjects = asServiceUser(o.Subjects)
 			out.clusterRoleBindings = append(out.clusterRoleBindings, &o)
 		case "Role":
 			var o rbacv1.Role
-			err = sigsyaml.UnmarshalStrict(doc, &o)
+			err = doc.decodeStrict(&o)
 			if o.Namespace == "" {
 				o.Namespace = deployNamespace
 			}
 			out.roles = append(out.roles, &o)
 		case "RoleBinding":
 			var o rbacv1.RoleBinding
-			err = sigsyaml.UnmarshalStrict(doc, &o)
+			err = doc.decodeStrict(&o)
 			if o.Namespace == "" {
 				o.Namespace = deployNamespace
 			}
 			o.Subjects = asServiceUser(o.Subjects)
 			out.roleBindings = append(out.roleBindings, &o)
 		default:
-			err = fmt.Errorf("unexpected %s", tm.Kind)
+			err = fmt.Errorf("unexpected %s", doc.Kind)
 		}
 		if err != nil {
 			return nil, err

@@ -1,14 +1,11 @@
 package devcluster
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -26,9 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
-	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // Names of what the dev cluster sets up for dkc; deploy/ uses the same.
@@ -145,34 +140,23 @@ func decodeAdmissionPolicy(data []byte) (*admissionregistrationv1.ValidatingAdmi
 		policy  *admissionregistrationv1.ValidatingAdmissionPolicy
 		binding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	)
-	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	for {
-		doc, err := docs.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		var tm metav1.TypeMeta
-		if err := sigsyaml.Unmarshal(doc, &tm); err != nil {
-			return nil, nil, err
-		}
-		if tm == (metav1.TypeMeta{}) {
-			continue // only comments
-		}
-		if tm.APIVersion != admissionregistrationv1.SchemeGroupVersion.String() {
-			return nil, nil, fmt.Errorf("unexpected apiVersion %q of %s", tm.APIVersion, tm.Kind)
+	docs, err := splitManifest(data)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, doc := range docs {
+		if doc.APIVersion != admissionregistrationv1.SchemeGroupVersion.String() {
+			return nil, nil, fmt.Errorf("unexpected apiVersion %q of %s", doc.APIVersion, doc.Kind)
 		}
 		switch {
-		case tm.Kind == "ValidatingAdmissionPolicy" && policy == nil:
+		case doc.Kind == "ValidatingAdmissionPolicy" && policy == nil:
 			policy = &admissionregistrationv1.ValidatingAdmissionPolicy{}
-			err = sigsyaml.UnmarshalStrict(doc, policy)
-		case tm.Kind == "ValidatingAdmissionPolicyBinding" && binding == nil:
+			err = doc.decodeStrict(policy)
+		case doc.Kind == "ValidatingAdmissionPolicyBinding" && binding == nil:
 			binding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-			err = sigsyaml.UnmarshalStrict(doc, binding)
+			err = doc.decodeStrict(binding)
 		default:
-			err = fmt.Errorf("unexpected (or second) %s", tm.Kind)
+			err = fmt.Errorf("unexpected (or second) %s", doc.Kind)
 		}
 		if err != nil {
 			return nil, nil, err

@@ -59,6 +59,9 @@ type Config struct {
 	TrialDuration time.Duration
 	// HealthTimeout is the sidecars' --health-timeout; default 60s.
 	HealthTimeout time.Duration
+	// NoKubeletStartLimit gives the real nodes' kubelet.service kubeadm's StartLimitIntervalSec=0 (no start
+	// limit); by default the unit keeps systemd's (5 starts in 10 s), as many distributions' units do.
+	NoKubeletStartLimit bool
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
 }

@@ -110,9 +110,14 @@ func (c *Cluster) nodeUnits(n NodeState, sidecarArgs []string) (map[string]strin
 			args = append(args, a)
 		}
 	}
+	startLimit := "" // systemd's default
+	if c.cfg.NoKubeletStartLimit {
+		startLimit = "StartLimitIntervalSec=0" // kubeadm's kubelet unit
+	}
 	files := map[string]string{
 		"kubelet.service": fmt.Sprintf(`[Unit]
 Description=kubelet of dkc dev node %[1]s
+%[5]s
 [Service]
 Environment="%[2]s=--config=%[3]s"
 ExecStart=/usr/local/bin/kubelet $%[2]s %[4]s
@@ -120,7 +125,7 @@ Restart=always
 RestartSec=1
 StandardOutput=append:/var/log/dkc/kubelet.log
 StandardError=inherit
-`, n.Name, kubeletunit.Variable, c.KubeletConfigPath(n.Name), strings.Join(args, " ")),
+`, n.Name, kubeletunit.Variable, c.KubeletConfigPath(n.Name), strings.Join(args, " "), startLimit),
 		"kubelet.service.d/20-dkc.conf": kubeletunit.DropIn(DynamicConfigDirInNode),
 		"dkc-sidecar.service": fmt.Sprintf(`[Unit]
 Description=dkc sidecar of dev node %s

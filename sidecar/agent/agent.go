@@ -240,7 +240,16 @@ func (a *Agent) Apply(ctx context.Context, d Desired) {
 	a.syncError = d.SyncError
 	if d.Assignment != nil {
 		a.unsynced = nil // a newer assignment replaces one not yet written
+		before, _ := a.store.Assigned()
 		a.assign(ctx, d.Assignment)
+		if after, err := a.store.Assigned(); err == nil && !sameSource(before, after) {
+			// Say what is assigned before restarting into it, as the original's status did: a restart and
+			// its health wait take seconds, and until now the Node would show the previous assignment as
+			// assigned and active while the kubelet already restarts into another. The new assignment is not
+			// judged yet, so the old one's error does not carry over to it.
+			a.configError, a.detail = "", ""
+			a.report()
+		}
 	}
 	a.reconcile(ctx)
 }
@@ -500,10 +509,12 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 	}
 	restart := &dkcv1.KubeletRestart{Id: newRestartID(), Target: convert.SourceFromCore(target.src), Time: nil}
 	a.log.Info("restarting kubelet to use config", append(sourceFields(target.src), zap.String("file", target.file))...)
-	start := a.clock.Now()
 	if err := a.svc.Restart(ctx); err != nil {
 		return fmt.Errorf("restart kubelet: %w", err)
 	}
+	// Stamped when the restart job is done, not when it was asked for: the service manager may first wait
+	// for room in the unit's start limit, and the Event must say when the kubelet really restarted.
+	start := a.clock.Now()
 	restart.Time = timestamp(start)
 	a.pendingRestarts = append(a.pendingRestarts, restart)
 	a.metrics.restarted()

@@ -183,14 +183,18 @@ func clusterDir(t *testing.T, name string) string {
 
 // startSecondCluster starts a complete cluster in dir next to the shared one, as `make up` does while tests
 // run: one real node under systemd-nspawn with its sidecar, the service, and simNodes simulated nodes.
-func startSecondCluster(ctx context.Context, t *testing.T, dir, node string, simNodes int, progress io.Writer) (*devcluster.Cluster, error) {
+func startSecondCluster(ctx context.Context, t *testing.T, dir, node string, simNodes int, progress io.Writer, opts ...func(*devcluster.Config)) (*devcluster.Cluster, error) {
 	t.Helper()
 	bins, err := devclustertest.Build(ctx, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return devcluster.Start(ctx, devcluster.Config{Dir: dir, RealNodes: []string{node}, ServiceBinary: bins["dkc-server"],
-		SidecarBinary: bins["dkc-sidecar"], FakeKubeletBinary: bins["fake-kubelet"], SimNodes: simNodes, Progress: progress})
+	cfg := devcluster.Config{Dir: dir, RealNodes: []string{node}, ServiceBinary: bins["dkc-server"],
+		SidecarBinary: bins["dkc-sidecar"], FakeKubeletBinary: bins["fake-kubelet"], SimNodes: simNodes, Progress: progress}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return devcluster.Start(ctx, cfg)
 }
 
 func recordedPIDs(t *testing.T, runDir string) map[string]string {

@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"testing"
@@ -11,6 +12,8 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/internal/devcluster"
 )
 
 // TestBurstOfReassignmentsKeepsTheKubeletAlive is the burst a new user tried on the real node: twenty
@@ -21,48 +24,10 @@ import (
 // latest target wins), restarts are paced inside the limit, and the kubelet ends running the last config,
 // its unit active, ConfigOK True, nothing marked failed.
 func TestBurstOfReassignmentsKeepsTheKubeletAlive(t *testing.T) {
-	client := adminClient(t)
-	resetRealNode(t)
-	t.Cleanup(func() { resetRealNode(t) })
-	ctx := testContext(t)
-	before := restartEvents(t, realNode)
-	began := time.Now()
-
-	names := map[int]string{}
-	for i, qps := range []int{31, 32} {
-		cm := createConfigMap(t, fmt.Sprintf("burst-%d", i), map[string]string{"kubelet": kubeletConfig(t, fmt.Sprintf("eventRecordQPS: %d\n", qps))})
-		names[i] = cm.Name + "@" + cm.ResourceVersion
-	}
-	const reassignments = 20
-	for i := 0; i < reassignments; i++ {
-		setSource(t, client, realNode, cmSource(fmt.Sprintf("burst-%d", i%2)))
-		time.Sleep(300 * time.Millisecond)
-	}
-	last := names[(reassignments-1)%2]
-	waitNodeStatus(t, realNode, last, last, "*", "", 3*time.Minute)
-	if got := configz(t, realNode)["eventRecordQPS"]; got != float64(32) {
-		t.Errorf("configz eventRecordQPS = %v, want 32 (the last assignment)", got)
-	}
-	state, result, err := cluster.KubeletUnitState(ctx, realNode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if state != "active" || result != "success" {
-		t.Errorf("kubelet.service is %s (Result=%s) after the burst, want active (success)", state, result)
-	}
-	if c := configOK(t, realNode); c.Status != "True" {
-		t.Errorf("ConfigOK %s: %s", c.Status, c.Message)
-	}
-	// Coalescing: far fewer restarts than reassignments, and at least the one that brought the last config.
-	n := restartEvents(t, realNode) - before
-	if n < 1 || n >= reassignments {
-		t.Errorf("%d kubelet restarts for %d reassignments; want between 1 and %d (bursts coalesce)", n, reassignments, reassignments-1)
-	}
-	t.Logf("%d reassignments, %d kubelet restarts, unit %s/%s", reassignments, n, state, result)
+	times := burst(t, realNode)
 	// Paced inside the unit's start limit: never 5 of dkc's restarts (StartLimitBurst) within its 10 s
 	// (StartLimitIntervalSec) window. Event times have whole seconds, so 5 restarts at most 8 s apart on
 	// them are surely inside one window.
-	times := restartTimes(t, realNode, began)
 	for i := 0; i+4 < len(times); i++ {
 		if span := times[i+4].Sub(times[i]); span <= 8*time.Second {
 			t.Errorf("5 kubelet restarts within %v (from %s): systemd's default start limit is 5 in 10s; restarts %v",
@@ -70,10 +35,99 @@ func TestBurstOfReassignmentsKeepsTheKubeletAlive(t *testing.T) {
 			break
 		}
 	}
+}
+
+// TestBurstOnAKubeadmStyleUnit runs the same burst on a real node whose kubelet.service has no start limit
+// (kubeadm's unit sets StartLimitIntervalSec=0), in a cluster of its own: nothing is paced there, and the
+// outcome is the same.
+func TestBurstOnAKubeadmStyleUnit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const node = "nolimit-1"
+	c, err := startSecondCluster(ctx, t, clusterDir(t, "integration-no-start-limit"), node, 0, nil,
+		func(cfg *devcluster.Config) { cfg.NoKubeletStartLimit = true })
+	if err != nil {
+		t.Fatalf("start a cluster whose kubelet unit has no start limit: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	// The helpers talk to the package's cluster; point them at this one for the test (tests run one at a
+	// time), and back when it ends.
+	shared := cluster
+	cluster = c
+	t.Cleanup(func() { cluster = shared })
+	times := burst(t, node)
+	t.Logf("restarts without a start limit: %v", times)
+}
+
+// burst makes twenty reassignments of node, alternating between two good ConfigMaps 300 ms apart, and
+// checks the outcome: the last config active in the running kubelet, its unit active, ConfigOK True, fewer
+// restarts than reassignments, and the first config still usable (never marked failed). It returns the
+// times of the restarts.
+func burst(t *testing.T, node string) []time.Time {
+	t.Helper()
+	client := adminClient(t)
+	resetNode(t, node)
+	t.Cleanup(func() { resetNode(t, node) })
+	ctx := testContext(t)
+	before := restartEvents(t, node)
+	began := time.Now()
+
+	names := map[int]string{}
+	for i, qps := range []int{31, 32} {
+		cm := createConfigMap(t, fmt.Sprintf("burst-%d", i), map[string]string{"kubelet": kubeletConfigOf(t, node, fmt.Sprintf("eventRecordQPS: %d\n", qps))})
+		names[i] = cm.Name + "@" + cm.ResourceVersion
+	}
+	const reassignments = 20
+	for i := 0; i < reassignments; i++ {
+		setSource(t, client, node, cmSource(fmt.Sprintf("burst-%d", i%2)))
+		time.Sleep(300 * time.Millisecond)
+	}
+	// The end state: the last assignment active in the status AND in the running kubelet. Both are polled
+	// together, because while the burst drains the status may for a moment still show an earlier cycle.
+	last := names[(reassignments-1)%2]
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		st := waitNodeStatus(t, node, last, last, "*", "", time.Until(deadline))
+		if got := configz(t, node)["eventRecordQPS"]; got == float64(32) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("status %s active but configz eventRecordQPS = %v, want 32 (the last assignment)", srcName(st.Active), got)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	state, result, err := cluster.KubeletUnitState(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state != "active" || result != "success" {
+		t.Errorf("kubelet.service is %s (Result=%s) after the burst, want active (success)", state, result)
+	}
+	if c := configOK(t, node); c.Status != "True" {
+		t.Errorf("ConfigOK %s: %s", c.Status, c.Message)
+	}
+	// Coalescing: far fewer restarts than reassignments, and at least the one that brought the last config.
+	n := restartEvents(t, node) - before
+	if n < 1 || n >= reassignments {
+		t.Errorf("%d kubelet restarts for %d reassignments; want between 1 and %d (bursts coalesce)", n, reassignments, reassignments-1)
+	}
+	t.Logf("%d reassignments, %d kubelet restarts, unit %s/%s", reassignments, n, state, result)
+	times := restartTimes(t, node, began)
 
 	// Going back to the first config still works: it was never marked failed.
-	setSource(t, client, realNode, cmSource("burst-0"))
-	waitNodeStatus(t, realNode, names[0], names[0], "*", "", 2*time.Minute)
+	setSource(t, client, node, cmSource("burst-0"))
+	waitNodeStatus(t, node, names[0], names[0], "*", "", 2*time.Minute)
+	return times
+}
+
+// resetNode points node back at its local config and waits until it runs it.
+func resetNode(t *testing.T, node string) {
+	t.Helper()
+	setSource(t, adminClient(t), node, "")
+	waitNodeStatus(t, node, "local", "local", "local", "", time.Minute)
 }
 
 // TestKubeletLeftAtItsStartLimitIsRecovered stops the real node's kubelet the way systemd does when

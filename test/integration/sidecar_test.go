@@ -87,7 +87,13 @@ func configz(t *testing.T, node string) map[string]any {
 // in the seed's configz recipe).
 func kubeletConfig(t *testing.T, extra string) string {
 	t.Helper()
-	local, err := os.ReadFile(cluster.KubeletConfigPath(realNode))
+	return kubeletConfigOf(t, realNode, extra)
+}
+
+// kubeletConfigOf is a valid config for the real node node: its local config with overrides.
+func kubeletConfigOf(t *testing.T, node, extra string) string {
+	t.Helper()
+	local, err := os.ReadFile(cluster.KubeletConfigPath(node))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,10 +15,11 @@ import (
 // kernel.panic=1, kernel.panic_on_oops=0 and vm.overcommit_memory=0.
 //
 // The dev nodes share the host's kernel: the host IS their kernel, so the settings are made on the host
-// before a real node starts, the way node provisioning makes them on a production node (kubeadm's and
-// kubespray's images ship them in /etc/sysctl.d). The kubelet's own check stays as it is: no
-// --protect-kernel-defaults, nothing hidden. The values come from the package the kubelet itself reads them
-// from, so a kubelet that changes them changes them here too.
+// before a real node starts, the way node provisioning makes them on a production node (kubespray, for
+// one, writes them to /etc/sysctl.d). Here they are set at run time only; make up sets them again after a
+// reboot. The kubelet's own check stays as it is: no --protect-kernel-defaults, nothing hidden. The values
+// come from the package the kubelet itself reads them from, so a kubelet that changes them changes them
+// here too.
 var kubeletKernelTunables = []KernelTunable{
 	{Name: sysctl.VMOvercommitMemory, Value: sysctl.VMOvercommitMemoryAlways},
 	{Name: sysctl.VMPanicOnOOM, Value: sysctl.VMPanicOnOOMInvokeOOMKiller},

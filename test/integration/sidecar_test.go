@@ -121,8 +121,7 @@ func kubeletPID(t *testing.T) int {
 
 func resetRealNode(t *testing.T) {
 	t.Helper()
-	setSource(t, adminClient(t), realNode, "")
-	waitNodeStatus(t, realNode, "local", "local", "local", "", time.Minute)
+	resetNode(t, realNode)
 }
 
 // TestRealNodeConfigLifecycle walks the seed's paths on the real node, whose kubelet is a systemd unit

@@ -44,6 +44,30 @@ build: ## build the binaries into _output/bin
 	@mkdir -p $(BIN)
 	go build -o $(BIN)/ $(MAINS)
 
+# Images: `make images` builds dkc-server, dkc-sidecar and pause from source (no daemon, no base image to pull)
+# into $(OUT)/images: <image>.tar per image (docker-archive: `ctr -n k8s.io images import` loads it) and the OCI
+# layout oci/. Timestamps come from SOURCE_DATE_EPOCH, else HEAD's commit time: a commit rebuilds to the same
+# digests. VERSION (default: git describe --tags --always --dirty) becomes org.opencontainers.image.version.
+# A release builds with its registry and tag and pushes the tarballs as built (crane does not rebuild them):
+#   make images push-images IMAGE_REPO=ghcr.io/dkc-dev IMAGE_TAG=v0.2.0 VERSION=v0.2.0
+# which runs, per image, `crane push _output/images/dkc-server.tar ghcr.io/dkc-dev/dkc-server:v0.2.0`
+# (credentials from ~/.docker/config.json, e.g. `crane auth login ghcr.io`); then deploy/ takes the same
+# repo and tag through kustomize: `kustomize edit set image ghcr.io/dkc-dev/dkc-server=<repo>/dkc-server:<tag>`.
+IMAGE_REPO ?= dkc.local
+IMAGE_TAG  ?= dev
+VERSION    ?=
+IMAGES     := dkc-server dkc-sidecar pause
+CRANE      := $(GO_TOOLS) crane
+
+.PHONY: images
+images: ## build the OCI images (dkc-server, dkc-sidecar, pause) into _output/images (IMAGE_REPO, IMAGE_TAG, VERSION)
+	go run ./hack/images -repo $(IMAGE_REPO) -tag $(IMAGE_TAG) -out $(OUT)/images $(if $(VERSION),-version $(VERSION))
+
+.PHONY: push-images
+push-images: ## push the tarballs `make images` wrote to $(IMAGE_REPO)/<image>:$(IMAGE_TAG) with crane
+	@for i in $(IMAGES); do echo "crane push $(OUT)/images/$$i.tar $(IMAGE_REPO)/$$i:$(IMAGE_TAG)"; \
+		$(CRANE) push $(OUT)/images/$$i.tar $(IMAGE_REPO)/$$i:$(IMAGE_TAG) || exit 1; done
+
 .PHONY: test
 test: test-unit test-fuzz test-integration ## run every test: unit, fuzzing (short), then integration against the real local cluster
 

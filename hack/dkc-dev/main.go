@@ -30,6 +30,8 @@ type options struct {
 	fakeKubelet string
 	simNodes    int
 	trial       time.Duration
+	installed   bool
+	imagesDir   string
 }
 
 func parse(fs *flag.FlagSet, args []string) (options, error) {
@@ -37,14 +39,16 @@ func parse(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.dir, "dir", "_output/dev", "directory for the cluster's kubeconfig, env, logs, pki and state")
 	fs.StringVar(&o.kubeVersion, "kube-version", envOr("KUBE_VERSION", "1.34"), "Kubernetes minor version of the control plane and kubelets ($KUBE_VERSION)")
 	fs.StringVar(&o.kubeBinDir, "kube-bin-dir", os.Getenv("KUBE_BIN_DIR"), "take kube-apiserver and kubelet from this directory instead of building them ($KUBE_BIN_DIR)")
-	nodes := fs.String("nodes", "node-1", "comma-separated names of the real nodes (containerd + kubelet)")
+	nodes := fs.String("nodes", "", "comma-separated names of the real nodes (containerd + kubelet); default node-1, or node-1,node-2 with -installed")
+	fs.BoolVar(&o.installed, "installed", os.Getenv("INSTALLED") != "", "the installed form: kube-controller-manager, kube-scheduler, kube-proxy, CNI, CoreDNS, and dkc installed from deploy/ with kubectl apply -k as a Deployment and a DaemonSet from the images of `make images` ($INSTALLED)")
+	fs.StringVar(&o.imagesDir, "images-dir", "_output/images", "with -installed: the image tarballs of `make images`")
 	fs.StringVar(&o.serviceBin, "service-bin", "_output/bin/dkc-server", "dkc-server binary to run as the cluster's config service; empty runs none")
 	fs.StringVar(&o.sidecarBin, "sidecar-bin", "_output/bin/dkc-sidecar", "dkc-sidecar binary; with it real nodes run their kubelet under systemd (nspawn) beside a sidecar; empty runs none")
 	fs.StringVar(&o.fakeKubelet, "fake-kubelet-bin", "_output/bin/fake-kubelet", "stand-in kubelet of the simulated nodes")
 	simDefault, _ := strconv.Atoi(envOr("SIM_NODES", "2"))
 	fs.IntVar(&o.simNodes, "sim-nodes", simDefault, "simulated nodes ($SIM_NODES)")
-	trialDefault, _ := time.ParseDuration(envOr("DKC_TRIAL_DURATION", "10m"))
-	fs.DurationVar(&o.trial, "trial-duration", trialDefault, "sidecars' --trial-duration ($DKC_TRIAL_DURATION)")
+	trialDefault, _ := time.ParseDuration(os.Getenv("DKC_TRIAL_DURATION"))
+	fs.DurationVar(&o.trial, "trial-duration", trialDefault, "sidecars' --trial-duration ($DKC_TRIAL_DURATION); 0 keeps the sidecar's default (10m)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dkc-dev [flags] up|down\n\n  up    start etcd, kube-apiserver and the real nodes in the background; returns when ready\n  down  stop everything up started, unmount and clean up\n\nflags:\n")
 		fs.PrintDefaults()
@@ -57,7 +61,9 @@ func parse(fs *flag.FlagSet, args []string) (options, error) {
 		return o, errors.New("expected exactly one command: up or down")
 	}
 	o.command = fs.Arg(0)
-	o.nodes = strings.Split(*nodes, ",")
+	if *nodes != "" {
+		o.nodes = strings.Split(*nodes, ",")
+	}
 	return o, nil
 }
 
@@ -74,7 +80,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		_, err := devcluster.Start(ctx, devcluster.Config{
 			Dir: o.dir, KubeVersion: o.kubeVersion, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes,
 			ServiceBinary: o.serviceBin, SidecarBinary: o.sidecarBin, FakeKubeletBinary: o.fakeKubelet, SimNodes: o.simNodes,
-			TrialDuration: o.trial, Progress: out,
+			TrialDuration: o.trial, Installed: o.installed, ImagesDir: o.imagesDir, Progress: out,
 		})
 		return err
 	default:

@@ -14,9 +14,12 @@ import (
 	"syscall"
 )
 
-// Binaries are the paths of the programs the cluster runs.
+// Binaries are the paths of the programs the cluster runs. ControllerManager, Scheduler, Proxy and CoreDNS
+// are used by the installed form only (Config.Installed).
 type Binaries struct {
-	Etcd, APIServer, Kubelet string
+	Etcd, APIServer, Kubelet            string
+	ControllerManager, Scheduler, Proxy string
+	CoreDNS                             string
 }
 
 // pinnedModule is a wrapper module in hack/ that pins one upstream program by version; building it from the
@@ -28,16 +31,23 @@ type pinnedModule struct {
 	// versionOf names the required module whose version is stamped into the binaries as Kubernetes does in
 	// its release builds (otherwise they report v0.0.0-master and version-gated behaviour is off).
 	versionOf string
+	// buildTime is what a first build takes on 2 cores, for the progress line.
+	buildTime string
 }
 
 // buildRecipe is part of the cache key: bump it when the way binaries are built changes.
-const buildRecipe = "2"
+const buildRecipe = "3"
 
 var (
 	kubeModule = map[string]pinnedModule{
-		"1.34": {dir: "hack/kube/v1.34", packages: []string{"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubelet"}, outputs: []string{"kube-apiserver", "kubelet"}, versionOf: "k8s.io/kubernetes"},
+		"1.34": {dir: "hack/kube/v1.34", packages: []string{
+			"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubelet",
+			"k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kube-scheduler", "k8s.io/kubernetes/cmd/kube-proxy",
+		}, outputs: []string{"kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy"}, versionOf: "k8s.io/kubernetes", buildTime: "~9 minutes"},
 	}
-	etcdModule = pinnedModule{dir: "hack/etcd", packages: []string{"go.etcd.io/etcd/server/v3"}, outputs: []string{"etcd"}}
+	etcdModule = pinnedModule{dir: "hack/etcd", packages: []string{"go.etcd.io/etcd/server/v3"}, outputs: []string{"etcd"}, buildTime: "~1 minute"}
+	// corednsModule is the cluster DNS of the installed form: CoreDNS with the plugins a cluster needs.
+	corednsModule = pinnedModule{dir: "hack/coredns", packages: []string{"."}, outputs: []string{"coredns"}, buildTime: "~2 minutes"}
 )
 
 // CacheDir is where built binaries are kept between runs: $DKC_CACHE_DIR, else $XDG_CACHE_HOME/dkc, else
@@ -78,6 +88,8 @@ func EnsureBinaries(ctx context.Context, repoRoot, kubeVersion, binDir string, p
 	b := Binaries{Etcd: filepath.Join(etcdDir, "etcd")}
 	if binDir != "" {
 		b.APIServer, b.Kubelet = filepath.Join(binDir, "kube-apiserver"), filepath.Join(binDir, "kubelet")
+		// Checked where the installed form uses them.
+		b.ControllerManager, b.Scheduler, b.Proxy = filepath.Join(binDir, "kube-controller-manager"), filepath.Join(binDir, "kube-scheduler"), filepath.Join(binDir, "kube-proxy")
 		if _, err := os.Stat(filepath.Join(binDir, "etcd")); err == nil {
 			b.Etcd = filepath.Join(binDir, "etcd")
 		}
@@ -93,7 +105,26 @@ func EnsureBinaries(ctx context.Context, repoRoot, kubeVersion, binDir string, p
 		return Binaries{}, err
 	}
 	b.APIServer, b.Kubelet = filepath.Join(kubeDir, "kube-apiserver"), filepath.Join(kubeDir, "kubelet")
+	b.ControllerManager, b.Scheduler, b.Proxy = filepath.Join(kubeDir, "kube-controller-manager"), filepath.Join(kubeDir, "kube-scheduler"), filepath.Join(kubeDir, "kube-proxy")
 	return b, nil
+}
+
+// EnsureCoreDNS returns the CoreDNS binary, building it from its pinned module on first use (~2 minutes).
+func EnsureCoreDNS(ctx context.Context, repoRoot string, progress io.Writer) (string, error) {
+	cache := CacheDir()
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", fmt.Errorf("create cache dir %s: %w", cache, err)
+	}
+	unlock, err := lockFile(filepath.Join(cache, ".build.lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	dir, err := buildPinned(ctx, repoRoot, cache, "coredns", corednsModule, progress)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "coredns"), nil
 }
 
 // buildPinned builds mod into cache/<prefix>-<hash of go.mod and go.sum>/ unless already there, so that
@@ -125,7 +156,7 @@ func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinned
 		return "", fmt.Errorf("create build dir %s: %w", tmp, err)
 	}
 	if progress != nil {
-		fmt.Fprintf(progress, "building %v from %s into %s (first time only; kube-apiserver and kubelet take ~7 minutes)\n", mod.outputs, mod.dir, out)
+		fmt.Fprintf(progress, "building %v from %s into %s (first time only, %s on 2 cores)\n", mod.outputs, mod.dir, out, mod.buildTime)
 	}
 	args := []string{"build", "-trimpath", "-o", tmp + "/"}
 	if mod.versionOf != "" {
@@ -187,17 +218,9 @@ func RepoRoot(dir string) (string, error) {
 // kubeVersionLDFlags reads the pinned version of module from a go.mod and returns the -X flags Kubernetes'
 // own build (hack/lib/version.sh) sets.
 func kubeVersionLDFlags(goMod, module string) (string, error) {
-	data, err := os.ReadFile(goMod)
+	version, err := requiredVersion(goMod, module)
 	if err != nil {
 		return "", err
-	}
-	var version string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
-		if len(f) >= 2 && f[0] == module {
-			version = f[1]
-			break
-		}
 	}
 	parts := strings.SplitN(strings.TrimPrefix(version, "v"), ".", 3)
 	if len(parts) < 2 {
@@ -213,4 +236,19 @@ func kubeVersionLDFlags(goMod, module string) (string, error) {
 		)
 	}
 	return strings.Join(flags, " "), nil
+}
+
+// requiredVersion is the version of module a go.mod requires ("" if none).
+func requiredVersion(goMod, module string) (string, error) {
+	data, err := os.ReadFile(goMod)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+		if len(f) >= 2 && f[0] == module {
+			return f[1], nil
+		}
+	}
+	return "", nil
 }

@@ -62,6 +62,15 @@ type Config struct {
 	// NoKubeletStartLimit gives the real nodes' kubelet.service kubeadm's StartLimitIntervalSec=0 (no start
 	// limit); by default the unit keeps systemd's (5 starts in 10 s), as many distributions' units do.
 	NoKubeletStartLimit bool
+	// Installed runs the cluster as users run one and dkc as users install it (installed.go): a control
+	// plane with kube-controller-manager and kube-scheduler; every real node a whole machine under its own
+	// systemd with containerd, the kubelet, kube-proxy, CNI pod networking; cluster DNS; dkc's images imported
+	// into every node and deploy/ applied with `kubectl apply -k`. ServiceBinary, SidecarBinary and SimNodes
+	// are ignored. RealNodes nil means ["node-1", "node-2"].
+	Installed bool
+	// ImagesDir holds the image tarballs of `make images` (<name>.tar for dkc-server, dkc-sidecar, pause);
+	// Installed only.
+	ImagesDir string
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
 }
@@ -76,6 +85,9 @@ type State struct {
 	Nodes         []NodeState    `json:"nodes"`
 	Service       *ServiceState  `json:"service,omitempty"`
 	SimNodes      []SimNodeState `json:"simNodes,omitempty"`
+	// Installed is the installed form (Config.Installed); PodCIDR its pod range, split between the nodes.
+	Installed bool   `json:"installed,omitempty"`
+	PodCIDR   string `json:"podCIDR,omitempty"`
 }
 
 // NodeState describes one real node.
@@ -94,6 +106,8 @@ type NodeState struct {
 	// under the short RuntimeDir because unix socket paths are limited to 108 bytes.
 	RootDir       string `json:"rootDir"`
 	ContainerdDir string `json:"containerdDir"`
+	// PodCIDR is the node's pod subnet (installed form).
+	PodCIDR string `json:"podCIDR,omitempty"`
 }
 
 // Cluster is a started (or opened) dev cluster.
@@ -120,6 +134,15 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	}
 	if cfg.RealNodes == nil {
 		cfg.RealNodes = []string{"node-1"}
+		if cfg.Installed {
+			cfg.RealNodes = []string{"node-1", "node-2"}
+		}
+	}
+	if cfg.Installed {
+		if len(cfg.RealNodes) == 0 || len(cfg.RealNodes) > maxInstalledNodes {
+			return nil, fmt.Errorf("the installed form runs 1 to %d real nodes, not %d", maxInstalledNodes, len(cfg.RealNodes))
+		}
+		cfg.ServiceBinary, cfg.SidecarBinary, cfg.SimNodes = "", "", 0
 	}
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
@@ -143,13 +166,22 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if err := ensurePackages(ctx, nodePackages, cfg.Progress); err != nil {
 		return nil, err
 	}
+	var images map[string]string
+	if cfg.Installed {
+		if err := ensurePackages(ctx, installedPackages, cfg.Progress); err != nil {
+			return nil, err
+		}
+		if images, err = ensureImages(ctx, cfg, cfg.Progress); err != nil {
+			return nil, err
+		}
+	}
 	if len(cfg.RealNodes) > 0 {
 		if _, err := ProvisionKernel(sysctl.New(), cfg.Progress); err != nil {
 			return nil, err
 		}
 	}
 	var rootfs string
-	if cfg.SidecarBinary != "" && len(cfg.RealNodes) > 0 {
+	if (cfg.SidecarBinary != "" || cfg.Installed) && len(cfg.RealNodes) > 0 {
 		if rootfs, err = EnsureRootfs(ctx, cfg.Progress); err != nil {
 			return nil, err
 		}
@@ -196,6 +228,9 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	}
 	if err := c.startAPIServer(ctx, bins.APIServer); err != nil {
 		return c, err
+	}
+	if cfg.Installed {
+		return c, c.startInstalled(ctx, bins, rootfs, images)
 	}
 	for _, n := range c.state.Nodes {
 		if err := c.startNode(ctx, n, bins.Kubelet, rootfs); err != nil {
@@ -261,7 +296,7 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		}
 	}
 	for _, n := range c.state.Nodes {
-		if n.Systemd {
+		if n.Systemd || c.state.Installed {
 			if err := removeNodeCgroups(n); err != nil {
 				errs = append(errs, err)
 			}
@@ -295,6 +330,9 @@ func (c *Cluster) Stop(ctx context.Context) error {
 // processNames lists every process the cluster may run, in start order.
 func (c *Cluster) processNames() []string {
 	names := []string{"etcd", "kube-apiserver"}
+	if c.state.Installed {
+		names = append(names, "kube-controller-manager", "kube-scheduler")
+	}
 	for _, n := range c.state.Nodes {
 		names = append(names, "containerd-"+n.Name, "kubelet-"+n.Name, "node-"+n.Name)
 	}
@@ -371,7 +409,11 @@ func (c *Cluster) allocate() error {
 		APIServerPort: ports[1],
 		RuntimeDir:    filepath.Join("/var/lib/dkc-dev", id),
 		// Interface names are limited to 15 bytes.
-		Network: Network{Bridge: "dkcbr" + id[:8], GatewayIP: fmt.Sprintf("198.18.%d.1", k), PrefixLen: 24},
+		Network:   Network{Bridge: "dkcbr" + id[:8], GatewayIP: fmt.Sprintf("198.18.%d.1", k), PrefixLen: 24},
+		Installed: c.cfg.Installed,
+	}
+	if c.cfg.Installed {
+		c.state.PodCIDR, _ = podSubnets(k, 0)
 	}
 	if c.cfg.ServiceBinary != "" {
 		sp, err := freePorts(3)
@@ -389,10 +431,13 @@ func (c *Cluster) allocate() error {
 			KubeletPort:        ports[2+3*i],
 			HealthzPort:        ports[3+3*i],
 			SidecarMetricsPort: ports[4+3*i],
-			Systemd:            c.cfg.SidecarBinary != "",
+			Systemd:            c.cfg.SidecarBinary != "" || c.cfg.Installed,
 			RootDir:            filepath.Join(c.state.RuntimeDir, name, "kubelet"),
 			ContainerdDir:      filepath.Join(c.state.RuntimeDir, name, "containerd"),
 		})
+		if c.cfg.Installed {
+			_, c.state.Nodes[i].PodCIDR = podSubnets(k, i)
+		}
 	}
 	return nil
 }
@@ -421,6 +466,11 @@ func (c *Cluster) issueCertificates() error {
 	}
 	if _, err := c.pki.serviceAccountKey(); err != nil {
 		return err
+	}
+	if c.cfg.Installed {
+		if err := c.issueControlPlaneCertificates(); err != nil {
+			return err
+		}
 	}
 	return writeKubeconfig(c.KubeconfigPath(), c.apiServerURL(), c.pki.CAFile(), c.pki.path("admin.crt"), c.pki.path("admin.key"))
 }
@@ -516,6 +566,9 @@ func (c *Cluster) startAPIServer(ctx context.Context, bin string) error {
 		"--kubelet-client-key="+c.pki.path("apiserver-kubelet-client.key"),
 		"--allow-privileged=true",
 		"--profiling=true",
+		// Webhooks and aggregated APIs are reached at their endpoints' pod IPs (routed to the nodes), not
+		// through a Service IP, which only kube-proxy on the nodes implements.
+		"--enable-aggregator-routing=true",
 	)
 	if err != nil {
 		return err

@@ -26,11 +26,17 @@ import (
 // fresh machine runs the cluster without manual steps.
 var nodePackages = map[string]string{"containerd": "containerd", "runc": "runc", "ip": "iproute2", "nsenter": "util-linux"}
 
-// ensurePackages installs the Debian packages (binary → package) whose binaries are missing.
+// ensurePackages installs the Debian packages (binary or absolute path → package) whose files are missing.
 func ensurePackages(ctx context.Context, packages map[string]string, progress io.Writer) error {
 	var missing []string
 	for bin, pkg := range packages {
-		if _, err := exec.LookPath(bin); err != nil {
+		var err error
+		if filepath.IsAbs(bin) {
+			_, err = os.Stat(bin) // a file the package installs outside $PATH
+		} else {
+			_, err = exec.LookPath(bin)
+		}
+		if err != nil {
 			missing = append(missing, pkg)
 		}
 	}
@@ -51,6 +57,13 @@ func ensurePackages(ctx context.Context, packages map[string]string, progress io
 
 // KubeletConfigPath is the node's local kubelet config file (its --config); dkc never modifies it.
 func (c *Cluster) KubeletConfigPath(node string) string {
+	if c.state.Installed {
+		for _, n := range c.state.Nodes {
+			if n.Name == node {
+				return filepath.Join(n.RootDir, "config.yaml") // the node's /var/lib/kubelet/config.yaml
+			}
+		}
+	}
 	return filepath.Join(c.NodeDir(node), "kubelet-config.yaml")
 }
 

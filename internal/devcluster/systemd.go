@@ -24,7 +24,7 @@ import (
 // nspawn's default bounding set), /dev/kmsg bound in, and each container started inside a cgroup of its own
 // so that the payload/supervisor cgroups nspawn leaves behind can be removed without touching another.
 
-const rootfsRecipe = "bookworm-minbase-systemd-1"
+const rootfsRecipe = "bookworm-minbase-systemd-2"
 
 // DynamicConfigDirInNode is the sidecar's --dynamic-config-dir inside the node (the production default).
 const DynamicConfigDirInNode = "/var/lib/kubelet/dynamic-config"
@@ -52,7 +52,7 @@ func EnsureRootfs(ctx context.Context, progress io.Writer) (string, error) {
 	tmp := dir + ".tmp"
 	_ = os.RemoveAll(tmp)
 	fmt.Fprintf(progress, "debootstrapping a Debian rootfs with systemd into %s (first time only, ~1 minute)\n", dir)
-	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--include=systemd,systemd-sysv,dbus", "bookworm", tmp, debianMirror())
+	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--include=systemd,systemd-sysv,dbus,iptables", "bookworm", tmp, debianMirror())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("debootstrap: %w\n%s", err, tail2(string(out), 20))
 	}
@@ -156,7 +156,12 @@ var cgroupHierarchies = []string{"/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unifi
 // removeNodeCgroups removes what nspawn left under the node's cgroups, deepest first.
 func removeNodeCgroups(n NodeState) error {
 	var errs []string
-	for _, h := range cgroupHierarchies {
+	hierarchies := append([]string{}, cgroupHierarchies...)
+	controllers, err := v1Controllers() // the installed form's pods live under the node's cgroup there
+	if err != nil {
+		errs = append(errs, err.Error())
+	}
+	for _, h := range append(hierarchies, controllers...) {
 		root := filepath.Join(h, nodeCgroup(n))
 		var dirs []string
 		_ = filepath.Walk(root, func(p string, info os.FileInfo, err error) error {

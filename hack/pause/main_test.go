@@ -1,0 +1,43 @@
+package main
+
+import (
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestReapCollectsExitedChildren(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		children int
+	}{
+		{"no child", 0},
+		{"one child", 1},
+		{"several children behind one SIGCHLD", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var want []int
+			for range tc.children {
+				// ForkExec, not os/exec: nothing may wait for the child but reap.
+				pid, err := syscall.ForkExec("/bin/true", []string{"true"}, nil)
+				if err != nil {
+					t.Skipf("cannot start /bin/true: %v", err)
+				}
+				want = append(want, pid)
+			}
+			var got []int
+			deadline := time.Now().Add(10 * time.Second)
+			for len(got) < len(want) && time.Now().Before(deadline) {
+				got = append(got, reap()...)
+				time.Sleep(10 * time.Millisecond)
+			}
+			got = append(got, reap()...)
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Errorf("reaped %v, want %v", got, want)
+			}
+		})
+	}
+}

@@ -89,8 +89,8 @@ test-integration: build ## integration tests against a real local cluster (root;
 	for d in $(OUT)/test/*/; do [ -f "$$d/state.json" ] && $(BIN)/dkc-dev -dir "$$d" down; done; exit $$rc
 
 .PHONY: up
-up: build ## start the local cluster in the background (KUBE_VERSION, KUBE_BIN_DIR, SIM_NODES, DKC_TRIAL_DURATION); see _output/dev/env
-	$(BIN)/dkc-dev -dir $(DEV_DIR) up
+up: build $(if $(INSTALLED),images) ## start the local cluster in the background (INSTALLED=1: the installed form, dkc as pods; KUBE_VERSION, KUBE_BIN_DIR, SIM_NODES, DKC_TRIAL_DURATION); see _output/dev/env
+	$(BIN)/dkc-dev -dir $(DEV_DIR) $(if $(INSTALLED),-installed -images-dir $(OUT)/images) up
 
 .PHONY: down
 down: ## stop everything `make up` started
@@ -98,9 +98,10 @@ down: ## stop everything `make up` started
 
 DEMO_DIR := $(OUT)/demo
 .PHONY: demo
-demo: build ## the main job end to end: the seed workflow on a fresh local cluster's real node (DEMO_KEEP=1 keeps it)
+demo: build images ## the main job end to end: dkc installed as users install it (images, kubectl apply -k) on a fresh two-node cluster, then the seed workflow on node-1 (DEMO_KEEP=1 keeps it)
 	@$(BIN)/dkc-dev -dir $(DEMO_DIR) down >/dev/null
-	DKC_TRIAL_DURATION=20s SIM_NODES=0 $(BIN)/dkc-dev -dir $(DEMO_DIR) up
+	DKC_TRIAL_DURATION=20s $(BIN)/dkc-dev -dir $(DEMO_DIR) -installed -images-dir $(OUT)/images up
+	kubectl --kubeconfig $(DEMO_DIR)/kubeconfig get pods -A -o wide
 	@rc=0; $(BIN)/demo -kubeconfig $(DEMO_DIR)/kubeconfig || rc=$$?; \
 	if [ -z "$${DEMO_KEEP:-}" ]; then $(BIN)/dkc-dev -dir $(DEMO_DIR) down; else echo "cluster kept: . $(DEMO_DIR)/env"; fi; \
 	if [ $$rc -ne 0 ]; then echo "logs: $(DEMO_DIR)/logs"; fi; exit $$rc

@@ -78,6 +78,68 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 	return code
 }
 
+// MainInstalled is Main for the installed form (devcluster.Config.Installed): images built from this
+// checkout (hack/images) into the cluster's directory, two real nodes, dkc applied with kubectl apply -k.
+func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
+	dir, err := Dir(name)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if old, err := devcluster.Open(dir); err == nil {
+		if err := old.Stop(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "stop leftover cluster in %s: %v\n", dir, err)
+			return 1
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // includes cold builds
+	defer cancel()
+	images := filepath.Join(dir, "images")
+	if err := BuildImages(ctx, images); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, Installed: true, ImagesDir: images,
+		TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start dev cluster (installed form): %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
+		return 1
+	}
+	*out = c
+	code := m.Run()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "tests failed; logs are in %s (pods: <node>/pods)\n", c.LogDir())
+	}
+	if err := c.Stop(context.Background()); err != nil {
+		fmt.Fprintf(os.Stderr, "stop dev cluster: %v\n", err)
+		return 1
+	}
+	return code
+}
+
+// BuildImages builds dkc's images from this checkout into dir with hack/images (as `make images` does),
+// plus any extra arguments (e.g. -tag).
+func BuildImages(ctx context.Context, dir string, args ...string) error {
+	wd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	root, err := devcluster.RepoRoot(wd)
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", append([]string{"run", "./hack/images", "-out", dir}, args...)...)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build images: %w\n%s", err, b)
+	}
+	return nil
+}
+
 // SimNodes is the number of simulated nodes in test clusters (sim-1 ... sim-N).
 const SimNodes = 5
 

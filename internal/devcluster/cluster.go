@@ -436,7 +436,10 @@ func (c *Cluster) allocate() error {
 			ContainerdDir:      filepath.Join(c.state.RuntimeDir, name, "containerd"),
 		})
 		if c.cfg.Installed {
-			_, c.state.Nodes[i].PodCIDR = podSubnets(k, i)
+			// A whole machine in its own network namespace: the kubelet's default ports.
+			nd := &c.state.Nodes[i]
+			_, nd.PodCIDR = podSubnets(k, i)
+			nd.KubeletPort, nd.HealthzPort = 10250, 10248
 		}
 	}
 	return nil

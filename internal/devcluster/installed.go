@@ -163,31 +163,28 @@ func installedContainerdConfig() string {
 `, imageRef("pause"))
 }
 
-// installedKubeletConfig is the node's local kubelet config for the installed form: pods in the node's own
-// cgroup root, cluster DNS, and no image garbage collection or disk eviction (the images were imported,
-// no registry could give them back).
-func (c *Cluster) installedKubeletConfig(n NodeState) string {
+// installedKubeletConfig is the local kubelet config of every node of the installed form: the same file on
+// each node (the kubelet's default ports and addresses in the node's own network namespace, the node's
+// identity and cgroup root in flags), so one ConfigMap can reconfigure them all as on a real cluster. Cluster
+// DNS; no image garbage collection or disk eviction (the images were imported, no registry could give them
+// back).
+func (c *Cluster) installedKubeletConfig() string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: %[1]s
-port: %[2]d
 readOnlyPort: 0
-healthzBindAddress: %[1]s
-healthzPort: %[3]d
 authentication:
   anonymous:
     enabled: false
   webhook:
     enabled: true
   x509:
-    clientCAFile: %[4]s
+    clientCAFile: %[1]s
 authorization:
   mode: Webhook
 cgroupDriver: cgroupfs
-cgroupRoot: %[5]s
 failSwapOn: false
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
-clusterDNS: [%[6]s]
+clusterDNS: [%[2]s]
 clusterDomain: cluster.local
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -197,7 +194,7 @@ evictionHard:
   imagefs.available: 1%%
 rotateCertificates: false
 registerNode: true
-`, n.IP, n.KubeletPort, n.HealthzPort, c.pki.CAFile(), nodeCgroupRoot(n), clusterDNSIP)
+`, c.pki.CAFile(), clusterDNSIP)
 }
 
 // installedUnits writes node n's systemd units for the installed form: cgroups-rw (see below), containerd,
@@ -300,6 +297,8 @@ func (c *Cluster) installedKubeletArgs(n NodeState) []string {
 		"--kubeconfig=" + c.NodeKubeconfigPath(n.Name),
 		"--hostname-override=" + n.Name,
 		"--node-ip=" + n.IP,
+		// Pods of different nodes must never share a cgroup on this one machine; Stop removes the subtree.
+		"--cgroup-root=" + nodeCgroupRoot(n),
 		"--v=1",
 	}
 }
@@ -363,7 +362,7 @@ func (c *Cluster) startInstalledNode(ctx context.Context, n NodeState, bins Bina
 		return err
 	}
 	for path, content := range map[string]string{
-		c.KubeletConfigPath(n.Name):                 c.installedKubeletConfig(n),
+		c.KubeletConfigPath(n.Name):                 c.installedKubeletConfig(),
 		filepath.Join(nd, "containerd.toml"):        installedContainerdConfig(),
 		filepath.Join(nd, "cni", "10-dkc.conflist"): cniConfig(n),
 	} {
@@ -391,8 +390,18 @@ func (c *Cluster) startInstalledNode(ctx context.Context, n NodeState, bins Bina
 	if err := c.startUnit(bctx, n.Name, "containerd.service"); err != nil {
 		return err
 	}
-	if err := c.importImages(bctx, n, images); err != nil {
-		return err
+	if err := waitPath(bctx, c.ContainerdAddress(n.Name)); err != nil {
+		return fmt.Errorf("node %s: containerd socket: %w; see %s", n.Name, err, filepath.Join(c.NodeLogDir(n.Name), "containerd.log"))
+	}
+	names := make([]string, 0, len(images))
+	for name := range images {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := c.ImportImage(bctx, n.Name, images[name]); err != nil {
+			return err
+		}
 	}
 	for _, u := range []string{"kube-proxy.service", "kubelet.service"} {
 		if err := c.startUnit(bctx, n.Name, u); err != nil {
@@ -427,23 +436,12 @@ func (c *Cluster) ContainerdAddress(node string) string {
 	return ""
 }
 
-// importImages loads image tarballs into the node's containerd, in the namespace the CRI uses, as a node
-// image pre-load does; the CRI then never pulls them (imagePullPolicy IfNotPresent for a non-latest tag).
-func (c *Cluster) importImages(ctx context.Context, n NodeState, images map[string]string) error {
-	sock := c.ContainerdAddress(n.Name)
-	if err := waitPath(ctx, sock); err != nil {
-		return fmt.Errorf("node %s: containerd socket: %w; see %s", n.Name, err, filepath.Join(c.NodeLogDir(n.Name), "containerd.log"))
-	}
-	names := make([]string, 0, len(images))
-	for name := range images {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		out, err := exec.CommandContext(ctx, "ctr", "--address", sock, "-n", "k8s.io", "images", "import", "--no-unpack=false", images[name]).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("node %s: import image %s from %s: %w: %s", n.Name, name, images[name], err, strings.TrimSpace(string(out)))
-		}
+// ImportImage loads an image tarball into node's containerd, in the namespace the CRI uses, as a node image
+// pre-load does; the CRI then never pulls it (imagePullPolicy IfNotPresent for a non-latest tag).
+func (c *Cluster) ImportImage(ctx context.Context, node, tarball string) error {
+	out, err := exec.CommandContext(ctx, "ctr", "--address", c.ContainerdAddress(node), "-n", "k8s.io", "images", "import", tarball).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("node %s: import image %s: %w: %s", node, tarball, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

@@ -212,6 +212,31 @@ func serverPods(t *testing.T) []corev1.Pod {
 	return pods.Items
 }
 
+// waitServerSettled waits until the Deployment runs its two replicas, ready, with no pod terminating, and
+// returns them.
+func waitServerSettled(t *testing.T) []corev1.Pod {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		pods := serverPods(t)
+		ready := 0
+		for _, p := range pods {
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil {
+					ready++
+				}
+			}
+		}
+		if len(pods) == 2 && ready == 2 {
+			return pods
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dkc-server: %d pods, %d ready and not terminating; want 2", len(pods), ready)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // waitRolledOut waits until `kubectl rollout status` says the workload is rolled out.
 func waitRolledOut(t *testing.T, kind string) {
 	t.Helper()
@@ -294,13 +319,15 @@ func TestServerPodsDeletedWhileAssignmentsChange(t *testing.T) {
 			last[n] = createConfig(t, fmt.Sprintf("installed-%s-r%d", n, r), n, 30+r)
 			assign(t, n, last[n])
 		}
-		pods := serverPods(t)
-		victim := pods[r%len(pods)].Name
-		if err := admin(t).CoreV1().Pods("kube-system").Delete(ctxFor(t), victim, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			t.Fatalf("delete %s: %v", victim, err)
+		// One replica lost at a time, as a node failure or an eviction takes it; the next round starts once
+		// the Deployment has replaced it (with both gone, assignments wait: the webhook fails closed).
+		pods := waitServerSettled(t)
+		victim := pods[r%len(pods)]
+		if err := admin(t).CoreV1().Pods("kube-system").Delete(ctxFor(t), victim.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatalf("delete %s: %v", victim.Name, err)
 		}
-		t.Logf("round %d: assigned, deleted %s", r, victim)
-		time.Sleep(3 * time.Second)
+		t.Logf("round %d: assigned, deleted %s on %s", r, victim.Name, victim.Spec.NodeName)
+		time.Sleep(2 * time.Second)
 	}
 	for _, n := range nodes {
 		waitRunning(t, n, last[n], 3*time.Minute)

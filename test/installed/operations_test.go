@@ -1,0 +1,242 @@
+//go:build integration
+
+package installed
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/dkc-dev/dkc/cli/plugin"
+	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+	"github.com/dkc-dev/dkc/sidecar/systemd"
+)
+
+// kubectlDKC runs `kubectl dkc args...` in process against the cluster.
+func kubectlDKC(ctx context.Context, args ...string) (string, error) {
+	var out bytes.Buffer
+	cmd := plugin.NewCommand(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &out})
+	cmd.SetArgs(append([]string{"--kubeconfig=" + cluster.KubeconfigPath()}, args...))
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	err := cmd.ExecuteContext(ctx)
+	return out.String(), err
+}
+
+// TestRolloutCompletesThroughServerRolloutRestart: `kubectl rollout restart deployment/dkc-server` while
+// `kubectl dkc rollout` moves the nodes one at a time; the rollout completes and each kubelet restarts once.
+func TestRolloutCompletesThroughServerRolloutRestart(t *testing.T) {
+	t.Cleanup(func() { resetAll(t) })
+	before := map[string]int{}
+	for _, n := range nodes {
+		before[n] = kubeletStarts(t, n)
+	}
+	cm := createConfig(t, "installed-rollout", "node-1", 41)
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := kubectlDKC(ctxFor(t), "rollout", "--configmap", "kube-system/installed-rollout", "-l", "kubernetes.io/os=linux", "--max-unavailable", "1", "--timeout", "4m")
+		done <- result{out, err}
+	}()
+	time.Sleep(time.Second)
+	if out, err := kubectl(t, "-n", "kube-system", "rollout", "restart", "deployment/dkc-server"); err != nil {
+		t.Fatalf("rollout restart: %v\n%s", err, out)
+	}
+	r := <-done
+	if r.err != nil || !strings.Contains(r.out, "rollout complete") {
+		t.Fatalf("kubectl dkc rollout: %v\n%s", r.err, r.out)
+	}
+	waitRolledOut(t, "deployment/dkc-server")
+	for _, n := range nodes {
+		waitRunning(t, n, cm, time.Minute)
+		if d := kubeletStarts(t, n) - before[n]; d != 1 {
+			t.Errorf("%s: kubelet started %d times, want 1", n, d)
+		}
+	}
+}
+
+// TestSidecarRollingUpdate: a new sidecar image rolls over the DaemonSet while both nodes run assigned
+// configs and node-1 has just been given a new one (its sidecar is restarting the kubelet or waiting for it
+// to come back healthy when the pod is replaced). No kubelet restarts beyond the one assignment needs, no
+// good config rolled back.
+func TestSidecarRollingUpdate(t *testing.T) {
+	t.Cleanup(func() { resetAll(t) })
+	a := createConfig(t, "installed-update-a", "node-1", 51)
+	b := createConfig(t, "installed-update-b", "node-1", 52)
+	for _, n := range nodes {
+		assign(t, n, a)
+	}
+	for _, n := range nodes {
+		waitRunning(t, n, a, 2*time.Minute)
+	}
+	dir := t.TempDir()
+	if err := devclustertest.BuildImages(ctxFor(t), dir, "-tag", "update", "-images", "dkc-sidecar"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if err := cluster.ImportImage(ctxFor(t), n, filepath.Join(dir, "dkc-sidecar.tar")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = kubectl(t, "-n", "kube-system", "set", "image", "daemonset/dkc-sidecar", "dkc-sidecar="+devcluster.ImageRepo+"/dkc-sidecar:"+devcluster.ImageTag)
+		waitRolledOut(t, "daemonset/dkc-sidecar")
+	})
+	before := map[string]int{}
+	for _, n := range nodes {
+		before[n] = kubeletStarts(t, n)
+	}
+	assign(t, "node-1", b)
+	if out, err := kubectl(t, "-n", "kube-system", "set", "image", "daemonset/dkc-sidecar", "dkc-sidecar="+devcluster.ImageRepo+"/dkc-sidecar:update"); err != nil {
+		t.Fatalf("set image: %v\n%s", err, out)
+	}
+	waitRolledOut(t, "daemonset/dkc-sidecar")
+	waitRunning(t, "node-1", b, 2*time.Minute)
+	waitRunning(t, "node-2", a, time.Minute)
+	if d := kubeletStarts(t, "node-1") - before["node-1"]; d != 1 {
+		t.Errorf("node-1: kubelet started %d times for one assignment across the sidecar update, want 1", d)
+	}
+	if d := kubeletStarts(t, "node-2") - before["node-2"]; d != 0 {
+		t.Errorf("node-2: kubelet started %d times during the sidecar update, want 0", d)
+	}
+	if got := configzQPS(t, "node-1"); got != 52 {
+		t.Errorf("node-1 configz eventRecordQPS = %v, want 52", got)
+	}
+}
+
+// TestGrpcurlThroughPortForward is the README's in-cluster debugging recipe: port-forward to the Service,
+// then grpcurl list, describe, health and WatchConfig with a node's token.
+func TestGrpcurlThroughPortForward(t *testing.T) {
+	waitServerSettled(t) // port-forward picks one pod of the Service and must not pick a terminating one
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pf := exec.CommandContext(ctx, "kubectl", "--kubeconfig", cluster.KubeconfigPath(), "-n", "kube-system", "port-forward", "svc/dkc-server", ":9443")
+	stdout, err := pf.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf.Stderr = os.Stderr
+	if err := pf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pf.Process.Kill(); _ = pf.Wait() }()
+	var addr string
+	sc := bufio.NewScanner(stdout)
+	re := regexp.MustCompile(`Forwarding from (127\.0\.0\.1:\d+) -> 9443`)
+	for sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			addr = m[1]
+			break
+		}
+	}
+	if addr == "" {
+		t.Fatal("kubectl port-forward printed no local address")
+	}
+	go func() { _, _ = bufio.NewReader(stdout).WriteTo(new(bytes.Buffer)) }()
+
+	root, err := devcluster.RepoRoot(mustWd(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(cluster.InstallDir(), "deploy/overlays/self-signed/ca.crt")
+	// grpcurl [flags] ADDRESS [method], the tool pinned in hack/tools, trusting the CA gen-certs.sh wrote.
+	grpcurl := func(flags []string, method ...string) (string, error) {
+		args := append([]string{"tool", "-modfile=hack/tools/go.mod", "grpcurl", "-cacert", ca, "-servername", "dkc-server.kube-system.svc"}, flags...)
+		cmd := exec.CommandContext(ctx, "go", append(append(args, addr), method...)...)
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := grpcurl(nil, "list"); err != nil || !strings.Contains(out, "dkc.v1.ConfigService") {
+		t.Errorf("grpcurl list: %v\n%s", err, out)
+	}
+	if out, err := grpcurl(nil, "describe", "dkc.v1.ConfigService"); err != nil || !strings.Contains(out, "WatchConfig") {
+		t.Errorf("grpcurl describe: %v\n%s", err, out)
+	}
+	if out, err := grpcurl(nil, "grpc.health.v1.Health/Check"); err != nil || !strings.Contains(out, "SERVING") {
+		t.Errorf("grpcurl health: %v\n%s", err, out)
+	}
+	token, err := cluster.NodeToken(ctx, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stream stays open: grpcurl ends at -max-time, after printing what the service sent.
+	out, _ := grpcurl([]string{"-max-time", "5", "-H", "authorization: Bearer " + token, "-d", `{"nodeName":"node-1"}`}, "dkc.v1.ConfigService/WatchConfig")
+	if !strings.Contains(out, `"resolvedTime"`) {
+		t.Errorf("grpcurl WatchConfig as node-1 received nothing:\n%s", out)
+	}
+	t.Logf("WatchConfig as node-1:\n%s", out)
+}
+
+func mustWd(t *testing.T) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wd
+}
+
+// TestNodeDeletedAndRejoined: a node running an assigned config is drained and deleted, then its kubelet
+// registers it again under the same name. The new Node object has no config source, so the node goes back to
+// its local config, and nothing of the old object's status is written onto the new one.
+func TestNodeDeletedAndRejoined(t *testing.T) {
+	const node = "node-2"
+	t.Cleanup(func() { resetAll(t) })
+	cm := createConfig(t, "installed-rejoin", node, 61)
+	assign(t, node, cm)
+	waitRunning(t, node, cm, 2*time.Minute)
+
+	if out, err := kubectl(t, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=2m"); err != nil {
+		t.Fatalf("drain: %v\n%s", err, out)
+	}
+	if out, err := kubectl(t, "delete", "node", node); err != nil {
+		t.Fatalf("delete node: %v\n%s", err, out)
+	}
+	m, err := systemd.Dial(ctxFor(t), cluster.BusAddress(node), "kubelet.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Restart(ctxFor(t)); err != nil {
+		t.Fatalf("restart the kubelet of %s to re-register it: %v", node, err)
+	}
+	// From the moment the new Node exists until it settles on its local config, it never shows the old
+	// object's assignment.
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		n, err := admin(t).CoreV1().Nodes().Get(ctxFor(t), node, metav1.GetOptions{})
+		if err == nil {
+			v := view(t, node)
+			if srcName(v.status.Assigned) == name(cm) {
+				t.Fatalf("the re-joined %s shows the deleted object's assignment: %s", node, v)
+			}
+			if n.Annotations["dkc.dev/config-status"] != "" && v.status.Assigned == nil && v.status.Active == nil && v.status.Error == "" &&
+				v.configOK != nil && v.configOK.Status == corev1.ConditionTrue {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("re-joined %s never settled on its local config: %s", node, view(t, node))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if got := configzQPS(t, node); got == 61 {
+		t.Errorf("%s still runs the deleted object's config (eventRecordQPS 61)", node)
+	}
+	waitServerSettled(t)
+}

@@ -11,7 +11,7 @@ BUF        := $(GO_TOOLS) buf
 # The branch `buf breaking` compares the API against; main itself compares with its previous commit.
 BUF_AGAINST ?= .git\#ref=HEAD~1
 # Integration test binaries each start a real cluster; run them one at a time.
-INTEGRATION_PKGS := ./test/integration/...
+INTEGRATION_PKGS := ./test/integration/... ./test/installed/...
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN).

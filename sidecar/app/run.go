@@ -47,6 +47,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		}
 		defer m.Close()
 		svc = m
+		if err := m.CheckUnit(ctx); err != nil {
+			return err
+		}
 		if cfg.InstallDropIn != "" {
 			if err := installDropIn(ctx, m, cfg.InstallDropIn, kubeletunit.DropIn(cfg.DynamicConfigDir), log); err != nil {
 				return err

@@ -58,6 +58,24 @@ func (m *Manager) Close() { m.conn.Close() }
 // Unit is the controlled unit's name.
 func (m *Manager) Unit() string { return m.unit }
 
+// ErrNoUnit: the controlled unit is not a unit systemd has loaded on this node.
+var ErrNoUnit = errors.New("not a systemd unit on this node")
+
+// CheckUnit refuses a node whose kubelet is not the unit dkc restarts: `systemctl show -p LoadState UNIT`
+// must say "loaded". Otherwise every restart would fail later, one config at a time, for a reason no
+// config could fix.
+func (m *Manager) CheckUnit(ctx context.Context) error {
+	p, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "LoadState")
+	if err != nil {
+		return fmt.Errorf("read LoadState of %s: %w", m.unit, err)
+	}
+	if state, _ := p.Value.Value().(string); state != "loaded" {
+		return fmt.Errorf("%w: %s is %q; dkc-sidecar switches configs by restarting the kubelet's unit (--kubelet-unit), "+
+			"so the kubelet must run under this node's systemd (a kubelet supervised otherwise: --restart-mode=signal)", ErrNoUnit, m.unit, state)
+	}
+	return nil
+}
+
 // ErrJobFailed: systemd ran the job and it did not end "done" (failed, timeout, dependency, ...).
 var ErrJobFailed = errors.New("job did not complete")
 

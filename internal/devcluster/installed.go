@@ -33,7 +33,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dkc-dev/dkc/hack/images/ociimage"
-	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
 )
 
 const (
@@ -204,10 +203,6 @@ func (c *Cluster) installedUnits(n NodeState) (map[string]string, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "kubelet.service.d"), 0o755); err != nil {
 		return nil, err
 	}
-	startLimit := ""
-	if c.cfg.NoKubeletStartLimit {
-		startLimit = "StartLimitIntervalSec=0"
-	}
 	files := map[string]string{
 		// systemd-nspawn mounts the cgroup v1 controllers read-only; on a real machine the kubelet and runc
 		// write them. Remounting needs no more than the capabilities the node already has.
@@ -256,18 +251,7 @@ LimitNOFILE=infinity
 StandardOutput=append:/var/log/dkc/containerd.log
 StandardError=inherit
 `,
-		"kubelet.service": fmt.Sprintf(`[Unit]
-Description=kubelet of dkc dev node %[1]s
-After=containerd.service
-%[5]s
-[Service]
-Environment="%[2]s=--config=%[3]s"
-ExecStart=/usr/local/bin/kubelet $%[2]s %[4]s
-Restart=always
-RestartSec=1
-StandardOutput=append:/var/log/dkc/kubelet.log
-StandardError=inherit
-`, n.Name, kubeletunit.Variable, nodeKubeletConfig, strings.Join(c.installedKubeletArgs(n), " "), startLimit),
+		"kubelet.service": kubeletUnit(n.Name, "containerd.service", nodeKubeletConfig, c.installedKubeletArgs(n), c.cfg.NoKubeletStartLimit),
 		"kube-proxy.service": fmt.Sprintf(`[Unit]
 Description=kube-proxy of dkc dev node %[1]s
 After=network.target
@@ -307,11 +291,6 @@ func (c *Cluster) installedKubeletArgs(n NodeState) []string {
 // Debian packages, the Kubernetes binaries, containerd's and the kubelet's state on the host's disk (overlayfs
 // snapshots cannot live on the container's overlay root), containerd's socket where the host's ctr reaches it.
 func (c *Cluster) installedNspawnArgs(n NodeState, rootfs string, bins Binaries, units map[string]string) []string {
-	cg := nodeCgroup(n)
-	var join strings.Builder
-	for _, h := range cgroupHierarchies {
-		fmt.Fprintf(&join, "mkdir -p %[1]s/%[2]s && echo $$ > %[1]s/%[2]s/cgroup.procs && ", h, cg)
-	}
 	nd := c.NodeDir(n.Name)
 	nspawn := []string{"systemd-nspawn", "--boot", "--directory=" + rootfs, "--volatile=overlay", "--machine=" + n.Netns,
 		"--register=no", "--keep-unit", "--console=pipe", "--capability=all",
@@ -344,7 +323,7 @@ func (c *Cluster) installedNspawnArgs(n NodeState, rootfs string, bins Binaries,
 		"--bind-ro=" + units["cgroups-rw.service"] + ":/etc/systemd/system/cgroups-rw.service",
 		"--bind-ro=" + units["cgroups-rw.sh"] + ":/usr/local/bin/cgroups-rw.sh",
 	}
-	return append([]string{"sh", "-c", join.String() + "exec \"$@\"", "nspawn"}, nspawn...)
+	return inNodeCgroup(n, nspawn)
 }
 
 // startInstalledNode boots node n of the installed form, imports the images into its containerd, and starts

@@ -110,22 +110,8 @@ func (c *Cluster) nodeUnits(n NodeState, sidecarArgs []string) (map[string]strin
 			args = append(args, a)
 		}
 	}
-	startLimit := "" // systemd's default
-	if c.cfg.NoKubeletStartLimit {
-		startLimit = "StartLimitIntervalSec=0" // kubeadm's kubelet unit
-	}
 	files := map[string]string{
-		"kubelet.service": fmt.Sprintf(`[Unit]
-Description=kubelet of dkc dev node %[1]s
-%[5]s
-[Service]
-Environment="%[2]s=--config=%[3]s"
-ExecStart=/usr/local/bin/kubelet $%[2]s %[4]s
-Restart=always
-RestartSec=1
-StandardOutput=append:/var/log/dkc/kubelet.log
-StandardError=inherit
-`, n.Name, kubeletunit.Variable, c.KubeletConfigPath(n.Name), strings.Join(args, " "), startLimit),
+		"kubelet.service":               kubeletUnit(n.Name, "", c.KubeletConfigPath(n.Name), args, c.cfg.NoKubeletStartLimit),
 		"kubelet.service.d/20-dkc.conf": kubeletunit.DropIn(DynamicConfigDirInNode),
 		"dkc-sidecar.service": fmt.Sprintf(`[Unit]
 Description=dkc sidecar of dev node %s
@@ -199,11 +185,6 @@ func (c *Cluster) DynamicConfigDir(node string) string {
 // files at the same paths, the dynamic config dir where production has it, the units, and the bus socket
 // exported to the host.
 func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string, units map[string]string) []string {
-	cg := nodeCgroup(n)
-	var join strings.Builder
-	for _, h := range cgroupHierarchies {
-		fmt.Fprintf(&join, "mkdir -p %[1]s/%[2]s && echo $$ > %[1]s/%[2]s/cgroup.procs && ", h, cg)
-	}
 	nspawn := []string{"systemd-nspawn", "--boot", "--directory=" + rootfs, "--volatile=overlay", "--machine=" + n.Netns,
 		"--register=no", "--keep-unit", "--console=pipe", "--capability=all",
 		"--network-namespace-path=/run/netns/" + n.Netns,
@@ -221,7 +202,39 @@ func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string,
 		"--bind-ro=" + units["kubelet.service.d/20-dkc.conf"] + ":/etc/systemd/system/kubelet.service.d/20-dkc.conf",
 		"--bind-ro=" + units["dkc-sidecar.service"] + ":/etc/systemd/system/dkc-sidecar.service",
 	}
-	return append([]string{"sh", "-c", join.String() + "exec \"$@\"", "nspawn"}, nspawn...)
+	return inNodeCgroup(n, nspawn)
+}
+
+// inNodeCgroup runs argv in a cgroup of the node's own (name=systemd and unified hierarchies), so that what
+// nspawn leaves there can be removed without touching another node's.
+func inNodeCgroup(n NodeState, argv []string) []string {
+	var join strings.Builder
+	for _, h := range cgroupHierarchies {
+		fmt.Fprintf(&join, "mkdir -p %[1]s/%[2]s && echo $$ > %[1]s/%[2]s/cgroup.procs && ", h, nodeCgroup(n))
+	}
+	return append([]string{"sh", "-c", join.String() + "exec \"$@\"", "nspawn"}, argv...)
+}
+
+// kubeletUnit is a node's kubelet.service, kubeadm-style: its --config in $KUBELET_CONFIG_ARGS (which dkc's
+// drop-in overrides), systemd's default start limit unless noStartLimit (kubeadm's unit sets none).
+func kubeletUnit(node, after, configPath string, args []string, noStartLimit bool) string {
+	var unit strings.Builder
+	fmt.Fprintf(&unit, "[Unit]\nDescription=kubelet of dkc dev node %s\n", node)
+	if after != "" {
+		fmt.Fprintf(&unit, "After=%s\n", after)
+	}
+	if noStartLimit {
+		unit.WriteString("StartLimitIntervalSec=0\n")
+	}
+	fmt.Fprintf(&unit, `[Service]
+Environment="%[1]s=--config=%[2]s"
+ExecStart=/usr/local/bin/kubelet $%[1]s %[3]s
+Restart=always
+RestartSec=1
+StandardOutput=append:/var/log/dkc/kubelet.log
+StandardError=inherit
+`, kubeletunit.Variable, configPath, strings.Join(args, " "))
+	return unit.String()
 }
 
 // waitBus waits for the node's systemd to answer on its bus.

@@ -38,18 +38,8 @@ func Dir(name string) (string, error) {
 // Main starts a cluster for the test binary, runs the tests, stops the cluster and returns the exit code.
 // A cluster left behind by an earlier run of the same binary that was killed is stopped first.
 func Main(m *testing.M, name string, out **devcluster.Cluster) int {
-	dir, err := Dir(name)
+	dir, err := freshDir(name)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if old, err := devcluster.Open(dir); err == nil {
-		if err := old.Stop(context.Background()); err != nil {
-			fmt.Fprintf(os.Stderr, "stop leftover cluster in %s: %v\n", dir, err)
-			return 1
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -67,9 +57,29 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 		return 1
 	}
 	*out = c
+	return runAndStop(m, c)
+}
+
+// freshDir is Dir(name), emptied: a cluster left behind by an earlier run of the same binary that was
+// killed is stopped first.
+func freshDir(name string) (string, error) {
+	dir, err := Dir(name)
+	if err != nil {
+		return "", err
+	}
+	if old, err := devcluster.Open(dir); err == nil {
+		if err := old.Stop(context.Background()); err != nil {
+			return "", fmt.Errorf("stop leftover cluster in %s: %w", dir, err)
+		}
+	}
+	return dir, os.RemoveAll(dir)
+}
+
+// runAndStop runs the tests against c, then stops c; it returns the exit code.
+func runAndStop(m *testing.M, c *devcluster.Cluster) int {
 	code := m.Run()
 	if code != 0 {
-		fmt.Fprintf(os.Stderr, "tests failed; process logs are in %s\n", c.LogDir())
+		fmt.Fprintf(os.Stderr, "tests failed; logs are in %s (a node's units and pods: %s)\n", c.LogDir(), c.NodeLogDir("<node>"))
 	}
 	if err := c.Stop(context.Background()); err != nil {
 		fmt.Fprintf(os.Stderr, "stop dev cluster: %v\n", err)
@@ -81,18 +91,8 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 // MainInstalled is Main for the installed form (devcluster.Config.Installed): images built from this
 // checkout (hack/images) into the cluster's directory, two real nodes, dkc applied with kubectl apply -k.
 func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
-	dir, err := Dir(name)
+	dir, err := freshDir(name)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if old, err := devcluster.Open(dir); err == nil {
-		if err := old.Stop(context.Background()); err != nil {
-			fmt.Fprintf(os.Stderr, "stop leftover cluster in %s: %v\n", dir, err)
-			return 1
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -110,15 +110,7 @@ func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
 		return 1
 	}
 	*out = c
-	code := m.Run()
-	if code != 0 {
-		fmt.Fprintf(os.Stderr, "tests failed; logs are in %s (pods: <node>/pods)\n", c.LogDir())
-	}
-	if err := c.Stop(context.Background()); err != nil {
-		fmt.Fprintf(os.Stderr, "stop dev cluster: %v\n", err)
-		return 1
-	}
-	return code
+	return runAndStop(m, c)
 }
 
 // BuildImages builds dkc's images from this checkout into dir with hack/images (as `make images` does),

@@ -49,6 +49,10 @@ const (
 	// the env file could not be written. Not the config's fault: nothing is rolled back, and the restart is
 	// retried at the next tick.
 	RestartError = "failed to restart kubelet, will retry, see dkc-sidecar log for details"
+	// VerifyError: the kubelet is healthy but refuses the sidecar /configz (it cannot authenticate it while
+	// the apiserver is unreachable, or the sidecar lacks nodes/configz), so what it runs cannot be proven.
+	// Not the config's fault: nothing is rolled back or restarted, and the check is retried at the next tick.
+	VerifyError = "failed to verify config, the kubelet refused /configz, will retry, see dkc-sidecar log for details"
 )
 
 // errConfigFault marks what run returns when the config itself is to blame: the kubelet, running it, did not
@@ -433,6 +437,16 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 	}
 
 	if err := a.run(ctx, target); err != nil {
+		if errors.Is(err, probe.ErrRefused) && !errors.Is(err, errConfigFault) {
+			a.activeKnown = false
+			if ctx.Err() != nil {
+				return true
+			}
+			a.configError, a.detail = VerifyError, err.Error()
+			a.retry = true
+			a.log.Warn("kubelet healthy but refuses /configz; the config is not blamed, verifying again", append(sourceFields(target.src), zap.Error(err))...)
+			return true
+		}
 		if !errors.Is(err, errConfigFault) {
 			// What runs now is unknown until the next reconcile proves it through /configz.
 			a.activeKnown = false
@@ -496,7 +510,7 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 			a.setActive(target.src)
 			return nil
 		} else if !errors.Is(err, errMismatch) {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, probe.ErrRefused) {
 				return err
 			}
 			return fmt.Errorf("%w: %v", errConfigFault, err)
@@ -521,6 +535,9 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 	if err := a.verify(ctx, target, a.cfg.HealthTimeout, false); err != nil {
 		if ctx.Err() != nil {
 			return err // stopped in the middle of the health wait: that is not the config's fault
+		}
+		if errors.Is(err, probe.ErrRefused) {
+			return err // healthy, but what it runs cannot be read: not the config's fault either
 		}
 		return fmt.Errorf("%w: %v", errConfigFault, err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/dkc-dev/dkc/sidecar/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
 	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
+	"github.com/dkc-dev/dkc/sidecar/probe"
 )
 
 // fakeKubelet records restarts (as a systemd fake would) and "runs" the config file the env file names at
@@ -37,6 +38,8 @@ type fakeKubelet struct {
 	stopped bool
 	// failRestarts: so many next restarts fail as a refused systemd job does, the kubelet left stopped.
 	failRestarts int
+	// refuseConfigz: /configz answers 401, as a kubelet does that cannot reach the apiserver to authenticate.
+	refuseConfigz bool
 }
 
 func (k *fakeKubelet) Restart(context.Context) error {
@@ -95,6 +98,12 @@ func (k *fakeKubelet) Healthz(context.Context, *configcheck.Checked) error {
 }
 
 func (k *fakeKubelet) Configz(context.Context, *configcheck.Checked) (map[string]any, error) {
+	k.mu.Lock()
+	refuse := k.refuseConfigz
+	k.mu.Unlock()
+	if refuse {
+		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/configz: 401 Unauthorized", probe.ErrRefused)
+	}
 	kc, err := k.runningConfig()
 	if err != nil {
 		return nil, err
@@ -525,4 +534,26 @@ func TestActiveIsNotLocalWhileUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.expect("1", "1", "local", InternalError, 1)
+}
+
+// TestRefusedConfigzBlamesNothing: while the kubelet refuses /configz (its apiserver unreachable, nothing in
+// its authentication cache), neither a restart into a new config nor a sidecar restart blames the config:
+// no rollback, no further restart; once /configz answers again the config is proven active.
+func TestRefusedConfigzBlamesNothing(t *testing.T) {
+	n := newNode(t)
+	n.kubelet.mu.Lock()
+	n.kubelet.refuseConfigz = true
+	n.kubelet.mu.Unlock()
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "local", "local", VerifyError, 1)
+
+	n.start() // the sidecar restarts during the outage
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "local", "local", VerifyError, 1)
+
+	n.kubelet.mu.Lock()
+	n.kubelet.refuseConfigz = false
+	n.kubelet.mu.Unlock()
+	n.agent.reconcile(context.Background()) // the next tick's retry
+	n.expect("1", "1", "local", "", 1)
 }

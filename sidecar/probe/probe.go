@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -73,6 +74,12 @@ func (k *Kubelet) Healthz(ctx context.Context, kc *configcheck.Checked) error {
 	return err
 }
 
+// ErrRefused: the kubelet answered but refused the sidecar's credentials (401, 403). A kubelet does so when
+// its webhook authentication or authorization cannot reach the apiserver and nothing is cached (a freshly
+// restarted kubelet, or an outage longer than its cache), or when the sidecar lacks nodes/configz: either
+// way it says nothing about the config the kubelet runs.
+var ErrRefused = errors.New("kubelet refused the request")
+
 // Configz returns the running kubelet's configuration as JSON fields (the "kubeletconfig" object).
 func (k *Kubelet) Configz(ctx context.Context, kc *configcheck.Checked) (map[string]any, error) {
 	url := "https://" + net.JoinHostPort(k.host(kc.Address), strconv.Itoa(int(kc.Port))) + "/configz"
@@ -109,6 +116,9 @@ func (k *Kubelet) get(ctx context.Context, url string, auth bool) ([]byte, error
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
 		return nil, err
+	}
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return nil, fmt.Errorf("%w: GET %s: %s: %.200s", ErrRefused, url, resp.Status, body)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: %s: %.200s", url, resp.Status, body)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
 	"github.com/dkc-dev/dkc/sidecar/agent"
+	"github.com/dkc-dev/dkc/sidecar/systemd"
 )
 
 const realNode = "node-1"
@@ -272,6 +273,63 @@ func TestSidecarRestartWithServiceAndAPIServerDown(t *testing.T) {
 	waitNodeStatus(t, realNode, name, name, "*", "", time.Minute)
 	if got, _ := cluster.KubeletMainPID(ctx, realNode); got != pid {
 		t.Errorf("kubelet restarted after the service came back (pid %d → %d)", pid, got)
+	}
+}
+
+// TestKubeletThatCannotAuthenticateIsNotRolledBack: with the apiserver unreachable, a freshly started kubelet
+// (nothing in its webhook authentication cache, as after an outage longer than the cache) is healthy but
+// answers the sidecar's /configz with 401. The sidecar, restarted meanwhile, must neither blame the config
+// nor restart the kubelet into last-known-good while it cannot read /configz, for longer than its health
+// timeout; once the apiserver is back the config is proven active again.
+func TestKubeletThatCannotAuthenticateIsNotRolledBack(t *testing.T) {
+	client := adminClient(t)
+	resetRealNode(t)
+	t.Cleanup(func() { resetRealNode(t) })
+	createConfigMap(t, "real-noauth", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 12\n")})
+	name := "real-noauth@" + mustRV(t, "real-noauth")
+	setSource(t, client, realNode, cmSource("real-noauth"))
+	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
+	env, err := os.ReadFile(filepath.Join(cluster.DynamicConfigDir(realNode), "kubelet.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := cluster.Signal("kube-apiserver", syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = cluster.Signal("kube-apiserver", syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	m, err := systemd.Dial(ctx, cluster.BusAddress(realNode), "kubelet.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Restart(ctx); err != nil { // a new kubelet: empty authentication cache
+		t.Fatal(err)
+	}
+	pid := kubeletPID(t)
+	if err := cluster.RestartSidecar(ctx, realNode); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(devclustertest.HealthTimeout + 15*time.Second) // past the health timeout of the sidecar's check
+	if got, err := cluster.KubeletMainPID(ctx, realNode); err != nil || got != pid {
+		t.Errorf("kubelet pid %d → %d (%v): the sidecar restarted the kubelet while /configz was refused", pid, got, err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(cluster.DynamicConfigDir(realNode), "kubelet.env")); string(after) != string(env) {
+		t.Errorf("kubelet.env changed while /configz was refused (a rollback):\n%s\n→\n%s", env, after)
+	}
+	resume()
+	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
+	if got, _ := cluster.KubeletMainPID(ctx, realNode); got != pid {
+		t.Errorf("kubelet restarted after the apiserver came back (pid %d → %d)", pid, got)
 	}
 }
 

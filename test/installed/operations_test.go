@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,30 +126,7 @@ func TestGrpcurlThroughPortForward(t *testing.T) {
 	waitServerSettled(t) // port-forward picks one pod of the Service and must not pick a terminating one
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pf := exec.CommandContext(ctx, "kubectl", "--kubeconfig", cluster.KubeconfigPath(), "-n", "kube-system", "port-forward", "svc/dkc-server", ":9443")
-	stdout, err := pf.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pf.Stderr = os.Stderr
-	if err := pf.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = pf.Process.Kill(); _ = pf.Wait() }()
-	var addr string
-	sc := bufio.NewScanner(stdout)
-	re := regexp.MustCompile(`Forwarding from (127\.0\.0\.1:\d+) -> 9443`)
-	for sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			addr = m[1]
-			break
-		}
-	}
-	if addr == "" {
-		t.Fatal("kubectl port-forward printed no local address")
-	}
-	go func() { _, _ = bufio.NewReader(stdout).WriteTo(new(bytes.Buffer)) }()
-
+	addr := portForward(t, ctx)
 	root, err := devcluster.RepoRoot(mustWd(t))
 	if err != nil {
 		t.Fatal(err)
@@ -239,4 +217,39 @@ func TestNodeDeletedAndRejoined(t *testing.T) {
 		t.Errorf("%s still runs the deleted object's config (eventRecordQPS 61)", node)
 	}
 	waitServerSettled(t)
+}
+
+// portForward runs `kubectl -n kube-system port-forward svc/dkc-server :9443` until ctx ends and returns the
+// local address. A kubelet restarted a moment ago (the previous test's reset restarts them) does not know its
+// pods yet and refuses the stream ("pod does not exist"); like a user, try again.
+func portForward(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	re := regexp.MustCompile(`Forwarding from (127\.0\.0\.1:\d+) -> 9443`)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pf := exec.CommandContext(ctx, "kubectl", "--kubeconfig", cluster.KubeconfigPath(), "-n", "kube-system", "port-forward", "svc/dkc-server", ":9443")
+		stdout, err := pf.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stderr bytes.Buffer
+		pf.Stderr = &stderr
+		if err := pf.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				go func() { _, _ = io.Copy(io.Discard, stdout) }()
+				t.Cleanup(func() { _ = pf.Process.Kill(); _ = pf.Wait() })
+				return m[1]
+			}
+		}
+		_ = pf.Wait()
+		if time.Now().After(deadline) {
+			t.Fatalf("kubectl port-forward printed no local address: %s", stderr.String())
+		}
+		t.Logf("port-forward: %s; retrying", strings.TrimSpace(stderr.String()))
+		time.Sleep(time.Second)
+	}
 }

@@ -39,10 +39,14 @@ lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
 verify-generated: generate ## fail if generated code differs from what is committed
 	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
 
+# Static, path-free builds, as the images are built (hack/images): the binaries `make build` and the
+# integration tests run are the ones the images ship, and the three share one compile cache.
+GO_BUILD := CGO_ENABLED=0 go build -trimpath -buildvcs=false
+
 .PHONY: build
 build: ## build the binaries into _output/bin
 	@mkdir -p $(BIN)
-	go build -o $(BIN)/ $(MAINS)
+	$(GO_BUILD) -o $(BIN)/ $(MAINS)
 
 # Images: `make images` builds dkc-server, dkc-sidecar and pause from source (no daemon, no base image to pull)
 # into $(OUT)/images: <image>.tar per image (docker-archive: `ctr -n k8s.io images import` loads it) and the OCI

@@ -153,8 +153,10 @@ func Build(ctx context.Context, dir string) (map[string]string, error) {
 		return nil, err
 	}
 	out := filepath.Join(dir, "bin")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out+"/", "./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./sidecar/cmd/dkc-kubelet-check", "./hack/fake-kubelet")
+	// Built as the images build them (hack/images): static and path-free, sharing their compile cache.
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-o", out+"/", "./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./sidecar/cmd/dkc-kubelet-check", "./hack/fake-kubelet")
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build binaries: %w\n%s", err, b)
 	}

@@ -71,28 +71,6 @@ func imageRef(name string) string { return ImageRepo + "/" + name + ":" + ImageT
 // Stop removes the whole subtree.
 func nodeCgroupRoot(n NodeState) string { return "/" + nodeCgroup(n) }
 
-// v1Controllers lists the mounted cgroup v1 controller hierarchies (not name=systemd, not the unified one).
-func v1Controllers() ([]string, error) {
-	entries, err := os.ReadDir("/sys/fs/cgroup")
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range entries {
-		p := filepath.Join("/sys/fs/cgroup", e.Name())
-		if !e.IsDir() || e.Name() == "systemd" || e.Name() == "unified" {
-			continue
-		}
-		if fi, err := os.Lstat(p); err != nil || fi.Mode()&os.ModeSymlink != 0 {
-			continue // cpu -> cpu,cpuacct style links
-		}
-		if _, err := os.Stat(filepath.Join(p, "cgroup.procs")); err == nil {
-			out = append(out, p)
-		}
-	}
-	return out, nil
-}
-
 // setupPodNetwork lets node i forward pod traffic and routes every node's pod subnet, from the host (so the
 // apiserver reaches webhook pods) and from every other node.
 func setupPodNetwork(ctx context.Context, network Network, nodes []NodeState) error {

@@ -139,19 +139,16 @@ func nodeCgroup(n NodeState) string { return "dkc-" + n.Netns }
 
 var cgroupHierarchies = []string{"/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"}
 
-// removeNodeCgroups removes what nspawn left under the node's cgroups, deepest first.
+// removeNodeCgroups removes the node's cgroups, deepest first, wherever they are: nspawn's at the roots of the
+// name=systemd and unified hierarchies, and in the installed form the node's --cgroup-root, which the node
+// creates inside its cgroup namespace, so below whatever cgroup the cluster's starter ran in (on these
+// machines a per-session memory cgroup, e.g. /process_api/<id>).
 func removeNodeCgroups(n NodeState) error {
 	var errs []string
-	hierarchies := append([]string{}, cgroupHierarchies...)
-	controllers, err := v1Controllers() // the installed form's pods live under the node's cgroup there
-	if err != nil {
-		errs = append(errs, err.Error())
-	}
-	for _, h := range append(hierarchies, controllers...) {
-		root := filepath.Join(h, nodeCgroup(n))
+	for _, root := range nodeCgroupDirs(n) {
 		var dirs []string
-		_ = filepath.Walk(root, func(p string, info os.FileInfo, err error) error {
-			if err == nil && info.IsDir() {
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)
 			}
 			return nil
@@ -166,6 +163,43 @@ func removeNodeCgroups(n NodeState) error {
 		return fmt.Errorf("remove cgroups of node %s: %s", n.Name, strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// nodeCgroupDirs finds every cgroup directory named after node n in every mounted hierarchy, searching a few
+// levels deep.
+func nodeCgroupDirs(n NodeState) []string {
+	const maxDepth = 4
+	var found []string
+	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hierarchies {
+		if fi, err := os.Lstat(h); err != nil || !fi.IsDir() {
+			continue // cpu -> cpu,cpuacct style links
+		}
+		base := strings.Count(h, "/")
+		_ = filepath.WalkDir(h, func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			if d.Name() == nodeCgroup(n) {
+				found = append(found, p)
+				return filepath.SkipDir
+			}
+			if strings.Count(p, "/")-base >= maxDepth {
+				return filepath.SkipDir
+			}
+			return nil
+		})
+	}
+	return found
+}
+
+// Leftovers lists what of the cluster's nodes is still on the machine after Stop (cgroups), for tests.
+func (c *Cluster) Leftovers() []string {
+	var out []string
+	for _, n := range c.state.Nodes {
+		out = append(out, nodeCgroupDirs(n)...)
+	}
+	return out
 }
 
 // BusAddress is the D-Bus address of the node's systemd as seen from the host.

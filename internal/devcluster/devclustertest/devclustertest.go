@@ -85,6 +85,10 @@ func runAndStop(m *testing.M, c *devcluster.Cluster) int {
 		fmt.Fprintf(os.Stderr, "stop dev cluster: %v\n", err)
 		return 1
 	}
+	if left := c.Leftovers(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "stopping the dev cluster left cgroups behind: %v\n", left)
+		return 1
+	}
 	return code
 }
 

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -252,4 +253,81 @@ func portForward(t *testing.T, ctx context.Context) string {
 		t.Logf("port-forward: %s; retrying", strings.TrimSpace(stderr.String()))
 		time.Sleep(time.Second)
 	}
+}
+
+// TestNodesMovingBetweenReplicas: with --max-connection-age short, every sidecar's stream is moved between
+// the two replicas again and again while assignments change; no replica ever writes an older status over a
+// newer one, and every node ends on its last config.
+func TestNodesMovingBetweenReplicas(t *testing.T) {
+	t.Cleanup(func() { resetAll(t) })
+	patch := `[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--max-connection-age=5s"},` +
+		`{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--max-connection-age-grace=2s"}]`
+	if out, err := kubectl(t, "-n", "kube-system", "patch", "deployment/dkc-server", "--type=json", "-p", patch); err != nil {
+		t.Fatalf("patch: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := kubectl(t, "-n", "kube-system", "rollout", "undo", "deployment/dkc-server"); err != nil {
+			t.Errorf("rollout undo: %v\n%s", err, out)
+		}
+		waitRolledOut(t, "deployment/dkc-server")
+		waitServerSettled(t)
+	})
+	waitRolledOut(t, "deployment/dkc-server")
+	waitServerSettled(t)
+
+	before := map[string]int{}
+	for _, n := range nodes {
+		before[n] = kubeletStarts(t, n)
+	}
+	reconnectsBefore := reconnects(t)
+	const rounds = 4
+	last := map[string]*corev1.ConfigMap{}
+	var history []map[string]string // what each round assigned, to recognise a stale write
+	for r := 0; r < rounds; r++ {
+		round := map[string]string{}
+		for _, n := range nodes {
+			last[n] = createConfig(t, fmt.Sprintf("installed-move-%s-r%d", n, r), n, 70+r)
+			assign(t, n, last[n])
+			round[n] = name(last[n])
+		}
+		history = append(history, round)
+		for _, n := range nodes {
+			waitRunning(t, n, last[n], 2*time.Minute)
+		}
+		time.Sleep(6 * time.Second) // at least one forced reconnect per round
+	}
+	// Several more connection ages pass; the status must not move back to an earlier round's config.
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		for _, n := range nodes {
+			v := view(t, n)
+			if srcName(v.status.Assigned) != name(last[n]) || srcName(v.status.Active) != name(last[n]) || v.configOK == nil || v.configOK.Status != corev1.ConditionTrue {
+				t.Fatalf("%s: status moved to %s after settling on %s (rounds: %v)", n, v, name(last[n]), history)
+			}
+		}
+	}
+	for _, n := range nodes {
+		if d := kubeletStarts(t, n) - before[n]; d != rounds {
+			t.Errorf("%s: kubelet started %d times for %d assignments, want %d (reconnects must not restart it)", n, d, rounds, rounds)
+		}
+	}
+	if got := reconnects(t) - reconnectsBefore; got < 2*rounds {
+		t.Errorf("the sidecars reconnected %d times during the rounds; --max-connection-age=5s should have moved each at least once a round", got)
+	}
+}
+
+// reconnects counts the sidecars' "config stream ended; reconnecting" log lines on every node.
+func reconnects(t *testing.T) int {
+	t.Helper()
+	total := 0
+	for _, n := range nodes {
+		logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir(n), "pods", "kube-system_dkc-sidecar-*", "dkc-sidecar", "*.log"))
+		for _, l := range logs {
+			raw, err := os.ReadFile(l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total += strings.Count(string(raw), "config stream ended; reconnecting")
+		}
+	}
+	return total
 }

@@ -74,6 +74,13 @@ func nodeCgroupRoot(n NodeState) string { return "/" + nodeCgroup(n) }
 // setupPodNetwork lets node i forward pod traffic and routes every node's pod subnet, from the host (so the
 // apiserver reaches webhook pods) and from every other node.
 func setupPodNetwork(ctx context.Context, network Network, nodes []NodeState) error {
+	// kube-proxy needs bridged traffic to pass iptables (br_netfilter, as kubeadm's preflight requires); a
+	// kernel with the module built in, like these machines', already has the setting.
+	if _, err := os.Stat("/proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil {
+		if out, err := exec.CommandContext(ctx, "modprobe", "br_netfilter").CombinedOutput(); err != nil {
+			return fmt.Errorf("the pod network needs the br_netfilter kernel module: modprobe br_netfilter: %w: %s", err, out)
+		}
+	}
 	for _, n := range nodes {
 		for _, s := range [][]string{
 			{"sysctl", "-qw", "net.ipv4.ip_forward=1"},

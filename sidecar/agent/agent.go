@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
@@ -339,6 +340,10 @@ type candidate struct {
 	src    *corev1.NodeConfigSource // nil: local
 	file   string
 	config *configcheck.Checked
+	// authLikeLocal: the config authenticates and authorizes requests as the node's local config does. Only
+	// then does a kubelet refusing the sidecar's /configz say nothing about the config; a config that changes
+	// authentication (webhook off, another client CA) may itself be why the kubelet refuses.
+	authLikeLocal bool
 }
 
 func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []string) (candidate, error) {
@@ -436,6 +441,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 		target = c
 	}
 
+	target.authLikeLocal = a.authLikeLocal(ctx, target, flags)
 	if err := a.run(ctx, target); err != nil {
 		if errors.Is(err, probe.ErrRefused) && !errors.Is(err, errConfigFault) {
 			a.activeKnown = false
@@ -510,7 +516,7 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 			a.setActive(target.src)
 			return nil
 		} else if !errors.Is(err, errMismatch) {
-			if ctx.Err() != nil || errors.Is(err, probe.ErrRefused) {
+			if ctx.Err() != nil || (errors.Is(err, probe.ErrRefused) && target.authLikeLocal) {
 				return err
 			}
 			return fmt.Errorf("%w: %v", errConfigFault, err)
@@ -536,14 +542,31 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 		if ctx.Err() != nil {
 			return err // stopped in the middle of the health wait: that is not the config's fault
 		}
-		if errors.Is(err, probe.ErrRefused) {
-			return err // healthy, but what it runs cannot be read: not the config's fault either
+		if errors.Is(err, probe.ErrRefused) && target.authLikeLocal {
+			return err // healthy, but what it runs cannot be read, and not for its auth settings
 		}
 		return fmt.Errorf("%w: %v", errConfigFault, err)
 	}
 	a.setActive(target.src)
 	a.log.Info("kubelet healthy with config", append(sourceFields(target.src), zap.Duration("took", a.clock.Since(start)))...)
 	return nil
+}
+
+// authLikeLocal says whether target's effective authentication and authorization equal the local config's.
+func (a *Agent) authLikeLocal(ctx context.Context, target candidate, flags []string) bool {
+	if target.src == nil {
+		return true
+	}
+	local, err := a.load(ctx, nil, flags)
+	if err != nil {
+		return false // unknown: a refusal may be the config's doing
+	}
+	for _, f := range []string{"authentication", "authorization"} {
+		if !reflect.DeepEqual(target.config.Fields[f], local.config.Fields[f]) {
+			return false
+		}
+	}
+	return true
 }
 
 // setActive records that the kubelet was proven to run src, on disk too for the next sidecar's first status.

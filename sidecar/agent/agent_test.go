@@ -101,12 +101,13 @@ func (k *fakeKubelet) Configz(context.Context, *configcheck.Checked) (map[string
 	k.mu.Lock()
 	refuse := k.refuseConfigz
 	k.mu.Unlock()
-	if refuse {
-		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/configz: 401 Unauthorized", probe.ErrRefused)
-	}
 	kc, err := k.runningConfig()
 	if err != nil {
 		return nil, err
+	}
+	// A kubelet that cannot authenticate anyone (no webhook, no anonymous access) refuses every request.
+	if refuse || (!kc.Authentication.Webhook.Enabled && !kc.Authentication.Anonymous.Enabled) {
+		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/configz: 401 Unauthorized", probe.ErrRefused)
 	}
 	return kubeletconfig.ToV1beta1JSON(kc)
 }
@@ -556,4 +557,13 @@ func TestRefusedConfigzBlamesNothing(t *testing.T) {
 	n.kubelet.mu.Unlock()
 	n.agent.reconcile(context.Background()) // the next tick's retry
 	n.expect("1", "1", "local", "", 1)
+}
+
+// TestRefusedConfigzOfAConfigThatChangesAuthIsItsFault: a config that changes how the kubelet authenticates
+// (here: no webhook, no anonymous access) may be why /configz is refused; it is rolled back like any config
+// that does not come up healthy.
+func TestRefusedConfigzOfAConfigThatChangesAuthIsItsFault(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: false\n"), "")
+	n.expect("1", "local", "local", HealthError, 2)
 }

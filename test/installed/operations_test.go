@@ -176,6 +176,7 @@ func mustWd(t *testing.T) string {
 func TestNodeDeletedAndRejoined(t *testing.T) {
 	const node = "node-2"
 	t.Cleanup(func() { resetAll(t) })
+	local := configzQPS(t, node)
 	cm := createConfig(t, "installed-rejoin", node, 61)
 	assign(t, node, cm)
 	waitRunning(t, node, cm, 2*time.Minute)
@@ -214,8 +215,8 @@ func TestNodeDeletedAndRejoined(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-	if got := configzQPS(t, node); got == 61 {
-		t.Errorf("%s still runs the deleted object's config (eventRecordQPS 61)", node)
+	if got := configzQPS(t, node); got != local {
+		t.Errorf("%s: configz eventRecordQPS = %v, want the local config's %v (61 would be the deleted object's config)", node, got, local)
 	}
 	waitServerSettled(t)
 }

@@ -332,3 +332,73 @@ func reconnects(t *testing.T) int {
 	}
 	return total
 }
+
+// TestSidecarStoppedDuringHealthWait: node-1's sidecar pod is deleted (SIGTERM) the moment it has restarted
+// the kubelet into a new config, while it waits for the kubelet to come back healthy. The replacement pod
+// picks up from disk: the config is not blamed or rolled back, and the kubelet is not restarted again.
+func TestSidecarStoppedDuringHealthWait(t *testing.T) {
+	const node = "node-1"
+	t.Cleanup(func() { resetAll(t) })
+	pod := sidecarPod(t, node)
+	logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir(node), "pods", "kube-system_"+pod+"_*", "dkc-sidecar", "*.log"))
+	if len(logs) == 0 {
+		t.Fatalf("no log of %s under %s", pod, cluster.NodeLogDir(node))
+	}
+	seen := func() int {
+		n := 0
+		for _, l := range logs {
+			raw, _ := os.ReadFile(l)
+			n += strings.Count(string(raw), "restarting kubelet to use config")
+		}
+		return n
+	}
+	restartsLogged := seen()
+	before := kubeletStarts(t, node)
+	cm := createConfig(t, "installed-healthwait", node, 81)
+	assign(t, node, cm)
+	deadline := time.Now().Add(time.Minute)
+	for seen() == restartsLogged {
+		if time.Now().After(deadline) {
+			t.Fatal("the sidecar never logged the kubelet restart")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := admin(t).CoreV1().Pods("kube-system").Delete(ctxFor(t), pod, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete %s: %v", pod, err)
+	}
+	// Informational: whether the SIGTERM landed before the health wait ended (it usually does: the kubelet
+	// takes seconds to serve /configz again, the deletion milliseconds).
+	inWait := "yes"
+	for _, l := range logs {
+		raw, _ := os.ReadFile(l)
+		if i := strings.LastIndex(string(raw), "restarting kubelet to use config"); i >= 0 && strings.Contains(string(raw[i:]), "kubelet healthy with config") {
+			inWait = "no, the health wait had ended"
+		}
+	}
+	t.Logf("deleted %s right after it restarted the kubelet; in its health wait: %s", pod, inWait)
+	waitRolledOut(t, "daemonset/dkc-sidecar")
+	waitRunning(t, node, cm, 2*time.Minute)
+	if d := kubeletStarts(t, node) - before; d != 1 {
+		t.Errorf("%s: kubelet started %d times, want 1 (the replacement sidecar must not restart it again)", node, d)
+	}
+	if got := configzQPS(t, node); got != 81 {
+		t.Errorf("%s: configz eventRecordQPS = %v, want 81", node, got)
+	}
+}
+
+// sidecarPod is the name of the dkc-sidecar pod on node.
+func sidecarPod(t *testing.T, node string) string {
+	t.Helper()
+	pods, err := admin(t).CoreV1().Pods("kube-system").List(ctxFor(t), metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=dkc-sidecar", FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			return p.Name
+		}
+	}
+	t.Fatalf("no running dkc-sidecar pod on %s", node)
+	return ""
+}

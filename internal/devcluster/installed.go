@@ -248,13 +248,9 @@ StandardOutput=append:/var/log/dkc/kube-proxy.log
 StandardError=inherit
 `, n.Name, c.componentKubeconfig("kube-proxy"), c.state.PodCIDR),
 	}
-	paths := map[string]string{}
-	for name, content := range files {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			return nil, err
-		}
-		paths[name] = p
+	paths, err := writeFiles(dir, files)
+	if err != nil {
+		return nil, err
 	}
 	paths["kubelet.service.d"] = filepath.Join(dir, "kubelet.service.d")
 	return paths, nil

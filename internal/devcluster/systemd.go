@@ -123,13 +123,9 @@ StandardOutput=append:/var/log/dkc/dkc-sidecar.log
 StandardError=inherit
 `, n.Name, strings.Join(sidecarArgs, " ")),
 	}
-	paths := map[string]string{}
-	for name, content := range files {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			return nil, err
-		}
-		paths[name] = p
+	paths, err := writeFiles(dir, files)
+	if err != nil {
+		return nil, err
 	}
 	return paths, nil
 }
@@ -285,4 +281,17 @@ func waitBus(ctx context.Context, socket string) error {
 		}
 	}
 	return fmt.Errorf("no D-Bus socket at %s after a minute", socket)
+}
+
+// writeFiles writes name → content into dir and returns name → path.
+func writeFiles(dir string, files map[string]string) (map[string]string, error) {
+	paths := map[string]string{}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			return nil, fmt.Errorf("write %s: %w", p, err)
+		}
+		paths[name] = p
+	}
+	return paths, nil
 }

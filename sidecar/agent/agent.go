@@ -340,14 +340,11 @@ type candidate struct {
 	src    *corev1.NodeConfigSource // nil: local
 	file   string
 	config *configcheck.Checked
-	// authLikeLocal: the config authenticates and authorizes requests as the node's local config does. Only
-	// then does a kubelet refusing the sidecar's /configz say nothing about the config; a config that changes
-	// authentication (webhook off, another client CA) may itself be why the kubelet refuses.
-	authLikeLocal bool
+	flags  []string // the kubelet's flags it was checked with
 }
 
 func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []string) (candidate, error) {
-	c := candidate{src: src, file: a.cfg.LocalConfig}
+	c := candidate{src: src, file: a.cfg.LocalConfig, flags: flags}
 	if src != nil {
 		c.file = a.store.ConfigFile(src.ConfigMap)
 	}
@@ -441,7 +438,6 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 		target = c
 	}
 
-	target.authLikeLocal = a.authLikeLocal(ctx, target, flags)
 	if err := a.run(ctx, target); err != nil {
 		if errors.Is(err, probe.ErrRefused) && !errors.Is(err, errConfigFault) {
 			a.activeKnown = false
@@ -516,7 +512,7 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 			a.setActive(target.src)
 			return nil
 		} else if !errors.Is(err, errMismatch) {
-			if ctx.Err() != nil || (errors.Is(err, probe.ErrRefused) && target.authLikeLocal) {
+			if ctx.Err() != nil || (errors.Is(err, probe.ErrRefused) && a.authLikeLocal(ctx, target)) {
 				return err
 			}
 			return fmt.Errorf("%w: %v", errConfigFault, err)
@@ -542,7 +538,7 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 		if ctx.Err() != nil {
 			return err // stopped in the middle of the health wait: that is not the config's fault
 		}
-		if errors.Is(err, probe.ErrRefused) && target.authLikeLocal {
+		if errors.Is(err, probe.ErrRefused) && a.authLikeLocal(ctx, target) {
 			return err // healthy, but what it runs cannot be read, and not for its auth settings
 		}
 		return fmt.Errorf("%w: %v", errConfigFault, err)
@@ -552,12 +548,15 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 	return nil
 }
 
-// authLikeLocal says whether target's effective authentication and authorization equal the local config's.
-func (a *Agent) authLikeLocal(ctx context.Context, target candidate, flags []string) bool {
+// authLikeLocal says whether target authenticates and authorizes requests as the node's local config does
+// (effective values). Only then does a kubelet refusing the sidecar's /configz say nothing about the config; a
+// config that changes authentication (webhook off, another client CA) may itself be why the kubelet refuses.
+// Asked only after a refusal, so the local config is checked again only then.
+func (a *Agent) authLikeLocal(ctx context.Context, target candidate) bool {
 	if target.src == nil {
 		return true
 	}
-	local, err := a.load(ctx, nil, flags)
+	local, err := a.load(ctx, nil, target.flags)
 	if err != nil {
 		return false // unknown: a refusal may be the config's doing
 	}

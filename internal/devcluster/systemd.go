@@ -123,11 +123,7 @@ StandardOutput=append:/var/log/dkc/dkc-sidecar.log
 StandardError=inherit
 `, n.Name, strings.Join(sidecarArgs, " ")),
 	}
-	paths, err := writeFiles(dir, files)
-	if err != nil {
-		return nil, err
-	}
-	return paths, nil
+	return writeFiles(dir, files)
 }
 
 // nodeCgroup is the cgroup (in the name=systemd and unified hierarchies) the node's nspawn runs in.

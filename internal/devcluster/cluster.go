@@ -62,6 +62,11 @@ type Config struct {
 	// NoKubeletStartLimit gives the real nodes' kubelet.service kubeadm's StartLimitIntervalSec=0 (no start
 	// limit); by default the unit keeps systemd's (5 starts in 10 s), as many distributions' units do.
 	NoKubeletStartLimit bool
+	// KubeletDropIns, if not empty, are the files (name → content) of the real nodes' kubelet --config-dir,
+	// a directory of its own per node (KubeletConfigDir), which the kubelet merges over its --config; not in
+	// the Installed form. Kubelet v1.34 loses the local config's empty enforceNodeAllocatable when it merges
+	// drop-ins, so one of them must set it again (see test/integration/dropin_test.go).
+	KubeletDropIns map[string]string
 	// Installed runs the cluster as users run one and dkc as users install it (installed.go): a control
 	// plane with kube-controller-manager and kube-scheduler; every real node a whole machine under its own
 	// systemd with containerd, the kubelet, kube-proxy, CNI pod networking; cluster DNS; dkc's images imported

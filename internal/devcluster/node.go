@@ -67,6 +67,12 @@ func (c *Cluster) KubeletConfigPath(node string) string {
 	return filepath.Join(c.NodeDir(node), "kubelet-config.yaml")
 }
 
+// KubeletConfigDir is the node's kubelet --config-dir, holding Config.KubeletDropIns; the node sees it at
+// the same path.
+func (c *Cluster) KubeletConfigDir(node string) string {
+	return filepath.Join(c.NodeDir(node), "kubelet-config.d")
+}
+
 // NodeKubeconfigPath is the kubelet's kubeconfig (identity system:node:<name>).
 func (c *Cluster) NodeKubeconfigPath(node string) string {
 	return filepath.Join(c.NodeDir(node), "kubelet.kubeconfig")
@@ -104,6 +110,14 @@ func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin, rootfs
 	}
 	if err := os.WriteFile(c.KubeletConfigPath(n.Name), []byte(kubeletConfig(n, c.pki.CAFile(), sock)), 0o644); err != nil {
 		return fmt.Errorf("write kubelet config: %w", err)
+	}
+	if len(c.cfg.KubeletDropIns) > 0 {
+		if err := os.MkdirAll(c.KubeletConfigDir(n.Name), 0o755); err != nil {
+			return fmt.Errorf("create kubelet config dir: %w", err)
+		}
+		if _, err := writeFiles(c.KubeletConfigDir(n.Name), c.cfg.KubeletDropIns); err != nil {
+			return fmt.Errorf("write kubelet drop-ins: %w", err)
+		}
 	}
 	var kl *process
 	if n.Systemd {
@@ -164,7 +178,7 @@ func inNetns(n NodeState, argv0 string, args ...string) []string {
 // KubeletArgs are the kubelet's command-line flags on node n. Flags override the config file (and, later,
 // dkc's dynamic config), exactly as on a production node.
 func (c *Cluster) KubeletArgs(n NodeState) []string {
-	return []string{
+	args := []string{
 		"--config=" + c.KubeletConfigPath(n.Name),
 		"--kubeconfig=" + c.NodeKubeconfigPath(n.Name),
 		"--root-dir=" + n.RootDir,
@@ -173,6 +187,10 @@ func (c *Cluster) KubeletArgs(n NodeState) []string {
 		"--node-ip=" + n.IP,
 		"--v=1",
 	}
+	if len(c.cfg.KubeletDropIns) > 0 {
+		args = append(args, "--config-dir="+c.KubeletConfigDir(n.Name))
+	}
+	return args
 }
 
 // kubeletConfig is the node's local config. cgroupsPerQOS is off so that the kubelet creates no cgroup

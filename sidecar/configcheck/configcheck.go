@@ -18,14 +18,15 @@ import (
 var (
 	// ErrLoad: the file is missing, empty, not YAML/JSON, or not a KubeletConfiguration.
 	ErrLoad = errors.New("failed to load config")
-	// ErrFlags: the node kubelet's flags cannot be applied (the original's internal failure).
+	// ErrFlags: the node kubelet's flags, or the drop-ins of its --config-dir, cannot be applied (the
+	// original's internal failure): the node's kubelet setup is at fault, not the config.
 	ErrFlags = errors.New("failed to apply kubelet flags")
 	// ErrValidate: the kubelet would refuse to run with it.
 	ErrValidate = errors.New("failed to validate config")
 )
 
-// Checked is a config as the kubelet would run it (file, defaults and the node's flags), reduced to what the
-// sidecar needs.
+// Checked is a config as the kubelet would run it (file, defaults, the drop-ins of its --config-dir and the
+// node's flags), reduced to what the sidecar needs.
 type Checked struct {
 	HealthzBindAddress string `json:"healthzBindAddress"`
 	HealthzPort        int32  `json:"healthzPort"`
@@ -33,6 +34,9 @@ type Checked struct {
 	Port               int32  `json:"port"`
 	// Fields are the kubelet.config.k8s.io/v1beta1 fields as JSON values, as the kubelet's /configz shows them.
 	Fields map[string]any `json:"fields"`
+	// DropInKeys are the top-level fields the kubelet's --config-dir drop-ins set: the kubelet runs their
+	// values, so /configz is compared on them as on the file's.
+	DropInKeys []string `json:"dropInKeys,omitempty"`
 	// Warnings, e.g. fields unknown to this kubelet version that were ignored.
 	Warnings []string `json:"warnings,omitempty"`
 }

@@ -53,6 +53,14 @@ func TestExec(t *testing.T) {
 	}
 	head := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
 	good := write("good.yaml", head+"maxPods: 42\nhealthzPort: 10999\n")
+	dropIns, badDropIns := filepath.Join(dir, "conf.d"), filepath.Join(dir, "bad.d")
+	for _, d := range []string{dropIns, badDropIns} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("conf.d/10-pods.conf", head+"maxPods: 90\n")
+	write("bad.d/20-bad.conf", "{{{")
 	cases := []struct {
 		name, mode, file string
 		flags            []string
@@ -70,6 +78,12 @@ func TestExec(t *testing.T) {
 				t.Errorf("maxPods = %v, want the flag's 7", c.Fields["maxPods"])
 			}
 		}},
+		{name: "drop-ins merged", mode: "serve", file: good, flags: []string{"--config-dir=" + dropIns}, check: func(t *testing.T, c *configcheck.Checked) {
+			if c.Fields["maxPods"] != float64(90) || strings.Join(c.DropInKeys, ",") != "maxPods" {
+				t.Errorf("maxPods = %v, DropInKeys = %v; want the drop-in's 90 and its key", c.Fields["maxPods"], c.DropInKeys)
+			}
+		}},
+		{name: "bad drop-in", mode: "serve", file: good, flags: []string{"--config-dir=" + badDropIns}, kind: configcheck.ErrFlags, wantErr: "20-bad.conf"},
 		{name: "unknown field warns", mode: "serve", file: write("unknown.yaml", head+"noSuchField: 1\n"), check: func(t *testing.T, c *configcheck.Checked) {
 			if len(c.Warnings) == 0 {
 				t.Error("no warning for an unknown field")

@@ -26,7 +26,7 @@ func Check(ctx context.Context, path string, flags []string) (*configcheck.Check
 	kc := r.Config
 	return &configcheck.Checked{
 		HealthzBindAddress: kc.HealthzBindAddress, HealthzPort: kc.HealthzPort, Address: kc.Address, Port: kc.Port,
-		Fields: fields, Warnings: r.Warnings,
+		Fields: fields, DropInKeys: r.DropInKeys, Warnings: r.Warnings,
 	}, nil
 }
 

@@ -1,10 +1,11 @@
 // Package kubeletconfig validates a config exactly as the kubelet would run it, with the kubelet's own code
 // (k8s.io/kubernetes v1.34): the config file is loaded by the kubelet's file loader (strict decoding,
 // lenient v1beta1 fallback for fields of newer kubelets, defaulting, relative paths resolved against the
-// file's directory — so against the checkpoint directory), the node kubelet's command-line flags are applied
-// on top as the kubelet's kubeletConfigFlagPrecedence does (flags win; the file replaces the local config
-// wholesale), and the result is validated by ValidateKubeletConfiguration against the feature gates it will
-// run with. The original fixed two bugs here (#56171 flag precedence, #63305 feature gates); so does this.
+// file's directory — so against the checkpoint directory), the drop-ins of the kubelet's --config-dir are
+// merged over it (MergeDropIns), the node kubelet's command-line flags are applied on top as the kubelet's
+// kubeletConfigFlagPrecedence does (flags win; the file replaces the local config wholesale), and the
+// result is validated by ValidateKubeletConfiguration against the feature gates it will run with. The
+// original fixed two bugs here (#56171 flag precedence, #63305 feature gates); so does this.
 package kubeletconfig
 
 import (
@@ -39,12 +40,17 @@ var (
 // Result is a config as the kubelet would run it.
 type Result struct {
 	Config *kubeletconfiginternal.KubeletConfiguration
+	// DropIns are the --config-dir files merged into Config, in the kubelet's order; DropInKeys the
+	// top-level fields they set (v1beta1 names), sorted.
+	DropIns, DropInKeys []string
 	// Warnings, e.g. fields unknown to this kubelet version that were ignored.
 	Warnings []string
 }
 
-// Load reads, applies flags to and validates the config file at path. flags are the kubelet's command-line
-// arguments (without its --config). The returned error wraps ErrLoad, ErrFlags or ErrValidate.
+// Load reads, merges the drop-ins of --config-dir into, applies flags to and validates the config file at
+// path: what the kubelet would run. flags are the kubelet's command-line arguments (without its --config).
+// The returned error wraps ErrLoad, ErrFlags (also for a drop-in that cannot be merged: the node's kubelet
+// setup is at fault, not the file) or ErrValidate.
 func Load(ctx context.Context, path string, flags []string) (res *Result, err error) {
 	// The kubelet's defaulting panics on some configs (e.g. setting a feature gate that is locked to its
 	// default); the kubelet would crash on them. The sidecar must survive any payload: a panic is a load error.
@@ -79,6 +85,18 @@ func Load(ctx context.Context, path string, flags []string) (res *Result, err er
 				kc.EvictionHard[k] = v
 			}
 		}
+	}
+	dir, err := ConfigDir(flags)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrFlags, err)
+	}
+	if dir != "" {
+		merged, err := MergeDropIns(kc, dir)
+		if err != nil {
+			return nil, fmt.Errorf("%w: merge the kubelet's --config-dir drop-ins: %v", ErrFlags, err)
+		}
+		res.DropIns, res.DropInKeys = merged.Files, merged.Keys
+		res.Warnings = append(res.Warnings, merged.overridden(path)...)
 	}
 	if err := ApplyFlags(kc, flags); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrFlags, err)

@@ -3,10 +3,13 @@ package kubeletconfig
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dkc-dev/dkc/sidecar/probe"
 )
 
 func write(t *testing.T, dir, name, content string) string {
@@ -83,5 +86,188 @@ func TestLoad(t *testing.T) {
 	}
 	if _, err := Load(context.Background(), filepath.Join(dir, "missing"), nil); !errors.Is(err, ErrLoad) {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// TestLoadDropIns merges --config-dir drop-ins as kubelet v1.34 does: over the file, in lexical order, with
+// the flags over them; only *.conf files; a bad drop-in is an error naming it.
+func TestLoadDropIns(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		file    string            // after header
+		dropIns map[string]string // name (may be in a subdirectory) → content; "" content: header only
+		flags   []string          // besides --config-dir
+		noDir   bool              // no --config-dir flag at all
+		wantErr error
+		errHas  string // substring of the error: the drop-in it is about
+		check   func(t *testing.T, r *Result)
+	}{
+		{name: "drop-in overrides file", file: "maxPods: 50\neventRecordQPS: 7\n", dropIns: map[string]string{"10-pods.conf": header + "maxPods: 90\n"},
+			check: func(t *testing.T, r *Result) {
+				if r.Config.MaxPods != 90 || r.Config.EventRecordQPS != 7 {
+					t.Errorf("maxPods = %d, eventRecordQPS = %v; want the drop-in's 90 and the file's 7", r.Config.MaxPods, r.Config.EventRecordQPS)
+				}
+				if strings.Join(r.DropInKeys, ",") != "maxPods" {
+					t.Errorf("DropInKeys = %v", r.DropInKeys)
+				}
+				if len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0], "maxPods") || !strings.Contains(r.Warnings[0], "10-pods.conf") {
+					t.Errorf("warnings = %q, want one naming maxPods and 10-pods.conf", r.Warnings)
+				}
+			}},
+		{name: "lexical order, not numeric", dropIns: map[string]string{"10-a.conf": header + "maxPods: 10\n", "20-b.conf": header + "maxPods: 20\n", "9-c.conf": header + "maxPods: 9\n"},
+			check: func(t *testing.T, r *Result) {
+				if r.Config.MaxPods != 9 {
+					t.Errorf("maxPods = %d, want 9-c.conf's 9 (it sorts after 20-b.conf)", r.Config.MaxPods)
+				}
+				if len(r.DropIns) != 3 || filepath.Base(r.DropIns[2]) != "9-c.conf" {
+					t.Errorf("DropIns = %v", r.DropIns)
+				}
+			}},
+		{name: "flag overrides drop-in", dropIns: map[string]string{"10-pods.conf": header + "maxPods: 90\n"}, flags: []string{"--max-pods=7"},
+			check: func(t *testing.T, r *Result) {
+				if r.Config.MaxPods != 7 {
+					t.Errorf("maxPods = %d, want the flag's 7", r.Config.MaxPods)
+				}
+			}},
+		{name: "objects merge key by key, lists replace", file: "authentication:\n  webhook:\n    enabled: true\n    cacheTTL: 2m\nclusterDNS: [10.0.0.10, 10.0.0.11]\nfeatureGates:\n  MemoryQoS: true\n",
+			dropIns: map[string]string{"10.conf": header + "authentication:\n  webhook:\n    cacheTTL: 30s\nclusterDNS: [10.0.0.53]\nfeatureGates:\n  CPUManagerPolicyAlphaOptions: true\n"},
+			check: func(t *testing.T, r *Result) {
+				w := r.Config.Authentication.Webhook
+				if !w.Enabled || w.CacheTTL.Duration.String() != "30s" {
+					t.Errorf("authentication.webhook = %+v, want enabled (file) with cacheTTL 30s (drop-in)", w)
+				}
+				if strings.Join(r.Config.ClusterDNS, ",") != "10.0.0.53" {
+					t.Errorf("clusterDNS = %v, want the drop-in's list alone", r.Config.ClusterDNS)
+				}
+				if !r.Config.FeatureGates["MemoryQoS"] || !r.Config.FeatureGates["CPUManagerPolicyAlphaOptions"] {
+					t.Errorf("featureGates = %v, want both", r.Config.FeatureGates)
+				}
+				if strings.Join(r.DropInKeys, ",") != "authentication,clusterDNS,featureGates" {
+					t.Errorf("DropInKeys = %v", r.DropInKeys)
+				}
+			}},
+		{name: "only .conf files, subdirectories walked", dropIns: map[string]string{"README": "{{{", "10.conf.bak": "{{{", "10.yaml": header + "maxPods: 1\n",
+			"10.conf": header + "maxPods: 10\n", "sub/20.conf": header + "maxPods: 20\n"},
+			check: func(t *testing.T, r *Result) {
+				if r.Config.MaxPods != 20 || len(r.DropIns) != 2 {
+					t.Errorf("maxPods = %d from %v, want 20 from 10.conf then sub/20.conf", r.Config.MaxPods, r.DropIns)
+				}
+			}},
+		{name: "drop-in paths stay relative", dropIns: map[string]string{"10.conf": header + "staticPodPath: manifests\n"},
+			check: func(t *testing.T, r *Result) {
+				if r.Config.StaticPodPath != "manifests" {
+					t.Errorf("staticPodPath = %q: the kubelet resolves the file's relative paths, not a drop-in's", r.Config.StaticPodPath)
+				}
+			}},
+		{name: "without --config-dir no drop-in counts", noDir: true, dropIns: map[string]string{"10.conf": header + "maxPods: 90\n"},
+			check: func(t *testing.T, r *Result) {
+				if r.Config.MaxPods != 110 || len(r.DropInKeys) != 0 {
+					t.Errorf("maxPods = %d, DropInKeys %v; want the default 110 and none", r.Config.MaxPods, r.DropInKeys)
+				}
+			}},
+		{name: "empty directory", dropIns: map[string]string{}, check: func(t *testing.T, r *Result) {
+			if r.Config.MaxPods != 110 || len(r.DropIns) != 0 {
+				t.Errorf("maxPods = %d, DropIns %v", r.Config.MaxPods, r.DropIns)
+			}
+		}},
+		// The kubelet merges through v1beta1 JSON, where omitempty drops the file's empty list: it is
+		// defaulted again ([pods]), which cgroupsPerQOS: false makes invalid. The kubelet refuses to start so.
+		{name: "file's empty list is lost", file: "cgroupsPerQOS: false\nenforceNodeAllocatable: []\n", dropIns: map[string]string{"10.conf": header + "maxPods: 90\n"},
+			wantErr: ErrValidate, errHas: "enforceNodeAllocatable"},
+		{name: "drop-in's empty list survives", file: "cgroupsPerQOS: false\nenforceNodeAllocatable: []\n", dropIns: map[string]string{"00.conf": header + "enforceNodeAllocatable: []\n"},
+			check: func(t *testing.T, r *Result) {
+				if len(r.Config.EnforceNodeAllocatable) != 0 {
+					t.Errorf("enforceNodeAllocatable = %v", r.Config.EnforceNodeAllocatable)
+				}
+			}},
+		{name: "drop-in makes it invalid", dropIns: map[string]string{"10.conf": header + "eventRecordQPS: -1\n"}, wantErr: ErrValidate},
+		{name: "unparsable drop-in", dropIns: map[string]string{"10.conf": header + "maxPods: 1\n", "20-bad.conf": "{{{"}, wantErr: ErrFlags, errHas: "20-bad.conf"},
+		{name: "drop-in without kind", dropIns: map[string]string{"10-nokind.conf": "maxPods: 1\n"}, wantErr: ErrFlags, errHas: "10-nokind.conf"},
+		{name: "drop-in of another kind", dropIns: map[string]string{"10-cm.conf": "apiVersion: v1\nkind: ConfigMap\n"}, wantErr: ErrFlags, errHas: "10-cm.conf"},
+		{name: "drop-in of another version", dropIns: map[string]string{"10-v2.conf": "apiVersion: kubelet.config.k8s.io/v1beta2\nkind: KubeletConfiguration\n"},
+			wantErr: ErrFlags, errHas: "10-v2.conf"},
+		{name: "empty drop-in", dropIns: map[string]string{"10-empty.conf": "-"}, wantErr: ErrFlags, errHas: "10-empty.conf"},
+		{name: "missing directory", wantErr: ErrFlags, errHas: "kubelet.conf.d"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := write(t, dir, "config.yaml", header+tc.file)
+			confDir := filepath.Join(dir, "kubelet.conf.d")
+			if tc.dropIns != nil {
+				if err := os.Mkdir(confDir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for name, content := range tc.dropIns {
+				if content == "-" {
+					content = ""
+				}
+				if err := os.MkdirAll(filepath.Dir(filepath.Join(confDir, name)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				write(t, confDir, name, content)
+			}
+			flags := tc.flags
+			if !tc.noDir {
+				flags = append([]string{"--config-dir", confDir}, flags...)
+			}
+			r, err := Load(context.Background(), file, flags)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) || !strings.Contains(fmt.Sprint(err), tc.errHas) {
+					t.Fatalf("err = %v, want %v containing %q", err, tc.wantErr, tc.errHas)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, r)
+		})
+	}
+}
+
+// TestMismatchWithDropIns: what the kubelet runs with drop-ins matches the merged config on every field
+// the file or a drop-in sets, and a kubelet running the file alone does not.
+func TestMismatchWithDropIns(t *testing.T) {
+	dir := t.TempDir()
+	content := header + "eventRecordQPS: 7\nauthentication:\n  webhook:\n    cacheTTL: 2m\n"
+	file := write(t, dir, "config.yaml", content)
+	confDir := filepath.Join(dir, "kubelet.conf.d")
+	if err := os.Mkdir(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, confDir, "10.conf", header+"authentication:\n  webhook:\n    cacheTTL: 30s\nmaxPods: 90\n")
+	flags := []string{"--config-dir=" + confDir}
+
+	intended, err := Check(context.Background(), file, flags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withDropIns := intended.Fields // what /configz shows of a kubelet that merged them
+	fileOnly, err := Check(context.Background(), file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		running map[string]any
+		want    string // the differing fields
+	}{
+		{name: "kubelet runs the merged config", running: withDropIns, want: ""},
+		{name: "kubelet runs the file alone", running: fileOnly.Fields, want: "authentication,maxPods"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			diff, err := probe.Mismatch(intended, []byte(content), tc.running)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var fields []string
+			for _, d := range diff {
+				fields = append(fields, strings.SplitN(d, ":", 2)[0])
+			}
+			if got := strings.Join(fields, ","); got != tc.want {
+				t.Errorf("Mismatch = %q, want differences in %q", diff, tc.want)
+			}
+		})
 	}
 }

@@ -1,0 +1,49 @@
+package auth
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Refusal reasons, the values of dkc_server_token_refusals_total's reason label.
+const (
+	reasonMissing     = "missing"      // no bearer token
+	reasonTooLarge    = "too_large"    // over MaxTokenBytes, not reviewed
+	reasonMalformed   = "malformed"    // not shaped like a ServiceAccount JWT, not reviewed
+	reasonRateLimited = "rate_limited" // the caller address's review budget is spent, not reviewed
+	reasonRejected    = "rejected"     // TokenReview: not authenticated, or not for audience dkc
+	reasonForbidden   = "forbidden"    // authenticated, but not an allowed ServiceAccount or no node claim
+	reasonUnavailable = "unavailable"  // the TokenReview failed or timed out
+)
+
+// Metrics of the authenticator; a nil *Metrics records nothing.
+type Metrics struct {
+	refusals *prometheus.CounterVec
+	reviews  *prometheus.CounterVec
+}
+
+// NewMetrics registers the authenticator's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dkc", Subsystem: "server", Name: "token_refusals_total",
+			Help: "Calls refused by authentication, by reason: missing, too_large, malformed and rate_limited (refused without a TokenReview), " +
+				"rejected (not authenticated or not for audience dkc), forbidden (not an allowed service account, or no node claim), unavailable (the TokenReview failed).",
+		}, []string{"reason"}),
+		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dkc", Subsystem: "server", Name: "token_reviews_total",
+			Help: "TokenReviews sent to the apiserver, by result: authenticated, unauthenticated, error.",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.refusals, m.reviews)
+	return m
+}
+
+func (m *Metrics) refused(reason string) {
+	if m != nil {
+		m.refusals.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) reviewed(result string) {
+	if m != nil {
+		m.reviews.WithLabelValues(result).Inc()
+	}
+}

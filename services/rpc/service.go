@@ -63,13 +63,14 @@ func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.Config
 	defer log.Info("node watch ended")
 
 	// What the node has: its applied assignment (nil = unknown: send the first state whatever it is) and
-	// the sync error it was last told (none yet).
+	// the sync error it holds, told by this or another replica before the reconnect: an error that
+	// cleared meanwhile must be cleared on the node too, even when the assignment is unchanged.
 	var has *dkcv1.Assignment
 	known := req.GetLastApplied() != nil
 	if known {
 		has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
 	}
-	sentSyncError := ""
+	sentSyncError := req.GetSyncError()
 	for {
 		st, ok, changed := s.table.Get(node)
 		if ok {

@@ -139,6 +139,57 @@ func TestWatchConfig(t *testing.T) {
 	}
 }
 
+// TestResumeReconcilesTheSyncError: a node resuming its stream says which sync error it holds; the service
+// tells it when its own differs (cleared or new while the node was away), with the assignment unchanged.
+func TestResumeReconcilesTheSyncError(t *testing.T) {
+	const download = "failed to sync: failed to download config, see Kubelet log for details"
+	for _, tc := range []struct {
+		name          string
+		nodeHolds     string // the request's sync_error
+		serviceHas    string // the table's sync error
+		wantSyncError string
+		wantNoMessage bool
+	}{
+		{name: "cleared while away", nodeHolds: download, serviceHas: "", wantSyncError: ""},
+		{name: "appeared while away", nodeHolds: "", serviceHas: download, wantSyncError: download},
+		{name: "same error", nodeHolds: download, serviceHas: download, wantNoMessage: true},
+		{name: "no error either side", wantNoMessage: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			table := assignment.NewTable(nil)
+			client := start(t, table, &recordingWriter{})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			table.Set("n1", assignment.State{Assignment: assign("1")})
+			table.SetSyncError("n1", tc.serviceHas)
+			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds,
+				LastApplied: &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan *dkcv1.WatchConfigResponse, 1)
+			go func() {
+				if m, err := stream.Recv(); err == nil {
+					got <- m
+				}
+			}()
+			select {
+			case m := <-got:
+				if tc.wantNoMessage {
+					t.Fatalf("resumed stream sent %v; the node already has it", m)
+				}
+				if m.GetSyncError() != tc.wantSyncError || m.GetAssignment().GetContentHash() != "h1" {
+					t.Fatalf("resumed stream sent sync error %q, assignment %q; want %q, h1", m.GetSyncError(), m.GetAssignment().GetContentHash(), tc.wantSyncError)
+				}
+			case <-time.After(500 * time.Millisecond):
+				if !tc.wantNoMessage {
+					t.Fatalf("resumed stream sent nothing; the node holds sync error %q, the service has %q", tc.nodeHolds, tc.serviceHas)
+				}
+			}
+		})
+	}
+}
+
 func TestWatchConfigOtherNodeDenied(t *testing.T) {
 	client := start(t, assignment.NewTable(nil), &recordingWriter{})
 	// An authorised stream never ends by itself: without a deadline, a lost authorisation check would

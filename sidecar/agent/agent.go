@@ -54,6 +54,9 @@ const (
 	// the apiserver is unreachable, or the sidecar lacks nodes/configz), so what it runs cannot be proven.
 	// Not the config's fault: nothing is rolled back or restarted, and the check is retried at the next tick.
 	VerifyError = "failed to verify config, the kubelet refused /configz, will retry, see dkc-sidecar log for details"
+	// VerifyTimeoutError: as VerifyError, but the kubelet took the request and did not answer in time (its
+	// authentication webhook waits on an apiserver it cannot reach).
+	VerifyTimeoutError = "failed to verify config, the kubelet did not answer /configz, will retry, see dkc-sidecar log for details"
 )
 
 // errConfigFault marks what run returns when the config itself is to blame: the kubelet, running it, did not
@@ -439,14 +442,17 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 	}
 
 	if err := a.run(ctx, target); err != nil {
-		if errors.Is(err, probe.ErrRefused) && !errors.Is(err, errConfigFault) {
+		if probe.Unverifiable(err) && !errors.Is(err, errConfigFault) {
 			a.activeKnown = false
 			if ctx.Err() != nil {
 				return true
 			}
 			a.configError, a.detail = VerifyError, err.Error()
+			if errors.Is(err, probe.ErrNoAnswer) {
+				a.configError = VerifyTimeoutError
+			}
 			a.retry = true
-			a.log.Warn("kubelet healthy but refuses /configz; the config is not blamed, verifying again", append(sourceFields(target.src), zap.Error(err))...)
+			a.log.Warn("kubelet healthy but /configz refused or unanswered; the config is not blamed, verifying again", append(sourceFields(target.src), zap.Error(err))...)
 			return true
 		}
 		if !errors.Is(err, errConfigFault) {
@@ -512,7 +518,7 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 			a.setActive(target.src)
 			return nil
 		} else if !errors.Is(err, errMismatch) {
-			if ctx.Err() != nil || (errors.Is(err, probe.ErrRefused) && a.authLikeLocal(ctx, target)) {
+			if ctx.Err() != nil || (probe.Unverifiable(err) && a.authLikeLocal(ctx, target)) {
 				return err
 			}
 			return fmt.Errorf("%w: %v", errConfigFault, err)
@@ -538,7 +544,7 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 		if ctx.Err() != nil {
 			return err // stopped in the middle of the health wait: that is not the config's fault
 		}
-		if errors.Is(err, probe.ErrRefused) && a.authLikeLocal(ctx, target) {
+		if probe.Unverifiable(err) && a.authLikeLocal(ctx, target) {
 			return err // healthy, but what it runs cannot be read, and not for its auth settings
 		}
 		return fmt.Errorf("%w: %v", errConfigFault, err)

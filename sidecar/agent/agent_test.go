@@ -38,8 +38,9 @@ type fakeKubelet struct {
 	stopped bool
 	// failRestarts: so many next restarts fail as a refused systemd job does, the kubelet left stopped.
 	failRestarts int
-	// refuseConfigz: /configz answers 401, as a kubelet does that cannot reach the apiserver to authenticate.
-	refuseConfigz bool
+	// configzErr: /configz fails with it, as for a kubelet that cannot reach the apiserver to authenticate
+	// (probe.ErrRefused: 401; probe.ErrNoAnswer: no answer in time).
+	configzErr error
 }
 
 func (k *fakeKubelet) Restart(context.Context) error {
@@ -99,14 +100,17 @@ func (k *fakeKubelet) Healthz(context.Context, *configcheck.Checked) error {
 
 func (k *fakeKubelet) Configz(context.Context, *configcheck.Checked) (map[string]any, error) {
 	k.mu.Lock()
-	refuse := k.refuseConfigz
+	configzErr := k.configzErr
 	k.mu.Unlock()
 	kc, err := k.runningConfig()
 	if err != nil {
 		return nil, err
 	}
+	if configzErr != nil {
+		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/configz", configzErr)
+	}
 	// A kubelet that cannot authenticate anyone (no webhook, no anonymous access) refuses every request.
-	if refuse || (!kc.Authentication.Webhook.Enabled && !kc.Authentication.Anonymous.Enabled) {
+	if !kc.Authentication.Webhook.Enabled && !kc.Authentication.Anonymous.Enabled {
 		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/configz: 401 Unauthorized", probe.ErrRefused)
 	}
 	return kubeletconfig.ToV1beta1JSON(kc)
@@ -537,26 +541,38 @@ func TestActiveIsNotLocalWhileUnknown(t *testing.T) {
 	n.expect("1", "1", "local", InternalError, 1)
 }
 
-// TestRefusedConfigzBlamesNothing: while the kubelet refuses /configz (its apiserver unreachable, nothing in
-// its authentication cache), neither a restart into a new config nor a sidecar restart blames the config:
-// no rollback, no further restart; once /configz answers again the config is proven active.
-func TestRefusedConfigzBlamesNothing(t *testing.T) {
-	n := newNode(t)
-	n.kubelet.mu.Lock()
-	n.kubelet.refuseConfigz = true
-	n.kubelet.mu.Unlock()
-	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
-	n.expect("1", "local", "local", VerifyError, 1)
+// TestUnverifiableConfigzBlamesNothing: while the kubelet refuses /configz or does not answer it in time
+// (its apiserver unreachable, nothing in its authentication cache), neither a restart into a new config nor
+// a sidecar restart blames the config: no rollback, no further restart; once /configz answers again the
+// config is proven active.
+func TestUnverifiableConfigzBlamesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		configz   error
+		wantError string
+	}{
+		{"refused", probe.ErrRefused, VerifyError},
+		{"not answered", probe.ErrNoAnswer, VerifyTimeoutError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			n.kubelet.mu.Lock()
+			n.kubelet.configzErr = tc.configz
+			n.kubelet.mu.Unlock()
+			n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+			n.expect("1", "local", "local", tc.wantError, 1)
 
-	n.start() // the sidecar restarts during the outage
-	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
-	n.expect("1", "local", "local", VerifyError, 1)
+			n.start() // the sidecar restarts during the outage
+			n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+			n.expect("1", "local", "local", tc.wantError, 1)
 
-	n.kubelet.mu.Lock()
-	n.kubelet.refuseConfigz = false
-	n.kubelet.mu.Unlock()
-	n.agent.reconcile(context.Background()) // the next tick's retry
-	n.expect("1", "1", "local", "", 1)
+			n.kubelet.mu.Lock()
+			n.kubelet.configzErr = nil
+			n.kubelet.mu.Unlock()
+			n.agent.reconcile(context.Background()) // the next tick's retry
+			n.expect("1", "1", "local", "", 1)
+		})
+	}
 }
 
 // TestRefusedConfigzOfAConfigThatChangesAuthIsItsFault: a config that changes how the kubelet authenticates

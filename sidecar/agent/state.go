@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -30,6 +31,33 @@ type persisted struct {
 	// Failed configs passed validation but the kubelet did not run healthy with them; they are not tried
 	// again until something else is assigned (no restart loops).
 	Failed []failure `json:"failed,omitempty"`
+	// Incarnation numbers the sidecar's starts (see NextIncarnation); it orders the node's status reports.
+	Incarnation uint64 `json:"incarnation,omitempty"`
+}
+
+// NextIncarnation records and returns this start's incarnation: one more than the last start's, or the
+// current Unix time in seconds if that is larger. Status reports are ordered by (incarnation, sequence)
+// rather than by the node's clock, which may step back (dkc-server drops a report older than the last one
+// it accepted). The clock only helps when the record is lost (a wiped dynamic config dir): a new node's
+// first incarnation is then still above what its predecessor reached, unless the clock is also far behind.
+// Call it before the agent loads the state file; the agent keeps the field.
+func NextIncarnation(dynamicConfigDir string, now time.Time) (uint64, error) {
+	if err := durable.MkdirAll(dynamicConfigDir, 0o755); err != nil {
+		return 0, fmt.Errorf("record sidecar incarnation: %w", err)
+	}
+	f := &stateFile{path: filepath.Join(dynamicConfigDir, StateFileName)}
+	if err := f.load(); err != nil {
+		f.s = persisted{} // unreadable: Init starts fresh too (and says so); the clock takes over
+	}
+	next := f.s.Incarnation + 1
+	if t := now.Unix(); t > 0 && uint64(t) > next {
+		next = uint64(t)
+	}
+	f.s.Incarnation = next
+	if err := f.save(); err != nil {
+		return 0, fmt.Errorf("record sidecar incarnation: %w", err)
+	}
+	return next, nil
 }
 
 // activeRecord wraps the active source so that local (nil Source) differs from unknown (no record).

@@ -154,3 +154,59 @@ func TestEveryRestartIsReported(t *testing.T) {
 		})
 	}
 }
+
+// TestNextIncarnation: each start's incarnation is above the last one's, whatever the node's clock says,
+// and the agent keeps it when it rewrites the state file.
+func TestNextIncarnation(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	for _, tc := range []struct {
+		name  string
+		saved string // state file content; "" for none
+		now   time.Time
+		want  uint64
+	}{
+		{"first start takes the clock", "", now, 1_700_000_000},
+		{"next start counts on", `{"incarnation": 1700000000}`, now, 1_700_000_001},
+		{"clock stepped back", `{"incarnation": 1700000000}`, now.Add(-48 * time.Hour), 1_700_000_001},
+		{"clock moved on", `{"incarnation": 1700000000}`, now.Add(time.Hour), 1_700_003_600},
+		{"clock before 1970", "", time.Unix(-5, 0), 1},
+		{"unreadable state starts from the clock", `{`, now, 1_700_000_000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "dynamic-config") // created by NextIncarnation
+			if tc.saved != "" {
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte(tc.saved), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := NextIncarnation(dir, tc.now)
+			if err != nil || got != tc.want {
+				t.Fatalf("NextIncarnation = %d, %v; want %d", got, err, tc.want)
+			}
+			again, err := NextIncarnation(dir, tc.now)
+			if err != nil || again != got+1 {
+				t.Fatalf("the start after = %d, %v; want %d", again, err, got+1)
+			}
+		})
+	}
+
+	// The agent loads and rewrites the state file; the incarnation survives it.
+	dir := t.TempDir()
+	if _, err := NextIncarnation(dir, now); err != nil {
+		t.Fatal(err)
+	}
+	f := &stateFile{path: filepath.Join(dir, StateFileName)}
+	if err := f.load(); err != nil {
+		t.Fatal(err)
+	}
+	f.setFlags([]string{"--v=2"})
+	if err := f.save(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := NextIncarnation(dir, now); got != 1_700_000_001 {
+		t.Errorf("after the agent rewrote the state file: incarnation %d, want 1700000001", got)
+	}
+}

@@ -71,7 +71,12 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	defer conn.Close()
 	// Reconnects within a few seconds of the service coming back (the goal is 5s); refused connection
 	// attempts of thousands of nodes while it is away are cheap.
-	cl := client.New(conn, cfg.NodeName, cfg.TokenFile, client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second}, log.Named("client"))
+	incarnation, err := agent.NextIncarnation(cfg.DynamicConfigDir, time.Now())
+	if err != nil {
+		return err
+	}
+	cl := client.New(conn, cfg.NodeName, cfg.TokenFile, client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second},
+		log.Named("client"), client.WithIncarnation(incarnation))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -85,7 +90,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}, log.Named("agent"), checkpoint.New(cfg.DynamicConfigDir), svc, prober, cl, agent.NewMetrics(reg), nil)
 
 	log.Info("dkc-sidecar starting", zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
-		zap.String("restartMode", cfg.RestartMode), zap.Duration("trialDuration", cfg.TrialDuration))
+		zap.String("restartMode", cfg.RestartMode), zap.Duration("trialDuration", cfg.TrialDuration), zap.Uint64("incarnation", incarnation))
 	if err := ag.Init(ctx); err != nil {
 		return err
 	}

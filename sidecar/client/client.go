@@ -54,23 +54,41 @@ type Client struct {
 	rpc       dkcv1.ConfigServiceClient
 	log       *zap.Logger
 	backoff   Backoff
+	// incarnation of this sidecar start; sequence numbers its reports (see WithIncarnation).
+	incarnation uint64
 
-	mu      sync.Mutex
-	pending *dkcv1.ReportStatusRequest // latest unacknowledged report
+	mu       sync.Mutex
+	sequence uint64
+	pending  *dkcv1.ReportStatusRequest // latest unacknowledged report
 	// restarts not yet acknowledged, oldest first. A report carries one restart (one Event); the head rides
 	// on every report until acknowledged, then the next one does, so none is lost while the service is away.
 	restarts []*dkcv1.KubeletRestart
-	wake     chan struct{}
+	// syncError is the service's sync error last received: what the node holds, sent when resuming so
+	// that a replica whose state has no error (any more) says so.
+	syncError string
+	wake      chan struct{}
 	// connected is closed-and-replaced on each new stream, so the reporter re-sends after a reconnect (the
 	// service may be a new replica that knows nothing of this node).
 	connected chan struct{}
 }
 
+// Option configures a Client.
+type Option func(*Client)
+
+// WithIncarnation numbers the reports of this start of the sidecar (agent.NextIncarnation): the service
+// orders a node's reports by (incarnation, sequence), never by the node's clock. Without it reports carry
+// only their observed time, as older sidecars' did.
+func WithIncarnation(n uint64) Option { return func(c *Client) { c.incarnation = n } }
+
 // New returns a client for node over conn; the bearer token is read from tokenFile on every call, so a
 // rotated projected token is picked up.
-func New(conn grpc.ClientConnInterface, node, tokenFile string, backoff Backoff, log *zap.Logger) *Client {
-	return &Client{node: node, tokenFile: tokenFile, rpc: dkcv1.NewConfigServiceClient(conn), log: log, backoff: backoff,
+func New(conn grpc.ClientConnInterface, node, tokenFile string, backoff Backoff, log *zap.Logger, opts ...Option) *Client {
+	c := &Client{node: node, tokenFile: tokenFile, rpc: dkcv1.NewConfigServiceClient(conn), log: log, backoff: backoff,
 		wake: make(chan struct{}, 1), connected: make(chan struct{})}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
 }
 
 func (c *Client) authed(ctx context.Context) (context.Context, error) {
@@ -111,7 +129,10 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	}
 	sctx, cancel := context.WithCancel(actx)
 	defer cancel()
-	stream, err := c.rpc.WatchConfig(sctx, &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied()})
+	c.mu.Lock()
+	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError}
+	c.mu.Unlock()
+	stream, err := c.rpc.WatchConfig(sctx, req)
 	if err != nil {
 		return false, err
 	}
@@ -132,6 +153,9 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 		}
 		received = true
 		d := agent.Desired{Assignment: resp.GetAssignment(), SyncError: resp.GetSyncError()}
+		c.mu.Lock()
+		c.syncError = d.SyncError
+		c.mu.Unlock()
 		// Latest wins: an update the agent has not taken yet is replaced, so that a burst of reassignments
 		// costs one kubelet restart, not one each. An update without an assignment (only a sync error: the
 		// service could not resolve the new source) does not drop an assignment still waiting.
@@ -166,7 +190,9 @@ func (c *Client) Report(st *dkcv1.NodeConfigStatus, message string, restart *dkc
 		}
 		c.restarts = append(c.restarts, restart)
 	}
-	c.pending = &dkcv1.ReportStatusRequest{NodeName: c.node, Status: st, Message: message, ObservedTime: timestamppb.Now()}
+	c.sequence++
+	c.pending = &dkcv1.ReportStatusRequest{NodeName: c.node, Status: st, Message: message, ObservedTime: timestamppb.Now(),
+		Incarnation: c.incarnation, Sequence: c.sequence}
 	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -225,6 +251,8 @@ func (c *Client) RunReporter(ctx context.Context) error {
 			// A new stream: the service replica may never have heard of us.
 			c.mu.Lock()
 			if c.pending == nil && last != nil {
+				// The same report, so the same incarnation and sequence; a fresh observed time keeps an
+				// older replica (which orders by it) from taking it for stale.
 				resend := proto.Clone(last).(*dkcv1.ReportStatusRequest)
 				resend.ObservedTime = timestamppb.Now()
 				c.pending = resend

@@ -28,6 +28,7 @@ type awayService struct {
 	away     bool
 	restarts []string // acknowledged restart ids, in order, once each
 	last     *dkcv1.NodeConfigStatus
+	numbers  [][2]uint64 // (incarnation, sequence) of each acknowledged report
 }
 
 func (s *awayService) ReportStatus(_ context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
@@ -41,6 +42,7 @@ func (s *awayService) ReportStatus(_ context.Context, req *dkcv1.ReportStatusReq
 		s.restarts = append(s.restarts, id)
 	}
 	s.last = req.GetStatus()
+	s.numbers = append(s.numbers, [2]uint64{req.GetIncarnation(), req.GetSequence()})
 	return &dkcv1.ReportStatusResponse{}, nil
 }
 
@@ -57,28 +59,7 @@ func TestRestartsAreDeliveredInOrder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := &awayService{away: true}
-			lis := bufconn.Listen(1 << 20)
-			s := grpc.NewServer()
-			dkcv1.RegisterConfigServiceServer(s, svc)
-			go func() { _ = s.Serve(lis) }()
-			t.Cleanup(s.Stop)
-			conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-				return lis.DialContext(ctx)
-			}), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close() })
-			token := filepath.Join(t.TempDir(), "token")
-			if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			c := New(conn, "n1", token, Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}, zap.NewNop())
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { _ = c.RunReporter(ctx); close(done) }()
-			t.Cleanup(func() { cancel(); <-done })
-
+			c := startReporter(t, svc)
 			var ids []string
 			var final *dkcv1.NodeConfigStatus
 			for i := range tc.restarts {
@@ -110,5 +91,74 @@ func TestRestartsAreDeliveredInOrder(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// startReporter serves svc in memory and runs a Client's reporter against it until the test ends.
+func startReporter(t *testing.T, svc *awayService, opts ...Option) *Client {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	s := grpc.NewServer()
+	dkcv1.RegisterConfigServiceServer(s, svc)
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := New(conn, "n1", token, Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}, zap.NewNop(), opts...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.RunReporter(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
+// TestReportsAreNumbered: every new status gets the next sequence number of the sidecar's incarnation,
+// which the service orders reports by (not the node's clock); a status re-sent (while a second restart
+// rides on it) keeps its number.
+func TestReportsAreNumbered(t *testing.T) {
+	svc := &awayService{}
+	c := startReporter(t, svc, WithIncarnation(7))
+	wait := func(n int) [][2]uint64 {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			svc.mu.Lock()
+			got := append([][2]uint64(nil), svc.numbers...)
+			svc.mu.Unlock()
+			if len(got) >= n {
+				return got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d reports acknowledged, want %d", len(got), n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	c.Report(&dkcv1.NodeConfigStatus{Error: "a"}, "", nil)
+	wait(1)
+	c.Report(&dkcv1.NodeConfigStatus{Error: "b"}, "", nil)
+	wait(2)
+	// Two restarts on one status: the status is sent twice (one restart each), with one number.
+	svc.mu.Lock()
+	svc.away = true
+	svc.mu.Unlock()
+	c.Report(&dkcv1.NodeConfigStatus{Error: "c"}, "", &dkcv1.KubeletRestart{Id: "r1"})
+	c.Report(&dkcv1.NodeConfigStatus{Error: "c"}, "", &dkcv1.KubeletRestart{Id: "r2"})
+	svc.mu.Lock()
+	svc.away = false
+	svc.mu.Unlock()
+	got := wait(4)
+	want := [][2]uint64{{7, 1}, {7, 2}, {7, 4}, {7, 4}}
+	if fmt.Sprint(got[:4]) != fmt.Sprint(want) {
+		t.Errorf("(incarnation, sequence) of the acknowledged reports = %v, want %v", got[:4], want)
 	}
 }

@@ -50,7 +50,8 @@ func New(tokenFile, host, caFile string) (*Kubelet, error) {
 	}
 	return &Kubelet{TokenFile: tokenFile, Host: host, client: &http.Client{
 		Timeout:   5 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true},
+		Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true,
+			DialContext: (&net.Dialer{Timeout: dialTimeout}).DialContext},
 	}}, nil
 }
 
@@ -79,6 +80,21 @@ func (k *Kubelet) Healthz(ctx context.Context, kc *configcheck.Checked) error {
 // restarted kubelet, or an outage longer than its cache), or when the sidecar lacks nodes/configz: either
 // way it says nothing about the config the kubelet runs.
 var ErrRefused = errors.New("kubelet refused the request")
+
+// ErrNoAnswer: the kubelet accepted the connection to /configz but did not answer in time. A kubelet does
+// so while its webhook authentication or authorization waits on an apiserver whose packets are dropped
+// (not refused: that is ErrRefused), retrying for longer than the sidecar waits. Like a refusal it says
+// nothing about the config. A connection that cannot be made at all is not this: that is a kubelet not
+// serving.
+var ErrNoAnswer = errors.New("kubelet did not answer in time")
+
+// Unverifiable says whether err, from Configz, leaves open what the kubelet runs without saying anything
+// against the config (ErrRefused, ErrNoAnswer): the caller neither proves nor blames the config.
+func Unverifiable(err error) bool { return errors.Is(err, ErrRefused) || errors.Is(err, ErrNoAnswer) }
+
+// dialTimeout bounds connecting to the kubelet on its own node, so that a request that times out has
+// reached a kubelet that did not answer (ErrNoAnswer), rather than none.
+const dialTimeout = 2 * time.Second
 
 // Configz returns the running kubelet's configuration as JSON fields (the "kubeletconfig" object).
 func (k *Kubelet) Configz(ctx context.Context, kc *configcheck.Checked) (map[string]any, error) {
@@ -110,6 +126,9 @@ func (k *Kubelet) get(ctx context.Context, url string, auth bool) ([]byte, error
 	}
 	resp, err := k.client.Do(req)
 	if err != nil {
+		if auth && answerTimedOut(err) {
+			return nil, fmt.Errorf("%w: %v", ErrNoAnswer, err)
+		}
 		return nil, err
 	}
 	defer resp.Body.Close()
@@ -127,8 +146,9 @@ func (k *Kubelet) get(ctx context.Context, url string, auth bool) ([]byte, error
 }
 
 // Mismatch compares the running config (configz) with the intended one on every field the config file
-// sets explicitly (its top-level keys): those are what a new config changes, while fields the kubelet fills
-// in at run time (a self-signed tlsCertFile, say) would make a full comparison fail for no reason. It
+// sets explicitly (its top-level keys) or the kubelet's --config-dir drop-ins set (intended.DropInKeys,
+// merged over the file in intended.Fields): those are what a new config changes, while fields the kubelet
+// fills in at run time (a self-signed tlsCertFile, say) would make a full comparison fail for no reason. It
 // returns the differing fields, empty when the kubelet runs the intended config.
 func Mismatch(intended *configcheck.Checked, fileContent []byte, running map[string]any) ([]string, error) {
 	want := intended.Fields
@@ -136,8 +156,15 @@ func Mismatch(intended *configcheck.Checked, fileContent []byte, running map[str
 	if err := yaml.Unmarshal(fileContent, &file); err != nil {
 		return nil, fmt.Errorf("parse config file: %w", err)
 	}
-	var diff []string
+	keys := map[string]bool{}
 	for key := range file {
+		keys[key] = true
+	}
+	for _, key := range intended.DropInKeys {
+		keys[key] = true
+	}
+	var diff []string
+	for key := range keys {
 		if key == "apiVersion" || key == "kind" {
 			continue
 		}
@@ -159,4 +186,15 @@ func loadPool(caFile string) (*x509.CertPool, error) {
 		return nil, fmt.Errorf("no certificates in %s", caFile)
 	}
 	return pool, nil
+}
+
+// answerTimedOut: the request timed out after its connection was made (a timed-out dial is an *net.OpError
+// with Op "dial"; the caller's cancellation is no timeout).
+func answerTimedOut(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

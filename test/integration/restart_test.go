@@ -201,3 +201,86 @@ func restartTimes(t *testing.T, node string, since time.Time) []time.Time {
 	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
 	return times
 }
+
+// TestReassignmentWhileARestartJobIsQueued: the sidecar restarts the kubelet into config A, and systemd
+// holds that restart job (the kubelet stopped, its start waiting behind a unit ordered before it, as
+// behind a slow dependency at boot); meanwhile the node is reassigned to B. The job runs when it can; the
+// kubelet ends running B, its unit active, ConfigOK True, with two restarts (A's, then B's) and A never
+// blamed for the wait (reassigning A afterwards runs it).
+func TestReassignmentWhileARestartJobIsQueued(t *testing.T) {
+	client := adminClient(t)
+	resetRealNode(t)
+	t.Cleanup(func() { resetRealNode(t) })
+	ctx := testContext(t)
+	conn, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
+		c, err := godbus.Dial(cluster.BusAddress(realNode), godbus.WithContext(ctx))
+		if err != nil {
+			return nil, err
+		}
+		if err := c.Auth([]godbus.Auth{godbus.AuthExternal("0")}); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, c.Hello()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+
+	a := createConfigMap(t, "queued-a", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 41\n")})
+	b := createConfigMap(t, "queued-b", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 42\n")})
+	nameA, nameB := a.Name+"@"+a.ResourceVersion, b.Name+"@"+b.ResourceVersion
+	before := restartEvents(t, realNode)
+
+	// A oneshot unit ordered before kubelet.service, starting for 8 s: a kubelet start job queued meanwhile
+	// waits for it.
+	const hold = 8 * time.Second
+	blocker := fmt.Sprintf("dkc-test-hold-%d.service", time.Now().UnixNano())
+	if _, err := conn.StartTransientUnitContext(ctx, blocker, "replace", []sddbus.Property{
+		sddbus.PropType("oneshot"),
+		sddbus.PropExecStart([]string{"/bin/sleep", fmt.Sprint(hold.Seconds())}, false),
+		{Name: "Before", Value: godbus.MakeVariant([]string{"kubelet.service"})},
+	}, nil); err != nil {
+		t.Fatalf("start %s: %v", blocker, err)
+	}
+	setSource(t, client, realNode, cmSource(a.Name))
+	// Wait until the sidecar's restart job is queued: kubelet.service has a job and is not running.
+	queued := false
+	for deadline := time.Now().Add(hold); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		jobs, err := conn.ListJobsContext(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range jobs {
+			if j.Unit == "kubelet.service" {
+				queued = true
+				t.Logf("queued: job %d %s %s", j.Id, j.JobType, j.Status)
+			}
+		}
+		if queued {
+			break
+		}
+	}
+	if !queued {
+		t.Fatalf("no kubelet.service job appeared within %v of assigning %s", hold, nameA)
+	}
+	setSource(t, client, realNode, cmSource(b.Name))
+
+	waitNodeStatus(t, realNode, nameB, nameB, "*", "", 2*time.Minute)
+	if got := configz(t, realNode)["eventRecordQPS"]; got != float64(42) {
+		t.Errorf("configz eventRecordQPS = %v, want 42 (B)", got)
+	}
+	if state, result, err := cluster.KubeletUnitState(ctx, realNode); err != nil || state != "active" || result != "success" {
+		t.Errorf("kubelet.service is %s (Result=%s, %v), want active (success)", state, result, err)
+	}
+	if c := configOK(t, realNode); c.Status != "True" {
+		t.Errorf("ConfigOK %s: %s", c.Status, c.Message)
+	}
+	if n := restartEvents(t, realNode) - before; n != 2 {
+		t.Errorf("%d kubelet restarts, want 2 (into A, whose job was queued, then into B)", n)
+	}
+	// A was not blamed for its queued job: assigning it again runs it.
+	setSource(t, client, realNode, cmSource(a.Name))
+	waitNodeStatus(t, realNode, nameA, nameA, "*", "", 2*time.Minute)
+}

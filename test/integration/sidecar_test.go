@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -330,6 +332,77 @@ func TestKubeletThatCannotAuthenticateIsNotRolledBack(t *testing.T) {
 	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
 	if got, _ := cluster.KubeletMainPID(ctx, realNode); got != pid {
 		t.Errorf("kubelet restarted after the apiserver came back (pid %d → %d)", pid, got)
+	}
+}
+
+// TestKubeletWhoseAPIServerDropsPacketsIsNotRolledBack: as above, but the apiserver is unreachable the way
+// a partition makes it — the node's packets to it are dropped, so a freshly started kubelet's webhook
+// authentication waits and retries instead of refusing, and /configz does not answer within the sidecar's
+// check. That says nothing about the config either: no rollback, no restart, the status says /configz was
+// not answered; once packets pass again the config is proven active.
+func TestKubeletWhoseAPIServerDropsPacketsIsNotRolledBack(t *testing.T) {
+	client := adminClient(t)
+	resetRealNode(t)
+	t.Cleanup(func() { resetRealNode(t) })
+	createConfigMap(t, "real-dropped", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 13\n")})
+	name := "real-dropped@" + mustRV(t, "real-dropped")
+	setSource(t, client, realNode, cmSource("real-dropped"))
+	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
+	env, err := os.ReadFile(filepath.Join(cluster.DynamicConfigDir(realNode), "kubelet.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Drop the node's packets to the apiserver, in the node's own network namespace (the cluster's).
+	st := cluster.State()
+	rule := []string{"OUTPUT", "-p", "tcp", "-d", st.Network.GatewayIP, "--dport", strconv.Itoa(st.APIServerPort), "-j", "DROP"}
+	iptables := func(op string) error {
+		out, err := exec.Command("ip", append([]string{"netns", "exec", st.Nodes[0].Netns, "iptables", op}, rule...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("iptables %s %v in %s: %v: %s", op, rule, st.Nodes[0].Netns, err, out)
+		}
+		return nil
+	}
+	if err := iptables("-I"); err != nil {
+		t.Fatal(err)
+	}
+	dropping := true
+	undrop := func() {
+		if dropping {
+			dropping = false
+			if err := iptables("-D"); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(undrop)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	m, err := systemd.Dial(ctx, cluster.BusAddress(realNode), "kubelet.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Restart(ctx); err != nil { // a new kubelet: empty authentication cache
+		t.Fatal(err)
+	}
+	pid := kubeletPID(t)
+	if err := cluster.RestartSidecar(ctx, realNode); err != nil {
+		t.Fatal(err)
+	}
+	// The sidecar can still reach dkc-server (another port), so its status shows what it concluded.
+	waitNodeStatus(t, realNode, name, name, "*", agent.VerifyTimeoutError, devclustertest.HealthTimeout+time.Minute)
+	time.Sleep(devclustertest.HealthTimeout) // and stays so past the health timeout
+	if got, err := cluster.KubeletMainPID(ctx, realNode); err != nil || got != pid {
+		t.Errorf("kubelet pid %d → %d (%v): the sidecar restarted the kubelet while /configz did not answer", pid, got, err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(cluster.DynamicConfigDir(realNode), "kubelet.env")); string(after) != string(env) {
+		t.Errorf("kubelet.env changed while /configz did not answer (a rollback):\n%s\n→\n%s", env, after)
+	}
+	undrop()
+	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
+	if got, _ := cluster.KubeletMainPID(ctx, realNode); got != pid {
+		t.Errorf("kubelet restarted after the apiserver became reachable (pid %d → %d)", pid, got)
 	}
 }
 

@@ -12,11 +12,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dkc-dev/dkc/internal/devcluster"
 )
+
+// heldLock keeps this process's cluster lock (see freshDir) open, hence held, until the process exits.
+var heldLock *os.File
 
 // Dir is where the cluster of the test binary called name lives: _output/test/<name> in the repository, so
 // that its logs survive a failing run for reading. $DKC_TEST_CLUSTER_SUFFIX, when set, is appended to name,
@@ -61,12 +65,27 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 }
 
 // freshDir is Dir(name), emptied: a cluster left behind by an earlier run of the same binary that was
-// killed is stopped first.
+// killed is stopped first. A run that is still alive holds <dir>.lock (flock, released by the kernel when
+// its process dies, however it dies): its cluster is not a leftover, and this run refuses to start rather
+// than stop it under its feet.
 func freshDir(name string) (string, error) {
 	dir, err := Dir(name)
 	if err != nil {
 		return "", err
 	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", err
+	}
+	lock, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return "", fmt.Errorf("another run of this test binary is using the cluster in %s (%s is locked): "+
+			"set DKC_TEST_CLUSTER_SUFFIX to run beside it: %w", dir, dir+".lock", err)
+	}
+	heldLock = lock // held until the process exits
 	if old, err := devcluster.Open(dir); err == nil {
 		if err := old.Stop(context.Background()); err != nil {
 			return "", fmt.Errorf("stop leftover cluster in %s: %w", dir, err)

@@ -367,7 +367,11 @@ type WatchConfigRequest struct {
 	// What the node last checkpointed. Absent on a node's first watch ever: the service then sends the current
 	// assignment straight away. Present (an empty message means local config) when resuming: the service sends
 	// only what differs.
-	LastApplied   *AppliedConfig `protobuf:"bytes,2,opt,name=last_applied,json=lastApplied,proto3" json:"last_applied,omitempty"`
+	LastApplied *AppliedConfig `protobuf:"bytes,2,opt,name=last_applied,json=lastApplied,proto3" json:"last_applied,omitempty"`
+	// The sync error the node holds, as last told by any replica ("" for none). When resuming, the service
+	// sends the node's state if its own sync error differs, so that an error cleared while the node was away
+	// (its source fixed or reset) is cleared on the node too.
+	SyncError     string `protobuf:"bytes,3,opt,name=sync_error,json=syncError,proto3" json:"sync_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -414,6 +418,13 @@ func (x *WatchConfigRequest) GetLastApplied() *AppliedConfig {
 		return x.LastApplied
 	}
 	return nil
+}
+
+func (x *WatchConfigRequest) GetSyncError() string {
+	if x != nil {
+		return x.SyncError
+	}
+	return ""
 }
 
 // WatchConfigResponse is the node's complete desired state; each message replaces the previous one.
@@ -558,8 +569,15 @@ type ReportStatusRequest struct {
 	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	// Set when the sidecar restarted the kubelet since its previous acknowledged report.
 	Restart *KubeletRestart `protobuf:"bytes,4,opt,name=restart,proto3" json:"restart,omitempty"`
-	// When the sidecar observed this status. The service ignores a report older than the last one it wrote.
-	ObservedTime  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=observed_time,json=observedTime,proto3" json:"observed_time,omitempty"`
+	// When the sidecar observed this status (for logs). Orders reports only from sidecars that send no
+	// incarnation (older versions).
+	ObservedTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=observed_time,json=observedTime,proto3" json:"observed_time,omitempty"`
+	// Orders the node's reports without trusting its clock: incarnation grows each time the sidecar starts
+	// (it is kept on the node's disk), sequence grows with each new status within an incarnation. The service
+	// ignores a report that is older, in that order, than the last one it accepted for the node; a report
+	// re-sent unchanged keeps its numbers.
+	Incarnation   uint64 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Sequence      uint64 `protobuf:"varint,7,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -629,6 +647,20 @@ func (x *ReportStatusRequest) GetObservedTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ReportStatusRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *ReportStatusRequest) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
 // ReportStatusResponse acknowledges a report: the service has accepted it and will write it onto the Node.
 type ReportStatusResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -696,10 +728,12 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
 	"\rAppliedConfig\x120\n" +
 	"\x06source\x18\x01 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06source\x12!\n" +
-	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"k\n" +
+	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\x8a\x01\n" +
 	"\x12WatchConfigRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x128\n" +
-	"\flast_applied\x18\x02 \x01(\v2\x15.dkc.v1.AppliedConfigR\vlastApplied\"\xa9\x01\n" +
+	"\flast_applied\x18\x02 \x01(\v2\x15.dkc.v1.AppliedConfigR\vlastApplied\x12\x1d\n" +
+	"\n" +
+	"sync_error\x18\x03 \x01(\tR\tsyncError\"\xa9\x01\n" +
 	"\x13WatchConfigResponse\x122\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x12.dkc.v1.AssignmentR\n" +
@@ -710,13 +744,15 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x0eKubeletRestart\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
 	"\x06target\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06target\x12.\n" +
-	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xf1\x01\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xaf\x02\n" +
 	"\x13ReportStatusRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x120\n" +
 	"\x06status\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigStatusR\x06status\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x120\n" +
 	"\arestart\x18\x04 \x01(\v2\x16.dkc.v1.KubeletRestartR\arestart\x12?\n" +
-	"\robserved_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fobservedTime\"\x16\n" +
+	"\robserved_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fobservedTime\x12 \n" +
+	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\x12\x1a\n" +
+	"\bsequence\x18\a \x01(\x04R\bsequence\"\x16\n" +
 	"\x14ReportStatusResponse2\xa4\x01\n" +
 	"\rConfigService\x12H\n" +
 	"\vWatchConfig\x12\x1a.dkc.v1.WatchConfigRequest\x1a\x1b.dkc.v1.WatchConfigResponse0\x01\x12I\n" +

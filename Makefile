@@ -76,7 +76,7 @@ push-images: ## push the tarballs `make images` wrote to $(IMAGE_REPO)/<image>:$
 test: test-unit test-fuzz test-integration ## run every test: unit, fuzzing (short), then integration against the real local cluster
 
 FUZZTIME ?= 5s
-FUZZ_TARGETS := ./internal/payload:FuzzValidateFileName ./services/resolve:FuzzParseAnnotation ./sidecar/checkpoint:FuzzSave ./sidecar/checkpoint:FuzzDecodeRecord ./sidecar/kubeletunit:FuzzEnvFileSet
+FUZZ_TARGETS := ./services/auth:FuzzParseToken ./internal/payload:FuzzValidateFileName ./services/resolve:FuzzParseAnnotation ./sidecar/checkpoint:FuzzSave ./sidecar/checkpoint:FuzzDecodeRecord ./sidecar/kubeletunit:FuzzEnvFileSet
 .PHONY: test-fuzz
 test-fuzz: ## run each fuzz target for FUZZTIME (default 5s; longer runs: make test-fuzz FUZZTIME=10m)
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \

@@ -150,8 +150,10 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		FakeKubeletBinary: filepath.Join(cfg.Bin, "fake-kubelet"), SimNodes: 1, TrialDuration: 10 * time.Minute,
 		// One replica for 5,000 nodes: TokenReviews at connect and status writes need more than the
 		// default 50 QPS (deploy/ documents the flag).
-		ServiceArgs: []string{"--kube-api-qps=1000", "--kube-api-burst=2000", "--profiling"},
-		Progress:    cfg.Progress,
+		ServiceArgs: []string{"--kube-api-qps=1000", "--kube-api-burst=2000", "--profiling",
+			// Every simulated node connects from one address: no per-address TokenReview limit.
+			"--token-review-qps=1000", "--token-review-burst=2000", "--token-review-per-peer-qps=0"},
+		Progress: cfg.Progress,
 	})
 	if err != nil {
 		return nil, err

@@ -106,6 +106,9 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 		"--tls-key-file=" + c.pki.path("dkc-server.key"),
 		"--allowed-service-accounts=" + SidecarNamespace + "/" + SidecarServiceAccount,
 		"--webhook-address=" + net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)),
+		// The simulated nodes and the tests' own clients all call from the host's addresses, as nodes behind
+		// one NAT would: the per-address TokenReview limit is sized for that, not for one node.
+		"--token-review-per-peer-qps=50", "--token-review-per-peer-burst=500",
 	}, c.cfg.ServiceArgs...)
 	p, err := startProcess("dkc-server", c.runDir(), c.logFile("dkc-server"), nil, args...)
 	if err != nil {

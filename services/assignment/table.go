@@ -6,6 +6,7 @@
 package assignment
 
 import (
+	"hash/fnv"
 	"sync"
 	"time"
 
@@ -53,10 +54,19 @@ type entry struct {
 	changed chan struct{} // closed and replaced on every change
 }
 
+// unknownStripes is how many channels wake the waiters of nodes without a state.
+const unknownStripes = 64
+
 // Table is the desired state of every known node. The zero value is not usable; use NewTable.
 type Table struct {
-	mu       sync.Mutex
-	nodes    map[string]*entry
+	mu    sync.Mutex
+	nodes map[string]*entry // only nodes with a state: the table follows the live Nodes
+	// unknown[stripe(node)] is closed and replaced when a node of that stripe gets its first state. Waiters on
+	// a node without a state get it instead of an entry of their own: an entry per name asked about would stay
+	// forever for every Node deleted while its sidecar watched (Delete wakes the stream, which asks again).
+	// The price is a spurious wake-up of the other stateless waiters of the stripe, who ask again and find
+	// nothing new; there are few of them (nodes the service has not resolved yet, or no longer has).
+	unknown  [unknownStripes]chan struct{}
 	onChange func(node string)
 	now      func() time.Time
 }
@@ -64,38 +74,49 @@ type Table struct {
 // NewTable returns an empty table. onChange, if not nil, is called (outside the lock) after a node's state
 // changed or the node was deleted.
 func NewTable(onChange func(node string)) *Table {
-	return &Table{nodes: map[string]*entry{}, onChange: onChange, now: time.Now}
+	t := &Table{nodes: map[string]*entry{}, onChange: onChange, now: time.Now}
+	for i := range t.unknown {
+		t.unknown[i] = make(chan struct{})
+	}
+	return t
 }
 
-func (t *Table) entry(node string) *entry {
-	e, ok := t.nodes[node]
-	if !ok {
-		e = &entry{changed: make(chan struct{})}
-		t.nodes[node] = e
-	}
-	return e
+func stripe(node string) int {
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	return int(h.Sum32() % unknownStripes)
 }
 
 // Get returns the node's state, whether it has one, and a channel closed at the next change (or deletion).
+// For a node without a state the channel may also close spuriously; ask again.
 func (t *Table) Get(node string) (State, bool, <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e := t.entry(node)
-	return e.state, !e.state.Changed.IsZero(), e.changed
+	if e, ok := t.nodes[node]; ok {
+		return e.state, true, e.changed
+	}
+	return State{}, false, t.unknown[stripe(node)]
 }
 
 // Set replaces the node's state unless it is the Same; it reports whether it changed.
 func (t *Table) Set(node string, s State) bool {
 	t.mu.Lock()
-	e := t.entry(node)
-	if !e.state.Changed.IsZero() && e.state.Same(s) {
+	e, ok := t.nodes[node]
+	if ok && e.state.Same(s) {
 		t.mu.Unlock()
 		return false
 	}
 	s.Changed = t.now()
-	e.state = s
-	close(e.changed)
-	e.changed = make(chan struct{})
+	if ok {
+		e.state = s
+		close(e.changed)
+		e.changed = make(chan struct{})
+	} else {
+		t.nodes[node] = &entry{state: s, changed: make(chan struct{})}
+		i := stripe(node)
+		close(t.unknown[i])
+		t.unknown[i] = make(chan struct{})
+	}
 	t.mu.Unlock()
 	if t.onChange != nil {
 		t.onChange(node)
@@ -106,7 +127,10 @@ func (t *Table) Set(node string, s State) bool {
 // SetSyncError keeps the node's assignment and sets its sync error ("" clears it).
 func (t *Table) SetSyncError(node, syncError string) bool {
 	t.mu.Lock()
-	s := t.entry(node).state
+	var s State
+	if e, ok := t.nodes[node]; ok {
+		s = e.state
+	}
 	t.mu.Unlock()
 	s.SyncError = syncError
 	return t.Set(node, s) // a concurrent Set in between is fine: the controller is the only writer per node
@@ -126,15 +150,9 @@ func (t *Table) Delete(node string) {
 	}
 }
 
-// Len is the number of nodes with a state.
+// Len is the number of nodes the table holds.
 func (t *Table) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n := 0
-	for _, e := range t.nodes {
-		if !e.state.Changed.IsZero() {
-			n++
-		}
-	}
-	return n
+	return len(t.nodes)
 }

@@ -1,6 +1,7 @@
 package assignment
 
 import (
+	"fmt"
 	"testing"
 
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
@@ -80,5 +81,87 @@ func TestSameAssignment(t *testing.T) {
 		if got := SameAssignment(tc.a, tc.b); got != tc.want {
 			t.Errorf("%s: SameAssignment = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestTableHoldsOnlyLiveNodes: the table holds a node from its first state to its deletion, whatever its
+// streams ask. A stream that asks about a node without a state (not resolved yet, or deleted while it
+// watched: Delete wakes it and it asks again) leaves nothing behind, and is still woken by the node's first
+// state.
+func TestTableHoldsOnlyLiveNodes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		steps   func(tab *Table)
+		wantLen int
+	}{
+		{"asked about, never resolved", func(tab *Table) {
+			for i := range 100 {
+				tab.Get(fmt.Sprintf("n%d", i))
+			}
+		}, 0},
+		{"resolved", func(tab *Table) {
+			tab.Set("a", State{Assignment: cmAssignment("1", "h1")})
+		}, 1},
+		{"deleted while watched, asked again", func(tab *Table) {
+			tab.Set("a", State{Assignment: cmAssignment("1", "h1")})
+			_, _, ch := tab.Get("a")
+			tab.Delete("a")
+			<-ch
+			tab.Get("a")
+		}, 0},
+		{"sync error of an unknown node, then deleted", func(tab *Table) {
+			tab.SetSyncError("a", "failed to sync: x")
+			tab.Delete("a")
+			tab.Get("a")
+		}, 0},
+		{"churn of 100 nodes", func(tab *Table) {
+			for i := range 100 {
+				n := fmt.Sprintf("n%d", i)
+				tab.Set(n, State{Assignment: cmAssignment(fmt.Sprint(i), "h")})
+				tab.Get(n)
+				tab.Delete(n)
+				tab.Get(n)
+			}
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tab := NewTable(nil)
+			tc.steps(tab)
+			if got := tab.Len(); got != tc.wantLen {
+				t.Errorf("Len = %d, want %d", got, tc.wantLen)
+			}
+			tab.mu.Lock()
+			defer tab.mu.Unlock()
+			if got := len(tab.nodes); got != tc.wantLen {
+				t.Errorf("%d entries held, want %d", got, tc.wantLen)
+			}
+		})
+	}
+}
+
+// TestWaiterOfUnknownNodeWokenByFirstState: a stream waiting on a node without a state is woken when the
+// node gets one, including after its deletion (a Node deleted and created again).
+func TestWaiterOfUnknownNodeWokenByFirstState(t *testing.T) {
+	tab := NewTable(nil)
+	_, ok, ch := tab.Get("a")
+	if ok {
+		t.Fatal("unknown node has a state")
+	}
+	tab.Set("a", State{Assignment: cmAssignment("1", "h1")})
+	if !closed(ch) {
+		t.Fatal("first state did not wake the waiter")
+	}
+	_, _, ch = tab.Get("a")
+	tab.Delete("a")
+	if !closed(ch) {
+		t.Fatal("Delete did not wake the waiter")
+	}
+	_, ok, ch = tab.Get("a")
+	if ok {
+		t.Fatal("deleted node has a state")
+	}
+	tab.SetSyncError("a", "failed to sync: x")
+	if !closed(ch) {
+		t.Fatal("state after deletion did not wake the waiter")
 	}
 }

@@ -92,7 +92,9 @@ func (t *Tracker) Track(node, key string) {
 		if len(t.refs[old]) == 0 {
 			delete(t.refs, old)
 			if tr, ok := t.informers[old]; ok {
-				tr.cancel()
+				if tr.cancel != nil { // nil: never started (Run has not begun)
+					tr.cancel()
+				}
 				delete(t.informers, old)
 				t.log.Info("stopped watching configmap", zap.String("configmap", old))
 			}

@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
-	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/assignment"
 	"github.com/dkc-dev/dkc/services/configmaps"
 	"github.com/dkc-dev/dkc/services/resolve"
@@ -43,18 +42,19 @@ type Controller struct {
 	table       *assignment.Table
 	namespaces  resolve.Namespaces // where sources may point (--config-namespaces)
 	queue       workqueue.TypedRateLimitingInterface[string]
-
-	// resolved shares one Assignment among all nodes on the same ConfigMap version, so 2,000 nodes on one
-	// ConfigMap hold one copy of its data and one hash computation.
-	mu       sync.Mutex
-	resolved map[string]*dkcv1.Assignment // by namespace/name/key
+	shared      *shared           // the resolved ConfigMap versions nodes are on
+	forget      func(node string) // drops what others hold of a deleted Node
 }
 
 // New wires the controller to a Node informer (from the service's one informer factory). Sources outside
-// namespaces are refused (resolve.NamespaceNotAllowedError) and their ConfigMaps never read.
-func New(log *zap.Logger, nodeInformer coreinformers.NodeInformer, table *assignment.Table, namespaces resolve.Namespaces) *Controller {
+// namespaces are refused (resolve.NamespaceNotAllowedError) and their ConfigMaps never read. forget, if not
+// nil, is called with the name of each deleted Node, after the node has left the table: whatever else holds
+// per-node state (the status writer's reports) lets go of it there, so that memory follows the live Nodes.
+func New(log *zap.Logger, nodeInformer coreinformers.NodeInformer, table *assignment.Table, namespaces resolve.Namespaces,
+	forget func(node string)) *Controller {
 	c := &Controller{
 		log:         log,
+		forget:      forget,
 		namespaces:  namespaces,
 		nodes:       nodeInformer.Lister(),
 		nodesSynced: nodeInformer.Informer().HasSynced,
@@ -62,7 +62,7 @@ func New(log *zap.Logger, nodeInformer coreinformers.NodeInformer, table *assign
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodes"}),
-		resolved: map[string]*dkcv1.Assignment{},
+		shared: newShared(),
 	}
 	_, _ = nodeInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: c.enqueue,
@@ -163,7 +163,11 @@ func (c *Controller) sync(_ context.Context, name string) error {
 	node, err := c.nodes.Get(name)
 	if apierrors.IsNotFound(err) {
 		c.cms.Track(name, "")
+		c.shared.use(name, "")
 		c.table.Delete(name)
+		if c.forget != nil {
+			c.forget(name)
+		}
 		c.log.Info("node deleted; forgot it", zap.String("node", name))
 		return nil
 	}
@@ -174,6 +178,7 @@ func (c *Controller) sync(_ context.Context, name string) error {
 	var se *resolve.SourceError
 	if errors.As(err, &se) {
 		c.cms.Track(name, "")
+		c.shared.use(name, "")
 		if c.table.SetSyncError(name, se.Status) {
 			c.log.Info("node config source invalid; node keeps its config", zap.String("node", name), zap.String("origin", string(origin)),
 				zap.String("error", se.Status), zap.String("detail", se.Detail))
@@ -185,6 +190,7 @@ func (c *Controller) sync(_ context.Context, name string) error {
 	}
 	if src == nil {
 		c.cms.Track(name, "")
+		c.shared.use(name, "")
 		if c.table.Set(name, assignment.State{Assignment: resolve.Local()}) {
 			c.log.Info("node assigned local config", zap.String("node", name))
 		}
@@ -193,6 +199,7 @@ func (c *Controller) sync(_ context.Context, name string) error {
 	ref := src.ConfigMap
 	key := configmaps.Key(ref.Namespace, ref.Name)
 	c.cms.Track(name, key)
+	c.shared.use(name, sourceKey(ref))
 	cm, synced, err := c.cms.Get(key)
 	if err != nil {
 		c.table.SetSyncError(name, resolve.SyncErrorPrefix+resolve.InternalError)
@@ -202,12 +209,13 @@ func (c *Controller) sync(_ context.Context, name string) error {
 		return nil // the tracker calls OnConfigMapChange once its first list is done
 	}
 	if cm == nil {
+		c.shared.gone(sourceKey(ref))
 		if c.table.SetSyncError(name, resolve.SyncErrorPrefix+resolve.DownloadError) {
 			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name), zap.String("configmap", key))
 		}
 		return nil
 	}
-	a, err := c.resolveShared(ref, cm)
+	a, err := c.shared.resolve(ref, cm)
 	if err != nil {
 		c.table.SetSyncError(name, resolve.SyncErrorPrefix+resolve.InternalError)
 		return err
@@ -220,20 +228,5 @@ func (c *Controller) sync(_ context.Context, name string) error {
 	return nil
 }
 
-func (c *Controller) resolveShared(ref *corev1.ConfigMapNodeConfigSource, cm *corev1.ConfigMap) (*dkcv1.Assignment, error) {
-	k := ref.Namespace + "/" + ref.Name + "/" + ref.KubeletConfigKey
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if a, ok := c.resolved[k]; ok {
-		got := a.GetSource().GetConfigMap()
-		if got.GetUid() == string(cm.UID) && got.GetResourceVersion() == cm.ResourceVersion {
-			return a, nil
-		}
-	}
-	a, err := resolve.Assignment(ref, cm)
-	if err != nil {
-		return nil, err
-	}
-	c.resolved[k] = a
-	return a, nil
-}
+// ResolvedConfigs is the number of ConfigMap versions held resolved.
+func (c *Controller) ResolvedConfigs() int { return c.shared.size() }

@@ -25,6 +25,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -45,9 +46,30 @@ const FieldManager = "dkc-server"
 
 // report is the latest status a node's sidecar reported.
 type report struct {
-	status   *dkcv1.NodeConfigStatus
-	message  string
-	observed time.Time
+	status  *dkcv1.NodeConfigStatus
+	message string
+	order   reportOrder
+}
+
+// reportOrder places a report among its node's reports: by the sidecar's incarnation and sequence, which
+// the node's clock cannot upset; by observed time only between reports of sidecars that send no
+// incarnation (older versions).
+type reportOrder struct {
+	incarnation, sequence uint64
+	observed              time.Time
+}
+
+// before says whether o is older than p. Reports of an up- or downgraded sidecar (one numbered, one not)
+// cannot be compared: the newcomer is taken as news.
+func (o reportOrder) before(p reportOrder) bool {
+	switch {
+	case o.incarnation != 0 && p.incarnation != 0:
+		return o.incarnation < p.incarnation || (o.incarnation == p.incarnation && o.sequence < p.sequence)
+	case o.incarnation == 0 && p.incarnation == 0:
+		return o.observed.Before(p.observed)
+	default:
+		return false
+	}
 }
 
 // Writer writes node status. Create it with New and run it with Run.
@@ -80,20 +102,31 @@ func New(log *zap.Logger, client kubernetes.Interface, nodes corelisters.NodeLis
 // ErrStale is returned for a report older than the one already accepted for the node.
 var ErrStale = errors.New("report is older than the last accepted one")
 
+// ErrNodeGone is returned for a report of a node whose Node object does not exist: there is nothing to
+// write it on, so it is not acknowledged, and it is not kept.
+var ErrNodeGone = errors.New("node does not exist")
+
+var (
+	// errNotCached: the Node exists, but this replica's Node cache has not seen it yet.
+	errNotCached = errors.New("node not in the node cache yet")
+	// errNoReport: the node has no report here (none received, or dropped as its Node is gone).
+	errNoReport = errors.New("no status report of the node")
+)
+
 // Report accepts a node's status report: it records the kubelet restart's Event, if any, and writes the
 // node's status before returning, so that an acknowledged report is on the Node (the sidecar retries until
 // acknowledged). A report older than the last accepted one is ignored.
 func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) error {
-	observed := req.GetObservedTime().AsTime()
+	order := reportOrder{incarnation: req.GetIncarnation(), sequence: req.GetSequence(), observed: req.GetObservedTime().AsTime()}
 	if req.GetObservedTime() == nil {
-		observed = w.clock.Now()
+		order.observed = w.clock.Now()
 	}
 	w.mu.Lock()
-	if prev, ok := w.reports[node]; ok && observed.Before(prev.observed) {
+	if prev, ok := w.reports[node]; ok && order.before(prev.order) {
 		w.mu.Unlock()
 		return ErrStale
 	}
-	w.reports[node] = report{status: req.GetStatus(), message: req.GetMessage(), observed: observed}
+	w.reports[node] = report{status: req.GetStatus(), message: req.GetMessage(), order: order}
 	w.mu.Unlock()
 	if r := req.GetRestart(); r != nil {
 		// A refused Event (quota, admission policy) would be refused again on every retry, and the sidecar
@@ -105,17 +138,32 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 				zap.String("restartID", r.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
 		}
 	}
-	return w.write(ctx, node)
+	switch err := w.write(ctx, node); {
+	case errors.Is(err, errNotCached):
+		// Acknowledged: the report is kept and written from the queue once this replica's cache has the Node.
+		w.queue.AddRateLimited(node)
+		return nil
+	case errors.Is(err, errNoReport):
+		return ErrNodeGone // dropped meanwhile: the Node was found gone
+	default:
+		return err
+	}
 }
 
 // Enqueue asks for the node's status to be rewritten (its sync error changed).
 func (w *Writer) Enqueue(node string) { w.queue.Add(node) }
 
-// Forget drops what is known of a node (its Node object was deleted).
-func (w *Writer) Forget(node string) {
+// Forget is called when the node's Node object was deleted. A queue worker drops the node's report once
+// the apiserver confirms the Node is gone (dropIfGone), rather than Forget at once: a Node deleted and
+// created again under the same name (a kubelet registering again) may already have reported, and that
+// report must still be written.
+func (w *Writer) Forget(node string) { w.queue.Add(node) }
+
+// Reported is the number of nodes whose latest report this replica holds.
+func (w *Writer) Reported() int {
 	w.mu.Lock()
-	delete(w.reports, node)
-	w.mu.Unlock()
+	defer w.mu.Unlock()
+	return len(w.reports)
 }
 
 // Run processes enqueued nodes until ctx ends.
@@ -143,12 +191,15 @@ func (w *Writer) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer w.queue.Done(node)
-	if err := w.write(ctx, node); err != nil {
+	switch err := w.write(ctx, node); {
+	case err == nil, errors.Is(err, errNoReport), errors.Is(err, ErrNodeGone):
+		w.queue.Forget(node)
+	case errors.Is(err, errNotCached):
+		w.queue.AddRateLimited(node) // until the cache catches up: not worth a warning
+	default:
 		w.log.Warn("write node status failed; retrying", zap.String("node", node), zap.Error(err))
 		w.queue.AddRateLimited(node)
-		return true
 	}
-	w.queue.Forget(node)
 	return true
 }
 
@@ -183,11 +234,11 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	defer l.Unlock()
 	status, message, ok := w.Desired(name)
 	if !ok {
-		return nil
+		return errNoReport
 	}
 	node, err := w.nodes.Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil
+		return w.dropIfGone(ctx, name)
 	}
 	if err != nil {
 		return fmt.Errorf("get node %s from cache: %w", name, err)
@@ -230,6 +281,38 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	w.log.Info("node status written", zap.String("node", name), zap.String("status", string(annotation)),
 		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start)))
 	return nil
+}
+
+// dropIfGone handles a node whose report is held but whose Node the cache does not hold: either the Node is
+// new and this replica's cache has not seen it yet (keep the report, errNotCached), or it was deleted — by
+// Forget, or as a late report arrived — and the report goes (ErrNodeGone), so that reports follow the live
+// Nodes. The cache cannot tell the two apart, so the apiserver is asked: a list by name, which is a quorum
+// read and within the service's RBAC (nodes list/watch, no get). The node's lock is held by the caller, and
+// only the report that was checked is dropped: a newer one (from a Node created again meanwhile) is kept
+// and gets its own check when its Report writes.
+func (w *Writer) dropIfGone(ctx context.Context, name string) error {
+	w.mu.Lock()
+	checked, ok := w.reports[name]
+	w.mu.Unlock()
+	if !ok {
+		return errNoReport
+	}
+	list, err := w.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	if err != nil {
+		return fmt.Errorf("check whether node %s exists: %w", name, err)
+	}
+	for _, n := range list.Items {
+		if n.Name == name {
+			return errNotCached
+		}
+	}
+	w.mu.Lock()
+	if cur, ok := w.reports[name]; ok && cur == checked {
+		delete(w.reports, name)
+	}
+	w.mu.Unlock()
+	w.log.Info("node gone; dropped its status report", zap.String("node", name))
+	return ErrNodeGone
 }
 
 // configPatch is status.config as a patch that leaves exactly status behind, whatever the Node held: every

@@ -3,6 +3,7 @@ package nodestatus
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -173,6 +174,60 @@ func TestRefusedEventDoesNotHoldBackStatus(t *testing.T) {
 				if got := testutil.ToFloat64(m.events.WithLabelValues(result)); got != want {
 					t.Errorf("restart_events_total{result=%q} = %v, want %v", result, got, want)
 				}
+			}
+		})
+	}
+}
+
+// TestReportsOrderedByIncarnationAndSequence: a node's reports are ordered by its sidecar's incarnation and
+// sequence, not by the observed time its clock stamps on them: after the node's clock steps back, newer
+// reports are still written, and a late copy of an older report is still ignored, whatever its time says.
+func TestReportsOrderedByIncarnationAndSequence(t *testing.T) {
+	const name = "n1"
+	t0 := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		reports []*dkcv1.ReportStatusRequest // in arrival order; Status.Error names each
+		want    string                       // the error on the Node at the end
+		stale   []bool                       // Report returned ErrStale
+	}{
+		{"clock steps back between reports", []*dkcv1.ReportStatusRequest{
+			{Incarnation: 5, Sequence: 1, ObservedTime: timestamppb.New(t0), Status: &dkcv1.NodeConfigStatus{Error: "first"}},
+			{Incarnation: 5, Sequence: 2, ObservedTime: timestamppb.New(t0.Add(-time.Hour)), Status: &dkcv1.NodeConfigStatus{Error: "second"}},
+		}, "second", []bool{false, false}},
+		{"sidecar restarted with its clock behind", []*dkcv1.ReportStatusRequest{
+			{Incarnation: 5, Sequence: 9, ObservedTime: timestamppb.New(t0), Status: &dkcv1.NodeConfigStatus{Error: "old sidecar"}},
+			{Incarnation: 6, Sequence: 1, ObservedTime: timestamppb.New(t0.Add(-time.Hour)), Status: &dkcv1.NodeConfigStatus{Error: "new sidecar"}},
+		}, "new sidecar", []bool{false, false}},
+		{"late copy of an older report with a later time", []*dkcv1.ReportStatusRequest{
+			{Incarnation: 5, Sequence: 2, ObservedTime: timestamppb.New(t0), Status: &dkcv1.NodeConfigStatus{Error: "newer"}},
+			{Incarnation: 5, Sequence: 1, ObservedTime: timestamppb.New(t0.Add(time.Hour)), Status: &dkcv1.NodeConfigStatus{Error: "older"}},
+		}, "newer", []bool{false, true}},
+		{"the same report again", []*dkcv1.ReportStatusRequest{
+			{Incarnation: 5, Sequence: 2, ObservedTime: timestamppb.New(t0), Status: &dkcv1.NodeConfigStatus{Error: "once"}},
+			{Incarnation: 5, Sequence: 2, ObservedTime: timestamppb.New(t0.Add(-time.Second)), Status: &dkcv1.NodeConfigStatus{Error: "once"}},
+		}, "once", []bool{false, false}},
+		{"older sidecars: observed time", []*dkcv1.ReportStatusRequest{
+			{ObservedTime: timestamppb.New(t0), Status: &dkcv1.NodeConfigStatus{Error: "later"}},
+			{ObservedTime: timestamppb.New(t0.Add(-time.Second)), Status: &dkcv1.NodeConfigStatus{Error: "earlier"}},
+		}, "later", []bool{false, true}},
+		{"upgraded sidecar", []*dkcv1.ReportStatusRequest{
+			{ObservedTime: timestamppb.New(t0), Status: &dkcv1.NodeConfigStatus{Error: "unnumbered"}},
+			{Incarnation: 1, Sequence: 1, ObservedTime: timestamppb.New(t0.Add(-time.Hour)), Status: &dkcv1.NodeConfigStatus{Error: "numbered"}},
+		}, "numbered", []bool{false, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+			w, _ := newWriter(t, client)
+			for i, r := range tc.reports {
+				r.NodeName = name
+				err := w.Report(context.Background(), name, r)
+				if stale := errors.Is(err, ErrStale); stale != tc.stale[i] || (err != nil && !stale) {
+					t.Fatalf("report %d (%q): %v; want stale=%v", i, r.GetStatus().GetError(), err, tc.stale[i])
+				}
+			}
+			if got := annotationOf(t, getNode(t, client, name)).Error; got != tc.want {
+				t.Errorf("the Node shows %q, want %q", got, tc.want)
 			}
 		})
 	}

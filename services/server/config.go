@@ -12,6 +12,8 @@ import (
 	"time"
 
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+
+	"github.com/dkc-dev/dkc/services/auth"
 )
 
 // Config is the service's configuration. Build it with DefaultConfig, override from flags (BindFlags),
@@ -31,6 +33,12 @@ type Config struct {
 
 	AllowedServiceAccounts []string
 	TokenCacheTTL          time.Duration
+	// TokenReviews have a client and rate limiter of their own, and a per-caller-address limit for tokens
+	// not in the cache (see services/auth).
+	TokenReviewQPS       float64
+	TokenReviewBurst     int
+	TokenReviewPeerQPS   float64
+	TokenReviewPeerBurst int
 	// ConfigNamespaces are the only namespaces whose ConfigMaps Nodes may use (and dkc-server may read).
 	ConfigNamespaces []string
 
@@ -59,6 +67,10 @@ func DefaultConfig() Config {
 		WebhookAddress:         ":9444",
 		AllowedServiceAccounts: []string{"kube-system/dkc-sidecar"},
 		TokenCacheTTL:          time.Minute,
+		TokenReviewQPS:         auth.DefaultReviewQPS,
+		TokenReviewBurst:       auth.DefaultReviewBurst,
+		TokenReviewPeerQPS:     auth.DefaultPeerQPS,
+		TokenReviewPeerBurst:   auth.DefaultPeerBurst,
 		ConfigNamespaces:       []string{"kube-system"}, // where the seed workflow puts configs
 		Workers:                4,
 		StatusWorkers:          4,
@@ -107,7 +119,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "serve plaintext gRPC without TLS. FOR TESTS ONLY: tokens cross the network in the clear")
 	fs.Var(stringList{&c.AllowedServiceAccounts}, "allowed-service-accounts", "comma-separated namespace/name of the service accounts sidecars run as")
 	fs.Var(stringList{&c.ConfigNamespaces}, "config-namespaces", "comma-separated namespaces whose ConfigMaps Nodes may use as config sources; a source elsewhere is refused by the webhook and reported as a sync error. dkc-server needs a Role to list and watch ConfigMaps in each")
-	fs.DurationVar(&c.TokenCacheTTL, "token-cache-ttl", c.TokenCacheTTL, "how long a TokenReview result is reused")
+	fs.DurationVar(&c.TokenCacheTTL, "token-cache-ttl", c.TokenCacheTTL, "how long a TokenReview result is reused (never past the token's expiry)")
+	fs.Float64Var(&c.TokenReviewQPS, "token-review-qps", c.TokenReviewQPS, "sustained TokenReviews per second, through a client and rate limiter of their own so that callers with new or garbage tokens cannot spend the budget of Node status writes (--kube-api-qps); a sidecar needs one per new token and one per --token-cache-ttl while it makes calls: grow it with the node count")
+	fs.IntVar(&c.TokenReviewBurst, "token-review-burst", c.TokenReviewBurst, "burst of TokenReviews (sidecars reconnecting after a restart)")
+	fs.Float64Var(&c.TokenReviewPeerQPS, "token-review-per-peer-qps", c.TokenReviewPeerQPS, "TokenReviews per second one caller IP address (IPv6: one /64) may cause for tokens not in the cache; beyond it calls get ResourceExhausted without a review, and cached tokens are never limited. 0 disables it: only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
+	fs.IntVar(&c.TokenReviewPeerBurst, "token-review-per-peer-burst", c.TokenReviewPeerBurst, "TokenReviews one caller address may cause at once (nodes sharing an address that reconnect together)")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "nodes resolved in parallel")
 	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers, "node status writes in parallel (sync errors; reports write inline)")
 	fs.DurationVar(&c.KeepaliveTime, "keepalive-time", c.KeepaliveTime, "ping an idle connection after this long, to find dead nodes")
@@ -152,6 +168,12 @@ func (c Config) Validate() error {
 	}
 	if c.Workers < 1 || c.StatusWorkers < 1 {
 		errs = append(errs, errors.New("--workers and --status-workers must be at least 1"))
+	}
+	if c.TokenReviewQPS <= 0 || c.TokenReviewBurst < 1 {
+		errs = append(errs, errors.New("--token-review-qps must be positive and --token-review-burst at least 1"))
+	}
+	if c.TokenReviewPeerQPS < 0 || c.TokenReviewPeerBurst < 1 {
+		errs = append(errs, errors.New("--token-review-per-peer-qps must not be negative and --token-review-per-peer-burst at least 1"))
 	}
 	if c.KubeAPIQPS <= 0 || c.KubeAPIBurst < 1 {
 		errs = append(errs, errors.New("--kube-api-qps must be positive and --kube-api-burst at least 1"))

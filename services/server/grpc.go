@@ -68,6 +68,7 @@ func newGRPCServer(cfg Config, log *zap.Logger, creds credentials.TransportCrede
 		grpc.MaxSendMsgSize(cfg.MaxSendMsgSizeMiB << 20),
 		grpc.MaxRecvMsgSize(1 << 20), // status reports are small
 	}
+	opts = append(opts, auth.ServerOptions()...) // header-size cap: unauthenticated callers' metadata
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}

@@ -83,16 +83,27 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	var writer *nodestatus.Writer
 	table := assignment.NewTable(func(node string) { writer.Enqueue(node) })
 	namespaces := resolve.NewNamespaces(cfg.ConfigNamespaces...)
-	ctrl := controller.New(log.Named("controller"), nodeInformer, table, namespaces)
+	// A deleted Node leaves the table, the ConfigMap tracker and the resolved configs in the controller; its
+	// status report goes with Forget.
+	ctrl := controller.New(log.Named("controller"), nodeInformer, table, namespaces, func(node string) { writer.Forget(node) })
 	tracker := configmaps.New(client, namespaces, log.Named("configmaps"), ctrl.OnConfigMapChange)
 	ctrl.SetConfigMaps(tracker)
 	writer = nodestatus.New(log.Named("nodestatus"), client, nodeInformer.Lister(), table, nodestatus.NewMetrics(reg))
 	svc := rpc.New(log.Named("rpc"), table, writer, rpc.NewMetrics(reg))
-	authn := auth.New(client, cfg.AllowedServiceAccounts, cfg.TokenCacheTTL, log.Named("auth"))
+	reviewClient, err := auth.NewReviewClient(restCfg, cfg.TokenReviewQPS, cfg.TokenReviewBurst)
+	if err != nil {
+		return err
+	}
+	authn := auth.New(reviewClient, cfg.AllowedServiceAccounts, cfg.TokenCacheTTL, log.Named("auth"),
+		auth.WithPeerLimit(cfg.TokenReviewPeerQPS, cfg.TokenReviewPeerBurst), auth.WithMetrics(auth.NewMetrics(reg)))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "watched_configmaps",
 		Help: "ConfigMaps watched because some Node references them."}, func() float64 { return float64(tracker.Watched()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "resolved_nodes",
 		Help: "Nodes with a resolved desired state."}, func() float64 { return float64(table.Len()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "resolved_configs",
+		Help: "ConfigMap versions held resolved, each shared by the Nodes on it."}, func() float64 { return float64(ctrl.ResolvedConfigs()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "reported_nodes",
+		Help: "Nodes whose latest status report this replica holds."}, func() float64 { return float64(writer.Reported()) }))
 
 	healthSrv := health.NewServer()
 	setServing := func(st healthpb.HealthCheckResponse_ServingStatus) {

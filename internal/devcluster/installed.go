@@ -151,7 +151,8 @@ func installedContainerdConfig() string {
 // each node (the kubelet's default ports and addresses in the node's own network namespace, the node's
 // identity and cgroup root in flags), so one ConfigMap can reconfigure them all as on a real cluster. Cluster
 // DNS; no image garbage collection or disk eviction (the images were imported, no registry could give them
-// back).
+// back). The webhook authentication cache is 30s instead of the default 2m, so that a test can outlast it
+// during an apiserver outage without waiting minutes.
 func (c *Cluster) installedKubeletConfig() string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -161,6 +162,7 @@ authentication:
     enabled: false
   webhook:
     enabled: true
+    cacheTTL: 30s
   x509:
     clientCAFile: %[1]s
 authorization:

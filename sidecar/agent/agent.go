@@ -143,6 +143,7 @@ type Agent struct {
 	detail         string                   // why, for humans
 	active         *corev1.NodeConfigSource // config the kubelet runs, nil = local
 	activeKnown    bool                     // active proven by this process; else active is the last proven one
+	activeRecorded bool                     // active was ever proven on this node (state file or this process)
 	retry          bool                     // the last reconcile could not decide (e.g. kubelet flags unknown yet): try again
 	// unsynced is the last assignment from the service that could not be checkpointed (a failed disk write,
 	// not a refused payload). The service sends an assignment once per change, so without this the node
@@ -195,7 +196,7 @@ func (a *Agent) Init(ctx context.Context) error {
 	// was last proven: the service has no "unknown" for active and writes an absent one as local, which
 	// would claim the node's local config while it runs an assigned one.
 	if r := a.state.s.Active; r != nil {
-		a.active = r.Source
+		a.active, a.activeRecorded = r.Source, true
 	}
 	// A kubelet started with another config than --kubelet-config would silently switch to that file at the
 	// first restart dkc makes: refuse to start rather than change the node behind its operator's back.
@@ -576,7 +577,7 @@ func (a *Agent) authLikeLocal(ctx context.Context, target candidate) bool {
 
 // setActive records that the kubelet was proven to run src, on disk too for the next sidecar's first status.
 func (a *Agent) setActive(src *corev1.NodeConfigSource) {
-	a.active, a.activeKnown = src, true
+	a.active, a.activeKnown, a.activeRecorded = src, true, true
 	if a.state.setActive(src) {
 		if err := a.state.save(); err != nil {
 			// Only a restarted sidecar's first status depends on it, until it proves the active config again.
@@ -705,6 +706,14 @@ func (a *Agent) Status() (*dkcv1.NodeConfigStatus, string) {
 func (a *Agent) report() {
 	st, detail := a.Status()
 	a.metrics.set(st)
+	if !a.activeRecorded && len(a.pendingRestarts) == 0 && st.GetError() == "" {
+		// Nothing ever proved what the kubelet runs (a sidecar upgraded from a version that kept no record,
+		// with the kubelet stopped or its flags unknown): the service writes an absent active as local, which
+		// may be false. Report nothing until it is known; the Node keeps what it showed. An error is reported
+		// all the same (active then shows local): the operator must see why the node is stuck.
+		a.log.Info("not reporting status until the kubelet's active config is known")
+		return
+	}
 	if a.reporter != nil {
 		if len(a.pendingRestarts) == 0 {
 			a.reporter.Report(st, detail, nil)

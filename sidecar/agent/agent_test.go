@@ -541,6 +541,43 @@ func TestActiveIsNotLocalWhileUnknown(t *testing.T) {
 	n.expect("1", "1", "local", InternalError, 1)
 }
 
+// TestNothingReportedUntilActiveIsKnown: a sidecar that has never seen what the kubelet runs (upgraded from a
+// version whose state file kept no proven active config, before its first proof) must not report: the service
+// writes an absent active as local, which may be false. An error is reported all the same (the operator must
+// see why the node is stuck), and once the kubelet proves its config the report says so.
+func TestNothingReportedUntilActiveIsKnown(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+	src, err := n.agent.store.Assigned()
+	if err != nil || src == nil {
+		t.Fatalf("assigned = %v, %v", src, err)
+	}
+
+	fresh := func() (*Agent, *recordingReporter) {
+		rep := &recordingReporter{}
+		a := New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute,
+			HealthTimeout: time.Second, KeepCheckpoints: 2, TrialCheckInterval: time.Second}, zap.NewNop(), checkpoint.New(n.dir), n.kubelet, n.kubelet, rep, nil, n.clock)
+		return a, rep // state not loaded: as after an upgrade, before anything is proven
+	}
+	a, rep := fresh()
+	a.report()
+	if got := rep.lastStatus(); got != nil {
+		t.Fatalf("reported %v before anything proved what the kubelet runs", got)
+	}
+	a.configError = InternalError
+	a.report()
+	if got := rep.lastStatus(); got.GetError() != InternalError {
+		t.Fatalf("an error while active is unknown: reported %v, want %q", got, InternalError)
+	}
+	a, rep = fresh()
+	a.setActive(src)
+	a.report()
+	if got := rep.lastStatus(); got.GetActive().GetConfigMap().GetResourceVersion() != "1" || got.GetError() != "" {
+		t.Fatalf("after the proof: reported %v, want active 1 without error", got)
+	}
+}
+
 // TestUnverifiableConfigzBlamesNothing: while the kubelet refuses /configz or does not answer it in time
 // (its apiserver unreachable, nothing in its authentication cache), neither a restart into a new config nor
 // a sidecar restart blames the config: no rollback, no further restart; once /configz answers again the

@@ -1,0 +1,113 @@
+//go:build integration
+
+package installed
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+)
+
+// TestSidecarRestartedDuringAnAPIServerOutage: the apiserver is down (frozen) for longer than the kubelet's
+// webhook authentication cache, and node-1's sidecar container is killed meanwhile; the kubelet restarts it
+// from its own pod state. The new sidecar cannot get /configz answered (the kubelet cannot authenticate it)
+// and must neither blame the node's config nor restart the kubelet; once the apiserver is back the config is
+// proven active again. One kubelet start in all: the assignment's.
+func TestSidecarRestartedDuringAnAPIServerOutage(t *testing.T) {
+	const node = "node-1"
+	t.Cleanup(func() { resetAll(t) })
+	before := kubeletStarts(t, node)
+	cm := createConfig(t, "installed-outage", node, 83)
+	assign(t, node, cm)
+	waitRunning(t, node, cm, 2*time.Minute)
+	envFile := filepath.Join(cluster.DynamicConfigDir(node), "kubelet.env")
+	env, err := os.ReadFile(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	containerd := cluster.ContainerdAddress(node)
+	sidecar := func() string { // the running dkc-sidecar container's id
+		t.Helper()
+		out, err := exec.Command("ctr", "--address", containerd, "-n", "k8s.io", "containers", "ls", "--quiet",
+			`labels."io.kubernetes.container.name"==dkc-sidecar`).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ctr containers ls: %v: %s", err, out)
+		}
+		for _, id := range strings.Fields(string(out)) {
+			if st, err := exec.Command("ctr", "--address", containerd, "-n", "k8s.io", "tasks", "ps", id).CombinedOutput(); err == nil && len(st) > 0 {
+				return id
+			}
+		}
+		return ""
+	}
+	old := sidecar()
+	if old == "" {
+		t.Fatalf("no running dkc-sidecar container on %s", node)
+	}
+
+	// How often the sidecars on node so far found /configz unverifiable, from their container logs.
+	unverified := func() int {
+		logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir(node), "pods", "kube-system_dkc-sidecar-*", "dkc-sidecar", "*.log"))
+		n := 0
+		for _, l := range logs {
+			raw, _ := os.ReadFile(l)
+			n += strings.Count(string(raw), "/configz refused or unanswered")
+		}
+		return n
+	}
+	seenBefore := unverified()
+
+	if err := cluster.Signal("kube-apiserver", syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := cluster.Signal("kube-apiserver", syscall.SIGCONT); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(resume)
+	time.Sleep(40 * time.Second) // past the kubelet's 30s authentication cache (installed form's config)
+	if out, err := exec.Command("ctr", "--address", containerd, "-n", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", old).CombinedOutput(); err != nil {
+		t.Fatalf("kill the sidecar container %s: %v: %s", old, err, out)
+	}
+	// The kubelet starts a new container for the pod without the apiserver; wait for it, then for its verdict.
+	deadline := time.Now().Add(2 * time.Minute)
+	for id := sidecar(); id == "" || id == old; id = sidecar() {
+		if time.Now().After(deadline) {
+			t.Fatal("the kubelet did not start a new dkc-sidecar container during the outage")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	for unverified() == seenBefore {
+		if time.Now().After(deadline) {
+			t.Fatalf("the new sidecar never found /configz refused or unanswered (logs: %s/pods)", cluster.NodeLogDir(node))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	time.Sleep(devclustertest.HealthTimeout + 5*time.Second) // past the sidecar's health timeout
+	if d := kubeletStarts(t, node) - before; d != 1 {
+		t.Errorf("%s: kubelet started %d times during the outage, want 1 (the assignment's)", node, d)
+	}
+	if after, _ := os.ReadFile(envFile); string(after) != string(env) {
+		t.Errorf("kubelet.env changed during the outage (a rollback):\n%s\n→\n%s", env, after)
+	}
+
+	resume()
+	waitRunning(t, node, cm, 3*time.Minute)
+	if d := kubeletStarts(t, node) - before; d != 1 {
+		t.Errorf("%s: kubelet started %d times, want 1", node, d)
+	}
+	if got := configzQPS(t, node); got != 83 {
+		t.Errorf("%s: configz eventRecordQPS = %v, want 83", node, got)
+	}
+}

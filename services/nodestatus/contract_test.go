@@ -28,6 +28,17 @@ func TestContractStrings(t *testing.T) {
 		{"sync internal error (sidecar)", agent.SyncInternalError, "failed to sync: internal failure, see Kubelet log for details"},
 		{"sync internal error (service)", resolve.SyncErrorPrefix + resolve.InternalError, "failed to sync: internal failure, see Kubelet log for details"},
 		{"internal error", agent.InternalError, "internal failure, see Kubelet log for details"},
+		// dkc's own texts, documented in the README's status tables: users match on them too.
+		{"health error", agent.HealthError, "failed to run kubelet with config, rolled back, see dkc-sidecar log for details"},
+		{"payload error", agent.PayloadError, "failed to sync: refused invalid payload, see dkc-sidecar log for details"},
+		{"restart error", agent.RestartError, "failed to restart kubelet, will retry, see dkc-sidecar log for details"},
+		{"verify error", agent.VerifyError, "failed to verify config, the kubelet refused /configz, will retry, see dkc-sidecar log for details"},
+		{"verify timeout error", agent.VerifyTimeoutError, "failed to verify config, the kubelet did not answer /configz, will retry, see dkc-sidecar log for details"},
+		{"namespace not allowed", resolve.SyncErrorPrefix + resolve.NamespaceNotAllowedError, "failed to sync: config namespace not allowed, see dkc-server log for details"},
+		{"reason using current", nodestatus.ReasonUsingCurrent, "UsingCurrent"},
+		{"reason using last-known-good", nodestatus.ReasonUsingLastKnownGood, "UsingLastKnownGood"},
+		{"reason sync failed", nodestatus.ReasonSyncFailed, "SyncFailed"},
+		{"reason config failed", nodestatus.ReasonConfigFailed, "ConfigFailed"},
 		// Events.
 		{"event reason", nodestatus.EventReason, "KubeletConfigChanged"},
 		{"local event message", nodestatus.EventMessage(nil), "Kubelet restarting to use local config"},

@@ -128,15 +128,29 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	}
 	w.reports[node] = report{status: req.GetStatus(), message: req.GetMessage(), order: order}
 	w.mu.Unlock()
+	var eventErr error
 	if r := req.GetRestart(); r != nil {
 		// A refused Event (quota, admission policy) would be refused again on every retry, and the sidecar
 		// retries the whole report: failing here would freeze the node's status for good. The Event is
 		// news, the status is the record, so the status wins (as in the original, which logged and went on).
+		// A transient failure (timeout, 429, 5xx, connection) is retried, as the original's recorder did:
+		// the status is written first, then the report fails so that the sidecar sends it again (the
+		// Event's name is the restart's id, so a retry creates it once).
 		if err := w.recordRestart(ctx, node, r); err != nil {
 			w.metrics.event("error")
-			w.log.Warn("kubelet restart event not recorded; dropping it", zap.String("node", node),
-				zap.String("restartID", r.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
+			if eventRefused(err) {
+				w.log.Warn("kubelet restart event refused; dropping it", zap.String("node", node),
+					zap.String("restartID", r.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
+			} else {
+				eventErr = err
+			}
 		}
+	}
+	if eventErr != nil {
+		if err := w.write(ctx, node); err != nil && !errors.Is(err, errNotCached) {
+			return err
+		}
+		return fmt.Errorf("%w (status written; send the report again for its event)", eventErr)
 	}
 	switch err := w.write(ctx, node); {
 	case errors.Is(err, errNotCached):
@@ -365,4 +379,11 @@ func upToDate(node *corev1.Node, annotation string, status *corev1.NodeConfigSta
 		}
 	}
 	return false
+}
+
+// eventRefused says whether the apiserver refused an Event for good (quota, admission, validation): retrying
+// the same Event cannot help. Anything else (timeouts, throttling, server errors, the connection) may.
+func eventRefused(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err)
 }

@@ -125,6 +125,42 @@ func TestStatusConfigFollowsEveryStep(t *testing.T) {
 	}
 }
 
+// TestTransientEventFailureIsRetried: an Event that failed for a reason that may pass (a server error) is
+// not dropped: the status is written all the same, the report fails so the sidecar sends it again, and the
+// retry creates the Event once.
+func TestTransientEventFailureIsRetried(t *testing.T) {
+	const name = "n1"
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	failures := 1
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if failures > 0 {
+			failures--
+			return true, nil, apierrors.NewInternalError(errors.New("etcdserver: request timed out"))
+		}
+		return false, nil, nil
+	})
+	w, _ := newWriter(t, client)
+	st := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1")}
+	req := &dkcv1.ReportStatusRequest{NodeName: name, Status: convert.StatusFromCore(&st), Incarnation: 1, Sequence: 1,
+		Restart: &dkcv1.KubeletRestart{Id: "r1", Target: convert.SourceFromCore(cm("1")), Time: timestamppb.Now()}}
+	if err := w.Report(context.Background(), name, req); err == nil {
+		t.Fatal("report acknowledged although its Event was not created and could be")
+	}
+	if got := annotationOf(t, getNode(t, client, name)); !apiequality.Semantic.DeepEqual(got, st) {
+		t.Fatalf("status not written with the event failing: %s", statusJSON(got))
+	}
+	if err := w.Report(context.Background(), name, req); err != nil {
+		t.Fatalf("the retried report: %v", err)
+	}
+	events, err := client.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(events.Items) != 1 {
+		t.Errorf("%d events after the retry, want 1", len(events.Items))
+	}
+}
+
 // TestRefusedEventDoesNotHoldBackStatus: an Event the apiserver refuses (quota, admission policy) is
 // logged, counted and dropped; the report is still written and acknowledged, and later reports — still
 // carrying the restart, as a sidecar's retries do — advance the node's status.

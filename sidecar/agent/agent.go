@@ -73,7 +73,9 @@ const (
 
 // ServiceManager restarts the kubelet; implemented by systemd.Manager (D-Bus) and systemd.Signal.
 type ServiceManager interface {
-	// Restart is `systemctl restart kubelet`: it returns when the restart job finished.
+	// Restart is `systemctl restart kubelet`: it returns when the restart job finished. When the job failed
+	// because the kubelet's own process failed starting, the error has a method KubeletFailed() bool that
+	// returns true (systemd.StartFailedError); any other failure says nothing about the config.
 	Restart(ctx context.Context) error
 	// MainPID is `systemctl show --property MainPID kubelet`: 0 when not running.
 	MainPID(ctx context.Context) (int, error)
@@ -533,6 +535,14 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 	restart := &dkcv1.KubeletRestart{Id: newRestartID(), Target: convert.SourceFromCore(target.src), Time: nil}
 	a.log.Info("restarting kubelet to use config", append(sourceFields(target.src), zap.String("file", target.file))...)
 	if err := a.svc.Restart(ctx); err != nil {
+		if kubeletFailed(err) {
+			// The kubelet was stopped and started, and failed running this config: a restart that happened
+			// (its Event), and the config's fault as a kubelet that does not become healthy is.
+			restart.Time = timestamp(a.clock.Now())
+			a.pendingRestarts = append(a.pendingRestarts, restart)
+			a.metrics.restarted()
+			return fmt.Errorf("%w: restart kubelet: %v", errConfigFault, err)
+		}
 		return fmt.Errorf("restart kubelet: %w", err)
 	}
 	// Stamped when the restart job is done, not when it was asked for: the service manager may first wait
@@ -553,6 +563,13 @@ func (a *Agent) run(ctx context.Context, target candidate) error {
 	a.setActive(target.src)
 	a.log.Info("kubelet healthy with config", append(sourceFields(target.src), zap.Duration("took", a.clock.Since(start)))...)
 	return nil
+}
+
+// kubeletFailed says whether a Restart error says the kubelet's own process failed starting (see
+// ServiceManager).
+func kubeletFailed(err error) bool {
+	var f interface{ KubeletFailed() bool }
+	return errors.As(err, &f) && f.KubeletFailed()
 }
 
 // authLikeLocal says whether target authenticates and authorizes requests as the node's local config does

@@ -24,6 +24,7 @@ import (
 	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
 	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
 	"github.com/dkc-dev/dkc/sidecar/probe"
+	"github.com/dkc-dev/dkc/sidecar/systemd"
 )
 
 // fakeKubelet records restarts (as a systemd fake would) and "runs" the config file the env file names at
@@ -38,6 +39,9 @@ type fakeKubelet struct {
 	stopped bool
 	// failRestarts: so many next restarts fail as a refused systemd job does, the kubelet left stopped.
 	failRestarts int
+	// exitOnStart: so many next restarts start the kubelet, which exits at once; the job fails as on a
+	// Type=notify unit (a systemd.StartFailedError).
+	exitOnStart int
 	// configzErr: /configz fails with it, as for a kubelet that cannot reach the apiserver to authenticate
 	// (probe.ErrRefused: 401; probe.ErrNoAnswer: no answer in time).
 	configzErr error
@@ -50,6 +54,13 @@ func (k *fakeKubelet) Restart(context.Context) error {
 		k.failRestarts--
 		k.stopped = true
 		return errors.New("restart kubelet.service: job did not complete: failed")
+	}
+	if k.exitOnStart > 0 {
+		k.exitOnStart--
+		k.stopped = true
+		f, _ := k.env.Get()
+		k.restarts = append(k.restarts, f)
+		return &systemd.StartFailedError{Unit: "kubelet.service", Result: "exit-code", Err: errors.New("restart kubelet.service: job did not complete: failed")}
 	}
 	k.stopped = false
 	f, _ := k.env.Get()

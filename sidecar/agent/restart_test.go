@@ -32,6 +32,25 @@ func TestFailedRestartIsNotTheConfigsFault(t *testing.T) {
 	n.expect("1", "1", "local", "", 1) // the fake counts the restarts that happened
 }
 
+// TestKubeletThatExitsAtStartIsTheConfigsFault: on a Type=notify unit the restart job itself fails when
+// the kubelet exits before it is ready; restarted into a new config, that is the config's fault as much as a
+// kubelet that never becomes healthy: rolled back to last-known-good, never left stopped and retried.
+func TestKubeletThatExitsAtStartIsTheConfigsFault(t *testing.T) {
+	n := newNode(t)
+	n.kubelet.exitOnStart = 1
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "local", "local", HealthError, 2) // the failed start, then the rollback
+	if f := n.agent.state.failure(n.mustAssigned()); f == "" {
+		t.Fatal("the config the kubelet exited with was not marked failed")
+	}
+	if n.agent.retry {
+		t.Error("a retry is scheduled: the failed config would be restarted into again")
+	}
+	if got := len(n.reporter.restarts); got != 2 {
+		t.Errorf("%d restart Events, want 2 (into the config, back to local)", got)
+	}
+}
+
 // A kubelet that is not running while its env file already names the target (its unit failed after the
 // last restart, or was stopped) is started again, not waited for until the config is blamed.
 func TestStoppedKubeletIsStartedNotBlamed(t *testing.T) {

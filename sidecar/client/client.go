@@ -15,7 +15,9 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -26,6 +28,26 @@ import (
 // Backoff bounds reconnect delays.
 type Backoff struct {
 	Initial, Max time.Duration
+	// Spread is the window over which a node reconnects after the service ended its stream or refused it
+	// with Unavailable (a replica draining, --max-connection-age, a replica gone); 0 means DefaultSpread. Every node of that
+	// replica sees the same end at the same instant: reconnecting within the usual 125-250ms would bring
+	// them all to the other replica, and its TokenReviews, at once.
+	Spread time.Duration
+}
+
+// DefaultSpread keeps a drained replica's nodes reconnected within the 5s the project promises.
+const DefaultSpread = 3 * time.Second
+
+// spread is a uniformly random delay in [Initial, Spread).
+func (b Backoff) spread() time.Duration {
+	s := b.Spread
+	if s == 0 {
+		s = DefaultSpread
+	}
+	if s <= b.Initial {
+		return b.Initial
+	}
+	return b.Initial + time.Duration(rand.Int64N(int64(s-b.Initial)))
 }
 
 func (b Backoff) next(d time.Duration) time.Duration {
@@ -113,6 +135,9 @@ func (c *Client) Watch(ctx context.Context, applied func() *dkcv1.AppliedConfig,
 		}
 		delay = c.backoff.next(delay)
 		wait := jitter(delay)
+		if s := c.backoff.spread(); status.Code(err) == codes.Unavailable && s > wait {
+			wait = s // the service went away: its other nodes reconnect now too
+		}
 		c.log.Info("config stream ended; reconnecting", zap.Error(err), zap.Duration("in", wait))
 		select {
 		case <-ctx.Done():

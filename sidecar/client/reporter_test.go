@@ -162,3 +162,30 @@ func TestReportsAreNumbered(t *testing.T) {
 		t.Errorf("(incarnation, sequence) of the acknowledged reports = %v, want %v", got[:4], want)
 	}
 }
+
+// TestReconnectsAfterADrainSpread: when the service ends streams with Unavailable, the nodes of that replica
+// reconnect spread over Backoff.Spread, not all within the first backoff step (a stampede on the other
+// replica's TokenReviews); and never later than Spread.
+func TestReconnectsAfterADrainSpread(t *testing.T) {
+	b := Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second, Spread: 3 * time.Second}
+	const nodes = 2000
+	buckets := make([]int, 6) // half-second buckets over [0, 3s)
+	for range nodes {
+		d := b.spread()
+		if d < b.Initial || d >= b.Spread {
+			t.Fatalf("spread delay %v outside [%v, %v)", d, b.Initial, b.Spread)
+		}
+		buckets[d/(500*time.Millisecond)]++
+	}
+	// Uniform over [0.25s, 3s): each full half-second bucket gets about 2000/5.5 ≈ 364; a stampede would put
+	// them all in the first.
+	for i, n := range buckets[1:] {
+		if n < 250 {
+			t.Errorf("bucket %d (%v–%v) got %d of %d reconnects, want about 364: %v", i+1,
+				time.Duration(i+1)*500*time.Millisecond, time.Duration(i+2)*500*time.Millisecond, n, nodes, buckets)
+		}
+	}
+	if d := (Backoff{Initial: 250 * time.Millisecond}).spread(); d >= DefaultSpread {
+		t.Errorf("default spread gave %v, want below %v", d, DefaultSpread)
+	}
+}

@@ -79,6 +79,29 @@ func (m *Manager) CheckUnit(ctx context.Context) error {
 // ErrJobFailed: systemd ran the job and it did not end "done" (failed, timeout, dependency, ...).
 var ErrJobFailed = errors.New("job did not complete")
 
+// StartFailedError: the job failed because the kubelet's own process failed while starting — it exited,
+// was killed, or did not report ready in time (a unit of Type=notify: the kubelet sends READY=1, so its
+// start job waits for it and fails when the process dies first). Restarted into a new config, that is the
+// config's doing, as much as a kubelet that starts but never becomes healthy; a job that failed for any
+// other reason (start limit, a dependency, canceled, resources) is not.
+type StartFailedError struct {
+	Unit   string
+	Result string // the service's Result: exit-code, signal, core-dump, timeout, watchdog
+	Err    error
+}
+
+func (e *StartFailedError) Error() string {
+	return fmt.Sprintf("%v (the kubelet's process failed starting: %s Result=%s)", e.Err, e.Unit, e.Result)
+}
+
+func (e *StartFailedError) Unwrap() error { return e.Err }
+
+// KubeletFailed marks the error for the agent, which knows no systemd: the kubelet itself failed.
+func (e *StartFailedError) KubeletFailed() bool { return true }
+
+// processFailures are the service Results that mean the main process failed (systemd.exec(5), "$SERVICE_RESULT").
+var processFailures = map[string]bool{"exit-code": true, "signal": true, "core-dump": true, "timeout": true, "watchdog": true}
+
 // Restart is `systemctl restart UNIT`, made safe to call in bursts. Every start counts against the unit's
 // start limit (systemd's default: 5 starts in 10 s; kubeadm's kubelet unit sets none), the kubelet's own
 // crash restarts (Restart=always) included, and a unit over its limit is left "failed" with Result
@@ -104,14 +127,27 @@ func (m *Manager) Restart(ctx context.Context) error {
 	if !errors.Is(err, ErrJobFailed) {
 		return err
 	}
-	if result, rerr := m.serviceResult(ctx); rerr != nil || result != "start-limit-hit" {
+	result, rerr := m.serviceResult(ctx)
+	if rerr != nil {
+		return err
+	}
+	if processFailures[result] {
+		return &StartFailedError{Unit: m.unit, Result: result, Err: err}
+	}
+	if result != "start-limit-hit" {
 		return err
 	}
 	if rerr := m.conn.ResetFailedUnitContext(ctx, m.unit); rerr != nil {
 		return fmt.Errorf("%w; reset-failed: %v", err, rerr)
 	}
 	m.pacer.record()
-	return m.job(ctx, "start", m.conn.StartUnitContext)
+	if err := m.job(ctx, "start", m.conn.StartUnitContext); err != nil {
+		if result, rerr := m.serviceResult(ctx); rerr == nil && processFailures[result] {
+			return &StartFailedError{Unit: m.unit, Result: result, Err: err}
+		}
+		return err
+	}
+	return nil
 }
 
 // resetIfFailed is `systemctl reset-failed UNIT` when the unit is in state "failed" (e.g. it hit its start

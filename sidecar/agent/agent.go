@@ -146,6 +146,7 @@ type Agent struct {
 	active         *corev1.NodeConfigSource // config the kubelet runs, nil = local
 	activeKnown    bool                     // active proven by this process; else active is the last proven one
 	activeRecorded bool                     // active was ever proven on this node (state file or this process)
+	clearPending   bool                     // the assignment's clearAssigned failed: retried with it
 	retry          bool                     // the last reconcile could not decide (e.g. kubelet flags unknown yet): try again
 	// unsynced is the last assignment from the service that could not be checkpointed (a failed disk write,
 	// not a refused payload). The service sends an assignment once per change, so without this the node
@@ -291,7 +292,7 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 			return
 		}
 		if err := a.state.clearAssigned(nil); err != nil {
-			a.fail(SyncInternalError, fmt.Errorf("forget the trial and failures of the previous assignment: %w", err))
+			a.failWrite(as, fmt.Errorf("forget the trial and failures of the previous assignment: %w", err))
 			return
 		}
 		a.localSyncError = ""
@@ -306,7 +307,7 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 		return
 	}
 	a.localSyncError = ""
-	if sameSource(src, assigned) {
+	if sameSource(src, assigned) && !a.clearPending {
 		return
 	}
 	if err := a.store.SetAssigned(src); err != nil {
@@ -320,10 +321,14 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 		lkg = nil
 	}
 	// A new assignment gets a fresh trial and a fresh chance. If that cannot be recorded, the old
-	// failures stay in force (nothing that failed before is restarted into) and the node says so.
+	// failures stay in force (nothing that failed before is restarted into), the node says so, and the
+	// retry tick tries again (clearPending: meta/assigned already names it, which alone would end the retry).
 	if err := a.state.clearAssigned(lkg); err != nil {
-		a.fail(SyncInternalError, fmt.Errorf("forget the trial and failures of the previous assignment: %w", err))
+		a.clearPending = true
+		a.failWrite(as, fmt.Errorf("forget the trial and failures of the previous assignment: %w", err))
+		return
 	}
+	a.clearPending = false
 	a.log.Info("checkpointed new assignment", sourceFields(src)...)
 	if a.cfg.Trace != nil {
 		a.cfg.Trace(TraceCheckpointed, src)

@@ -55,6 +55,15 @@ func TestNewAssignmentAndTheStateFile(t *testing.T) {
 			if _, detail := n.agent.Status(); !strings.Contains(detail, StateFileName) {
 				t.Errorf("status detail %q does not name the state file", detail)
 			}
+			// The retry tick tries again until it can be written (the original re-synced every 10s).
+			if n.agent.unsynced == nil {
+				t.Fatal("the assignment is not kept for the retry tick")
+			}
+			if err := os.Remove(filepath.Join(n.dir, StateFileName)); err != nil {
+				t.Fatal(err)
+			}
+			n.agent.Apply(context.Background(), Desired{Assignment: n.agent.unsynced})
+			n.expect("1", "1", "local", "", 1)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, newNode(t)) })

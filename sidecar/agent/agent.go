@@ -207,9 +207,25 @@ func (a *Agent) Init(ctx context.Context) error {
 		if _, err := a.kubeletFlags(ctx); errors.Is(err, errForeignConfig) {
 			return err
 		}
+		// While the kubelet runs a checkpoint its command line cannot tell the local config; the unit can.
+		if u, ok := a.svc.(unitConfig); ok {
+			config, err := u.UnitConfigFlag(ctx)
+			if err != nil {
+				a.log.Warn("cannot read the kubelet unit's own --config; not checked against --kubelet-config", zap.Error(err))
+			} else if config != "" && filepath.Clean(config) != filepath.Clean(a.cfg.LocalConfig) {
+				return fmt.Errorf("%w: the kubelet unit gives the kubelet --config=%s ($%s), but --kubelet-config is %s; "+
+					"fix --kubelet-config (resetting the node would switch the kubelet to that file)", errForeignConfig, config, kubeletunit.Variable, a.cfg.LocalConfig)
+			}
+		}
 	}
 	a.reconcile(ctx)
 	return nil
+}
+
+// unitConfig is implemented by service managers that can tell the --config the kubelet's unit sets by
+// itself (systemd.Manager).
+type unitConfig interface {
+	UnitConfigFlag(ctx context.Context) (string, error)
 }
 
 // Applied is what the node has checkpointed as assigned, for resuming the service stream.

@@ -531,6 +531,55 @@ func TestInitRefusesAKubeletRunningAnotherConfig(t *testing.T) {
 	}
 }
 
+// unitKubelet is a fakeKubelet whose unit sets its own --config (systemd's Environment=).
+type unitKubelet struct {
+	*fakeKubelet
+	unitConfig string
+}
+
+func (u unitKubelet) UnitConfigFlag(context.Context) (string, error) { return u.unitConfig, nil }
+
+// TestInitRefusesAUnitWithAnotherLocalConfig: the kubelet runs a checkpoint (its command line names dkc's
+// file), but its unit's own --config, the one a reset returns to, is not --kubelet-config: refuse to start,
+// naming both, rather than switch the node to another file at the next reset.
+func TestInitRefusesAUnitWithAnotherLocalConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, unitConfig string
+		wantErr          bool
+	}{
+		{"the unit's --config is --kubelet-config", "", false},
+		{"another file", "/etc/kubernetes/other-kubelet.yaml", true},
+		{"the unit sets none", "-", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+			n.expect("1", "1", "local", "", 1)
+			unit := tc.unitConfig
+			switch unit {
+			case "":
+				unit = n.local
+			case "-":
+				unit = ""
+			}
+			svc := unitKubelet{fakeKubelet: n.kubelet, unitConfig: unit}
+			a := New(Config{LocalConfig: n.local, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+				KeepCheckpoints: 2, TrialCheckInterval: time.Second}, zap.NewNop(), checkpoint.New(n.dir), svc, n.kubelet, &recordingReporter{}, nil, n.clock)
+			err := a.Init(context.Background())
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), tc.unitConfig) || !strings.Contains(err.Error(), n.local) {
+					t.Fatalf("Init = %v; want a refusal naming %s and %s", err, tc.unitConfig, n.local)
+				}
+			} else if err != nil {
+				t.Fatalf("Init: %v", err)
+			}
+			if got := n.kubelet.count(); got != 1 {
+				t.Errorf("kubelet restarted %d times, want only the assignment's", got)
+			}
+		})
+	}
+}
+
 // TestActiveIsNotLocalWhileUnknown: a node runs an assigned config; its sidecar restarts while the kubelet
 // is stopped and without ever having seen the kubelet's flags, so it cannot check or prove anything. Its
 // status must not claim the local config is active (the service writes an absent active as local); it says

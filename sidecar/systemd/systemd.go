@@ -9,11 +9,15 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
 	"k8s.io/utils/clock"
+
+	"github.com/dkc-dev/dkc/sidecar/configcheck"
+	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
 )
 
 // DefaultAddress is the system bus.
@@ -219,6 +223,25 @@ func (m *Manager) job(ctx context.Context, verb string, queue func(context.Conte
 	case <-ctx.Done():
 		return fmt.Errorf("%s %s: %w", verb, m.unit, ctx.Err())
 	}
+}
+
+// UnitConfigFlag is the --config the unit gives the kubelet by itself, before dkc's drop-in: the one in
+// $KUBELET_CONFIG_ARGS of the unit's Environment= (dkc's drop-in overrides it through an EnvironmentFile=,
+// which this property does not show). "" when the unit sets none there. It tells what a reset to the local
+// config would run even while the kubelet runs a checkpoint.
+func (m *Manager) UnitConfigFlag(ctx context.Context) (string, error) {
+	p, err := m.conn.GetServicePropertyContext(ctx, m.unit, "Environment")
+	if err != nil {
+		return "", fmt.Errorf("read Environment of %s: %w", m.unit, err)
+	}
+	env, _ := p.Value.Value().([]string)
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, kubeletunit.Variable+"="); ok {
+			config, _ := configcheck.ConfigFlag(strings.Fields(v))
+			return config, nil
+		}
+	}
+	return "", nil
 }
 
 // MainPID is `systemctl show --property MainPID UNIT`: 0 when the unit runs no process.

@@ -81,6 +81,7 @@ type Writer struct {
 	clock   clock.PassiveClock
 	metrics *Metrics
 	queue   workqueue.TypedRateLimitingInterface[string]
+	serving func(node string) bool // nil: every node (a single replica)
 
 	mu      sync.Mutex
 	reports map[string]report
@@ -89,14 +90,30 @@ type Writer struct {
 }
 
 // New returns a Writer; m may be nil.
-func New(log *zap.Logger, client kubernetes.Interface, nodes corelisters.NodeLister, table *assignment.Table, m *Metrics) *Writer {
-	return &Writer{
+func New(log *zap.Logger, client kubernetes.Interface, nodes corelisters.NodeLister, table *assignment.Table, m *Metrics, opts ...Option) *Writer {
+	w := &Writer{
 		log: log, client: client, nodes: nodes, table: table, clock: clock.RealClock{}, metrics: m,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodestatus"}),
 		reports: map[string]report{},
 	}
+	for _, o := range opts {
+		o(w)
+	}
+	return w
+}
+
+// Option configures a Writer.
+type Option func(*Writer)
+
+// WithServing tells the writer which nodes this replica serves (an open WatchConfig stream here). Writes the
+// queue makes — a sync error that changed, a retry — are made only for them; the report of a node served
+// elsewhere (it moved to another replica, by --max-connection-age or a pod deletion) is dropped instead of
+// written: it is older than what the other replica holds, and writing it would put an older status back on
+// the Node. A report that arrives is still written at once (its node is talking to this replica).
+func WithServing(serving func(node string) bool) Option {
+	return func(w *Writer) { w.serving = serving }
 }
 
 // ErrStale is returned for a report older than the one already accepted for the node.
@@ -173,6 +190,20 @@ func (w *Writer) Enqueue(node string) { w.queue.Add(node) }
 // report must still be written.
 func (w *Writer) Forget(node string) { w.queue.Add(node) }
 
+// release drops the node's report: another replica serves the node (see WithServing).
+func (w *Writer) release(node string) {
+	l := w.lock(node)
+	l.Lock()
+	defer l.Unlock()
+	w.mu.Lock()
+	_, held := w.reports[node]
+	delete(w.reports, node)
+	w.mu.Unlock()
+	if held {
+		w.log.Debug("node served by another replica; dropped its status report", zap.String("node", node))
+	}
+}
+
 // Reported is the number of nodes whose latest report this replica holds.
 func (w *Writer) Reported() int {
 	w.mu.Lock()
@@ -205,6 +236,11 @@ func (w *Writer) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer w.queue.Done(node)
+	if w.serving != nil && !w.serving(node) {
+		w.release(node)
+		w.queue.Forget(node)
+		return true
+	}
 	switch err := w.write(ctx, node); {
 	case err == nil, errors.Is(err, errNoReport), errors.Is(err, ErrNodeGone):
 		w.queue.Forget(node)

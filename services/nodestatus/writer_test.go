@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -266,5 +267,51 @@ func TestReportsOrderedByIncarnationAndSequence(t *testing.T) {
 				t.Errorf("the Node shows %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestReplicaThatNoLongerServesANodeWritesNothingOld: node n1 reported to replica A, then moved to replica
+// B (--max-connection-age, a pod deletion) and reported a newer status there. A sync-error change re-queues
+// n1 on both replicas; A must not write its older report back over B's, and drops it.
+func TestReplicaThatNoLongerServesANodeWritesNothingOld(t *testing.T) {
+	const name = "n1"
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	var mu sync.Mutex
+	servedBy := "a"
+	serving := func(replica string) func(string) bool {
+		return func(string) bool { mu.Lock(); defer mu.Unlock(); return servedBy == replica }
+	}
+	m := NewMetrics(prometheus.NewRegistry())
+	tableA, tableB := assignment.NewTable(nil), assignment.NewTable(nil)
+	a := New(zap.NewNop(), client, freshLister{client}, tableA, m, WithServing(serving("a")))
+	b := New(zap.NewNop(), client, freshLister{client}, tableB, NewMetrics(prometheus.NewRegistry()), WithServing(serving("b")))
+	old := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1")}
+	newer := corev1.NodeConfigStatus{Assigned: cm("2"), Active: cm("2")}
+	if err := a.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name, Status: convert.StatusFromCore(&old), Incarnation: 1, Sequence: 1}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	servedBy = "b"
+	mu.Unlock()
+	if err := b.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name, Status: convert.StatusFromCore(&newer), Incarnation: 1, Sequence: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// The node's sync error changed: both replicas' tables re-queue it.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = a.Run(ctx, 1) }()
+	a.Enqueue(name)
+	deadline := time.Now().Add(5 * time.Second)
+	for a.Reported() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("replica A still holds the report of a node it no longer serves")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := annotationOf(t, getNode(t, client, name)); !apiequality.Semantic.DeepEqual(got, newer) {
+		t.Fatalf("the Node shows %s, want B's newer %s", statusJSON(got), statusJSON(newer))
+	}
+	if testutil.ToFloat64(m.writes.WithLabelValues("written")) != 1 {
+		t.Errorf("replica A wrote %v times, want once (its own report, while it served the node)", testutil.ToFloat64(m.writes.WithLabelValues("written")))
 	}
 }

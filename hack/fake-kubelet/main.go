@@ -2,31 +2,40 @@
 // command line, loads --config with the kubelet's own loader, flag precedence and validation (exiting 1 on a
 // config the kubelet would refuse, as the kubelet does), fails to start when containerRuntimeEndpoint names a
 // unix socket that does not exist (as the kubelet does), and otherwise serves /healthz (HTTP) and /configz
-// (HTTPS, self-signed) where the config says, until SIGTERM. $FAKE_KUBELET_PID_FILE receives its PID once
-// it serves. Simulated nodes exercise the real sidecar code without a real kubelet each.
+// (HTTPS) where the config says, until SIGTERM. $FAKE_KUBELET_PID_FILE receives its PID once it serves.
+// Simulated nodes exercise the real sidecar code without a real kubelet each.
+//
+// It serves the certificate a kubelet would (servingCert): the config's tlsCertFile, or the self-signed
+// <--cert-dir>/kubelet.crt it creates on first start and reuses after, because dkc-sidecar sends its token
+// only to a kubelet presenting that certificate.
 package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"math/big"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
+	certutil "k8s.io/client-go/util/cert"
+	cliflag "k8s.io/component-base/cli/flag"
+	nodeutil "k8s.io/component-helpers/node/util"
+	"k8s.io/kubernetes/cmd/kubelet/app/options"
+	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
+
 	"github.com/dkc-dev/dkc/sidecar/configcheck"
+	"github.com/dkc-dev/dkc/sidecar/durable"
 	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
 )
 
@@ -50,6 +59,10 @@ func run() error {
 			return fmt.Errorf("validate service connection: %s: %w", kc.ContainerRuntimeEndpoint, err)
 		}
 	}
+	kf, err := kubeletFlags(flags)
+	if err != nil {
+		return err
+	}
 	configz, err := kubeletconfig.ToV1beta1JSON(kc)
 	if err != nil {
 		return err
@@ -67,7 +80,7 @@ func run() error {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(body)
 	})
-	cert, err := selfSigned()
+	cert, err := servingCert(kf, kc)
 	if err != nil {
 		return err
 	}
@@ -89,16 +102,78 @@ func run() error {
 	return nil
 }
 
-func selfSigned() (tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// kubeletFlags parses the kubelet's own command-line flags (--cert-dir, --hostname-override, ...) as the
+// kubelet does; the flags that set config fields were applied by kubeletconfig.Load and are ignored here.
+func kubeletFlags(args []string) (*options.KubeletFlags, error) {
+	fs := pflag.NewFlagSet("kubelet", pflag.ContinueOnError)
+	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
+	fs.SetOutput(io.Discard)
+	kf := options.NewKubeletFlags()
+	kf.AddFlags(fs)
+	others := pflag.NewFlagSet("", pflag.ContinueOnError)
+	options.AddGlobalFlags(others)
+	options.AddKubeletConfigFlags(others, &kubeletconfiginternal.KubeletConfiguration{})
+	others.VisitAll(func(f *pflag.Flag) {
+		if fs.Lookup(f.Name) == nil {
+			fs.VarP(cliflag.NoOp{}, f.Name, f.Shorthand, f.Usage)
+		}
+	})
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("parse kubelet flags: %w", err)
+	}
+	return kf, nil
+}
+
+// servingCert is the certificate kubelet v1.34 serves (cmd/kubelet/app/server.go, InitializeTLS):
+// tlsCertFile/tlsPrivateKeyFile when set; otherwise <cert-dir>/kubelet.crt and kubelet.key, created
+// self-signed when they cannot be read and reused as they are otherwise. A bootstrapped serving certificate
+// (serverTLSBootstrap) needs a CSR signer the dev cluster does not run: refused, not faked.
+func servingCert(kf *options.KubeletFlags, kc *kubeletconfiginternal.KubeletConfiguration) (tls.Certificate, error) {
+	if kc.ServerTLSBootstrap {
+		return tls.Certificate{}, errors.New("serverTLSBootstrap: the stand-in kubelet does not bootstrap serving certificates")
+	}
+	if kc.TLSCertFile != "" || kc.TLSPrivateKeyFile != "" {
+		return tls.LoadX509KeyPair(kc.TLSCertFile, kc.TLSPrivateKeyFile)
+	}
+	return selfSigned(kf)
+}
+
+// selfSigned creates <cert-dir>/kubelet.crt and kubelet.key when they cannot be read, as the kubelet does,
+// and loads them. Simulated nodes started without --cert-dir share the kubelet's default directory, so the
+// check and the writes happen under a lock on it, and the files are written durably by rename: a stand-in
+// kubelet starting beside another never reads a half-written or mismatched pair.
+func selfSigned(kf *options.KubeletFlags) (tls.Certificate, error) {
+	certFile := filepath.Join(kf.CertDirectory, "kubelet.crt")
+	keyFile := filepath.Join(kf.CertDirectory, "kubelet.key")
+	if err := os.MkdirAll(kf.CertDirectory, 0o755); err != nil {
+		return tls.Certificate{}, fmt.Errorf("create cert dir: %w", err)
+	}
+	dir, err := os.Open(kf.CertDirectory)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fake-kubelet"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		return tls.Certificate{}, err
+	defer dir.Close()
+	if err := syscall.Flock(int(dir.Fd()), syscall.LOCK_EX); err != nil {
+		return tls.Certificate{}, fmt.Errorf("lock %s: %w", kf.CertDirectory, err)
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+	defer func() { _ = syscall.Flock(int(dir.Fd()), syscall.LOCK_UN) }()
+	if ok, err := certutil.CanReadCertAndKey(certFile, keyFile); err != nil {
+		return tls.Certificate{}, err
+	} else if !ok {
+		host, err := nodeutil.GetHostname(kf.HostnameOverride)
+		if err != nil {
+			return tls.Certificate{}, err
+		}
+		cert, key, err := certutil.GenerateSelfSignedCertKey(host, nil, nil)
+		if err != nil {
+			return tls.Certificate{}, fmt.Errorf("unable to generate self signed cert: %w", err)
+		}
+		if err := durable.WriteFile(keyFile, key, 0o600); err != nil {
+			return tls.Certificate{}, err
+		}
+		if err := durable.WriteFile(certFile, cert, 0o644); err != nil {
+			return tls.Certificate{}, err
+		}
+	}
+	return tls.LoadX509KeyPair(certFile, keyFile)
 }

@@ -80,10 +80,11 @@ func (c *Cluster) startSimNodes(ctx context.Context) error {
 		env := kubeletunit.New(c.DynamicConfigDir(s.Name)).Path
 		loop := fmt.Sprintf(`while :; do
   if [ -f %[1]q ]; then . %[1]q; else %[2]s=--config=%[3]s; fi
-  FAKE_KUBELET_PID_FILE=%[4]q %[5]q $%[2]s --v=1 --address=127.0.0.1 --port=%[6]d --healthz-bind-address=127.0.0.1 --healthz-port=%[7]d --container-runtime-endpoint=unix://%[8]s &
+  FAKE_KUBELET_PID_FILE=%[4]q %[5]q $%[2]s --v=1 --address=127.0.0.1 --port=%[6]d --healthz-bind-address=127.0.0.1 --healthz-port=%[7]d --container-runtime-endpoint=unix://%[8]s --cert-dir=%[9]q &
   wait $!
   sleep 0.3
-done`, env, kubeletunit.Variable, c.KubeletConfigPath(s.Name), pidFile, c.cfg.FakeKubeletBinary, s.KubeletPort, s.HealthzPort, sock)
+done`, env, kubeletunit.Variable, c.KubeletConfigPath(s.Name), pidFile, c.cfg.FakeKubeletBinary, s.KubeletPort, s.HealthzPort, sock,
+			filepath.Join(dir, "pki")) // its self-signed serving certificate, which the sidecar pins, in the node's own directory
 		kp, err := startProcess("kubelet-"+s.Name, c.runDir(), c.logFile("kubelet-"+s.Name), nil, "sh", "-c", loop)
 		if err != nil {
 			return err

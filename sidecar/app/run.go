@@ -56,7 +56,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 			}
 		}
 	}
-	prober, err := probe.New(cfg.KubeletTokenFile, cfg.KubeletHost, cfg.KubeletCAFile)
+	prober, err := probe.New(cfg.KubeletTokenFile, cfg.KubeletHost, cfg.KubeletCAFile, log.Named("probe"))
 	if err != nil {
 		return err
 	}
@@ -73,7 +73,10 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	// attempts of thousands of nodes while it is away are cheap.
 	incarnation, err := agent.NextIncarnation(cfg.DynamicConfigDir, time.Now())
 	if err != nil {
-		return err
+		// A disk that refuses the state file must not keep the sidecar from serving the node (the agent
+		// reports the failed writes): order this start's reports by the clock, as the record would have.
+		incarnation = uint64(max(time.Now().Unix(), 1))
+		log.Warn("cannot record the sidecar's incarnation; numbering reports from the clock", zap.Uint64("incarnation", incarnation), zap.Error(err))
 	}
 	cl := client.New(conn, cfg.NodeName, cfg.TokenFile, client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second},
 		log.Named("client"), client.WithIncarnation(incarnation))
@@ -86,7 +89,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}
 	ag := agent.New(agent.Config{
 		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
-		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, Checker: checker,
+		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints,
+		// The prober learns the kubelet's --cert-dir (where its serving certificate is) from the flags.
+		Checker: prober.ObserveFlags(checker),
 	}, log.Named("agent"), checkpoint.New(cfg.DynamicConfigDir), svc, prober, cl, agent.NewMetrics(reg), nil)
 
 	log.Info("dkc-sidecar starting", zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),

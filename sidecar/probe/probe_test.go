@@ -2,6 +2,7 @@ package probe
 
 import (
 	"context"
+	"encoding/pem"
 	"errors"
 	"net"
 	"net/http"
@@ -55,11 +56,17 @@ func TestConfigzErrorsSayWhatTheyProve(t *testing.T) {
 	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	k, err := New(token, "", "")
+	// The test server's certificate is the kubelet's (its tlsCertFile): the token goes only to it.
+	certFile := filepath.Join(t.TempDir(), "kubelet.crt")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]any{"tlsCertFile": certFile}
+	k, err := New(token, "", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k.client.Timeout = 300 * time.Millisecond
+	k.timeout = 300 * time.Millisecond
 	for _, tc := range []struct {
 		as           string
 		port         int
@@ -73,8 +80,12 @@ func TestConfigzErrorsSayWhatTheyProve(t *testing.T) {
 		{as: "nobody listening", port: closedPort},
 	} {
 		t.Run(tc.as, func(t *testing.T) {
-			kc := &configcheck.Checked{Address: "127.0.0.1", Port: int32(tc.port)}
-			got, err := k.get(context.Background(), "https://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(tc.port))+"/configz?as="+url.QueryEscape(tc.as), true)
+			kc := &configcheck.Checked{Address: "127.0.0.1", Port: int32(tc.port), Fields: fields}
+			verify, err := k.trust(kc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := k.get(context.Background(), "https://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(tc.port))+"/configz?as="+url.QueryEscape(tc.as), verify)
 			if tc.as == "ok" {
 				if err != nil || len(got) == 0 {
 					t.Fatalf("get = %q, %v", got, err)

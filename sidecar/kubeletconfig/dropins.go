@@ -2,6 +2,7 @@ package kubeletconfig
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -125,6 +126,12 @@ func MergeDropIns(kc *kubeletconfiginternal.KubeletConfiguration, dir string) (*
 		}
 		return nil
 	}); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			// The kubelet would not start without it, so here it is most likely not mounted into the
+			// sidecar's pod: say what to do.
+			return nil, fmt.Errorf("failed to walk through kubelet dropin directory %q: %w (the kubelet runs with --config-dir=%s: "+
+				"mount that directory into the dkc-sidecar pod at the same path, read-only)", dir, err, dir)
+		}
 		return nil, fmt.Errorf("failed to walk through kubelet dropin directory %q: %w", dir, err)
 	}
 

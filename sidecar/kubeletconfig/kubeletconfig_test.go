@@ -187,7 +187,7 @@ func TestLoadDropIns(t *testing.T) {
 		{name: "drop-in of another version", dropIns: map[string]string{"10-v2.conf": "apiVersion: kubelet.config.k8s.io/v1beta2\nkind: KubeletConfiguration\n"},
 			wantErr: ErrFlags, errHas: "10-v2.conf"},
 		{name: "empty drop-in", dropIns: map[string]string{"10-empty.conf": "-"}, wantErr: ErrFlags, errHas: "10-empty.conf"},
-		{name: "missing directory", wantErr: ErrFlags, errHas: "kubelet.conf.d"},
+		{name: "missing directory", wantErr: ErrFlags, errHas: "mount that directory into the dkc-sidecar pod"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

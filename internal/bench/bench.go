@@ -592,6 +592,12 @@ func (r *run) scale(ctx context.Context) error {
 	r.res.set("service_rss_bytes_per_node_at_5000", float64(v-r.serviceRSSBase)/float64(len(nodes)))
 	r.res.note("service_rss_bytes_at_5000", float64(v))
 	r.res.note("service_rss_bytes_no_nodes_connected", float64(r.serviceRSSBase))
+	// The peak (connecting, first pushes, status writes) is what a memory limit must allow, not the settled RSS.
+	if pid, err := r.cluster.PID("dkc-server"); err == nil && pid != 0 {
+		if peak, err := peakRSS(pid); err == nil {
+			r.res.note("service_rss_peak_bytes_at_5000", float64(peak))
+		}
+	}
 	if err := fetch(ctx, "http://"+r.cluster.MetricsAddress()+"/debug/pprof/heap", filepath.Join(r.cfg.Dir, "dkc-server-scale.heap.pprof")); err != nil {
 		r.progress("heap profile: %v", err)
 	}

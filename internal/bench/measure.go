@@ -19,7 +19,13 @@ import (
 )
 
 // rss is the resident set size of pid in bytes (VmRSS of /proc/<pid>/status).
-func rss(pid int) (int64, error) {
+func rss(pid int) (int64, error) { return procStatus(pid, "VmRSS") }
+
+// peakRSS is the largest resident set size pid has had (VmHWM): what a memory limit must allow.
+func peakRSS(pid int) (int64, error) { return procStatus(pid, "VmHWM") }
+
+// procStatus reads a size field of /proc/<pid>/status, in bytes.
+func procStatus(pid int, field string) (int64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
@@ -27,12 +33,12 @@ func rss(pid int) (int64, error) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 			return kb << 10, err
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+	return 0, fmt.Errorf("no %s for pid %d", field, pid)
 }
 
 // settledRSS samples pid's RSS for d and returns the last sample: Go processes release memory lazily, so a

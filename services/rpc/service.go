@@ -1,6 +1,8 @@
 // Package rpc implements dkc.v1.ConfigService: WatchConfig streams a node's desired state from the
 // assignment table; ReportStatus hands a node's status to the status writer. Every handler first checks
-// that the caller acts for its own node (package auth).
+// that the caller acts for its own node (package auth). A node has at most one WatchConfig stream on a
+// replica, and an assignment is encoded once for all the nodes it is sent to (codec.go); the gRPC server
+// must be built with ServerOptions.
 package rpc
 
 import (
@@ -13,7 +15,6 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/assignment"
@@ -36,11 +37,52 @@ type Service struct {
 
 	shutdownOnce sync.Once
 	shutdown     chan struct{}
+
+	encodings encodings
+
+	mu      sync.Mutex
+	streams map[string]*watch // each node's current WatchConfig stream
 }
+
+// watch is one WatchConfig stream; replaced is closed when the node opens a newer one.
+type watch struct{ replaced chan struct{} }
 
 // New returns the service; m may be nil.
 func New(log *zap.Logger, table *assignment.Table, status StatusWriter, m *Metrics) *Service {
-	return &Service{log: log, table: table, status: status, metrics: m, shutdown: make(chan struct{})}
+	return &Service{log: log, table: table, status: status, metrics: m, shutdown: make(chan struct{}), streams: map[string]*watch{}}
+}
+
+// register makes a new stream the node's only one, ending the previous one. The newest stream wins: a
+// sidecar reconnects when its stream fails, so an older stream of the node is one it gave up on (its TCP
+// connection perhaps half-dead, not yet found by keepalive) — or a copy of its token opening streams, each
+// of which costs a goroutine and buffers here.
+func (s *Service) register(node string) *watch {
+	w := &watch{replaced: make(chan struct{})}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.streams[node]; old != nil {
+		close(old.replaced)
+		s.metrics.replacedStream()
+	}
+	s.streams[node] = w
+	return w
+}
+
+// Serving says whether the node has a WatchConfig stream on this replica: only then does this replica
+// write the node's status unprompted (nodestatus.WithServing).
+func (s *Service) Serving(node string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.streams[node] != nil
+}
+
+// unregister forgets w unless a newer stream of the node has replaced it.
+func (s *Service) unregister(node string, w *watch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.streams[node] == w {
+		delete(s.streams, node)
+	}
 }
 
 // Shutdown ends every WatchConfig stream with codes.Unavailable so that sidecars reconnect (to another
@@ -49,13 +91,16 @@ func (s *Service) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
 
 // WatchConfig streams the node's desired state. It sends a message whenever the state differs from what
 // the node has: at first from what the request says it applied, later from what was sent. While a Send is
-// blocked by a slow node, changes pile up as one: the next message carries only the latest state.
+// blocked by a slow node, changes pile up as one: the next message carries only the latest state. A newer
+// stream of the same node ends this one with codes.Aborted.
 func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) error {
 	ctx := stream.Context()
 	node := req.GetNodeName()
 	if err := auth.Authorize(ctx, node); err != nil {
 		return err
 	}
+	w := s.register(node)
+	defer s.unregister(node, w)
 	s.metrics.connected(1)
 	defer s.metrics.connected(-1)
 	log := s.log.With(zap.String("node", node))
@@ -71,18 +116,27 @@ func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.Config
 		has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
 	}
 	sentSyncError := req.GetSyncError()
+	replaced := func() error {
+		log.Info("node watch replaced by a newer stream of the node")
+		return status.Errorf(codes.Aborted, "replaced by a newer WatchConfig stream of node %s on this replica", node)
+	}
 	for {
+		select {
+		case <-w.replaced: // both may be ready: never send on a replaced stream
+			return replaced()
+		default:
+		}
 		st, ok, changed := s.table.Get(node)
 		if ok {
 			send := !known || st.SyncError != sentSyncError ||
 				(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, has))
 			if send {
-				resp := &dkcv1.WatchConfigResponse{
-					Assignment:   st.Assignment,
-					SyncError:    st.SyncError,
-					ResolvedTime: timestamppb.New(st.Changed),
+				resp, err := s.encodings.response(st.Assignment, st.SyncError, st.Changed)
+				if err != nil {
+					log.Error("encode config", zap.Error(err))
+					return status.Error(codes.Internal, "encode config")
 				}
-				if err := stream.Send(resp); err != nil {
+				if err := stream.SendMsg(resp); err != nil {
 					return err
 				}
 				s.metrics.pushed(st.Changed)
@@ -99,6 +153,8 @@ func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.Config
 		case <-changed:
 		case <-ctx.Done():
 			return nil
+		case <-w.replaced:
+			return replaced()
 		case <-s.shutdown:
 			return status.Error(codes.Unavailable, "dkc-server is shutting down; reconnect")
 		}
@@ -130,9 +186,10 @@ func (s *Service) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusReque
 
 // Metrics of the service; a nil *Metrics records nothing.
 type Metrics struct {
-	connectedNodes prometheus.Gauge
-	pushes         prometheus.Counter
-	pushLatency    prometheus.Histogram
+	connectedNodes  prometheus.Gauge
+	pushes          prometheus.Counter
+	pushLatency     prometheus.Histogram
+	replacedStreams prometheus.Counter
 }
 
 // NewMetrics registers the service's metrics with reg.
@@ -144,14 +201,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Messages sent on WatchConfig streams."}),
 		pushLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dkc", Subsystem: "server", Name: "push_latency_seconds",
 			Help: "Time from a node's state change to its push.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		replacedStreams: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "replaced_streams_total",
+			Help: "WatchConfig streams ended because their node opened a newer one: reconnects over half-dead connections; a steady rate means two clients share a node's token."}),
 	}
-	reg.MustRegister(m.connectedNodes, m.pushes, m.pushLatency)
+	reg.MustRegister(m.connectedNodes, m.pushes, m.pushLatency, m.replacedStreams)
 	return m
 }
 
 func (m *Metrics) connected(d float64) {
 	if m != nil {
 		m.connectedNodes.Add(d)
+	}
+}
+
+func (m *Metrics) replacedStream() {
+	if m != nil {
+		m.replacedStreams.Inc()
 	}
 }
 

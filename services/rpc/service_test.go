@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -34,23 +35,50 @@ func (r *recordingWriter) Report(_ context.Context, _ string, req *dkcv1.ReportS
 // start serves the service in memory; every call acts as node "n1".
 func start(t *testing.T, table *assignment.Table, w StatusWriter) dkcv1.ConfigServiceClient {
 	t.Helper()
+	return dial(t, serve(t, New(zap.NewNop(), table, w, nil)))
+}
+
+// nodeKey is test metadata naming the node a call acts for (default "n1"), in place of a token.
+const nodeKey = "x-test-node"
+
+func asNode(node string, ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, nodeKey, node)
+}
+
+// serve serves svc in memory with the server options it needs; a call acts as the node its nodeKey
+// metadata names.
+func serve(t testing.TB, svc *Service, opts ...grpc.ServerOption) *bufconn.Listener {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
-	asNode := func(ctx context.Context) context.Context {
-		return auth.WithIdentity(ctx, auth.Identity{Node: "n1", ServiceAccount: "kube-system/dkc-sidecar"})
+	identity := func(ctx context.Context) context.Context {
+		node := "n1"
+		if v := metadata.ValueFromIncomingContext(ctx, nodeKey); len(v) > 0 {
+			node = v[0]
+		}
+		return auth.WithIdentity(ctx, auth.Identity{Node: node, ServiceAccount: "kube-system/dkc-sidecar"})
 	}
-	s := grpc.NewServer(
+	opts = append(opts, ServerOptions()...)
+	opts = append(opts,
 		grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			return h(asNode(ctx), req)
+			return h(identity(ctx), req)
 		}),
 		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			return h(srv, &ctxStream{ServerStream: ss, ctx: asNode(ss.Context())})
+			return h(srv, &ctxStream{ServerStream: ss, ctx: identity(ss.Context())})
 		}))
-	dkcv1.RegisterConfigServiceServer(s, New(zap.NewNop(), table, w, nil))
+	s := grpc.NewServer(opts...)
+	dkcv1.RegisterConfigServiceServer(s, svc)
 	go func() { _ = s.Serve(lis) }()
 	t.Cleanup(s.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+	return lis
+}
+
+// dial opens a new connection to lis.
+func dial(t testing.TB, lis *bufconn.Listener, opts ...grpc.DialOption) dkcv1.ConfigServiceClient {
+	t.Helper()
+	opts = append([]grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 		return lis.DialContext(ctx)
-	}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}), grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	conn, err := grpc.NewClient("passthrough:///bufnet", opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,9 +264,9 @@ func TestShutdownEndsStreams(t *testing.T) {
 	w := &recordingWriter{}
 	lis := bufconn.Listen(1 << 20)
 	svc := New(zap.NewNop(), table, w, nil)
-	s := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	s := grpc.NewServer(append(ServerOptions(), grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		return h(srv, &ctxStream{ServerStream: ss, ctx: auth.WithIdentity(ss.Context(), auth.Identity{Node: "n1"})})
-	}))
+	}))...)
 	dkcv1.RegisterConfigServiceServer(s, svc)
 	go func() { _ = s.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {

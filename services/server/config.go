@@ -13,6 +13,7 @@ import (
 
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 
+	"github.com/dkc-dev/dkc/internal/payload"
 	"github.com/dkc-dev/dkc/services/auth"
 )
 
@@ -55,6 +56,9 @@ type Config struct {
 	ReadBufferSize    int
 	WriteBufferSize   int
 	MaxSendMsgSizeMiB int
+	// MaxConcurrentStreams caps the calls open at once on one connection (HTTP/2
+	// SETTINGS_MAX_CONCURRENT_STREAMS; grpc-go's default is unlimited).
+	MaxConcurrentStreams int
 }
 
 // DefaultConfig returns the defaults, chosen for a production cluster of up to 5,000 nodes.
@@ -83,6 +87,9 @@ func DefaultConfig() Config {
 		ReadBufferSize:         0,
 		WriteBufferSize:        8 << 10,
 		MaxSendMsgSizeMiB:      4,
+		// A sidecar has 2 calls open at once (its WatchConfig stream and a status report); tools and tests
+		// that act for a few nodes over one connection (grpcurl, the integration tests' 10) fit too.
+		MaxConcurrentStreams: 16,
 	}
 }
 
@@ -135,7 +142,9 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
 	fs.IntVar(&c.ReadBufferSize, "grpc-read-buffer-size", c.ReadBufferSize, "per-connection read buffer in bytes; 0 (default) reads frames straight from the TLS connection, which costs idle streams nothing (8 KiB each saved at 5,000 nodes)")
 	fs.IntVar(&c.WriteBufferSize, "grpc-write-buffer-size", c.WriteBufferSize, "per-connection write buffer in bytes (shared between writes)")
-	fs.IntVar(&c.MaxSendMsgSizeMiB, "max-send-msg-size-mib", c.MaxSendMsgSizeMiB, "largest assignment sent, in MiB (a ConfigMap holds at most 1 MiB)")
+	fs.IntVar(&c.MaxSendMsgSizeMiB, "max-send-msg-size-mib", c.MaxSendMsgSizeMiB, fmt.Sprintf("largest message sent, in MiB; at least %d, the largest a node accepts (configs beyond %d files or %d MiB are never sent: the node gets a sync error)",
+		(payload.MaxMessageBytes+1<<20-1)>>20, payload.MaxFiles, payload.MaxBytes>>20))
+	fs.IntVar(&c.MaxConcurrentStreams, "max-concurrent-streams", c.MaxConcurrentStreams, "calls open at once on one client connection; grpc-go clients queue further calls, a client that opens more anyway has them refused. A sidecar needs 2 (its config stream and a status report), and a node has at most one config stream per replica: a newer one ends the older")
 }
 
 // Validate checks the configuration.
@@ -184,8 +193,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}
 	}
-	if c.MaxSendMsgSizeMiB < 2 {
-		errs = append(errs, errors.New("--max-send-msg-size-mib must be at least 2 (a ConfigMap holds up to 1 MiB)"))
+	if c.MaxSendMsgSizeMiB<<20 < payload.MaxMessageBytes {
+		errs = append(errs, fmt.Errorf("--max-send-msg-size-mib must be at least %d (the largest message a node accepts)", (payload.MaxMessageBytes+1<<20-1)>>20))
+	}
+	if c.MaxConcurrentStreams < 2 {
+		errs = append(errs, errors.New("--max-concurrent-streams must be at least 2 (a sidecar's config stream and its status report)"))
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -48,3 +48,24 @@ func TestConfigNamespacesFlag(t *testing.T) {
 		})
 	}
 }
+
+func TestStreamLimitsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		ok     bool
+	}{
+		{"defaults", func(*Config) {}, true},
+		{"send limit fits the largest message a node accepts", func(c *Config) { c.MaxSendMsgSizeMiB = 3 }, true},
+		{"send limit below it", func(c *Config) { c.MaxSendMsgSizeMiB = 2 }, false},
+		{"two streams per connection", func(c *Config) { c.MaxConcurrentStreams = 2 }, true},
+		{"one stream per connection starves status reports", func(c *Config) { c.MaxConcurrentStreams = 1 }, false},
+	} {
+		c := DefaultConfig()
+		c.Insecure = true
+		tc.mutate(&c)
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%s: Validate() = %v, want ok=%v", tc.name, err, tc.ok)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/dkc-dev/dkc/services/auth"
+	"github.com/dkc-dev/dkc/services/rpc"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 
@@ -67,8 +68,12 @@ func newGRPCServer(cfg Config, log *zap.Logger, creds credentials.TransportCrede
 		grpc.SharedWriteBuffer(true),
 		grpc.MaxSendMsgSize(cfg.MaxSendMsgSizeMiB << 20),
 		grpc.MaxRecvMsgSize(1 << 20), // status reports are small
+		// Calls open at once per connection: each costs a goroutine and buffers before any handler decides
+		// anything. With one config stream per node (package rpc), a token is worth little more than that.
+		grpc.MaxConcurrentStreams(uint32(cfg.MaxConcurrentStreams)),
 	}
 	opts = append(opts, auth.ServerOptions()...) // header-size cap: unauthenticated callers' metadata
+	opts = append(opts, rpc.ServerOptions()...)  // the codec sending an assignment encoded once to all its nodes
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}

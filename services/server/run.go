@@ -88,8 +88,12 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	ctrl := controller.New(log.Named("controller"), nodeInformer, table, namespaces, func(node string) { writer.Forget(node) })
 	tracker := configmaps.New(client, namespaces, log.Named("configmaps"), ctrl.OnConfigMapChange)
 	ctrl.SetConfigMaps(tracker)
-	writer = nodestatus.New(log.Named("nodestatus"), client, nodeInformer.Lister(), table, nodestatus.NewMetrics(reg))
-	svc := rpc.New(log.Named("rpc"), table, writer, rpc.NewMetrics(reg))
+	// The writer writes unprompted (sync errors, retries) only for nodes streaming from this replica: a
+	// node that moved to another replica would otherwise get this replica's older report written back.
+	var svc *rpc.Service
+	writer = nodestatus.New(log.Named("nodestatus"), client, nodeInformer.Lister(), table, nodestatus.NewMetrics(reg),
+		nodestatus.WithServing(func(node string) bool { return svc.Serving(node) }))
+	svc = rpc.New(log.Named("rpc"), table, writer, rpc.NewMetrics(reg))
 	reviewClient, err := auth.NewReviewClient(restCfg, cfg.TokenReviewQPS, cfg.TokenReviewBurst)
 	if err != nil {
 		return err

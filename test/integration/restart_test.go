@@ -140,21 +140,7 @@ func TestKubeletLeftAtItsStartLimitIsRecovered(t *testing.T) {
 	t.Cleanup(func() { resetRealNode(t) })
 	ctx := testContext(t)
 
-	conn, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
-		c, err := godbus.Dial(cluster.BusAddress(realNode), godbus.WithContext(ctx))
-		if err != nil {
-			return nil, err
-		}
-		if err := c.Auth([]godbus.Auth{godbus.AuthExternal("0")}); err != nil {
-			c.Close()
-			return nil, err
-		}
-		return c, c.Hello()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := nodeBus(ctx, t, realNode)
 	for i := 0; i < 20; i++ {
 		done := make(chan string, 1)
 		if _, err := conn.RestartUnitContext(ctx, "kubelet.service", "replace", done); err != nil {
@@ -212,21 +198,7 @@ func TestReassignmentWhileARestartJobIsQueued(t *testing.T) {
 	resetRealNode(t)
 	t.Cleanup(func() { resetRealNode(t) })
 	ctx := testContext(t)
-	conn, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
-		c, err := godbus.Dial(cluster.BusAddress(realNode), godbus.WithContext(ctx))
-		if err != nil {
-			return nil, err
-		}
-		if err := c.Auth([]godbus.Auth{godbus.AuthExternal("0")}); err != nil {
-			c.Close()
-			return nil, err
-		}
-		return c, c.Hello()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := nodeBus(ctx, t, realNode)
 
 	a := createConfigMap(t, "queued-a", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 41\n")})
 	b := createConfigMap(t, "queued-b", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 42\n")})
@@ -283,4 +255,25 @@ func TestReassignmentWhileARestartJobIsQueued(t *testing.T) {
 	// A was not blamed for its queued job: assigning it again runs it.
 	setSource(t, client, realNode, cmSource(a.Name))
 	waitNodeStatus(t, realNode, nameA, nameA, "*", "", 2*time.Minute)
+}
+
+// nodeBus connects to node's systemd over its D-Bus socket, as root (EXTERNAL auth uid 0), until the test ends.
+func nodeBus(ctx context.Context, t *testing.T, node string) *sddbus.Conn {
+	t.Helper()
+	conn, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
+		c, err := godbus.Dial(cluster.BusAddress(node), godbus.WithContext(ctx))
+		if err != nil {
+			return nil, err
+		}
+		if err := c.Auth([]godbus.Auth{godbus.AuthExternal("0")}); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, c.Hello()
+	})
+	if err != nil {
+		t.Fatalf("connect to the systemd of %s: %v", node, err)
+	}
+	t.Cleanup(conn.Close)
+	return conn
 }

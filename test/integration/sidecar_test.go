@@ -309,25 +309,9 @@ func TestKubeletThatCannotAuthenticateIsNotRolledBack(t *testing.T) {
 	t.Cleanup(resume)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	m, err := systemd.Dial(ctx, cluster.BusAddress(realNode), "kubelet.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.Restart(ctx); err != nil { // a new kubelet: empty authentication cache
-		t.Fatal(err)
-	}
-	pid := kubeletPID(t)
-	if err := cluster.RestartSidecar(ctx, realNode); err != nil {
-		t.Fatal(err)
-	}
+	pid := restartKubeletThenSidecar(ctx, t)
 	time.Sleep(devclustertest.HealthTimeout + 15*time.Second) // past the health timeout of the sidecar's check
-	if got, err := cluster.KubeletMainPID(ctx, realNode); err != nil || got != pid {
-		t.Errorf("kubelet pid %d → %d (%v): the sidecar restarted the kubelet while /configz was refused", pid, got, err)
-	}
-	if after, _ := os.ReadFile(filepath.Join(cluster.DynamicConfigDir(realNode), "kubelet.env")); string(after) != string(env) {
-		t.Errorf("kubelet.env changed while /configz was refused (a rollback):\n%s\n→\n%s", env, after)
-	}
+	expectUntouched(ctx, t, pid, env, "while /configz was refused")
 	resume()
 	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
 	if got, _ := cluster.KubeletMainPID(ctx, realNode); got != pid {
@@ -378,31 +362,46 @@ func TestKubeletWhoseAPIServerDropsPacketsIsNotRolledBack(t *testing.T) {
 	t.Cleanup(undrop)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	pid := restartKubeletThenSidecar(ctx, t)
+	// The sidecar can still reach dkc-server (another port), so its status shows what it concluded.
+	waitNodeStatus(t, realNode, name, name, "*", agent.VerifyTimeoutError, devclustertest.HealthTimeout+time.Minute)
+	time.Sleep(devclustertest.HealthTimeout) // and stays so past the health timeout
+	expectUntouched(ctx, t, pid, env, "while /configz did not answer")
+	undrop()
+	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
+	if got, _ := cluster.KubeletMainPID(ctx, realNode); got != pid {
+		t.Errorf("kubelet restarted after the apiserver became reachable (pid %d → %d)", pid, got)
+	}
+}
+
+// restartKubeletThenSidecar restarts the real node's kubelet over D-Bus (a new kubelet: an empty
+// authentication cache), then its sidecar; it returns the new kubelet's PID.
+func restartKubeletThenSidecar(ctx context.Context, t *testing.T) int {
+	t.Helper()
 	m, err := systemd.Dial(ctx, cluster.BusAddress(realNode), "kubelet.service")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	if err := m.Restart(ctx); err != nil { // a new kubelet: empty authentication cache
+	if err := m.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
 	pid := kubeletPID(t)
 	if err := cluster.RestartSidecar(ctx, realNode); err != nil {
 		t.Fatal(err)
 	}
-	// The sidecar can still reach dkc-server (another port), so its status shows what it concluded.
-	waitNodeStatus(t, realNode, name, name, "*", agent.VerifyTimeoutError, devclustertest.HealthTimeout+time.Minute)
-	time.Sleep(devclustertest.HealthTimeout) // and stays so past the health timeout
+	return pid
+}
+
+// expectUntouched checks that the real node's kubelet still runs as pid and its env file still says env:
+// no restart, no rollback, while what says.
+func expectUntouched(ctx context.Context, t *testing.T, pid int, env []byte, while string) {
+	t.Helper()
 	if got, err := cluster.KubeletMainPID(ctx, realNode); err != nil || got != pid {
-		t.Errorf("kubelet pid %d → %d (%v): the sidecar restarted the kubelet while /configz did not answer", pid, got, err)
+		t.Errorf("kubelet pid %d → %d (%v): the sidecar restarted the kubelet %s", pid, got, err, while)
 	}
 	if after, _ := os.ReadFile(filepath.Join(cluster.DynamicConfigDir(realNode), "kubelet.env")); string(after) != string(env) {
-		t.Errorf("kubelet.env changed while /configz did not answer (a rollback):\n%s\n→\n%s", env, after)
-	}
-	undrop()
-	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
-	if got, _ := cluster.KubeletMainPID(ctx, realNode); got != pid {
-		t.Errorf("kubelet restarted after the apiserver became reachable (pid %d → %d)", pid, got)
+		t.Errorf("kubelet.env changed %s (a rollback):\n%s\n→\n%s", while, env, after)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,6 +179,7 @@ func TestNodeDeletedAndRejoined(t *testing.T) {
 	const node = "node-2"
 	t.Cleanup(func() { resetAll(t) })
 	local := configzQPS(t, node)
+	before := kubeletStarts(t, node)
 	cm := createConfig(t, "installed-rejoin", node, 61)
 	assign(t, node, cm)
 	waitRunning(t, node, cm, 2*time.Minute)
@@ -217,6 +220,11 @@ func TestNodeDeletedAndRejoined(t *testing.T) {
 	}
 	if got := configzQPS(t, node); got != local {
 		t.Errorf("%s: configz eventRecordQPS = %v, want the local config's %v (61 would be the deleted object's config)", node, got, local)
+	}
+	// The assignment's start, the test's restart that re-registers the node, and the reset to the local
+	// config the new Node asks for (it has no source).
+	if d := kubeletStarts(t, node) - before; d != 3 {
+		t.Errorf("%s: kubelet started %d times, want 3 (assignment, re-registration, reset to local)", node, d)
 	}
 	waitServerSettled(t)
 }
@@ -284,10 +292,49 @@ func TestNodesMovingBetweenReplicas(t *testing.T) {
 	const rounds = 4
 	last := map[string]*corev1.ConfigMap{}
 	var history []map[string]string // what each round assigned, to recognise a stale write
+	// Sampled all along, not only once settled: the round a node's status names must never go back, as
+	// it would if a replica the node left wrote its older report over the newer one.
+	var mu sync.Mutex
+	roundOf := map[string]int{} // "node/config@rv" → round
+	var backwards []string
+	seen := map[string]int{}
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			for _, n := range nodes {
+				node, err := admin(t).CoreV1().Nodes().Get(context.Background(), n, metav1.GetOptions{})
+				if err != nil {
+					continue
+				}
+				var st corev1.NodeConfigStatus
+				if json.Unmarshal([]byte(node.Annotations["dkc.dev/config-status"]), &st) != nil {
+					continue
+				}
+				mu.Lock()
+				if r, ok := roundOf[n+"/"+srcName(st.Assigned)]; ok {
+					if prev, ok := seen[n]; ok && r < prev {
+						backwards = append(backwards, fmt.Sprintf("%s: round %d after round %d (%s)", n, r, prev, srcName(st.Assigned)))
+					}
+					seen[n] = max(seen[n], r)
+				}
+				mu.Unlock()
+			}
+		}
+	}()
 	for r := 0; r < rounds; r++ {
 		round := map[string]string{}
 		for _, n := range nodes {
 			last[n] = createConfig(t, fmt.Sprintf("installed-move-%s-r%d", n, r), n, 70+r)
+			mu.Lock()
+			roundOf[n+"/"+name(last[n])] = r
+			mu.Unlock()
 			assign(t, n, last[n])
 			round[n] = name(last[n])
 		}
@@ -306,6 +353,13 @@ func TestNodesMovingBetweenReplicas(t *testing.T) {
 			}
 		}
 	}
+	close(stop)
+	<-sampled
+	mu.Lock()
+	if len(backwards) > 0 {
+		t.Errorf("a node's status went back to an earlier round while it moved between replicas: %v (rounds: %v)", backwards, history)
+	}
+	mu.Unlock()
 	for _, n := range nodes {
 		if d := kubeletStarts(t, n) - before[n]; d != rounds {
 			t.Errorf("%s: kubelet started %d times for %d assignments, want %d (reconnects must not restart it)", n, d, rounds, rounds)

@@ -23,6 +23,7 @@ func TestSidecarRestartedDuringAnAPIServerOutage(t *testing.T) {
 	const node = "node-1"
 	t.Cleanup(func() { resetAll(t) })
 	before := kubeletStarts(t, node)
+	otherBefore := kubeletStarts(t, "node-2")
 	cm := createConfig(t, "installed-outage", node, 83)
 	assign(t, node, cm)
 	waitRunning(t, node, cm, 2*time.Minute)
@@ -109,5 +110,11 @@ func TestSidecarRestartedDuringAnAPIServerOutage(t *testing.T) {
 	}
 	if got := configzQPS(t, node); got != 83 {
 		t.Errorf("%s: configz eventRecordQPS = %v, want 83", node, got)
+	}
+	if d := kubeletStarts(t, "node-2") - otherBefore; d != 0 {
+		t.Errorf("node-2: kubelet started %d times during node-1's outage test, want 0", d)
+	}
+	if v := view(t, "node-2"); srcName(v.status.Active) != "local" || v.status.Error != "" || v.configOK == nil || v.configOK.Status != "True" {
+		t.Errorf("node-2 after the outage: %s; want its local config, ConfigOK True", v)
 	}
 }

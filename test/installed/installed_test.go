@@ -321,12 +321,17 @@ func TestServerPodsDeletedWhileAssignmentsChange(t *testing.T) {
 		}
 		// One replica lost at a time, as a node failure or an eviction takes it; the next round starts once
 		// the Deployment has replaced it (with both gone, assignments wait: the webhook fails closed).
+		// The victim is the replica serving one node's stream (the nodes take turns), as the issue asks.
 		pods := waitServerSettled(t)
-		victim := pods[r%len(pods)]
+		target := nodes[r%len(nodes)]
+		victim, found := servingPod(t, pods, target)
+		if !found {
+			victim = pods[r%len(pods)]
+		}
 		if err := admin(t).CoreV1().Pods("kube-system").Delete(ctxFor(t), victim.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Fatalf("delete %s: %v", victim.Name, err)
 		}
-		t.Logf("round %d: assigned, deleted %s on %s", r, victim.Name, victim.Spec.NodeName)
+		t.Logf("round %d: assigned, deleted %s on %s (serving %s's stream: %v)", r, victim.Name, victim.Spec.NodeName, target, found)
 		time.Sleep(2 * time.Second)
 	}
 	for _, n := range nodes {
@@ -347,4 +352,31 @@ func TestServerPodsDeletedWhileAssignmentsChange(t *testing.T) {
 			}
 		}
 	}
+}
+
+// servingPod is the dkc-server pod whose log last says node's stream opened there (and not since ended).
+func servingPod(t *testing.T, pods []corev1.Pod, node string) (corev1.Pod, bool) {
+	t.Helper()
+	for _, p := range pods {
+		raw, err := admin(t).CoreV1().Pods("kube-system").GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctxFor(t))
+		if err != nil {
+			continue
+		}
+		state := ""
+		for _, line := range strings.Split(string(raw), "\n") {
+			if !strings.Contains(line, `"node":"`+node+`"`) {
+				continue
+			}
+			switch {
+			case strings.Contains(line, `"node watching"`):
+				state = "open"
+			case strings.Contains(line, `"node watch ended"`), strings.Contains(line, "node watch replaced"):
+				state = "ended"
+			}
+		}
+		if state == "open" {
+			return p, true
+		}
+	}
+	return corev1.Pod{}, false
 }

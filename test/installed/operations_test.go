@@ -75,9 +75,9 @@ func TestRolloutCompletesThroughServerRolloutRestart(t *testing.T) {
 }
 
 // TestSidecarRollingUpdate: a new sidecar image rolls over the DaemonSet while both nodes run assigned
-// configs and node-1 has just been given a new one (its sidecar is restarting the kubelet or waiting for it
-// to come back healthy when the pod is replaced). No kubelet restarts beyond the one assignment needs, no
-// good config rolled back.
+// configs and node-1 has just been given a new one: the update lands while node-1's sidecar waits for the
+// kubelet, restarted into it, to come back healthy (asserted from the replaced pod's log). No kubelet
+// restarts beyond the one assignment needs, no good config rolled back.
 func TestSidecarRollingUpdate(t *testing.T) {
 	t.Cleanup(func() { resetAll(t) })
 	a := createConfig(t, "installed-update-a", "node-1", 51)
@@ -101,15 +101,42 @@ func TestSidecarRollingUpdate(t *testing.T) {
 		_, _ = kubectl(t, "-n", "kube-system", "set", "image", "daemonset/dkc-sidecar", "dkc-sidecar="+devcluster.ImageRepo+"/dkc-sidecar:"+devcluster.ImageTag)
 		waitRolledOut(t, "daemonset/dkc-sidecar")
 	})
+	// Both pods replaced at once (the test's choice; deploy/ rolls 10% at a time), so that node-1's is
+	// replaced the moment the update starts, inside its health wait.
+	strategy := func(v string) string {
+		return `{"spec":{"updateStrategy":{"rollingUpdate":{"maxUnavailable":"` + v + `"}}}}`
+	}
+	if out, err := kubectl(t, "-n", "kube-system", "patch", "daemonset/dkc-sidecar", "-p", strategy("100%")); err != nil {
+		t.Fatalf("patch the update strategy: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _, _ = kubectl(t, "-n", "kube-system", "patch", "daemonset/dkc-sidecar", "-p", strategy("10%")) })
 	before := map[string]int{}
 	for _, n := range nodes {
 		before[n] = kubeletStarts(t, n)
 	}
+	old := sidecarPod(t, "node-1")
 	assign(t, "node-1", b)
+	// The kubelet has restarted into b (its log says so): the sidecar is now in its health wait.
+	for deadline := time.Now().Add(time.Minute); kubeletStarts(t, "node-1") == before["node-1"]; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("node-1's kubelet never restarted into the new config")
+		}
+	}
 	if out, err := kubectl(t, "-n", "kube-system", "set", "image", "daemonset/dkc-sidecar", "dkc-sidecar="+devcluster.ImageRepo+"/dkc-sidecar:update"); err != nil {
 		t.Fatalf("set image: %v\n%s", err, out)
 	}
 	waitRolledOut(t, "daemonset/dkc-sidecar")
+	// The old sidecar was stopped inside the wait: it never saw the kubelet healthy with b.
+	logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir("node-1"), "pods", "kube-system_"+old+"_*", "dkc-sidecar", "*.log"))
+	for _, l := range logs {
+		raw, _ := os.ReadFile(l)
+		if i := strings.LastIndex(string(raw), "restarting kubelet to use config"); i >= 0 && strings.Contains(string(raw[i:]), "kubelet healthy with config") {
+			t.Errorf("%s saw the kubelet healthy before it was replaced: the update did not land in its health wait (%s)", old, l)
+		}
+	}
+	if len(logs) == 0 {
+		t.Errorf("no log of the replaced pod %s", old)
+	}
 	waitRunning(t, "node-1", b, 2*time.Minute)
 	waitRunning(t, "node-2", a, time.Minute)
 	if d := kubeletStarts(t, "node-1") - before["node-1"]; d != 1 {

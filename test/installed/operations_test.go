@@ -109,7 +109,9 @@ func TestSidecarRollingUpdate(t *testing.T) {
 	if out, err := kubectl(t, "-n", "kube-system", "patch", "daemonset/dkc-sidecar", "-p", strategy("100%")); err != nil {
 		t.Fatalf("patch the update strategy: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { _, _ = kubectl(t, "-n", "kube-system", "patch", "daemonset/dkc-sidecar", "-p", strategy("10%")) })
+	t.Cleanup(func() {
+		_, _ = kubectl(t, "-n", "kube-system", "patch", "daemonset/dkc-sidecar", "-p", strategy("10%"))
+	})
 	before := map[string]int{}
 	for _, n := range nodes {
 		before[n] = kubeletStarts(t, n)

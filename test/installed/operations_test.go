@@ -124,20 +124,31 @@ func TestSidecarRollingUpdate(t *testing.T) {
 			t.Fatal("node-1's kubelet never restarted into the new config")
 		}
 	}
+	// The replaced pod's log goes with the pod: keep it open (an open file outlives its unlinking).
+	logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir("node-1"), "pods", "kube-system_"+old+"_*", "dkc-sidecar", "*.log"))
+	var open []*os.File
+	for _, l := range logs {
+		if f, err := os.Open(l); err == nil {
+			open = append(open, f)
+			defer f.Close()
+		}
+	}
+	if len(open) == 0 {
+		t.Fatalf("no log of %s under %s", old, cluster.NodeLogDir("node-1"))
+	}
 	if out, err := kubectl(t, "-n", "kube-system", "set", "image", "daemonset/dkc-sidecar", "dkc-sidecar="+devcluster.ImageRepo+"/dkc-sidecar:update"); err != nil {
 		t.Fatalf("set image: %v\n%s", err, out)
 	}
 	waitRolledOut(t, "daemonset/dkc-sidecar")
 	// The old sidecar was stopped inside the wait: it never saw the kubelet healthy with b.
-	logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir("node-1"), "pods", "kube-system_"+old+"_*", "dkc-sidecar", "*.log"))
-	for _, l := range logs {
-		raw, _ := os.ReadFile(l)
-		if i := strings.LastIndex(string(raw), "restarting kubelet to use config"); i >= 0 && strings.Contains(string(raw[i:]), "kubelet healthy with config") {
-			t.Errorf("%s saw the kubelet healthy before it was replaced: the update did not land in its health wait (%s)", old, l)
+	for _, f := range open {
+		raw, _ := io.ReadAll(f)
+		i := strings.LastIndex(string(raw), "restarting kubelet to use config")
+		if i < 0 {
+			t.Errorf("%s never logged the restart into the new config (%s)", old, f.Name())
+		} else if strings.Contains(string(raw[i:]), "kubelet healthy with config") {
+			t.Errorf("%s saw the kubelet healthy before it was replaced: the update did not land in its health wait (%s)", old, f.Name())
 		}
-	}
-	if len(logs) == 0 {
-		t.Errorf("no log of the replaced pod %s", old)
 	}
 	waitRunning(t, "node-1", b, 2*time.Minute)
 	waitRunning(t, "node-2", a, time.Minute)

@@ -37,6 +37,11 @@ import (
 // service and apiserver unreachable the node keeps what it has — then follows the service.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	log = log.With(zap.String("node", cfg.NodeName))
+	release, err := lockNode(ctx, cfg.DynamicConfigDir, log)
+	if err != nil {
+		return err
+	}
+	defer release()
 	var svc agent.ServiceManager
 	if cfg.RestartMode == "signal" {
 		svc = systemd.Signal{PIDFile: cfg.KubeletPIDFile, Timeout: cfg.HealthTimeout}

@@ -3,6 +3,7 @@ package devcluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"syscall"
@@ -147,6 +148,33 @@ func (c *Cluster) startUnit(ctx context.Context, node, unit string) error {
 		return fmt.Errorf("node %s: %w", node, err)
 	}
 	return nil
+}
+
+// RestartBus is `systemctl restart dbus` on a real node: every client's bus connection closes, and new ones
+// wait on the socket (dbus.socket) until the new daemon runs. It returns once the node's bus answers again.
+func (c *Cluster) RestartBus(ctx context.Context, node string) error {
+	m, err := systemd.Dial(ctx, c.BusAddress(node), "dbus.service")
+	if err != nil {
+		return fmt.Errorf("node %s: %w", node, err)
+	}
+	// The job's result is a signal on the connection the restart closes: ErrBusLost is the expected end.
+	err = m.Restart(ctx)
+	m.Close()
+	if err != nil && !errors.Is(err, systemd.ErrBusLost) {
+		return fmt.Errorf("node %s: restart dbus: %w", node, err)
+	}
+	return pollUntil(ctx, time.Minute, "node "+node+": the bus answering after its restart", func(ctx context.Context) error {
+		m, err := systemd.Dial(ctx, c.BusAddress(node), "dbus.service")
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		state, _, err := m.State(ctx)
+		if err == nil && state != "active" {
+			err = fmt.Errorf("dbus.service is %s", state)
+		}
+		return err
+	})
 }
 
 // KubeletMainPID is `systemctl show -p MainPID kubelet` on a real node (0: not running).

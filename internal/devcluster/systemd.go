@@ -17,7 +17,7 @@ import (
 // A real node runs its kubelet as a unit of a real systemd: a Debian rootfs (debootstrapped once into the
 // cache) booted by systemd-nspawn inside the node's network namespace. The kubelet unit carries dkc's
 // drop-in, and the dkc sidecar runs as a second unit in the same container, restarting the kubelet over
-// that systemd's D-Bus — the shape of a production node with the DaemonSet pod (hostPID, the host's bus).
+// that systemd's D-Bus — the shape of a production node with the DaemonSet pod (the host's /proc, the host's bus).
 //
 // Measured requirements (reference/local-cluster-facts.md and this package's history): --keep-unit and
 // --register=no (no host systemd), --capability=all (the kubelet needs CAP_SYSLOG for /dev/kmsg, above

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -107,8 +108,12 @@ type Config struct {
 	// LocalConfig is the node's own kubelet config file, used when nothing (valid) is assigned.
 	LocalConfig string
 	// KubeletFlags, if not nil, are the kubelet's command-line flags; otherwise they are read from the
-	// running kubelet's /proc/<pid>/cmdline (and remembered for when it is not running).
+	// running kubelet's <ProcDir>/<pid>/cmdline (and remembered for when it is not running).
 	KubeletFlags []string
+	// ProcDir is the node's /proc (default); in a pod, the host's /proc mounted read-only, which shows the
+	// kubelet's command line without sharing the host's PID namespace (and so without being able to signal
+	// the node's processes).
+	ProcDir string
 	// TrialDuration a config must run healthy before it becomes last-known-good.
 	TrialDuration time.Duration
 	// HealthTimeout bounds the wait for the kubelet to come back healthy with a new config.
@@ -770,7 +775,7 @@ func (a *Agent) kubeletFlags(ctx context.Context) ([]string, error) {
 	}
 	pid, err := a.svc.MainPID(ctx)
 	if err == nil && pid > 0 {
-		if raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil {
+		if raw, err := os.ReadFile(filepath.Join(a.procDir(), strconv.Itoa(pid), "cmdline")); err == nil {
 			args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 			if len(args) > 0 {
 				config, rest := configcheck.ConfigFlag(args[1:])
@@ -793,6 +798,14 @@ func (a *Agent) kubeletFlags(ctx context.Context) ([]string, error) {
 		return f, nil
 	}
 	return nil, errors.New("the kubelet is not running and its flags were never seen")
+}
+
+// procDir is where the node's processes are seen: /proc, or the host's /proc mounted into the pod.
+func (a *Agent) procDir() string {
+	if a.cfg.ProcDir != "" {
+		return a.cfg.ProcDir
+	}
+	return "/proc"
 }
 
 // errForeignConfig marks a kubelet running with a --config dkc did not give it.

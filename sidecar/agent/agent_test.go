@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -528,6 +529,31 @@ func TestInitRefusesAKubeletRunningAnotherConfig(t *testing.T) {
 	a.Apply(context.Background(), Desired{Assignment: assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n")})
 	if st := rep.lastStatus(); st.GetError() != InternalError || fk.count() != 0 {
 		t.Errorf("status %v, restarts %d; want %q and none", st, fk.count(), InternalError)
+	}
+}
+
+// TestKubeletCommandLineReadFromProcDir: in a pod, the host's /proc is mounted at --host-proc (no host PID
+// namespace); the kubelet's MainPID, a host PID, is looked up there and not in the pod's own /proc.
+func TestKubeletCommandLineReadFromProcDir(t *testing.T) {
+	root := t.TempDir()
+	dir, local, proc := filepath.Join(root, "dynamic-config"), filepath.Join(root, "config.yaml"), filepath.Join(root, "host-proc")
+	if err := os.WriteFile(local, []byte(cfgHeader), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A PID no process of this test has (pid_max is at most 2^22): only the mounted /proc knows it.
+	const hostPID = 1 << 23
+	if err := os.MkdirAll(filepath.Join(proc, strconv.Itoa(hostPID)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, strconv.Itoa(hostPID), "cmdline"), []byte("/usr/bin/kubelet\x00--config=/other/path\x00"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	fk := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
+	k := pidKubelet{fakeKubelet: fk, pid: hostPID}
+	a := New(Config{LocalConfig: local, Checker: kubeletconfig.InProcess{}, HealthTimeout: time.Second, ProcDir: proc}, zap.NewNop(),
+		checkpoint.New(dir), k, k, &recordingReporter{}, nil, nil)
+	if err := a.Init(context.Background()); err == nil || !strings.Contains(err.Error(), "/other/path") {
+		t.Fatalf("Init = %v; want the refusal of the --config read from %s/%d/cmdline", err, proc, hostPID)
 	}
 }
 

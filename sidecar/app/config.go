@@ -37,6 +37,8 @@ type Config struct {
 	LogDevelopment   bool
 	PrintDropIn      bool
 	InstallDropIn    string
+	InstallOnly      bool
+	HostProc         string
 	// KubeletCheckBinary is the dkc-kubelet-check helper; default: next to this executable.
 	KubeletCheckBinary string
 }
@@ -55,6 +57,7 @@ func DefaultConfig() Config {
 		HealthTimeout:    2 * time.Minute,
 		KeepCheckpoints:  3,
 		MetricsAddress:   ":9091",
+		HostProc:         "/proc",
 		LogLevel:         "info",
 	}
 }
@@ -83,6 +86,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
 	fs.StringVar(&c.InstallDropIn, "install-kubelet-dropin", c.InstallDropIn, "with --restart-mode=systemd: write the kubelet drop-in to this path (e.g. /etc/systemd/system/kubelet.service.d/20-dkc.conf) if it differs, and daemon-reload")
+	fs.BoolVar(&c.InstallOnly, "install-only", c.InstallOnly, "with --install-kubelet-dropin: install the drop-in, reload systemd and exit. The DaemonSet's init container does this, so the long-running container has no write access to unit files")
+	fs.StringVar(&c.HostProc, "host-proc", c.HostProc, "the node's /proc, where the kubelet's command line is read (<host-proc>/<MainPID>/cmdline); the DaemonSet mounts the host's /proc read-only at /host/proc instead of sharing the host's PID namespace")
 	fs.StringVar(&c.KubeletCheckBinary, "kubelet-check-binary", c.KubeletCheckBinary, "the dkc-kubelet-check helper that loads and validates configs with the kubelet's code; default: dkc-kubelet-check next to this executable")
 	fs.BoolVar(&c.PrintDropIn, "print-kubelet-dropin", c.PrintDropIn, "print the kubelet systemd drop-in for --dynamic-config-dir (one-time node setup) and exit")
 }
@@ -90,6 +95,13 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	if c.PrintDropIn {
+		return nil
+	}
+	if c.InstallOnly {
+		// An init container: it needs the bus and the drop-in path, nothing of the service or the node.
+		if c.InstallDropIn == "" || c.RestartMode != "systemd" || !strings.HasPrefix(c.DynamicConfigDir, "/") {
+			return errors.New("--install-only needs --install-kubelet-dropin, --restart-mode=systemd and an absolute --dynamic-config-dir (the drop-in names it)")
+		}
 		return nil
 	}
 	var errs []error
@@ -111,8 +123,8 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("--restart-mode %q: want systemd or signal", c.RestartMode))
 	}
-	if !strings.HasPrefix(c.DynamicConfigDir, "/") || !strings.HasPrefix(c.KubeletConfig, "/") {
-		errs = append(errs, errors.New("--dynamic-config-dir and --kubelet-config must be absolute paths"))
+	if !strings.HasPrefix(c.DynamicConfigDir, "/") || !strings.HasPrefix(c.KubeletConfig, "/") || !strings.HasPrefix(c.HostProc, "/") {
+		errs = append(errs, errors.New("--dynamic-config-dir, --kubelet-config and --host-proc must be absolute paths"))
 	}
 	if c.TrialDuration <= 0 || c.HealthTimeout <= 0 || c.KeepCheckpoints < 0 {
 		errs = append(errs, errors.New("--trial-duration and --health-timeout must be positive, --keep-checkpoints not negative"))

@@ -30,6 +30,9 @@ import (
 // service and apiserver unreachable the node keeps what it has — then follows the service.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	log = log.With(zap.String("node", cfg.NodeName))
+	if cfg.InstallOnly {
+		return installOnly(ctx, cfg, log)
+	}
 	release, err := lockNode(ctx, cfg.DynamicConfigDir, log)
 	if err != nil {
 		return err
@@ -87,7 +90,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}
 	ag := agent.New(agent.Config{
 		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
-		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints,
+		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, ProcDir: cfg.HostProc,
 		// The prober learns the kubelet's --cert-dir (where its serving certificate is) from the flags.
 		Checker: prober.ObserveFlags(checker),
 	}, log.Named("agent"), checkpoint.New(cfg.DynamicConfigDir), svc, prober, cl, agent.NewMetrics(reg), nil)
@@ -123,6 +126,21 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	err = g.Wait()
 	log.Info("dkc-sidecar stopped")
 	return err
+}
+
+// installOnly is the DaemonSet's init container: it installs the kubelet drop-in and exits, so that the
+// long-running sidecar, which acts on what the network sends it, cannot write unit files.
+func installOnly(ctx context.Context, cfg Config, log *zap.Logger) error {
+	m, err := systemd.Dial(ctx, cfg.DBusAddress, cfg.KubeletUnit)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if err := installDropIn(ctx, m, cfg.InstallDropIn, kubeletunit.DropIn(cfg.DynamicConfigDir), log); err != nil {
+		return err
+	}
+	log.Info("kubelet drop-in in place", zap.String("path", cfg.InstallDropIn), zap.String("unit", cfg.KubeletUnit))
+	return nil
 }
 
 // installDropIn writes the kubelet drop-in when it differs and makes systemd read it. The kubelet itself is

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
@@ -25,18 +26,41 @@ const DefaultAddress = "unix:path=/run/dbus/system_bus_socket"
 
 // Manager controls one unit.
 type Manager struct {
-	conn  *sddbus.Conn
-	unit  string
-	pacer startPacer
+	address string
+	unit    string
+	pacer   startPacer
+
+	mu   sync.Mutex
+	conn *sddbus.Conn // nil or closed: dialled again at the next call
 }
 
 // Dial connects to systemd on the bus at address (DefaultAddress if empty) with EXTERNAL authentication.
+// A connection that closes later (dbus-daemon restarted, e.g. by a package upgrade) is dialled again at the
+// next call: the sidecar outlives the bus daemon it talks through.
 func Dial(ctx context.Context, address, unit string) (*Manager, error) {
 	if address == "" {
 		address = DefaultAddress
 	}
+	m := &Manager{address: address, unit: unit, pacer: startPacer{clock: clock.RealClock{}}}
+	if _, err := m.bus(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// bus returns the live connection, dialling a new one when there is none or it has closed.
+func (m *Manager) bus(ctx context.Context) (*sddbus.Conn, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conn != nil && m.conn.Connected() {
+		return m.conn, nil
+	}
+	if m.conn != nil {
+		m.conn.Close()
+		m.conn = nil
+	}
 	conn, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
-		c, err := godbus.Dial(address, godbus.WithContext(ctx))
+		c, err := godbus.Dial(m.address, godbus.WithContext(context.WithoutCancel(ctx)))
 		if err != nil {
 			return nil, err
 		}
@@ -51,13 +75,21 @@ func Dial(ctx context.Context, address, unit string) (*Manager, error) {
 		return c, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("connect to systemd on %s: %w", address, err)
+		return nil, fmt.Errorf("connect to systemd on %s: %w", m.address, err)
 	}
-	return &Manager{conn: conn, unit: unit, pacer: startPacer{clock: clock.RealClock{}}}, nil
+	m.conn = conn
+	return conn, nil
 }
 
 // Close closes the bus connection.
-func (m *Manager) Close() { m.conn.Close() }
+func (m *Manager) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conn != nil {
+		m.conn.Close()
+		m.conn = nil
+	}
+}
 
 // Unit is the controlled unit's name.
 func (m *Manager) Unit() string { return m.unit }
@@ -69,7 +101,7 @@ var ErrNoUnit = errors.New("not a systemd unit on this node")
 // must say "loaded". Otherwise every restart would fail later, one config at a time, for a reason no
 // config could fix.
 func (m *Manager) CheckUnit(ctx context.Context) error {
-	p, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "LoadState")
+	p, err := m.unitProperty(ctx, "LoadState")
 	if err != nil {
 		return fmt.Errorf("read LoadState of %s: %w", m.unit, err)
 	}
@@ -127,7 +159,7 @@ func (m *Manager) Restart(ctx context.Context) error {
 		return err
 	}
 	m.pacer.record()
-	err = m.job(ctx, "restart", m.conn.RestartUnitContext)
+	err = m.job(ctx, "restart")
 	if !errors.Is(err, ErrJobFailed) {
 		return err
 	}
@@ -141,11 +173,11 @@ func (m *Manager) Restart(ctx context.Context) error {
 	if result != "start-limit-hit" {
 		return err
 	}
-	if rerr := m.conn.ResetFailedUnitContext(ctx, m.unit); rerr != nil {
+	if rerr := m.resetFailed(ctx); rerr != nil {
 		return fmt.Errorf("%w; reset-failed: %v", err, rerr)
 	}
 	m.pacer.record()
-	if err := m.job(ctx, "start", m.conn.StartUnitContext); err != nil {
+	if err := m.job(ctx, "start"); err != nil {
 		if result, rerr := m.serviceResult(ctx); rerr == nil && processFailures[result] {
 			return &StartFailedError{Unit: m.unit, Result: result, Err: err}
 		}
@@ -164,7 +196,7 @@ func (m *Manager) resetIfFailed(ctx context.Context) error {
 	if state != "failed" {
 		return nil
 	}
-	if err := m.conn.ResetFailedUnitContext(ctx, m.unit); err != nil {
+	if err := m.resetFailed(ctx); err != nil {
 		return fmt.Errorf("reset-failed %s: %w", m.unit, err)
 	}
 	return nil
@@ -173,7 +205,7 @@ func (m *Manager) resetIfFailed(ctx context.Context) error {
 // State is `systemctl show --property ActiveState,Result UNIT`: e.g. "active" and "success", or "failed"
 // and "start-limit-hit" for a unit systemd gave up on.
 func (m *Manager) State(ctx context.Context) (activeState, result string, err error) {
-	p, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "ActiveState")
+	p, err := m.unitProperty(ctx, "ActiveState")
 	if err != nil {
 		return "", "", fmt.Errorf("read ActiveState of %s: %w", m.unit, err)
 	}
@@ -184,7 +216,7 @@ func (m *Manager) State(ctx context.Context) (activeState, result string, err er
 
 // serviceResult is `systemctl show --property Result UNIT` ("success", "exit-code", "start-limit-hit", ...).
 func (m *Manager) serviceResult(ctx context.Context) (string, error) {
-	p, err := m.conn.GetServicePropertyContext(ctx, m.unit, "Result")
+	p, err := m.serviceProperty(ctx, "Result")
 	if err != nil {
 		return "", fmt.Errorf("read Result of %s: %w", m.unit, err)
 	}
@@ -195,11 +227,11 @@ func (m *Manager) serviceResult(ctx context.Context) (string, error) {
 // startLimit is `systemctl show --property StartLimitIntervalUSec,StartLimitBurst UNIT`; a zero interval or
 // burst means the unit has no start limit.
 func (m *Manager) startLimit(ctx context.Context) (time.Duration, int, error) {
-	iv, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "StartLimitIntervalUSec")
+	iv, err := m.unitProperty(ctx, "StartLimitIntervalUSec")
 	if err != nil {
 		return 0, 0, fmt.Errorf("read StartLimitIntervalUSec of %s: %w", m.unit, err)
 	}
-	bv, err := m.conn.GetUnitPropertyContext(ctx, m.unit, "StartLimitBurst")
+	bv, err := m.unitProperty(ctx, "StartLimitBurst")
 	if err != nil {
 		return 0, 0, fmt.Errorf("read StartLimitBurst of %s: %w", m.unit, err)
 	}
@@ -208,21 +240,66 @@ func (m *Manager) startLimit(ctx context.Context) (time.Duration, int, error) {
 	return time.Duration(usec) * time.Microsecond, int(burst), nil
 }
 
-// job queues a unit job (mode "replace") and waits for its result; anything but "done" wraps ErrJobFailed.
-func (m *Manager) job(ctx context.Context, verb string, queue func(context.Context, string, string, chan<- string) (int, error)) error {
+// job queues a unit job (mode "replace") and waits for its result; anything but "done" wraps ErrJobFailed. The
+// result comes as a bus signal: a connection that closes first ends the wait with ErrBusLost (the job itself
+// may still run; the caller finds out by looking at the unit again).
+func (m *Manager) job(ctx context.Context, verb string) error {
+	c, err := m.bus(ctx)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
+	}
+	queue := c.RestartUnitContext
+	if verb == "start" {
+		queue = c.StartUnitContext
+	}
 	done := make(chan string, 1)
 	if _, err := queue(ctx, m.unit, "replace", done); err != nil {
 		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
 	}
-	select {
-	case result := <-done:
-		if result != "done" {
-			return fmt.Errorf("%s %s: %w: %s", verb, m.unit, ErrJobFailed, result)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case result := <-done:
+			if result != "done" {
+				return fmt.Errorf("%s %s: %w: %s", verb, m.unit, ErrJobFailed, result)
+			}
+			return nil
+		case <-tick.C:
+			if !c.Connected() {
+				return fmt.Errorf("%s %s: %w", verb, m.unit, ErrBusLost)
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("%s %s: %w", verb, m.unit, ctx.Err())
 		}
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("%s %s: %w", verb, m.unit, ctx.Err())
 	}
+}
+
+// ErrBusLost: the bus connection closed while a job's result was awaited.
+var ErrBusLost = errors.New("the system bus connection closed before the job's result came (dbus-daemon restarted?)")
+
+func (m *Manager) unitProperty(ctx context.Context, name string) (*sddbus.Property, error) {
+	c, err := m.bus(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.GetUnitPropertyContext(ctx, m.unit, name)
+}
+
+func (m *Manager) serviceProperty(ctx context.Context, name string) (*sddbus.Property, error) {
+	c, err := m.bus(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.GetServicePropertyContext(ctx, m.unit, name)
+}
+
+func (m *Manager) resetFailed(ctx context.Context) error {
+	c, err := m.bus(ctx)
+	if err != nil {
+		return err
+	}
+	return c.ResetFailedUnitContext(ctx, m.unit)
 }
 
 // UnitConfigFlag is the --config the unit gives the kubelet by itself, before dkc's drop-in: the one in
@@ -230,7 +307,7 @@ func (m *Manager) job(ctx context.Context, verb string, queue func(context.Conte
 // which this property does not show). "" when the unit sets none there. It tells what a reset to the local
 // config would run even while the kubelet runs a checkpoint.
 func (m *Manager) UnitConfigFlag(ctx context.Context) (string, error) {
-	p, err := m.conn.GetServicePropertyContext(ctx, m.unit, "Environment")
+	p, err := m.serviceProperty(ctx, "Environment")
 	if err != nil {
 		return "", fmt.Errorf("read Environment of %s: %w", m.unit, err)
 	}
@@ -246,7 +323,7 @@ func (m *Manager) UnitConfigFlag(ctx context.Context) (string, error) {
 
 // MainPID is `systemctl show --property MainPID UNIT`: 0 when the unit runs no process.
 func (m *Manager) MainPID(ctx context.Context) (int, error) {
-	p, err := m.conn.GetServicePropertyContext(ctx, m.unit, "MainPID")
+	p, err := m.serviceProperty(ctx, "MainPID")
 	if err != nil {
 		return 0, fmt.Errorf("read MainPID of %s: %w", m.unit, err)
 	}
@@ -259,12 +336,16 @@ func (m *Manager) MainPID(ctx context.Context) (int, error) {
 
 // Start is `systemctl start UNIT`: it returns when the start job has finished.
 func (m *Manager) Start(ctx context.Context) error {
-	return m.job(ctx, "start", m.conn.StartUnitContext)
+	return m.job(ctx, "start")
 }
 
 // Reload is `systemctl daemon-reload`: systemd re-reads unit files and drop-ins.
 func (m *Manager) Reload(ctx context.Context) error {
-	if err := m.conn.ReloadContext(ctx); err != nil {
+	c, err := m.bus(ctx)
+	if err != nil {
+		return fmt.Errorf("daemon-reload: %w", err)
+	}
+	if err := c.ReloadContext(ctx); err != nil {
 		return fmt.Errorf("daemon-reload: %w", err)
 	}
 	return nil

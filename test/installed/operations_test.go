@@ -75,10 +75,10 @@ func TestRolloutCompletesThroughServerRolloutRestart(t *testing.T) {
 }
 
 // TestSidecarRollingUpdate: a new sidecar image rolls over the DaemonSet while both nodes run assigned
-// configs and node-1 has just been given a new one: the update starts the moment node-1's kubelet has
-// restarted into it, while its sidecar waits for the kubelet to come back healthy (whether the replacement
-// landed inside that wait is logged). No kubelet restarts beyond the one assignment needs, no good config
-// rolled back.
+// configs and node-1's sidecar is in its post-restart health wait for a new one. The wait is held open by
+// dropping the node's loopback traffic to the kubelet's /healthz and /configz (a kubelet that takes long to
+// come back), so the old sidecar is stopped inside it; the drop is lifted once the replacement pod runs.
+// No kubelet restarts beyond the one the assignment needs, no good config rolled back.
 func TestSidecarRollingUpdate(t *testing.T) {
 	t.Cleanup(func() { resetAll(t) })
 	a := createConfig(t, "installed-update-a", "node-1", 51)
@@ -118,8 +118,12 @@ func TestSidecarRollingUpdate(t *testing.T) {
 		before[n] = kubeletStarts(t, n)
 	}
 	old := sidecarPod(t, "node-1")
+	// From before the assignment, so that no probe can be answered between the restart and the drop. The
+	// sidecar probes nothing on the way to the restart (it validates with the kubelet's code, offline).
+	lift := dropKubeletProbes(t, "node-1")
 	assign(t, "node-1", b)
-	// The kubelet has restarted into b (its log says so): the sidecar is now in its health wait.
+	// The kubelet has restarted into b: the sidecar is now in its health wait, which the dropped probes
+	// hold open until the update has replaced it.
 	for deadline := time.Now().Add(time.Minute); kubeletStarts(t, "node-1") == before["node-1"]; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("node-1's kubelet never restarted into the new config")
@@ -141,16 +145,20 @@ func TestSidecarRollingUpdate(t *testing.T) {
 		t.Fatalf("set image: %v\n%s", err, out)
 	}
 	waitRolledOut(t, "daemonset/dkc-sidecar")
-	// Whether the old sidecar was stopped inside the wait (it never saw the kubelet healthy with b) is
-	// reported, not asserted: a kubelet proves a config within a second or two, and the rollout may take
-	// longer. TestSidecarStoppedDuringHealthWait forces a stop inside the wait by deleting the pod.
+	if err := lift(); err != nil {
+		t.Fatal(err)
+	}
+	// The old sidecar restarted the kubelet into b and was stopped before it saw the kubelet healthy.
 	for _, f := range open {
 		raw, _ := io.ReadAll(f)
 		i := strings.LastIndex(string(raw), "restarting kubelet to use config")
-		if i < 0 {
+		switch {
+		case i < 0:
 			t.Errorf("%s never logged the restart into the new config (%s)", old, f.Name())
-		} else {
-			t.Logf("%s replaced inside its health wait: %v", old, !strings.Contains(string(raw[i:]), "kubelet healthy with config"))
+		case strings.Contains(string(raw[i:]), "kubelet healthy with config"):
+			t.Errorf("%s saw the kubelet healthy before it was replaced; the update did not land inside the health wait", old)
+		case !strings.Contains(string(raw[i:]), "dkc-sidecar stopped"):
+			t.Errorf("%s did not log its stop after the restart; its log:\n%s", old, raw[i:])
 		}
 	}
 	waitRunning(t, "node-1", b, 2*time.Minute)
@@ -481,6 +489,41 @@ func TestSidecarStoppedDuringHealthWait(t *testing.T) {
 	if got := configzQPS(t, node); got != 81 {
 		t.Errorf("%s: configz eventRecordQPS = %v, want 81", node, got)
 	}
+}
+
+// dropKubeletProbes drops node's loopback traffic to the kubelet's healthz (10248) and HTTPS (10250) ports,
+// in the node's network namespace (the sidecar runs in it: hostNetwork): the sidecar's probes go unanswered,
+// as of a kubelet slow to come back. It returns the function that lifts the drop (also run at cleanup).
+func dropKubeletProbes(t *testing.T, node string) func() error {
+	t.Helper()
+	var netns string
+	for _, n := range cluster.State().Nodes {
+		if n.Name == node {
+			netns = n.Netns
+		}
+	}
+	rule := []string{"OUTPUT", "-o", "lo", "-p", "tcp", "-m", "multiport", "--dports", "10248,10250", "-j", "DROP"}
+	iptables := func(op string) error {
+		out, err := exec.Command("ip", append([]string{"netns", "exec", netns, "iptables", op}, rule...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("iptables %s %v in %s: %v: %s", op, rule, netns, err, out)
+		}
+		return nil
+	}
+	if netns == "" {
+		t.Fatalf("no network namespace for %s", node)
+	}
+	if err := iptables("-I"); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	var lifted error
+	lift := func() error {
+		once.Do(func() { lifted = iptables("-D") })
+		return lifted
+	}
+	t.Cleanup(func() { _ = lift() })
+	return lift
 }
 
 // sidecarPod is the name of the dkc-sidecar pod on node.

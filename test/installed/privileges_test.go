@@ -1,0 +1,81 @@
+//go:build integration
+
+package installed
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestSidecarPodsHoldOnlyWhatTheyNeed reads the running sidecar pods as the apiserver has them (what the
+// kubelet ran, after the dev overlay): the host's PID namespace is not shared (the kubelet's command line comes
+// from the host's /proc mounted read-only), the long-running container has no unit directory and no
+// writable host path but the checkpoint directory, the drop-in was installed by the init container, which
+// exited cleanly, and no container is privileged or keeps a capability. The assignment in
+// TestInstalledFormRunsAsPods shows the sidecar still reads the kubelet's flags and restarts it this way.
+func TestSidecarPodsHoldOnlyWhatTheyNeed(t *testing.T) {
+	pods, err := admin(t).CoreV1().Pods("kube-system").List(ctxFor(t), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dkc-sidecar"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != len(nodes) {
+		t.Fatalf("%d dkc-sidecar pods, want one per node (%d)", len(pods.Items), len(nodes))
+	}
+	for _, p := range pods.Items {
+		where := p.Name + " on " + p.Spec.NodeName
+		if p.Spec.HostPID || p.Spec.HostIPC {
+			t.Errorf("%s shares the host's PID or IPC namespace (hostPID=%v hostIPC=%v)", where, p.Spec.HostPID, p.Spec.HostIPC)
+		}
+		hostPaths := map[string]string{}
+		for _, v := range p.Spec.Volumes {
+			if v.HostPath != nil {
+				hostPaths[v.Name] = v.HostPath.Path
+			}
+		}
+		if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Name != "install-kubelet-dropin" {
+			t.Errorf("%s: init containers %v, want install-kubelet-dropin alone", where, names(p.Spec.InitContainers))
+		}
+		for _, s := range p.Status.InitContainerStatuses {
+			if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 {
+				t.Errorf("%s: init container %s did not exit cleanly: %+v", where, s.Name, s.State)
+			}
+		}
+		for _, c := range append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...) {
+			sc := c.SecurityContext
+			if sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+				sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.Capabilities == nil ||
+				len(sc.Capabilities.Add) != 0 || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+				t.Errorf("%s: container %s runs with %+v; want unprivileged, no escalation, read-only root, every capability dropped", where, c.Name, sc)
+			}
+		}
+		for _, c := range p.Spec.Containers {
+			for _, m := range c.VolumeMounts {
+				host, ok := hostPaths[m.Name]
+				if !ok {
+					continue
+				}
+				if strings.HasPrefix(host, "/etc/systemd") || strings.HasPrefix(host, "/run/systemd") || strings.HasPrefix(host, "/usr/lib/systemd") {
+					t.Errorf("%s: container %s mounts the unit directory %s (at %s); only the init container may", where, c.Name, host, m.MountPath)
+				}
+				// The bus socket's directory: read-only would not stop a connect (the sidecar's one use of it).
+				if !m.ReadOnly && host != "/var/lib/kubelet/dynamic-config" && host != "/run/dbus" {
+					t.Errorf("%s: container %s mounts %s writable at %s", where, c.Name, host, m.MountPath)
+				}
+				if host == "/proc" && (m.MountPath != "/host/proc" || !m.ReadOnly) {
+					t.Errorf("%s: container %s mounts the host's /proc at %s (read-only %v); want /host/proc, read-only", where, c.Name, m.MountPath, m.ReadOnly)
+				}
+			}
+		}
+	}
+}
+
+func names(cs []corev1.Container) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
+}

@@ -82,12 +82,9 @@ func (o *Options) rollout(ctx context.Context, ns, name, key, selector string, m
 	if err != nil {
 		return err
 	}
-	size, err := intstr.GetScaledValueFromIntOrPercent(&maxUnavailable, len(nodes), false)
+	size, err := batchSize(maxUnavailable, len(nodes))
 	if err != nil {
-		return fmt.Errorf("--max-unavailable: %w", err)
-	}
-	if size < 1 {
-		size = 1
+		return err
 	}
 	var todo []corev1.Node
 	for i := range nodes {
@@ -98,8 +95,7 @@ func (o *Options) rollout(ctx context.Context, ns, name, key, selector string, m
 	fmt.Fprintf(o.io.Out, "rolling out %s/%s (UID %s, ResourceVersion %s) to %d of %d nodes, %d at a time\n",
 		ns, name, target.UID, target.ResourceVersion, len(todo), len(nodes), size)
 	var updated []string
-	for b := 0; b*size < len(todo); b++ {
-		batch := todo[b*size : min((b+1)*size, len(todo))]
+	for b, batch := range batches(todo, size) {
 		var names []string
 		for i := range batch {
 			src := &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: ns, Name: name, KubeletConfigKey: key}}
@@ -123,6 +119,25 @@ to roll the batch back: kubectl dkc assign %s --configmap <previous NAMESPACE/NA
 	}
 	fmt.Fprintf(o.io.Out, "rollout complete: %d nodes run %s/%s@%s\n", len(nodes), ns, name, target.ResourceVersion)
 	return nil
+}
+
+// batchSize is how many nodes change at once: --max-unavailable of the selected nodes (a percentage rounds
+// down, as a Deployment's maxUnavailable does), at least one.
+func batchSize(maxUnavailable intstr.IntOrString, selected int) (int, error) {
+	size, err := intstr.GetScaledValueFromIntOrPercent(&maxUnavailable, selected, false)
+	if err != nil {
+		return 0, fmt.Errorf("--max-unavailable: %w", err)
+	}
+	return max(size, 1), nil
+}
+
+// batches splits nodes, in order, into batches of size (the last may be smaller).
+func batches[T any](nodes []T, size int) [][]T {
+	var out [][]T
+	for i := 0; i < len(nodes); i += size {
+		out = append(out, nodes[i:min(i+size, len(nodes))])
+	}
+	return out
 }
 
 // waitBatch returns "" when every node is done, else the first failing node and why.

@@ -426,16 +426,29 @@ func reconnects(t *testing.T) int {
 	t.Helper()
 	total := 0
 	for _, n := range nodes {
-		logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir(n), "pods", "kube-system_dkc-sidecar-*", "dkc-sidecar", "*.log"))
-		for _, l := range logs {
-			raw, err := os.ReadFile(l)
-			if err != nil {
-				t.Fatal(err)
-			}
-			total += strings.Count(string(raw), "config stream ended; reconnecting")
-		}
+		total += sidecarLogLines(t, n, "", "config stream ended; reconnecting")
 	}
 	return total
+}
+
+// sidecarLogLines counts the lines holding text in the dkc-sidecar container logs on node: those of pod, or
+// of every sidecar pod the node still has logs of (""). A pod's logs go when the pod is removed.
+func sidecarLogLines(t *testing.T, node, pod, text string) int {
+	t.Helper()
+	dir := "kube-system_dkc-sidecar-*"
+	if pod != "" {
+		dir = "kube-system_" + pod + "_*"
+	}
+	logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir(node), "pods", dir, "dkc-sidecar", "*.log"))
+	n := 0
+	for _, l := range logs {
+		raw, err := os.ReadFile(l)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		n += strings.Count(string(raw), text)
+	}
+	return n
 }
 
 // TestSidecarStoppedDuringHealthWait: node-1's sidecar pod is deleted (SIGTERM) the moment it has restarted
@@ -449,14 +462,7 @@ func TestSidecarStoppedDuringHealthWait(t *testing.T) {
 	if len(logs) == 0 {
 		t.Fatalf("no log of %s under %s", pod, cluster.NodeLogDir(node))
 	}
-	seen := func() int {
-		n := 0
-		for _, l := range logs {
-			raw, _ := os.ReadFile(l)
-			n += strings.Count(string(raw), "restarting kubelet to use config")
-		}
-		return n
-	}
+	seen := func() int { return sidecarLogLines(t, node, pod, "restarting kubelet to use config") }
 	restartsLogged := seen()
 	before := kubeletStarts(t, node)
 	cm := createConfig(t, "installed-healthwait", node, 81)

@@ -66,15 +66,7 @@ func TestSidecarRestartedDuringAnAPIServerOutage(t *testing.T) {
 	}
 
 	// How often the sidecars on node so far found /configz unverifiable, from their container logs.
-	unverified := func() int {
-		logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir(node), "pods", "kube-system_dkc-sidecar-*", "dkc-sidecar", "*.log"))
-		n := 0
-		for _, l := range logs {
-			raw, _ := os.ReadFile(l)
-			n += strings.Count(string(raw), "/configz refused or unanswered")
-		}
-		return n
-	}
+	unverified := func() int { return sidecarLogLines(t, node, "", "/configz refused or unanswered") }
 	seenBefore := unverified()
 
 	if err := cluster.Signal("kube-apiserver", syscall.SIGSTOP); err != nil {

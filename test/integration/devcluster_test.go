@@ -210,6 +210,26 @@ func startSecondCluster(ctx context.Context, t *testing.T, dir, node string, sim
 	return devcluster.Start(ctx, cfg)
 }
 
+// useSecondCluster starts a cluster of its own for one test (see startSecondCluster), stops it when the test
+// ends, and points the package's helpers at it meanwhile: they talk to the package's cluster, and tests run
+// one at a time.
+func useSecondCluster(ctx context.Context, t *testing.T, name, node string, opts ...func(*devcluster.Config)) *devcluster.Cluster {
+	t.Helper()
+	c, err := startSecondCluster(ctx, t, clusterDir(t, name), node, 0, nil, opts...)
+	if err != nil {
+		t.Fatalf("start cluster %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(context.Background()); err != nil {
+			t.Errorf("stop cluster %s: %v", name, err)
+		}
+	})
+	shared := cluster
+	cluster = c
+	t.Cleanup(func() { cluster = shared })
+	return c
+}
+
 func recordedPIDs(t *testing.T, runDir string) map[string]string {
 	t.Helper()
 	entries, err := os.ReadDir(runDir)

@@ -45,23 +45,11 @@ func TestKubeletConfigDirDropIns(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	const node = "dropin-1"
-	c, err := startSecondCluster(ctx, t, clusterDir(t, "integration-dropin"), node, 0, nil, func(cfg *devcluster.Config) {
+	// A kubelet whose --config-dir holds drop-ins.
+	c := useSecondCluster(ctx, t, "integration-dropin", node, func(cfg *devcluster.Config) {
 		cfg.KubeletDropIns = testDropIns
 		cfg.HealthTimeout = devclustertest.HealthTimeout
 	})
-	if err != nil {
-		t.Fatalf("start a cluster whose kubelet has --config-dir drop-ins: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(context.Background()); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
-	// The helpers talk to the package's cluster; point them at this one for the test (tests run one at a
-	// time), and back when it ends.
-	shared := cluster
-	cluster = c
-	t.Cleanup(func() { cluster = shared })
 
 	// The sidecar's first start: the kubelet runs the node's local config with the drop-ins merged, which
 	// the sidecar proves through /configz without restarting it.

@@ -44,21 +44,7 @@ func TestBurstOnAKubeadmStyleUnit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const node = "nolimit-1"
-	c, err := startSecondCluster(ctx, t, clusterDir(t, "integration-no-start-limit"), node, 0, nil,
-		func(cfg *devcluster.Config) { cfg.NoKubeletStartLimit = true })
-	if err != nil {
-		t.Fatalf("start a cluster whose kubelet unit has no start limit: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(context.Background()); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
-	// The helpers talk to the package's cluster; point them at this one for the test (tests run one at a
-	// time), and back when it ends.
-	shared := cluster
-	cluster = c
-	t.Cleanup(func() { cluster = shared })
+	useSecondCluster(ctx, t, "integration-no-start-limit", node, func(cfg *devcluster.Config) { cfg.NoKubeletStartLimit = true })
 	times := burst(t, node)
 	t.Logf("restarts without a start limit: %v", times)
 }

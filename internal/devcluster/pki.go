@@ -44,13 +44,27 @@ func loadOrCreatePKI(dir string) (*pki, error) {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("read CA in %s: %w", dir, err)
 	}
+	der, key, err := selfSignedCA("dkc-dev-ca")
+	if err != nil {
+		return nil, err
+	}
+	cert, _ := x509.ParseCertificate(der)
+	p.caCert, p.caKey = cert, key
+	if err := writePair(p.path("ca"), der, key); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// selfSignedCA makes a CA certificate (DER) and its key, valid 10 years.
+func selfSignedCA(cn string) ([]byte, crypto.Signer, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("generate CA key: %w", err)
+		return nil, nil, fmt.Errorf("generate CA key: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "dkc-dev-ca"},
+		Subject:               pkix.Name{CommonName: cn},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().AddDate(10, 0, 0),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
@@ -59,14 +73,81 @@ func loadOrCreatePKI(dir string) (*pki, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return nil, fmt.Errorf("self-sign CA: %w", err)
+		return nil, nil, fmt.Errorf("self-sign CA %s: %w", cn, err)
 	}
-	cert, _ := x509.ParseCertificate(der)
-	p.caCert, p.caKey = cert, key
-	if err := writePair(p.path("ca"), der, key); err != nil {
+	return der, key, nil
+}
+
+// CA is a certificate authority apart from the cluster's, in memory: for tests that give dkc-server a
+// serving certificate of their own and rotate the CA its sidecars trust, while the cluster's own CA (which
+// every kubeconfig and the apiserver's client authentication use) stays as it is.
+type CA struct {
+	cert *x509.Certificate
+	key  crypto.Signer
+}
+
+// NewCA makes a CA named cn.
+func NewCA(cn string) (*CA, error) {
+	der, key, err := selfSignedCA(cn)
+	if err != nil {
 		return nil, err
 	}
-	return p, nil
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{cert: cert, key: key}, nil
+}
+
+// PEM is the CA certificate, as a CA bundle file holds it.
+func (ca *CA) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+}
+
+// Pool is a pool of this CA alone.
+func (ca *CA) Pool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	return pool
+}
+
+// IssueServing writes a serving certificate for ips and dns, signed by the CA, to certFile and keyFile.
+// Each file is replaced by a rename, so a process that reads them never sees half of one.
+func (ca *CA) IssueServing(certFile, keyFile string, ips []net.IP, dns []string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("generate serving key: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: "dkc-server"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().AddDate(1, 0, 0),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses:  ips,
+		DNSNames:     dns,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
+	if err != nil {
+		return fmt.Errorf("sign serving certificate: %w", err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	for file, data := range map[string][]byte{
+		keyFile:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}),
+		certFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+	} {
+		if err := os.WriteFile(file+".tmp", data, 0o600); err != nil {
+			return err
+		}
+		if err := os.Rename(file+".tmp", file); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // issue writes <name>.crt and <name>.key signed by the CA, unless they already exist.

@@ -5,7 +5,9 @@
 // node-bound tokens). Handlers then allow a caller to act only for its own node, as the Node authorizer does
 // for kubelets. Verified tokens are cached briefly (never past their exp) so that a reconnect storm does not
 // become a TokenReview storm, and what unauthenticated callers can make dkc-server spend is bounded: see
-// Authenticator, NewReviewClient and ServerOptions.
+// Authenticator, NewReviewClient and ServerOptions. A long-lived stream is not trusted on its opening alone:
+// its token is checked again whenever its verification lapses (Reauthenticate), so a revoked token loses its
+// stream within the cache TTL.
 package auth
 
 import (
@@ -43,6 +45,22 @@ type Identity struct {
 }
 
 type identityKey struct{}
+
+// credential is what the interceptor verified for a call: the token and until when its verification holds.
+type credential struct {
+	token string
+	until time.Time
+}
+
+type credentialKey struct{}
+
+// VerifiedUntil is when the verification of the call's token lapses (the end of its cache entry): a
+// stream that outlives it must Reauthenticate. ok is false when the call was not authenticated by
+// AuthFunc.
+func VerifiedUntil(ctx context.Context) (until time.Time, ok bool) {
+	c, ok := ctx.Value(credentialKey{}).(credential)
+	return c.until, ok
+}
 
 // FromContext returns the caller's identity, set by the interceptor.
 func FromContext(ctx context.Context) (Identity, bool) {
@@ -93,8 +111,15 @@ type Authenticator struct {
 	metrics *Metrics
 	peers   *peerLimiter
 
-	verified *cache.LRUExpireCache // token hash -> Identity
+	verified *cache.LRUExpireCache // token hash -> verification
 	refused  *cache.LRUExpireCache // token hash -> refusal
+}
+
+// verification is a verified token's cache entry: who it is, and until when (the entry's expiry, which
+// the cache does not tell).
+type verification struct {
+	id    Identity
+	until time.Time
 }
 
 const (
@@ -158,16 +183,63 @@ func (a *Authenticator) AuthFunc(ctx context.Context) (context.Context, error) {
 		a.metrics.refused(reasonMissing)
 		return nil, err // Unauthenticated with the middleware's message
 	}
-	id, err := a.Authenticate(ctx, token)
+	v, reason, err := a.authenticate(ctx, token, true)
 	if err != nil {
+		a.metrics.refused(reason)
 		return nil, err
 	}
-	return WithIdentity(ctx, id), nil
+	return context.WithValue(WithIdentity(ctx, v.id), credentialKey{}, credential{token: token, until: v.until}), nil
 }
 
 // Authenticate verifies one token presented by the caller of ctx (its gRPC peer address is what the per-peer
 // limit counts); errors are gRPC status errors.
 func (a *Authenticator) Authenticate(ctx context.Context, token string) (Identity, error) {
+	v, reason, err := a.authenticate(ctx, token, true)
+	if err != nil {
+		a.metrics.refused(reason)
+	}
+	return v.id, err
+}
+
+// Reauthenticate checks again the token the call of ctx was authenticated with (by AuthFunc), for a stream
+// that outlives VerifiedUntil: from the cache while a verification holds, else with a TokenReview. It
+// returns until when the new answer holds. Errors are gRPC status errors: codes.Unavailable when the token
+// could not be checked now (the apiserver is unreachable or slow: not the caller's fault, keep the stream
+// and retry), anything else a refusal — the token is no longer valid (revoked: its pod or node deleted,
+// expired), or now names another node or ServiceAccount than the one the stream was opened as; such a
+// stream must end.
+//
+// The per-peer limit does not apply: the caller already holds a verified stream, of which a node has one
+// per replica, so a re-check costs at most one review per stream per TTL however many nodes share an
+// address.
+func (a *Authenticator) Reauthenticate(ctx context.Context) (time.Time, error) {
+	c, ok := ctx.Value(credentialKey{}).(credential)
+	was, idOK := FromContext(ctx)
+	if !ok || !idOK {
+		a.metrics.reauthenticated(reauthRefused)
+		return time.Time{}, status.Error(codes.Unauthenticated, "no verified credential to check again")
+	}
+	v, _, err := a.authenticate(ctx, c.token, false)
+	switch {
+	case status.Code(err) == codes.Unavailable:
+		a.metrics.reauthenticated(reauthUnavailable)
+		return time.Time{}, err
+	case err != nil:
+		a.metrics.reauthenticated(reauthRefused)
+		return time.Time{}, err
+	case v.id != was:
+		a.metrics.reauthenticated(reauthIdentityChanged)
+		return time.Time{}, status.Errorf(codes.Unauthenticated, "token now identifies %s of node %q, not %s of node %q as when the stream opened",
+			v.id.ServiceAccount, v.id.Node, was.ServiceAccount, was.Node)
+	}
+	a.metrics.reauthenticated(reauthOK)
+	return v.until, nil
+}
+
+// authenticate verifies token and returns who it is and until when that holds (the cache entry's expiry;
+// now when it is not cached), or the refusal with its metrics reason. limitPeer applies the per-peer review
+// limit (to callers not yet authenticated).
+func (a *Authenticator) authenticate(ctx context.Context, token string, limitPeer bool) (verification, string, error) {
 	if len(token) > MaxTokenBytes {
 		return a.refuse(reasonTooLarge, status.Errorf(codes.Unauthenticated,
 			"token is %d bytes; a ServiceAccount token is at most %d", len(token), MaxTokenBytes))
@@ -175,7 +247,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (Identit
 	sum := sha256.Sum256([]byte(token))
 	key := string(sum[:])
 	if v, ok := a.verified.Get(key); ok {
-		return v.(Identity), nil
+		return v.(verification), "", nil
 	}
 	if v, ok := a.refused.Get(key); ok {
 		r := v.(refusal)
@@ -186,10 +258,12 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (Identit
 		// Not cached: checking costs less than a cache entry, and each garbage token is new anyway.
 		return a.refuse(reasonMalformed, status.Errorf(codes.Unauthenticated, "token is not a ServiceAccount token: %v", err))
 	}
-	if addr := peerKey(ctx); !a.peers.allow(addr) {
-		return a.refuse(reasonRateLimited, status.Errorf(codes.ResourceExhausted,
-			"too many new tokens from %s: dkc reviews at most %g new tokens per second per address (burst %d); retry later",
-			addr, float64(a.peers.qps), a.peers.burst))
+	if limitPeer {
+		if addr := peerKey(ctx); !a.peers.allow(addr) {
+			return a.refuse(reasonRateLimited, status.Errorf(codes.ResourceExhausted,
+				"too many new tokens from %s: dkc reviews at most %g new tokens per second per address (burst %d); retry later",
+				addr, float64(a.peers.qps), a.peers.burst))
+		}
 	}
 	id, reason, err := a.review(ctx, token)
 	switch {
@@ -201,21 +275,24 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (Identit
 	default:
 		// The exp claim, now signed as far as the apiserver is concerned, only ever shortens the cache:
 		// a token is not served from it after the time it stops being valid.
+		now := a.clock.Now()
 		ttl := a.ttl
 		if !claims.exp.IsZero() {
-			ttl = min(ttl, claims.exp.Sub(a.clock.Now()))
+			ttl = min(ttl, claims.exp.Sub(now))
 		}
-		if ttl > 0 {
-			a.verified.Add(key, id, ttl)
+		if ttl <= 0 {
+			return verification{id: id, until: now}, "", nil
 		}
-		return id, nil
+		v := verification{id: id, until: now.Add(ttl)}
+		a.verified.Add(key, v, ttl)
+		return v, "", nil
 	}
 	return a.refuse(reason, err)
 }
 
-func (a *Authenticator) refuse(reason string, err error) (Identity, error) {
-	a.metrics.refused(reason)
-	return Identity{}, err
+// refuse returns a refusal; the callers record it (a re-check counts in its own metric).
+func (a *Authenticator) refuse(reason string, err error) (verification, string, error) {
+	return verification{}, reason, err
 }
 
 // review asks the apiserver about token and checks the answer; on refusal it returns the metrics reason.

@@ -50,6 +50,7 @@ type reviewer struct {
 	mu      sync.Mutex
 	known   map[string]authenticationv1.TokenReviewStatus
 	reviews int
+	down    error // when set, every review fails with it (the apiserver unreachable)
 }
 
 func newReviewer() (*reviewer, *fake.Clientset) {
@@ -60,6 +61,9 @@ func newReviewer() (*reviewer, *fake.Clientset) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.reviews++
+		if r.down != nil {
+			return true, nil, r.down
+		}
 		tr.Status = r.known[tr.Spec.Token] // unknown: not authenticated
 		return true, tr, nil
 	})

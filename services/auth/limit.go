@@ -20,9 +20,11 @@ import (
 const (
 	// DefaultReviewQPS and DefaultReviewBurst are the client-side limit of TokenReviews, apart from the
 	// client that writes Node status. A connected sidecar costs one review per token (rotated hourly) and
-	// one per token cache TTL while it makes calls; raise them with the node count.
-	DefaultReviewQPS   = 50
-	DefaultReviewBurst = 100
+	// one per token cache TTL, its stream's re-check (Reauthenticate; its status reports share it): 5,000
+	// nodes at the default 1-minute TTL are 84 reviews a second. Raise them with the node count, or the
+	// TTL; a re-check that waits for the limiter longer than reviewTimeout is retried later, not a refusal.
+	DefaultReviewQPS   = 100
+	DefaultReviewBurst = 200
 	// DefaultPeerQPS and DefaultPeerBurst bound the reviews one caller address can cause. A node has one
 	// sidecar and needs a review a minute at most; the burst covers a host running a few simulated nodes
 	// that all reconnect at once (the dev cluster) and integration tests minting tokens.

@@ -13,10 +13,19 @@ const (
 	reasonUnavailable = "unavailable"  // the TokenReview failed or timed out
 )
 
+// Results of re-checking an open stream's token, the values of dkc_server_stream_reauth_total's result label.
+const (
+	reauthOK              = "ok"               // still valid, for the same node and ServiceAccount
+	reauthRefused         = "refused"          // no longer valid: the stream ends
+	reauthIdentityChanged = "identity_changed" // valid, but for another node or ServiceAccount: the stream ends
+	reauthUnavailable     = "unavailable"      // could not be checked (TokenReview failed): the stream stays, retried
+)
+
 // Metrics of the authenticator; a nil *Metrics records nothing.
 type Metrics struct {
 	refusals *prometheus.CounterVec
 	reviews  *prometheus.CounterVec
+	reauths  *prometheus.CounterVec
 }
 
 // NewMetrics registers the authenticator's metrics with reg.
@@ -31,8 +40,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "dkc", Subsystem: "server", Name: "token_reviews_total",
 			Help: "TokenReviews sent to the apiserver, by result: authenticated, unauthenticated, error.",
 		}, []string{"result"}),
+		reauths: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dkc", Subsystem: "server", Name: "stream_reauth_total",
+			Help: "Re-checks of an open WatchConfig stream's token once its verification lapsed (at least once per --token-cache-ttl), by result: " +
+				"ok, refused and identity_changed (the stream was ended), unavailable (the TokenReview failed; the stream stays and the check is retried).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.refusals, m.reviews)
+	for _, r := range []string{reauthOK, reauthRefused, reauthIdentityChanged, reauthUnavailable} {
+		m.reauths.WithLabelValues(r) // exported at 0, so that a rate over it works before the first of each
+	}
+	reg.MustRegister(m.refusals, m.reviews, m.reauths)
 	return m
 }
 
@@ -45,5 +62,11 @@ func (m *Metrics) refused(reason string) {
 func (m *Metrics) reviewed(result string) {
 	if m != nil {
 		m.reviews.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) reauthenticated(result string) {
+	if m != nil {
+		m.reauths.WithLabelValues(result).Inc()
 	}
 }

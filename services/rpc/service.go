@@ -15,12 +15,21 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/assignment"
 	"github.com/dkc-dev/dkc/services/auth"
 	"github.com/dkc-dev/dkc/services/nodestatus"
 )
+
+// Reauthenticator checks again the credential a call was authenticated with (auth.Authenticator).
+type Reauthenticator interface {
+	// Reauthenticate verifies the token of ctx's call again (a TokenReview once its cached verification
+	// lapsed) and returns until when the answer holds. codes.Unavailable: it could not be checked now;
+	// any other error: the token no longer authenticates the stream's caller.
+	Reauthenticate(ctx context.Context) (time.Time, error)
+}
 
 // StatusWriter is what the service needs of the node status writer.
 type StatusWriter interface {
@@ -40,6 +49,10 @@ type Service struct {
 
 	encodings encodings
 
+	// reauth, when set, re-checks each WatchConfig stream's token whenever its verification lapses.
+	reauth Reauthenticator
+	clock  clock.Clock
+
 	mu      sync.Mutex
 	streams map[string]*watch // each node's current WatchConfig stream
 }
@@ -47,9 +60,28 @@ type Service struct {
 // watch is one WatchConfig stream; replaced is closed when the node opens a newer one.
 type watch struct{ replaced chan struct{} }
 
+// Option configures a Service.
+type Option func(*Service)
+
+// WithReauthentication makes every WatchConfig stream check its token again whenever its verification
+// lapses (auth.VerifiedUntil, then what each check returns): a stream is authenticated when it opens, but
+// lives for up to --max-connection-age, and a revoked token (its pod or node deleted) must stop receiving
+// configs within the token cache TTL, not half an hour later. A refusal ends the stream with
+// codes.Unauthenticated; a check that could not be made (the apiserver unreachable) keeps it and is retried,
+// so that an apiserver outage does not cut every node off from dkc.
+func WithReauthentication(r Reauthenticator) Option { return func(s *Service) { s.reauth = r } }
+
+// WithClock replaces the real clock, which times the re-checks (for tests).
+func WithClock(c clock.Clock) Option { return func(s *Service) { s.clock = c } }
+
 // New returns the service; m may be nil.
-func New(log *zap.Logger, table *assignment.Table, status StatusWriter, m *Metrics) *Service {
-	return &Service{log: log, table: table, status: status, metrics: m, shutdown: make(chan struct{}), streams: map[string]*watch{}}
+func New(log *zap.Logger, table *assignment.Table, status StatusWriter, m *Metrics, opts ...Option) *Service {
+	s := &Service{log: log, table: table, status: status, metrics: m, shutdown: make(chan struct{}), streams: map[string]*watch{},
+		clock: clock.RealClock{}}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // register makes a new stream the node's only one, ending the previous one. The newest stream wins: a
@@ -92,7 +124,8 @@ func (s *Service) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
 // WatchConfig streams the node's desired state. It sends a message whenever the state differs from what
 // the node has: at first from what the request says it applied, later from what was sent. While a Send is
 // blocked by a slow node, changes pile up as one: the next message carries only the latest state. A newer
-// stream of the same node ends this one with codes.Aborted.
+// stream of the same node ends this one with codes.Aborted; a token that no longer passes its re-check
+// (WithReauthentication) with codes.Unauthenticated.
 func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) error {
 	ctx := stream.Context()
 	node := req.GetNodeName()
@@ -116,6 +149,8 @@ func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.Config
 		has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
 	}
 	sentSyncError := req.GetSyncError()
+	rc := s.newRecheck(ctx)
+	defer rc.stop()
 	replaced := func() error {
 		log.Info("node watch replaced by a newer stream of the node")
 		return status.Errorf(codes.Aborted, "replaced by a newer WatchConfig stream of node %s on this replica", node)
@@ -151,6 +186,12 @@ func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.Config
 		}
 		select {
 		case <-changed:
+		case <-rc.due():
+			rc.start()
+		case res := <-rc.done():
+			if err := rc.handle(res, log); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			return nil
 		case <-w.replaced:

@@ -69,7 +69,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		if err != nil {
 			return err
 		}
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: reloader.GetCertificate}
+		tlsConfig = serverTLSConfig(reloader.GetCertificate)
 		creds = credentials.NewTLS(tlsConfig.Clone())
 	}
 
@@ -93,13 +93,15 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	var svc *rpc.Service
 	writer = nodestatus.New(log.Named("nodestatus"), client, nodeInformer.Lister(), table, nodestatus.NewMetrics(reg),
 		nodestatus.WithServing(func(node string) bool { return svc.Serving(node) }))
-	svc = rpc.New(log.Named("rpc"), table, writer, rpc.NewMetrics(reg))
 	reviewClient, err := auth.NewReviewClient(restCfg, cfg.TokenReviewQPS, cfg.TokenReviewBurst)
 	if err != nil {
 		return err
 	}
 	authn := auth.New(reviewClient, cfg.AllowedServiceAccounts, cfg.TokenCacheTTL, log.Named("auth"),
 		auth.WithPeerLimit(cfg.TokenReviewPeerQPS, cfg.TokenReviewPeerBurst), auth.WithMetrics(auth.NewMetrics(reg)))
+	// Each WatchConfig stream checks its token again once per --token-cache-ttl: a revoked token loses its
+	// stream within the TTL instead of at the connection's max age.
+	svc = rpc.New(log.Named("rpc"), table, writer, rpc.NewMetrics(reg), rpc.WithReauthentication(authn))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "watched_configmaps",
 		Help: "ConfigMaps watched because some Node references them."}, func() float64 { return float64(tracker.Watched()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "resolved_nodes",

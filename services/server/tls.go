@@ -8,6 +8,14 @@ import (
 	"time"
 )
 
+// serverTLSConfig is the TLS configuration of dkc-server's gRPC listener and of its admission webhook:
+// TLS 1.3 only. Its callers are the sidecars and the kube-apiserver calling the webhook, Go programs that
+// speak 1.3 (as do grpcurl and the tests' clients), so nothing needs the older versions and their
+// renegotiation, static-RSA key exchange and CBC cipher suites, which 1.3 leaves out.
+func serverTLSConfig(getCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: getCertificate}
+}
+
 // certReloader serves the certificate in certFile/keyFile and loads it again when either file changes, so
 // that a rotated certificate (cert-manager, a mounted Secret) is picked up without a restart. It checks at
 // most once per interval; a broken new pair keeps the old certificate in use.

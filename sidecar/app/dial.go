@@ -1,32 +1,38 @@
 package app
 
 import (
-	"crypto/tls"
-	"crypto/x509"
-	"fmt"
-	"os"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 )
 
-// Dial opens the sidecar's connection to the config service (also used by the benchmark's simulated nodes).
-func Dial(cfg Config) (*grpc.ClientConn, error) {
+// DialOption configures Dial.
+type DialOption func(*dialOptions)
+
+type dialOptions struct{ log *zap.Logger }
+
+// WithDialLogger logs what happens to the server CA file (a new bundle taken, an unusable one skipped).
+func WithDialLogger(log *zap.Logger) DialOption { return func(o *dialOptions) { o.log = log } }
+
+// Dial opens the sidecar's connection to the config service (also used by the benchmark's simulated nodes):
+// TLS 1.3, trusting the CA bundle in cfg.ServerCAFile as the file is at each handshake, so that a CA
+// rotation reaches the sidecar without a restart (see caTrust).
+func Dial(cfg Config, opts ...DialOption) (*grpc.ClientConn, error) {
+	o := dialOptions{log: zap.NewNop()}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	creds := insecure.NewCredentials()
 	if !cfg.Insecure {
-		pem, err := os.ReadFile(cfg.ServerCAFile)
+		trust, err := newCATrust(cfg.ServerCAFile, o.log)
 		if err != nil {
-			return nil, fmt.Errorf("read server CA: %w", err)
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("no certificates in %s", cfg.ServerCAFile)
-		}
-		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+		creds = newRotatingCreds(trust)
 	}
 	return grpc.NewClient(cfg.Server,
 		grpc.WithTransportCredentials(creds),

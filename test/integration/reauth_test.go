@@ -1,0 +1,189 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+)
+
+// apiserverTokenCache is how long the kube-apiserver itself keeps answering for a token it authenticated
+// (its built-in token authentication cache, 10s, no flag): a revoked token can pass a TokenReview that long
+// after its pod is gone, on top of dkc's own cache.
+const apiserverTokenCache = 10 * time.Second
+
+// TestRevokedTokenLosesItsStream: a sidecar's WatchConfig stream lives for up to the connection's max age,
+// but its token is checked again once per --token-cache-ttl (5s on this dkc-server). Its token bound to a
+// pod, as a DaemonSet pod's is: when the pod is deleted (the token revoked), the stream ends with
+// Unauthenticated within the TTL plus the apiserver's own token cache, the server logs the node and the
+// reason, and counts it. An apiserver that cannot be reached meanwhile (frozen longer than the TTL plus
+// dkc's review timeout) ends no stream: it is strict on refusal, lenient on unavailability.
+func TestRevokedTokenLosesItsStream(t *testing.T) {
+	const ttl = 5 * time.Second
+	ctx := testContext(t)
+	client := adminClient(t)
+	server, err := cluster.StartServiceReplica(ctx, "reauth", "--token-cache-ttl="+ttl.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := server.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	ca, err := os.ReadFile(cluster.CAFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	conn, err := grpc.NewClient(server.Address(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	svc := dkcv1.NewConfigServiceClient(conn)
+
+	// The revoked node's token is bound to a pod on it (kube-system/dkc-sidecar, audience dkc), which
+	// carries the node claim; the other node's, bound to its Node, stays valid throughout.
+	simNode(t, "sim-revoked")
+	keptToken := simNode(t, "sim-kept")
+	pod, err := client.CoreV1().Pods("kube-system").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "dkc-sidecar-revoked", Namespace: "kube-system"},
+		Spec: corev1.PodSpec{NodeName: "sim-revoked", ServiceAccountName: "dkc-sidecar", AutomountServiceAccountToken: new(bool),
+			Containers: []corev1.Container{{Name: "sidecar", Image: "dkc.local/pause"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deletePod := func() error {
+		return client.CoreV1().Pods("kube-system").Delete(context.Background(), pod.Name, *metav1.NewDeleteOptions(0))
+	}
+	t.Cleanup(func() { _ = deletePod() })
+	expiry := int64(3600)
+	tr, err := client.CoreV1().ServiceAccounts("kube-system").CreateToken(ctx, "dkc-sidecar", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		Audiences: []string{"dkc"}, ExpirationSeconds: &expiry,
+		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked := watchAt(t, svc, tr.Status.Token, "sim-revoked")
+	kept := watchAt(t, svc, keptToken, "sim-kept")
+	revoked.next("first state", func(*dkcv1.WatchConfigResponse) bool { return true })
+	kept.next("first state", func(*dkcv1.WatchConfigResponse) bool { return true })
+
+	// The apiserver unreachable for longer than a TTL and a review's timeout: both streams stay.
+	reauths := func(result string) float64 {
+		return metricAt(t, server.MetricsAddress(), `dkc_server_stream_reauth_total{result="`+result+`"}`)
+	}
+	if err := cluster.Signal("kube-apiserver", syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := true
+	thaw := func() {
+		if frozen {
+			if err := cluster.Signal("kube-apiserver", syscall.SIGCONT); err != nil {
+				t.Error(err)
+			}
+			frozen = false
+		}
+	}
+	t.Cleanup(thaw)
+	revoked.quiet(ttl + 12*time.Second) // dkc's review timeout is 10s
+	thaw()
+	if n := reauths("unavailable"); n < 1 {
+		t.Errorf("stream_reauth_total{result=unavailable} = %v after the apiserver was frozen for %v, want at least 1", n, ttl+12*time.Second)
+	}
+	select {
+	case err := <-kept.errs:
+		t.Fatalf("the kept stream ended while the apiserver was unreachable: %v", err)
+	default:
+	}
+	// Both streams checked successfully again before the revocation, so the next check is a TTL away.
+	okBefore := reauths("ok")
+	for deadline := time.Now().Add(3 * ttl); reauths("ok") < okBefore+2; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("streams not checked again within %v of the apiserver's return (ok %v → %v)", 3*ttl, okBefore, reauths("ok"))
+			break
+		}
+	}
+
+	// Revoked: the pod its token is bound to is deleted.
+	if err := deletePod(); err != nil {
+		t.Fatal(err)
+	}
+	revokedAt := time.Now()
+	limit := ttl + apiserverTokenCache + 3*time.Second
+	select {
+	case err := <-revoked.errs:
+		took := time.Since(revokedAt)
+		if status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("revoked token's stream ended with %v, want Unauthenticated", err)
+		}
+		t.Logf("revoked token's stream ended %v after its pod was deleted: %v", took.Round(100*time.Millisecond), err)
+	case <-time.After(limit):
+		t.Fatalf("revoked token's stream still served %v after its pod was deleted (token cache TTL %v)", limit, ttl)
+	}
+	if n := reauths("refused"); n != 1 {
+		t.Errorf("stream_reauth_total{result=refused} = %v, want 1", n)
+	}
+	log, _ := os.ReadFile(server.LogFile())
+	var line string
+	for _, l := range strings.Split(string(log), "\n") {
+		if strings.Contains(l, "node's token refused when checked again; ending its stream") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, `"node":"sim-revoked"`) || !strings.Contains(line, "service account token has been invalidated") {
+		t.Errorf("server log line for the refusal should name the node and the apiserver's reason; got %q (log %s)", line, server.LogFile())
+	}
+	// The other stream is untouched, and a new stream with the revoked token is refused.
+	kept.quiet(ttl + time.Second)
+	stream, err := svc.WatchConfig(withToken(ctx, tr.Status.Token), &dkcv1.WatchConfigRequest{NodeName: "sim-revoked"})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unauthenticated {
+		t.Errorf("new stream with the revoked token: %v, want Unauthenticated", err)
+	}
+}
+
+// watchAt is watch against the dkc-server of svc.
+func watchAt(t *testing.T, svc dkcv1.ConfigServiceClient, token, node string) *watcher {
+	t.Helper()
+	ctx, cancel := context.WithCancel(withToken(context.Background(), token))
+	t.Cleanup(cancel)
+	stream, err := svc.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: node})
+	if err != nil {
+		t.Fatalf("WatchConfig(%s): %v", node, err)
+	}
+	w := &watcher{t: t, msgs: make(chan *dkcv1.WatchConfigResponse, 100), errs: make(chan error, 1)}
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				w.errs <- err
+				return
+			}
+			w.msgs <- m
+		}
+	}()
+	return w
+}

@@ -124,7 +124,7 @@ func TestNodeDone(t *testing.T) {
 	}
 }
 
-func TestBatches(t *testing.T) {
+func TestBatchSize(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		max      intstr.IntOrString
@@ -145,6 +145,9 @@ func TestBatches(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestBatches(t *testing.T) {
 	nodes := []string{"a", "b", "c", "d", "e"}
 	for _, tc := range []struct {
 		size int
@@ -154,6 +157,7 @@ func TestBatches(t *testing.T) {
 		{2, [][]string{{"a", "b"}, {"c", "d"}, {"e"}}},
 		{5, [][]string{{"a", "b", "c", "d", "e"}}},
 		{9, [][]string{{"a", "b", "c", "d", "e"}}},
+		{0, [][]string{{"a"}, {"b"}, {"c"}, {"d"}, {"e"}}},
 	} {
 		if got := batches(nodes, tc.size); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("batches(size %d) = %v, want %v", tc.size, got, tc.want)

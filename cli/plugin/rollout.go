@@ -131,11 +131,12 @@ func batchSize(maxUnavailable intstr.IntOrString, selected int) (int, error) {
 	return max(size, 1), nil
 }
 
-// batches splits nodes, in order, into batches of size (the last may be smaller).
-func batches[T any](nodes []T, size int) [][]T {
+// batches splits items, in order, into batches of size (the last may be smaller; size < 1 counts as 1).
+func batches[T any](items []T, size int) [][]T {
+	size = max(size, 1)
 	var out [][]T
-	for i := 0; i < len(nodes); i += size {
-		out = append(out, nodes[i:min(i+size, len(nodes))])
+	for i := 0; i < len(items); i += size {
+		out = append(out, items[i:min(i+size, len(items))])
 	}
 	return out
 }

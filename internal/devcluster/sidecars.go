@@ -3,9 +3,12 @@ package devcluster
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -150,31 +153,66 @@ func (c *Cluster) startUnit(ctx context.Context, node, unit string) error {
 	return nil
 }
 
-// RestartBus is `systemctl restart dbus` on a real node: every client's bus connection closes, and new ones
-// wait on the socket (dbus.socket) until the new daemon runs. It returns once the node's bus answers again.
+// RestartBus is `systemctl restart dbus.socket` on a real node, what an upgrade of the dbus package does:
+// dbus.service stops with it (Requires=), every client's connection closes, and the socket is made anew (a
+// new inode, so a bind mount of the old socket file would lead nowhere); the next connection starts the new
+// daemon. It returns once the bus answers from a new daemon.
 func (c *Cluster) RestartBus(ctx context.Context, node string) error {
 	m, err := systemd.Dial(ctx, c.BusAddress(node), "dbus.service")
 	if err != nil {
 		return fmt.Errorf("node %s: %w", node, err)
 	}
-	// The job's result is a signal on the connection the restart closes: ErrBusLost is the expected end.
-	err = m.Restart(ctx)
+	before, err := m.MainPID(ctx)
 	m.Close()
-	if err != nil && !errors.Is(err, systemd.ErrBusLost) {
-		return fmt.Errorf("node %s: restart dbus: %w", node, err)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", node, err)
 	}
-	return pollUntil(ctx, time.Minute, "node "+node+": the bus answering after its restart", func(ctx context.Context) error {
+	// busctl, not the Manager: its reply may be lost with the connection, which is expected here.
+	out, err := exec.CommandContext(ctx, "busctl", "--address="+c.BusAddress(node), "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+		"org.freedesktop.systemd1.Manager", "RestartUnit", "ss", "dbus.socket", "replace").CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "onnection") {
+		return fmt.Errorf("node %s: restart dbus.socket: %v: %s", node, err, out)
+	}
+	return pollUntil(ctx, time.Minute, "node "+node+": a new bus daemon", func(ctx context.Context) error {
 		m, err := systemd.Dial(ctx, c.BusAddress(node), "dbus.service")
 		if err != nil {
 			return err
 		}
 		defer m.Close()
-		state, _, err := m.State(ctx)
-		if err == nil && state != "active" {
-			err = fmt.Errorf("dbus.service is %s", state)
+		pid, err := m.MainPID(ctx)
+		if err == nil && (pid == 0 || pid == before) {
+			err = fmt.Errorf("dbus.service MainPID %d (was %d)", pid, before)
 		}
 		return err
 	})
+}
+
+// SlowKubeletStart makes the kubelet's unit on a real node wait d before each start (a drop-in with
+// ExecStartPre=sleep, and daemon-reload), so that a restart job stays queued that long. The returned function
+// removes it.
+func (c *Cluster) SlowKubeletStart(ctx context.Context, node string, d time.Duration) (func(context.Context) error, error) {
+	path := filepath.Join(c.NodeDir(node), "systemd", "kubelet.service.d", "30-dev-slow-start.conf")
+	reload := func(ctx context.Context) error {
+		m, err := systemd.Dial(ctx, c.BusAddress(node), "kubelet.service")
+		if err != nil {
+			return fmt.Errorf("node %s: %w", node, err)
+		}
+		defer m.Close()
+		return m.Reload(ctx)
+	}
+	content := fmt.Sprintf("[Service]\nExecStartPre=/bin/sleep %d\n", int(d.Seconds()))
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		return nil, err
+	}
+	if err := reload(ctx); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		if err := os.Remove(path); err != nil {
+			return err
+		}
+		return reload(ctx)
+	}, nil
 }
 
 // KubeletMainPID is `systemctl show -p MainPID kubelet` on a real node (0: not running).

@@ -775,7 +775,13 @@ func (a *Agent) kubeletFlags(ctx context.Context) ([]string, error) {
 	}
 	pid, err := a.svc.MainPID(ctx)
 	if err == nil && pid > 0 {
-		if raw, err := os.ReadFile(filepath.Join(a.procDir(), strconv.Itoa(pid), "cmdline")); err == nil {
+		path := filepath.Join(a.procDir(), strconv.Itoa(pid), "cmdline")
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			// E.g. a host /proc mounted with hidepid, which hides the kubelet (it holds capabilities this
+			// process lacks): say so; --kubelet-flags is the way out.
+			a.log.Warn("cannot read the kubelet's command line; using the flags seen last (--kubelet-flags gives them)", zap.String("path", path), zap.Error(err))
+		} else {
 			args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 			if len(args) > 0 {
 				config, rest := configcheck.ConfigFlag(args[1:])

@@ -99,8 +99,8 @@ func (c Config) Validate() error {
 	}
 	if c.InstallOnly {
 		// An init container: it needs the bus and the drop-in path, nothing of the service or the node.
-		if c.InstallDropIn == "" || c.RestartMode != "systemd" || !strings.HasPrefix(c.DynamicConfigDir, "/") {
-			return errors.New("--install-only needs --install-kubelet-dropin, --restart-mode=systemd and an absolute --dynamic-config-dir (the drop-in names it)")
+		if !strings.HasPrefix(c.InstallDropIn, "/") || c.RestartMode != "systemd" || !strings.HasPrefix(c.DynamicConfigDir, "/") {
+			return errors.New("--install-only needs an absolute --install-kubelet-dropin, --restart-mode=systemd and an absolute --dynamic-config-dir (the drop-in names it)")
 		}
 		return nil
 	}
@@ -119,6 +119,10 @@ func (c Config) Validate() error {
 	case "signal":
 		if c.KubeletPIDFile == "" {
 			errs = append(errs, errors.New("--restart-mode=signal needs --kubelet-pid-file"))
+		}
+		// The PID file holds a PID of the host's namespace; signalled from another, it names another process.
+		if c.HostProc != "/proc" {
+			errs = append(errs, errors.New("--restart-mode=signal signals the kubelet by PID and needs the host's PID namespace (hostPID, --host-proc=/proc)"))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("--restart-mode %q: want systemd or signal", c.RestartMode))

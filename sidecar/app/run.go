@@ -56,6 +56,15 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 				return err
 			}
 		}
+		// Without the drop-in a restart runs the unit's own --config, whatever the env file names: every
+		// config would fail its health check and be blamed for it.
+		env := kubeletunit.New(cfg.DynamicConfigDir).Path
+		if ok, err := m.LoadsEnvironmentFile(ctx, env); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("%s does not load %s (dkc's kubelet drop-in): install it first — the DaemonSet's init container does, "+
+				"or --install-kubelet-dropin, or --print-kubelet-dropin for node provisioning — then daemon-reload", m.Unit(), env)
+		}
 	}
 	prober, err := probe.New(cfg.KubeletTokenFile, cfg.KubeletHost, cfg.KubeletCAFile, log.Named("probe"))
 	if err != nil {
@@ -65,7 +74,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	conn, err := Dial(cfg)
+	conn, err := Dial(cfg, WithDialLogger(log.Named("dial")))
 	if err != nil {
 		return err
 	}
@@ -136,6 +145,10 @@ func installOnly(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	defer m.Close()
+	// A node whose kubelet is not this unit gets nothing written: the refusal comes here, before any file.
+	if err := m.CheckUnit(ctx); err != nil {
+		return err
+	}
 	if err := installDropIn(ctx, m, cfg.InstallDropIn, kubeletunit.DropIn(cfg.DynamicConfigDir), log); err != nil {
 		return err
 	}

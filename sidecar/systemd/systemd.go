@@ -59,26 +59,37 @@ func (m *Manager) bus(ctx context.Context) (*sddbus.Conn, error) {
 		m.conn.Close()
 		m.conn = nil
 	}
-	conn, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
-		c, err := godbus.Dial(m.address, godbus.WithContext(context.WithoutCancel(ctx)))
-		if err != nil {
-			return nil, err
-		}
-		if err := c.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
-			c.Close()
-			return nil, err
-		}
-		if err := c.Hello(); err != nil {
-			c.Close()
-			return nil, err
-		}
-		return c, nil
-	})
+	conn, err := sddbus.NewConnection(func() (*godbus.Conn, error) { return dialBus(ctx, m.address) })
 	if err != nil {
 		return nil, fmt.Errorf("connect to systemd on %s: %w", m.address, err)
 	}
 	m.conn = conn
 	return conn, nil
+}
+
+// dialBus connects and authenticates within ctx: the handshake waits on a socket-activated bus whose daemon
+// is not back yet, and a SIGTERM must still end it. The connection then lives until closed, whatever ctx does.
+func dialBus(ctx context.Context, address string) (*godbus.Conn, error) {
+	life, cancel := context.WithCancel(context.Background())
+	c, err := godbus.Dial(address, godbus.WithContext(life))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, cancel) // cancelling life closes c
+	err = c.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))})
+	if err == nil {
+		err = c.Hello()
+	}
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		c.Close()
+		cancel()
+		return nil, err
+	}
+	return c, nil
 }
 
 // Close closes the bus connection.
@@ -107,7 +118,7 @@ func (m *Manager) CheckUnit(ctx context.Context) error {
 	}
 	if state, _ := p.Value.Value().(string); state != "loaded" {
 		return fmt.Errorf("%w: %s is %q; dkc-sidecar switches configs by restarting the kubelet's unit (--kubelet-unit), "+
-			"so the kubelet must run under this node's systemd (a kubelet supervised otherwise: --restart-mode=signal)", ErrNoUnit, m.unit, state)
+			"so the kubelet must run under this node's systemd (a kubelet supervised otherwise: --restart-mode=signal, with the host's PID namespace)", ErrNoUnit, m.unit, state)
 	}
 	return nil
 }
@@ -158,8 +169,12 @@ func (m *Manager) Restart(ctx context.Context) error {
 	if err := m.resetIfFailed(ctx); err != nil {
 		return err
 	}
+	before, _ := m.invocationID(ctx)
 	m.pacer.record()
-	err = m.job(ctx, "restart")
+	err = m.job(ctx, "restart", (*sddbus.Conn).RestartUnitContext)
+	if errors.Is(err, ErrBusLost) {
+		return m.afterBusLoss(ctx, before, err)
+	}
 	if !errors.Is(err, ErrJobFailed) {
 		return err
 	}
@@ -177,7 +192,7 @@ func (m *Manager) Restart(ctx context.Context) error {
 		return fmt.Errorf("%w; reset-failed: %v", err, rerr)
 	}
 	m.pacer.record()
-	if err := m.job(ctx, "start"); err != nil {
+	if err := m.job(ctx, "start", (*sddbus.Conn).StartUnitContext); err != nil {
 		if result, rerr := m.serviceResult(ctx); rerr == nil && processFailures[result] {
 			return &StartFailedError{Unit: m.unit, Result: result, Err: err}
 		}
@@ -241,23 +256,20 @@ func (m *Manager) startLimit(ctx context.Context) (time.Duration, int, error) {
 }
 
 // job queues a unit job (mode "replace") and waits for its result; anything but "done" wraps ErrJobFailed. The
-// result comes as a bus signal: a connection that closes first ends the wait with ErrBusLost (the job itself
-// may still run; the caller finds out by looking at the unit again).
-func (m *Manager) job(ctx context.Context, verb string) error {
+// result comes as a bus signal: a connection that closes before it (or before the call's reply) ends the
+// wait with ErrBusLost, and the job itself may or may not have run (see afterBusLoss).
+func (m *Manager) job(ctx context.Context, verb string, queue func(*sddbus.Conn, context.Context, string, string, chan<- string) (int, error)) error {
 	c, err := m.bus(ctx)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
 	}
-	queue := c.RestartUnitContext
-	if verb == "start" {
-		queue = c.StartUnitContext
-	}
 	done := make(chan string, 1)
-	if _, err := queue(ctx, m.unit, "replace", done); err != nil {
+	if _, err := queue(c, ctx, m.unit, "replace", done); err != nil {
+		if !c.Connected() {
+			return fmt.Errorf("%s %s: %w: %v", verb, m.unit, ErrBusLost, err)
+		}
 		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
 	}
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
 	for {
 		select {
 		case result := <-done:
@@ -265,7 +277,7 @@ func (m *Manager) job(ctx context.Context, verb string) error {
 				return fmt.Errorf("%s %s: %w: %s", verb, m.unit, ErrJobFailed, result)
 			}
 			return nil
-		case <-tick.C:
+		case <-m.pacer.clock.After(time.Second):
 			if !c.Connected() {
 				return fmt.Errorf("%s %s: %w", verb, m.unit, ErrBusLost)
 			}
@@ -273,6 +285,57 @@ func (m *Manager) job(ctx context.Context, verb string) error {
 			return fmt.Errorf("%s %s: %w", verb, m.unit, ctx.Err())
 		}
 	}
+}
+
+// afterBusLoss finds out what became of a restart whose result went with the bus connection (dbus-daemon
+// restarted meanwhile): on a new connection it waits until the unit has no job queued, then compares the
+// unit's invocation ID with the one from before. Unchanged, the restart never ran: a plain error, and the
+// caller tries again later. Changed, the kubelet was restarted, and the unit's state says how that went, as a
+// job result would have: nil, StartFailedError, or ErrJobFailed.
+func (m *Manager) afterBusLoss(ctx context.Context, before string, lost error) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute) // systemd's default stop plus start timeouts, with room
+	defer cancel()
+	for {
+		p, err := m.unitProperty(ctx, "Job")
+		if err == nil {
+			if job, ok := p.Value.Value().([]any); ok && len(job) == 2 && job[0] == uint32(0) {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w; then the unit's job could not be followed: %v", lost, ctx.Err())
+		case <-m.pacer.clock.After(500 * time.Millisecond):
+		}
+	}
+	after, err := m.invocationID(ctx)
+	if err != nil {
+		return fmt.Errorf("%w; then: %v", lost, err)
+	}
+	if before != "" && after == before {
+		return fmt.Errorf("%w; %s was not restarted", lost, m.unit)
+	}
+	state, result, err := m.State(ctx)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w; then: %v", lost, err)
+	case state == "active":
+		return nil
+	case processFailures[result]:
+		return &StartFailedError{Unit: m.unit, Result: result, Err: lost}
+	default:
+		return fmt.Errorf("restart %s: %w: %s is %s (Result=%s) after the bus came back", m.unit, ErrJobFailed, m.unit, state, result)
+	}
+}
+
+// invocationID identifies the unit's current run: systemd draws a new one at every start.
+func (m *Manager) invocationID(ctx context.Context) (string, error) {
+	p, err := m.unitProperty(ctx, "InvocationID")
+	if err != nil {
+		return "", fmt.Errorf("read InvocationID of %s: %w", m.unit, err)
+	}
+	id, _ := p.Value.Value().([]byte)
+	return fmt.Sprintf("%x", id), nil
 }
 
 // ErrBusLost: the bus connection closed while a job's result was awaited.
@@ -321,6 +384,22 @@ func (m *Manager) UnitConfigFlag(ctx context.Context) (string, error) {
 	return "", nil
 }
 
+// LoadsEnvironmentFile says whether the unit reads path as an EnvironmentFile= (`systemctl show --property
+// EnvironmentFiles UNIT`), as it does with dkc's drop-in loaded.
+func (m *Manager) LoadsEnvironmentFile(ctx context.Context, path string) (bool, error) {
+	p, err := m.serviceProperty(ctx, "EnvironmentFiles")
+	if err != nil {
+		return false, fmt.Errorf("read EnvironmentFiles of %s: %w", m.unit, err)
+	}
+	files, _ := p.Value.Value().([][]any)
+	for _, f := range files {
+		if len(f) > 0 && f[0] == path {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // MainPID is `systemctl show --property MainPID UNIT`: 0 when the unit runs no process.
 func (m *Manager) MainPID(ctx context.Context) (int, error) {
 	p, err := m.serviceProperty(ctx, "MainPID")
@@ -336,7 +415,7 @@ func (m *Manager) MainPID(ctx context.Context) (int, error) {
 
 // Start is `systemctl start UNIT`: it returns when the start job has finished.
 func (m *Manager) Start(ctx context.Context) error {
-	return m.job(ctx, "start")
+	return m.job(ctx, "start", (*sddbus.Conn).StartUnitContext)
 }
 
 // Reload is `systemctl daemon-reload`: systemd re-reads unit files and drop-ins.

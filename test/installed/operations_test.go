@@ -13,12 +13,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
@@ -98,8 +101,13 @@ func TestSidecarRollingUpdate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Both containers of the pod run the sidecar image.
+	setImage := func(tag string) (string, error) {
+		image := devcluster.ImageRepo + "/dkc-sidecar:" + tag
+		return kubectl(t, "-n", "kube-system", "set", "image", "daemonset/dkc-sidecar", "dkc-sidecar="+image, "install-kubelet-dropin="+image)
+	}
 	t.Cleanup(func() {
-		_, _ = kubectl(t, "-n", "kube-system", "set", "image", "daemonset/dkc-sidecar", "dkc-sidecar="+devcluster.ImageRepo+"/dkc-sidecar:"+devcluster.ImageTag)
+		_, _ = setImage(devcluster.ImageTag)
 		waitRolledOut(t, "daemonset/dkc-sidecar")
 	})
 	// Both pods replaced at once (the test's choice; deploy/ rolls 10% at a time), so that node-1's is
@@ -129,37 +137,46 @@ func TestSidecarRollingUpdate(t *testing.T) {
 			t.Fatal("node-1's kubelet never restarted into the new config")
 		}
 	}
-	// The replaced pod's log goes with the pod: keep it open (an open file outlives its unlinking).
+	// The replaced pod's log goes with the pod: keep it open (an open file outlives its unlinking). Its
+	// newest container's log: the one running now (<restartCount>.log).
 	logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir("node-1"), "pods", "kube-system_"+old+"_*", "dkc-sidecar", "*.log"))
-	var open []*os.File
-	for _, l := range logs {
-		if f, err := os.Open(l); err == nil {
-			open = append(open, f)
-			defer f.Close()
-		}
-	}
-	if len(open) == 0 {
+	if len(logs) == 0 {
 		t.Fatalf("no log of %s under %s", old, cluster.NodeLogDir("node-1"))
 	}
-	if out, err := kubectl(t, "-n", "kube-system", "set", "image", "daemonset/dkc-sidecar", "dkc-sidecar="+devcluster.ImageRepo+"/dkc-sidecar:update"); err != nil {
+	slices.SortFunc(logs, func(x, y string) int { return logNumber(x) - logNumber(y) })
+	f, err := os.Open(logs[len(logs)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if out, err := setImage("update"); err != nil {
 		t.Fatalf("set image: %v\n%s", err, out)
 	}
-	waitRolledOut(t, "daemonset/dkc-sidecar")
+	// Lifted once the old pod is gone, not when the rollout is done: the new sidecar's own health wait
+	// (20s here) starts with it, and must see the kubelet.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		_, err := admin(t).CoreV1().Pods("kube-system").Get(ctxFor(t), old, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still there 2 minutes after the image changed: %v", old, err)
+		}
+	}
 	if err := lift(); err != nil {
 		t.Fatal(err)
 	}
+	waitRolledOut(t, "daemonset/dkc-sidecar")
 	// The old sidecar restarted the kubelet into b and was stopped before it saw the kubelet healthy.
-	for _, f := range open {
-		raw, _ := io.ReadAll(f)
-		i := strings.LastIndex(string(raw), "restarting kubelet to use config")
-		switch {
-		case i < 0:
-			t.Errorf("%s never logged the restart into the new config (%s)", old, f.Name())
-		case strings.Contains(string(raw[i:]), "kubelet healthy with config"):
-			t.Errorf("%s saw the kubelet healthy before it was replaced; the update did not land inside the health wait", old)
-		case !strings.Contains(string(raw[i:]), "dkc-sidecar stopped"):
-			t.Errorf("%s did not log its stop after the restart; its log:\n%s", old, raw[i:])
-		}
+	raw, _ := io.ReadAll(f)
+	i := strings.LastIndex(string(raw), "restarting kubelet to use config")
+	switch {
+	case i < 0:
+		t.Errorf("%s never logged the restart into the new config (%s)", old, f.Name())
+	case strings.Contains(string(raw[i:]), "kubelet healthy with config"):
+		t.Errorf("%s saw the kubelet healthy before it was replaced; the update did not land inside the health wait", old)
+	case !strings.Contains(string(raw[i:]), "dkc-sidecar stopped"):
+		t.Errorf("%s did not log its stop after the restart; its log:\n%s", old, raw[i:])
 	}
 	waitRunning(t, "node-1", b, 2*time.Minute)
 	waitRunning(t, "node-2", a, time.Minute)
@@ -495,6 +512,12 @@ func TestSidecarStoppedDuringHealthWait(t *testing.T) {
 	if got := configzQPS(t, node); got != 81 {
 		t.Errorf("%s: configz eventRecordQPS = %v, want 81", node, got)
 	}
+}
+
+// logNumber is the restart count a container log file is named for (<n>.log).
+func logNumber(path string) int {
+	n, _ := strconv.Atoi(strings.TrimSuffix(filepath.Base(path), ".log"))
+	return n
 }
 
 // dropKubeletProbes drops node's loopback traffic to the kubelet's healthz (10248) and HTTPS (10250) ports,

@@ -1,0 +1,49 @@
+package app
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidate(t *testing.T) {
+	base := func() Config {
+		c := DefaultConfig()
+		c.NodeName, c.Server, c.ServerCAFile = "node-1", "dkc-server:9443", "/etc/dkc/ca/ca.crt"
+		return c
+	}
+	for _, tc := range []struct {
+		name    string
+		change  func(*Config)
+		wantErr string // "" for valid
+	}{
+		{"the DaemonSet's main container", func(c *Config) { c.HostProc = "/host/proc" }, ""},
+		{"the DaemonSet's init container", func(c *Config) {
+			*c = DefaultConfig()
+			c.InstallOnly, c.InstallDropIn = true, "/etc/systemd/system/kubelet.service.d/20-dkc.conf"
+		}, ""},
+		{"install-only without a drop-in path", func(c *Config) { c.InstallOnly = true }, "--install-only needs"},
+		{"install-only with a relative drop-in path", func(c *Config) { c.InstallOnly, c.InstallDropIn = true, "20-dkc.conf" }, "--install-only needs"},
+		{"install-only in signal mode", func(c *Config) {
+			c.InstallOnly, c.InstallDropIn, c.RestartMode = true, "/etc/systemd/system/kubelet.service.d/20-dkc.conf", "signal"
+		}, "--install-only needs"},
+		{"a relative --host-proc", func(c *Config) { c.HostProc = "host/proc" }, "--host-proc must be absolute"},
+		{"signal mode needs the host's PID namespace", func(c *Config) {
+			c.RestartMode, c.KubeletPIDFile, c.HostProc = "signal", "/run/kubelet.pid", "/host/proc"
+		}, "needs the host's PID namespace"},
+		{"signal mode on the host", func(c *Config) { c.RestartMode, c.KubeletPIDFile = "signal", "/run/kubelet.pid" }, ""},
+		{"no node name", func(c *Config) { c.NodeName = "" }, "--node-name"},
+		{"no CA", func(c *Config) { c.ServerCAFile = "" }, "--server-ca-file is required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base()
+			tc.change(&c)
+			err := c.Validate()
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("Validate = %v, want valid", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("Validate = %v, want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}

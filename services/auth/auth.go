@@ -15,6 +15,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -46,10 +47,11 @@ type Identity struct {
 
 type identityKey struct{}
 
-// credential is what the interceptor verified for a call: the token and until when its verification holds.
+// credential is what the interceptor verified for a call: the token, until when its verification holds, and
+// the token's exp (zero: none).
 type credential struct {
-	token string
-	until time.Time
+	token      string
+	until, exp time.Time
 }
 
 type credentialKey struct{}
@@ -107,6 +109,7 @@ type Authenticator struct {
 	allowed map[string]bool // "namespace/name"
 	log     *zap.Logger
 	ttl     time.Duration
+	spread  func(time.Duration) time.Duration // how much sooner than the TTL a verification lapses
 	clock   clock.PassiveClock
 	metrics *Metrics
 	peers   *peerLimiter
@@ -115,11 +118,11 @@ type Authenticator struct {
 	refused  *cache.LRUExpireCache // token hash -> refusal
 }
 
-// verification is a verified token's cache entry: who it is, and until when (the entry's expiry, which
-// the cache does not tell).
+// verification is a verified token's cache entry: who it is, until when (the entry's expiry, which the
+// cache does not tell), and the token's exp.
 type verification struct {
-	id    Identity
-	until time.Time
+	id         Identity
+	until, exp time.Time
 }
 
 const (
@@ -154,7 +157,7 @@ func WithClock(c clock.PassiveClock) Option { return func(a *Authenticator) { a.
 // through client (see NewReviewClient), and caching a verified token for ttl or until its exp, whichever
 // is sooner.
 func New(client kubernetes.Interface, allowed []string, ttl time.Duration, log *zap.Logger, opts ...Option) *Authenticator {
-	a := &Authenticator{client: client, allowed: map[string]bool{}, log: log, ttl: ttl, clock: clock.RealClock{},
+	a := &Authenticator{client: client, allowed: map[string]bool{}, log: log, ttl: ttl, spread: spreadTenth, clock: clock.RealClock{},
 		peers: newPeerLimiter(DefaultPeerQPS, DefaultPeerBurst)}
 	for _, sa := range allowed {
 		a.allowed[sa] = true
@@ -188,7 +191,7 @@ func (a *Authenticator) AuthFunc(ctx context.Context) (context.Context, error) {
 		a.metrics.refused(reason)
 		return nil, err
 	}
-	return context.WithValue(WithIdentity(ctx, v.id), credentialKey{}, credential{token: token, until: v.until}), nil
+	return context.WithValue(WithIdentity(ctx, v.id), credentialKey{}, credential{token: token, until: v.until, exp: v.exp}), nil
 }
 
 // Authenticate verifies one token presented by the caller of ctx (its gRPC peer address is what the per-peer
@@ -200,6 +203,18 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (Identit
 	}
 	return v.id, err
 }
+
+// spreadTenth is a random part of the last tenth of ttl.
+func spreadTenth(ttl time.Duration) time.Duration {
+	if n := int64(ttl / 10); n > 0 {
+		return time.Duration(rand.Int64N(n))
+	}
+	return 0
+}
+
+// ErrTokenExpired: the stream's token reached its exp. Not a refusal: the stream ends so that the node opens
+// a new one with its current token.
+var ErrTokenExpired = errors.New("the token the stream was opened with has expired")
 
 // Reauthenticate checks again the token the call of ctx was authenticated with (by AuthFunc), for a stream
 // that outlives VerifiedUntil: from the cache while a verification holds, else with a TokenReview. It
@@ -218,6 +233,13 @@ func (a *Authenticator) Reauthenticate(ctx context.Context) (time.Time, error) {
 	if !ok || !idOK {
 		a.metrics.reauthenticated(reauthRefused)
 		return time.Time{}, status.Error(codes.Unauthenticated, "no verified credential to check again")
+	}
+	if !c.exp.IsZero() && !a.clock.Now().Before(c.exp) {
+		// Routine, not a revocation: the kubelet rotated the token file long before (at 80% of its life),
+		// and the node reconnects with the new token at once. The apiserver would still accept the old one
+		// for a minute (its leeway), checked every second: end the stream instead.
+		a.metrics.reauthenticated(reauthExpired)
+		return time.Time{}, ErrTokenExpired
 	}
 	v, _, err := a.authenticate(ctx, c.token, false)
 	switch {
@@ -258,6 +280,11 @@ func (a *Authenticator) authenticate(ctx context.Context, token string, limitPee
 		// Not cached: checking costs less than a cache entry, and each garbage token is new anyway.
 		return a.refuse(reasonMalformed, status.Errorf(codes.Unauthenticated, "token is not a ServiceAccount token: %v", err))
 	}
+	if !claims.exp.IsZero() && !a.clock.Now().Before(claims.exp) {
+		// The apiserver's leeway would accept it for another minute, one uncached review per call.
+		return a.refuse(reasonExpired, status.Errorf(codes.Unauthenticated, "token expired at %s; send the current one",
+			claims.exp.UTC().Format(time.RFC3339)))
+	}
 	if limitPeer {
 		if addr := peerKey(ctx); !a.peers.allow(addr) {
 			return a.refuse(reasonRateLimited, status.Errorf(codes.ResourceExhausted,
@@ -275,15 +302,18 @@ func (a *Authenticator) authenticate(ctx context.Context, token string, limitPee
 	default:
 		// The exp claim, now signed as far as the apiserver is concerned, only ever shortens the cache:
 		// a token is not served from it after the time it stops being valid.
+		// Entries of tokens verified together lapse spread over the last tenth of the TTL, so that the
+		// streams of a reconnect storm do not come back for their re-checks together, TTL after TTL.
 		now := a.clock.Now()
 		ttl := a.ttl
+		ttl -= a.spread(ttl)
 		if !claims.exp.IsZero() {
 			ttl = min(ttl, claims.exp.Sub(now))
 		}
 		if ttl <= 0 {
-			return verification{id: id, until: now}, "", nil
+			return verification{id: id, until: now, exp: claims.exp}, "", nil
 		}
-		v := verification{id: id, until: now.Add(ttl)}
+		v := verification{id: id, until: now.Add(ttl), exp: claims.exp}
 		a.verified.Add(key, v, ttl)
 		return v, "", nil
 	}

@@ -111,9 +111,12 @@ func fromPeer(ctx context.Context, addr string) context.Context {
 	return peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(host), Port: p}})
 }
 
+// newTestAuthenticator's verifications last the TTL exactly (no spread), so that tests can name the instant.
 func newTestAuthenticator(t *testing.T, client kubernetes.Interface, clk *clocktesting.FakeClock, opts ...Option) *Authenticator {
 	t.Helper()
-	return New(client, []string{sidecarSA}, time.Minute, zap.NewNop(), append([]Option{WithClock(clk)}, opts...)...)
+	a := New(client, []string{sidecarSA}, time.Minute, zap.NewNop(), append([]Option{WithClock(clk)}, opts...)...)
+	a.spread = func(time.Duration) time.Duration { return 0 }
+	return a
 }
 
 func TestPeerLimit(t *testing.T) {
@@ -246,15 +249,17 @@ func TestVerifiedCacheBoundedByExpiry(t *testing.T) {
 		name      string
 		exp       any // the token's exp claim; nil: none
 		cachedAt  time.Duration
-		reviewAt  time.Duration
+		reviewAt  time.Duration // 0: the token has expired by then, and is refused without a review
+		expiredAt time.Duration
 		neverKept bool
 	}{
-		{name: "exp sooner than the TTL", exp: epoch.Add(10 * time.Second).Unix(), cachedAt: 9 * time.Second, reviewAt: 11 * time.Second},
+		{name: "exp sooner than the TTL", exp: epoch.Add(10 * time.Second).Unix(), cachedAt: 9 * time.Second, expiredAt: 11 * time.Second},
 		{name: "exp later than the TTL", exp: epoch.Add(2 * time.Hour).Unix(), cachedAt: 59 * time.Second, reviewAt: 61 * time.Second},
 		{name: "no exp claim", exp: nil, cachedAt: 59 * time.Second, reviewAt: 61 * time.Second},
 		{name: "exp not a number", exp: "soon", cachedAt: 59 * time.Second, reviewAt: 61 * time.Second},
-		{name: "fractional exp", exp: float64(epoch.Unix()) + 10.5, cachedAt: 9 * time.Second, reviewAt: 10*time.Second + time.Millisecond}, // truncated, as the apiserver does
-		// The apiserver accepts a token up to a minute past exp (jwt.DefaultLeeway); dkc does not keep it.
+		{name: "fractional exp", exp: float64(epoch.Unix()) + 10.5, cachedAt: 9 * time.Second, expiredAt: 10*time.Second + time.Millisecond}, // truncated, as the apiserver does
+		// The apiserver accepts a token up to a minute past exp (jwt.DefaultLeeway), one uncached review per
+		// call; dkc refuses it without asking.
 		{name: "exp already past", exp: epoch.Add(-30 * time.Second).Unix(), neverKept: true},
 	}
 	for _, tt := range tests {
@@ -268,30 +273,50 @@ func TestVerifiedCacheBoundedByExpiry(t *testing.T) {
 				claims["exp"] = tt.exp
 			}
 			tok := rv.valid(jwt(claims), "n1", Audience)
-			if _, err := a.Authenticate(ctx, tok); err != nil {
-				t.Fatal(err)
-			}
-			reviewsAt := func(d time.Duration) int {
+			at := func(d time.Duration) (int, error) {
 				clk.SetTime(epoch.Add(d))
 				before := rv.count()
-				if _, err := a.Authenticate(ctx, tok); err != nil {
-					t.Fatal(err)
-				}
-				return rv.count() - before
+				_, err := a.Authenticate(ctx, tok)
+				return rv.count() - before, err
 			}
 			if tt.neverKept {
-				if got := reviewsAt(0); got != 1 {
-					t.Errorf("token past its exp was served from the cache (%d reviews, want 1)", got)
+				if reviews, err := at(0); err == nil || !strings.Contains(err.Error(), "expired") || reviews != 0 {
+					t.Errorf("token past its exp: %v after %d reviews; want refused as expired without a review", err, reviews)
 				}
 				return
 			}
-			if got := reviewsAt(tt.cachedAt); got != 0 {
-				t.Errorf("at +%v: %d reviews, want the cached result", tt.cachedAt, got)
+			if _, err := at(0); err != nil {
+				t.Fatal(err)
 			}
-			if got := reviewsAt(tt.reviewAt); got != 1 {
-				t.Errorf("at +%v: %d reviews, want 1 (cache must not outlive exp or the TTL)", tt.reviewAt, got)
+			if reviews, err := at(tt.cachedAt); err != nil || reviews != 0 {
+				t.Errorf("at +%v: %d reviews, %v; want the cached result", tt.cachedAt, reviews, err)
+			}
+			if tt.expiredAt > 0 {
+				if reviews, err := at(tt.expiredAt); err == nil || reviews != 0 {
+					t.Errorf("at +%v, past exp: %d reviews, %v; want refused without a review", tt.expiredAt, reviews, err)
+				}
+				return
+			}
+			if reviews, err := at(tt.reviewAt); err != nil || reviews != 1 {
+				t.Errorf("at +%v: %d reviews, %v; want 1 (cache must not outlive the TTL)", tt.reviewAt, reviews, err)
 			}
 		})
+	}
+}
+
+// TestVerificationsSpreadOverTheLastTenth: tokens verified at one instant lapse at different instants within
+// the TTL's last tenth, never past the TTL.
+func TestVerificationsSpreadOverTheLastTenth(t *testing.T) {
+	seen := map[time.Duration]bool{}
+	for range 100 {
+		d := spreadTenth(time.Minute)
+		if d < 0 || d >= 6*time.Second {
+			t.Fatalf("spread %v outside [0, 6s)", d)
+		}
+		seen[d] = true
+	}
+	if len(seen) < 50 {
+		t.Errorf("%d distinct spreads of 100; want them random", len(seen))
 	}
 }
 

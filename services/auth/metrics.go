@@ -11,6 +11,7 @@ const (
 	reasonRejected    = "rejected"     // TokenReview: not authenticated, or not for audience dkc
 	reasonForbidden   = "forbidden"    // authenticated, but not an allowed ServiceAccount or no node claim
 	reasonUnavailable = "unavailable"  // the TokenReview failed or timed out
+	reasonExpired     = "expired"      // past its exp claim, not reviewed
 )
 
 // Results of re-checking an open stream's token, the values of dkc_server_stream_reauth_total's result label.
@@ -19,6 +20,7 @@ const (
 	reauthRefused         = "refused"          // no longer valid: the stream ends
 	reauthIdentityChanged = "identity_changed" // valid, but for another node or ServiceAccount: the stream ends
 	reauthUnavailable     = "unavailable"      // could not be checked (TokenReview failed): the stream stays, retried
+	reauthExpired         = "expired"          // the token's exp came: the stream ends so the node reconnects with its current one
 )
 
 // Metrics of the authenticator; a nil *Metrics records nothing.
@@ -34,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "token_refusals_total",
 			Help: "Calls refused by authentication, by reason: missing, too_large, malformed and rate_limited (refused without a TokenReview), " +
-				"rejected (not authenticated or not for audience dkc), forbidden (not an allowed service account, or no node claim), unavailable (the TokenReview failed).",
+				"expired (past its exp, not reviewed), rejected (not authenticated or not for audience dkc), forbidden (not an allowed service account, or no node claim), unavailable (the TokenReview failed).",
 		}, []string{"reason"}),
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "token_reviews_total",
@@ -43,10 +45,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reauths: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "stream_reauth_total",
 			Help: "Re-checks of an open WatchConfig stream's token once its verification lapsed (at least once per --token-cache-ttl), by result: " +
-				"ok, refused and identity_changed (the stream was ended), unavailable (the TokenReview failed; the stream stays and the check is retried).",
+				"ok, refused and identity_changed (the stream was ended), unavailable (the TokenReview failed; the stream stays and the check is retried), " +
+				"expired (the token's exp came; the stream was ended so that the node reconnects with its current token).",
 		}, []string{"result"}),
 	}
-	for _, r := range []string{reauthOK, reauthRefused, reauthIdentityChanged, reauthUnavailable} {
+	for _, r := range []string{reauthOK, reauthRefused, reauthIdentityChanged, reauthUnavailable, reauthExpired} {
 		m.reauths.WithLabelValues(r) // exported at 0, so that a rate over it works before the first of each
 	}
 	reg.MustRegister(m.refusals, m.reviews, m.reauths)

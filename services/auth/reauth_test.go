@@ -103,3 +103,35 @@ func TestReauthenticate(t *testing.T) {
 		t.Errorf("token_refusals_total{reason=rejected} = %v, want 0", got)
 	}
 }
+
+// TestExpiredTokenEndsItsStreamWithoutReviews: a stream outlives its token's exp as a matter of course (the
+// kubelet rotates the file at 80% of its life; streams live up to --max-connection-age). The apiserver would
+// accept the token a minute longer, uncached, one review per check a second; instead the re-check at exp
+// says ErrTokenExpired without a review, counted as expired, not refused.
+func TestExpiredTokenEndsItsStreamWithoutReviews(t *testing.T) {
+	rv, cs := newReviewer()
+	clk := clocktesting.NewFakeClock(epoch)
+	m := NewMetrics(prometheus.NewPedanticRegistry())
+	a := newTestAuthenticator(t, cs, clk, WithMetrics(m))
+	tok := rv.valid(jwt(map[string]any{"iss": "k8s", "exp": epoch.Add(30 * time.Second).Unix()}), "n1", Audience)
+	ctx := authed(t, a, "10.0.0.1:1", tok)
+	if until, _ := VerifiedUntil(ctx); !until.Equal(epoch.Add(30 * time.Second)) {
+		t.Fatalf("VerifiedUntil = %v, want the token's exp %v", until, epoch.Add(30*time.Second))
+	}
+	before := rv.count()
+	for _, at := range []time.Duration{30*time.Second + time.Millisecond, 31 * time.Second, 89 * time.Second} {
+		clk.SetTime(epoch.Add(at))
+		if _, err := a.Reauthenticate(ctx); !errors.Is(err, ErrTokenExpired) {
+			t.Fatalf("at +%v: %v; want ErrTokenExpired", at, err)
+		}
+	}
+	if got := rv.count() - before; got != 0 {
+		t.Errorf("%d TokenReviews for an expired token, want none", got)
+	}
+	if got := testutil.ToFloat64(m.reauths.WithLabelValues(reauthExpired)); got != 3 {
+		t.Errorf("stream_reauth_total{result=expired} = %v, want 3", got)
+	}
+	if got := testutil.ToFloat64(m.reauths.WithLabelValues(reauthRefused)); got != 0 {
+		t.Errorf("stream_reauth_total{result=refused} = %v, want 0: expiry is not a revocation", got)
+	}
+}

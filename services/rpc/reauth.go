@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -104,6 +105,9 @@ func (r *recheck) handle(res recheckResult, log *zap.Logger) error {
 		log.Warn("could not check the node's token again; keeping its stream and retrying", zap.Error(res.err), zap.Duration("in", wait))
 		r.timer = r.clock.NewTimer(wait)
 		return nil
+	case errors.Is(res.err, auth.ErrTokenExpired):
+		log.Info("node's token expired; ending its stream so that it reconnects with its current token")
+		return status.Error(codes.Unavailable, "the token this stream was opened with has expired; reconnect with the current one")
 	default:
 		msg := status.Convert(res.err).Message()
 		log.Warn("node's token refused when checked again; ending its stream", zap.String("reason", msg))

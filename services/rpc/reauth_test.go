@@ -196,3 +196,17 @@ func TestStreamsCheckTheirTokenAgain(t *testing.T) {
 		t.Fatalf("stream of a token now naming another node ended with %v, want Unauthenticated", err)
 	}
 }
+
+// TestExpiredTokenEndsTheStreamAsUnavailable: a token's exp ends its stream as Unavailable (reconnect, with
+// the current token), logged at Info as the routine it is, not as a refusal.
+func TestExpiredTokenEndsTheStreamAsUnavailable(t *testing.T) {
+	r := &recheck{clock: clocktesting.NewFakeClock(time.Now())}
+	core, logs := observer.New(zap.InfoLevel)
+	err := r.handle(recheckResult{err: auth.ErrTokenExpired}, zap.New(core))
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("handle(ErrTokenExpired) = %v, want Unavailable", err)
+	}
+	if logs.FilterMessage("node's token expired; ending its stream so that it reconnects with its current token").FilterLevelExact(zap.InfoLevel).Len() != 1 {
+		t.Errorf("want one Info line for the expiry, got %v", logs.All())
+	}
+}

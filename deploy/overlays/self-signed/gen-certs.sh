@@ -94,9 +94,10 @@ rotate)
   finish)
     rotating || die "no rotation in progress (rotate start first)"
     openssl verify -CAfile next-ca.crt tls.crt >/dev/null 2>&1 || die "tls.crt is not from the new CA yet (rotate switch first)"
+    # Safe to run again if interrupted: the rotation counts as in progress until next-ca.key is gone.
+    cp next-ca.crt ca.crt.new && mv ca.crt.new ca.crt
     mv next-ca.key ca.key
-    mv next-ca.crt ca.crt
-    rm -f old-ca.crt
+    rm -f next-ca.crt old-ca.crt
     echo "ca.crt is the new CA alone; the old CA is gone from this directory."
     echo "now: kubectl apply -k <your overlay>"
     ;;

@@ -243,6 +243,8 @@ func (a *Authenticator) Reauthenticate(ctx context.Context) (time.Time, error) {
 	}
 	v, _, err := a.authenticate(ctx, c.token, false)
 	switch {
+	case ctx.Err() != nil:
+		return time.Time{}, status.FromContextError(ctx.Err()).Err() // the stream ended meanwhile: nothing to count
 	case status.Code(err) == codes.Unavailable:
 		a.metrics.reauthenticated(reauthUnavailable)
 		return time.Time{}, err

@@ -1,11 +1,16 @@
 package configmaps
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 
 	"github.com/dkc-dev/dkc/services/resolve"
@@ -60,4 +65,92 @@ func TestTrackFollowsReferences(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNamespaceWatchedWholePastThreshold: past the threshold a namespace's referenced ConfigMaps share one
+// namespace-wide informer instead of one each, until no node references a ConfigMap there. Run is not
+// called: the per-ConfigMap informers stay until the namespace's has listed (TestNamespaceInformerServes).
+func TestNamespaceWatchedWholePastThreshold(t *testing.T) {
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: "http://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := New(client, resolve.NewNamespaces("kube-system", "other"), zap.NewNop(), func(string) {})
+	tr.threshold = 3
+	for i := range 3 {
+		tr.Track(fmt.Sprintf("n%d", i), fmt.Sprintf("kube-system/c%d", i))
+	}
+	tr.Track("o", "other/c")
+	if got := tr.Watched(); got != 4 {
+		t.Fatalf("at the threshold: Watched = %d, want 4 (one per configmap)", got)
+	}
+	tr.Track("n3", "kube-system/c3")
+	tr.Track("n4", "kube-system/c4")
+	tr.mu.Lock()
+	whole, perKey := len(tr.wholeNamespaces), len(tr.informers)
+	tr.mu.Unlock()
+	if whole != 1 || perKey != 4 {
+		t.Errorf("past the threshold, before the namespace's informer listed: %d namespace-wide and %d per-configmap informers, want 1 and 4 (kube-system's kept until then, other's)", whole, perKey)
+	}
+	for i := range 4 {
+		tr.Track(fmt.Sprintf("n%d", i), "")
+	}
+	tr.mu.Lock()
+	whole = len(tr.wholeNamespaces)
+	tr.mu.Unlock()
+	if whole != 1 {
+		t.Errorf("below the threshold again: the namespace-wide informer is gone, want it kept while kube-system is referenced")
+	}
+	tr.Track("n4", "")
+	tr.Track("o", "")
+	if got := tr.Watched(); got != 0 {
+		t.Errorf("nothing referenced: Watched = %d, want 0", got)
+	}
+}
+
+// TestNamespaceInformerServes runs a tracker whose every namespace is watched whole (threshold 0) on a fake
+// clientset: referenced ConfigMaps are reported and served from the namespace's cache, unreferenced ones
+// are neither.
+func TestNamespaceInformerServes(t *testing.T) {
+	cm := func(name, v string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name, ResourceVersion: v}}
+	}
+	client := fake.NewClientset(cm("a", "1"), cm("b", "1"), cm("unreferenced", "1"))
+	changed := make(chan string, 100)
+	tr := New(client, resolve.NewNamespaces("kube-system"), zap.NewNop(), func(key string) { changed <- key })
+	tr.threshold = 0
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	tr.Track("n1", "kube-system/a")
+	go func() { _ = tr.Run(ctx) }()
+	expect := func(want string) {
+		t.Helper()
+		select {
+		case got := <-changed:
+			if got != want {
+				t.Fatalf("onChange(%q), want %q", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no onChange(%q)", want)
+		}
+	}
+	expect("kube-system/a") // listed
+	tr.Track("n2", "kube-system/b")
+	expect("kube-system/b") // already in the cache
+	if got, ok, err := tr.Get("kube-system/b"); err != nil || !ok || got == nil || got.Name != "b" {
+		t.Fatalf("Get(b) = %v, %v, %v; want b from the namespace's cache", got, ok, err)
+	}
+	if got, ok, err := tr.Get("kube-system/missing"); err != nil || !ok || got != nil {
+		t.Errorf("Get(missing) = %v, %v, %v; want a trustworthy not-found", got, ok, err)
+	}
+	if got := tr.Watched(); got != 1 {
+		t.Errorf("Watched = %d, want 1", got)
+	}
+	if _, err := client.CoreV1().ConfigMaps("kube-system").Update(ctx, cm("unreferenced", "2"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().ConfigMaps("kube-system").Update(ctx, cm("a", "2"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("kube-system/a") // the unreferenced update before it was not reported
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -123,21 +124,126 @@ func apiserverWatches(ctx context.Context, rc *rest.Config) (int, error) {
 	return total, nil
 }
 
-// apiserverLiveHeap forces a garbage collection in the apiserver and returns its heap in use
-// (/debug/pprof/heap?gc=1, which needs the admin credentials the benchmark has).
-func apiserverLiveHeap(ctx context.Context, rc *rest.Config) (int64, error) {
+// goMemory is a Go process's memory right after a forced garbage collection: RSS, heap in use and
+// goroutine stacks in use. RSS alone mixes what is live with what the collector has not yet returned.
+type goMemory struct {
+	rss, heap, stack int64
+}
+
+// live is what the process keeps after a collection: heap and stacks.
+func (m goMemory) live() int64 { return m.heap + m.stack }
+
+// parseHeapProfile reads HeapInuse and StackInuse from a debug=1 heap profile (the runtime.MemStats lines
+// at its end).
+func parseHeapProfile(data []byte) (heap, stack int64, err error) {
+	sc := bufio.NewScanner(strings.NewReader(string(data)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	found := 0
+	for sc.Scan() {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, "# HeapInuse = "); ok {
+			if heap, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64); err != nil {
+				return 0, 0, err
+			}
+			found++
+		}
+		if v, ok := strings.CutPrefix(line, "# Stack = "); ok {
+			inuse, _, _ := strings.Cut(v, " /")
+			if stack, err = strconv.ParseInt(strings.TrimSpace(inuse), 10, 64); err != nil {
+				return 0, 0, err
+			}
+			found++
+		}
+	}
+	if found != 2 {
+		return 0, 0, errors.New("no HeapInuse and Stack in the heap profile")
+	}
+	return heap, stack, nil
+}
+
+// apiserverMemory forces a garbage collection in the apiserver (/debug/pprof/heap?gc=1, which needs the
+// admin credentials the benchmark has) and returns its memory right after.
+func apiserverMemory(ctx context.Context, rc *rest.Config, pid int) (goMemory, error) {
 	data, err := apiserverGet(ctx, rc, "/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return goMemory{}, err
+	}
+	var m goMemory
+	if m.heap, m.stack, err = parseHeapProfile(data); err != nil {
+		return m, fmt.Errorf("apiserver: %w", err)
+	}
+	m.rss, err = rss(pid)
+	return m, err
+}
+
+// serverMemory does the same for dkc-server through its --profiling endpoint.
+func serverMemory(ctx context.Context, metricsAddr string, pid int) (goMemory, error) {
+	body, err := get(ctx, "http://"+metricsAddr+"/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return goMemory{}, err
+	}
+	data, err := io.ReadAll(body)
+	body.Close()
+	if err != nil {
+		return goMemory{}, err
+	}
+	var m goMemory
+	if m.heap, m.stack, err = parseHeapProfile(data); err != nil {
+		return m, fmt.Errorf("dkc-server: %w", err)
+	}
+	m.rss, err = rss(pid)
+	return m, err
+}
+
+// sampleMemory takes n samples of measure, every interval, and returns the median of each part: one
+// collection can land in the middle of a burst of allocations, several rarely all do.
+func sampleMemory(ctx context.Context, n int, interval time.Duration, measure func(context.Context) (goMemory, error)) (goMemory, error) {
+	var rssS, heapS, stackS []int64
+	for i := range n {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return goMemory{}, ctx.Err()
+			case <-time.After(interval):
+			}
+		}
+		m, err := measure(ctx)
+		if err != nil {
+			return goMemory{}, err
+		}
+		rssS, heapS, stackS = append(rssS, m.rss), append(heapS, m.heap), append(stackS, m.stack)
+	}
+	return goMemory{rss: median(rssS), heap: median(heapS), stack: median(stackS)}, nil
+}
+
+func median(v []int64) int64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// procCPU is the CPU time pid has used, user and system (fields 14 and 15 of /proc/<pid>/stat, in clock
+// ticks of 1/100 s, USER_HZ on every Linux architecture Go supports here).
+func procCPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
-	sc := bufio.NewScanner(strings.NewReader(string(data)))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "# HeapInuse = "); ok {
-			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		}
+	// The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
 	}
-	return 0, errors.New("no HeapInuse in the apiserver's heap profile")
+	f := strings.Fields(string(data[i+1:])) // f[0] is field 3
+	if len(f) < 13 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("parse /proc/%d/stat: %w", pid, err)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
 // get GETs url from dkc-server's metrics address and returns the body of a 200 response.

@@ -87,7 +87,11 @@ func (k *standInKubelet) Restart(ctx context.Context) error {
 	return nil
 }
 
-func (k *standInKubelet) MainPID(context.Context) (int, error) { return 0, nil }
+// MainPID is never 0: the stand-in kubelet is always running (its restarts take restartJob), and an agent
+// that found its kubelet not running would restart it and wait out startup at every simulated node's start.
+// The PID is only compared with 0: the simulated nodes' flags are given (KubeletFlags), never read from
+// /proc/<pid>/cmdline.
+func (k *standInKubelet) MainPID(context.Context) (int, error) { return 1, nil }
 
 func (k *standInKubelet) Healthz(context.Context, *configcheck.Checked) error {
 	k.mu.Lock()

@@ -103,7 +103,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	// stream within the TTL instead of at the connection's max age.
 	svc = rpc.New(log.Named("rpc"), table, writer, rpc.NewMetrics(reg), rpc.WithReauthentication(authn))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "watched_configmaps",
-		Help: "ConfigMaps watched because some Node references them."}, func() float64 { return float64(tracker.Watched()) }))
+		Help: "ConfigMap watches held because some Node references a ConfigMap: one per ConfigMap, or one per namespace past configmaps.NamespaceThreshold referenced in it."}, func() float64 { return float64(tracker.Watched()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "resolved_nodes",
 		Help: "Nodes with a resolved desired state."}, func() float64 { return float64(table.Len()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "resolved_configs",

@@ -84,8 +84,8 @@ func TestRevokedTokenLosesItsStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	revoked := watchAt(t, svc, tr.Status.Token, "sim-revoked")
-	kept := watchAt(t, svc, keptToken, "sim-kept")
+	revoked := watchAt(t, svc, tr.Status.Token, &dkcv1.WatchConfigRequest{NodeName: "sim-revoked"})
+	kept := watchAt(t, svc, keptToken, &dkcv1.WatchConfigRequest{NodeName: "sim-kept"})
 	revoked.next("first state", func(*dkcv1.WatchConfigResponse) bool { return true })
 	kept.next("first state", func(*dkcv1.WatchConfigResponse) bool { return true })
 
@@ -165,14 +165,14 @@ func TestRevokedTokenLosesItsStream(t *testing.T) {
 	}
 }
 
-// watchAt is watch against the dkc-server of svc.
-func watchAt(t *testing.T, svc dkcv1.ConfigServiceClient, token, node string) *watcher {
+// watchAt opens a WatchConfig stream with req against the dkc-server of svc and collects what it receives.
+func watchAt(t *testing.T, svc dkcv1.ConfigServiceClient, token string, req *dkcv1.WatchConfigRequest) *watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(withToken(context.Background(), token))
 	t.Cleanup(cancel)
-	stream, err := svc.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: node})
+	stream, err := svc.WatchConfig(ctx, req)
 	if err != nil {
-		t.Fatalf("WatchConfig(%s): %v", node, err)
+		t.Fatalf("WatchConfig(%s): %v", req.GetNodeName(), err)
 	}
 	w := &watcher{t: t, msgs: make(chan *dkcv1.WatchConfigResponse, 100), errs: make(chan error, 1)}
 	go func() {

@@ -6,8 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -65,27 +63,9 @@ type watcher struct {
 
 func watch(t *testing.T, token, node string, lastApplied *dkcv1.AppliedConfig) *watcher {
 	t.Helper()
-	ctx, cancel := context.WithCancel(withToken(context.Background(), token))
-	t.Cleanup(cancel)
-	stream, err := serviceClient(t).WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: node, LastApplied: lastApplied})
-	if err != nil {
-		t.Fatalf("WatchConfig(%s): %v", node, err)
-	}
-	w := &watcher{t: t, msgs: make(chan *dkcv1.WatchConfigResponse, 100), errs: make(chan error, 1)}
-	go func() {
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				w.errs <- err
-				return
-			}
-			w.msgs <- m
-		}
-	}()
-	return w
+	return watchAt(t, serviceClient(t), token, &dkcv1.WatchConfigRequest{NodeName: node, LastApplied: lastApplied})
 }
 
-// next waits for a message satisfying ok, skipping others.
 func (w *watcher) next(what string, ok func(*dkcv1.WatchConfigResponse) bool) *dkcv1.WatchConfigResponse {
 	w.t.Helper()
 	timeout := time.After(30 * time.Second)
@@ -338,19 +318,7 @@ func statusWrites(t *testing.T) float64 {
 // serverMetric reads one sample of the service's /metrics.
 func serverMetric(t *testing.T, series string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + cluster.MetricsAddress() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	var v float64
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, series+" ") {
-			fmt.Sscanf(strings.Fields(line)[1], "%g", &v)
-		}
-	}
-	return v
+	return metricAt(t, cluster.MetricsAddress(), series)
 }
 
 // TestStatusWriteBack reports an assignment's two steps (checkpointed, then active after a restart) as a

@@ -145,14 +145,15 @@ func TestCARotationWithoutRestartingTheSidecar(t *testing.T) {
 		}
 	})
 
-	// streaming waits until the server (this process of it) has the node's stream and its report.
+	// streaming waits until the server (this process of it) has the node's stream. Not its report: a node
+	// with nothing new to say may have reported to the process before the restart, during its graceful
+	// stop; the reset at the end shows reports going through the rotated connection.
 	streaming := func(step string) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
-		for metricAt(t, server.MetricsAddress(), "dkc_server_connected_nodes") != 1 ||
-			metricAt(t, server.MetricsAddress(), "dkc_server_reported_nodes") != 1 {
+		for metricAt(t, server.MetricsAddress(), "dkc_server_connected_nodes") != 1 {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: node %s not streaming and reporting to the server within 30s; sidecar log %s, server log %s",
+				t.Fatalf("%s: node %s not streaming to the server within 30s; sidecar log %s, server log %s",
 					step, realNode, sidecar.LogFile(), server.LogFile())
 			}
 			time.Sleep(200 * time.Millisecond)

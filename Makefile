@@ -22,8 +22,9 @@ help: ## list targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: generate
-generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go.mod)
+generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go.mod), and the kubelet's defaults kubectl-dkc embeds
 	$(BUF) generate
+	go generate ./internal/configz
 
 .PHONY: lint
 lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
@@ -37,7 +38,7 @@ lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
 
 .PHONY: verify-generated
 verify-generated: generate ## fail if generated code differs from what is committed
-	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@git diff --exit-code -- proto/ internal/configz/defaults.json || { echo "generated code is stale: run make generate and commit"; exit 1; }
 
 # Static, path-free builds, as the images are built (hack/images): the binaries `make build` and the
 # integration tests run are the ones the images ship, and the three share one compile cache.
@@ -78,7 +79,7 @@ test: test-unit test-fuzz test-integration ## run every test: unit, fuzzing (sho
 # Per target. Go counts the baseline run of the cached corpus against -fuzztime and fails with "context
 # deadline exceeded" when that alone takes it up (FuzzParseToken's corpus took 4 of 5 seconds): keep room.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./services/auth:FuzzParseToken ./internal/payload:FuzzValidateFileName ./services/resolve:FuzzParseAnnotation ./sidecar/checkpoint:FuzzSave ./sidecar/checkpoint:FuzzDecodeRecord ./sidecar/kubeletunit:FuzzEnvFileSet
+FUZZ_TARGETS := ./services/internal/auth:FuzzParseToken ./internal/payload:FuzzValidateFileName ./services/internal/resolve:FuzzParseAnnotation ./sidecar/internal/checkpoint:FuzzSave ./sidecar/internal/checkpoint:FuzzDecodeRecord ./sidecar/internal/kubeletunit:FuzzEnvFileSet
 .PHONY: test-fuzz
 test-fuzz: ## run each fuzz target for FUZZTIME (default 5s; longer runs: make test-fuzz FUZZTIME=10m)
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \

@@ -14,8 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/dkc-dev/dkc/internal/configz"
-	"github.com/dkc-dev/dkc/services/nodestatus"
-	"github.com/dkc-dev/dkc/services/resolve"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
 func (o *Options) assignCommand() *cobra.Command {
@@ -31,7 +30,7 @@ func (o *Options) assignCommand() *cobra.Command {
 				return err
 			}
 			src := &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: ns, Name: name, KubeletConfigKey: key}}
-			if errs := resolve.ValidateSpec(src, field.NewPath("spec", "configSource")); len(errs) > 0 {
+			if errs := nodeconfig.ValidateSpec(src, field.NewPath("spec", "configSource")); len(errs) > 0 {
 				return errs.ToAggregate()
 			}
 			ctx := cmd.Context()
@@ -95,14 +94,14 @@ type NodeStatus struct {
 // StatusOf reads a node's dkc status from its annotation and ConfigOK condition.
 func StatusOf(n *corev1.Node) NodeStatus {
 	ns := NodeStatus{Node: n.Name}
-	if raw, ok := n.Annotations[nodestatus.StatusAnnotation]; ok {
+	if raw, ok := n.Annotations[nodeconfig.StatusAnnotation]; ok {
 		var st corev1.NodeConfigStatus
 		if json.Unmarshal([]byte(raw), &st) == nil {
 			ns.Status, ns.Reported = &st, true
 		}
 	}
 	for _, c := range n.Status.Conditions {
-		if c.Type == nodestatus.ConditionType {
+		if c.Type == nodeconfig.ConditionType {
 			ns.ConfigOK, ns.Message = string(c.Status), c.Message
 			t := c.LastTransitionTime
 			ns.Transited = &t

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -13,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/configz"
-	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
 )
 
 // Safety of changing a field on a running node.
@@ -119,8 +120,13 @@ func Diff(running, next map[string]any) []FieldChange {
 }
 
 // configMapConfig loads a ConfigMap key as the kubelet would (without the node's flags) and returns it
-// as complete v1beta1 JSON.
-func (o *Options) configMapConfig(ctx context.Context, ns, name, key string) (map[string]any, error) {
+// as complete v1beta1 JSON. The kubelet's code runs in the dkc-kubelet-check helper, as on the nodes:
+// kubectl-dkc does not link the kubelet.
+func (o *Options) configMapConfig(ctx context.Context, ns, name, key, checkBinary string) (map[string]any, error) {
+	checker, err := kubeletChecker(checkBinary)
+	if err != nil {
+		return nil, err
+	}
 	cm, err := o.client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("configmap %s/%s: %w", ns, name, err)
@@ -138,19 +144,15 @@ func (o *Options) configMapConfig(ctx context.Context, ns, name, key string) (ma
 	if err := os.WriteFile(file, []byte(data), 0o600); err != nil {
 		return nil, err
 	}
-	r, err := kubeletconfig.Load(ctx, file, nil)
+	checked, err := checker.Check(ctx, file, nil)
 	if err != nil {
 		return nil, fmt.Errorf("configmap %s/%s key %s: %w", ns, name, key, err)
 	}
-	m, err := kubeletconfig.ToV1beta1JSON(r.Config)
-	if err != nil {
-		return nil, err
-	}
-	return configz.Config(m, nil)
+	return configz.Config(checked.Fields, nil)
 }
 
 func (o *Options) diffCommand() *cobra.Command {
-	var cm, key string
+	var cm, key, checkBinary string
 	cmd := &cobra.Command{
 		Use:   "diff NODE --configmap NAMESPACE/NAME [--key kubelet]",
 		Short: "Show what applying a ConfigMap would change on a node, field by field, with how safe each change is",
@@ -168,7 +170,7 @@ override show up too: flags keep winning over any config.`,
 			if err != nil {
 				return err
 			}
-			next, err := o.configMapConfig(cmd.Context(), ns, name, key)
+			next, err := o.configMapConfig(cmd.Context(), ns, name, key, checkBinary)
 			if err != nil {
 				return err
 			}
@@ -190,8 +192,38 @@ override show up too: flags keep winning over any config.`,
 	}
 	cmd.Flags().StringVar(&cm, "configmap", "", "the ConfigMap, NAMESPACE/NAME")
 	cmd.Flags().StringVar(&key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
+	cmd.Flags().StringVar(&checkBinary, "kubelet-check-binary", "", "dkc-kubelet-check, which loads the config with the kubelet's own code; default: next to kubectl-dkc, else on $PATH")
 	_ = cmd.MarkFlagRequired("configmap")
 	return cmd
+}
+
+// kubeletChecker is the dkc-kubelet-check helper at path, or next to this executable, or on $PATH.
+func kubeletChecker(path string) (configcheck.Checker, error) {
+	const helper = "dkc-kubelet-check"
+	if path == "" {
+		if self, err := os.Executable(); err == nil {
+			if p := filepath.Join(filepath.Dir(self), helper); fileExists(p) {
+				path = p
+			}
+		}
+	}
+	if path == "" {
+		p, err := exec.LookPath(helper)
+		if err != nil {
+			return nil, fmt.Errorf("%s, which loads configs with the kubelet's code, is neither next to kubectl-dkc nor on $PATH "+
+				"(install it beside kubectl-dkc, or --kubelet-check-binary): %w", helper, err)
+		}
+		path = p
+	}
+	if !fileExists(path) {
+		return nil, fmt.Errorf("--kubelet-check-binary %s: no such file", path)
+	}
+	return configcheck.Exec{Binary: path}, nil
+}
+
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && !st.IsDir()
 }
 
 func compact(v any) string {

@@ -26,7 +26,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dkc-dev/dkc/services/resolve"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
 // Options shared by the subcommands.
@@ -105,13 +105,13 @@ func parseConfigMap(ref string) (string, string, error) {
 // apiserver's own rules.
 func (o *Options) setSource(ctx context.Context, node *corev1.Node, src *corev1.NodeConfigSource) (string, error) {
 	var patch map[string]any
-	where := "annotation " + resolve.SourceAnnotation
+	where := "annotation " + nodeconfig.SourceAnnotation
 	if node.Spec.ConfigSource != nil {
 		where = "spec.configSource"
 		patch = map[string]any{"spec": map[string]any{"configSource": src}}
 		if src == nil {
 			// Clear both: after a reset the apiserver will no longer keep the spec field.
-			patch["metadata"] = map[string]any{"annotations": map[string]any{resolve.SourceAnnotation: nil}}
+			patch["metadata"] = map[string]any{"annotations": map[string]any{nodeconfig.SourceAnnotation: nil}}
 		}
 	} else {
 		var value any
@@ -122,7 +122,7 @@ func (o *Options) setSource(ctx context.Context, node *corev1.Node, src *corev1.
 			}
 			value = string(raw)
 		}
-		patch = map[string]any{"metadata": map[string]any{"annotations": map[string]any{resolve.SourceAnnotation: value}}}
+		patch = map[string]any{"metadata": map[string]any{"annotations": map[string]any{nodeconfig.SourceAnnotation: value}}}
 	}
 	raw, err := json.Marshal(patch)
 	if err != nil {

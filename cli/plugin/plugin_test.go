@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/dkc-dev/dkc/services/nodestatus"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
 func TestDiff(t *testing.T) {
@@ -67,7 +67,7 @@ func node(annotations map[string]string, conditions ...corev1.NodeCondition) *co
 
 func TestStatusOf(t *testing.T) {
 	at := metav1.Unix(1700000000, 0)
-	ok := corev1.NodeCondition{Type: nodestatus.ConditionType, Status: corev1.ConditionTrue, Message: "using current", LastTransitionTime: at}
+	ok := corev1.NodeCondition{Type: nodeconfig.ConditionType, Status: corev1.ConditionTrue, Message: "using current", LastTransitionTime: at}
 	status := `{"assigned":{"configMap":{"namespace":"kube-system","name":"c","uid":"u","resourceVersion":"7","kubeletConfigKey":"kubelet"}},"error":"boom"}`
 	for _, tc := range []struct {
 		name string
@@ -75,8 +75,8 @@ func TestStatusOf(t *testing.T) {
 		want NodeStatus
 	}{
 		{"nothing reported", node(nil), NodeStatus{Node: "n1"}},
-		{"unparseable annotation is not a report", node(map[string]string{nodestatus.StatusAnnotation: "{"}), NodeStatus{Node: "n1"}},
-		{"status and condition", node(map[string]string{nodestatus.StatusAnnotation: status}, ok), NodeStatus{Node: "n1", Reported: true,
+		{"unparseable annotation is not a report", node(map[string]string{nodeconfig.StatusAnnotation: "{"}), NodeStatus{Node: "n1"}},
+		{"status and condition", node(map[string]string{nodeconfig.StatusAnnotation: status}, ok), NodeStatus{Node: "n1", Reported: true,
 			Status: &corev1.NodeConfigStatus{Assigned: &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{
 				Namespace: "kube-system", Name: "c", UID: "u", ResourceVersion: "7", KubeletConfigKey: "kubelet"}}, Error: "boom"},
 			ConfigOK: "True", Message: "using current", Transited: &at}},
@@ -95,10 +95,10 @@ func TestNodeDone(t *testing.T) {
 		return `{"configMap":{"namespace":"kube-system","name":"c","uid":"` + uid + `","resourceVersion":"` + rv + `","kubeletConfigKey":"kubelet"}}`
 	}
 	st := func(assigned, active, errText string) map[string]string {
-		return map[string]string{nodestatus.StatusAnnotation: `{"assigned":` + assigned + `,"active":` + active + `,"error":"` + errText + `"}`}
+		return map[string]string{nodeconfig.StatusAnnotation: `{"assigned":` + assigned + `,"active":` + active + `,"error":"` + errText + `"}`}
 	}
-	configOK := corev1.NodeCondition{Type: nodestatus.ConditionType, Status: corev1.ConditionTrue}
-	configBad := corev1.NodeCondition{Type: nodestatus.ConditionType, Status: corev1.ConditionFalse, Message: "using last-known-good"}
+	configOK := corev1.NodeCondition{Type: nodeconfig.ConditionType, Status: corev1.ConditionTrue}
+	configBad := corev1.NodeCondition{Type: nodeconfig.ConditionType, Status: corev1.ConditionFalse, Message: "using last-known-good"}
 	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue}
 	notReady := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionFalse}
 	for _, tc := range []struct {

@@ -1,4 +1,4 @@
-// Command bench is `make bench`: dkc's scale benchmark on a real local cluster (see internal/bench). It
+// Command bench is `make bench`: dkc's scale benchmark on a real local cluster (see test/bench). It
 // prints a table and writes <dir>/results.json. It must run as root (the dev cluster does).
 package main
 
@@ -13,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/dkc-dev/dkc/internal/bench"
+	"github.com/dkc-dev/dkc/test/bench"
 )
 
 func main() {

@@ -24,6 +24,7 @@ import (
 	"k8s.io/kubectl/pkg/util/hash"
 
 	"github.com/dkc-dev/dkc/internal/configz"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
 type demo struct {
@@ -240,7 +241,7 @@ func (d *demo) assign(ctx context.Context, cm string) error {
 	} else {
 		d.say("kubectl annotate node %s dkc.dev/config-source-", d.node)
 	}
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{"dkc.dev/config-source":%s}}}`, value)
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, nodeconfig.SourceAnnotation, value)
 	_, err := d.client.CoreV1().Nodes().Patch(ctx, d.node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
 	return err
 }
@@ -252,7 +253,7 @@ func (d *demo) waitStatus(ctx context.Context, what string, ok func(corev1.NodeC
 	for time.Now().Before(deadline) {
 		n, err := d.client.CoreV1().Nodes().Get(ctx, d.node, metav1.GetOptions{})
 		if err == nil {
-			last = n.Annotations["dkc.dev/config-status"]
+			last = n.Annotations[nodeconfig.StatusAnnotation]
 			var st corev1.NodeConfigStatus
 			if json.Unmarshal([]byte(last), &st) == nil && ok(st) {
 				return st, nil
@@ -275,14 +276,14 @@ func (d *demo) showStatus(ctx context.Context, st corev1.NodeConfigStatus) {
 		return
 	}
 	for _, c := range n.Status.Conditions {
-		if c.Type == "ConfigOK" {
+		if c.Type == nodeconfig.ConditionType {
 			d.say("condition ConfigOK=%s: %s", c.Status, c.Message)
 		}
 	}
 }
 
 func (d *demo) showEvent(ctx context.Context, cm *corev1.ConfigMap) error {
-	evs, err := d.client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + d.node + ",reason=KubeletConfigChanged"})
+	evs, err := d.client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + d.node + ",reason=" + nodeconfig.EventReason})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-// Command dkc-dev starts and stops the local dev cluster (CONTRACT §6): `dkc-dev up` returns once etcd,
+// Command dkc-dev starts and stops the local dev cluster (docs/design.md, "Local cluster"): `dkc-dev up` returns once etcd,
 // kube-apiserver and the real nodes are ready and leaves them running in the background; `dkc-dev down`
 // stops exactly what `up` recorded. The Makefile's `up` and `down` targets call it.
 package main
@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 type options struct {

@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -27,16 +26,14 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/spf13/pflag"
 	certutil "k8s.io/client-go/util/cert"
-	cliflag "k8s.io/component-base/cli/flag"
 	nodeutil "k8s.io/component-helpers/node/util"
 	"k8s.io/kubernetes/cmd/kubelet/app/options"
 	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
 
-	"github.com/dkc-dev/dkc/sidecar/configcheck"
-	"github.com/dkc-dev/dkc/sidecar/durable"
-	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
+	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/durable"
+	"github.com/dkc-dev/dkc/internal/kubeletconfig"
 )
 
 func main() {
@@ -59,7 +56,7 @@ func run() error {
 			return fmt.Errorf("validate service connection: %s: %w", kc.ContainerRuntimeEndpoint, err)
 		}
 	}
-	kf, err := kubeletFlags(flags)
+	kf, err := kubeletconfig.ParseKubeletFlags(flags)
 	if err != nil {
 		return err
 	}
@@ -100,28 +97,6 @@ func run() error {
 	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
 	<-sig
 	return nil
-}
-
-// kubeletFlags parses the kubelet's own command-line flags (--cert-dir, --hostname-override, ...) as the
-// kubelet does; the flags that set config fields were applied by kubeletconfig.Load and are ignored here.
-func kubeletFlags(args []string) (*options.KubeletFlags, error) {
-	fs := pflag.NewFlagSet("kubelet", pflag.ContinueOnError)
-	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
-	fs.SetOutput(io.Discard)
-	kf := options.NewKubeletFlags()
-	kf.AddFlags(fs)
-	others := pflag.NewFlagSet("", pflag.ContinueOnError)
-	options.AddGlobalFlags(others)
-	options.AddKubeletConfigFlags(others, &kubeletconfiginternal.KubeletConfiguration{})
-	others.VisitAll(func(f *pflag.Flag) {
-		if fs.Lookup(f.Name) == nil {
-			fs.VarP(cliflag.NoOp{}, f.Name, f.Shorthand, f.Usage)
-		}
-	})
-	if err := fs.Parse(args); err != nil {
-		return nil, fmt.Errorf("parse kubelet flags: %w", err)
-	}
-	return kf, nil
 }
 
 // servingCert is the certificate kubelet v1.34 serves (cmd/kubelet/app/server.go, InitializeTLS):

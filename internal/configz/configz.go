@@ -6,12 +6,14 @@
 // written out explicitly.
 package configz
 
+//go:generate go run ./gen defaults.json
+
 import (
+	_ "embed"
 	"encoding/json"
 	"fmt"
 
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
-	kubeletscheme "k8s.io/kubernetes/pkg/kubelet/apis/config/scheme"
 	"sigs.k8s.io/yaml"
 )
 
@@ -29,20 +31,19 @@ func Decode(body []byte) (map[string]any, error) {
 	return resp.KubeletConfig, nil
 }
 
-// defaults is the JSON of a defaulted, otherwise empty v1beta1 KubeletConfiguration.
+// defaultsJSON is a defaulted, otherwise empty v1beta1 KubeletConfiguration, generated from the kubelet's
+// scheme (gen): kubectl-dkc uses configz without linking the kubelet.
+//
+//go:embed defaults.json
+var defaultsJSON []byte
+
+// defaults is defaultsJSON decoded.
 func defaults() (map[string]any, error) {
-	scheme, _, err := kubeletscheme.NewSchemeAndCodecs()
-	if err != nil {
-		return nil, err
-	}
-	obj := &kubeletv1beta1.KubeletConfiguration{}
-	scheme.Default(obj)
-	data, err := json.Marshal(obj)
-	if err != nil {
-		return nil, err
-	}
 	var m map[string]any
-	return m, json.Unmarshal(data, &m)
+	if err := json.Unmarshal(defaultsJSON, &m); err != nil {
+		return nil, fmt.Errorf("decode the kubelet's defaults: %w", err)
+	}
+	return m, nil
 }
 
 func zeroLike(v any) any {

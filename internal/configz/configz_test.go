@@ -2,11 +2,16 @@ package configz
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	kubeletscheme "k8s.io/kubernetes/pkg/kubelet/apis/config/scheme"
+
+	"github.com/dkc-dev/dkc/internal/kubeletconfig"
 )
 
 // TestRoundTrip: a config with empty values, as the kubelet reports it on /configz, dumps to a file that
@@ -64,5 +69,31 @@ eventRecordQPS: 9
 	if back.Config.EventRecordQPS != 11 || len(back.Config.EnforceNodeAllocatable) != 0 || back.Config.CgroupsPerQOS {
 		t.Errorf("round trip: eventRecordQPS %d, enforceNodeAllocatable %v, cgroupsPerQOS %v",
 			back.Config.EventRecordQPS, back.Config.EnforceNodeAllocatable, back.Config.CgroupsPerQOS)
+	}
+}
+
+// TestEmbeddedDefaultsAreTheKubelets: defaults.json is what the kubelet's scheme (at the version go.mod
+// pins) defaults; after a kubelet bump, `make generate` rewrites it.
+func TestEmbeddedDefaultsAreTheKubelets(t *testing.T) {
+	scheme, _, err := kubeletscheme.NewSchemeAndCodecs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := &kubeletv1beta1.KubeletConfiguration{}
+	scheme.Default(obj)
+	data, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]any
+	if err := json.Unmarshal(data, &want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := defaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("defaults.json is not the kubelet's defaults: run make generate")
 	}
 }

@@ -81,7 +81,7 @@ func (t *caTrust) current() *x509.CertPool {
 }
 
 // clientTLSConfig is the sidecar's TLS configuration towards dkc-server: TLS 1.3 only (as the server,
-// services/server serverTLSConfig), trusting pool.
+// services/internal/server serverTLSConfig), trusting pool.
 func clientTLSConfig(pool *x509.CertPool) *tls.Config {
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}
 }

@@ -5,11 +5,12 @@ package app
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
 	"time"
+
+	flag "github.com/spf13/pflag"
 )
 
 // Config is the sidecar's configuration.

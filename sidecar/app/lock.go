@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/dkc-dev/dkc/sidecar/durable"
+	"github.com/dkc-dev/dkc/internal/durable"
 )
 
 // LockFileName is the node's sidecar lock in the dynamic config dir (next to the state file).

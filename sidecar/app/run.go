@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -16,20 +15,23 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/dkc-dev/dkc/sidecar/agent"
-	"github.com/dkc-dev/dkc/sidecar/checkpoint"
-	"github.com/dkc-dev/dkc/sidecar/client"
-	"github.com/dkc-dev/dkc/sidecar/configcheck"
-	"github.com/dkc-dev/dkc/sidecar/durable"
-	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
-	"github.com/dkc-dev/dkc/sidecar/probe"
-	"github.com/dkc-dev/dkc/sidecar/systemd"
+	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/durable"
+	"github.com/dkc-dev/dkc/internal/httpserve"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/sidecar/internal/agent"
+	"github.com/dkc-dev/dkc/sidecar/internal/checkpoint"
+	"github.com/dkc-dev/dkc/sidecar/internal/client"
+	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
+	"github.com/dkc-dev/dkc/sidecar/internal/probe"
+	"github.com/dkc-dev/dkc/sidecar/internal/systemd"
 )
 
 // Run runs the sidecar until ctx ends. It first brings the kubelet in line with what is on disk — with the
 // service and apiserver unreachable the node keeps what it has — then follows the service.
-func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
-	log = log.With(zap.String("node", cfg.NodeName))
+func (s *Sidecar) Run(ctx context.Context) error {
+	cfg := s.cfg
+	log := s.log.With(zap.String("node", cfg.NodeName))
 	if cfg.InstallOnly {
 		return installOnly(ctx, cfg, log)
 	}
@@ -38,47 +40,34 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	defer release()
-	var svc agent.ServiceManager
-	if cfg.RestartMode == "signal" {
-		svc = systemd.Signal{PIDFile: cfg.KubeletPIDFile, Timeout: cfg.HealthTimeout}
-	} else {
-		m, err := systemd.Dial(ctx, cfg.DBusAddress, cfg.KubeletUnit)
+	svc, closeSvc, err := s.serviceManager(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer closeSvc()
+	prober, checker := s.o.prober, s.o.checker
+	if checker == nil {
+		if checker, err = kubeletChecker(cfg); err != nil {
+			return err
+		}
+	}
+	if prober == nil {
+		p, err := probe.New(cfg.KubeletTokenFile, cfg.KubeletHost, cfg.KubeletCAFile, log.Named("probe"))
 		if err != nil {
 			return err
 		}
-		defer m.Close()
-		svc = m
-		if err := m.CheckUnit(ctx); err != nil {
+		// The prober learns the kubelet's --cert-dir (where its serving certificate is) from the flags.
+		prober, checker = p, p.ObserveFlags(checker)
+	}
+	conn := s.o.conn
+	if conn == nil {
+		c, err := Dial(cfg, WithDialLogger(log.Named("dial")))
+		if err != nil {
 			return err
 		}
-		if cfg.InstallDropIn != "" {
-			if err := installDropIn(ctx, m, cfg.InstallDropIn, kubeletunit.DropIn(cfg.DynamicConfigDir), log); err != nil {
-				return err
-			}
-		}
-		// Without the drop-in a restart runs the unit's own --config, whatever the env file names: every
-		// config would fail its health check and be blamed for it.
-		env := kubeletunit.New(cfg.DynamicConfigDir).Path
-		if ok, err := m.LoadsEnvironmentFile(ctx, env); err != nil {
-			return err
-		} else if !ok {
-			return fmt.Errorf("%s does not load %s (dkc's kubelet drop-in): install it first — the DaemonSet's init container does, "+
-				"or --install-kubelet-dropin, or --print-kubelet-dropin for node provisioning — then daemon-reload", m.Unit(), env)
-		}
+		defer c.Close()
+		conn = c
 	}
-	prober, err := probe.New(cfg.KubeletTokenFile, cfg.KubeletHost, cfg.KubeletCAFile, log.Named("probe"))
-	if err != nil {
-		return err
-	}
-	checker, err := kubeletChecker(cfg)
-	if err != nil {
-		return err
-	}
-	conn, err := Dial(cfg, WithDialLogger(log.Named("dial")))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
 	// Reconnects within a few seconds of the service coming back (the goal is 5s); refused connection
 	// attempts of thousands of nodes while it is away are cheap.
 	incarnation, err := agent.NextIncarnation(cfg.DynamicConfigDir, time.Now())
@@ -88,53 +77,82 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		incarnation = uint64(max(time.Now().Unix(), 1))
 		log.Warn("cannot record the sidecar's incarnation; numbering reports from the clock", zap.Uint64("incarnation", incarnation), zap.Error(err))
 	}
-	cl := client.New(conn, cfg.NodeName, cfg.TokenFile, client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second},
-		log.Named("client"), client.WithIncarnation(incarnation))
+	cl := client.New(conn, client.Config{Node: cfg.NodeName, TokenFile: cfg.TokenFile,
+		Backoff: client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second}, Log: log.Named("client")},
+		client.WithIncarnation(incarnation))
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var flags []string
-	if cfg.KubeletFlags != "" {
+	var reg *prometheus.Registry
+	var metrics *agent.Metrics
+	if cfg.MetricsAddress != "" {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		metrics = agent.NewMetrics(reg)
+	}
+	flags := s.o.kubeletFlags
+	if flags == nil && cfg.KubeletFlags != "" {
 		flags = strings.Fields(cfg.KubeletFlags)
 	}
 	ag := agent.New(agent.Config{
 		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
 		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, ProcDir: cfg.HostProc,
-		// The prober learns the kubelet's --cert-dir (where its serving certificate is) from the flags.
-		Checker: prober.ObserveFlags(checker),
-	}, log.Named("agent"), checkpoint.New(cfg.DynamicConfigDir), svc, prober, cl, agent.NewMetrics(reg), nil)
+		TrialCheckInterval: s.o.trialCheckInterval, Checker: checker, Trace: s.o.trace,
+	}, agent.Deps{Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober,
+		Reporter: cl, Metrics: metrics})
 
 	log.Info("dkc-sidecar starting", zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("restartMode", cfg.RestartMode), zap.Duration("trialDuration", cfg.TrialDuration), zap.Uint64("incarnation", incarnation))
 	if err := ag.Init(ctx); err != nil {
 		return err
 	}
-	updates := make(chan agent.Desired, 1)
+	updates := make(chan *dkcv1.WatchConfigResponse, 1)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ag.Run(gctx, updates) })
 	g.Go(func() error { return cl.Watch(gctx, ag.Applied, updates) })
 	g.Go(func() error { return cl.RunReporter(gctx) })
-	if cfg.MetricsAddress != "" {
+	if reg != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-		srv := &http.Server{Addr: cfg.MetricsAddress, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		g.Go(func() error {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("serve metrics on %s: %w", cfg.MetricsAddress, err)
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-gctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			return srv.Shutdown(sctx)
-		})
+		g.Go(func() error { return httpserve.Serve(gctx, "metrics", cfg.MetricsAddress, mux, nil, 5*time.Second) })
 	}
 	err = g.Wait()
 	log.Info("dkc-sidecar stopped")
 	return err
+}
+
+// serviceManager is the injected one, or systemd over D-Bus after checking the kubelet unit loads dkc's env
+// file, or signals by PID file.
+func (s *Sidecar) serviceManager(ctx context.Context, log *zap.Logger) (agent.ServiceManager, func(), error) {
+	cfg := s.cfg
+	if s.o.service != nil {
+		return s.o.service, func() {}, nil
+	}
+	if cfg.RestartMode == "signal" {
+		return systemd.Signal{PIDFile: cfg.KubeletPIDFile, Timeout: cfg.HealthTimeout}, func() {}, nil
+	}
+	m, err := systemd.Dial(ctx, cfg.DBusAddress, cfg.KubeletUnit)
+	if err != nil {
+		return nil, nil, err
+	}
+	fail := func(err error) (agent.ServiceManager, func(), error) { m.Close(); return nil, nil, err }
+	if err := m.CheckUnit(ctx); err != nil {
+		return fail(err)
+	}
+	if cfg.InstallDropIn != "" {
+		if err := installDropIn(ctx, m, cfg.InstallDropIn, kubeletunit.DropIn(cfg.DynamicConfigDir), log); err != nil {
+			return fail(err)
+		}
+	}
+	// Without the drop-in a restart runs the unit's own --config, whatever the env file names: every
+	// config would fail its health check and be blamed for it.
+	env := kubeletunit.New(cfg.DynamicConfigDir).Path
+	if ok, err := m.LoadsEnvironmentFile(ctx, env); err != nil {
+		return fail(err)
+	} else if !ok {
+		return fail(fmt.Errorf("%s does not load %s (dkc's kubelet drop-in): install it first — the DaemonSet's init container does, "+
+			"or --install-kubelet-dropin, or --print-kubelet-dropin for node provisioning — then daemon-reload", m.Unit(), env))
+	}
+	return m, m.Close, nil
 }
 
 // installOnly is the DaemonSet's init container: it installs the kubelet drop-in and exits, so that the
@@ -174,17 +192,17 @@ func installDropIn(ctx context.Context, m *systemd.Manager, path, content string
 }
 
 // kubeletChecker returns the helper that runs the kubelet's config code, failing early when it is missing.
-func kubeletChecker(cfg Config) (configcheck.Exec, error) {
+func kubeletChecker(cfg Config) (configcheck.Checker, error) {
 	bin := cfg.KubeletCheckBinary
 	if bin == "" {
 		self, err := os.Executable()
 		if err != nil {
-			return configcheck.Exec{}, fmt.Errorf("locate dkc-kubelet-check: %w", err)
+			return nil, fmt.Errorf("locate dkc-kubelet-check: %w", err)
 		}
 		bin = filepath.Join(filepath.Dir(self), "dkc-kubelet-check")
 	}
 	if _, err := os.Stat(bin); err != nil {
-		return configcheck.Exec{}, fmt.Errorf("kubelet config checker (--kubelet-check-binary): %w", err)
+		return nil, fmt.Errorf("kubelet config checker (--kubelet-check-binary): %w", err)
 	}
 	return configcheck.Exec{Binary: bin}, nil
 }

@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
-	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+	"github.com/dkc-dev/dkc/test/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 var cluster *devcluster.Cluster

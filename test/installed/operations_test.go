@@ -26,9 +26,8 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/dkc-dev/dkc/cli/plugin"
-	"github.com/dkc-dev/dkc/internal/devcluster"
-	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
-	"github.com/dkc-dev/dkc/sidecar/systemd"
+	"github.com/dkc-dev/dkc/test/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 // kubectlDKC runs `kubectl dkc args...` in process against the cluster.
@@ -258,12 +257,7 @@ func TestNodeDeletedAndRejoined(t *testing.T) {
 	if out, err := kubectl(t, "delete", "node", node); err != nil {
 		t.Fatalf("delete node: %v\n%s", err, out)
 	}
-	m, err := systemd.Dial(ctxFor(t), cluster.BusAddress(node), "kubelet.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.Restart(ctxFor(t)); err != nil {
+	if err := cluster.RestartUnit(ctxFor(t), node, "kubelet.service"); err != nil {
 		t.Fatalf("restart the kubelet of %s to re-register it: %v", node, err)
 	}
 	// From the moment the new Node exists until it settles on its local config, it never shows the old

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 // TestSidecarRestartedDuringAnAPIServerOutage: the apiserver is down (frozen) for longer than the kubelet's

@@ -26,7 +26,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // The refusals of the ValidatingAdmissionPolicy of deploy/base/config-source-policy.yaml.

@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
-	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+	"github.com/dkc-dev/dkc/test/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 var cluster *devcluster.Cluster
@@ -44,7 +44,7 @@ var configSource = &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConf
 	Namespace: "kube-system", Name: "my-node-config", KubeletConfigKey: "kubelet",
 }}
 
-// TestAPIServerDropsDynamicConfigFields guards dkc's design (CONTRACT §2): a v1.34 apiserver accepts writes
+// TestAPIServerDropsDynamicConfigFields guards dkc's design (docs/design.md, "The apiserver fact"): a v1.34 apiserver accepts writes
 // of spec.configSource and status.config and silently drops them, while annotations and custom Node
 // conditions survive. If this test ever fails, the annotation fallback may no longer be needed, or status
 // writes must change.

@@ -21,9 +21,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/kubectl/pkg/util/hash"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
-	"github.com/dkc-dev/dkc/services/resolve"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // churnGauges are dkc-server's gauges of what it holds per Node and per ConfigMap.
@@ -179,7 +179,7 @@ func TestChurnLeavesNoStateBehind(t *testing.T) {
 	// Node i starts on ConfigMap i and moves to ConfigMap nodes+i.
 	parallel(nodes, func(i int) error {
 		_, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeNames[i],
-			Annotations: map[string]string{resolve.SourceAnnotation: cmSource(cms[i].Name)}}}, metav1.CreateOptions{})
+			Annotations: map[string]string{nodeconfig.SourceAnnotation: cmSource(cms[i].Name)}}}, metav1.CreateOptions{})
 		return err
 	})
 	t.Logf("created %d ConfigMaps (e.g. %s) and %d Nodes in %v", configs, cms[0].Name, nodes, time.Since(start).Round(time.Millisecond))
@@ -250,7 +250,7 @@ func TestChurnLeavesNoStateBehind(t *testing.T) {
 	start = time.Now()
 	parallel(nodes, func(i int) error {
 		_, err := client.CoreV1().Nodes().Patch(ctx, nodeNames[i], types.MergePatchType,
-			annotationPatch(resolve.SourceAnnotation, cmSource(cms[nodes+i].Name)), metav1.PatchOptions{})
+			annotationPatch(nodeconfig.SourceAnnotation, cmSource(cms[nodes+i].Name)), metav1.PatchOptions{})
 		return err
 	})
 	t.Logf("reassigned %d Nodes in %v", nodes, time.Since(start).Round(time.Millisecond))

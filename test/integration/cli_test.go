@@ -16,8 +16,8 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/dkc-dev/dkc/cli/plugin"
-	"github.com/dkc-dev/dkc/sidecar/agent"
-	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
+	"github.com/dkc-dev/dkc/internal/kubeletconfig"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
 // kubectlDKC runs `kubectl dkc args...` in process against the test cluster.
@@ -76,11 +76,11 @@ func TestKubectlDKCAssignStatusDumpDiffReset(t *testing.T) {
 
 	// diff: the dump itself changes nothing; another config shows each field with its safety.
 	createConfigMap(t, "cli-dumped", map[string]string{"kubelet": out})
-	if out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-dumped"); err != nil || !strings.Contains(out, "no changes") {
+	if out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-dumped", "--kubelet-check-binary", cluster.KubeletCheckBinary()); err != nil || !strings.Contains(out, "no changes") {
 		t.Errorf("diff against the dumped running config: %v\n%s", err, out)
 	}
 	createConfigMap(t, "cli-next", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 24\ncpuManagerPolicy: static\nmaxPods: 50\n")})
-	out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-next")
+	out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-next", "--kubelet-check-binary", cluster.KubeletCheckBinary())
 	if err != nil {
 		t.Fatalf("diff: %v\n%s", err, out)
 	}
@@ -89,7 +89,7 @@ func TestKubectlDKCAssignStatusDumpDiffReset(t *testing.T) {
 			t.Errorf("diff lacks %q:\n%s", want, out)
 		}
 	}
-	if out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-next", "-o", "json"); err != nil || !strings.Contains(out, `"safety": "needs-state-reset-and-drain"`) {
+	if out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-next", "-o", "json", "--kubelet-check-binary", cluster.KubeletCheckBinary()); err != nil || !strings.Contains(out, `"safety": "needs-state-reset-and-drain"`) {
 		t.Errorf("diff -o json: %v\n%s", err, out)
 	}
 
@@ -149,14 +149,14 @@ func TestKubectlDKCRolloutAcrossSimulatedNodes(t *testing.T) {
 	createConfigMap(t, "cli-rollout-bad", map[string]string{"kubelet": header + "eventRecordQPS: -3\n"})
 	out, errOut, err = kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-bad", "-l", sel, "--max-unavailable", "1", "--timeout", "1m")
 	var paused *plugin.ErrPaused
-	if !errors.As(err, &paused) || !strings.Contains(paused.Message, "node sim-1") || !strings.Contains(paused.Message, agent.ValidateError) {
+	if !errors.As(err, &paused) || !strings.Contains(paused.Message, "node sim-1") || !strings.Contains(paused.Message, string(nodeconfig.ValidateError)) {
 		t.Fatalf("bad rollout: err %v\n%s\n%s", err, out, errOut)
 	}
 	if !strings.Contains(errOut, "to resume") || !strings.Contains(errOut, "kubectl dkc reset sim-1") {
 		t.Errorf("pause message does not say how to resume or roll back:\n%s", errOut)
 	}
 	// sim-1 keeps running the good config (its last-known-good); the other nodes were never touched.
-	waitNodeStatus(t, "sim-1", "cli-rollout-bad@"+mustRV(t, "cli-rollout-bad"), g, "*", agent.ValidateError, 30*time.Second)
+	waitNodeStatus(t, "sim-1", "cli-rollout-bad@"+mustRV(t, "cli-rollout-bad"), g, "*", string(nodeconfig.ValidateError), 30*time.Second)
 	for _, n := range []string{"sim-2", "sim-3", "sim-4", "sim-5"} {
 		waitNodeStatus(t, n, g, g, "*", "", 5*time.Second)
 	}

@@ -19,7 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 
-	"github.com/dkc-dev/dkc/internal/convert"
+	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
@@ -105,7 +105,7 @@ func TestCompatNativeConfigSource(t *testing.T) {
 		t.Errorf("status annotation = %q", node.Annotations["dkc.dev/config-status"])
 	}
 
-	// The spec wins over an annotation, as CONTRACT §3 orders them.
+	// The spec wins over an annotation, as docs/design.md, "Where a Node's config source is read" orders them.
 	setSource(t, client, "compat-1", cmSource("compat-first"))
 	w.quiet(2 * time.Second)
 }
@@ -140,7 +140,7 @@ func TestCompatStatusConfigClears(t *testing.T) {
 	report := func(st *corev1.NodeConfigStatus) {
 		t.Helper()
 		if _, err := svc.ReportStatus(withToken(ctx, token), &dkcv1.ReportStatusRequest{NodeName: name,
-			Status: convert.StatusFromCore(st), ObservedTime: timestamppb.Now()}); err != nil {
+			Status: wire.StatusFromCore(st), ObservedTime: timestamppb.Now()}); err != nil {
 			t.Fatalf("ReportStatus: %v", err)
 		}
 	}

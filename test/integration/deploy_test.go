@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // standInCertManagerCRDs declares cert-manager's Issuer, ClusterIssuer and Certificate and trust-manager's

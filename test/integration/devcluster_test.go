@@ -14,8 +14,8 @@ import (
 
 	"k8s.io/component-helpers/node/util/sysctl"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
-	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+	"github.com/dkc-dev/dkc/test/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 // TestStopLeavesNothingBehind starts a second complete cluster next to the shared one (as `make up` does

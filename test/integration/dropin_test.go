@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
-	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
+	"github.com/dkc-dev/dkc/test/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 // The real node's kubelet --config-dir in TestKubeletConfigDirDropIns: two drop-ins set the same nested key

@@ -14,8 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
-	"github.com/dkc-dev/dkc/sidecar/agent"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 // The seed's paths on a simulated node: the real sidecar code (checkpoints, validation with the kubelet's
@@ -63,15 +63,15 @@ func TestE2ETransitionsBetweenLocalValidUnparsableInvalid(t *testing.T) {
 	steps := []struct {
 		source, assigned, active, err string
 	}{
-		{"e2e-unparsable", u, "local", agent.LoadError},  // none → unparsable
-		{"e2e-invalid", i, "local", agent.ValidateError}, // unparsable → invalid
-		{"e2e-valid", v, v, ""},                          // invalid → valid
-		{"e2e-invalid", i, "local", agent.ValidateError}, // valid → invalid (lkg still local: no trial yet)
-		{"e2e-unparsable", u, "local", agent.LoadError},  // invalid → unparsable
-		{"e2e-valid", v, v, ""},                          // unparsable → valid
-		{"", "local", "local", ""},                       // valid → none
-		{"e2e-invalid", i, "local", agent.ValidateError}, // none → invalid
-		{"", "local", "local", ""},                       // invalid → none
+		{"e2e-unparsable", u, "local", string(nodeconfig.LoadError)},  // none → unparsable
+		{"e2e-invalid", i, "local", string(nodeconfig.ValidateError)}, // unparsable → invalid
+		{"e2e-valid", v, v, ""}, // invalid → valid
+		{"e2e-invalid", i, "local", string(nodeconfig.ValidateError)}, // valid → invalid (lkg still local: no trial yet)
+		{"e2e-unparsable", u, "local", string(nodeconfig.LoadError)},  // invalid → unparsable
+		{"e2e-valid", v, v, ""},                                       // unparsable → valid
+		{"", "local", "local", ""},                                    // valid → none
+		{"e2e-invalid", i, "local", string(nodeconfig.ValidateError)}, // none → invalid
+		{"", "local", "local", ""},                                    // invalid → none
 	}
 	for _, s := range steps {
 		src := ""
@@ -95,17 +95,17 @@ func TestE2ERecoveryToLastKnownGood(t *testing.T) {
 	waitLKG(t, g)
 	createConfigMap(t, "e2e-lkg-other-bad", map[string]string{"kubelet": "{{{"})
 	setSource(t, client, simE2E, cmSource("e2e-lkg-other-bad"))
-	waitNodeStatus(t, simE2E, "e2e-lkg-other-bad@"+mustRV(t, "e2e-lkg-other-bad"), g, g, agent.LoadError, time.Minute)
+	waitNodeStatus(t, simE2E, "e2e-lkg-other-bad@"+mustRV(t, "e2e-lkg-other-bad"), g, g, string(nodeconfig.LoadError), time.Minute)
 
 	// By kubeletConfigKey: same ConfigMap, a key holding an invalid config.
 	setSource(t, client, simE2E, keySource("e2e-lkg-good", "bad"))
-	st := waitNodeStatus(t, simE2E, g, g, g, agent.ValidateError, time.Minute)
+	st := waitNodeStatus(t, simE2E, g, g, g, string(nodeconfig.ValidateError), time.Minute)
 	if st.Assigned.ConfigMap.KubeletConfigKey != "bad" || st.Active.ConfigMap.KubeletConfigKey != "kubelet" {
 		t.Errorf("assigned key %q, active key %q", st.Assigned.ConfigMap.KubeletConfigKey, st.Active.ConfigMap.KubeletConfigKey)
 	}
 	// A missing key is a load error.
 	setSource(t, client, simE2E, keySource("e2e-lkg-good", "no-such-key"))
-	waitNodeStatus(t, simE2E, g, g, g, agent.LoadError, time.Minute)
+	waitNodeStatus(t, simE2E, g, g, g, string(nodeconfig.LoadError), time.Minute)
 
 	// By an older ResourceVersion of the same ConfigMap, after in-place updates.
 	setSource(t, client, simE2E, keySource("e2e-lkg-good", "kubelet"))
@@ -115,13 +115,13 @@ func TestE2ERecoveryToLastKnownGood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitNodeStatus(t, simE2E, "e2e-lkg-good@"+broken.ResourceVersion, g, g, agent.LoadError, time.Minute)
+	waitNodeStatus(t, simE2E, "e2e-lkg-good@"+broken.ResourceVersion, g, g, string(nodeconfig.LoadError), time.Minute)
 	broken.Data["kubelet"] = simConfig(t, -5, "")
 	invalid, err := client.CoreV1().ConfigMaps("kube-system").Update(testContext(t), broken, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitNodeStatus(t, simE2E, "e2e-lkg-good@"+invalid.ResourceVersion, g, g, agent.ValidateError, time.Minute)
+	waitNodeStatus(t, simE2E, "e2e-lkg-good@"+invalid.ResourceVersion, g, g, string(nodeconfig.ValidateError), time.Minute)
 
 	// Last-known-good replaced by a newer one: fix in place, let it pass its trial.
 	invalid.Data["kubelet"] = simConfig(t, 42, "")
@@ -185,9 +185,9 @@ func TestE2EMalformedConfigMaps(t *testing.T) {
 		binary        map[string][]byte
 		wantErr       string // "" = applied
 	}{
-		{name: "e2e-mal-yaml", kubelet: "eventRecordQPS: [", wantErr: agent.LoadError},
-		{name: "e2e-mal-kind", kubelet: "apiVersion: v1\nkind: Pod\n", wantErr: agent.LoadError},
-		{name: "e2e-mal-apiversion", kubelet: "apiVersion: kubelet.config.k8s.io/v9\nkind: KubeletConfiguration\n", wantErr: agent.LoadError},
+		{name: "e2e-mal-yaml", kubelet: "eventRecordQPS: [", wantErr: string(nodeconfig.LoadError)},
+		{name: "e2e-mal-kind", kubelet: "apiVersion: v1\nkind: Pod\n", wantErr: string(nodeconfig.LoadError)},
+		{name: "e2e-mal-apiversion", kubelet: "apiVersion: kubelet.config.k8s.io/v9\nkind: KubeletConfiguration\n", wantErr: string(nodeconfig.LoadError)},
 		{name: "e2e-mal-unknown-fields", kubelet: header + "eventRecordQPS: 12\nfieldOfAFutureKubelet: true\n"},
 		{name: "e2e-mal-big", kubelet: header + "eventRecordQPS: 13\n", extra: map[string]string{"ballast": strings.Repeat("x", 900<<10)}},
 		{name: "e2e-mal-binary", kubelet: header + "eventRecordQPS: 14\n", binary: map[string][]byte{"blob": {0xff, 0x00, 0xfe}}},

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // TestGenCertsRotationKeepsTrust runs deploy/overlays/self-signed/gen-certs.sh as the README's rotation says

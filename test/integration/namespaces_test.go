@@ -19,8 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // The status error of a source outside dkc-server's --config-namespaces (default kube-system).

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
-	"github.com/dkc-dev/dkc/sidecar/agent"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 // tokenTrap is an HTTPS server that records every connection and every Authorization header it is sent.
@@ -98,7 +98,7 @@ func TestConfigPointingTheKubeletOffTheNodeGetsNoToken(t *testing.T) {
 	createConfigMap(t, "probe-foreign", map[string]string{"kubelet": withFields(t, realNode, map[string]string{
 		"address": gateway, "port": fmt.Sprint(port), "healthzPort": "0"})})
 	setSource(t, client, realNode, cmSource("probe-foreign"))
-	waitNodeStatus(t, realNode, "probe-foreign@"+mustRV(t, "probe-foreign"), "local", "local", agent.HealthError,
+	waitNodeStatus(t, realNode, "probe-foreign@"+mustRV(t, "probe-foreign"), "local", "local", string(nodeconfig.HealthError),
 		devclustertest.HealthTimeout+2*time.Minute)
 
 	if conns, tokens := trap.seen(); conns != 0 || len(tokens) != 0 {

@@ -13,7 +13,7 @@ import (
 	godbus "github.com/godbus/dbus/v5"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // TestBurstOfReassignmentsKeepsTheKubeletAlive is the burst a new user tried on the real node: twenty

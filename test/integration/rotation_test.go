@@ -17,7 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // metricAt reads one sample from the /metrics of the dkc-server at addr (0 when absent).

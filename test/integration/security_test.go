@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // shippedOverlay renders deploy/overlays/<name> as a user installs it (the self-signed overlay with

@@ -19,9 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dkc-dev/dkc/internal/devcluster"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
-	"github.com/dkc-dev/dkc/services/nodestatus"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // simNode creates a Node object without a kubelet (a simulated node) and mints its sidecar token.
@@ -354,8 +354,8 @@ func TestStatusWriteBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got corev1.NodeConfigStatus
-	if err := json.Unmarshal([]byte(node.Annotations[nodestatus.StatusAnnotation]), &got); err != nil {
-		t.Fatalf("status annotation %q: %v", node.Annotations[nodestatus.StatusAnnotation], err)
+	if err := json.Unmarshal([]byte(node.Annotations[nodeconfig.StatusAnnotation]), &got); err != nil {
+		t.Fatalf("status annotation %q: %v", node.Annotations[nodeconfig.StatusAnnotation], err)
 	}
 	if got.Active == nil || got.Active.ConfigMap.UID != cm.UID || got.Assigned == nil || got.Error != "" {
 		t.Errorf("status annotation = %+v", got)
@@ -406,7 +406,7 @@ func TestStatusWriteBack(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		node, err = client.CoreV1().Nodes().Get(ctx, "sim-status", metav1.GetOptions{})
-		if err == nil && strings.Contains(node.Annotations[nodestatus.StatusAnnotation], "failed to sync: failed to download config") {
+		if err == nil && strings.Contains(node.Annotations[nodeconfig.StatusAnnotation], "failed to sync: failed to download config") {
 			break
 		}
 		if time.Now().After(deadline) {

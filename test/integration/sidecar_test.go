@@ -18,9 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dkc-dev/dkc/internal/devcluster/devclustertest"
-	"github.com/dkc-dev/dkc/sidecar/agent"
-	"github.com/dkc-dev/dkc/sidecar/systemd"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 const realNode = "node-1"
@@ -157,7 +156,7 @@ func TestRealNodeConfigLifecycle(t *testing.T) {
 	// An invalid config never reaches the kubelet; status says why; no restart.
 	createConfigMap(t, "real-invalid", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: -1\n")})
 	setSource(t, client, realNode, cmSource("real-invalid"))
-	st := waitNodeStatus(t, realNode, "real-invalid@"+mustRV(t, "real-invalid"), goodName, goodName, agent.ValidateError, time.Minute)
+	st := waitNodeStatus(t, realNode, "real-invalid@"+mustRV(t, "real-invalid"), goodName, goodName, string(nodeconfig.ValidateError), time.Minute)
 	if got := configz(t, realNode)["eventRecordQPS"]; got != float64(7) || kubeletPID(t) != pid {
 		t.Errorf("invalid config changed the kubelet: eventRecordQPS %v, pid %d→%d", got, pid, kubeletPID(t))
 	}
@@ -170,12 +169,12 @@ func TestRealNodeConfigLifecycle(t *testing.T) {
 	// An unparsable config: load error, same fallback.
 	createConfigMap(t, "real-garbage", map[string]string{"kubelet": "{{{ not yaml"})
 	setSource(t, client, realNode, cmSource("real-garbage"))
-	waitNodeStatus(t, realNode, "real-garbage@"+mustRV(t, "real-garbage"), goodName, goodName, agent.LoadError, time.Minute)
+	waitNodeStatus(t, realNode, "real-garbage@"+mustRV(t, "real-garbage"), goodName, goodName, string(nodeconfig.LoadError), time.Minute)
 
 	// A config that validates but keeps the kubelet from starting is rolled back to last-known-good.
 	createConfigMap(t, "real-broken", map[string]string{"kubelet": kubeletConfig(t, "containerRuntimeEndpoint: unix:///run/dkc-no-such-runtime.sock\n")})
 	setSource(t, client, realNode, cmSource("real-broken"))
-	waitNodeStatus(t, realNode, "real-broken@"+mustRV(t, "real-broken"), goodName, goodName, agent.HealthError, devclustertest.HealthTimeout+2*time.Minute)
+	waitNodeStatus(t, realNode, "real-broken@"+mustRV(t, "real-broken"), goodName, goodName, string(nodeconfig.HealthError), devclustertest.HealthTimeout+2*time.Minute)
 	if got := configz(t, realNode)["eventRecordQPS"]; got != float64(7) {
 		t.Errorf("after rollback configz eventRecordQPS = %v, want 7 (last-known-good)", got)
 	}
@@ -364,7 +363,7 @@ func TestKubeletWhoseAPIServerDropsPacketsIsNotRolledBack(t *testing.T) {
 	defer cancel()
 	pid := restartKubeletThenSidecar(ctx, t)
 	// The sidecar can still reach dkc-server (another port), so its status shows what it concluded.
-	waitNodeStatus(t, realNode, name, name, "*", agent.VerifyTimeoutError, devclustertest.HealthTimeout+time.Minute)
+	waitNodeStatus(t, realNode, name, name, "*", string(nodeconfig.VerifyTimeoutError), devclustertest.HealthTimeout+time.Minute)
 	time.Sleep(devclustertest.HealthTimeout) // and stays so past the health timeout
 	expectUntouched(ctx, t, pid, env, "while /configz did not answer")
 	undrop()
@@ -378,12 +377,7 @@ func TestKubeletWhoseAPIServerDropsPacketsIsNotRolledBack(t *testing.T) {
 // authentication cache), then its sidecar; it returns the new kubelet's PID.
 func restartKubeletThenSidecar(ctx context.Context, t *testing.T) int {
 	t.Helper()
-	m, err := systemd.Dial(ctx, cluster.BusAddress(realNode), "kubelet.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.Restart(ctx); err != nil {
+	if err := cluster.RestartUnit(ctx, realNode, "kubelet.service"); err != nil {
 		t.Fatal(err)
 	}
 	pid := kubeletPID(t)

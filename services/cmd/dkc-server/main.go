@@ -6,17 +6,18 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
+	flag "github.com/spf13/pflag"
+
 	"go.uber.org/zap"
 
 	"github.com/dkc-dev/dkc/internal/zaplog"
-	"github.com/dkc-dev/dkc/services/server"
+	"github.com/dkc-dev/dkc/services/internal/server"
 )
 
 func parse(fs *flag.FlagSet, args []string) (server.Config, error) {

@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletconfig"
+	"github.com/dkc-dev/dkc/internal/kubeletconfig"
 )
 
 func main() {

@@ -7,18 +7,18 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
+	flag "github.com/spf13/pflag"
+
 	"go.uber.org/zap"
 
 	"github.com/dkc-dev/dkc/internal/zaplog"
 	"github.com/dkc-dev/dkc/sidecar/app"
-	"github.com/dkc-dev/dkc/sidecar/kubeletunit"
 )
 
 func parse(fs *flag.FlagSet, args []string) (app.Config, error) {
@@ -61,7 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if cfg.PrintDropIn {
-		fmt.Fprint(stdout, kubeletunit.DropIn(cfg.DynamicConfigDir))
+		fmt.Fprint(stdout, app.KubeletDropIn(cfg.DynamicConfigDir))
 		return 0
 	}
 	log, err := zaplog.New(cfg.LogLevel, cfg.LogDevelopment)
@@ -72,7 +72,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer func() { _ = log.Sync() }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := app.Run(ctx, cfg, log.Named("dkc-sidecar")); err != nil {
+	if err := app.New(cfg, app.WithLogger(log.Named("dkc-sidecar"))).Run(ctx); err != nil {
 		log.Error("dkc-sidecar failed", zap.Error(err))
 		return 1
 	}

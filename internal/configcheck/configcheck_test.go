@@ -1,0 +1,137 @@
+package configcheck_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletconfig"
+)
+
+// TestMain makes this test binary the helper when DKC_TEST_HELPER says so: Exec then runs the real
+// dkc-kubelet-check code (kubeletconfig.Serve) in a child process, or misbehaves on purpose.
+func TestMain(m *testing.M) {
+	switch os.Getenv("DKC_TEST_HELPER") {
+	case "":
+		os.Exit(m.Run())
+	case "serve":
+		if err := kubeletconfig.Serve(context.Background(), os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(1)
+		}
+	case "crash":
+		fmt.Fprintln(os.Stderr, "panic: boom")
+		os.Exit(2)
+	case "garbage":
+		fmt.Println("not json")
+	}
+	os.Exit(0)
+}
+
+func helper(t *testing.T, mode string) configcheck.Exec {
+	t.Setenv("DKC_TEST_HELPER", mode)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return configcheck.Exec{Binary: self}
+}
+
+func TestExec(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	head := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	good := write("good.yaml", head+"maxPods: 42\nhealthzPort: 10999\n")
+	dropIns, badDropIns := filepath.Join(dir, "conf.d"), filepath.Join(dir, "bad.d")
+	for _, d := range []string{dropIns, badDropIns} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("conf.d/10-pods.conf", head+"maxPods: 90\n")
+	write("bad.d/20-bad.conf", "{{{")
+	cases := []struct {
+		name, mode, file string
+		flags            []string
+		kind             error  // expected kind; nil with wantErr: the check itself failed
+		wantErr          string // substring of the error
+		check            func(*testing.T, *configcheck.Checked)
+	}{
+		{name: "valid", mode: "serve", file: good, check: func(t *testing.T, c *configcheck.Checked) {
+			if c.Fields["maxPods"] != float64(42) || c.HealthzPort != 10999 || c.Port != 10250 {
+				t.Errorf("checked = %+v", c)
+			}
+		}},
+		{name: "flags win", mode: "serve", file: good, flags: []string{"--max-pods=7"}, check: func(t *testing.T, c *configcheck.Checked) {
+			if c.Fields["maxPods"] != float64(7) {
+				t.Errorf("maxPods = %v, want the flag's 7", c.Fields["maxPods"])
+			}
+		}},
+		{name: "drop-ins merged", mode: "serve", file: good, flags: []string{"--config-dir=" + dropIns}, check: func(t *testing.T, c *configcheck.Checked) {
+			if c.Fields["maxPods"] != float64(90) || strings.Join(c.DropInKeys, ",") != "maxPods" {
+				t.Errorf("maxPods = %v, DropInKeys = %v; want the drop-in's 90 and its key", c.Fields["maxPods"], c.DropInKeys)
+			}
+		}},
+		{name: "bad drop-in", mode: "serve", file: good, flags: []string{"--config-dir=" + badDropIns}, kind: configcheck.ErrFlags, wantErr: "20-bad.conf"},
+		{name: "unknown field warns", mode: "serve", file: write("unknown.yaml", head+"noSuchField: 1\n"), check: func(t *testing.T, c *configcheck.Checked) {
+			if len(c.Warnings) == 0 {
+				t.Error("no warning for an unknown field")
+			}
+		}},
+		{name: "not yaml", mode: "serve", file: write("bad.yaml", "{{{"), kind: configcheck.ErrLoad, wantErr: "failed to load config: "},
+		{name: "missing", mode: "serve", file: filepath.Join(dir, "missing"), kind: configcheck.ErrLoad},
+		{name: "invalid", mode: "serve", file: write("invalid.yaml", head+"maxPods: -1\n"), kind: configcheck.ErrValidate, wantErr: "failed to validate config: "},
+		{name: "bad flag", mode: "serve", file: good, flags: []string{"--max-pods=lots"}, kind: configcheck.ErrFlags},
+		{name: "helper crashes", mode: "crash", file: good, wantErr: "panic: boom"},
+		{name: "helper prints garbage", mode: "garbage", file: good, wantErr: "decode"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := helper(t, tc.mode).Check(context.Background(), tc.file, tc.flags)
+			if tc.kind == nil && tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.check(t, c)
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error; got %+v", c)
+			}
+			if tc.kind != nil && !errors.Is(err, tc.kind) {
+				t.Errorf("error %v is not %v", err, tc.kind)
+			}
+			if tc.kind == nil && func() bool { k, _ := configcheck.Split(err); return k != "" }() {
+				t.Errorf("a failed check was blamed on the config: %v", err)
+			}
+			if !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("error %q: want it to contain %q", err, tc.wantErr)
+			}
+			if tc.kind != nil && strings.Count(err.Error(), tc.kind.Error()) != 1 {
+				t.Errorf("error %q: want %q in it once", err, tc.kind)
+			}
+		})
+	}
+}
+
+func TestConfigFlag(t *testing.T) {
+	cfg, rest := configcheck.ConfigFlag([]string{"--kubeconfig=/k", "--config", "/c.yaml", "--v=2"})
+	if cfg != "/c.yaml" || strings.Join(rest, " ") != "--kubeconfig=/k --v=2" {
+		t.Errorf("ConfigFlag = %q, %v", cfg, rest)
+	}
+	cfg, _ = configcheck.ConfigFlag([]string{"--config=/d.yaml"})
+	if cfg != "/d.yaml" {
+		t.Errorf("ConfigFlag = %q", cfg)
+	}
+}

@@ -1,0 +1,49 @@
+package nodeconfig
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// SourceAnnotation holds the JSON of a core/v1 NodeConfigSource on apiservers that drop
+// spec.configSource (every apiserver since 1.24). spec.configSource wins where the apiserver keeps it.
+const SourceAnnotation = "dkc.dev/config-source"
+
+// StatusAnnotation holds the JSON of the node's core/v1 NodeConfigStatus, written by dkc-server, on
+// apiservers that drop status.config.
+const StatusAnnotation = "dkc.dev/config-status"
+
+// ConditionType is the Node condition dkc maintains: True exactly when the status has no error.
+const ConditionType corev1.NodeConditionType = "ConfigOK"
+
+// Reasons of the ConfigOK condition.
+const (
+	ReasonUsingCurrent       = "UsingCurrent"
+	ReasonUsingLastKnownGood = "UsingLastKnownGood"
+	ReasonSyncFailed         = "SyncFailed"
+	ReasonConfigFailed       = "ConfigFailed"
+)
+
+// EventReason is the original kubelet's reason for a restart to change config.
+const EventReason = "KubeletConfigChanged"
+
+// Event messages of the original kubelet (pkg/kubelet/kubeletconfig/configsync.go).
+const (
+	LocalEventMessage     = "Kubelet restarting to use local config"
+	RemoteEventMessageFmt = "Kubelet restarting to use %s, UID: %s, ResourceVersion: %s, KubeletConfigKey: %s"
+)
+
+// EventMessage is the original's message for a restart to target (nil = local config).
+func EventMessage(target *corev1.NodeConfigSource) string {
+	if target == nil || target.ConfigMap == nil {
+		return LocalEventMessage
+	}
+	cm := target.ConfigMap
+	return fmt.Sprintf(RemoteEventMessageFmt, APIPath(cm), cm.UID, cm.ResourceVersion, cm.KubeletConfigKey)
+}
+
+// APIPath is the original's name for a ConfigMap source in events and metrics.
+func APIPath(cm *corev1.ConfigMapNodeConfigSource) string {
+	return "/api/v1/namespaces/" + cm.Namespace + "/configmaps/" + cm.Name
+}

@@ -1,0 +1,68 @@
+package nodeconfig
+
+import "fmt"
+
+// StatusError is a status error: what status.config.error (the StatusAnnotation) and the ConfigOK
+// condition's message say. Values are the original kubelet's texts (pkg/kubelet/kubeletconfig/status) or
+// dkc's own in their style; the README lists them. A StatusError is an error, so code wraps and tests for
+// them with errors.Is instead of comparing texts.
+type StatusError string
+
+func (e StatusError) Error() string { return string(e) }
+
+// SyncErrorPrefix starts every error of syncing a source (reading, resolving or writing it), as opposed to
+// loading, validating or running the config.
+const SyncErrorPrefix = "failed to sync: "
+
+// InvalidSourcePrefix follows SyncErrorPrefix in dkc's error for a source the apiserver would have
+// refused; the apiserver's field errors follow it, in its words.
+const InvalidSourcePrefix = "invalid NodeConfigSource: "
+
+// Errors of syncing a source: dkc-server sends them to the node, which reports them.
+const (
+	// AllNilSubfieldsError: the source has no subfield dkc knows (the kubelet's wording; the apiserver's
+	// would be "exactly one reference subfield must be non-nil").
+	AllNilSubfieldsError StatusError = SyncErrorPrefix + "invalid NodeConfigSource, exactly one subfield must be non-nil, but all were nil"
+	// DownloadError: the referenced ConfigMap cannot be read (missing, or the apiserver refused).
+	DownloadError StatusError = SyncErrorPrefix + "failed to download config, see Kubelet log for details"
+	// NamespaceNotAllowedError: a well-formed source in a namespace dkc-server does not read configs from
+	// (its --config-namespaces). The original had no such limit: the node authorizer let a kubelet read its
+	// ConfigMap anywhere. dkc-server reads ConfigMaps with its own identity, so it keeps to namespaces where
+	// it is granted that read, and its log says which namespace was refused.
+	NamespaceNotAllowedError StatusError = SyncErrorPrefix + "config namespace not allowed, see dkc-server log for details"
+	// SyncInternalError: syncing failed for a reason that is nobody's config (a write, a bug).
+	SyncInternalError StatusError = SyncErrorPrefix + InternalError
+	// PayloadError: the service sent a payload the node refuses to write (bad hash, names, sizes).
+	PayloadError StatusError = SyncErrorPrefix + "refused invalid payload, see dkc-sidecar log for details"
+)
+
+// TooLargeError is the sync error of a node whose resolved config has more files or bytes than a node
+// accepts (payload.MaxFiles, payload.MaxBytes): it is never sent.
+func TooLargeError(maxFiles, maxMiB int) StatusError {
+	return StatusError(fmt.Sprintf("%sconfig too large: a node takes at most %d files and %d MiB of file names and contents",
+		SyncErrorPrefix, maxFiles, maxMiB))
+}
+
+// Errors of using a config: the node reports them.
+const (
+	LoadError     StatusError = "failed to load config, see Kubelet log for details"
+	ValidateError StatusError = "failed to validate config, see Kubelet log for details"
+	InternalError StatusError = "internal failure, see Kubelet log for details"
+	// HealthError: the config passed validation but the kubelet did not come back healthy running it
+	// within the health timeout; the node was rolled back.
+	HealthError StatusError = "failed to run kubelet with config, rolled back, see dkc-sidecar log for details"
+	// RestartError: the service manager did not restart the kubelet (a failed job, the bus unreachable) or
+	// the env file could not be written. Not the config's fault: nothing is rolled back, and the restart is
+	// retried at the next tick.
+	RestartError StatusError = "failed to restart kubelet, will retry, see dkc-sidecar log for details"
+	// VerifyError: the kubelet is healthy but refuses the sidecar /configz (it cannot authenticate it while
+	// the apiserver is unreachable, or the sidecar lacks nodes/configz), so what it runs cannot be proven.
+	// Not the config's fault: nothing is rolled back or restarted, and the check is retried at the next tick.
+	VerifyError StatusError = "failed to verify config, the kubelet refused /configz, will retry, see dkc-sidecar log for details"
+	// VerifyTimeoutError: as VerifyError, but the kubelet took the request and did not answer in time (its
+	// authentication webhook waits on an apiserver it cannot reach).
+	VerifyTimeoutError StatusError = "failed to verify config, the kubelet did not answer /configz, will retry, see dkc-sidecar log for details"
+)
+
+// String makes a StatusError a zap.Stringer.
+func (e StatusError) String() string { return string(e) }

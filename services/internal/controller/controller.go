@@ -1,0 +1,246 @@
+// Package controller keeps every Node's desired state current: it watches Nodes and the ConfigMaps they
+// reference, and for each node resolves its config source (package resolve) into the assignment table that
+// WatchConfig streams read. The shape is sample-controller's: informers feed a rate-limited workqueue keyed
+// by node name; workers never modify cached objects.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/services/internal/assignment"
+	"github.com/dkc-dev/dkc/services/internal/configmaps"
+	"github.com/dkc-dev/dkc/services/internal/resolve"
+)
+
+// ConfigMaps is what the controller needs of the ConfigMap tracker (configmaps.Tracker).
+type ConfigMaps interface {
+	Track(node, key string)
+	Get(key string) (*corev1.ConfigMap, bool, error)
+	Nodes(key string) []string
+	// Run watches the tracked ConfigMaps until ctx ends; Watched is how many watches it holds.
+	Run(ctx context.Context) error
+	Watched() int
+}
+
+// Controller resolves Nodes into the assignment table.
+type Controller struct {
+	log         *zap.Logger
+	nodes       corelisters.NodeLister
+	nodesSynced cache.InformerSynced
+	cms         ConfigMaps
+	table       *assignment.Table
+	namespaces  resolve.Namespaces // where sources may point (--config-namespaces)
+	queue       workqueue.TypedRateLimitingInterface[string]
+	shared      *shared           // the resolved ConfigMap versions nodes are on
+	forget      func(node string) // drops what others hold of a deleted Node
+}
+
+// Config of a Controller.
+type Config struct {
+	Log *zap.Logger
+	// Nodes is the Node informer of the service's one informer factory.
+	Nodes coreinformers.NodeInformer
+	Table *assignment.Table
+	// Namespaces are where sources may point (--config-namespaces): sources outside are refused
+	// (nodeconfig.NamespaceNotAllowedError) and their ConfigMaps never read.
+	Namespaces resolve.Namespaces
+	// ConfigMaps builds the ConfigMap tracker, which calls onChange with a ConfigMap's key when it changes.
+	ConfigMaps func(onChange func(key string)) ConfigMaps
+	// Forget, if not nil, is called with the name of each deleted Node, after the node has left the table:
+	// whatever else holds per-node state (the status writer's reports) lets go of it there, so that memory
+	// follows the live Nodes.
+	Forget func(node string)
+}
+
+// New wires the controller to its Node informer and builds its ConfigMap tracker.
+func New(cfg Config) *Controller {
+	c := &Controller{
+		log:         cfg.Log,
+		forget:      cfg.Forget,
+		namespaces:  cfg.Namespaces,
+		nodes:       cfg.Nodes.Lister(),
+		nodesSynced: cfg.Nodes.Informer().HasSynced,
+		table:       cfg.Table,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodes"}),
+		shared: newShared(),
+	}
+	c.cms = cfg.ConfigMaps(c.onConfigMapChange)
+	_, _ = cfg.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: c.enqueue,
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Node)
+			n, ok2 := newObj.(*corev1.Node)
+			// Heartbeats and status writes (our own included) do not touch the source: skip them.
+			if !ok1 || !ok2 || sourceChanged(o, n) {
+				c.enqueue(newObj)
+			}
+		},
+		DeleteFunc: c.enqueue,
+	})
+	return c
+}
+
+func sourceChanged(o, n *corev1.Node) bool {
+	return o.Annotations[nodeconfig.SourceAnnotation] != n.Annotations[nodeconfig.SourceAnnotation] ||
+		!apiequality.Semantic.DeepEqual(o.Spec.ConfigSource, n.Spec.ConfigSource)
+}
+
+func (c *Controller) enqueue(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj) // handles tombstones
+	if err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	c.queue.Add(key)
+}
+
+// onConfigMapChange re-resolves every node that references the ConfigMap key.
+func (c *Controller) onConfigMapChange(key string) {
+	for _, n := range c.cms.Nodes(key) {
+		c.queue.Add(n)
+	}
+}
+
+// Run runs the ConfigMap tracker, waits for the Node cache, then runs workers until ctx ends.
+func (c *Controller) Run(ctx context.Context, workers int) error {
+	defer c.queue.ShutDown()
+	trackerDone := make(chan error, 1)
+	go func() { trackerDone <- c.cms.Run(ctx) }()
+	if !cache.WaitForNamedCacheSync("nodes", ctx.Done(), c.nodesSynced) {
+		return errors.Join(ctx.Err(), <-trackerDone)
+	}
+	c.log.Info("node cache synced", zap.Int("workers", workers))
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wait.UntilWithContext(ctx, c.runWorker, time.Second)
+		}()
+	}
+	<-ctx.Done()
+	c.queue.ShutDown()
+	wg.Wait()
+	return <-trackerDone
+}
+
+// WatchedConfigMaps is how many ConfigMap watches the tracker holds.
+func (c *Controller) WatchedConfigMaps() int { return c.cms.Watched() }
+
+// Synced reports whether the Node cache has synced (the service serves only then).
+func (c *Controller) Synced() bool { return c.nodesSynced() }
+
+func (c *Controller) runWorker(ctx context.Context) {
+	for c.processNext(ctx) {
+	}
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	node, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(node)
+	if err := c.sync(ctx, node); err != nil {
+		c.log.Warn("sync node failed; retrying", zap.String("node", node), zap.Error(err))
+		c.queue.AddRateLimited(node)
+		return true
+	}
+	c.queue.Forget(node)
+	return true
+}
+
+// sync resolves one node. Errors the node must see (bad source, missing ConfigMap) go into its state and
+// are not returned: retrying cannot fix them, and the next Node or ConfigMap event re-resolves the node.
+func (c *Controller) sync(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return err // shutting down: the node is resolved again wherever the service runs next
+	}
+	node, err := c.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		c.cms.Track(name, "")
+		c.shared.use(name, "")
+		c.table.Delete(name)
+		if c.forget != nil {
+			c.forget(name)
+		}
+		c.log.Info("node deleted; forgot it", zap.String("node", name))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get node %s from cache: %w", name, err)
+	}
+	src, origin, err := resolve.NodeSource(node, c.namespaces)
+	var se *resolve.SourceError
+	if errors.As(err, &se) {
+		c.cms.Track(name, "")
+		c.shared.use(name, "")
+		if c.table.SetSyncError(name, se.Status) {
+			c.log.Info("node config source invalid; node keeps its config", zap.String("node", name), zap.String("origin", string(origin)),
+				zap.Stringer("error", se.Status), zap.String("detail", se.Detail))
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if src == nil {
+		c.cms.Track(name, "")
+		c.shared.use(name, "")
+		if c.table.Set(name, assignment.State{Assignment: resolve.Local()}) {
+			c.log.Info("node assigned local config", zap.String("node", name))
+		}
+		return nil
+	}
+	ref := src.ConfigMap
+	key := configmaps.Key(ref.Namespace, ref.Name)
+	c.cms.Track(name, key)
+	c.shared.use(name, sourceKey(ref))
+	cm, synced, err := c.cms.Get(key)
+	if err != nil {
+		c.table.SetSyncError(name, nodeconfig.SyncInternalError)
+		return fmt.Errorf("read configmap %s for node %s: %w", key, name, err)
+	}
+	if !synced {
+		return nil // the tracker calls onConfigMapChange once its first list is done
+	}
+	if cm == nil {
+		c.shared.gone(sourceKey(ref))
+		if c.table.SetSyncError(name, nodeconfig.DownloadError) {
+			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name), zap.String("configmap", key))
+		}
+		return nil
+	}
+	a, err := c.shared.resolve(ref, cm)
+	if err != nil {
+		c.table.SetSyncError(name, nodeconfig.SyncInternalError)
+		return err
+	}
+	if c.table.Set(name, assignment.State{Assignment: a}) {
+		c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
+			zap.String("configmap", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
+			zap.String("kubeletConfigKey", ref.KubeletConfigKey))
+	}
+	return nil
+}
+
+// ResolvedConfigs is the number of ConfigMap versions held resolved.
+func (c *Controller) ResolvedConfigs() int { return c.shared.size() }

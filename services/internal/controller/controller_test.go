@@ -1,0 +1,328 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/services/internal/assignment"
+	"github.com/dkc-dev/dkc/services/internal/configmaps"
+	"github.com/dkc-dev/dkc/services/internal/resolve"
+)
+
+// configMaps is the ConfigMap tracker as the controller sees it, over a map.
+type configMaps struct {
+	cms    map[string]*corev1.ConfigMap
+	byNode map[string]string
+}
+
+func (f *configMaps) Track(node, key string) {
+	if key == "" {
+		delete(f.byNode, node)
+		return
+	}
+	f.byNode[node] = key
+}
+
+func (f *configMaps) Get(key string) (*corev1.ConfigMap, bool, error) { return f.cms[key], true, nil }
+
+func (f *configMaps) Nodes(key string) []string {
+	var nodes []string
+	for n, k := range f.byNode {
+		if k == key {
+			nodes = append(nodes, n)
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
+}
+
+func (f *configMaps) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+func (f *configMaps) Watched() int                  { return len(f.cms) }
+
+// fixture drives a controller by hand: the Node cache is an informer's store filled directly (the informer
+// never runs), and every change is followed by the syncs its events would queue.
+type fixture struct {
+	t         *testing.T
+	c         *Controller
+	store     cache.Store
+	cms       *configMaps
+	table     *assignment.Table
+	forgotten []string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	// Never contacted: the informer is not started.
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: "http://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeInformer := informers.NewSharedInformerFactory(client, 0).Core().V1().Nodes()
+	f := &fixture{t: t, store: nodeInformer.Informer().GetStore(), table: assignment.NewTable(nil),
+		cms: &configMaps{cms: map[string]*corev1.ConfigMap{}, byNode: map[string]string{}}}
+	f.c = New(Config{Log: zap.NewNop(), Nodes: nodeInformer, Table: f.table, Namespaces: resolve.NewNamespaces("kube-system"),
+		ConfigMaps: func(func(string)) ConfigMaps { return f.cms },
+		Forget:     func(node string) { f.forgotten = append(f.forgotten, node) }})
+	return f
+}
+
+func (f *fixture) sync(node string) {
+	f.t.Helper()
+	if err := f.c.sync(context.Background(), node); err != nil {
+		f.t.Fatalf("sync %s: %v", node, err)
+	}
+}
+
+// assign sets the node's source annotation (creating the Node): a ConfigMap name in kube-system with
+// key "kubelet", "name/key" for another key, "" for local config, or a raw value starting with "{".
+func (f *fixture) assign(node, source string) {
+	f.t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Annotations: map[string]string{}}}
+	switch {
+	case source == "":
+	case source[0] == '{':
+		n.Annotations[nodeconfig.SourceAnnotation] = source
+	default:
+		name, key := source, "kubelet"
+		if i := len(source) - len("/other"); i > 0 && source[i:] == "/other" {
+			name, key = source[:i], "other"
+		}
+		n.Annotations[nodeconfig.SourceAnnotation] = fmt.Sprintf(`{"configMap":{"namespace":"kube-system","name":%q,"kubeletConfigKey":%q}}`, name, key)
+	}
+	if err := f.store.Update(n); err != nil {
+		f.t.Fatal(err)
+	}
+	f.sync(node)
+}
+
+func (f *fixture) deleteNode(node string) {
+	f.t.Helper()
+	if err := f.store.Delete(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.sync(node)
+}
+
+// putConfigMap creates or updates a ConfigMap in kube-system at resourceVersion rv, then re-resolves its nodes.
+func (f *fixture) putConfigMap(name, rv string) {
+	f.t.Helper()
+	key := configmaps.Key("kube-system", name)
+	f.cms.cms[key] = &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name, UID: types.UID("uid-" + name), ResourceVersion: rv},
+		Data:       map[string]string{"kubelet": "rv " + rv, "other": "other " + rv},
+	}
+	f.configMapChanged(key)
+}
+
+func (f *fixture) deleteConfigMap(name string) {
+	f.t.Helper()
+	key := configmaps.Key("kube-system", name)
+	delete(f.cms.cms, key)
+	f.configMapChanged(key)
+}
+
+func (f *fixture) configMapChanged(key string) {
+	f.t.Helper()
+	for _, n := range f.cms.Nodes(key) {
+		f.sync(n)
+	}
+}
+
+func nodeNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%d", i)
+	}
+	return names
+}
+
+// TestResolvedConfigsFollowNodes: the controller holds a ConfigMap version resolved only while a Node's
+// source names it, and only its latest version; deleted Nodes are forgotten everywhere.
+func TestResolvedConfigsFollowNodes(t *testing.T) {
+	nodes := nodeNames(10)
+	for _, tc := range []struct {
+		name          string
+		steps         func(f *fixture)
+		wantResolved  int
+		wantTable     int
+		wantForgotten []string
+	}{
+		{"nodes on one configmap", func(f *fixture) {
+			f.putConfigMap("a-1", "1")
+			for _, n := range nodes {
+				f.assign(n, "a-1")
+			}
+		}, 1, 10, nil},
+		{"hashed configmaps: nodes move on", func(f *fixture) {
+			for i := range 20 {
+				f.putConfigMap(fmt.Sprintf("a-%d", i), "1")
+				for _, n := range nodes {
+					f.assign(n, fmt.Sprintf("a-%d", i))
+				}
+			}
+		}, 1, 10, nil},
+		{"half moved on", func(f *fixture) {
+			f.putConfigMap("a-1", "1")
+			f.putConfigMap("a-2", "1")
+			for _, n := range nodes {
+				f.assign(n, "a-1")
+			}
+			for _, n := range nodes[:5] {
+				f.assign(n, "a-2")
+			}
+		}, 2, 10, nil},
+		{"reset to local config", func(f *fixture) {
+			f.putConfigMap("a-1", "1")
+			for _, n := range nodes {
+				f.assign(n, "a-1")
+				f.assign(n, "")
+			}
+		}, 0, 10, nil},
+		{"invalid source", func(f *fixture) {
+			f.putConfigMap("a-1", "1")
+			for _, n := range nodes {
+				f.assign(n, "a-1")
+				f.assign(n, `{}`)
+			}
+		}, 0, 10, nil},
+		{"nodes deleted", func(f *fixture) {
+			f.putConfigMap("a-1", "1")
+			f.putConfigMap("a-2", "1")
+			for i, n := range nodes {
+				f.assign(n, fmt.Sprintf("a-%d", 1+i%2))
+			}
+			for _, n := range nodes {
+				f.deleteNode(n)
+			}
+		}, 0, 0, nodes},
+		{"updated in place: only the latest version", func(f *fixture) {
+			f.putConfigMap("a", "1")
+			for _, n := range nodes {
+				f.assign(n, "a")
+			}
+			f.putConfigMap("a", "2")
+			f.putConfigMap("a", "3")
+		}, 1, 10, nil},
+		{"configmap deleted", func(f *fixture) {
+			f.putConfigMap("a-1", "1")
+			for _, n := range nodes {
+				f.assign(n, "a-1")
+			}
+			f.deleteConfigMap("a-1")
+		}, 0, 10, nil},
+		{"configmap deleted and recreated", func(f *fixture) {
+			f.putConfigMap("a-1", "1")
+			for _, n := range nodes {
+				f.assign(n, "a-1")
+			}
+			f.deleteConfigMap("a-1")
+			f.putConfigMap("a-1", "5")
+		}, 1, 10, nil},
+		{"two keys of one configmap", func(f *fixture) {
+			f.putConfigMap("a-1", "1")
+			for i, n := range nodes {
+				if i%2 == 0 {
+					f.assign(n, "a-1")
+				} else {
+					f.assign(n, "a-1/other")
+				}
+			}
+		}, 2, 10, nil},
+		{"node pointed at a missing configmap, then deleted", func(f *fixture) {
+			f.assign(nodes[0], "never-created")
+			f.deleteNode(nodes[0])
+		}, 0, 0, nodes[:1]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			tc.steps(f)
+			if got := f.c.ResolvedConfigs(); got != tc.wantResolved {
+				t.Errorf("ResolvedConfigs = %d, want %d", got, tc.wantResolved)
+			}
+			if got := f.table.Len(); got != tc.wantTable {
+				t.Errorf("table holds %d nodes, want %d", got, tc.wantTable)
+			}
+			if !slices.Equal(f.forgotten, tc.wantForgotten) {
+				t.Errorf("forgotten %v, want %v", f.forgotten, tc.wantForgotten)
+			}
+			// Whatever is held, every node on a ConfigMap version is on its latest one, shared.
+			var first = map[string]any{}
+			for _, n := range nodes {
+				st, ok, _ := f.table.Get(n)
+				cm := st.Assignment.GetSource().GetConfigMap()
+				if !ok || cm == nil || st.SyncError != "" {
+					continue
+				}
+				if want := f.cms.cms[configmaps.Key(cm.GetNamespace(), cm.GetName())]; want != nil && cm.GetResourceVersion() != want.ResourceVersion {
+					t.Errorf("%s on resourceVersion %s, want %s", n, cm.GetResourceVersion(), want.ResourceVersion)
+				}
+				k := cm.GetName() + "/" + cm.GetKubeletConfigKey()
+				if p, ok := first[k]; ok && p != any(st.Assignment) {
+					t.Errorf("%s holds its own copy of %s", n, k)
+				}
+				first[k] = st.Assignment
+			}
+		})
+	}
+}
+
+// TestSharedUse is the reference counting alone, step by step.
+func TestSharedUse(t *testing.T) {
+	ref := func(name string) *corev1.ConfigMapNodeConfigSource {
+		return &corev1.ConfigMapNodeConfigSource{Namespace: "ns", Name: name, KubeletConfigKey: "kubelet"}
+	}
+	cm := func(name, rv string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: "u", ResourceVersion: rv},
+			Data: map[string]string{"kubelet": rv}}
+	}
+	s := newShared()
+	resolveAs := func(node, name, rv string) {
+		t.Helper()
+		s.use(node, sourceKey(ref(name)))
+		if _, err := s.resolve(ref(name), cm(name, rv)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, step := range []struct {
+		name string
+		do   func()
+		want int // versions held
+		keys int // sources named
+	}{
+		{"n1 on a", func() { resolveAs("n1", "a", "1") }, 1, 1},
+		{"n2 on a", func() { resolveAs("n2", "a", "1") }, 1, 1},
+		{"n1 to b", func() { resolveAs("n1", "b", "1") }, 2, 2},
+		{"a updated", func() { resolveAs("n2", "a", "2") }, 2, 2},
+		{"n2 to b", func() { resolveAs("n2", "b", "1") }, 1, 1},
+		{"n2 again on b", func() { s.use("n2", sourceKey(ref("b"))) }, 1, 1},
+		{"b gone", func() { s.gone(sourceKey(ref("b"))) }, 0, 1},
+		{"b back", func() { resolveAs("n1", "b", "7") }, 1, 1},
+		{"n1 local", func() { s.use("n1", "") }, 1, 1},
+		{"n2 deleted", func() { s.use("n2", "") }, 0, 0},
+		{"unknown node released", func() { s.use("n3", "") }, 0, 0},
+		{"resolved without use is not kept", func() { _, _ = s.resolve(ref("c"), cm("c", "1")) }, 0, 0},
+	} {
+		step.do()
+		if got := s.size(); got != step.want {
+			t.Errorf("after %s: %d versions held, want %d", step.name, got, step.want)
+		}
+		if len(s.byKey) != step.keys {
+			t.Errorf("after %s: %d sources held, want %d", step.name, len(s.byKey), step.keys)
+		}
+	}
+	if len(s.byNode) != 0 {
+		t.Errorf("nodes still held: %v", s.byNode)
+	}
+}

@@ -1,0 +1,239 @@
+package nodestatus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/internal/assignment"
+)
+
+// cluster is a writer whose Node cache (an informer's store, filled by hand) and apiserver can disagree,
+// as they do for a moment around every Node creation and deletion.
+type cluster struct {
+	t      *testing.T
+	client *fake.Clientset
+	cache  cache.Indexer
+	table  *assignment.Table
+	w      *Writer
+	at     time.Time
+}
+
+func newCluster(t *testing.T) *cluster {
+	c := &cluster{t: t, client: fake.NewClientset(), cache: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		table: assignment.NewTable(nil), at: time.Now()}
+	c.w = New(Config{Log: zap.NewNop(), Client: c.client, Nodes: corelisters.NewNodeLister(c.cache), Table: c.table})
+	return c
+}
+
+// create makes the Node exist in the apiserver and, if cached, in the cache.
+func (c *cluster) create(name string, cached bool) {
+	c.t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := c.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+		c.t.Fatal(err)
+	}
+	if cached {
+		c.cacheAdd(name)
+	}
+}
+
+func (c *cluster) cacheAdd(name string) {
+	c.t.Helper()
+	if err := c.cache.Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// delete removes the Node from the apiserver and the cache, and tells the writer, as the controller does.
+func (c *cluster) delete(name string) {
+	c.t.Helper()
+	c.deleteUnheard(name)
+	c.w.Enqueue(name)
+}
+
+// deleteUnheard removes the Node from the apiserver and the cache; the writer is not told (yet).
+func (c *cluster) deleteUnheard(name string) {
+	c.t.Helper()
+	if err := c.client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := c.cache.Delete(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *cluster) report(name string) error {
+	c.at = c.at.Add(time.Second)
+	return c.w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
+		Status: &dkcv1.NodeConfigStatus{}, ObservedTime: timestamppb.New(c.at)})
+}
+
+// drain runs the writer's queue until it is empty, retries included.
+func (c *cluster) drain() {
+	c.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.w.queue.Len() > 0 || c.pendingRetries() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("queue not drained: %d items", c.w.queue.Len())
+		}
+		if c.w.queue.Len() == 0 {
+			time.Sleep(10 * time.Millisecond) // a rate-limited retry is on its way
+			continue
+		}
+		c.w.processNext(context.Background())
+	}
+}
+
+func (c *cluster) pendingRetries() bool {
+	for _, n := range []string{"a", "b"} {
+		if c.w.queue.NumRequeues(n) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// TestReportsFollowLiveNodes: the writer holds a node's report while its Node exists — also while this
+// replica's cache has not caught up — and drops it once the Node is gone, whichever of the deletion and a
+// late report comes first. A Node deleted and created again keeps its new report, and its status writes.
+func TestReportsFollowLiveNodes(t *testing.T) {
+	const syncErr = "failed to sync: failed to download config, see Kubelet log for details"
+	for _, tc := range []struct {
+		name string
+		do   func(c *cluster) error // returns the error of the last report
+		held int
+		err  error
+	}{
+		{"reported", func(c *cluster) error {
+			c.create("a", true)
+			return c.report("a")
+		}, 1, nil},
+		{"deleted after reporting", func(c *cluster) error {
+			c.create("a", true)
+			err := c.report("a")
+			c.delete("a")
+			return err
+		}, 0, nil},
+		{"late report of a deleted node", func(c *cluster) error {
+			c.create("a", true)
+			_ = c.report("a")
+			c.delete("a")
+			c.drain()
+			return c.report("a")
+		}, 0, ErrNodeGone},
+		{"late report racing the deletion", func(c *cluster) error {
+			c.create("a", true)
+			c.delete("a")
+			return c.report("a") // before the writer's queue ran
+		}, 0, ErrNodeGone},
+		{"report of a node never created", func(c *cluster) error {
+			return c.report("b")
+		}, 0, ErrNodeGone},
+		{"node not in the cache yet", func(c *cluster) error {
+			c.create("a", false)
+			err := c.report("a")
+			// The write is retried until the cache has the Node; the first retry still finds it missing.
+			for deadline := time.Now().Add(2 * time.Second); c.w.queue.Len() == 0; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					c.t.Fatal("the report of a Node not cached yet is not retried")
+				}
+			}
+			c.w.processNext(context.Background())
+			if got := c.w.Reported(); got != 1 {
+				c.t.Errorf("%d reports held while the cache lags, want 1", got)
+			}
+			c.cacheAdd("a")
+			return err
+		}, 1, nil},
+		{"deleted and created again before the writer heard", func(c *cluster) error {
+			c.create("a", true)
+			_ = c.report("a")
+			c.delete("a")
+			c.create("a", true)
+			return c.report("a")
+		}, 1, nil},
+		{"created again and reported before the deletion reached the writer", func(c *cluster) error {
+			c.create("a", true)
+			_ = c.report("a")
+			c.deleteUnheard("a")
+			c.create("a", true)
+			err := c.report("a")
+			c.w.Enqueue("a") // the controller's late news of the first Node's deletion
+			return err
+		}, 1, nil},
+		{"created again, reported, then the cache caught up", func(c *cluster) error {
+			c.create("a", true)
+			_ = c.report("a")
+			c.delete("a")
+			c.create("a", false)
+			err := c.report("a")
+			c.cacheAdd("a")
+			return err
+		}, 1, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t)
+			err := tc.do(c)
+			c.drain()
+			if !errors.Is(err, tc.err) {
+				t.Errorf("last report: %v, want %v", err, tc.err)
+			}
+			if got := c.w.Reported(); got != tc.held {
+				t.Fatalf("%d reports held, want %d", got, tc.held)
+			}
+			if tc.held == 0 {
+				return
+			}
+			// The report held still writes: here, the service's sync error in place of the reported one.
+			c.table.SetSyncError("a", syncErr)
+			c.w.Enqueue("a")
+			c.drain()
+			n, err := c.client.CoreV1().Nodes().Get(context.Background(), "a", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := annotationOf(t, n); got.Error != syncErr {
+				t.Errorf("status = %s, want the sync error written", statusJSON(got))
+			}
+		})
+	}
+}
+
+// TestReportsOfChurnedNodesDropped: 100 Nodes report and go, some with a report arriving after their
+// deletion; the writer holds nothing afterwards.
+func TestReportsOfChurnedNodesDropped(t *testing.T) {
+	c := newCluster(t)
+	for i := range 100 {
+		name := fmt.Sprintf("n%d", i)
+		c.create(name, true)
+		if err := c.report(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.w.Reported(); got != 100 {
+		t.Fatalf("%d reports held, want 100", got)
+	}
+	for i := range 100 {
+		name := fmt.Sprintf("n%d", i)
+		c.delete(name)
+		if i%10 == 0 {
+			_ = c.report(name)
+		}
+	}
+	c.drain()
+	if got := c.w.Reported(); got != 0 {
+		t.Errorf("%d reports held after every Node went, want 0", got)
+	}
+}

@@ -1,0 +1,441 @@
+// Package nodestatus is where Node status is written (docs/design.md, "Where status is written"). For every node whose sidecar reported,
+// it keeps the dkc.dev/config-status annotation, the ConfigOK condition and — where the apiserver keeps it —
+// status.config equal to the node's reported NodeConfigStatus, with the sync error of the service's own
+// resolution taking the place of the reported error while there is one (the original kubelet's "error
+// override"). It also records the KubeletConfigChanged Event of each kubelet restart.
+//
+// Each change is one strategic-merge patch of the Node's status subresource with field manager dkc-server,
+// touching only our annotation, our condition and status.config; identical content is never written again
+// (so several replicas can write idempotently), and a failed write is retried with backoff — the original
+// kubelet dropped failed status patches silently. A restart's Event that cannot be created is logged and
+// dropped, as the original did: it never holds back the node's status.
+package nodestatus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
+
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/internal/assignment"
+)
+
+// FieldManager owns what dkc writes on Nodes.
+const FieldManager = "dkc-server"
+
+// report is the latest status a node's sidecar reported.
+type report struct {
+	status  *dkcv1.NodeConfigStatus
+	message string
+	order   reportOrder
+}
+
+// reportOrder places a report among its node's reports: by the sidecar's incarnation and sequence, which
+// the node's clock cannot upset; by observed time only between reports of sidecars that send no
+// incarnation (older versions).
+type reportOrder struct {
+	incarnation, sequence uint64
+	observed              time.Time
+}
+
+// before says whether o is older than p. Reports of an up- or downgraded sidecar (one numbered, one not)
+// cannot be compared: the newcomer is taken as news.
+func (o reportOrder) before(p reportOrder) bool {
+	switch {
+	case o.incarnation != 0 && p.incarnation != 0:
+		return o.incarnation < p.incarnation || (o.incarnation == p.incarnation && o.sequence < p.sequence)
+	case o.incarnation == 0 && p.incarnation == 0:
+		return o.observed.Before(p.observed)
+	default:
+		return false
+	}
+}
+
+// Writer writes node status. Create it with New and run it with Run.
+type Writer struct {
+	log     *zap.Logger
+	client  kubernetes.Interface
+	nodes   corelisters.NodeLister
+	table   *assignment.Table
+	clock   clock.PassiveClock
+	metrics *Metrics
+	queue   workqueue.TypedRateLimitingInterface[string]
+	serving func(node string) bool // nil: every node (a single replica)
+
+	mu      sync.Mutex
+	reports map[string]report
+
+	locks [64]sync.Mutex // per-node write serialisation, striped by name
+}
+
+// Pending is the queue of nodes whose status is to be written again: the assignment table adds a node whose
+// sync error changed, the Node controller a deleted Node, the writer a failed write. It is created first and
+// given to all three, so that the table (which the writer reads) need not know the writer.
+//
+// A deleted Node's report is dropped by a queue worker once the apiserver confirms the Node is gone
+// (dropIfGone), not at once: a Node deleted and created again under the same name (a kubelet registering
+// again) may already have reported, and that report must still be written.
+type Pending struct {
+	queue workqueue.TypedRateLimitingInterface[string]
+}
+
+// NewPending returns an empty queue.
+func NewPending() *Pending {
+	return &Pending{queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, 30*time.Second),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodestatus"})}
+}
+
+// Add queues the node.
+func (p *Pending) Add(node string) { p.queue.Add(node) }
+
+// Config of a Writer.
+type Config struct {
+	Log    *zap.Logger
+	Client kubernetes.Interface
+	Nodes  corelisters.NodeLister
+	Table  *assignment.Table
+	// Metrics may be nil.
+	Metrics *Metrics
+	// Pending is the queue the writer drains; nil: a new one (Enqueue adds to it).
+	Pending *Pending
+	// Serving, if not nil, says which nodes this replica serves (an open WatchConfig stream here). Writes
+	// the queue makes — a sync error that changed, a retry — are made only for them; the report of a node
+	// served elsewhere (it moved to another replica, by --max-connection-age or a pod deletion) is dropped
+	// instead of written: it is older than what the other replica holds, and writing it would put an older
+	// status back on the Node. A report that arrives is still written at once (its node is talking to this
+	// replica). nil: every node (a single replica).
+	Serving func(node string) bool
+}
+
+// New returns a Writer.
+func New(cfg Config) *Writer {
+	if cfg.Pending == nil {
+		cfg.Pending = NewPending()
+	}
+	return &Writer{
+		log: cfg.Log, client: cfg.Client, nodes: cfg.Nodes, table: cfg.Table, clock: clock.RealClock{}, metrics: cfg.Metrics,
+		queue: cfg.Pending.queue, serving: cfg.Serving, reports: map[string]report{},
+	}
+}
+
+// ErrStale is returned for a report older than the one already accepted for the node.
+var ErrStale = errors.New("report is older than the last accepted one")
+
+// ErrNodeGone is returned for a report of a node whose Node object does not exist: there is nothing to
+// write it on, so it is not acknowledged, and it is not kept.
+var ErrNodeGone = errors.New("node does not exist")
+
+var (
+	// errNotCached: the Node exists, but this replica's Node cache has not seen it yet.
+	errNotCached = errors.New("node not in the node cache yet")
+	// errNoReport: the node has no report here (none received, or dropped as its Node is gone).
+	errNoReport = errors.New("no status report of the node")
+)
+
+// Report accepts a node's status report: it records the kubelet restart's Event, if any, and writes the
+// node's status before returning, so that an acknowledged report is on the Node (the sidecar retries until
+// acknowledged). A report older than the last accepted one is ignored.
+func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) error {
+	order := reportOrder{incarnation: req.GetIncarnation(), sequence: req.GetSequence(), observed: req.GetObservedTime().AsTime()}
+	if req.GetObservedTime() == nil {
+		order.observed = w.clock.Now()
+	}
+	w.mu.Lock()
+	if prev, ok := w.reports[node]; ok && order.before(prev.order) {
+		w.mu.Unlock()
+		return ErrStale
+	}
+	w.reports[node] = report{status: req.GetStatus(), message: req.GetMessage(), order: order}
+	w.mu.Unlock()
+	var eventErr error
+	if r := req.GetRestart(); r != nil {
+		// A refused Event (quota, admission policy) would be refused again on every retry, and the sidecar
+		// retries the whole report: failing here would freeze the node's status for good. The Event is
+		// news, the status is the record, so the status wins (as in the original, which logged and went on).
+		// A transient failure (timeout, 429, 5xx, connection) is retried, as the original's recorder did:
+		// the status is written first, then the report fails so that the sidecar sends it again (the
+		// Event's name is the restart's id, so a retry creates it once).
+		if err := w.recordRestart(ctx, node, r); err != nil {
+			w.metrics.event("error")
+			if eventRefused(err) {
+				w.log.Warn("kubelet restart event refused; dropping it", zap.String("node", node),
+					zap.String("restartID", r.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
+			} else {
+				eventErr = err
+			}
+		}
+	}
+	if eventErr != nil {
+		if err := w.write(ctx, node); err != nil && !errors.Is(err, errNotCached) {
+			return err
+		}
+		return fmt.Errorf("%w (status written; send the report again for its event)", eventErr)
+	}
+	switch err := w.write(ctx, node); {
+	case errors.Is(err, errNotCached):
+		// Acknowledged: the report is kept and written from the queue once this replica's cache has the Node.
+		w.queue.AddRateLimited(node)
+		return nil
+	case errors.Is(err, errNoReport):
+		return ErrNodeGone // dropped meanwhile: the Node was found gone
+	default:
+		return err
+	}
+}
+
+// Enqueue asks for the node's status to be written again.
+func (w *Writer) Enqueue(node string) { w.queue.Add(node) }
+
+// release drops the node's report: another replica serves the node (see Config.Serving).
+func (w *Writer) release(node string) {
+	l := w.lock(node)
+	l.Lock()
+	defer l.Unlock()
+	w.mu.Lock()
+	_, held := w.reports[node]
+	delete(w.reports, node)
+	w.mu.Unlock()
+	if held {
+		w.log.Debug("node served by another replica; dropped its status report", zap.String("node", node))
+	}
+}
+
+// Reported is the number of nodes whose latest report this replica holds.
+func (w *Writer) Reported() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.reports)
+}
+
+// Run processes enqueued nodes until ctx ends.
+func (w *Writer) Run(ctx context.Context, workers int) error {
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wait.UntilWithContext(ctx, func(ctx context.Context) {
+				for w.processNext(ctx) {
+				}
+			}, time.Second)
+		}()
+	}
+	<-ctx.Done()
+	w.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (w *Writer) processNext(ctx context.Context) bool {
+	node, quit := w.queue.Get()
+	if quit {
+		return false
+	}
+	defer w.queue.Done(node)
+	if w.serving != nil && !w.serving(node) {
+		w.release(node)
+		w.queue.Forget(node)
+		return true
+	}
+	switch err := w.write(ctx, node); {
+	case err == nil, errors.Is(err, errNoReport), errors.Is(err, ErrNodeGone):
+		w.queue.Forget(node)
+	case errors.Is(err, errNotCached):
+		w.queue.AddRateLimited(node) // until the cache catches up: not worth a warning
+	default:
+		w.log.Warn("write node status failed; retrying", zap.String("node", node), zap.Error(err))
+		w.queue.AddRateLimited(node)
+	}
+	return true
+}
+
+// Desired is the status the node should carry: the reported one, with the service's sync error in place of
+// the reported error while there is one. ok is false when the node has not reported to this replica.
+func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message string, ok bool) {
+	w.mu.Lock()
+	r, ok := w.reports[node]
+	w.mu.Unlock()
+	if !ok {
+		return nil, "", false
+	}
+	status = wire.StatusToCore(r.status)
+	message = r.message
+	if st, known, _ := w.table.Get(node); known && st.SyncError != "" {
+		status.Error = st.SyncError
+		message = ""
+	}
+	return status, message, true
+}
+
+func (w *Writer) lock(node string) *sync.Mutex {
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	return &w.locks[h.Sum32()%uint32(len(w.locks))]
+}
+
+// write patches the node's status unless the Node already shows it.
+func (w *Writer) write(ctx context.Context, name string) error {
+	l := w.lock(name)
+	l.Lock()
+	defer l.Unlock()
+	status, message, ok := w.Desired(name)
+	if !ok {
+		return errNoReport
+	}
+	node, err := w.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		return w.dropIfGone(ctx, name)
+	}
+	if err != nil {
+		return fmt.Errorf("get node %s from cache: %w", name, err)
+	}
+	annotation, err := json.Marshal(status)
+	if err != nil {
+		return fmt.Errorf("encode status of node %s: %w", name, err)
+	}
+	cond := Condition(status, message)
+	if upToDate(node, string(annotation), status, cond) {
+		w.metrics.write("unchanged")
+		return nil
+	}
+	now := metav1.NewTime(w.clock.Now())
+	cond.LastHeartbeatTime = now
+	cond.LastTransitionTime = now
+	for _, c := range node.Status.Conditions {
+		if c.Type == nodeconfig.ConditionType && c.Status == cond.Status {
+			cond.LastTransitionTime = c.LastTransitionTime
+		}
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{nodeconfig.StatusAnnotation: string(annotation)}},
+		"status": map[string]any{
+			// Dropped by apiservers ≥ 1.24 unless the Node already has it (docs/design.md, "The apiserver fact"); kept where allowed.
+			"config":     configPatch(status),
+			"conditions": []corev1.NodeCondition{cond},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	start := w.clock.Now()
+	_, err = w.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager}, "status")
+	if err != nil {
+		w.metrics.write("error")
+		return fmt.Errorf("patch status of node %s: %w", name, err)
+	}
+	w.metrics.write("written")
+	w.log.Info("node status written", zap.String("node", name), zap.String("status", string(annotation)),
+		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start)))
+	return nil
+}
+
+// dropIfGone handles a node whose report is held but whose Node the cache does not hold: either the Node is
+// new and this replica's cache has not seen it yet (keep the report, errNotCached), or it was deleted — by
+// Forget, or as a late report arrived — and the report goes (ErrNodeGone), so that reports follow the live
+// Nodes. The cache cannot tell the two apart, so the apiserver is asked: a list by name, which is a quorum
+// read and within the service's RBAC (nodes list/watch, no get). The node's lock is held by the caller, and
+// only the report that was checked is dropped: a newer one (from a Node created again meanwhile) is kept
+// and gets its own check when its Report writes.
+func (w *Writer) dropIfGone(ctx context.Context, name string) error {
+	w.mu.Lock()
+	checked, ok := w.reports[name]
+	w.mu.Unlock()
+	if !ok {
+		return errNoReport
+	}
+	list, err := w.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	if err != nil {
+		return fmt.Errorf("check whether node %s exists: %w", name, err)
+	}
+	for _, n := range list.Items {
+		if n.Name == name {
+			return errNotCached
+		}
+	}
+	w.mu.Lock()
+	if cur, ok := w.reports[name]; ok && cur == checked {
+		delete(w.reports, name)
+	}
+	w.mu.Unlock()
+	w.log.Info("node gone; dropped its status report", zap.String("node", name))
+	return ErrNodeGone
+}
+
+// configPatch is status.config as a patch that leaves exactly status behind, whatever the Node held: every
+// NodeConfigStatus field is omitempty, so a patch made of status alone could set fields but never remove one
+// (an error would never clear, a reset would leave the old sources). Each absent field is therefore sent as
+// null. The original kubelet got the nulls from a two-way patch against a Node it had just read; naming
+// every field instead does not depend on what this replica's Node cache (possibly stale, possibly behind
+// another replica's write) says the Node holds.
+func configPatch(status *corev1.NodeConfigStatus) map[string]any {
+	patch := map[string]any{
+		"assigned":      sourcePatch(status.Assigned),
+		"active":        sourcePatch(status.Active),
+		"lastKnownGood": sourcePatch(status.LastKnownGood),
+		"error":         nil,
+	}
+	if status.Error != "" {
+		patch["error"] = status.Error
+	}
+	return patch
+}
+
+// sourcePatch is a NodeConfigSource as a patch that replaces the stored one: nil (JSON null, which removes
+// the field) for none, else every field of its only kind, so nothing of a previous source survives.
+func sourcePatch(s *corev1.NodeConfigSource) any {
+	if s == nil || s.ConfigMap == nil {
+		return nil
+	}
+	cm := s.ConfigMap
+	return map[string]any{"configMap": map[string]any{
+		"namespace":        cm.Namespace,
+		"name":             cm.Name,
+		"uid":              cm.UID,
+		"resourceVersion":  cm.ResourceVersion,
+		"kubeletConfigKey": cm.KubeletConfigKey,
+	}}
+}
+
+// upToDate reports whether the cached Node already carries the status. status.config is compared only
+// where the apiserver keeps it, or a v1.24+ apiserver would be patched forever.
+func upToDate(node *corev1.Node, annotation string, status *corev1.NodeConfigStatus, cond corev1.NodeCondition) bool {
+	if node.Annotations[nodeconfig.StatusAnnotation] != annotation {
+		return false
+	}
+	if node.Status.Config != nil && !apiequality.Semantic.DeepEqual(node.Status.Config, status) {
+		return false
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == nodeconfig.ConditionType {
+			return c.Status == cond.Status && c.Reason == cond.Reason && c.Message == cond.Message
+		}
+	}
+	return false
+}
+
+// eventRefused says whether the apiserver refused an Event for good (quota, admission, validation): retrying
+// the same Event cannot help. Anything else (timeouts, throttling, server errors, the connection) may.
+func eventRefused(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err)
+}

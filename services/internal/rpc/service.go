@@ -1,0 +1,286 @@
+// Package rpc implements dkc.v1.ConfigService: WatchConfig streams a node's desired state from the
+// assignment table; ReportStatus hands a node's status to the status writer. Every handler first checks
+// that the caller acts for its own node (package auth). A node has at most one WatchConfig stream on a
+// replica, and an assignment is encoded once for all the nodes it is sent to (codec.go); the gRPC server
+// must be built with ServerOptions.
+package rpc
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/internal/assignment"
+	"github.com/dkc-dev/dkc/services/internal/auth"
+	"github.com/dkc-dev/dkc/services/internal/nodestatus"
+)
+
+// Reauthenticator checks again the credential a call was authenticated with (auth.Authenticator).
+type Reauthenticator interface {
+	// Reauthenticate verifies the token of ctx's call again (a TokenReview once its cached verification
+	// lapsed) and returns until when the answer holds. codes.Unavailable: it could not be checked now;
+	// any other error: the token no longer authenticates the stream's caller.
+	Reauthenticate(ctx context.Context) (time.Time, error)
+}
+
+// StatusWriter is what the service needs of the node status writer.
+type StatusWriter interface {
+	Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) error
+}
+
+// Service implements dkcv1.ConfigServiceServer.
+type Service struct {
+	dkcv1.UnimplementedConfigServiceServer
+	log     *zap.Logger
+	table   *assignment.Table
+	status  StatusWriter
+	metrics *Metrics
+
+	shutdownOnce sync.Once
+	shutdown     chan struct{}
+
+	encodings encodings
+
+	// reauth, when set, re-checks each WatchConfig stream's token whenever its verification lapses.
+	reauth Reauthenticator
+	clock  clock.Clock
+
+	streams *Streams
+}
+
+// Streams is each node's current WatchConfig stream on this replica. It is created before the service and
+// the status writer, which asks it which nodes this replica serves (Serving).
+type Streams struct {
+	mu      sync.Mutex
+	streams map[string]*watch
+}
+
+// NewStreams returns an empty registry.
+func NewStreams() *Streams { return &Streams{streams: map[string]*watch{}} }
+
+// Serving says whether the node has a WatchConfig stream on this replica: only then does this replica
+// write the node's status unprompted (nodestatus.Config.Serving).
+func (r *Streams) Serving(node string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.streams[node] != nil
+}
+
+// watch is one WatchConfig stream; replaced is closed when the node opens a newer one.
+type watch struct{ replaced chan struct{} }
+
+// Option configures a Service.
+type Option func(*Service)
+
+// WithReauthentication makes every WatchConfig stream check its token again whenever its verification
+// lapses (auth.VerifiedUntil, then what each check returns): a stream is authenticated when it opens, but
+// lives for up to --max-connection-age, and a revoked token (its pod or node deleted) must stop receiving
+// configs within the token cache TTL, not half an hour later. A refusal ends the stream with
+// codes.Unauthenticated; a check that could not be made (the apiserver unreachable) keeps it and is retried,
+// so that an apiserver outage does not cut every node off from dkc.
+func WithReauthentication(r Reauthenticator) Option { return func(s *Service) { s.reauth = r } }
+
+// WithStreams keeps the node's streams in r (shared with the status writer) instead of a registry of its own.
+func WithStreams(r *Streams) Option { return func(s *Service) { s.streams = r } }
+
+// WithClock replaces the real clock, which times the re-checks (for tests).
+func WithClock(c clock.Clock) Option { return func(s *Service) { s.clock = c } }
+
+// New returns the service; m may be nil.
+func New(log *zap.Logger, table *assignment.Table, status StatusWriter, m *Metrics, opts ...Option) *Service {
+	s := &Service{log: log, table: table, status: status, metrics: m, shutdown: make(chan struct{}), streams: NewStreams(),
+		clock: clock.RealClock{}}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// register makes a new stream the node's only one, ending the previous one. The newest stream wins: a
+// sidecar reconnects when its stream fails, so an older stream of the node is one it gave up on (its TCP
+// connection perhaps half-dead, not yet found by keepalive) — or a copy of its token opening streams, each
+// of which costs a goroutine and buffers here.
+func (s *Service) register(node string) *watch {
+	w := &watch{replaced: make(chan struct{})}
+	r := s.streams
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old := r.streams[node]; old != nil {
+		close(old.replaced)
+		s.metrics.replacedStream()
+	}
+	r.streams[node] = w
+	return w
+}
+
+// Serving says whether the node has a WatchConfig stream on this replica (Streams.Serving).
+func (s *Service) Serving(node string) bool { return s.streams.Serving(node) }
+
+// unregister forgets w unless a newer stream of the node has replaced it.
+func (s *Service) unregister(node string, w *watch) {
+	r := s.streams
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.streams[node] == w {
+		delete(r.streams, node)
+	}
+}
+
+// Shutdown ends every WatchConfig stream with codes.Unavailable so that sidecars reconnect (to another
+// replica) at once: gRPC's GracefulStop waits for RPCs to end, and these streams never end by themselves.
+func (s *Service) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
+
+// WatchConfig streams the node's desired state. It sends a message whenever the state differs from what
+// the node has: at first from what the request says it applied, later from what was sent. While a Send is
+// blocked by a slow node, changes pile up as one: the next message carries only the latest state. A newer
+// stream of the same node ends this one with codes.Aborted; a token that no longer passes its re-check
+// (WithReauthentication) with codes.Unauthenticated.
+func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) error {
+	ctx := stream.Context()
+	node := req.GetNodeName()
+	if err := auth.Authorize(ctx, node); err != nil {
+		return err
+	}
+	w := s.register(node)
+	defer s.unregister(node, w)
+	s.metrics.connected(1)
+	defer s.metrics.connected(-1)
+	log := s.log.With(zap.String("node", node))
+	log.Info("node watching", zap.Bool("resume", req.GetLastApplied() != nil))
+	defer log.Info("node watch ended")
+
+	// What the node has: its applied assignment (nil = unknown: send the first state whatever it is) and
+	// the sync error it holds, told by this or another replica before the reconnect: an error that
+	// cleared meanwhile must be cleared on the node too, even when the assignment is unchanged.
+	var has *dkcv1.Assignment
+	known := req.GetLastApplied() != nil
+	if known {
+		has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
+	}
+	sentSyncError := req.GetSyncError()
+	rc := s.newRecheck(ctx)
+	defer rc.stop()
+	replaced := func() error {
+		log.Info("node watch replaced by a newer stream of the node")
+		return status.Errorf(codes.Aborted, "replaced by a newer WatchConfig stream of node %s on this replica", node)
+	}
+	for {
+		select {
+		case <-w.replaced: // both may be ready: never send on a replaced stream
+			return replaced()
+		default:
+		}
+		st, ok, changed := s.table.Get(node)
+		if ok {
+			send := !known || st.SyncError != sentSyncError ||
+				(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, has))
+			if send {
+				resp, err := s.encodings.response(st.Assignment, st.SyncError, st.Changed)
+				if err != nil {
+					log.Error("encode config", zap.Error(err))
+					return status.Error(codes.Internal, "encode config")
+				}
+				if err := stream.SendMsg(resp); err != nil {
+					return err
+				}
+				s.metrics.pushed(st.Changed)
+				log.Info("pushed config", zap.String("contentHash", st.Assignment.GetContentHash()),
+					zap.Bool("local", st.Assignment != nil && st.Assignment.GetSource().GetConfigMap() == nil),
+					zap.String("syncError", st.SyncError))
+				known, sentSyncError = true, st.SyncError
+				if st.Assignment != nil {
+					has = st.Assignment
+				}
+			}
+		}
+		select {
+		case <-changed:
+		case <-rc.due():
+			rc.start()
+		case res := <-rc.done():
+			if err := rc.handle(res, log); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return nil
+		case <-w.replaced:
+			return replaced()
+		case <-s.shutdown:
+			return status.Error(codes.Unavailable, "dkc-server is shutting down; reconnect")
+		}
+	}
+}
+
+// ReportStatus writes the node's status onto its Node before acknowledging.
+func (s *Service) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
+	node := req.GetNodeName()
+	if err := auth.Authorize(ctx, node); err != nil {
+		return nil, err
+	}
+	if req.GetStatus() == nil {
+		return nil, status.Error(codes.InvalidArgument, "status is required")
+	}
+	if r := req.GetRestart(); r != nil && !nodestatus.ValidRestartID(r.GetId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "restart.id %q: want 1-64 characters of [a-z0-9]", r.GetId())
+	}
+	err := s.status.Report(ctx, node, req)
+	if errors.Is(err, nodestatus.ErrStale) {
+		return &dkcv1.ReportStatusResponse{}, nil // a newer report is already on the Node
+	}
+	if err != nil {
+		s.log.Warn("status report not written", zap.String("node", node), zap.Error(err))
+		return nil, status.Errorf(codes.Unavailable, "write status of node %s: %v", node, err)
+	}
+	return &dkcv1.ReportStatusResponse{}, nil
+}
+
+// Metrics of the service; a nil *Metrics records nothing.
+type Metrics struct {
+	connectedNodes  prometheus.Gauge
+	pushes          prometheus.Counter
+	pushLatency     prometheus.Histogram
+	replacedStreams prometheus.Counter
+}
+
+// NewMetrics registers the service's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		connectedNodes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "connected_nodes",
+			Help: "Open WatchConfig streams."}),
+		pushes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "pushes_total",
+			Help: "Messages sent on WatchConfig streams."}),
+		pushLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dkc", Subsystem: "server", Name: "push_latency_seconds",
+			Help: "Time from a node's state change to its push.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		replacedStreams: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "replaced_streams_total",
+			Help: "WatchConfig streams ended because their node opened a newer one: reconnects over half-dead connections; a steady rate means two clients share a node's token."}),
+	}
+	reg.MustRegister(m.connectedNodes, m.pushes, m.pushLatency, m.replacedStreams)
+	return m
+}
+
+func (m *Metrics) connected(d float64) {
+	if m != nil {
+		m.connectedNodes.Add(d)
+	}
+}
+
+func (m *Metrics) replacedStream() {
+	if m != nil {
+		m.replacedStreams.Inc()
+	}
+}
+
+func (m *Metrics) pushed(changed time.Time) {
+	if m != nil {
+		m.pushes.Inc()
+		m.pushLatency.Observe(time.Since(changed).Seconds())
+	}
+}

@@ -1,0 +1,300 @@
+package rpc
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/internal/assignment"
+	"github.com/dkc-dev/dkc/services/internal/auth"
+)
+
+type recordingWriter struct {
+	mu      sync.Mutex
+	reports []*dkcv1.ReportStatusRequest
+}
+
+func (r *recordingWriter) Report(_ context.Context, _ string, req *dkcv1.ReportStatusRequest) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reports = append(r.reports, req)
+	return nil
+}
+
+// start serves the service in memory; every call acts as node "n1".
+func start(t *testing.T, table *assignment.Table, w StatusWriter) dkcv1.ConfigServiceClient {
+	t.Helper()
+	return dial(t, serve(t, New(zap.NewNop(), table, w, nil)))
+}
+
+// nodeKey is test metadata naming the node a call acts for (default "n1"), in place of a token.
+const nodeKey = "x-test-node"
+
+func asNode(node string, ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, nodeKey, node)
+}
+
+// serve serves svc in memory with the server options it needs; a call acts as the node its nodeKey
+// metadata names.
+func serve(t testing.TB, svc *Service, opts ...grpc.ServerOption) *bufconn.Listener {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	identity := func(ctx context.Context) context.Context {
+		node := "n1"
+		if v := metadata.ValueFromIncomingContext(ctx, nodeKey); len(v) > 0 {
+			node = v[0]
+		}
+		return auth.WithIdentity(ctx, auth.Identity{Node: node, ServiceAccount: "kube-system/dkc-sidecar"})
+	}
+	opts = append(opts, ServerOptions()...)
+	opts = append(opts,
+		grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			return h(identity(ctx), req)
+		}),
+		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			return h(srv, &ctxStream{ServerStream: ss, ctx: identity(ss.Context())})
+		}))
+	s := grpc.NewServer(opts...)
+	dkcv1.RegisterConfigServiceServer(s, svc)
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(s.Stop)
+	return lis
+}
+
+// dial opens a new connection to lis.
+func dial(t testing.TB, lis *bufconn.Listener, opts ...grpc.DialOption) dkcv1.ConfigServiceClient {
+	t.Helper()
+	opts = append([]grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}), grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	conn, err := grpc.NewClient("passthrough:///bufnet", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return dkcv1.NewConfigServiceClient(conn)
+}
+
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+func assign(rv string) *dkcv1.Assignment {
+	return &dkcv1.Assignment{
+		Source:      &dkcv1.NodeConfigSource{ConfigMap: &dkcv1.ConfigMapNodeConfigSource{Namespace: "ns", Name: "c", Uid: "u", ResourceVersion: rv, KubeletConfigKey: "kubelet"}},
+		ContentHash: "h" + rv,
+	}
+}
+
+func recv(t *testing.T, stream dkcv1.ConfigService_WatchConfigClient) *dkcv1.WatchConfigResponse {
+	t.Helper()
+	m, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestWatchConfig(t *testing.T) {
+	table := assignment.NewTable(nil)
+	client := start(t, table, &recordingWriter{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	table.Set("n1", assignment.State{Assignment: assign("1")})
+	stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := recv(t, stream); m.GetAssignment().GetContentHash() != "h1" {
+		t.Fatalf("first message = %v", m)
+	}
+	// Several changes while the node is not reading arrive as the latest one.
+	table.Set("n1", assignment.State{Assignment: assign("2")})
+	table.SetSyncError("n1", "failed to sync: x")
+	if m := recv(t, stream); m.GetAssignment().GetContentHash() != "h2" {
+		t.Fatalf("second message = %v", m)
+	}
+	// The sync error may come with it or right after; the stream ends on the latest state.
+	table.SetSyncError("n1", "")
+	table.Set("n1", assignment.State{Assignment: assign("3")})
+	for {
+		m := recv(t, stream)
+		if m.GetAssignment().GetContentHash() == "h3" && m.GetSyncError() == "" {
+			break
+		}
+	}
+
+	// Resuming with what the node has: silence until something changes.
+	resumed, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", LastApplied: &dkcv1.AppliedConfig{
+		Source: assign("3").GetSource(), ContentHash: "h3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dkcv1.WatchConfigResponse, 1)
+	go func() {
+		if m, err := resumed.Recv(); err == nil {
+			got <- m
+		}
+	}()
+	select {
+	case m := <-got:
+		t.Fatalf("resumed stream re-delivered %v", m)
+	case <-time.After(300 * time.Millisecond):
+	}
+	table.Set("n1", assignment.State{Assignment: assign("4")})
+	select {
+	case m := <-got:
+		if m.GetAssignment().GetContentHash() != "h4" {
+			t.Fatalf("resumed stream got %v", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("resumed stream missed a change")
+	}
+}
+
+// TestResumeReconcilesTheSyncError: a node resuming its stream says which sync error it holds; the service
+// tells it when its own differs (cleared or new while the node was away), with the assignment unchanged.
+func TestResumeReconcilesTheSyncError(t *testing.T) {
+	const download = "failed to sync: failed to download config, see Kubelet log for details"
+	for _, tc := range []struct {
+		name          string
+		nodeHolds     string // the request's sync_error
+		serviceHas    string // the table's sync error
+		wantSyncError string
+		wantNoMessage bool
+	}{
+		{name: "cleared while away", nodeHolds: download, serviceHas: "", wantSyncError: ""},
+		{name: "appeared while away", nodeHolds: "", serviceHas: download, wantSyncError: download},
+		{name: "same error", nodeHolds: download, serviceHas: download, wantNoMessage: true},
+		{name: "no error either side", wantNoMessage: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			table := assignment.NewTable(nil)
+			client := start(t, table, &recordingWriter{})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			table.Set("n1", assignment.State{Assignment: assign("1")})
+			table.SetSyncError("n1", nodeconfig.StatusError(tc.serviceHas))
+			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds,
+				LastApplied: &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan *dkcv1.WatchConfigResponse, 1)
+			go func() {
+				if m, err := stream.Recv(); err == nil {
+					got <- m
+				}
+			}()
+			select {
+			case m := <-got:
+				if tc.wantNoMessage {
+					t.Fatalf("resumed stream sent %v; the node already has it", m)
+				}
+				if m.GetSyncError() != tc.wantSyncError || m.GetAssignment().GetContentHash() != "h1" {
+					t.Fatalf("resumed stream sent sync error %q, assignment %q; want %q, h1", m.GetSyncError(), m.GetAssignment().GetContentHash(), tc.wantSyncError)
+				}
+			case <-time.After(500 * time.Millisecond):
+				if !tc.wantNoMessage {
+					t.Fatalf("resumed stream sent nothing; the node holds sync error %q, the service has %q", tc.nodeHolds, tc.serviceHas)
+				}
+			}
+		})
+	}
+}
+
+func TestWatchConfigOtherNodeDenied(t *testing.T) {
+	client := start(t, assignment.NewTable(nil), &recordingWriter{})
+	// An authorised stream never ends by itself: without a deadline, a lost authorisation check would
+	// hang here until the test binary's timeout instead of failing.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n2"})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("watch for another node: %v", err)
+	}
+}
+
+func TestReportStatus(t *testing.T) {
+	w := &recordingWriter{}
+	client := start(t, assignment.NewTable(nil), w)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		req  *dkcv1.ReportStatusRequest
+		code codes.Code
+	}{
+		{"ok", &dkcv1.ReportStatusRequest{NodeName: "n1", Status: &dkcv1.NodeConfigStatus{}}, codes.OK},
+		{"other node", &dkcv1.ReportStatusRequest{NodeName: "n2", Status: &dkcv1.NodeConfigStatus{}}, codes.PermissionDenied},
+		{"no node", &dkcv1.ReportStatusRequest{Status: &dkcv1.NodeConfigStatus{}}, codes.InvalidArgument},
+		{"no status", &dkcv1.ReportStatusRequest{NodeName: "n1"}, codes.InvalidArgument},
+		{"bad restart id", &dkcv1.ReportStatusRequest{NodeName: "n1", Status: &dkcv1.NodeConfigStatus{}, Restart: &dkcv1.KubeletRestart{Id: "../x"}}, codes.InvalidArgument},
+	} {
+		_, err := client.ReportStatus(ctx, tc.req)
+		if status.Code(err) != tc.code {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.code)
+		}
+	}
+	if len(w.reports) != 1 {
+		t.Errorf("writer got %d reports, want 1", len(w.reports))
+	}
+}
+
+func TestShutdownEndsStreams(t *testing.T) {
+	table := assignment.NewTable(nil)
+	table.Set("n1", assignment.State{Assignment: assign("1")})
+	w := &recordingWriter{}
+	lis := bufconn.Listen(1 << 20)
+	svc := New(zap.NewNop(), table, w, nil)
+	s := grpc.NewServer(append(ServerOptions(), grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		return h(srv, &ctxStream{ServerStream: ss, ctx: auth.WithIdentity(ss.Context(), auth.Identity{Node: "n1"})})
+	}))...)
+	dkcv1.RegisterConfigServiceServer(s, svc)
+	go func() { _ = s.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := dkcv1.NewConfigServiceClient(conn).WatchConfig(context.Background(), &dkcv1.WatchConfigRequest{NodeName: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv(t, stream)
+	start := time.Now()
+	svc.Shutdown()
+	done := make(chan struct{})
+	go func() { s.GracefulStop(); close(done) }()
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("stream after shutdown: %v, want Unavailable", err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("GracefulStop still waiting for streams")
+	}
+	if time.Since(start) > 2*time.Second {
+		t.Errorf("shutdown took %v", time.Since(start))
+	}
+}

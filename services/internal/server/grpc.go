@@ -1,0 +1,113 @@
+package server
+
+import (
+	"context"
+	"fmt"
+
+	grpcauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/dkc-dev/dkc/services/internal/auth"
+	"github.com/dkc-dev/dkc/services/internal/rpc"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+)
+
+// grpcParts are what the gRPC server serves, and with which credentials (nil: plaintext, --insecure).
+type grpcParts struct {
+	creds  credentials.TransportCredentials
+	authn  *auth.Authenticator
+	svc    dkcv1.ConfigServiceServer
+	health *health.Server
+}
+
+// newGRPCServer builds the gRPC server. Interceptors run in this order, outermost first:
+//
+//  1. logging  — every call is logged with its outcome, including calls refused by auth;
+//  2. auth     — only for dkc.v1.ConfigService: health and reflection stay open for probes and grpcurl;
+//  3. recovery — a panic in a handler becomes codes.Internal for that call instead of killing the service.
+func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
+	creds, authn, svc, healthSrv := p.creds, p.authn, p.svc, p.health
+	logger := interceptorLogger(log.Named("grpc"))
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	onlyConfigService := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return c.Service == dkcv1.ConfigService_ServiceDesc.ServiceName
+	})
+	recoveryOpts := []recovery.Option{recovery.WithRecoveryHandler(func(p any) error {
+		log.Error("panic in gRPC handler", zap.Any("panic", p), zap.Stack("stack"))
+		return status.Error(codes.Internal, "internal error")
+	})}
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(
+			logging.UnaryServerInterceptor(logger, logOpts...),
+			selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(authn.AuthFunc), onlyConfigService),
+			recovery.UnaryServerInterceptor(recoveryOpts...),
+		),
+		grpc.ChainStreamInterceptor(
+			logging.StreamServerInterceptor(logger, logOpts...),
+			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(authn.AuthFunc), onlyConfigService),
+			recovery.StreamServerInterceptor(recoveryOpts...),
+		),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time:                  cfg.KeepaliveTime,
+			Timeout:               cfg.KeepaliveTimeout,
+			MaxConnectionAge:      cfg.MaxConnectionAge,
+			MaxConnectionAgeGrace: cfg.MaxConnAgeGrace,
+		}),
+		// Sidecars ping at most every 30s; anything faster is a misbehaving client.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20e9, PermitWithoutStream: true}),
+		// Thousands of mostly idle streams: small per-connection buffers, and write buffers released
+		// between writes.
+		grpc.ReadBufferSize(cfg.ReadBufferSize),
+		grpc.WriteBufferSize(cfg.WriteBufferSize),
+		grpc.SharedWriteBuffer(true),
+		grpc.MaxSendMsgSize(cfg.MaxSendMsgSizeMiB << 20),
+		grpc.MaxRecvMsgSize(1 << 20), // status reports are small
+		// Calls open at once per connection: each costs a goroutine and buffers before any handler decides
+		// anything. With one config stream per node (package rpc), a token is worth little more than that.
+		grpc.MaxConcurrentStreams(uint32(cfg.MaxConcurrentStreams)),
+	}
+	opts = append(opts, auth.ServerOptions()...) // header-size cap: unauthenticated callers' metadata
+	opts = append(opts, rpc.ServerOptions()...)  // the codec sending an assignment encoded once to all its nodes
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	s := grpc.NewServer(opts...)
+	dkcv1.RegisterConfigServiceServer(s, svc)
+	healthpb.RegisterHealthServer(s, healthSrv)
+	reflection.Register(s)
+	return s
+}
+
+// interceptorLogger adapts zap to go-grpc-middleware's logging interface.
+func interceptorLogger(l *zap.Logger) logging.Logger {
+	return logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
+		f := make([]zap.Field, 0, len(fields)/2)
+		for i := 0; i+1 < len(fields); i += 2 {
+			f = append(f, zap.Any(fmt.Sprint(fields[i]), fields[i+1]))
+		}
+		switch lvl {
+		case logging.LevelDebug:
+			l.Debug(msg, f...)
+		case logging.LevelInfo:
+			l.Info(msg, f...)
+		case logging.LevelWarn:
+			l.Warn(msg, f...)
+		default:
+			l.Error(msg, f...)
+		}
+	})
+}

@@ -1,0 +1,94 @@
+package server
+
+import (
+	"bytes"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/health"
+
+	"github.com/dkc-dev/dkc/services/internal/assignment"
+	"github.com/dkc-dev/dkc/services/internal/auth"
+	"github.com/dkc-dev/dkc/services/internal/rpc"
+)
+
+// TestStreamsPerConnectionAreCapped: a connection gets at most --max-concurrent-streams streams at once.
+// Clients are told in SETTINGS (grpc-go clients then queue further calls); one that opens more anyway, as
+// an attacker's would, has them refused with REFUSED_STREAM before any handler runs. The streams here are
+// grpc.health.v1.Health/Watch, which need no token and stay open while their request is not sent.
+func TestStreamsPerConnectionAreCapped(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Insecure = true
+	capacity := cfg.MaxConcurrentStreams
+	srv := newGRPCServer(cfg, zap.NewNop(), grpcParts{authn: auth.New(nil, cfg.AllowedServiceAccounts, time.Minute, zap.NewNop()),
+		svc: rpc.New(zap.NewNop(), assignment.NewTable(nil), nil, nil), health: health.NewServer()})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	conn, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(conn, conn)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for i := range capacity + 1 {
+		block.Reset()
+		for _, f := range []hpack.HeaderField{{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "http"},
+			{Name: ":path", Value: "/grpc.health.v1.Health/Watch"}, {Name: ":authority", Value: "dkc-server"},
+			{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"}} {
+			if err := enc.WriteField(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: block.Bytes(), EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := uint32(2*capacity + 1)
+	advertised := false
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no REFUSED_STREAM for stream %d (the %dth on the connection): %v", last, capacity+1, err)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if f.IsAck() {
+				continue
+			}
+			if v, ok := f.Value(http2.SettingMaxConcurrentStreams); ok && v == uint32(capacity) {
+				advertised = true
+			}
+			if err := fr.WriteSettingsAck(); err != nil {
+				t.Fatal(err)
+			}
+		case *http2.RSTStreamFrame:
+			if f.StreamID != last || f.ErrCode != http2.ErrCodeRefusedStream {
+				t.Fatalf("RST_STREAM %v on stream %d; want REFUSED_STREAM on stream %d only", f.ErrCode, f.StreamID, last)
+			}
+			if !advertised {
+				t.Errorf("the server did not advertise SETTINGS_MAX_CONCURRENT_STREAMS=%d", capacity)
+			}
+			return
+		}
+	}
+}

@@ -1,0 +1,262 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/go-logr/zapr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapgrpc"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/grpclog"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/dkc-dev/dkc/internal/httpserve"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/internal/admission"
+	"github.com/dkc-dev/dkc/services/internal/assignment"
+	"github.com/dkc-dev/dkc/services/internal/auth"
+	"github.com/dkc-dev/dkc/services/internal/configmaps"
+	"github.com/dkc-dev/dkc/services/internal/controller"
+	"github.com/dkc-dev/dkc/services/internal/nodestatus"
+	"github.com/dkc-dev/dkc/services/internal/resolve"
+	"github.com/dkc-dev/dkc/services/internal/rpc"
+)
+
+// server is dkc-server's parts, built by newServer in dependency order; Run runs them.
+type server struct {
+	cfg        Config
+	log        *zap.Logger
+	tlsConfig  *tls.Config // nil with --insecure
+	reg        *prometheus.Registry
+	factory    informers.SharedInformerFactory
+	namespaces resolve.Namespaces
+	ctrl       *controller.Controller
+	writer     *nodestatus.Writer
+	svc        *rpc.Service
+	health     *health.Server
+	grpc       *grpc.Server
+}
+
+// Run runs the config service until ctx ends, then shuts down gracefully: health turns NOT_SERVING, gRPC
+// stops accepting and gives in-flight calls ShutdownGrace to finish, then everything stops.
+//
+// Several replicas may run at once: each resolves every node independently (the result is a function of the
+// cluster), serves whichever nodes connect to it, and writes only the status of nodes that reported to it,
+// skipping writes the Node already shows — so no leader election is needed.
+func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
+	// gRPC's and client-go's own logs go through zap too.
+	grpclog.SetLoggerV2(zapgrpc.NewLogger(log.Named("grpc-go").WithOptions(zap.IncreaseLevel(zap.WarnLevel))))
+	klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
+	s, err := newServer(cfg, log)
+	if err != nil {
+		return err
+	}
+	return s.run(ctx)
+}
+
+// newServer builds the parts, each from those before it. The assignment table and the status writer meet
+// through a queue made first (nodestatus.Pending), the status writer and the gRPC service through the
+// registry of open streams (rpc.Streams); the controller builds its own ConfigMap tracker.
+func newServer(cfg Config, log *zap.Logger) (*server, error) {
+	s := &server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), namespaces: resolve.NewNamespaces(cfg.ConfigNamespaces...)}
+	restCfg, err := restConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return nil, fmt.Errorf("create kubernetes client: %w", err)
+	}
+	var creds credentials.TransportCredentials
+	if cfg.Insecure {
+		log.Warn("SERVING PLAINTEXT gRPC (--insecure): node tokens cross the network in the clear; for tests only")
+	} else {
+		reloader, err := newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, func(err error) {
+			log.Error("reload TLS certificate failed; keeping the previous one", zap.Error(err))
+		})
+		if err != nil {
+			return nil, err
+		}
+		s.tlsConfig = serverTLSConfig(reloader.GetCertificate)
+		creds = credentials.NewTLS(s.tlsConfig.Clone())
+	}
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// One informer factory; cached Nodes are stripped of what dkc never reads, so 5,000 Nodes stay cheap.
+	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripNode))
+	nodeInformer := s.factory.Core().V1().Nodes()
+	pending := nodestatus.NewPending()
+	table := assignment.NewTable(pending.Add)
+	// A deleted Node leaves the table, the ConfigMap tracker and the resolved configs in the controller; its
+	// status report goes through the status queue.
+	s.ctrl = controller.New(controller.Config{Log: log.Named("controller"), Nodes: nodeInformer, Table: table, Namespaces: s.namespaces,
+		ConfigMaps: func(onChange func(key string)) controller.ConfigMaps {
+			return configmaps.New(client, s.namespaces, log.Named("configmaps"), onChange)
+		},
+		Forget: pending.Add})
+	// The writer writes unprompted (sync errors, retries) only for nodes streaming from this replica: a
+	// node that moved to another replica would otherwise get this replica's older report written back.
+	streams := rpc.NewStreams()
+	s.writer = nodestatus.New(nodestatus.Config{Log: log.Named("nodestatus"), Client: client, Nodes: nodeInformer.Lister(), Table: table,
+		Metrics: nodestatus.NewMetrics(s.reg), Pending: pending, Serving: streams.Serving})
+	reviewClient, err := auth.NewReviewClient(restCfg, cfg.TokenReviewQPS, cfg.TokenReviewBurst)
+	if err != nil {
+		return nil, err
+	}
+	authn := auth.New(reviewClient, cfg.AllowedServiceAccounts, cfg.TokenCacheTTL, log.Named("auth"),
+		auth.WithPeerLimit(cfg.TokenReviewPeerQPS, cfg.TokenReviewPeerBurst), auth.WithMetrics(auth.NewMetrics(s.reg)))
+	// Each WatchConfig stream checks its token again once per --token-cache-ttl: a revoked token loses its
+	// stream within the TTL instead of at the connection's max age.
+	s.svc = rpc.New(log.Named("rpc"), table, s.writer, rpc.NewMetrics(s.reg), rpc.WithStreams(streams), rpc.WithReauthentication(authn))
+	s.registerGauges(table)
+
+	s.health = health.NewServer()
+	s.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
+	s.grpc = newGRPCServer(cfg, log, grpcParts{creds: creds, authn: authn, svc: s.svc, health: s.health})
+	return s, nil
+}
+
+func (s *server) registerGauges(table *assignment.Table) {
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "watched_configmaps",
+		Help: "ConfigMap watches held because some Node references a ConfigMap: one per ConfigMap, or one per namespace past configmaps.NamespaceThreshold referenced in it."}, func() float64 { return float64(s.ctrl.WatchedConfigMaps()) }))
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "resolved_nodes",
+		Help: "Nodes with a resolved desired state."}, func() float64 { return float64(table.Len()) }))
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "resolved_configs",
+		Help: "ConfigMap versions held resolved, each shared by the Nodes on it."}, func() float64 { return float64(s.ctrl.ResolvedConfigs()) }))
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "reported_nodes",
+		Help: "Nodes whose latest status report this replica holds."}, func() float64 { return float64(s.writer.Reported()) }))
+}
+
+func (s *server) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(dkcv1.ConfigService_ServiceDesc.ServiceName, st)
+}
+
+// run serves until ctx ends, then shuts down in order: NOT_SERVING, streams ended, gRPC stopped gracefully
+// within ShutdownGrace, HTTP listeners shut down, informers stopped.
+func (s *server) run(ctx context.Context) error {
+	cfg := s.cfg
+	lis, err := net.Listen("tcp", cfg.ListenAddress)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.ListenAddress, err)
+	}
+	s.log.Info("config service starting", zap.String("address", lis.Addr().String()), zap.Bool("tls", !cfg.Insecure),
+		zap.Strings("allowedServiceAccounts", cfg.AllowedServiceAccounts), zap.Stringer("configNamespaces", s.namespaces))
+
+	g, gctx := errgroup.WithContext(ctx)
+	s.factory.Start(gctx.Done())
+	g.Go(func() error { return s.ctrl.Run(gctx, cfg.Workers) })
+	g.Go(func() error { return s.writer.Run(gctx, cfg.StatusWorkers) })
+	g.Go(func() error {
+		// Serve only once the Node cache is synced: before that every node would look unknown.
+		if cache.WaitForNamedCacheSync("dkc-server", gctx.Done(), s.ctrl.Synced) {
+			s.setServing(healthpb.HealthCheckResponse_SERVING)
+			s.log.Info("caches synced; serving")
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := s.grpc.Serve(lis); err != nil {
+			return fmt.Errorf("serve gRPC: %w", err)
+		}
+		return nil
+	})
+	if cfg.MetricsAddr != "" {
+		g.Go(func() error {
+			return httpserve.Serve(gctx, "metrics", cfg.MetricsAddr, metricsMux(s.reg, s.ctrl.Synced, cfg.Profiling), nil, cfg.ShutdownGrace)
+		})
+	}
+	if cfg.WebhookAddress != "" && s.tlsConfig != nil {
+		mux := http.NewServeMux()
+		mux.Handle(admission.Path, admission.Handler(s.log.Named("admission"), s.namespaces))
+		g.Go(func() error {
+			return httpserve.Serve(gctx, "admission webhook", cfg.WebhookAddress, mux, s.tlsConfig, cfg.ShutdownGrace)
+		})
+	}
+	g.Go(func() error {
+		<-gctx.Done()
+		s.log.Info("shutting down")
+		s.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
+		s.svc.Shutdown()
+		done := make(chan struct{})
+		go func() { s.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(cfg.ShutdownGrace):
+			s.log.Warn("graceful stop timed out; closing remaining streams", zap.Duration("grace", cfg.ShutdownGrace))
+			s.grpc.Stop()
+		}
+		s.factory.Shutdown()
+		return nil
+	})
+	return g.Wait()
+}
+
+func restConfig(cfg Config) (*rest.Config, error) {
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	rc.QPS, rc.Burst = float32(cfg.KubeAPIQPS), cfg.KubeAPIBurst
+	rc.UserAgent = "dkc-server"
+	// As kube-controller-manager: protobuf is cheaper to encode and decode than JSON for every Node event.
+	rc.ContentType = "application/vnd.kubernetes.protobuf"
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	return rc, nil
+}
+
+// stripNode drops what dkc never reads from cached Nodes.
+func stripNode(obj any) (any, error) {
+	if n, ok := obj.(*corev1.Node); ok {
+		n.ManagedFields = nil
+		n.Status.Images = nil
+		n.Status.VolumesAttached = nil
+		n.Status.VolumesInUse = nil
+	}
+	return obj, nil
+}
+
+func metricsMux(reg *prometheus.Registry, synced func() bool, profiling bool) *http.ServeMux {
+	mux := http.NewServeMux()
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !synced() {
+			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	return mux
+}

@@ -1,0 +1,708 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+
+	"github.com/dkc-dev/dkc/internal/kubeletconfig"
+	"github.com/dkc-dev/dkc/internal/payload"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/sidecar/internal/checkpoint"
+	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
+	"github.com/dkc-dev/dkc/sidecar/internal/probe"
+	"github.com/dkc-dev/dkc/sidecar/internal/systemd"
+)
+
+// fakeKubelet records restarts (as a systemd fake would) and "runs" the config file the env file names at
+// each restart. A config with maxPods: 13 validates but never becomes healthy.
+type fakeKubelet struct {
+	mu       sync.Mutex
+	env      kubeletunit.EnvFile
+	local    string
+	running  string
+	restarts []string
+	// stopped: the kubelet does not run (its unit failed); a restart starts it again.
+	stopped bool
+	// failRestarts: so many next restarts fail as a refused systemd job does, the kubelet left stopped.
+	failRestarts int
+	// exitOnStart: so many next restarts start the kubelet, which exits at once; the job fails as on a
+	// Type=notify unit (a systemd.StartFailedError).
+	exitOnStart int
+	// configzErr: /configz fails with it, as for a kubelet that cannot reach the apiserver to authenticate
+	// (probe.ErrRefused: 401; probe.ErrNoAnswer: no answer in time).
+	configzErr error
+}
+
+func (k *fakeKubelet) Restart(context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.failRestarts > 0 {
+		k.failRestarts--
+		k.stopped = true
+		return errors.New("restart kubelet.service: job did not complete: failed")
+	}
+	if k.exitOnStart > 0 {
+		k.exitOnStart--
+		k.stopped = true
+		f, _ := k.env.Get()
+		k.restarts = append(k.restarts, f)
+		return &systemd.StartFailedError{Unit: "kubelet.service", Result: "exit-code", Err: errors.New("restart kubelet.service: job did not complete: failed")}
+	}
+	k.stopped = false
+	f, _ := k.env.Get()
+	if f == "" {
+		f = k.local
+	}
+	k.running = f
+	k.restarts = append(k.restarts, f)
+	return nil
+}
+
+func (k *fakeKubelet) MainPID(context.Context) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped {
+		return 0, nil
+	}
+	return 4242, nil
+}
+
+func (k *fakeKubelet) runningConfig() (*kubeletconfiginternal.KubeletConfiguration, error) {
+	k.mu.Lock()
+	f := k.running
+	k.mu.Unlock()
+	r, err := kubeletconfig.Load(context.Background(), f, nil)
+	if err != nil {
+		return nil, err
+	}
+	return r.Config, nil
+}
+
+func (k *fakeKubelet) Healthz(context.Context, *configcheck.Checked) error {
+	k.mu.Lock()
+	stopped := k.stopped
+	k.mu.Unlock()
+	if stopped {
+		return errors.New("connection refused")
+	}
+	kc, err := k.runningConfig()
+	if err != nil {
+		return err
+	}
+	if kc.MaxPods == 13 {
+		return errors.New("connection refused")
+	}
+	return nil
+}
+
+func (k *fakeKubelet) Configz(context.Context, *configcheck.Checked) (map[string]any, error) {
+	k.mu.Lock()
+	configzErr := k.configzErr
+	k.mu.Unlock()
+	kc, err := k.runningConfig()
+	if err != nil {
+		return nil, err
+	}
+	if configzErr != nil {
+		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/configz", configzErr)
+	}
+	// A kubelet that cannot authenticate anyone (no webhook, no anonymous access) refuses every request.
+	if !kc.Authentication.Webhook.Enabled && !kc.Authentication.Anonymous.Enabled {
+		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/configz: 401 Unauthorized", probe.ErrRefused)
+	}
+	return kubeletconfig.ToV1beta1JSON(kc)
+}
+
+func (k *fakeKubelet) count() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.restarts)
+}
+
+type recordingReporter struct {
+	mu       sync.Mutex
+	last     *dkcv1.NodeConfigStatus
+	restarts []*dkcv1.KubeletRestart
+}
+
+func (r *recordingReporter) lastStatus() *dkcv1.NodeConfigStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
+
+func (r *recordingReporter) Report(st *dkcv1.NodeConfigStatus, _ string, restart *dkcv1.KubeletRestart) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last = st
+	if restart != nil {
+		r.restarts = append(r.restarts, restart)
+	}
+}
+
+type node struct {
+	t        *testing.T
+	dir      string
+	local    string
+	kubelet  *fakeKubelet
+	reporter *recordingReporter
+	clock    *clocktesting.FakeClock
+	agent    *Agent
+}
+
+const cfgHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+
+func newNode(t *testing.T) *node {
+	t.Helper()
+	root := t.TempDir()
+	n := &node{t: t, dir: filepath.Join(root, "dynamic-config"), local: filepath.Join(root, "config.yaml"),
+		clock: clocktesting.NewFakeClock(time.Now())}
+	if err := os.WriteFile(n.local, []byte(cfgHeader+"eventRecordQPS: 50\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.kubelet = &fakeKubelet{env: kubeletunit.New(n.dir), local: n.local, running: n.local}
+	n.start()
+	return n
+}
+
+// start (re)starts the sidecar on the node, as after a crash or upgrade.
+func (n *node) start() {
+	n.t.Helper()
+	n.reporter = &recordingReporter{}
+	n.agent = New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+		KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock})
+	// The fake clock does not advance by itself: let the health wait's sleeps pass at once.
+	go func() {
+		for i := 0; i < 200; i++ {
+			time.Sleep(5 * time.Millisecond)
+			n.clock.Step(600 * time.Millisecond)
+		}
+	}()
+	if err := n.agent.Init(context.Background()); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+func assignment(uid, rv, kubelet string) *dkcv1.Assignment {
+	src := &dkcv1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "c", Uid: uid, ResourceVersion: rv, KubeletConfigKey: "kubelet"}
+	files := map[string]string{"kubelet": kubelet}
+	return &dkcv1.Assignment{Source: &dkcv1.NodeConfigSource{ConfigMap: src}, Files: files, ContentHash: payload.Hash(src, files)}
+}
+
+func (n *node) apply(a *dkcv1.Assignment, syncErr string) {
+	n.t.Helper()
+	go func() {
+		for i := 0; i < 200; i++ {
+			time.Sleep(5 * time.Millisecond)
+			n.clock.Step(600 * time.Millisecond)
+		}
+	}()
+	n.agent.Apply(context.Background(), Desired{Assignment: a, SyncError: syncErr})
+}
+
+func rv(s *dkcv1.NodeConfigSource) string {
+	if s.GetConfigMap() == nil {
+		return "local"
+	}
+	return s.GetConfigMap().GetResourceVersion()
+}
+
+func (n *node) expect(assigned, active, lkg, errText string, restarts int) {
+	n.t.Helper()
+	st := n.reporter.last
+	if st == nil {
+		n.t.Fatal("no status reported")
+	}
+	if rv(st.GetAssigned()) != assigned || rv(st.GetActive()) != active || rv(st.GetLastKnownGood()) != lkg || st.GetError() != errText {
+		n.t.Errorf("status assigned=%s active=%s lkg=%s error=%q; want %s %s %s %q",
+			rv(st.GetAssigned()), rv(st.GetActive()), rv(st.GetLastKnownGood()), st.GetError(), assigned, active, lkg, errText)
+	}
+	if got := n.kubelet.count(); got != restarts {
+		n.t.Errorf("kubelet restarts = %d, want %d (%v)", got, restarts, n.kubelet.restarts)
+	}
+}
+
+func TestFreshNodeDoesNotRestart(t *testing.T) {
+	n := newNode(t)
+	n.expect("local", "local", "local", "", 0)
+	n.apply(&dkcv1.Assignment{}, "")
+	n.expect("local", "local", "local", "", 0)
+}
+
+func TestValidAssignmentRestartsOnceAndSurvivesSidecarRestart(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+	if f, _ := n.kubelet.env.Get(); f != filepath.Join(n.dir, "checkpoints/u/1/kubelet") {
+		t.Errorf("env file names %s", f)
+	}
+	if len(n.reporter.restarts) != 1 || n.reporter.restarts[0].GetTarget().GetConfigMap().GetResourceVersion() != "1" {
+		t.Errorf("restart reports = %v", n.reporter.restarts)
+	}
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "") // the same again
+	n.expect("1", "1", "local", "", 1)
+	n.start() // sidecar restart
+	n.expect("1", "1", "local", "", 1)
+	// A sync error from the service overrides the status error but changes nothing else.
+	n.apply(nil, "failed to sync: failed to download config, see Kubelet log for details")
+	n.expect("1", "1", "local", "failed to sync: failed to download config, see Kubelet log for details", 1)
+}
+
+func TestInvalidAssignmentsNeverReachTheKubelet(t *testing.T) {
+	for _, tc := range []struct{ name, content, err string }{
+		{"invalid", cfgHeader + "eventRecordQPS: -1\n", string(nodeconfig.ValidateError)},
+		{"unparsable", "{{{ not yaml", string(nodeconfig.LoadError)},
+		{"wrong kind", "apiVersion: v1\nkind: ConfigMap\n", string(nodeconfig.LoadError)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			n.apply(assignment("u", "1", tc.content), "")
+			n.expect("1", "local", "local", tc.err, 0)
+			n.start()
+			n.expect("1", "local", "local", tc.err, 0)
+		})
+	}
+}
+
+func TestUnhealthyConfigIsRolledBackOnce(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"maxPods: 13\n"), "")
+	// Restarted into the bad config, then back to local: two restarts, and no more.
+	n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
+	n.start()
+	n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
+	n.apply(assignment("u", "2", cfgHeader+"eventRecordQPS: 9\n"), "")
+	n.expect("2", "2", "local", "", 3)
+}
+
+func TestTrialPromotesAndLastKnownGoodIsTheFallback(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+	n.clock.Step(5 * time.Minute)
+	n.agent.CheckTrial(context.Background())
+	n.expect("1", "1", "local", "", 1)
+	n.start() // the trial start is on disk: a sidecar restart does not reset it
+	n.clock.Step(6 * time.Minute)
+	n.agent.CheckTrial(context.Background())
+	n.expect("1", "1", "1", "", 1)
+
+	// A bad new config falls back to last-known-good, which already runs: no restart.
+	n.apply(assignment("u", "2", cfgHeader+"eventRecordQPS: -1\n"), "")
+	n.expect("2", "1", "1", string(nodeconfig.ValidateError), 1)
+	// A good one replaces it; last-known-good moves only after its own trial.
+	n.apply(assignment("u", "3", cfgHeader+"eventRecordQPS: 8\n"), "")
+	n.expect("3", "3", "1", "", 2)
+	n.clock.Step(11 * time.Minute)
+	n.agent.CheckTrial(context.Background())
+	n.expect("3", "3", "3", "", 2)
+
+	// Reset: local config, last-known-good forgotten at once.
+	n.apply(&dkcv1.Assignment{}, "")
+	n.expect("local", "local", "local", "", 3)
+}
+
+func TestRefusedPayload(t *testing.T) {
+	n := newNode(t)
+	bad := assignment("u", "1", cfgHeader)
+	bad.Files["../escape"] = "x"
+	n.apply(bad, "")
+	n.expect("local", "local", "local", string(nodeconfig.PayloadError), 0)
+	if _, err := os.Stat(filepath.Join(n.dir, "..", "escape")); !os.IsNotExist(err) {
+		t.Error("payload escaped the dynamic config dir")
+	}
+}
+
+// TestInitRefusesPathsTheEnvFileCannotName: a local config or dynamic config dir that would split the
+// kubelet's --config flag stops the sidecar at start, before anything is written.
+func TestInitRefusesPathsTheEnvFileCannotName(t *testing.T) {
+	for _, tc := range []struct {
+		name, local, dir, offender string
+	}{
+		{"tab in local config", "/etc/kubernetes/kubelet.yaml\t--authorization-mode=AlwaysAllow", "/var/lib/kubelet/dynamic-config",
+			"/etc/kubernetes/kubelet.yaml\t--authorization-mode=AlwaysAllow"},
+		{"space in dynamic config dir", "/etc/kubernetes/kubelet.yaml", "/var/lib/kubelet/dynamic config", "/var/lib/kubelet/dynamic config"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := New(Config{LocalConfig: tc.local}, Deps{Log: zap.NewNop(), Store: checkpoint.New(tc.dir)})
+			if err := a.Init(context.Background()); err == nil {
+				t.Fatal("Init accepted")
+			} else if want := fmt.Sprintf("%q", tc.offender); !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not name %s", err, want)
+			}
+		})
+	}
+}
+
+func TestUnknownFlagsAreRetried(t *testing.T) {
+	n := newNode(t)
+	n.agent.cfg.KubeletFlags = nil // read them from the running kubelet, which has no PID yet
+	n.agent.Apply(context.Background(), Desired{Assignment: &dkcv1.Assignment{}})
+	if st := n.reporter.last; st.GetError() != string(nodeconfig.InternalError) || !n.agent.retry {
+		t.Fatalf("status %v, retry %v; want an internal error to be retried", st, n.agent.retry)
+	}
+	n.agent.cfg.KubeletFlags = []string{} // the kubelet came up
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = n.agent.Run(ctx, make(chan *dkcv1.WatchConfigResponse)); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for n.reporter.lastStatus().GetError() != "" && time.Now().Before(deadline) {
+		n.clock.Step(time.Second)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if st := n.reporter.lastStatus(); st.GetError() != "" {
+		t.Fatalf("not retried: %v", st)
+	}
+}
+
+// failingChecker fails every check (the helper process could not run) until healed.
+type failingChecker struct {
+	mu     sync.Mutex
+	broken bool
+}
+
+func (f *failingChecker) Check(ctx context.Context, path string, flags []string) (*configcheck.Checked, error) {
+	f.mu.Lock()
+	broken := f.broken
+	f.mu.Unlock()
+	if broken {
+		return nil, errors.New("run dkc-kubelet-check: fork/exec: resource temporarily unavailable")
+	}
+	return kubeletconfig.InProcess{}.Check(ctx, path, flags)
+}
+
+func TestFailedCheckIsRetriedAndTouchesNothing(t *testing.T) {
+	n := newNode(t)
+	checker := &failingChecker{broken: true}
+	n.agent.cfg.Checker = checker
+	n.apply(assignment("u1", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	if st := n.reporter.lastStatus(); st.GetError() != string(nodeconfig.InternalError) || !n.agent.retry || n.kubelet.count() != 0 {
+		t.Fatalf("status %v, retry %v, restarts %d; want an internal error, a retry and no restart", st, n.agent.retry, n.kubelet.count())
+	}
+	checker.mu.Lock()
+	checker.broken = false
+	checker.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = n.agent.Run(ctx, make(chan *dkcv1.WatchConfigResponse)); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for rv(n.reporter.lastStatus().GetActive()) != "1" && time.Now().Before(deadline) {
+		n.clock.Step(time.Second)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if st := n.reporter.lastStatus(); st.GetError() != "" || rv(st.GetActive()) != "1" {
+		t.Fatalf("not retried: %v", st)
+	}
+}
+
+// runUntil runs the agent's loop, stepping the fake clock through its ticks, until done holds or 5s pass.
+func (n *node) runUntil(done func(*dkcv1.NodeConfigStatus) bool) *dkcv1.NodeConfigStatus {
+	n.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { _ = n.agent.Run(ctx, make(chan *dkcv1.WatchConfigResponse)); close(stopped) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for !done(n.reporter.lastStatus()) && time.Now().Before(deadline) {
+		n.clock.Step(time.Second)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-stopped
+	return n.reporter.lastStatus()
+}
+
+// TestFailedCheckpointWriteIsRetried: the service sends an assignment once; a checkpoint write that fails
+// (here: checkpoints/ replaced by a file, which stops root too) must not drop it until the next reconnect.
+// The status says so meanwhile, and the assignment is applied at a tick once the disk takes writes again.
+func TestFailedCheckpointWriteIsRetried(t *testing.T) {
+	n := newNode(t)
+	cps := filepath.Join(n.dir, "checkpoints")
+	if err := os.RemoveAll(cps); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cps, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("local", "local", "local", string(nodeconfig.SyncInternalError), 0)
+	// Still failing: every tick keeps saying so, and nothing restarts.
+	ticks := 0
+	st := n.runUntil(func(*dkcv1.NodeConfigStatus) bool { ticks++; return ticks > 5 })
+	if st.GetError() != string(nodeconfig.SyncInternalError) || n.kubelet.count() != 0 {
+		t.Fatalf("while the disk refuses writes: status %v, restarts %d", st, n.kubelet.count())
+	}
+	if err := os.Remove(cps); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(cps, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st = n.runUntil(func(st *dkcv1.NodeConfigStatus) bool { return rv(st.GetActive()) == "1" })
+	if rv(st.GetAssigned()) != "1" || rv(st.GetActive()) != "1" || st.GetError() != "" {
+		t.Fatalf("assignment not retried after the disk recovered: %v", st)
+	}
+}
+
+func TestCheckConfigFlag(t *testing.T) {
+	const local, dir = "/var/lib/kubelet/config.yaml", "/var/lib/kubelet/dynamic-config"
+	for _, tc := range []struct {
+		name, running string
+		ok            bool
+	}{
+		{"local config", local, true},
+		{"local config, unclean", "/var/lib/kubelet//config.yaml", true},
+		{"dkc checkpoint", dir + "/checkpoints/u/1/kubelet", true},
+		{"no --config", "", true},
+		{"another file", "/etc/kubernetes/kubelet.yaml", false},
+		{"beside the dynamic config dir", "/var/lib/kubelet/dynamic-config-other/kubelet", false},
+		{"the dynamic config dir itself", dir, false},
+		{"escaping the dynamic config dir", dir + "/../other.yaml", false},
+		{"relative", "dynamic-config/checkpoints/u/1/kubelet", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkConfigFlag(tc.running, local, dir)
+			if (err == nil) != tc.ok {
+				t.Fatalf("checkConfigFlag(%q) = %v, want ok=%v", tc.running, err, tc.ok)
+			}
+			if err != nil && (!errors.Is(err, errForeignConfig) || !strings.Contains(err.Error(), tc.running) || !strings.Contains(err.Error(), local)) {
+				t.Errorf("error %q does not name both paths", err)
+			}
+		})
+	}
+}
+
+// pidKubelet is a fakeKubelet whose MainPID is a real process, so the agent reads its command line.
+type pidKubelet struct {
+	*fakeKubelet
+	pid int
+}
+
+func (k pidKubelet) MainPID(context.Context) (int, error) { return k.pid, nil }
+
+// TestInitRefusesAKubeletRunningAnotherConfig: with the kubelet started with --config=/other/path and the
+// sidecar told --kubelet-config=<local>, the first restart would silently switch the node to <local>. Init
+// must refuse, naming both paths, and restart nothing.
+func TestInitRefusesAKubeletRunningAnotherConfig(t *testing.T) {
+	// sh stays the process (a second command stops it from exec'ing sleep), its argv ending in the flag.
+	cmd := exec.Command("sh", "-c", "sleep 60; :", "kubelet", "--config=/other/path")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	root := t.TempDir()
+	dir, local := filepath.Join(root, "dynamic-config"), filepath.Join(root, "config.yaml")
+	if err := os.WriteFile(local, []byte(cfgHeader), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fk := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
+	k := pidKubelet{fakeKubelet: fk, pid: cmd.Process.Pid}
+	rep := &recordingReporter{}
+	a := New(Config{LocalConfig: local, Checker: kubeletconfig.InProcess{}, HealthTimeout: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: rep})
+	err := a.Init(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "/other/path") || !strings.Contains(err.Error(), local) {
+		t.Fatalf("Init = %v; want a refusal naming /other/path and %s", err, local)
+	}
+	if fk.count() != 0 {
+		t.Errorf("kubelet restarted %d times", fk.count())
+	}
+	// Found later (the kubelet restarted by someone else): an internal failure in status, nothing restarted.
+	a.Apply(context.Background(), Desired{Assignment: assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n")})
+	if st := rep.lastStatus(); st.GetError() != string(nodeconfig.InternalError) || fk.count() != 0 {
+		t.Errorf("status %v, restarts %d; want %q and none", st, fk.count(), string(nodeconfig.InternalError))
+	}
+}
+
+// TestKubeletCommandLineReadFromProcDir: in a pod, the host's /proc is mounted at --host-proc (no host PID
+// namespace); the kubelet's MainPID, a host PID, is looked up there and not in the pod's own /proc.
+func TestKubeletCommandLineReadFromProcDir(t *testing.T) {
+	root := t.TempDir()
+	dir, local, proc := filepath.Join(root, "dynamic-config"), filepath.Join(root, "config.yaml"), filepath.Join(root, "host-proc")
+	if err := os.WriteFile(local, []byte(cfgHeader), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A PID no process of this test has (pid_max is at most 2^22): only the mounted /proc knows it.
+	const hostPID = 1 << 23
+	if err := os.MkdirAll(filepath.Join(proc, strconv.Itoa(hostPID)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, strconv.Itoa(hostPID), "cmdline"), []byte("/usr/bin/kubelet\x00--config=/other/path\x00"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	fk := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
+	k := pidKubelet{fakeKubelet: fk, pid: hostPID}
+	a := New(Config{LocalConfig: local, Checker: kubeletconfig.InProcess{}, HealthTimeout: time.Second, ProcDir: proc}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: &recordingReporter{}})
+	if err := a.Init(context.Background()); err == nil || !strings.Contains(err.Error(), "/other/path") {
+		t.Fatalf("Init = %v; want the refusal of the --config read from %s/%d/cmdline", err, proc, hostPID)
+	}
+}
+
+// unitKubelet is a fakeKubelet whose unit sets its own --config (systemd's Environment=).
+type unitKubelet struct {
+	*fakeKubelet
+	unitConfig string
+}
+
+func (u unitKubelet) UnitConfigFlag(context.Context) (string, error) { return u.unitConfig, nil }
+
+// TestInitRefusesAUnitWithAnotherLocalConfig: the kubelet runs a checkpoint (its command line names dkc's
+// file), but its unit's own --config, the one a reset returns to, is not --kubelet-config: refuse to start,
+// naming both, rather than switch the node to another file at the next reset.
+func TestInitRefusesAUnitWithAnotherLocalConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, unitConfig string
+		wantErr          bool
+	}{
+		{"the unit's --config is --kubelet-config", "", false},
+		{"another file", "/etc/kubernetes/other-kubelet.yaml", true},
+		{"the unit sets none", "-", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+			n.expect("1", "1", "local", "", 1)
+			unit := tc.unitConfig
+			switch unit {
+			case "":
+				unit = n.local
+			case "-":
+				unit = ""
+			}
+			svc := unitKubelet{fakeKubelet: n.kubelet, unitConfig: unit}
+			a := New(Config{LocalConfig: n.local, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+				KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: svc, Kubelet: n.kubelet, Reporter: &recordingReporter{}, Clock: n.clock})
+			err := a.Init(context.Background())
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), tc.unitConfig) || !strings.Contains(err.Error(), n.local) {
+					t.Fatalf("Init = %v; want a refusal naming %s and %s", err, tc.unitConfig, n.local)
+				}
+			} else if err != nil {
+				t.Fatalf("Init: %v", err)
+			}
+			if got := n.kubelet.count(); got != 1 {
+				t.Errorf("kubelet restarted %d times, want only the assignment's", got)
+			}
+		})
+	}
+}
+
+// TestActiveIsNotLocalWhileUnknown: a node runs an assigned config; its sidecar restarts while the kubelet
+// is stopped and without ever having seen the kubelet's flags, so it cannot check or prove anything. Its
+// status must not claim the local config is active (the service writes an absent active as local); it says
+// what was last proven, next to the internal error.
+func TestActiveIsNotLocalWhileUnknown(t *testing.T) {
+	n := newNode(t) // flags given by configuration (--kubelet-flags): never read from the kubelet, never saved
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+
+	n.kubelet.mu.Lock()
+	n.kubelet.stopped = true
+	n.kubelet.mu.Unlock()
+	n.reporter = &recordingReporter{}
+	n.agent = New(Config{LocalConfig: n.local, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+		KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock})
+	if err := n.agent.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	n.expect("1", "1", "local", string(nodeconfig.InternalError), 1)
+}
+
+// TestNothingReportedUntilActiveIsKnown: a sidecar that has never seen what the kubelet runs (upgraded from a
+// version whose state file kept no proven active config, before its first proof) must not report: the service
+// writes an absent active as local, which may be false. An error is reported all the same (the operator must
+// see why the node is stuck), and once the kubelet proves its config the report says so.
+func TestNothingReportedUntilActiveIsKnown(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+	src, err := n.agent.store.Assigned()
+	if err != nil || src == nil {
+		t.Fatalf("assigned = %v, %v", src, err)
+	}
+
+	fresh := func() (*Agent, *recordingReporter) {
+		rep := &recordingReporter{}
+		a := New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute,
+			HealthTimeout: time.Second, KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: rep, Clock: n.clock})
+		return a, rep // state not loaded: as after an upgrade, before anything is proven
+	}
+	a, rep := fresh()
+	a.report()
+	if got := rep.lastStatus(); got != nil {
+		t.Fatalf("reported %v before anything proved what the kubelet runs", got)
+	}
+	a.configError = nodeconfig.InternalError
+	a.report()
+	if got := rep.lastStatus(); got.GetError() != string(nodeconfig.InternalError) {
+		t.Fatalf("an error while active is unknown: reported %v, want %q", got, string(nodeconfig.InternalError))
+	}
+	a, rep = fresh()
+	a.setActive(src)
+	a.report()
+	if got := rep.lastStatus(); got.GetActive().GetConfigMap().GetResourceVersion() != "1" || got.GetError() != "" {
+		t.Fatalf("after the proof: reported %v, want active 1 without error", got)
+	}
+}
+
+// TestUnverifiableConfigzBlamesNothing: while the kubelet refuses /configz or does not answer it in time
+// (its apiserver unreachable, nothing in its authentication cache), neither a restart into a new config nor
+// a sidecar restart blames the config: no rollback, no further restart; once /configz answers again the
+// config is proven active.
+func TestUnverifiableConfigzBlamesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		configz   error
+		wantError string
+	}{
+		{"refused", probe.ErrRefused, string(nodeconfig.VerifyError)},
+		{"not answered", probe.ErrNoAnswer, string(nodeconfig.VerifyTimeoutError)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			n.kubelet.mu.Lock()
+			n.kubelet.configzErr = tc.configz
+			n.kubelet.mu.Unlock()
+			n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+			n.expect("1", "local", "local", tc.wantError, 1)
+
+			n.start() // the sidecar restarts during the outage
+			n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+			n.expect("1", "local", "local", tc.wantError, 1)
+
+			n.kubelet.mu.Lock()
+			n.kubelet.configzErr = nil
+			n.kubelet.mu.Unlock()
+			n.agent.reconcile(context.Background()) // the next tick's retry
+			n.expect("1", "1", "local", "", 1)
+		})
+	}
+}
+
+// TestRefusedConfigzOfAConfigThatChangesAuthIsItsFault: a config that changes how the kubelet authenticates
+// (here: no webhook, no anonymous access) may be why /configz is refused; it is rolled back like any config
+// that does not come up healthy.
+func TestRefusedConfigzOfAConfigThatChangesAuthIsItsFault(t *testing.T) {
+	n := newNode(t)
+	n.apply(assignment("u", "1", cfgHeader+"authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: false\n"), "")
+	n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
+}

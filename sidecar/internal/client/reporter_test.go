@@ -1,0 +1,190 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+)
+
+// awayService refuses reports while away, then acknowledges and records them.
+type awayService struct {
+	dkcv1.UnimplementedConfigServiceServer
+	mu       sync.Mutex
+	away     bool
+	restarts []string // acknowledged restart ids, in order, once each
+	last     *dkcv1.NodeConfigStatus
+	numbers  [][2]uint64 // (incarnation, sequence) of each acknowledged report
+}
+
+func (s *awayService) ReportStatus(_ context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.away {
+		return nil, status.Error(codes.Unavailable, "away")
+	}
+	// As the service does: an Event per restart id, however often it is re-sent.
+	if id := req.GetRestart().GetId(); id != "" && (len(s.restarts) == 0 || s.restarts[len(s.restarts)-1] != id) {
+		s.restarts = append(s.restarts, id)
+	}
+	s.last = req.GetStatus()
+	s.numbers = append(s.numbers, [2]uint64{req.GetIncarnation(), req.GetSequence()})
+	return &dkcv1.ReportStatusResponse{}, nil
+}
+
+// TestRestartsAreDeliveredInOrder: restarts reported while the service is away are each delivered once
+// it is back, oldest first (each is an Event), up to MaxPendingRestarts, and the latest status wins.
+func TestRestartsAreDeliveredInOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		restarts int
+		want     int // delivered: the last ones
+	}{
+		{"to a config and back to last-known-good", 2, 2},
+		{"beyond the bound", MaxPendingRestarts + 5, MaxPendingRestarts},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := &awayService{away: true}
+			c := startReporter(t, svc)
+			var ids []string
+			var final *dkcv1.NodeConfigStatus
+			for i := range tc.restarts {
+				id := fmt.Sprintf("r%d", i)
+				ids = append(ids, id)
+				final = &dkcv1.NodeConfigStatus{Error: id}
+				c.Report(final, "", &dkcv1.KubeletRestart{Id: id})
+			}
+			time.Sleep(50 * time.Millisecond) // a few refused attempts
+			svc.mu.Lock()
+			svc.away = false
+			svc.mu.Unlock()
+
+			want := ids[len(ids)-tc.want:]
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				svc.mu.Lock()
+				got, last := append([]string(nil), svc.restarts...), svc.last
+				svc.mu.Unlock()
+				if len(got) >= len(want) && proto.Equal(last, final) {
+					if fmt.Sprint(got) != fmt.Sprint(want) {
+						t.Fatalf("delivered restarts %v, want %v", got, want)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("delivered restarts %v and last status %v; want %v and %v", got, last, want, final)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// startReporter serves svc in memory and runs a Client's reporter against it until the test ends.
+func startReporter(t *testing.T, svc *awayService, opts ...Option) *Client {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	s := grpc.NewServer()
+	dkcv1.RegisterConfigServiceServer(s, svc)
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := New(conn, Config{Node: "n1", TokenFile: token, Backoff: Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}}, opts...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.RunReporter(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
+// TestReportsAreNumbered: every new status gets the next sequence number of the sidecar's incarnation,
+// which the service orders reports by (not the node's clock); a status re-sent (while a second restart
+// rides on it) keeps its number.
+func TestReportsAreNumbered(t *testing.T) {
+	svc := &awayService{}
+	c := startReporter(t, svc, WithIncarnation(7))
+	wait := func(n int) [][2]uint64 {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			svc.mu.Lock()
+			got := append([][2]uint64(nil), svc.numbers...)
+			svc.mu.Unlock()
+			if len(got) >= n {
+				return got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d reports acknowledged, want %d", len(got), n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	c.Report(&dkcv1.NodeConfigStatus{Error: "a"}, "", nil)
+	wait(1)
+	c.Report(&dkcv1.NodeConfigStatus{Error: "b"}, "", nil)
+	wait(2)
+	// Two restarts on one status: the status is sent twice (one restart each), with one number.
+	svc.mu.Lock()
+	svc.away = true
+	svc.mu.Unlock()
+	c.Report(&dkcv1.NodeConfigStatus{Error: "c"}, "", &dkcv1.KubeletRestart{Id: "r1"})
+	c.Report(&dkcv1.NodeConfigStatus{Error: "c"}, "", &dkcv1.KubeletRestart{Id: "r2"})
+	svc.mu.Lock()
+	svc.away = false
+	svc.mu.Unlock()
+	got := wait(4)
+	want := [][2]uint64{{7, 1}, {7, 2}, {7, 4}, {7, 4}}
+	if fmt.Sprint(got[:4]) != fmt.Sprint(want) {
+		t.Errorf("(incarnation, sequence) of the acknowledged reports = %v, want %v", got[:4], want)
+	}
+}
+
+// TestReconnectsAfterADrainSpread: when the service ends streams with Unavailable, the nodes of that replica
+// reconnect spread over Backoff.Spread, not all within the first backoff step (a stampede on the other
+// replica's TokenReviews); and never later than Spread.
+func TestReconnectsAfterADrainSpread(t *testing.T) {
+	b := Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second, Spread: 3 * time.Second}
+	const nodes = 2000
+	buckets := make([]int, 6) // half-second buckets over [0, 3s)
+	for range nodes {
+		d := b.spread()
+		if d < b.Initial || d >= b.Spread {
+			t.Fatalf("spread delay %v outside [%v, %v)", d, b.Initial, b.Spread)
+		}
+		buckets[d/(500*time.Millisecond)]++
+	}
+	// Uniform over [0.25s, 3s): each full half-second bucket gets about 2000/5.5 ≈ 364; a stampede would put
+	// them all in the first.
+	for i, n := range buckets[1:] {
+		if n < 250 {
+			t.Errorf("bucket %d (%v–%v) got %d of %d reconnects, want about 364: %v", i+1,
+				time.Duration(i+1)*500*time.Millisecond, time.Duration(i+2)*500*time.Millisecond, n, nodes, buckets)
+		}
+	}
+	if d := (Backoff{Initial: 250 * time.Millisecond}).spread(); d >= DefaultSpread {
+		t.Errorf("default spread gave %v, want below %v", d, DefaultSpread)
+	}
+}

@@ -1,0 +1,89 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/dkc-dev/dkc/internal/durable"
+)
+
+// Disk modes of the simulated nodes (Config.Disk).
+const (
+	// DiskSimulated keeps every simulated node's directory on tmpfs and makes each fsync there cost one
+	// fsync of this machine's real disk, drawn from latencies measured on it before the cluster starts.
+	DiskSimulated = "simulated"
+	// DiskShared keeps every simulated node's directory on the real disk, shared with etcd and every other
+	// simulated node, with at most Config.DiskWriters durable writes at once.
+	DiskShared = "shared"
+)
+
+// defaultTmpfs holds the simulated nodes' directories in DiskSimulated mode.
+const defaultTmpfs = "/dev/shm"
+
+// fsyncLatencies measures n fsyncs on dir's filesystem, as a sidecar's durable write makes them: a small
+// new file written and fsynced, then its directory fsynced. Each fsync is one sample.
+func fsyncLatencies(dir string, n int) ([]time.Duration, error) {
+	tmp, err := os.MkdirTemp(dir, ".fsync-probe-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	d, err := os.Open(tmp)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	data := make([]byte, 1024)
+	var out []time.Duration
+	for i := range n {
+		f, err := os.Create(filepath.Join(tmp, fmt.Sprintf("f%d", i)))
+		if err != nil {
+			return nil, err
+		}
+		if _, err := f.Write(data); err != nil {
+			f.Close()
+			return nil, err
+		}
+		start := time.Now()
+		err = f.Sync()
+		out = append(out, time.Since(start))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, err
+		}
+		start = time.Now()
+		if err := d.Sync(); err != nil {
+			return nil, err
+		}
+		out = append(out, time.Since(start))
+	}
+	return out, nil
+}
+
+// fsyncCost makes every fsync of durable (the sidecar's only writer) in this process take one of samples,
+// drawn at random, before the real fsync runs on tmpfs (where it costs next to nothing). Each simulated node
+// then pays its own disk's latency without queueing behind 999 other nodes and etcd in one journal, as a
+// node with its own disk does. durable's fault hook is called once before each fsync: "fsync" and
+// "fsync-dir" precede one each; "write" precedes one only inside durable.WriteDir, whose files are written
+// into a temporary directory before the target directory exists. sleep is time.Sleep outside tests.
+func fsyncCost(samples []time.Duration, sleep func(time.Duration)) durable.FaultFunc {
+	return func(step, path string) error {
+		switch step {
+		case "fsync", "fsync-dir":
+		case "write":
+			if _, err := os.Stat(filepath.Dir(path)); !errors.Is(err, os.ErrNotExist) {
+				return nil // durable.WriteFile: its fsync is the "fsync" step
+			}
+		default:
+			return nil
+		}
+		sleep(samples[rand.IntN(len(samples))])
+		return nil
+	}
+}

@@ -1,0 +1,114 @@
+package bench
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/dkc-dev/dkc/internal/durable"
+)
+
+func TestParseHeapProfile(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		in          string
+		heap, stack int64
+		wantErr     bool
+	}{
+		{name: "runtime.MemStats lines", in: "heap profile: 1: 2 [3: 4] @ heap/1048576\n\n# runtime.MemStats\n# Alloc = 10\n# HeapInuse = 4096\n# Stack = 8192 / 16384\n# MSpan = 1 / 2\n",
+			heap: 4096, stack: 8192},
+		{name: "no stack line", in: "# HeapInuse = 4096\n", wantErr: true},
+		{name: "empty", in: "", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			heap, stack, err := parseHeapProfile([]byte(tc.in))
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if !tc.wantErr && (heap != tc.heap || stack != tc.stack) {
+				t.Errorf("heap, stack = %d, %d; want %d, %d", heap, stack, tc.heap, tc.stack)
+			}
+		})
+	}
+}
+
+func TestProcCPU(t *testing.T) {
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for time.Now().Before(deadline) { // spend some CPU
+	}
+	d, err := procCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d <= 0 || d > time.Hour {
+		t.Errorf("procCPU = %v after spinning 50ms", d)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		in   []int64
+		want int64
+	}{{[]int64{3}, 3}, {[]int64{5, 1, 3}, 3}, {[]int64{-2, 10, 4, 4}, 4}} {
+		in := append([]int64(nil), tc.in...)
+		if got := median(in); got != tc.want {
+			t.Errorf("median(%v) = %d, want %d", tc.in, got, tc.want)
+		}
+		for i := range in {
+			if in[i] != tc.in[i] {
+				t.Errorf("median reordered its input: %v", in)
+			}
+		}
+	}
+}
+
+func TestReadDeployment(t *testing.T) {
+	d, err := readDeployment(filepath.Join("..", "..", "deploy", "base", "server.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.limit <= 0 || d.goMemLimit == "" {
+		t.Errorf("readDeployment = %+v, want a memory limit and a GOMEMLIMIT", d)
+	}
+	path := filepath.Join(t.TempDir(), "server.yaml")
+	if err := os.WriteFile(path, []byte("resources:\n  limits: {memory: 1Gi}\nenv:\n  - name: GOMEMLIMIT\n    value: 900MiB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if d, err = readDeployment(path); err != nil || d.limit != 1<<30 || d.goMemLimit != "900MiB" {
+		t.Errorf("readDeployment = %+v, %v; want 1Gi and 900MiB", d, err)
+	}
+}
+
+// TestFsyncCostCountsEveryFsync checks that the simulated disk charges a durable write exactly once per
+// fsync it makes: WriteFile makes two (file, directory), WriteDir one per file plus two, MkdirAll one per
+// directory it creates.
+func TestFsyncCostCountsEveryFsync(t *testing.T) {
+	var charged int
+	durable.SetFault(fsyncCost([]time.Duration{time.Millisecond}, func(time.Duration) { charged++ }))
+	t.Cleanup(func() { durable.SetFault(nil) })
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name   string
+		write  func() error
+		fsyncs int
+	}{
+		{"WriteFile", func() error { return durable.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644) }, 2},
+		{"WriteFile replacing a file", func() error { return durable.WriteFile(filepath.Join(dir, "f"), []byte("y"), 0o644) }, 2},
+		{"WriteDir with 3 files", func() error {
+			return durable.WriteDir(filepath.Join(dir, "d"), map[string][]byte{"a": nil, "b": nil, "c": nil}, 0o644)
+		}, 5},
+		{"MkdirAll of 2 new directories", func() error { return durable.MkdirAll(filepath.Join(dir, "x", "y"), 0o755) }, 2},
+		{"MkdirAll of an existing directory", func() error { return durable.MkdirAll(filepath.Join(dir, "x", "y"), 0o755) }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			charged = 0
+			if err := tc.write(); err != nil {
+				t.Fatal(err)
+			}
+			if charged != tc.fsyncs {
+				t.Errorf("charged %d fsyncs, want %d", charged, tc.fsyncs)
+			}
+		})
+	}
+}

@@ -1,0 +1,191 @@
+// Package devclustertest runs integration tests against a real dev cluster: one cluster per test binary,
+// started in TestMain and stopped (by PID, with mounts cleaned up) when the tests end.
+//
+//	var cluster *devcluster.Cluster
+//
+//	func TestMain(m *testing.M) { os.Exit(devclustertest.Main(m, "mypkg", &cluster)) }
+package devclustertest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dkc-dev/dkc/test/devcluster"
+)
+
+// heldLock keeps this process's cluster lock (see freshDir) open, hence held, until the process exits.
+var heldLock *os.File
+
+// Dir is where the cluster of the test binary called name lives: _output/test/<name> in the repository, so
+// that its logs survive a failing run for reading. $DKC_TEST_CLUSTER_SUFFIX, when set, is appended to name,
+// so that two runs of the same test binary from one checkout (two developers' -run selections) each get a
+// cluster of their own instead of stopping each other's as a leftover.
+func Dir(name string) (string, error) {
+	name += os.Getenv("DKC_TEST_CLUSTER_SUFFIX")
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	root, err := devcluster.RepoRoot(wd)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "_output", "test", name), nil
+}
+
+// Main starts a cluster for the test binary, runs the tests, stops the cluster and returns the exit code.
+// A cluster left behind by an earlier run of the same binary that was killed is stopped first.
+func Main(m *testing.M, name string, out **devcluster.Cluster) int {
+	dir, err := freshDir(name)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute) // includes a cold binary build
+	defer cancel()
+	bins, err := Build(ctx, dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, ServiceBinary: bins["dkc-server"], SidecarBinary: bins["dkc-sidecar"],
+		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: SimNodes, TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start dev cluster: %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
+		return 1
+	}
+	*out = c
+	return runAndStop(m, c)
+}
+
+// freshDir is Dir(name), emptied: a cluster left behind by an earlier run of the same binary that was
+// killed is stopped first. A run that is still alive holds <dir>.lock (flock, released by the kernel when
+// its process dies, however it dies): its cluster is not a leftover, and this run refuses to start rather
+// than stop it under its feet.
+func freshDir(name string) (string, error) {
+	dir, err := Dir(name)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", err
+	}
+	lock, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return "", fmt.Errorf("another run of this test binary is using the cluster in %s (%s is locked): "+
+			"set DKC_TEST_CLUSTER_SUFFIX to run beside it: %w", dir, dir+".lock", err)
+	}
+	heldLock = lock // held until the process exits
+	if old, err := devcluster.Open(dir); err == nil {
+		if err := old.Stop(context.Background()); err != nil {
+			return "", fmt.Errorf("stop leftover cluster in %s: %w", dir, err)
+		}
+	}
+	return dir, os.RemoveAll(dir)
+}
+
+// runAndStop runs the tests against c, then stops c; it returns the exit code.
+func runAndStop(m *testing.M, c *devcluster.Cluster) int {
+	code := m.Run()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "tests failed; logs are in %s (a node's units and pods: %s)\n", c.LogDir(), c.NodeLogDir("<node>"))
+	}
+	if err := c.Stop(context.Background()); err != nil {
+		fmt.Fprintf(os.Stderr, "stop dev cluster: %v\n", err)
+		return 1
+	}
+	if left := c.Leftovers(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "stopping the dev cluster left cgroups behind: %v\n", left)
+		return 1
+	}
+	return code
+}
+
+// MainInstalled is Main for the installed form (devcluster.Config.Installed): images built from this
+// checkout (hack/images) into the cluster's directory, two real nodes, dkc applied with kubectl apply -k.
+func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
+	dir, err := freshDir(name)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // includes cold builds
+	defer cancel()
+	images := filepath.Join(dir, "images")
+	if err := BuildImages(ctx, images); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, Installed: true, ImagesDir: images,
+		TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start dev cluster (installed form): %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
+		return 1
+	}
+	*out = c
+	return runAndStop(m, c)
+}
+
+// BuildImages builds dkc's images from this checkout into dir with hack/images (as `make images` does),
+// plus any extra arguments (e.g. -tag).
+func BuildImages(ctx context.Context, dir string, args ...string) error {
+	wd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	root, err := devcluster.RepoRoot(wd)
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", append([]string{"run", "./hack/images", "-out", dir}, args...)...)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build images: %w\n%s", err, b)
+	}
+	return nil
+}
+
+// SimNodes is the number of simulated nodes in test clusters (sim-1 ... sim-N).
+const SimNodes = 5
+
+// TrialDuration is the sidecars' trial in test clusters: short, so that promotion can be tested.
+const TrialDuration = 20 * time.Second
+
+// HealthTimeout is the sidecars' health timeout in test clusters (a dev kubelet is healthy in ~2s).
+const HealthTimeout = 20 * time.Second
+
+// Build builds dkc-server, dkc-sidecar (with dkc-kubelet-check) and fake-kubelet from this checkout into dir/bin, so that integration
+// tests always run the code under test (and need no `make build` first). It returns name → path.
+func Build(ctx context.Context, dir string) (map[string]string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	root, err := devcluster.RepoRoot(wd)
+	if err != nil {
+		return nil, err
+	}
+	out := filepath.Join(dir, "bin")
+	// Built as the images build them (hack/images): static and path-free, sharing their compile cache.
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-o", out+"/", "./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./sidecar/cmd/dkc-kubelet-check", "./hack/fake-kubelet")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build binaries: %w\n%s", err, b)
+	}
+	bins := map[string]string{}
+	for _, name := range []string{"dkc-server", "dkc-sidecar", "fake-kubelet"} {
+		bins[name] = filepath.Join(out, name)
+	}
+	return bins, nil
+}

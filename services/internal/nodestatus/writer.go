@@ -49,6 +49,14 @@ type report struct {
 	order   reportOrder
 }
 
+// lastWrite is what this replica last patched onto a node's Node: the cached Node's resourceVersion the
+// patch was made over, and a digest of what it wrote. While the cache still shows that resourceVersion it
+// has not seen the patch, and is no judge of whether the status is on the Node: the digest is.
+type lastWrite struct {
+	over   string
+	digest uint64
+}
+
 // reportOrder places a report among its node's reports: by the sidecar's incarnation and sequence, which
 // the node's clock cannot upset; by observed time only between reports of sidecars that send no
 // incarnation (older versions).
@@ -83,6 +91,7 @@ type Writer struct {
 
 	mu      sync.Mutex
 	reports map[string]report
+	written map[string]lastWrite
 
 	locks [64]sync.Mutex // per-node write serialisation, striped by name
 }
@@ -134,7 +143,7 @@ func New(cfg Config) *Writer {
 	}
 	return &Writer{
 		log: cfg.Log, client: cfg.Client, nodes: cfg.Nodes, table: cfg.Table, clock: clock.RealClock{}, metrics: cfg.Metrics,
-		queue: cfg.Pending.queue, serving: cfg.Serving, reports: map[string]report{},
+		queue: cfg.Pending.queue, serving: cfg.Serving, reports: map[string]report{}, written: map[string]lastWrite{},
 	}
 }
 
@@ -214,6 +223,7 @@ func (w *Writer) release(node string) {
 	w.mu.Lock()
 	_, held := w.reports[node]
 	delete(w.reports, node)
+	delete(w.written, node)
 	w.mu.Unlock()
 	if held {
 		w.log.Debug("node served by another replica; dropped its status report", zap.String("node", node))
@@ -314,7 +324,18 @@ func (w *Writer) write(ctx context.Context, name string) error {
 		return fmt.Errorf("encode status of node %s: %w", name, err)
 	}
 	cond := Condition(status, message)
-	if upToDate(node, string(annotation), status, cond) {
+	digest := writeDigest(string(annotation), cond)
+	w.mu.Lock()
+	last, wrote := w.written[name]
+	w.mu.Unlock()
+	if wrote && last.over == node.ResourceVersion {
+		// The cache predates this replica's last patch: a report that follows a write closely (or a queued
+		// write that follows a report) would otherwise patch the same status again.
+		if last.digest == digest {
+			w.metrics.write("unchanged")
+			return nil
+		}
+	} else if upToDate(node, string(annotation), status, cond) {
 		w.metrics.write("unchanged")
 		return nil
 	}
@@ -344,6 +365,9 @@ func (w *Writer) write(ctx context.Context, name string) error {
 		return fmt.Errorf("patch status of node %s: %w", name, err)
 	}
 	w.metrics.write("written")
+	w.mu.Lock()
+	w.written[name] = lastWrite{over: node.ResourceVersion, digest: digest}
+	w.mu.Unlock()
 	w.log.Info("node status written", zap.String("node", name), zap.String("status", string(annotation)),
 		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start)))
 	return nil
@@ -375,6 +399,7 @@ func (w *Writer) dropIfGone(ctx context.Context, name string) error {
 	w.mu.Lock()
 	if cur, ok := w.reports[name]; ok && cur == checked {
 		delete(w.reports, name)
+		delete(w.written, name)
 	}
 	w.mu.Unlock()
 	w.log.Info("node gone; dropped its status report", zap.String("node", name))
@@ -418,6 +443,16 @@ func sourcePatch(s *corev1.NodeConfigSource) any {
 
 // upToDate reports whether the cached Node already carries the status. status.config is compared only
 // where the apiserver keeps it, or a v1.24+ apiserver would be patched forever.
+// writeDigest sums what a write puts on the Node: the annotation (the whole status) and the condition.
+func writeDigest(annotation string, cond corev1.NodeCondition) uint64 {
+	h := fnv.New64a()
+	for _, part := range []string{annotation, string(cond.Status), cond.Reason, cond.Message} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	return h.Sum64()
+}
+
 func upToDate(node *corev1.Node, annotation string, status *corev1.NodeConfigStatus, cond corev1.NodeCondition) bool {
 	if node.Annotations[nodeconfig.StatusAnnotation] != annotation {
 		return false

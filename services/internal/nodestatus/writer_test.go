@@ -316,3 +316,56 @@ func TestReplicaThatNoLongerServesANodeWritesNothingOld(t *testing.T) {
 		t.Errorf("replica A wrote %v times, want once (its own report, while it served the node)", testutil.ToFloat64(m.writes.WithLabelValues("written")))
 	}
 }
+
+// staleLister serves the Node as it was when the test began: the informer cache has not seen any patch yet.
+type staleLister struct {
+	corelisters.NodeLister
+	node *corev1.Node
+}
+
+func (l staleLister) Get(string) (*corev1.Node, error) { return l.node.DeepCopy(), nil }
+
+// TestLaggingCacheCostsNoSecondPatch: a report written, then the same status asked for again before the
+// cache shows the first patch (a queued write right behind a report, a retried report), patches once; a
+// different status is still written at once, and the last one is never skipped.
+func TestLaggingCacheCostsNoSecondPatch(t *testing.T) {
+	const name = "n1"
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "7"}}
+	client := fake.NewClientset(node)
+	m := NewMetrics(prometheus.NewRegistry())
+	w := New(Config{Log: zap.NewNop(), Client: client, Nodes: staleLister{node: node}, Table: assignment.NewTable(nil), Metrics: m})
+	patches := func() int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "patch" {
+				n++
+			}
+		}
+		return n
+	}
+	observed := time.Now()
+	report := func(st corev1.NodeConfigStatus) {
+		t.Helper()
+		observed = observed.Add(time.Second)
+		if err := w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
+			Status: wire.StatusFromCore(&st), ObservedTime: timestamppb.New(observed)}); err != nil {
+			t.Fatalf("Report: %v", err)
+		}
+	}
+	first := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1")}
+	report(first)
+	report(first)
+	if err := w.write(context.Background(), name); err != nil {
+		t.Fatal(err)
+	}
+	if got := patches(); got != 1 {
+		t.Fatalf("%d patches for one status over a cache that lags, want 1", got)
+	}
+	report(corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1"), LastKnownGood: cm("1")})
+	if got := patches(); got != 2 {
+		t.Fatalf("%d patches after a new status, want 2", got)
+	}
+	if got := annotationOf(t, getNode(t, client, name)); got.LastKnownGood == nil {
+		t.Fatalf("the new status is not on the Node: %+v", got)
+	}
+}

@@ -188,3 +188,43 @@ func TestReconnectsAfterADrainSpread(t *testing.T) {
 		t.Errorf("default spread gave %v, want below %v", d, DefaultSpread)
 	}
 }
+
+// TestReportAfterIsDroppedWhenSuperseded: a status reported for later is not sent when another report follows
+// within its delay (a quick restart), and is sent once the delay passes without one (a slow restart).
+func TestReportAfterIsDroppedWhenSuperseded(t *testing.T) {
+	svc := &awayService{}
+	c := startReporter(t, svc)
+	assigned := &dkcv1.NodeConfigStatus{Error: "assigned, restarting"}
+	running := &dkcv1.NodeConfigStatus{Error: "running"}
+	acked := func() (n int, last string) {
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		return len(svc.numbers), svc.last.GetError()
+	}
+	waitFor := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if _, last := acked(); last == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				_, last := acked()
+				t.Fatalf("last acknowledged status %q, want %q", last, want)
+			}
+		}
+	}
+
+	c.ReportAfter(assigned, "", 200*time.Millisecond)
+	c.Report(running, "", nil)
+	waitFor("running")
+	time.Sleep(400 * time.Millisecond) // past the superseded report's delay
+	if n, last := acked(); n != 1 || last != "running" {
+		t.Fatalf("%d reports acknowledged, last %q; want only the superseding one", n, last)
+	}
+
+	c.ReportAfter(assigned, "", 100*time.Millisecond)
+	if n, _ := acked(); n != 1 {
+		t.Fatalf("a status reported for later was sent at once")
+	}
+	waitFor("assigned, restarting")
+}

@@ -64,7 +64,7 @@ func TestStreamsPerConnectionAreCapped(t *testing.T) {
 		}
 	}
 	last := uint32(2*capacity + 1)
-	advertised := false
+	advertised, noTable := false, false
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -78,6 +78,9 @@ func TestStreamsPerConnectionAreCapped(t *testing.T) {
 			if v, ok := f.Value(http2.SettingMaxConcurrentStreams); ok && v == uint32(capacity) {
 				advertised = true
 			}
+			if v, ok := f.Value(http2.SettingHeaderTableSize); ok && v == 0 {
+				noTable = true
+			}
 			if err := fr.WriteSettingsAck(); err != nil {
 				t.Fatal(err)
 			}
@@ -87,6 +90,10 @@ func TestStreamsPerConnectionAreCapped(t *testing.T) {
 			}
 			if !advertised {
 				t.Errorf("the server did not advertise SETTINGS_MAX_CONCURRENT_STREAMS=%d", capacity)
+			}
+			// Clients keep no headers (tokens) in the server's HPACK table: it would cost every connection.
+			if !noTable {
+				t.Errorf("the server did not advertise SETTINGS_HEADER_TABLE_SIZE=0")
 			}
 			return
 		}

@@ -128,7 +128,7 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 	st, err = d.waitStatus(ctx, "the validation error with last-known-good active", func(s corev1.NodeConfigStatus) bool {
-		return isCM(s.Assigned, badCM) && isCM(s.Active, goodCM) && s.Error == "failed to validate config, see Kubelet log for details"
+		return isCM(s.Assigned, badCM) && isCM(s.Active, goodCM) && s.Error == string(nodeconfig.ValidateError)
 	})
 	if err != nil {
 		return err

@@ -11,10 +11,22 @@ import (
 	"time"
 )
 
-// Serve serves handler on addr until ctx ends, then shuts down, giving requests in flight up to grace. With
-// tlsConfig it serves HTTPS (the certificate comes from tlsConfig). what names the listener in errors.
-func Serve(ctx context.Context, what, addr string, handler http.Handler, tlsConfig *tls.Config, grace time.Duration) error {
-	srv := &http.Server{Addr: addr, Handler: handler, TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second}
+// Listener is one HTTP listener.
+type Listener struct {
+	// Name names the listener in errors ("metrics", "admission webhook").
+	Name    string
+	Addr    string
+	Handler http.Handler
+	// TLS, if not nil, makes it HTTPS; the certificate comes from it.
+	TLS *tls.Config
+	// Grace is how long requests in flight get at shutdown.
+	Grace time.Duration
+}
+
+// Serve serves l until ctx ends, then shuts down.
+func Serve(ctx context.Context, l Listener) error {
+	what, addr, tlsConfig := l.Name, l.Addr, l.TLS
+	srv := &http.Server{Addr: addr, Handler: l.Handler, TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second}
 	errc := make(chan error, 1)
 	go func() {
 		var err error
@@ -31,7 +43,7 @@ func Serve(ctx context.Context, what, addr string, handler http.Handler, tlsConf
 		return fmt.Errorf("serve %s on %s: %w", what, addr, err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	sctx, cancel := context.WithTimeout(context.Background(), l.Grace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shut down %s on %s: %w", what, addr, err)

@@ -20,7 +20,8 @@ func TestServeUntilContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(ctx, "test", addr, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }), nil, time.Second)
+		done <- Serve(ctx, Listener{Name: "test", Addr: addr, Grace: time.Second,
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })})
 	}()
 	var body string
 	for i := 0; i < 100; i++ {
@@ -53,7 +54,7 @@ func TestServeReportsAListenFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lis.Close()
-	err = Serve(context.Background(), "metrics", lis.Addr().String(), http.NotFoundHandler(), nil, time.Second)
+	err = Serve(context.Background(), Listener{Name: "metrics", Addr: lis.Addr().String(), Handler: http.NotFoundHandler(), Grace: time.Second})
 	if err == nil || !strings.Contains(err.Error(), "serve metrics on "+lis.Addr().String()) {
 		t.Fatalf("Serve on a taken address = %v, want an error naming the listener and address", err)
 	}

@@ -49,6 +49,8 @@ func TestContractStrings(t *testing.T) {
 		// Where status is written.
 		{"condition type", string(nodeconfig.ConditionType), "ConfigOK"},
 		{"status annotation", nodeconfig.StatusAnnotation, "dkc.dev/config-status"},
+		// Where a source is set.
+		{"source annotation", nodeconfig.SourceAnnotation, "dkc.dev/config-source"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := fmt.Sprint(tc.got); got != tc.want {

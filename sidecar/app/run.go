@@ -113,7 +113,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-		g.Go(func() error { return httpserve.Serve(gctx, "metrics", cfg.MetricsAddress, mux, nil, 5*time.Second) })
+		g.Go(func() error {
+			return httpserve.Serve(gctx, httpserve.Listener{Name: "metrics", Addr: cfg.MetricsAddress, Handler: mux, Grace: 5 * time.Second})
+		})
 	}
 	err = g.Wait()
 	log.Info("dkc-sidecar stopped")

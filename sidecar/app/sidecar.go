@@ -55,7 +55,8 @@ func WithLogger(log *zap.Logger) Option { return func(o *options) { o.log = log 
 // WithServiceManager restarts the kubelet through m instead of --restart-mode: no D-Bus, no unit checks.
 func WithServiceManager(m ServiceManager) Option { return func(o *options) { o.service = m } }
 
-// WithProber asks p about the kubelet instead of its HTTPS endpoints.
+// WithProber asks p about the kubelet instead of its HTTPS endpoints. (The default prober also learns the
+// kubelet's --cert-dir from the checker's results; an injected one is on its own.)
 func WithProber(p Prober) Option { return func(o *options) { o.prober = p } }
 
 // WithChecker checks configs with c instead of the dkc-kubelet-check helper.

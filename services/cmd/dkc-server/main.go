@@ -13,7 +13,6 @@ import (
 	"syscall"
 
 	flag "github.com/spf13/pflag"
-
 	"go.uber.org/zap"
 
 	"github.com/dkc-dev/dkc/internal/zaplog"

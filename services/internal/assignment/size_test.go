@@ -9,7 +9,7 @@ import (
 )
 
 // TestOversizeAssignmentIsRefused: an assignment larger than a node accepts never becomes a node's state:
-// the node keeps what it had and gets TooLargeError, until a version that fits clears it.
+// the node keeps what it had and gets tooLargeError, until a version that fits clears it.
 func TestOversizeAssignmentIsRefused(t *testing.T) {
 	big := func(rv string) State {
 		a := cmAssignment(rv, "h"+rv)
@@ -27,8 +27,8 @@ func TestOversizeAssignmentIsRefused(t *testing.T) {
 	if !tab.Set("new", big("1")) {
 		t.Fatal("oversize first Set did not change the state")
 	}
-	if st, ok, _ := tab.Get("new"); !ok || st.Assignment != nil || st.SyncError != TooLargeError {
-		t.Fatalf("node first assigned an oversize config: %q, %q; want no assignment and %q", st.Assignment.GetContentHash(), st.SyncError, TooLargeError)
+	if st, ok, _ := tab.Get("new"); !ok || st.Assignment != nil || st.SyncError != tooLargeError {
+		t.Fatalf("node first assigned an oversize config: %q, %q; want no assignment and %q", st.Assignment.GetContentHash(), st.SyncError, tooLargeError)
 	}
 
 	good := cmAssignment("1", "h1")
@@ -39,8 +39,8 @@ func TestOversizeAssignmentIsRefused(t *testing.T) {
 			t.Fatalf("%s: oversize Set did not change the state", name)
 		}
 		st, _, ch := tab.Get("a")
-		if st.Assignment != good || st.SyncError != TooLargeError {
-			t.Fatalf("%s: after an oversize assignment the node has %q, %q; want the previous one (h1) and %q", name, st.Assignment.GetContentHash(), st.SyncError, TooLargeError)
+		if st.Assignment != good || st.SyncError != tooLargeError {
+			t.Fatalf("%s: after an oversize assignment the node has %q, %q; want the previous one (h1) and %q", name, st.Assignment.GetContentHash(), st.SyncError, tooLargeError)
 		}
 		// The same oversize assignment again is no change.
 		if tab.Set("a", s) || closed(ch) {

@@ -16,10 +16,10 @@ import (
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
-// TooLargeError is the sync error of a node whose resolved config exceeds what a node accepts
+// tooLargeError is the sync error of a node whose resolved config exceeds what a node accepts
 // (payload.MaxFiles, payload.MaxBytes). A ConfigMap the apiserver accepts can have more keys than a node
 // takes; sending it anyway would only have every node refuse it, after each had received it.
-var TooLargeError = string(nodeconfig.TooLargeError(payload.MaxFiles, payload.MaxBytes>>20))
+var tooLargeError = string(nodeconfig.TooLargeError(payload.MaxFiles, payload.MaxBytes>>20))
 
 // State is a node's desired state.
 type State struct {
@@ -100,7 +100,7 @@ func (t *Table) Get(node string) (State, bool, <-chan struct{}) {
 
 // Set replaces the node's state unless it is the Same; it reports whether it changed. An assignment larger
 // than a node accepts is not taken: the node keeps its previous assignment (none if it had none) with
-// TooLargeError, so that no stream ever sends what the node would refuse. Checking here, where every
+// tooLargeError, so that no stream ever sends what the node would refuse. Checking here, where every
 // desired state enters, rather than in each stream, puts the error on the Node (package nodestatus reads
 // it from here) and costs one check per node and change, not one per send.
 func (t *Table) Set(node string, s State) bool {
@@ -108,7 +108,7 @@ func (t *Table) Set(node string, s State) bool {
 	t.mu.Lock()
 	e, ok := t.nodes[node]
 	if tooLarge {
-		s.Assignment, s.SyncError = nil, TooLargeError
+		s.Assignment, s.SyncError = nil, tooLargeError
 		if ok {
 			s.Assignment = e.state.Assignment
 		}

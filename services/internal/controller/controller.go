@@ -98,6 +98,9 @@ func New(cfg Config) *Controller {
 	return c
 }
 
+// sourceChanged says whether an update may change the node's source. It compares exactly (a source without
+// subfield is not nil here: it is an error to report), unlike nodeconfig.SameSource, which asks whether two
+// sources name the same config.
 func sourceChanged(o, n *corev1.Node) bool {
 	return o.Annotations[nodeconfig.SourceAnnotation] != n.Annotations[nodeconfig.SourceAnnotation] ||
 		!apiequality.Semantic.DeepEqual(o.Spec.ConfigSource, n.Spec.ConfigSource)
@@ -236,7 +239,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	}
 	if c.table.Set(name, assignment.State{Assignment: a}) {
 		c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
-			zap.String("configmap", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
+			zap.String("source", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
 			zap.String("kubeletConfigKey", ref.KubeletConfigKey))
 	}
 	return nil

@@ -212,7 +212,7 @@ func TestAssignmentEncodedOnce(t *testing.T) {
 
 // TestOversizeAssignmentIsNotSent: an assignment larger than a node accepts is never sent (the stream would
 // fail with ResourceExhausted, or the node refuse it, on every reconnect); the node gets
-// assignment.TooLargeError with the assignment it has, and the stream stays open.
+// nodeconfig.TooLargeError with the assignment it has, and the stream stays open.
 func TestOversizeAssignmentIsNotSent(t *testing.T) {
 	table := assignment.NewTable(nil)
 	table.Set("n1", assignment.State{Assignment: assign("1")})
@@ -226,9 +226,9 @@ func TestOversizeAssignmentIsNotSent(t *testing.T) {
 	recv(t, stream)
 	table.Set("n1", assignment.State{Assignment: withFiles("2", payload.MaxBytes)})
 	m := recv(t, stream)
-	if m.GetSyncError() != assignment.TooLargeError || m.GetAssignment().GetContentHash() != "h1" {
+	if m.GetSyncError() != string(nodeconfig.TooLargeError(payload.MaxFiles, payload.MaxBytes>>20)) || m.GetAssignment().GetContentHash() != "h1" {
 		t.Fatalf("after an oversize assignment the node got assignment %q, sync error %q; want h1, %q",
-			m.GetAssignment().GetContentHash(), m.GetSyncError(), assignment.TooLargeError)
+			m.GetAssignment().GetContentHash(), m.GetSyncError(), string(nodeconfig.TooLargeError(payload.MaxFiles, payload.MaxBytes>>20)))
 	}
 	table.Set("n1", assignment.State{Assignment: assign("3")})
 	if m := recv(t, stream); m.GetSyncError() != "" || m.GetAssignment().GetContentHash() != "h3" {

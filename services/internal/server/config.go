@@ -11,7 +11,6 @@ import (
 	"time"
 
 	flag "github.com/spf13/pflag"
-
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 
 	"github.com/dkc-dev/dkc/internal/payload"

@@ -182,14 +182,16 @@ func (s *server) run(ctx context.Context) error {
 	})
 	if cfg.MetricsAddr != "" {
 		g.Go(func() error {
-			return httpserve.Serve(gctx, "metrics", cfg.MetricsAddr, metricsMux(s.reg, s.ctrl.Synced, cfg.Profiling), nil, cfg.ShutdownGrace)
+			return httpserve.Serve(gctx, httpserve.Listener{Name: "metrics", Addr: cfg.MetricsAddr,
+				Handler: metricsMux(s.reg, s.ctrl.Synced, cfg.Profiling), Grace: cfg.ShutdownGrace})
 		})
 	}
 	if cfg.WebhookAddress != "" && s.tlsConfig != nil {
 		mux := http.NewServeMux()
 		mux.Handle(admission.Path, admission.Handler(s.log.Named("admission"), s.namespaces))
 		g.Go(func() error {
-			return httpserve.Serve(gctx, "admission webhook", cfg.WebhookAddress, mux, s.tlsConfig, cfg.ShutdownGrace)
+			return httpserve.Serve(gctx, httpserve.Listener{Name: "admission webhook", Addr: cfg.WebhookAddress, Handler: mux,
+				TLS: s.tlsConfig, Grace: cfg.ShutdownGrace})
 		})
 	}
 	g.Go(func() error {

@@ -850,10 +850,10 @@ func checkConfigFlag(running, local, dynamicConfigDir string) error {
 
 func sourceFields(src *corev1.NodeConfigSource) []zap.Field {
 	if src == nil || src.ConfigMap == nil {
-		return []zap.Field{zap.String("config", "local")}
+		return []zap.Field{zap.String("source", "local")}
 	}
 	cm := src.ConfigMap
-	return []zap.Field{zap.String("configmap", cm.Namespace+"/"+cm.Name), zap.String("uid", string(cm.UID)),
+	return []zap.Field{zap.String("source", cm.Namespace+"/"+cm.Name), zap.String("uid", string(cm.UID)),
 		zap.String("resourceVersion", cm.ResourceVersion), zap.String("kubeletConfigKey", cm.KubeletConfigKey)}
 }
 

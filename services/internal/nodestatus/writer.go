@@ -93,7 +93,10 @@ type Writer struct {
 	reports map[string]report
 	written map[string]lastWrite
 
-	locks [64]sync.Mutex // per-node write serialisation, striped by name
+	// locks serialise writes per node, striped by name. Reports write inline, and a patch takes up to
+	// seconds on a busy apiserver: 64 stripes would let at most 64 writes run at once, fewer a second than
+	// --kube-api-qps allows when thousands of nodes report together; with 1,024 the rate limiter decides.
+	locks [1024]sync.Mutex
 }
 
 // Pending is the queue of nodes whose status is to be written again: the assignment table adds a node whose

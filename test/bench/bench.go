@@ -40,6 +40,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -547,6 +548,9 @@ func (r *run) fanout(ctx context.Context) error {
 		return err
 	}
 	r.res.set("node_writes_per_node_per_assignment", float64(writes)/float64(len(nodes)))
+	counter.mu.Lock()
+	r.res.note("node_write_counter_watch_resumes", float64(counter.resumed))
+	counter.mu.Unlock()
 	writesAfter, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total", map[string]string{"result": "written"})
 	if err != nil {
 		return err
@@ -1157,11 +1161,14 @@ func (r *run) waitLastKnownGood(ctx context.Context, nodes []string, cm, rv stri
 	}
 }
 
-// writeCounter counts Node modifications seen by a watch of the benchmark's Nodes. A watch that errors or
-// closes before stop would undercount: count then fails instead.
+// writeCounter counts Node modifications seen by a watch of the benchmark's Nodes. The apiserver ends watches
+// by itself (its request timeout; a consumer it finds slow, as this busy process can be): the count resumes
+// from the last resourceVersion seen, which loses no event. A watch that cannot resume (that version compacted
+// away) or reports an error would undercount: count then fails instead.
 type writeCounter struct {
 	mu      sync.Mutex
 	n       int
+	resumed int
 	err     error
 	stopped bool
 	w       watch.Interface
@@ -1177,8 +1184,9 @@ func (w *writeCounter) count() (int, error) {
 func (w *writeCounter) stop() {
 	w.mu.Lock()
 	w.stopped = true
+	cur := w.w
 	w.mu.Unlock()
-	w.w.Stop()
+	cur.Stop()
 	<-w.done
 }
 
@@ -1187,30 +1195,54 @@ func (r *run) countNodeWrites(ctx context.Context) (*writeCounter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := r.client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: list.ResourceVersion})
+	open := func(rv string) (watch.Interface, error) {
+		return r.client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: rv})
+	}
+	w, err := open(list.ResourceVersion)
 	if err != nil {
 		return nil, err
 	}
 	c := &writeCounter{w: w, done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
-		for ev := range w.ResultChan() {
-			c.mu.Lock()
-			switch ev.Type {
-			case watch.Modified:
-				c.n++
-			case watch.Error:
-				if c.err == nil {
-					c.err = fmt.Errorf("the Node write counter's watch failed after %d writes: %w", c.n, apierrors.FromObject(ev.Object))
+		rv := list.ResourceVersion
+		for {
+			for ev := range w.ResultChan() {
+				c.mu.Lock()
+				switch ev.Type {
+				case watch.Modified:
+					c.n++
+				case watch.Error:
+					if c.err == nil {
+						c.err = fmt.Errorf("the Node write counter's watch failed after %d writes: %w", c.n, apierrors.FromObject(ev.Object))
+					}
+				}
+				c.mu.Unlock()
+				if m, err := meta.Accessor(ev.Object); err == nil && ev.Type != watch.Error {
+					rv = m.GetResourceVersion()
 				}
 			}
+			c.mu.Lock()
+			if c.stopped || c.err != nil {
+				c.mu.Unlock()
+				return
+			}
 			c.mu.Unlock()
+			next, err := open(rv)
+			c.mu.Lock()
+			if err != nil {
+				c.err = fmt.Errorf("the Node write counter's watch closed after %d writes and could not resume from %s: %w", c.n, rv, err)
+				c.mu.Unlock()
+				return
+			}
+			w, c.w = next, next
+			c.resumed++
+			stopped := c.stopped
+			c.mu.Unlock()
+			if stopped {
+				next.Stop()
+			}
 		}
-		c.mu.Lock()
-		if !c.stopped && c.err == nil {
-			c.err = fmt.Errorf("the Node write counter's watch closed after %d writes", c.n)
-		}
-		c.mu.Unlock()
 	}()
 	return c, nil
 }

@@ -35,11 +35,13 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if cfg.InstallOnly {
 		return installOnly(ctx, cfg, log)
 	}
-	release, err := lockNode(ctx, cfg.DynamicConfigDir, log)
-	if err != nil {
-		return err
+	if !s.o.noNodeLock {
+		release, err := lockNode(ctx, cfg.DynamicConfigDir, log)
+		if err != nil {
+			return err
+		}
+		defer release()
 	}
-	defer release()
 	svc, closeSvc, err := s.serviceManager(ctx, log)
 	if err != nil {
 		return err

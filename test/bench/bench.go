@@ -1281,20 +1281,11 @@ func simLogger(path string) (*zap.Logger, error) {
 	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(f), zapcore.WarnLevel)), nil
 }
 
-// raiseFileLimit lifts the open-file limit: every simulated node holds a connection and its node lock (a real
-// node's sidecar is a process of its own), so 10,000 of them need more than a login's usual hard limit. As
-// root the hard limit is raised to the kernel's nr_open; otherwise the soft limit to the hard one.
+// raiseFileLimit lifts the soft open-file limit to the hard one: every simulated node holds a connection.
 func raiseFileLimit() error {
 	var l syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
 		return err
-	}
-	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
-		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && n > l.Max {
-			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: n, Max: n}); err == nil {
-				return nil
-			}
-		}
 	}
 	l.Cur = l.Max
 	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)

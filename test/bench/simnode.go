@@ -216,7 +216,7 @@ func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, er
 		DynamicConfigDir: dynamic, KubeletConfig: local, HostProc: "/proc",
 		TrialDuration: cfg.trial, HealthTimeout: 10 * time.Second, KeepCheckpoints: 1,
 	}, app.WithLogger(log), app.WithServiceManager(kubelet), app.WithProber(kubelet), app.WithChecker(cfg.checker),
-		app.WithKubeletFlags([]string{}),
+		app.WithKubeletFlags([]string{}), app.WithoutNodeLock(),
 		// Trial checks every second, not every 10s: a real cluster's nodes tick independently, while the
 		// tickers of nodes started together here would promote their configs in bursts of hundreds.
 		app.WithTrialCheckInterval(time.Second),

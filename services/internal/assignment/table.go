@@ -64,17 +64,16 @@ type Table struct {
 	// forever for every Node deleted while its sidecar watched (Delete wakes the stream, which asks again).
 	// The price is a spurious wake-up of the other stateless waiters of the stripe, who ask again and find
 	// nothing new; there are few of them (nodes the service has not resolved yet, or no longer has).
-	unknown     [unknownStripes]chan struct{}
-	onSyncError func(node string)
-	now         func() time.Time
+	unknown  [unknownStripes]chan struct{}
+	onChange func(node string)
+	now      func() time.Time
 }
 
-// NewTable returns an empty table. onSyncError, if not nil, is called (outside the lock) after a node's sync
-// error changed or the node was deleted: that is all of a node's status the service writes unprompted (the
-// node reports the rest), so a new assignment alone queues no status write — one would only race the
-// node's own report of it and write the same status twice.
-func NewTable(onSyncError func(node string)) *Table {
-	t := &Table{nodes: map[string]*entry{}, onSyncError: onSyncError, now: time.Now}
+// NewTable returns an empty table. onChange, if not nil, is called (outside the lock) after a node's state
+// changed or the node was deleted. (The status writer takes it: a sync error to write, or, for a node
+// another replica serves, a report to let go of.)
+func NewTable(onChange func(node string)) *Table {
+	t := &Table{nodes: map[string]*entry{}, onChange: onChange, now: time.Now}
 	for i := range t.unknown {
 		t.unknown[i] = make(chan struct{})
 	}
@@ -118,7 +117,6 @@ func (t *Table) Set(node string, s State) bool {
 		return false
 	}
 	s.Changed = t.now()
-	syncErrorChanged := (ok && e.state.SyncError != s.SyncError) || (!ok && s.SyncError != "")
 	if ok {
 		e.state = s
 		close(e.changed)
@@ -130,8 +128,8 @@ func (t *Table) Set(node string, s State) bool {
 		t.unknown[i] = make(chan struct{})
 	}
 	t.mu.Unlock()
-	if syncErrorChanged && t.onSyncError != nil {
-		t.onSyncError(node)
+	if t.onChange != nil {
+		t.onChange(node)
 	}
 	return true
 }
@@ -157,8 +155,8 @@ func (t *Table) Delete(node string) {
 		close(e.changed)
 	}
 	t.mu.Unlock()
-	if ok && t.onSyncError != nil {
-		t.onSyncError(node)
+	if ok && t.onChange != nil {
+		t.onChange(node)
 	}
 }
 

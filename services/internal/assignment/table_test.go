@@ -58,10 +58,8 @@ func TestTable(t *testing.T) {
 	if !closed(ch) || tab.Len() != 0 {
 		t.Fatal("Delete did not wake waiters or forget the node")
 	}
-	// Called for the sync error set, the sync error cleared by the new resourceVersion, and the deletion; not
-	// for a new assignment alone.
-	if want := []string{"a", "a", "a"}; len(changes) != len(want) {
-		t.Errorf("onSyncError calls = %v, want %v", changes, want)
+	if want := []string{"a", "a", "a", "a"}; len(changes) != len(want) {
+		t.Errorf("onChange calls = %v, want %v", changes, want)
 	}
 }
 

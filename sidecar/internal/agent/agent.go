@@ -63,15 +63,6 @@ type Prober interface {
 	Configz(ctx context.Context, kc *configcheck.Checked) (map[string]any, error)
 }
 
-// AssignedReportDelay is how long the status "assigned, not yet running" waits before it is reported: a
-// restart done sooner (the usual case) reports its outcome instead.
-const AssignedReportDelay = 10 * time.Second
-
-// laterReporter is a Reporter that can hold a status back (client.Client.ReportAfter).
-type laterReporter interface {
-	ReportAfter(status *dkcv1.NodeConfigStatus, message string, d time.Duration)
-}
-
 // Reporter delivers status to the config service, retrying until acknowledged; implemented by the client.
 type Reporter interface {
 	// Report records the node's latest status and, if restart is not nil, queues that restart behind the
@@ -277,13 +268,14 @@ func (a *Agent) Apply(ctx context.Context, d Desired) {
 		before, _ := a.store.Assigned()
 		a.assign(ctx, d.Assignment)
 		if after, err := a.store.Assigned(); err == nil && !nodeconfig.SameSource(before, after) {
-			// Say what is assigned before restarting into it when the restart takes long: until then the
-			// Node shows the previous assignment as assigned and active while the kubelet may already be
-			// restarting into another (a start-limit wait, a kubelet slow to come up). A restart done sooner
-			// reports the outcome instead, and the Node is written once, not twice. The new assignment is
-			// not judged yet, so the old one's error does not carry over to it.
+			// Say what is assigned before restarting into it, as the original's status did: a restart and
+			// its health wait take seconds, and until now the Node would show the previous assignment as
+			// assigned and active while the kubelet already restarts into another. The new assignment is not
+			// judged yet, so the old one's error does not carry over to it. (Reported at once: holding it
+			// back until the restart is done left a re-registered Node showing its deleted object's
+			// assignment for the whole restart — TestNodeDeletedAndRejoined.)
 			a.configError, a.detail = "", ""
-			a.reportAfter(AssignedReportDelay)
+			a.report()
 		}
 	}
 	a.reconcile(ctx)
@@ -746,19 +738,6 @@ func (a *Agent) Status() (*dkcv1.NodeConfigStatus, string) {
 		LastKnownGood: wire.SourceFromCore(lkg),
 		Error:         string(errText),
 	}, detail
-}
-
-// reportAfter reports the status unless another report follows within d (see AssignedReportDelay); with a
-// reporter that cannot wait, or restarts to deliver, it reports at once.
-func (a *Agent) reportAfter(d time.Duration) {
-	later, ok := a.reporter.(laterReporter)
-	if !ok || len(a.pendingRestarts) > 0 || !a.activeRecorded {
-		a.report()
-		return
-	}
-	st, detail := a.Status()
-	a.metrics.set(st)
-	later.ReportAfter(st, detail, d)
 }
 
 func (a *Agent) report() {

@@ -706,35 +706,3 @@ func TestRefusedConfigzOfAConfigThatChangesAuthIsItsFault(t *testing.T) {
 	n.apply(assignment("u", "1", cfgHeader+"authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: false\n"), "")
 	n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
 }
-
-// laterReporter records ReportAfter calls besides reports.
-type laterRecorder struct {
-	recordingReporter
-	later []*dkcv1.NodeConfigStatus
-	delay time.Duration
-}
-
-func (r *laterRecorder) ReportAfter(st *dkcv1.NodeConfigStatus, _ string, d time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.later, r.delay = append(r.later, st), d
-}
-
-// TestAssignedNotRunningIsReportedForLater: the status "assigned, not yet running" goes to the reporter as a
-// report for later (AssignedReportDelay), so that a restart done sooner costs one Node write, not two; the
-// outcome is reported at once.
-func TestAssignedNotRunningIsReportedForLater(t *testing.T) {
-	n := newNode(t)
-	n.apply(&dkcv1.Assignment{}, "") // local, proven: the node has a recorded active config
-	rec := &laterRecorder{}
-	n.agent.reporter = rec
-	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if len(rec.later) != 1 || rv(rec.later[0].GetAssigned()) != "1" || rv(rec.later[0].GetActive()) != "local" || rec.delay != AssignedReportDelay {
-		t.Fatalf("reports for later %v (delay %v); want one: assigned 1, active local, after %v", rec.later, rec.delay, AssignedReportDelay)
-	}
-	if st := rec.last; rv(st.GetAssigned()) != "1" || rv(st.GetActive()) != "1" {
-		t.Fatalf("last report %v; want assigned and active 1", st)
-	}
-}

@@ -81,8 +81,6 @@ type Client struct {
 	mu       sync.Mutex
 	sequence uint64
 	pending  *dkcv1.ReportStatusRequest // latest unacknowledged report
-	// provisional is a ReportAfter status waiting out its delay; any Report supersedes it.
-	provisional *dkcv1.ReportStatusRequest
 	// restarts not yet acknowledged, oldest first. A report carries one restart (one Event); the head rides
 	// on every report until acknowledged, then the next one does, so none is lost while the service is away.
 	restarts []*dkcv1.KubeletRestart
@@ -230,31 +228,8 @@ func (c *Client) Report(st *dkcv1.NodeConfigStatus, message string, restart *dkc
 		c.restarts = append(c.restarts, restart)
 	}
 	c.pending = c.newRequest(st, message)
-	c.provisional = nil // superseded
 	c.mu.Unlock()
 	c.poke()
-}
-
-// ReportAfter records a status that is sent only if no other report follows within d: a state the next
-// moments will most likely replace. An assignment the kubelet is restarting into is one: a quick restart
-// makes it news of nothing (one Node write fewer per node and assignment), a slow one — a start-limit
-// wait, a kubelet slow to come up — still shows it after d.
-func (c *Client) ReportAfter(st *dkcv1.NodeConfigStatus, message string, d time.Duration) {
-	c.mu.Lock()
-	req := c.newRequest(st, message)
-	c.provisional = req
-	c.mu.Unlock()
-	time.AfterFunc(d, func() {
-		c.mu.Lock()
-		send := c.provisional == req
-		if send {
-			c.pending, c.provisional = req, nil
-		}
-		c.mu.Unlock()
-		if send {
-			c.poke()
-		}
-	})
 }
 
 // newRequest numbers a new status; c.mu is held.

@@ -23,6 +23,7 @@ require (
 	go.uber.org/zap v1.28.0
 	golang.org/x/net v0.51.0
 	golang.org/x/sync v0.24.0
+	golang.org/x/sys v0.44.0
 	golang.org/x/time v0.9.0
 	google.golang.org/grpc v1.81.0
 	google.golang.org/protobuf v1.36.12
@@ -135,7 +136,6 @@ require (
 	golang.org/x/crypto v0.48.0 // indirect
 	golang.org/x/exp v0.0.0-20250620022241-b7579e27df2b // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
-	golang.org/x/sys v0.44.0 // indirect
 	golang.org/x/term v0.40.0 // indirect
 	golang.org/x/text v0.34.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260226221140-a57be14db171 // indirect

@@ -174,6 +174,9 @@ func TestRealNodeConfigLifecycle(t *testing.T) {
 	// A config that validates but keeps the kubelet from starting is rolled back to last-known-good.
 	createConfigMap(t, "real-broken", map[string]string{"kubelet": kubeletConfig(t, "containerRuntimeEndpoint: unix:///run/dkc-no-such-runtime.sock\n")})
 	setSource(t, client, realNode, cmSource("real-broken"))
+	// While the sidecar waits for the kubelet to come up healthy, dkc-server writes the restart in progress
+	// once --restarting-status-delay (10s, under HealthTimeout) has passed without an outcome.
+	waitNodeStatus(t, realNode, "real-broken@"+mustRV(t, "real-broken"), goodName, goodName, "", devclustertest.HealthTimeout+time.Minute)
 	waitNodeStatus(t, realNode, "real-broken@"+mustRV(t, "real-broken"), goodName, goodName, string(nodeconfig.HealthError), devclustertest.HealthTimeout+2*time.Minute)
 	if got := configz(t, realNode)["eventRecordQPS"]; got != float64(7) {
 		t.Errorf("after rollback configz eventRecordQPS = %v, want 7 (last-known-good)", got)

@@ -47,6 +47,15 @@ type report struct {
 	status  *dkcv1.NodeConfigStatus
 	message string
 	order   reportOrder
+	// restarting is when the node's reports began to say "assigned, not yet running" (restarting); zero
+	// while they do not.
+	restarting time.Time
+}
+
+// restarting says whether a reported status is a restart in progress: a config assigned and not yet
+// running, with no error. Its outcome (running, or an error and the rollback) follows within seconds.
+func restarting(st *dkcv1.NodeConfigStatus) bool {
+	return st.GetError() == "" && !wire.SameSource(st.GetAssigned(), st.GetActive())
 }
 
 // lastWrite is what this replica last patched onto a node's Node: the cached Node's resourceVersion the
@@ -88,6 +97,8 @@ type Writer struct {
 	metrics *Metrics
 	queue   workqueue.TypedRateLimitingInterface[string]
 	serving func(node string) bool // nil: every node (a single replica)
+	// restartDelay is how long a restart in progress waits for its outcome before it is written.
+	restartDelay time.Duration
 
 	mu      sync.Mutex
 	reports map[string]report
@@ -137,6 +148,12 @@ type Config struct {
 	// status back on the Node. A report that arrives is still written at once (its node is talking to this
 	// replica). nil: every node (a single replica).
 	Serving func(node string) bool
+	// RestartingDelay is how long a node's report of a restart in progress ("assigned, not yet running")
+	// waits for the restart's outcome before it is written. The sidecar reports the outcome seconds later;
+	// when it arrives within the delay, only the outcome is written, and an assignment costs the Node two
+	// writes (running, then last-known-good) instead of three. The original kubelet exited to restart right
+	// after recording the assignment, so its Node rarely showed that step either. 0: written at once.
+	RestartingDelay time.Duration
 }
 
 // New returns a Writer.
@@ -146,7 +163,7 @@ func New(cfg Config) *Writer {
 	}
 	return &Writer{
 		log: cfg.Log, client: cfg.Client, nodes: cfg.Nodes, table: cfg.Table, clock: clock.RealClock{}, metrics: cfg.Metrics,
-		queue: cfg.Pending.queue, serving: cfg.Serving, reports: map[string]report{}, written: map[string]lastWrite{},
+		queue: cfg.Pending.queue, serving: cfg.Serving, restartDelay: cfg.RestartingDelay, reports: map[string]report{}, written: map[string]lastWrite{},
 	}
 }
 
@@ -162,6 +179,9 @@ var (
 	errNotCached = errors.New("node not in the node cache yet")
 	// errNoReport: the node has no report here (none received, or dropped as its Node is gone).
 	errNoReport = errors.New("no status report of the node")
+	// errHeld: the report is a restart in progress, queued to be written when RestartingDelay has passed
+	// unless its outcome is reported first.
+	errHeld = errors.New("restart in progress: status held for its outcome")
 )
 
 // Report accepts a node's status report: it records the kubelet restart's Event, if any, and writes the
@@ -172,12 +192,22 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	if req.GetObservedTime() == nil {
 		order.observed = w.clock.Now()
 	}
+	r := report{status: req.GetStatus(), message: req.GetMessage(), order: order}
 	w.mu.Lock()
-	if prev, ok := w.reports[node]; ok && order.before(prev.order) {
+	prev, had := w.reports[node]
+	if had && order.before(prev.order) {
 		w.mu.Unlock()
 		return ErrStale
 	}
-	w.reports[node] = report{status: req.GetStatus(), message: req.GetMessage(), order: order}
+	if restarting(r.status) {
+		// Held from the first report of the restart: a node whose restarts keep being replaced by newer
+		// assignments still shows one after RestartingDelay.
+		r.restarting = w.clock.Now()
+		if had && !prev.restarting.IsZero() {
+			r.restarting = prev.restarting
+		}
+	}
+	w.reports[node] = r
 	w.mu.Unlock()
 	var eventErr error
 	if r := req.GetRestart(); r != nil {
@@ -198,7 +228,7 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		}
 	}
 	if eventErr != nil {
-		if err := w.write(ctx, node); err != nil && !errors.Is(err, errNotCached) {
+		if err := w.write(ctx, node); err != nil && !errors.Is(err, errNotCached) && !errors.Is(err, errHeld) {
 			return err
 		}
 		return fmt.Errorf("%w (status written; send the report again for its event)", eventErr)
@@ -210,6 +240,8 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		return nil
 	case errors.Is(err, errNoReport):
 		return ErrNodeGone // dropped meanwhile: the Node was found gone
+	case errors.Is(err, errHeld):
+		return nil // acknowledged: written from the queue unless the outcome comes first
 	default:
 		return err
 	}
@@ -271,7 +303,7 @@ func (w *Writer) processNext(ctx context.Context) bool {
 		return true
 	}
 	switch err := w.write(ctx, node); {
-	case err == nil, errors.Is(err, errNoReport), errors.Is(err, ErrNodeGone):
+	case err == nil, errors.Is(err, errNoReport), errors.Is(err, ErrNodeGone), errors.Is(err, errHeld):
 		w.queue.Forget(node)
 	case errors.Is(err, errNotCached):
 		w.queue.AddRateLimited(node) // until the cache catches up: not worth a warning
@@ -285,11 +317,17 @@ func (w *Writer) processNext(ctx context.Context) bool {
 // Desired is the status the node should carry: the reported one, with the service's sync error in place of
 // the reported error while there is one. ok is false when the node has not reported to this replica.
 func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message string, ok bool) {
+	status, message, _, ok = w.desired(node)
+	return status, message, ok
+}
+
+// desired is Desired, and how much longer the status waits for its restart's outcome (0: none).
+func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string, hold time.Duration, ok bool) {
 	w.mu.Lock()
 	r, ok := w.reports[node]
 	w.mu.Unlock()
 	if !ok {
-		return nil, "", false
+		return nil, "", 0, false
 	}
 	status = wire.StatusToCore(r.status)
 	message = r.message
@@ -297,7 +335,10 @@ func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message 
 		status.Error = st.SyncError
 		message = ""
 	}
-	return status, message, true
+	if !r.restarting.IsZero() && status.Error == "" && w.restartDelay > 0 {
+		hold = max(0, w.restartDelay-w.clock.Since(r.restarting))
+	}
+	return status, message, hold, true
 }
 
 func (w *Writer) lock(node string) *sync.Mutex {
@@ -311,9 +352,14 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	l := w.lock(name)
 	l.Lock()
 	defer l.Unlock()
-	status, message, ok := w.Desired(name)
+	status, message, hold, ok := w.desired(name)
 	if !ok {
 		return errNoReport
+	}
+	if hold > 0 {
+		w.queue.AddAfter(name, hold)
+		w.metrics.write("held")
+		return errHeld
 	}
 	node, err := w.nodes.Get(name)
 	if apierrors.IsNotFound(err) {

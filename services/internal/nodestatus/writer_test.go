@@ -369,3 +369,72 @@ func TestLaggingCacheCostsNoSecondPatch(t *testing.T) {
 		t.Fatalf("the new status is not on the Node: %+v", got)
 	}
 }
+
+// TestRestartInProgressWaitsForItsOutcome: a report of a restart in progress ("assigned, not yet running")
+// is acknowledged and held for RestartingDelay; the outcome reported within it is the only write, and a
+// restart that takes longer is written when the delay has passed. A status with an error is never held.
+func TestRestartInProgressWaitsForItsOutcome(t *testing.T) {
+	const (
+		name  = "n1"
+		delay = 400 * time.Millisecond
+	)
+	running := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1"), LastKnownGood: cm("1")}
+	restartingTo2 := corev1.NodeConfigStatus{Assigned: cm("2"), Active: cm("1"), LastKnownGood: cm("1")}
+	resetting := corev1.NodeConfigStatus{Active: cm("1"), LastKnownGood: cm("1")}
+	runs2 := corev1.NodeConfigStatus{Assigned: cm("2"), Active: cm("2"), LastKnownGood: cm("1")}
+	refused := corev1.NodeConfigStatus{Assigned: cm("2"), Active: cm("1"), LastKnownGood: cm("1"), Error: string(nodeconfig.ValidateError)}
+	for _, tc := range []struct {
+		name string
+		// reports after running, each after the pause before it
+		reports []corev1.NodeConfigStatus
+		pauses  []time.Duration
+		// shown: what the Node shows right after the last report; final: after the delay; writes: patches
+		// after running
+		shown, final corev1.NodeConfigStatus
+		writes       float64
+	}{
+		{"outcome within the delay", []corev1.NodeConfigStatus{restartingTo2, runs2}, []time.Duration{0, delay / 4},
+			runs2, runs2, 1},
+		{"restart slower than the delay", []corev1.NodeConfigStatus{restartingTo2}, []time.Duration{0},
+			running, restartingTo2, 1},
+		{"reset to the local config", []corev1.NodeConfigStatus{resetting}, []time.Duration{0},
+			running, resetting, 1},
+		{"held from the first report of a restart", []corev1.NodeConfigStatus{restartingTo2, resetting}, []time.Duration{0, 3 * delay / 4},
+			running, resetting, 1},
+		{"an error is written at once", []corev1.NodeConfigStatus{refused}, []time.Duration{0},
+			refused, refused, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+			m := NewMetrics(prometheus.NewRegistry())
+			w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil), Metrics: m, RestartingDelay: delay})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() { _ = w.Run(ctx, 1) }()
+			var seq uint64
+			report := func(st corev1.NodeConfigStatus) {
+				t.Helper()
+				seq++
+				if err := w.Report(ctx, name, &dkcv1.ReportStatusRequest{NodeName: name, Status: wire.StatusFromCore(&st), Incarnation: 1, Sequence: seq}); err != nil {
+					t.Fatalf("Report: %v", err)
+				}
+			}
+			report(running)
+			base := testutil.ToFloat64(m.writes.WithLabelValues("written"))
+			for i, st := range tc.reports {
+				time.Sleep(tc.pauses[i])
+				report(st)
+			}
+			if got := annotationOf(t, getNode(t, client, name)); !apiequality.Semantic.DeepEqual(got, tc.shown) {
+				t.Errorf("right after the reports the Node shows %s, want %s", statusJSON(got), statusJSON(tc.shown))
+			}
+			time.Sleep(delay + 300*time.Millisecond)
+			if got := annotationOf(t, getNode(t, client, name)); !apiequality.Semantic.DeepEqual(got, tc.final) {
+				t.Errorf("after the delay the Node shows %s, want %s", statusJSON(got), statusJSON(tc.final))
+			}
+			if got := testutil.ToFloat64(m.writes.WithLabelValues("written")) - base; got != tc.writes {
+				t.Errorf("%v writes after the running status, want %v", got, tc.writes)
+			}
+		})
+	}
+}

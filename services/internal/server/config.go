@@ -45,6 +45,8 @@ type Config struct {
 
 	Workers       int
 	StatusWorkers int
+	// RestartingStatusDelay: see nodestatus.Config.RestartingDelay.
+	RestartingStatusDelay time.Duration
 
 	KeepaliveTime     time.Duration
 	KeepaliveTimeout  time.Duration
@@ -78,6 +80,7 @@ func DefaultConfig() Config {
 		ConfigNamespaces:       []string{"kube-system"}, // where the seed workflow puts configs
 		Workers:                4,
 		StatusWorkers:          4,
+		RestartingStatusDelay:  10 * time.Second,
 		KeepaliveTime:          time.Minute,
 		KeepaliveTimeout:       20 * time.Second,
 		MaxConnectionAge:       30 * time.Minute,
@@ -135,6 +138,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.TokenReviewPeerBurst, "token-review-per-peer-burst", c.TokenReviewPeerBurst, "TokenReviews one caller address may cause at once (nodes sharing an address that reconnect together)")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "nodes resolved in parallel")
 	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers, "node status writes in parallel (sync errors; reports write inline)")
+	fs.DurationVar(&c.RestartingStatusDelay, "restarting-status-delay", c.RestartingStatusDelay, "how long a node's \"config assigned, kubelet not yet running it\" status waits for the kubelet restart's outcome before it is written to the Node; an outcome reported in time is written instead, which saves a Node write per assignment (the original kubelet exited to restart before writing that step, too). 0 writes it at once")
 	fs.DurationVar(&c.KeepaliveTime, "keepalive-time", c.KeepaliveTime, "ping an idle connection after this long, to find dead nodes")
 	fs.DurationVar(&c.KeepaliveTimeout, "keepalive-timeout", c.KeepaliveTimeout, "close a connection whose ping is unanswered this long")
 	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", c.MaxConnectionAge, "ask clients to reconnect after this long, spreading nodes over replicas; resuming streams re-deliver nothing")
@@ -176,6 +180,9 @@ func (c Config) Validate() error {
 		if msgs := apivalidation.ValidateNamespaceName(ns, false); len(msgs) > 0 {
 			errs = append(errs, fmt.Errorf("--config-namespaces: %q is not a namespace name: %s", ns, strings.Join(msgs, "; ")))
 		}
+	}
+	if c.RestartingStatusDelay < 0 {
+		errs = append(errs, errors.New("--restarting-status-delay must not be negative"))
 	}
 	if c.Workers < 1 || c.StatusWorkers < 1 {
 		errs = append(errs, errors.New("--workers and --status-workers must be at least 1"))

@@ -117,7 +117,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// node that moved to another replica would otherwise get this replica's older report written back.
 	streams := rpc.NewStreams()
 	s.writer = nodestatus.New(nodestatus.Config{Log: log.Named("nodestatus"), Client: client, Nodes: nodeInformer.Lister(), Table: table,
-		Metrics: nodestatus.NewMetrics(s.reg), Pending: pending, Serving: streams.Serving})
+		Metrics: nodestatus.NewMetrics(s.reg), Pending: pending, Serving: streams.Serving, RestartingDelay: cfg.RestartingStatusDelay})
 	reviewClient, err := auth.NewReviewClient(restCfg, cfg.TokenReviewQPS, cfg.TokenReviewBurst)
 	if err != nil {
 		return nil, err

@@ -306,7 +306,7 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 			a.failWrite(as, err)
 			return
 		}
-		if err := a.state.clearAssigned(nil); err != nil {
+		if err := a.state.clearAssigned(nil, nil); err != nil {
 			a.failWrite(as, fmt.Errorf("forget the trial and failures of the previous assignment: %w", err))
 			return
 		}
@@ -338,7 +338,7 @@ func (a *Agent) assign(ctx context.Context, as *dkcv1.Assignment) {
 	// A new assignment gets a fresh trial and a fresh chance. If that cannot be recorded, the old
 	// failures stay in force (nothing that failed before is restarted into), the node says so, and the
 	// retry tick tries again (clearPending: meta/assigned already names it, which alone would end the retry).
-	if err := a.state.clearAssigned(lkg); err != nil {
+	if err := a.state.clearAssigned(src, lkg); err != nil {
 		a.clearPending = true
 		a.failWrite(as, fmt.Errorf("forget the trial and failures of the previous assignment: %w", err))
 		return

@@ -130,18 +130,32 @@ func (f *stateFile) markFailed(src *corev1.NodeConfigSource, reason string) {
 	}
 }
 
-// clearAssigned forgets the trial and the failures when a new config is assigned: each assignment gets a
+// clearAssigned forgets, when src is newly assigned, its trial and the failures: each assignment gets a
 // fresh trial and every config a fresh chance. Failures of lkg (the current last-known-good) are kept: it
 // is the fallback of the new assignment, and a fallback already seen failing must not be restarted into
-// again. The state in memory changes only once it is on disk; on error nothing changed.
-func (f *stateFile) clearAssigned(lkg *corev1.NodeConfigSource) error {
+// again. A trial of another config is left alone: it is read only for its own config (trialStart), src's
+// trial replaces it (startTrial), and a config assigned again gets here again. The file is written only
+// when something changed, which in the common case (the last assignment's trial done, nothing failed)
+// saves a new assignment two of its checkpoint's eight fsyncs. The state in memory changes only once it is
+// on disk; on error nothing changed.
+func (f *stateFile) clearAssigned(src, lkg *corev1.NodeConfigSource) error {
 	next := f.s
-	next.TrialSource, next.TrialStart = nil, nil
+	changed := false
+	if f.s.TrialStart != nil && nodeconfig.SameSource(f.s.TrialSource, src) {
+		next.TrialSource, next.TrialStart = nil, nil
+		changed = true
+	}
 	next.Failed = nil
 	for _, x := range f.s.Failed {
 		if lkg != nil && nodeconfig.SameSource(x.Source, lkg) {
 			next.Failed = append(next.Failed, x)
 		}
+	}
+	if len(next.Failed) != len(f.s.Failed) {
+		changed = true
+	}
+	if !changed {
+		return nil
 	}
 	if err := saveState(f.path, next); err != nil {
 		return err

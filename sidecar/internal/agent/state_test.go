@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/sidecar/internal/checkpoint"
 )
@@ -51,6 +53,9 @@ func TestNewAssignmentAndTheStateFile(t *testing.T) {
 			if err := os.Mkdir(filepath.Join(n.dir, StateFileName), 0o755); err != nil {
 				t.Fatal(err)
 			}
+			// A config that failed before: the new assignment forgets it, so it must write the file (with
+			// nothing to forget it writes nothing).
+			n.agent.state.markFailed(checkpoint.SourceOf(assignment("u", "9", "")), "not healthy after restart")
 			n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
 			n.expect("1", "1", "local", string(nodeconfig.SyncInternalError), 1)
 			if _, detail := n.agent.Status(); !strings.Contains(detail, StateFileName) {
@@ -71,38 +76,42 @@ func TestNewAssignmentAndTheStateFile(t *testing.T) {
 	}
 }
 
-// TestClearAssigned pins what clearAssigned keeps, and that memory follows only a durable write.
+// TestClearAssigned pins what clearAssigned forgets and keeps, that it writes only a change, and that
+// memory follows only a durable write.
 func TestClearAssigned(t *testing.T) {
-	lkg, other := checkpoint.SourceOf(assignment("u", "1", "")), checkpoint.SourceOf(assignment("u", "2", ""))
+	lkg, other, third := checkpoint.SourceOf(assignment("u", "1", "")), checkpoint.SourceOf(assignment("u", "2", "")),
+		checkpoint.SourceOf(assignment("u", "3", ""))
 	now := time.Now()
 	for _, tc := range []struct {
 		name       string
-		lkg        bool // pass the last-known-good (else: a reset, lkg nil)
+		src, lkg   *corev1.NodeConfigSource // assigned now; nil src: a reset to local
+		noFailures bool                     // nothing failed before
 		unwritable bool
 		wantFailed int
+		wantTrial  bool // other's trial still recorded
 		wantErr    bool
 	}{
-		{"new assignment keeps last-known-good's failure", true, false, 1, false},
-		{"reset forgets every failure", false, false, 0, false},
-		{"write fails: nothing changes", true, true, 2, true},
+		{"config assigned again: its trial and failure forgotten, last-known-good's kept", other, lkg, false, false, 1, false, false},
+		{"new config: another's trial stays, failures go", third, lkg, false, false, 1, true, false},
+		{"reset forgets every failure", nil, nil, false, false, 0, true, false},
+		{"nothing to forget: nothing written", third, lkg, true, true, 0, true, false},
+		{"write fails: nothing changes", other, lkg, false, true, 2, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			f := &stateFile{path: filepath.Join(dir, StateFileName)}
 			f.startTrial(other, now)
-			f.markFailed(lkg, "lkg failed")
-			f.markFailed(other, "other failed")
+			if !tc.noFailures {
+				f.markFailed(lkg, "lkg failed")
+				f.markFailed(other, "other failed")
+			}
 			if err := f.save(); err != nil {
 				t.Fatal(err)
 			}
 			if tc.unwritable {
 				f.path = filepath.Join(dir, "no-such-dir", StateFileName)
 			}
-			arg := lkg
-			if !tc.lkg {
-				arg = nil
-			}
-			err := f.clearAssigned(arg)
+			err := f.clearAssigned(tc.src, tc.lkg)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("clearAssigned: %v, want error %v", err, tc.wantErr)
 			}
@@ -112,18 +121,18 @@ func TestClearAssigned(t *testing.T) {
 			if tc.wantFailed == 1 && f.failure(lkg) == "" {
 				t.Errorf("last-known-good's failure forgotten: %+v", f.s.Failed)
 			}
-			if (f.s.TrialStart == nil) == tc.wantErr {
-				t.Errorf("trial start = %v after clearAssigned with error %v", f.s.TrialStart, err)
+			if got := !f.trialStart(other).IsZero(); got != tc.wantTrial {
+				t.Errorf("other's trial recorded = %v, want %v", got, tc.wantTrial)
 			}
-			if tc.wantErr {
+			if tc.wantErr || tc.unwritable {
 				return
 			}
 			disk := &stateFile{path: f.path}
 			if err := disk.load(); err != nil {
 				t.Fatal(err)
 			}
-			if len(disk.s.Failed) != tc.wantFailed || disk.s.TrialStart != nil {
-				t.Errorf("on disk: %+v, want %d failures and no trial", disk.s, tc.wantFailed)
+			if len(disk.s.Failed) != tc.wantFailed || !disk.trialStart(other).IsZero() != tc.wantTrial {
+				t.Errorf("on disk: %+v, want %d failures and other's trial %v", disk.s, tc.wantFailed, tc.wantTrial)
 			}
 		})
 	}

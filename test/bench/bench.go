@@ -900,21 +900,28 @@ func (r *run) allOnShared(ctx context.Context) error {
 	return err
 }
 
-// restartServer restarts dkc-server with the Deployment's GOMEMLIMIT, as production runs it. Only
+// restartServer restarts dkc-server with the Deployment's GOMEMLIMIT and GOGC, as production runs it. Only
 // dkc-server gets it: every process the dev cluster starts inherits this process's environment at that
 // moment, and the apiserver's memory must stay measured as it was.
 func (r *run) restartServer(ctx context.Context) error {
-	old, had := os.LookupEnv("GOMEMLIMIT")
-	if err := os.Setenv("GOMEMLIMIT", r.deployment.goMemLimit); err != nil {
-		return err
+	env := map[string]string{"GOMEMLIMIT": r.deployment.goMemLimit}
+	if r.deployment.goGC != "" {
+		env["GOGC"] = r.deployment.goGC
 	}
-	err := r.cluster.Restart(ctx, "dkc-server")
-	if had {
-		_ = os.Setenv("GOMEMLIMIT", old)
-	} else {
-		_ = os.Unsetenv("GOMEMLIMIT")
+	for k, v := range env {
+		old, had := os.LookupEnv(k)
+		if err := os.Setenv(k, v); err != nil {
+			return err
+		}
+		defer func() {
+			if had {
+				_ = os.Setenv(k, old)
+			} else {
+				_ = os.Unsetenv(k)
+			}
+		}()
 	}
-	return err
+	return r.cluster.Restart(ctx, "dkc-server")
 }
 
 func (r *run) serverMemory(ctx context.Context) (goMemory, error) {

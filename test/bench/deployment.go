@@ -8,17 +8,19 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// deployment is what the shipped dkc-server Deployment gives a replica: its memory limit and GOMEMLIMIT.
-// The benchmark runs dkc-server with the same GOMEMLIMIT and holds the peak RSS to the limit, read from the
-// manifest at run time so that the two cannot drift apart.
+// deployment is what the shipped dkc-server Deployment gives a replica: its memory limit, GOMEMLIMIT and
+// GOGC. The benchmark runs dkc-server with the same GOMEMLIMIT and GOGC and holds the peak RSS to the
+// limit, read from the manifest at run time so that the two cannot drift apart.
 type deployment struct {
 	limit      int64
 	goMemLimit string
+	goGC       string // "" when the manifest sets none (Go's default, 100)
 }
 
 var (
 	memoryLimitRE = regexp.MustCompile(`limits:\s*\{\s*memory:\s*([0-9A-Za-z.]+)\s*\}`)
 	goMemLimitRE  = regexp.MustCompile(`name:\s*GOMEMLIMIT\s*\n\s*value:\s*"?([0-9A-Za-z]+)"?`)
+	goGCRE        = regexp.MustCompile(`name:\s*GOGC\s*\n\s*value:\s*"?([0-9A-Za-z]+)"?`)
 )
 
 // readDeployment reads the manifest at path (deploy/base/server.yaml).
@@ -36,5 +38,9 @@ func readDeployment(path string) (deployment, error) {
 	if err != nil {
 		return deployment{}, fmt.Errorf("%s: limits.memory: %w", path, err)
 	}
-	return deployment{limit: q.Value(), goMemLimit: string(gm[1])}, nil
+	d := deployment{limit: q.Value(), goMemLimit: string(gm[1])}
+	if gc := goGCRE.FindSubmatch(data); gc != nil {
+		d.goGC = string(gc[1])
+	}
+	return d, nil
 }

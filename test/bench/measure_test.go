@@ -68,15 +68,15 @@ func TestReadDeployment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.limit <= 0 || d.goMemLimit == "" {
-		t.Errorf("readDeployment = %+v, want a memory limit and a GOMEMLIMIT", d)
+	if d.limit <= 0 || d.goMemLimit == "" || d.goGC == "" {
+		t.Errorf("readDeployment = %+v, want a memory limit, a GOMEMLIMIT and a GOGC", d)
 	}
 	path := filepath.Join(t.TempDir(), "server.yaml")
 	if err := os.WriteFile(path, []byte("resources:\n  limits: {memory: 1Gi}\nenv:\n  - name: GOMEMLIMIT\n    value: 900MiB\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if d, err = readDeployment(path); err != nil || d.limit != 1<<30 || d.goMemLimit != "900MiB" {
-		t.Errorf("readDeployment = %+v, %v; want 1Gi and 900MiB", d, err)
+	if d, err = readDeployment(path); err != nil || d.limit != 1<<30 || d.goMemLimit != "900MiB" || d.goGC != "" {
+		t.Errorf("readDeployment = %+v, %v; want 1Gi, 900MiB and no GOGC", d, err)
 	}
 }
 

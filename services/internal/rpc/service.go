@@ -143,80 +143,136 @@ func (s *Service) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
 // blocked by a slow node, changes pile up as one: the next message carries only the latest state. A newer
 // stream of the same node ends this one with codes.Aborted; a token that no longer passes its re-check
 // (WithReauthentication) with codes.Unauthenticated.
-func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) error {
-	ctx := stream.Context()
-	node := req.GetNodeName()
-	if err := auth.Authorize(ctx, node); err != nil {
+//
+// The stream's goroutine spends its life parked in the select below, on top of grpc-go's and the
+// interceptors' frames. The runtime halves a goroutine's stack at a collection only while less than a
+// quarter of it is in use, so the depth parked here decides the stack of every connected node: the work
+// is done in helpers kept out of this frame (noinline), the stream's state lives on the heap
+// (watchState), and the service's own logging replaces the logging interceptor for this method
+// (server.newGRPCServer). A send's peak grows the stack to 16 KiB; parked at under 3 KiB it shrinks back
+// to 8 KiB — 8 KiB less per node, measured with dkc's handler, interceptors and TLS at 2,000 streams.
+func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) (err error) {
+	ws, err := s.startWatch(req, stream)
+	if err != nil {
 		return err
 	}
-	w := s.register(node)
-	defer s.unregister(node, w)
-	s.metrics.connected(1)
-	defer s.metrics.connected(-1)
-	log := s.log.With(zap.String("node", node))
-	log.Info("node watching", zap.Bool("resume", req.GetLastApplied() != nil))
-	defer log.Info("node watch ended")
-
-	// What the node has: its applied assignment (nil = unknown: send the first state whatever it is) and
-	// the sync error it holds, told by this or another replica before the reconnect: an error that
-	// cleared meanwhile must be cleared on the node too, even when the assignment is unchanged.
-	var has *dkcv1.Assignment
-	known := req.GetLastApplied() != nil
-	if known {
-		has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
-	}
-	sentSyncError := req.GetSyncError()
-	rc := s.newRecheck(ctx)
-	defer rc.stop()
-	replaced := func() error {
-		log.Info("node watch replaced by a newer stream of the node")
-		return status.Errorf(codes.Aborted, "replaced by a newer WatchConfig stream of node %s on this replica", node)
-	}
+	defer func() { s.endWatch(ws, err) }()
 	for {
 		select {
-		case <-w.replaced: // both may be ready: never send on a replaced stream
-			return replaced()
+		case <-ws.w.replaced: // both may be ready: never send on a replaced stream
+			return ws.replaced()
 		default:
 		}
-		st, ok, changed := s.table.Get(node)
-		if ok {
-			send := !known || st.SyncError != sentSyncError ||
-				(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, has))
-			if send {
-				resp, err := s.encodings.response(st.Assignment, st.SyncError, st.Changed)
-				if err != nil {
-					log.Error("encode config", zap.Error(err))
-					return status.Error(codes.Internal, "encode config")
-				}
-				if err := stream.SendMsg(resp); err != nil {
-					return err
-				}
-				s.metrics.pushed(st.Changed)
-				log.Info("pushed config", zap.String("contentHash", st.Assignment.GetContentHash()),
-					zap.Bool("local", st.Assignment != nil && st.Assignment.GetSource().GetConfigMap() == nil),
-					zap.String("syncError", st.SyncError))
-				known, sentSyncError = true, st.SyncError
-				if st.Assignment != nil {
-					has = st.Assignment
-				}
-			}
+		changed, err := s.push(stream, ws)
+		if err != nil {
+			return err
 		}
 		select {
 		case <-changed:
-		case <-rc.due():
-			rc.start()
-		case res := <-rc.done():
-			if err := rc.handle(res, log); err != nil {
+		case <-ws.rc.due():
+			ws.rc.start()
+		case res := <-ws.rc.done():
+			if err := ws.rc.handle(res, ws.log()); err != nil {
 				return err
 			}
-		case <-ctx.Done():
+		case <-ws.ctx.Done():
 			return nil
-		case <-w.replaced:
-			return replaced()
+		case <-ws.w.replaced:
+			return ws.replaced()
 		case <-s.shutdown:
-			return status.Error(codes.Unavailable, "dkc-server is shutting down; reconnect")
+			return errShuttingDown
 		}
 	}
+}
+
+var errShuttingDown = status.Error(codes.Unavailable, "dkc-server is shutting down; reconnect")
+
+// watchState is one WatchConfig stream's state, off the stack of its goroutine.
+type watchState struct {
+	ctx   context.Context
+	start time.Time
+	node  string
+	w     *watch
+	base  *zap.Logger // the service's logger: a logger made once per stream (log.With) would keep ~1.5 KiB each
+	rc    *recheck
+	// What the node has: its applied assignment (nil = unknown: send the first state whatever it is) and
+	// the sync error it holds, told by this or another replica before the reconnect: an error that
+	// cleared meanwhile must be cleared on the node too, even when the assignment is unchanged.
+	has           *dkcv1.Assignment
+	known         bool
+	sentSyncError string
+}
+
+//go:noinline
+func (s *Service) startWatch(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) (*watchState, error) {
+	ctx := stream.Context()
+	node := req.GetNodeName()
+	if err := auth.Authorize(ctx, node); err != nil {
+		return nil, err
+	}
+	ws := &watchState{ctx: ctx, start: time.Now(), node: node, w: s.register(node), base: s.log}
+	s.metrics.connected(1)
+	ws.log().Info("node watching", zap.Bool("resume", req.GetLastApplied() != nil))
+	ws.known = req.GetLastApplied() != nil
+	if ws.known {
+		ws.has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
+	}
+	ws.sentSyncError = req.GetSyncError()
+	ws.rc = s.newRecheck(ctx)
+	return ws, nil
+}
+
+// log is the stream's logger, made when something is logged.
+func (ws *watchState) log() *zap.Logger { return ws.base.With(zap.String("node", ws.node)) }
+
+// endWatch releases the stream and logs how it ended, with the gRPC code the node gets (the logging
+// interceptor does not see this method).
+//
+//go:noinline
+func (s *Service) endWatch(ws *watchState, err error) {
+	ws.rc.stop()
+	ws.log().Info("node watch ended", zap.Stringer("grpc.code", status.Code(err)), zap.Duration("took", time.Since(ws.start)), zap.Error(err))
+	s.metrics.connected(-1)
+	s.unregister(ws.node, ws.w)
+}
+
+//go:noinline
+func (ws *watchState) replaced() error {
+	ws.log().Info("node watch replaced by a newer stream of the node")
+	return status.Errorf(codes.Aborted, "replaced by a newer WatchConfig stream of node %s on this replica", ws.node)
+}
+
+// push sends the node's state if it differs from what the node has, and returns what to wait on for the
+// next change.
+//
+//go:noinline
+func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchState) (<-chan struct{}, error) {
+	st, ok, changed := s.table.Get(ws.node)
+	if !ok {
+		return changed, nil
+	}
+	send := !ws.known || st.SyncError != ws.sentSyncError ||
+		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has))
+	if !send {
+		return changed, nil
+	}
+	resp, err := s.encodings.response(st.Assignment, st.SyncError, st.Changed)
+	if err != nil {
+		ws.log().Error("encode config", zap.Error(err))
+		return nil, status.Error(codes.Internal, "encode config")
+	}
+	if err := stream.SendMsg(resp); err != nil {
+		return nil, err
+	}
+	s.metrics.pushed(st.Changed)
+	ws.log().Info("pushed config", zap.String("contentHash", st.Assignment.GetContentHash()),
+		zap.Bool("local", st.Assignment != nil && st.Assignment.GetSource().GetConfigMap() == nil),
+		zap.String("syncError", st.SyncError))
+	ws.known, ws.sentSyncError = true, st.SyncError
+	if st.Assignment != nil {
+		ws.has = st.Assignment
+	}
+	return changed, nil
 }
 
 // ReportStatus writes the node's status onto its Node before acknowledging.

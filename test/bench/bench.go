@@ -141,6 +141,7 @@ const (
 
 type run struct {
 	cfg        Config
+	sleeper    *syscallSleeper // the simulated disk's fsync charge; nil with -disk=shared
 	cluster    *devcluster.Cluster
 	rc         *rest.Config
 	client     kubernetes.Interface
@@ -205,11 +206,13 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 		r.res.note("disk_fsync_p50_seconds", percentile(slices.Clone(samples), 0.5).Seconds())
 		r.res.note("disk_fsync_p99_seconds", percentile(slices.Clone(samples), 0.99).Seconds())
-		sleeper := newSyscallSleeper(simulatedFsyncThreads)
-		charged := sleepAccuracy(sleeper.sleep, samples)
+		r.sleeper = newSyscallSleeper(simulatedFsyncThreads)
+		r.sleeper.setPrecise(true)
+		charged := sleepAccuracy(r.sleeper.sleep, samples)
+		r.sleeper.setPrecise(false)
 		r.res.note("disk_fsync_charged_p50_seconds", percentile(slices.Clone(charged), 0.5).Seconds())
 		r.res.note("disk_fsync_charged_p99_seconds", percentile(slices.Clone(charged), 0.99).Seconds())
-		durable.SetFault(fsyncCost(samples, sleeper.sleep))
+		durable.SetFault(fsyncCost(samples, r.sleeper.sleep))
 		defer durable.SetFault(nil)
 	}
 	if r.log, err = simLogger(filepath.Join(cfg.Dir, "simnodes.log")); err != nil {
@@ -446,6 +449,9 @@ func (r *run) propagate(ctx context.Context, nodes, target []string, label strin
 		profiled = r.profile(ctx, "propagation", time.Duration(len(nodes)/r.cfg.PropagationRate)*time.Second)
 	}
 	defer profiled()
+	// Latency, a few checkpoints at a time: fsyncs charged exactly (syscallSleeper).
+	r.sleeper.setPrecise(true)
+	defer r.sleeper.setPrecise(false)
 	start := make([]time.Time, len(nodes))
 	interval := time.Second / time.Duration(r.cfg.PropagationRate)
 	tick := time.NewTicker(interval)

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,9 +29,7 @@ const defaultTmpfs = "/dev/shm"
 
 // simulatedFsyncThreads bounds the simulated fsyncs charged in a blocked thread at once (syscallSleeper).
 // The propagation phase, a change every 40 ms and a checkpoint's fsyncs one after another, has one or two
-// at a time. A thread in a syscall holds its P until the scheduler's monitor takes it back, so thousands of
-// nodes checkpointing at once in this process (a fan-out) would queue behind each other's sleeps on 2
-// cores, which nodes with their own disks and CPUs do not: past this many, time.Sleep, which frees the P.
+// at a time.
 const simulatedFsyncThreads = 8
 
 // fsyncLatencies measures n fsyncs on dir's filesystem, as a sidecar's durable write makes them: a small
@@ -97,14 +96,17 @@ func fsyncCost(samples []time.Duration, sleep func(time.Duration)) durable.Fault
 	}
 }
 
-// syscallSleeper charges a simulated fsync as a real one costs: the calling thread blocked in the kernel
-// for the sample's duration (nanosleep), with the goroutine's P handed to other goroutines meanwhile.
-// time.Sleep cannot charge sub-millisecond fsyncs: the Go scheduler waits for timers in whole milliseconds
-// when it has nothing else to run, so a 0.3 ms sample measured 1.1 ms p50 and 4 ms p99 on this machine
-// while the benchmark ran, and a checkpoint's fsyncs cost three times the disk's. At most threads sleep so
-// (simulatedFsyncThreads); the others fall back to time.Sleep, whose rounding is small against the
-// seconds a fan-out takes.
+// syscallSleeper charges a simulated fsync as a real one costs while precise: the calling thread blocked
+// in the kernel for the sample's duration (nanosleep). time.Sleep cannot charge sub-millisecond fsyncs:
+// the Go scheduler waits for timers in whole milliseconds when it has nothing else to run, so a 0.3 ms
+// sample measured 1.1 ms p50 and 4 ms p99 on this machine while the benchmark ran, and a checkpoint's
+// fsyncs cost three times the disk's. Precise is for latency measurements (propagation), where a few
+// nodes checkpoint at a time. Thousands of nodes checkpointing at once in this one process (a fan-out)
+// would instead hold its 2 Ps in syscalls, stalling every other node's goroutines, which nodes with
+// their own CPUs do not suffer (measured: a 2,000-node fan-out took 4.6 s instead of 0.7 s): there,
+// and past simulatedFsyncThreads, time.Sleep, whose rounding is small against the seconds a fan-out takes.
 type syscallSleeper struct {
+	precise atomic.Bool
 	threads chan struct{}
 }
 
@@ -113,6 +115,10 @@ func newSyscallSleeper(threads int) *syscallSleeper {
 }
 
 func (s *syscallSleeper) sleep(d time.Duration) {
+	if !s.precise.Load() {
+		time.Sleep(d)
+		return
+	}
 	select {
 	case s.threads <- struct{}{}:
 		defer func() { <-s.threads }()
@@ -122,6 +128,13 @@ func (s *syscallSleeper) sleep(d time.Duration) {
 	}
 	ts := unix.NsecToTimespec(d.Nanoseconds())
 	for unix.Nanosleep(&ts, &ts) == unix.EINTR {
+	}
+}
+
+// setPrecise turns precise charging on or off; a nil sleeper (-disk=shared) ignores it.
+func (s *syscallSleeper) setPrecise(on bool) {
+	if s != nil {
+		s.precise.Store(on)
 	}
 }
 

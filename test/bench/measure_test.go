@@ -68,8 +68,8 @@ func TestReadDeployment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.limit <= 0 || d.goMemLimit == "" || d.goGC == "" {
-		t.Errorf("readDeployment = %+v, want a memory limit, a GOMEMLIMIT and a GOGC", d)
+	if d.limit <= 0 || d.goMemLimit == "" {
+		t.Errorf("readDeployment = %+v, want a memory limit and a GOMEMLIMIT", d)
 	}
 	path := filepath.Join(t.TempDir(), "server.yaml")
 	if err := os.WriteFile(path, []byte("resources:\n  limits: {memory: 1Gi}\nenv:\n  - name: GOMEMLIMIT\n    value: 900MiB\n"), 0o644); err != nil {
@@ -77,6 +77,12 @@ func TestReadDeployment(t *testing.T) {
 	}
 	if d, err = readDeployment(path); err != nil || d.limit != 1<<30 || d.goMemLimit != "900MiB" || d.goGC != "" {
 		t.Errorf("readDeployment = %+v, %v; want 1Gi, 900MiB and no GOGC", d, err)
+	}
+	if err := os.WriteFile(path, []byte("resources:\n  limits: {memory: 1Gi}\nenv:\n  - name: GOMEMLIMIT\n    value: 900MiB\n  - name: GOGC\n    value: \"50\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if d, err = readDeployment(path); err != nil || d.goGC != "50" {
+		t.Errorf("readDeployment = %+v, %v; want GOGC 50", d, err)
 	}
 }
 

@@ -186,7 +186,13 @@ var (
 
 // Report accepts a node's status report: it records the kubelet restart's Event, if any, and writes the
 // node's status before returning, so that an acknowledged report is on the Node (the sidecar retries until
-// acknowledged). A report older than the last accepted one is ignored.
+// acknowledged) — except a restart in progress, which is held for RestartingDelay (Config), and a report
+// of a Node not in the cache yet: both are queued. A report older than the last accepted one is ignored.
+//
+// A held status is written when the delay has passed only if the node still streams from this replica
+// (Config.Serving); a node that moved meanwhile is served by the other replica, which its sidecar re-sends
+// the report to. A replica that has not yet seen a half-dead stream end (keepalive) can still write the
+// held status after the other wrote a newer one, until the node's next report corrects it.
 func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) error {
 	order := reportOrder{incarnation: req.GetIncarnation(), sequence: req.GetSequence(), observed: req.GetObservedTime().AsTime()}
 	if req.GetObservedTime() == nil {
@@ -231,7 +237,7 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		if err := w.write(ctx, node); err != nil && !errors.Is(err, errNotCached) && !errors.Is(err, errHeld) {
 			return err
 		}
-		return fmt.Errorf("%w (status written; send the report again for its event)", eventErr)
+		return fmt.Errorf("%w (status written or queued; send the report again for its event)", eventErr)
 	}
 	switch err := w.write(ctx, node); {
 	case errors.Is(err, errNotCached):
@@ -356,17 +362,19 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	if !ok {
 		return errNoReport
 	}
-	if hold > 0 {
-		w.queue.AddAfter(name, hold)
-		w.metrics.write("held")
-		return errHeld
-	}
 	node, err := w.nodes.Get(name)
 	if apierrors.IsNotFound(err) {
+		// Before the hold: a deleted Node's report goes now, not after the delay, when a Node registered
+		// again under the name could be there to take it.
 		return w.dropIfGone(ctx, name)
 	}
 	if err != nil {
 		return fmt.Errorf("get node %s from cache: %w", name, err)
+	}
+	if hold > 0 {
+		w.queue.AddAfter(name, hold)
+		w.metrics.write("held")
+		return errHeld
 	}
 	annotation, err := json.Marshal(status)
 	if err != nil {

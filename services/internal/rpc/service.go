@@ -208,6 +208,7 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigS
 	ctx := stream.Context()
 	node := req.GetNodeName()
 	if err := auth.Authorize(ctx, node); err != nil {
+		s.log.Warn("node watch refused", zap.String("node", node), zap.Stringer("grpc.code", status.Code(err)), zap.Error(err))
 		return nil, err
 	}
 	ws := &watchState{ctx: ctx, start: time.Now(), node: node, w: s.register(node), base: s.log}

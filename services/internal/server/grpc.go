@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -36,7 +37,9 @@ type grpcParts struct {
 
 // newGRPCServer builds the gRPC server. Interceptors run in this order, outermost first:
 //
-//  1. logging  — every call is logged with its outcome, including calls refused by auth;
+//  1. logging  — every call is logged with its outcome, including calls refused by auth; WatchConfig,
+//     whose goroutine is parked on these frames for the stream's life, logs itself instead (a refusal by
+//     auth through watchRefusals);
 //  2. auth     — only for dkc.v1.ConfigService: health and reflection stay open for probes and grpcurl;
 //  3. recovery — a panic in a handler becomes codes.Internal for that call instead of killing the service.
 func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
@@ -64,7 +67,7 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 			// stream's life on top of every interceptor's frame, and the logging interceptor's frames and
 			// fields cost every connected node 8 KiB of stack more (rpc.Service.WatchConfig).
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(logger, logOpts...), notWatchConfig),
-			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(authn.AuthFunc), onlyConfigService),
+			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(watchRefusals(authn.AuthFunc, log.Named("rpc"))), onlyConfigService),
 			recovery.StreamServerInterceptor(recoveryOpts...),
 		),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
@@ -100,6 +103,24 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 	healthpb.RegisterHealthServer(s, healthSrv)
 	reflection.Register(s)
 	return s
+}
+
+// watchRefusals logs the WatchConfig calls authFunc refuses, which the logging interceptor does not see
+// (newGRPCServer). It runs and returns before the handler, so it adds nothing to a stream's parked stack.
+func watchRefusals(authFunc grpcauth.AuthFunc, log *zap.Logger) grpcauth.AuthFunc {
+	return func(ctx context.Context) (context.Context, error) {
+		out, err := authFunc(ctx)
+		if err != nil {
+			if m, _ := grpc.Method(ctx); m == dkcv1.ConfigService_WatchConfig_FullMethodName {
+				var addr string
+				if p, ok := peer.FromContext(ctx); ok {
+					addr = p.Addr.String()
+				}
+				log.Warn("node watch refused", zap.String("peer", addr), zap.Stringer("grpc.code", status.Code(err)), zap.Error(err))
+			}
+		}
+		return out, err
+	}
 }
 
 // interceptorLogger adapts zap to go-grpc-middleware's logging interface.

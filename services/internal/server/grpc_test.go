@@ -2,15 +2,21 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/status"
 
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 	"github.com/dkc-dev/dkc/services/internal/auth"
 	"github.com/dkc-dev/dkc/services/internal/rpc"
@@ -97,5 +103,45 @@ func TestStreamsPerConnectionAreCapped(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+// methodStream names the method of a call's context, as grpc-go's server transport does.
+type methodStream struct {
+	grpc.ServerTransportStream
+	method string
+}
+
+func (m methodStream) Method() string { return m.method }
+
+// TestWatchRefusalsAreLogged: a WatchConfig call that auth refuses is logged (the logging interceptor
+// skips WatchConfig); other methods' refusals are left to the logging interceptor, and a call let through
+// logs nothing.
+func TestWatchRefusalsAreLogged(t *testing.T) {
+	refuse := func(ctx context.Context) (context.Context, error) {
+		return ctx, status.Error(codes.Unauthenticated, "token refused")
+	}
+	admit := func(ctx context.Context) (context.Context, error) { return ctx, nil }
+	for _, tc := range []struct {
+		name     string
+		method   string
+		authFunc func(context.Context) (context.Context, error)
+		wantLogs int
+	}{
+		{"WatchConfig refused", dkcv1.ConfigService_WatchConfig_FullMethodName, refuse, 1},
+		{"WatchConfig admitted", dkcv1.ConfigService_WatchConfig_FullMethodName, admit, 0},
+		{"ReportStatus refused", dkcv1.ConfigService_ReportStatus_FullMethodName, refuse, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			ctx := grpc.NewContextWithServerTransportStream(context.Background(), methodStream{method: tc.method})
+			_, err := watchRefusals(tc.authFunc, zap.New(core))(ctx)
+			if _, want := tc.authFunc(ctx); (err == nil) != (want == nil) {
+				t.Fatalf("error %v, want the auth func's %v", err, want)
+			}
+			if got := logs.FilterMessage("node watch refused").Len(); got != tc.wantLogs {
+				t.Errorf("%d refusal logs, want %d", got, tc.wantLogs)
+			}
+		})
 	}
 }

@@ -130,18 +130,21 @@ func (f *stateFile) markFailed(src *corev1.NodeConfigSource, reason string) {
 	}
 }
 
-// clearAssigned forgets, when src is newly assigned, its trial and the failures: each assignment gets a
+// clearAssigned forgets, when src is newly assigned, the trial and the failures: each assignment gets a
 // fresh trial and every config a fresh chance. Failures of lkg (the current last-known-good) are kept: it
 // is the fallback of the new assignment, and a fallback already seen failing must not be restarted into
-// again. A trial of another config is left alone: it is read only for its own config (trialStart), src's
-// trial replaces it (startTrial), and a config assigned again gets here again. The file is written only
-// when something changed, which in the common case (the last assignment's trial done, nothing failed)
-// saves a new assignment two of its checkpoint's eight fsyncs. The state in memory changes only once it is
-// on disk; on error nothing changed.
+// again. The one trial kept is one that ended in lkg's promotion (unless lkg itself is assigned again): it
+// can promote nothing that is not already last-known-good. Any other trial goes, even though trialStart
+// reads a trial only for its own config: meta/assigned is written before this, and a sidecar that crashes
+// in between never comes back here for the same source, so a trial left behind would promote a config
+// assigned again without a fresh one. The file is written only when something changed, which in the common
+// case (the last assignment promoted, nothing failed) saves a new assignment two of its checkpoint's
+// eight fsyncs. The state in memory changes only once it is on disk; on error nothing changed.
 func (f *stateFile) clearAssigned(src, lkg *corev1.NodeConfigSource) error {
 	next := f.s
 	changed := false
-	if f.s.TrialStart != nil && nodeconfig.SameSource(f.s.TrialSource, src) {
+	promoted := lkg != nil && nodeconfig.SameSource(f.s.TrialSource, lkg) && !nodeconfig.SameSource(src, lkg)
+	if f.s.TrialStart != nil && !promoted {
 		next.TrialSource, next.TrialStart = nil, nil
 		changed = true
 	}

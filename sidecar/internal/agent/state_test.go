@@ -84,23 +84,27 @@ func TestClearAssigned(t *testing.T) {
 	now := time.Now()
 	for _, tc := range []struct {
 		name       string
+		trialOf    *corev1.NodeConfigSource // whose trial is recorded
 		src, lkg   *corev1.NodeConfigSource // assigned now; nil src: a reset to local
 		noFailures bool                     // nothing failed before
 		unwritable bool
 		wantFailed int
-		wantTrial  bool // other's trial still recorded
+		wantTrial  bool // trialOf's trial still recorded
 		wantErr    bool
 	}{
-		{"config assigned again: its trial and failure forgotten, last-known-good's kept", other, lkg, false, false, 1, false, false},
-		{"new config: another's trial stays, failures go", third, lkg, false, false, 1, true, false},
-		{"reset forgets every failure", nil, nil, false, false, 0, true, false},
-		{"nothing to forget: nothing written", third, lkg, true, true, 0, true, false},
-		{"write fails: nothing changes", other, lkg, false, true, 2, true, true},
+		{"config assigned again: its trial and failure forgotten, last-known-good's kept", other, other, lkg, false, false, 1, false, false},
+		// meta/assigned names the new config before this runs: a crash in between would otherwise keep
+		// other's trial for when other is assigned again.
+		{"another config's unpromoted trial goes", other, third, lkg, false, false, 1, false, false},
+		{"the promoted trial stays; nothing else to forget: nothing written", lkg, third, lkg, true, true, 0, true, false},
+		{"last-known-good assigned again: its trial goes", lkg, lkg, lkg, true, false, 0, false, false},
+		{"reset forgets every failure and the trial", other, nil, nil, false, false, 0, false, false},
+		{"write fails: nothing changes", other, other, lkg, false, true, 2, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			f := &stateFile{path: filepath.Join(dir, StateFileName)}
-			f.startTrial(other, now)
+			f.startTrial(tc.trialOf, now)
 			if !tc.noFailures {
 				f.markFailed(lkg, "lkg failed")
 				f.markFailed(other, "other failed")
@@ -121,8 +125,8 @@ func TestClearAssigned(t *testing.T) {
 			if tc.wantFailed == 1 && f.failure(lkg) == "" {
 				t.Errorf("last-known-good's failure forgotten: %+v", f.s.Failed)
 			}
-			if got := !f.trialStart(other).IsZero(); got != tc.wantTrial {
-				t.Errorf("other's trial recorded = %v, want %v", got, tc.wantTrial)
+			if got := !f.trialStart(tc.trialOf).IsZero(); got != tc.wantTrial {
+				t.Errorf("trial recorded = %v, want %v", got, tc.wantTrial)
 			}
 			if tc.wantErr || tc.unwritable {
 				return
@@ -131,8 +135,8 @@ func TestClearAssigned(t *testing.T) {
 			if err := disk.load(); err != nil {
 				t.Fatal(err)
 			}
-			if len(disk.s.Failed) != tc.wantFailed || !disk.trialStart(other).IsZero() != tc.wantTrial {
-				t.Errorf("on disk: %+v, want %d failures and other's trial %v", disk.s, tc.wantFailed, tc.wantTrial)
+			if len(disk.s.Failed) != tc.wantFailed || !disk.trialStart(tc.trialOf).IsZero() != tc.wantTrial {
+				t.Errorf("on disk: %+v, want %d failures and the trial %v", disk.s, tc.wantFailed, tc.wantTrial)
 			}
 		})
 	}

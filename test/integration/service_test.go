@@ -322,7 +322,8 @@ func serverMetric(t *testing.T, series string) float64 {
 }
 
 // TestStatusWriteBack reports an assignment's two steps (checkpointed, then active after a restart) as a
-// sidecar does, and checks annotation, condition, Event and the number of Node writes on the v1.34 apiserver.
+// sidecar does, and checks annotation, condition, Event and the number of Node writes on the v1.34 apiserver:
+// one, as the first step (a restart in progress) waits --restarting-status-delay for the second.
 func TestStatusWriteBack(t *testing.T) {
 	ctx := testContext(t)
 	client := adminClient(t)
@@ -334,6 +335,7 @@ func TestStatusWriteBack(t *testing.T) {
 	svc := serviceClient(t)
 	rctx := withToken(ctx, token)
 	before := statusWrites(t)
+	heldBefore := serverMetric(t, `dkc_server_node_status_writes_total{result="held"}`)
 
 	reportAt := func(st *dkcv1.NodeConfigStatus, restart *dkcv1.KubeletRestart, at time.Time) {
 		t.Helper()
@@ -387,8 +389,11 @@ func TestStatusWriteBack(t *testing.T) {
 	if !managed {
 		t.Errorf("node-1: no status fields managed by dkc-server: %+v", real.ManagedFields)
 	}
-	if n := statusWrites(t) - before; n != 2 {
-		t.Errorf("Node writes for one assignment = %v, want 2", n)
+	if n := statusWrites(t) - before; n != 1 {
+		t.Errorf("Node writes for one assignment = %v, want 1 (the restart in progress held, then replaced by the outcome)", n)
+	}
+	if n := serverMetric(t, `dkc_server_node_status_writes_total{result="held"}`) - heldBefore; n < 1 {
+		t.Errorf("the restart in progress was not held (held writes %v)", n)
 	}
 	events, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=sim-status,reason=KubeletConfigChanged"})
 	if err != nil {

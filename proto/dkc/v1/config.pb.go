@@ -371,7 +371,11 @@ type WatchConfigRequest struct {
 	// The sync error the node holds, as last told by any replica ("" for none). When resuming, the service
 	// sends the node's state if its own sync error differs, so that an error cleared while the node was away
 	// (its source fixed or reset) is cleared on the node too.
-	SyncError     string `protobuf:"bytes,3,opt,name=sync_error,json=syncError,proto3" json:"sync_error,omitempty"`
+	SyncError string `protobuf:"bytes,3,opt,name=sync_error,json=syncError,proto3" json:"sync_error,omitempty"`
+	// The node_uid of the last WatchConfigResponse the node applied ("" if none since the sidecar started).
+	// When resuming, the service sends the node's state if the Node object is another one now (deleted and
+	// registered again under the same name), so that the node's reports name the object they are about.
+	NodeUid       string `protobuf:"bytes,4,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -427,6 +431,13 @@ func (x *WatchConfigRequest) GetSyncError() string {
 	return ""
 }
 
+func (x *WatchConfigRequest) GetNodeUid() string {
+	if x != nil {
+		return x.NodeUid
+	}
+	return ""
+}
+
 // WatchConfigResponse is the node's complete desired state; each message replaces the previous one.
 type WatchConfigResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -437,7 +448,11 @@ type WatchConfigResponse struct {
 	// "failed to sync: failed to download config, see Kubelet log for details".
 	SyncError string `protobuf:"bytes,2,opt,name=sync_error,json=syncError,proto3" json:"sync_error,omitempty"`
 	// When the service resolved this state.
-	ResolvedTime  *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=resolved_time,json=resolvedTime,proto3" json:"resolved_time,omitempty"`
+	ResolvedTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=resolved_time,json=resolvedTime,proto3" json:"resolved_time,omitempty"`
+	// The UID of the Node object this state was resolved from. A Node deleted and registered again under the
+	// same name is another object with another UID: the sidecar names it in its reports (node_uid of
+	// ReportStatusRequest), so that the service never writes a status about the old object onto the new one.
+	NodeUid       string `protobuf:"bytes,4,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -491,6 +506,13 @@ func (x *WatchConfigResponse) GetResolvedTime() *timestamppb.Timestamp {
 		return x.ResolvedTime
 	}
 	return nil
+}
+
+func (x *WatchConfigResponse) GetNodeUid() string {
+	if x != nil {
+		return x.NodeUid
+	}
+	return ""
 }
 
 // KubeletRestart describes a restart of the kubelet the sidecar performed to change the active config.
@@ -576,8 +598,13 @@ type ReportStatusRequest struct {
 	// (it is kept on the node's disk), sequence grows with each new status within an incarnation. The service
 	// ignores a report that is older, in that order, than the last one it accepted for the node; a report
 	// re-sent unchanged keeps its numbers.
-	Incarnation   uint64 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
-	Sequence      uint64 `protobuf:"varint,7,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	Incarnation uint64 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Sequence    uint64 `protobuf:"varint,7,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// The node_uid of the WatchConfigResponse the status follows from ("" if the sidecar has received none
+	// since it started, and from older sidecars). The service acknowledges and drops a report whose node_uid
+	// is not the UID of the Node it would write to: the status is about a deleted object of the same name,
+	// and the node's next report, made for the new object, takes its place.
+	NodeUid       string `protobuf:"bytes,8,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -661,6 +688,13 @@ func (x *ReportStatusRequest) GetSequence() uint64 {
 	return 0
 }
 
+func (x *ReportStatusRequest) GetNodeUid() string {
+	if x != nil {
+		return x.NodeUid
+	}
+	return ""
+}
+
 // ReportStatusResponse acknowledges a report: the service has accepted it and will write it onto the Node.
 type ReportStatusResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -728,23 +762,25 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
 	"\rAppliedConfig\x120\n" +
 	"\x06source\x18\x01 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06source\x12!\n" +
-	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\x8a\x01\n" +
+	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xa5\x01\n" +
 	"\x12WatchConfigRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x128\n" +
 	"\flast_applied\x18\x02 \x01(\v2\x15.dkc.v1.AppliedConfigR\vlastApplied\x12\x1d\n" +
 	"\n" +
-	"sync_error\x18\x03 \x01(\tR\tsyncError\"\xa9\x01\n" +
+	"sync_error\x18\x03 \x01(\tR\tsyncError\x12\x19\n" +
+	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\"\xc4\x01\n" +
 	"\x13WatchConfigResponse\x122\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x12.dkc.v1.AssignmentR\n" +
 	"assignment\x12\x1d\n" +
 	"\n" +
 	"sync_error\x18\x02 \x01(\tR\tsyncError\x12?\n" +
-	"\rresolved_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fresolvedTime\"\x82\x01\n" +
+	"\rresolved_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fresolvedTime\x12\x19\n" +
+	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\"\x82\x01\n" +
 	"\x0eKubeletRestart\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
 	"\x06target\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06target\x12.\n" +
-	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xaf\x02\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xca\x02\n" +
 	"\x13ReportStatusRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x120\n" +
 	"\x06status\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigStatusR\x06status\x12\x18\n" +
@@ -752,7 +788,8 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\arestart\x18\x04 \x01(\v2\x16.dkc.v1.KubeletRestartR\arestart\x12?\n" +
 	"\robserved_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fobservedTime\x12 \n" +
 	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\x12\x1a\n" +
-	"\bsequence\x18\a \x01(\x04R\bsequence\"\x16\n" +
+	"\bsequence\x18\a \x01(\x04R\bsequence\x12\x19\n" +
+	"\bnode_uid\x18\b \x01(\tR\anodeUid\"\x16\n" +
 	"\x14ReportStatusResponse2\xa4\x01\n" +
 	"\rConfigService\x12H\n" +
 	"\vWatchConfig\x12\x1a.dkc.v1.WatchConfigRequest\x1a\x1b.dkc.v1.WatchConfigResponse0\x01\x12I\n" +

@@ -30,13 +30,17 @@ type State struct {
 	// SyncError is the status error while the node's source cannot be synced, e.g.
 	// "failed to sync: failed to download config, see Kubelet log for details"; empty otherwise.
 	SyncError string
+	// NodeUID is the UID of the Node object the state was resolved from. A Node deleted and registered again
+	// under the same name is another object: its node is told (WatchConfigResponse.node_uid), so that its
+	// reports about the old object are not written onto the new one.
+	NodeUID string
 	// Changed is when this state was set.
 	Changed time.Time
 }
 
 // Same reports whether two states tell a node the same thing (Changed aside).
 func (s State) Same(o State) bool {
-	return s.SyncError == o.SyncError && SameAssignment(s.Assignment, o.Assignment)
+	return s.SyncError == o.SyncError && s.NodeUID == o.NodeUID && SameAssignment(s.Assignment, o.Assignment)
 }
 
 // SameAssignment compares by source and content hash, never by payload: cheap for thousands of nodes.
@@ -134,15 +138,16 @@ func (t *Table) Set(node string, s State) bool {
 	return true
 }
 
-// SetSyncError keeps the node's assignment and sets its sync error ("" clears it).
-func (t *Table) SetSyncError(node string, syncError nodeconfig.StatusError) bool {
+// SetSyncError keeps the node's assignment and sets its sync error ("" clears it) and the UID of the Node
+// object it was found on.
+func (t *Table) SetSyncError(node, nodeUID string, syncError nodeconfig.StatusError) bool {
 	t.mu.Lock()
 	var s State
 	if e, ok := t.nodes[node]; ok {
 		s = e.state
 	}
 	t.mu.Unlock()
-	s.SyncError = string(syncError)
+	s.SyncError, s.NodeUID = string(syncError), nodeUID
 	return t.Set(node, s) // a concurrent Set in between is fine: the controller is the only writer per node
 }
 

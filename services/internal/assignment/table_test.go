@@ -43,7 +43,7 @@ func TestTable(t *testing.T) {
 		t.Fatal("identical Set changed state")
 	}
 	// A sync error keeps the assignment.
-	if !tab.SetSyncError("a", "failed to sync: x") || !closed(ch) {
+	if !tab.SetSyncError("a", "", "failed to sync: x") || !closed(ch) {
 		t.Fatal("SetSyncError did not change")
 	}
 	st, _, ch = tab.Get("a")
@@ -54,11 +54,17 @@ func TestTable(t *testing.T) {
 	if !tab.Set("a", State{Assignment: cmAssignment("2", "h2")}) {
 		t.Fatal("new resourceVersion not a change")
 	}
+	_, _, ch = tab.Get("a")
+	// The Node deleted and registered again with the same config: a change, for the node to hear of.
+	if !tab.Set("a", State{Assignment: cmAssignment("2", "h2"), NodeUID: "uid-2"}) || !closed(ch) {
+		t.Fatal("another Node object with the same config not a change")
+	}
+	_, _, ch = tab.Get("a")
 	tab.Delete("a")
 	if !closed(ch) || tab.Len() != 0 {
 		t.Fatal("Delete did not wake waiters or forget the node")
 	}
-	if want := []string{"a", "a", "a", "a"}; len(changes) != len(want) {
+	if want := []string{"a", "a", "a", "a", "a"}; len(changes) != len(want) {
 		t.Errorf("onChange calls = %v, want %v", changes, want)
 	}
 }
@@ -110,7 +116,7 @@ func TestTableHoldsOnlyLiveNodes(t *testing.T) {
 			tab.Get("a")
 		}, 0},
 		{"sync error of an unknown node, then deleted", func(tab *Table) {
-			tab.SetSyncError("a", "failed to sync: x")
+			tab.SetSyncError("a", "", "failed to sync: x")
 			tab.Delete("a")
 			tab.Get("a")
 		}, 0},
@@ -160,7 +166,7 @@ func TestWaiterOfUnknownNodeWokenByFirstState(t *testing.T) {
 	if ok {
 		t.Fatal("deleted node has a state")
 	}
-	tab.SetSyncError("a", "failed to sync: x")
+	tab.SetSyncError("a", "", "failed to sync: x")
 	if !closed(ch) {
 		t.Fatal("state after deletion did not wake the waiter")
 	}

@@ -191,12 +191,13 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("get node %s from cache: %w", name, err)
 	}
+	uid := string(node.UID)
 	src, origin, err := resolve.NodeSource(node, c.namespaces)
 	var se *resolve.SourceError
 	if errors.As(err, &se) {
 		c.cms.Track(name, "")
 		c.shared.use(name, "")
-		if c.table.SetSyncError(name, se.Status) {
+		if c.table.SetSyncError(name, uid, se.Status) {
 			c.log.Info("node config source invalid; node keeps its config", zap.String("node", name), zap.String("origin", string(origin)),
 				zap.Stringer("error", se.Status), zap.String("detail", se.Detail))
 		}
@@ -208,7 +209,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if src == nil {
 		c.cms.Track(name, "")
 		c.shared.use(name, "")
-		if c.table.Set(name, assignment.State{Assignment: resolve.Local()}) {
+		if c.table.Set(name, assignment.State{Assignment: resolve.Local(), NodeUID: uid}) {
 			c.log.Info("node assigned local config", zap.String("node", name))
 		}
 		return nil
@@ -219,7 +220,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	c.shared.use(name, sourceKey(ref))
 	cm, synced, err := c.cms.Get(key)
 	if err != nil {
-		c.table.SetSyncError(name, nodeconfig.SyncInternalError)
+		c.table.SetSyncError(name, uid, nodeconfig.SyncInternalError)
 		return fmt.Errorf("read configmap %s for node %s: %w", key, name, err)
 	}
 	if !synced {
@@ -227,17 +228,17 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	}
 	if cm == nil {
 		c.shared.gone(sourceKey(ref))
-		if c.table.SetSyncError(name, nodeconfig.DownloadError) {
+		if c.table.SetSyncError(name, uid, nodeconfig.DownloadError) {
 			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name), zap.String("configmap", key))
 		}
 		return nil
 	}
 	a, err := c.shared.resolve(ref, cm)
 	if err != nil {
-		c.table.SetSyncError(name, nodeconfig.SyncInternalError)
+		c.table.SetSyncError(name, uid, nodeconfig.SyncInternalError)
 		return err
 	}
-	if c.table.Set(name, assignment.State{Assignment: a}) {
+	if c.table.Set(name, assignment.State{Assignment: a, NodeUID: uid}) {
 		c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
 			zap.String("source", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
 			zap.String("kubeletConfigKey", ref.KubeletConfigKey))

@@ -11,10 +11,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 )
@@ -28,6 +30,7 @@ type cluster struct {
 	table  *assignment.Table
 	w      *Writer
 	at     time.Time
+	made   int // Nodes created, for their UIDs
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -40,7 +43,8 @@ func newCluster(t *testing.T) *cluster {
 // create makes the Node exist in the apiserver and, if cached, in the cache.
 func (c *cluster) create(name string, cached bool) {
 	c.t.Helper()
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	c.made++
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(fmt.Sprintf("%s-%d", name, c.made))}}
 	if _, err := c.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
 		c.t.Fatal(err)
 	}
@@ -49,11 +53,26 @@ func (c *cluster) create(name string, cached bool) {
 	}
 }
 
+// cacheAdd puts the apiserver's Node into the cache (replacing what the cache had).
 func (c *cluster) cacheAdd(name string) {
 	c.t.Helper()
-	if err := c.cache.Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+	n, err := c.client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
 		c.t.Fatal(err)
 	}
+	if err := c.cache.Add(n); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// uid is the UID of the Node the apiserver has under name.
+func (c *cluster) uid(name string) string {
+	c.t.Helper()
+	n, err := c.client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return string(n.UID)
 }
 
 // delete removes the Node from the apiserver and the cache, and tells the writer, as the controller does.
@@ -74,10 +93,13 @@ func (c *cluster) deleteUnheard(name string) {
 	}
 }
 
-func (c *cluster) report(name string) error {
+func (c *cluster) report(name string) error { return c.reportAbout(name, "", "") }
+
+// reportAbout reports a status with the error text errText about Node object uid ("": none named).
+func (c *cluster) reportAbout(name, uid, errText string) error {
 	c.at = c.at.Add(time.Second)
 	return c.w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
-		Status: &dkcv1.NodeConfigStatus{}, ObservedTime: timestamppb.New(c.at)})
+		Status: &dkcv1.NodeConfigStatus{Error: errText}, ObservedTime: timestamppb.New(c.at), NodeUid: uid})
 }
 
 // drain runs the writer's queue until it is empty, retries included.
@@ -197,7 +219,7 @@ func TestReportsFollowLiveNodes(t *testing.T) {
 				return
 			}
 			// The report held still writes: here, the service's sync error in place of the reported one.
-			c.table.SetSyncError("a", syncErr)
+			c.table.SetSyncError("a", "", syncErr)
 			c.w.Enqueue("a")
 			c.drain()
 			n, err := c.client.CoreV1().Nodes().Get(context.Background(), "a", metav1.GetOptions{})
@@ -235,5 +257,98 @@ func TestReportsOfChurnedNodesDropped(t *testing.T) {
 	c.drain()
 	if got := c.w.Reported(); got != 0 {
 		t.Errorf("%d reports held after every Node went, want 0", got)
+	}
+}
+
+// TestReportsAboutADeletedNodeObjectDropped: a report names the Node object it is about; it is never written
+// onto another Node registered under the same name (the deleted object's assignment would show on the new
+// one), and it waits, instead of being dropped, while only the cache still holds the older object.
+func TestReportsAboutADeletedNodeObjectDropped(t *testing.T) {
+	const oldStatus, newStatus = "about the first object", "about the second object"
+	for _, tc := range []struct {
+		name string
+		do   func(c *cluster) error // returns the error of the last report
+		err  error
+		held int
+		want string // the error text on the Node in the end
+	}{
+		{"re-sent about the deleted object after the new one registered", func(c *cluster) error {
+			c.create("a", true)
+			first := c.uid("a")
+			_ = c.reportAbout("a", first, oldStatus)
+			c.delete("a")
+			c.drain()
+			c.create("a", true)
+			return c.reportAbout("a", first, oldStatus)
+		}, ErrOtherNode, 0, ""},
+		{"held for the deleted object when the new one registered", func(c *cluster) error {
+			c.create("a", true)
+			first := c.uid("a")
+			err := c.reportAbout("a", first, oldStatus)
+			c.delete("a")
+			c.create("a", true) // before the writer's queue ran the deletion
+			return err
+		}, nil, 0, ""},
+		{"about the deleted object while no Node exists", func(c *cluster) error {
+			c.create("a", true)
+			first := c.uid("a")
+			c.delete("a")
+			err := c.reportAbout("a", first, oldStatus)
+			c.create("a", true)
+			return err
+		}, ErrOtherNode, 0, ""},
+		{"about the new object while the cache has the old one", func(c *cluster) error {
+			c.create("a", true)
+			if err := c.client.CoreV1().Nodes().Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+				c.t.Fatal(err)
+			}
+			c.create("a", false)
+			err := c.reportAbout("a", c.uid("a"), newStatus)
+			// The write is retried until the cache has the new object; the first retry still finds the old one.
+			for deadline := time.Now().Add(2 * time.Second); c.w.queue.Len() == 0; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					c.t.Fatal("the report about a Node object not cached yet is not retried")
+				}
+			}
+			c.w.processNext(context.Background())
+			if got := c.w.Reported(); got != 1 {
+				c.t.Errorf("%d reports held while the cache lags, want 1", got)
+			}
+			c.cacheAdd("a")
+			return err
+		}, nil, 1, newStatus},
+		{"about the new object after the old one's report", func(c *cluster) error {
+			c.create("a", true)
+			_ = c.reportAbout("a", c.uid("a"), oldStatus)
+			c.delete("a")
+			c.create("a", true)
+			return c.reportAbout("a", c.uid("a"), newStatus)
+		}, nil, 1, newStatus},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t)
+			err := tc.do(c)
+			c.drain()
+			if !errors.Is(err, tc.err) {
+				t.Errorf("last report: %v, want %v", err, tc.err)
+			}
+			if got := c.w.Reported(); got != tc.held {
+				t.Errorf("%d reports held, want %d", got, tc.held)
+			}
+			n, err := c.client.CoreV1().Nodes().Get(context.Background(), "a", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			if n.Annotations[nodeconfig.StatusAnnotation] != "" {
+				got = annotationOf(t, n).Error
+				if got == "" {
+					got = "(written, no error)"
+				}
+			}
+			if got != tc.want {
+				t.Errorf("the Node's status error is %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

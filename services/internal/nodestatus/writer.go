@@ -50,6 +50,9 @@ type report struct {
 	// restarting is when the node's reports began to say "assigned, not yet running" (restarting); zero
 	// while they do not.
 	restarting time.Time
+	// nodeUID is the Node object the status is about ("" if the sidecar did not say): it is written onto
+	// that object only, never onto a Node registered again under the name.
+	nodeUID string
 }
 
 // restarting says whether a reported status is a restart in progress: a config assigned and not yet
@@ -174,6 +177,12 @@ var ErrStale = errors.New("report is older than the last accepted one")
 // write it on, so it is not acknowledged, and it is not kept.
 var ErrNodeGone = errors.New("node does not exist")
 
+// ErrOtherNode is returned for a report about a Node object that no longer exists (its node_uid is not the
+// UID of the Node carrying the name, if any): it is dropped, and is to be acknowledged — the sidecar's next
+// report, made for the Node there is now, takes its place. Written, it would show the deleted object's
+// assignment on a Node registered again under the same name.
+var ErrOtherNode = errors.New("report is about a deleted Node object of the same name")
+
 var (
 	// errNotCached: the Node exists, but this replica's Node cache has not seen it yet.
 	errNotCached = errors.New("node not in the node cache yet")
@@ -198,7 +207,7 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	if req.GetObservedTime() == nil {
 		order.observed = w.clock.Now()
 	}
-	r := report{status: req.GetStatus(), message: req.GetMessage(), order: order}
+	r := report{status: req.GetStatus(), message: req.GetMessage(), order: order, nodeUID: req.GetNodeUid()}
 	w.mu.Lock()
 	prev, had := w.reports[node]
 	if had && order.before(prev.order) {
@@ -246,6 +255,8 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		return nil
 	case errors.Is(err, errNoReport):
 		return ErrNodeGone // dropped meanwhile: the Node was found gone
+	case errors.Is(err, ErrOtherNode):
+		return err
 	case errors.Is(err, errHeld):
 		return nil // acknowledged: written from the queue unless the outcome comes first
 	default:
@@ -309,7 +320,7 @@ func (w *Writer) processNext(ctx context.Context) bool {
 		return true
 	}
 	switch err := w.write(ctx, node); {
-	case err == nil, errors.Is(err, errNoReport), errors.Is(err, ErrNodeGone), errors.Is(err, errHeld):
+	case err == nil, errors.Is(err, errNoReport), errors.Is(err, ErrNodeGone), errors.Is(err, ErrOtherNode), errors.Is(err, errHeld):
 		w.queue.Forget(node)
 	case errors.Is(err, errNotCached):
 		w.queue.AddRateLimited(node) // until the cache catches up: not worth a warning
@@ -323,17 +334,18 @@ func (w *Writer) processNext(ctx context.Context) bool {
 // Desired is the status the node should carry: the reported one, with the service's sync error in place of
 // the reported error while there is one. ok is false when the node has not reported to this replica.
 func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message string, ok bool) {
-	status, message, _, ok = w.desired(node)
+	status, message, _, _, ok = w.desired(node)
 	return status, message, ok
 }
 
-// desired is Desired, and how much longer the status waits for its restart's outcome (0: none).
-func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string, hold time.Duration, ok bool) {
+// desired is Desired, how much longer the status waits for its restart's outcome (0: none), and the Node
+// object it is about ("": any).
+func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string, hold time.Duration, nodeUID string, ok bool) {
 	w.mu.Lock()
 	r, ok := w.reports[node]
 	w.mu.Unlock()
 	if !ok {
-		return nil, "", 0, false
+		return nil, "", 0, "", false
 	}
 	status = wire.StatusToCore(r.status)
 	message = r.message
@@ -344,7 +356,7 @@ func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message 
 	if !r.restarting.IsZero() && status.Error == "" && w.restartDelay > 0 {
 		hold = max(0, w.restartDelay-w.clock.Since(r.restarting))
 	}
-	return status, message, hold, true
+	return status, message, hold, r.nodeUID, true
 }
 
 func (w *Writer) lock(node string) *sync.Mutex {
@@ -358,7 +370,7 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	l := w.lock(name)
 	l.Lock()
 	defer l.Unlock()
-	status, message, hold, ok := w.desired(name)
+	status, message, hold, uid, ok := w.desired(name)
 	if !ok {
 		return errNoReport
 	}
@@ -366,10 +378,15 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	if apierrors.IsNotFound(err) {
 		// Before the hold: a deleted Node's report goes now, not after the delay, when a Node registered
 		// again under the name could be there to take it.
-		return w.dropIfGone(ctx, name)
+		return w.dropIfGone(ctx, name, uid)
 	}
 	if err != nil {
 		return fmt.Errorf("get node %s from cache: %w", name, err)
+	}
+	if uid != "" && string(node.UID) != uid {
+		// The cached Node is another object than the report's: the report is about a deleted one, or the
+		// cache has not seen the new one yet.
+		return w.dropIfGone(ctx, name, uid)
 	}
 	if hold > 0 {
 		w.queue.AddAfter(name, hold)
@@ -430,14 +447,15 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	return nil
 }
 
-// dropIfGone handles a node whose report is held but whose Node the cache does not hold: either the Node is
-// new and this replica's cache has not seen it yet (keep the report, errNotCached), or it was deleted — by
-// Forget, or as a late report arrived — and the report goes (ErrNodeGone), so that reports follow the live
-// Nodes. The cache cannot tell the two apart, so the apiserver is asked: a list by name, which is a quorum
-// read and within the service's RBAC (nodes list/watch, no get). The node's lock is held by the caller, and
-// only the report that was checked is dropped: a newer one (from a Node created again meanwhile) is kept
-// and gets its own check when its Report writes.
-func (w *Writer) dropIfGone(ctx context.Context, name string) error {
+// dropIfGone handles a node whose report is held but whose Node — the object nodeUID, if not "" — the cache
+// does not hold: either the Node is new and this replica's cache has not seen it yet (keep the report,
+// errNotCached), or it was deleted — by Forget, or as a late report arrived — and the report goes
+// (ErrNodeGone; ErrOtherNode if the report named its object), so that reports follow the live Nodes. The
+// cache cannot tell the two apart, so the apiserver is asked: a list by name, which is a quorum read and
+// within the service's RBAC (nodes list/watch, no get). The node's lock is held by the caller, and only the
+// report that was checked is dropped: a newer one (from a Node created again meanwhile) is kept and gets
+// its own check when its Report writes.
+func (w *Writer) dropIfGone(ctx context.Context, name, nodeUID string) error {
 	w.mu.Lock()
 	checked, ok := w.reports[name]
 	w.mu.Unlock()
@@ -449,7 +467,7 @@ func (w *Writer) dropIfGone(ctx context.Context, name string) error {
 		return fmt.Errorf("check whether node %s exists: %w", name, err)
 	}
 	for _, n := range list.Items {
-		if n.Name == name {
+		if n.Name == name && (nodeUID == "" || string(n.UID) == nodeUID) {
 			return errNotCached
 		}
 	}
@@ -459,6 +477,10 @@ func (w *Writer) dropIfGone(ctx context.Context, name string) error {
 		delete(w.written, name)
 	}
 	w.mu.Unlock()
+	if nodeUID != "" {
+		w.log.Info("node object gone; dropped its status report", zap.String("node", name), zap.String("nodeUID", nodeUID))
+		return ErrOtherNode
+	}
 	w.log.Info("node gone; dropped its status report", zap.String("node", name))
 	return ErrNodeGone
 }

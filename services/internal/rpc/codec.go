@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 	"weak"
 
 	"google.golang.org/grpc"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/internal/assignment"
 )
 
 // How a WatchConfigResponse is encoded once for every node on the same assignment.
@@ -85,9 +85,10 @@ type encoded struct {
 	err  error
 }
 
-// response returns the message telling a node a, syncError and resolved; a may be nil (no assignment).
-func (e *encodings) response(a *dkcv1.Assignment, syncError string, resolved time.Time) (*response, error) {
-	r := &response{own: &dkcv1.WatchConfigResponse{SyncError: syncError, ResolvedTime: timestamppb.New(resolved)}}
+// response returns the message telling a node its state; st.Assignment may be nil (no assignment).
+func (e *encodings) response(st assignment.State) (*response, error) {
+	r := &response{own: &dkcv1.WatchConfigResponse{SyncError: st.SyncError, ResolvedTime: timestamppb.New(st.Changed), NodeUid: st.NodeUID}}
+	a := st.Assignment
 	if a == nil {
 		return r, nil
 	}

@@ -201,6 +201,9 @@ type watchState struct {
 	has           *dkcv1.Assignment
 	known         bool
 	sentSyncError string
+	// nodeUID is the Node object the node's state came from, as the node says or was last sent; "" when
+	// the node does not know (a sidecar just started, or an older one).
+	nodeUID string
 }
 
 //go:noinline
@@ -219,6 +222,7 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigS
 		ws.has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
 	}
 	ws.sentSyncError = req.GetSyncError()
+	ws.nodeUID = req.GetNodeUid()
 	ws.rc = s.newRecheck(ctx)
 	return ws, nil
 }
@@ -252,12 +256,15 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	if !ok {
 		return changed, nil
 	}
+	// A node that names another Node object than the state's is told the new one (the Node was deleted and
+	// registered again), even when its config stays the same: its reports name the object they are about.
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
-		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has))
+		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
+		(ws.nodeUID != "" && st.NodeUID != ws.nodeUID)
 	if !send {
 		return changed, nil
 	}
-	resp, err := s.encodings.response(st.Assignment, st.SyncError, st.Changed)
+	resp, err := s.encodings.response(st)
 	if err != nil {
 		ws.log().Error("encode config", zap.Error(err))
 		return nil, status.Error(codes.Internal, "encode config")
@@ -269,7 +276,7 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	ws.log().Info("pushed config", zap.String("contentHash", st.Assignment.GetContentHash()),
 		zap.Bool("local", st.Assignment != nil && st.Assignment.GetSource().GetConfigMap() == nil),
 		zap.String("syncError", st.SyncError))
-	ws.known, ws.sentSyncError = true, st.SyncError
+	ws.known, ws.sentSyncError, ws.nodeUID = true, st.SyncError, st.NodeUID
 	if st.Assignment != nil {
 		ws.has = st.Assignment
 	}
@@ -291,6 +298,11 @@ func (s *Service) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusReque
 	err := s.status.Report(ctx, node, req)
 	if errors.Is(err, nodestatus.ErrStale) {
 		return &dkcv1.ReportStatusResponse{}, nil // a newer report is already on the Node
+	}
+	if errors.Is(err, nodestatus.ErrOtherNode) {
+		// Not to be sent again: the node's next report, made for the Node object there is now, replaces it.
+		s.log.Info("status report about a deleted Node object dropped", zap.String("node", node), zap.String("nodeUID", req.GetNodeUid()))
+		return &dkcv1.ReportStatusResponse{}, nil
 	}
 	if err != nil {
 		s.log.Warn("status report not written", zap.String("node", node), zap.Error(err))

@@ -126,12 +126,12 @@ func TestWatchConfig(t *testing.T) {
 	}
 	// Several changes while the node is not reading arrive as the latest one.
 	table.Set("n1", assignment.State{Assignment: assign("2")})
-	table.SetSyncError("n1", "failed to sync: x")
+	table.SetSyncError("n1", "", "failed to sync: x")
 	if m := recv(t, stream); m.GetAssignment().GetContentHash() != "h2" {
 		t.Fatalf("second message = %v", m)
 	}
 	// The sync error may come with it or right after; the stream ends on the latest state.
-	table.SetSyncError("n1", "")
+	table.SetSyncError("n1", "", "")
 	table.Set("n1", assignment.State{Assignment: assign("3")})
 	for {
 		m := recv(t, stream)
@@ -168,8 +168,9 @@ func TestWatchConfig(t *testing.T) {
 	}
 }
 
-// TestResumeReconcilesTheSyncError: a node resuming its stream says which sync error it holds; the service
-// tells it when its own differs (cleared or new while the node was away), with the assignment unchanged.
+// TestResumeReconcilesTheSyncError: a node resuming its stream says which sync error it holds and which Node
+// object its state came from; the service tells it when its own differs (an error cleared or new while the
+// node was away, the Node deleted and registered again), with the assignment unchanged.
 func TestResumeReconcilesTheSyncError(t *testing.T) {
 	const download = "failed to sync: failed to download config, see Kubelet log for details"
 	for _, tc := range []struct {
@@ -178,11 +179,16 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		serviceHas    string // the table's sync error
 		wantSyncError string
 		wantNoMessage bool
+		nodeUID       string // the request's node_uid
+		serviceUID    string // the table's NodeUID
 	}{
 		{name: "cleared while away", nodeHolds: download, serviceHas: "", wantSyncError: ""},
 		{name: "appeared while away", nodeHolds: "", serviceHas: download, wantSyncError: download},
 		{name: "same error", nodeHolds: download, serviceHas: download, wantNoMessage: true},
 		{name: "no error either side", wantNoMessage: true},
+		{name: "node registered again while away", nodeUID: "uid-1", serviceUID: "uid-2"},
+		{name: "same node object", nodeUID: "uid-1", serviceUID: "uid-1", wantNoMessage: true},
+		{name: "sidecar knows no node object yet", serviceUID: "uid-2", wantNoMessage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := assignment.NewTable(nil)
@@ -190,8 +196,8 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			table.Set("n1", assignment.State{Assignment: assign("1")})
-			table.SetSyncError("n1", nodeconfig.StatusError(tc.serviceHas))
-			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds,
+			table.SetSyncError("n1", tc.serviceUID, nodeconfig.StatusError(tc.serviceHas))
+			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds, NodeUid: tc.nodeUID,
 				LastApplied: &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
 			if err != nil {
 				t.Fatal(err)
@@ -207,12 +213,14 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 				if tc.wantNoMessage {
 					t.Fatalf("resumed stream sent %v; the node already has it", m)
 				}
-				if m.GetSyncError() != tc.wantSyncError || m.GetAssignment().GetContentHash() != "h1" {
-					t.Fatalf("resumed stream sent sync error %q, assignment %q; want %q, h1", m.GetSyncError(), m.GetAssignment().GetContentHash(), tc.wantSyncError)
+				if m.GetSyncError() != tc.wantSyncError || m.GetAssignment().GetContentHash() != "h1" || m.GetNodeUid() != tc.serviceUID {
+					t.Fatalf("resumed stream sent sync error %q, assignment %q, node %q; want %q, h1, %q",
+						m.GetSyncError(), m.GetAssignment().GetContentHash(), m.GetNodeUid(), tc.wantSyncError, tc.serviceUID)
 				}
 			case <-time.After(500 * time.Millisecond):
 				if !tc.wantNoMessage {
-					t.Fatalf("resumed stream sent nothing; the node holds sync error %q, the service has %q", tc.nodeHolds, tc.serviceHas)
+					t.Fatalf("resumed stream sent nothing; the node holds sync error %q and node %q, the service has %q and %q",
+						tc.nodeHolds, tc.nodeUID, tc.serviceHas, tc.serviceUID)
 				}
 			}
 		})

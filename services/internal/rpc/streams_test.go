@@ -197,7 +197,7 @@ func TestAssignmentEncodedOnce(t *testing.T) {
 	}
 	// Per-node fields differ, the assignment's encoding is still shared.
 	for i := range nodes {
-		table.SetSyncError(fmt.Sprintf("n%d", i), nodeconfig.StatusError(fmt.Sprintf("failed to sync: error of n%d", i)))
+		table.SetSyncError(fmt.Sprintf("n%d", i), "", nodeconfig.StatusError(fmt.Sprintf("failed to sync: error of n%d", i)))
 	}
 	check("per-node sync errors", a, func(i int) string { return fmt.Sprintf("failed to sync: error of n%d", i) })
 	b := withFiles("2", 256<<10)
@@ -245,8 +245,9 @@ func TestCodecEncodesTheWholeMessage(t *testing.T) {
 		{Assignment: withFiles("1", 100), ResolvedTime: at},
 		{Assignment: &dkcv1.Assignment{}, ResolvedTime: at}, // local config: present, empty
 		{SyncError: "failed to sync: y", ResolvedTime: at},  // no assignment
+		{Assignment: withFiles("1", 100), ResolvedTime: at, NodeUid: "3c9f7a4e-0d1b-4f55-9a8e-1f2e3d4c5b6a"},
 	} {
-		r, err := e.response(want.GetAssignment(), want.GetSyncError(), want.GetResolvedTime().AsTime())
+		r, err := e.response(assignment.State{Assignment: want.GetAssignment(), SyncError: want.GetSyncError(), Changed: want.GetResolvedTime().AsTime(), NodeUID: want.GetNodeUid()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,14 +270,14 @@ func TestCodecEncodesTheWholeMessage(t *testing.T) {
 func TestPushCopiesNoPayload(t *testing.T) {
 	var e encodings
 	a := withFiles("1", 1<<20)
-	if _, err := e.response(a, "", time.Now()); err != nil {
+	if _, err := e.response(assignment.State{Assignment: a, Changed: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	const pushes = 100
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for range pushes {
-		r, err := e.response(a, "failed to sync: x", time.Now())
+		r, err := e.response(assignment.State{Assignment: a, SyncError: "failed to sync: x", Changed: time.Now()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,12 +297,12 @@ func BenchmarkPush(b *testing.B) {
 	a := withFiles("1", 1<<20)
 	b.Run("shared", func(b *testing.B) {
 		var e encodings
-		if _, err := e.response(a, "", time.Now()); err != nil { // the one encoding, by the first stream
+		if _, err := e.response(assignment.State{Assignment: a, Changed: time.Now()}); err != nil { // the one encoding, by the first stream
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
 		for b.Loop() {
-			r, err := e.response(a, "", time.Now())
+			r, err := e.response(assignment.State{Assignment: a, Changed: time.Now()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -326,11 +327,11 @@ func TestEncodingsFollowTheAssignments(t *testing.T) {
 	var e encodings
 	keep := withFiles("1", 1<<10)
 	for i := range 10 {
-		if _, err := e.response(withFiles(fmt.Sprint(i+2), 1<<10), "", time.Now()); err != nil {
+		if _, err := e.response(assignment.State{Assignment: withFiles(fmt.Sprint(i+2), 1<<10), Changed: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.response(keep, "", time.Now()); err != nil {
+	if _, err := e.response(assignment.State{Assignment: keep, Changed: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -341,7 +342,7 @@ func TestEncodingsFollowTheAssignments(t *testing.T) {
 	if n := e.size(); n != 1 {
 		t.Fatalf("%d encodings held, want 1 (the assignment still referenced)", n)
 	}
-	if _, err := e.response(keep, "", time.Now()); err != nil || e.count() != 11 {
+	if _, err := e.response(assignment.State{Assignment: keep, Changed: time.Now()}); err != nil || e.count() != 11 {
 		t.Fatalf("the live assignment was encoded again (%d encodings, %v)", e.count(), err)
 	}
 	runtime.KeepAlive(keep)

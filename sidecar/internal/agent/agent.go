@@ -68,6 +68,9 @@ type Reporter interface {
 	// Report records the node's latest status and, if restart is not nil, queues that restart behind the
 	// ones not yet acknowledged: each restart is delivered (and becomes its Event) once, in order.
 	Report(status *dkcv1.NodeConfigStatus, message string, restart *dkcv1.KubeletRestart)
+	// Follow says that the reports from now on are about Node object nodeUID: the state the agent applies
+	// next was resolved from it (WatchConfigResponse.node_uid).
+	Follow(nodeUID string)
 }
 
 // Desired is what the config service wants for the node.
@@ -119,6 +122,7 @@ type Agent struct {
 
 	// What the node knows now.
 	syncError      nodeconfig.StatusError   // from the service
+	nodeUID        string                   // the Node object the service's last update was resolved from
 	localSyncError nodeconfig.StatusError   // checkpointing failed here
 	localSyncWhy   string                   // why, for humans
 	configError    nodeconfig.StatusError   // assigned could not be used
@@ -247,7 +251,20 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 		case <-ctx.Done():
 			return nil
 		case u := <-updates:
+			uid := u.GetNodeUid()
+			followed := uid != "" && uid != a.nodeUID
+			if followed {
+				a.nodeUID = uid
+				if a.reporter != nil {
+					a.reporter.Follow(uid)
+				}
+			}
 			a.Apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError()})
+			if followed {
+				// Another Node object than the one reported on before (the sidecar just started, or the Node
+				// was registered again): it gets the node's status even when applying changed nothing.
+				a.report()
+			}
 		case <-tick.C():
 			if a.unsynced != nil {
 				a.log.Info("retrying checkpoint of the last assignment", sourceFields(checkpoint.SourceOf(a.unsynced))...)

@@ -137,9 +137,16 @@ func (k *fakeKubelet) count() int {
 }
 
 type recordingReporter struct {
-	mu       sync.Mutex
-	last     *dkcv1.NodeConfigStatus
-	restarts []*dkcv1.KubeletRestart
+	mu        sync.Mutex
+	last      *dkcv1.NodeConfigStatus
+	restarts  []*dkcv1.KubeletRestart
+	following string // the Node object the reports are about (Follow)
+	reports   []reported
+}
+
+type reported struct {
+	status  *dkcv1.NodeConfigStatus
+	nodeUID string
 }
 
 func (r *recordingReporter) lastStatus() *dkcv1.NodeConfigStatus {
@@ -152,9 +159,23 @@ func (r *recordingReporter) Report(st *dkcv1.NodeConfigStatus, _ string, restart
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last = st
+	r.reports = append(r.reports, reported{status: st, nodeUID: r.following})
 	if restart != nil {
 		r.restarts = append(r.restarts, restart)
 	}
+}
+
+func (r *recordingReporter) Follow(nodeUID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.following = nodeUID
+}
+
+// reportsSince returns the reports from the i-th on.
+func (r *recordingReporter) reportsSince(i int) []reported {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]reported(nil), r.reports[min(i, len(r.reports)):]...)
 }
 
 type node struct {
@@ -705,4 +726,54 @@ func TestRefusedConfigzOfAConfigThatChangesAuthIsItsFault(t *testing.T) {
 	n := newNode(t)
 	n.apply(assignment("u", "1", cfgHeader+"authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: false\n"), "")
 	n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
+}
+
+// TestReportsFollowTheNodeObject: the reports that follow an update are about the Node object it was
+// resolved from (Follow is called before they are made), and a new object gets the node's status even when
+// the update changes nothing on the node (a Node deleted and registered again with the same config).
+func TestReportsFollowTheNodeObject(t *testing.T) {
+	n := newNode(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	updates := make(chan *dkcv1.WatchConfigResponse)
+	stopped := make(chan struct{})
+	go func() { _ = n.agent.Run(ctx, updates); close(stopped) }()
+	defer func() { cancel(); <-stopped }()
+	// waitFor steps the fake clock (the health wait) until a report since the i-th one matches.
+	waitFor := func(i int, what string, match func(reported) bool) int {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			for j, r := range n.reporter.reportsSince(i) {
+				if match(r) {
+					return i + j + 1
+				}
+			}
+			n.clock.Step(600 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("no report %s; reports since #%d: %v", what, i, n.reporter.reportsSince(i))
+		return 0
+	}
+	seen := len(n.reporter.reportsSince(0))
+	updates <- &dkcv1.WatchConfigResponse{Assignment: assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), NodeUid: "node-a"}
+	seen = waitFor(seen, "of config 1 running, about node-a", func(r reported) bool {
+		return rv(r.status.GetActive()) == "1" && r.nodeUID == "node-a"
+	})
+	// The Node is deleted and registered again: the new object has no source (local config).
+	updates <- &dkcv1.WatchConfigResponse{Assignment: &dkcv1.Assignment{}, NodeUid: "node-b"}
+	first := len(n.reporter.reportsSince(0)) // the agent took the update: every report from here on is after it
+	seen = waitFor(seen, "of local config running, about node-b", func(r reported) bool {
+		return rv(r.status.GetAssigned()) == "local" && rv(r.status.GetActive()) == "local" && r.nodeUID == "node-b"
+	})
+	for _, r := range n.reporter.reportsSince(first) {
+		if r.nodeUID != "node-b" {
+			t.Errorf("a report after node-b's update names %q: %v", r.nodeUID, r.status)
+		}
+	}
+	// And again, with the same (local) config: nothing to apply, but node-c must hear the status.
+	updates <- &dkcv1.WatchConfigResponse{Assignment: &dkcv1.Assignment{}, NodeUid: "node-c"}
+	waitFor(seen, "about node-c", func(r reported) bool { return r.nodeUID == "node-c" && rv(r.status.GetActive()) == "local" })
+	if got := n.kubelet.count(); got != 2 {
+		t.Errorf("kubelet restarts = %d, want 2 (into config 1, back to local)", got)
+	}
 }

@@ -87,7 +87,10 @@ type Client struct {
 	// syncError is the service's sync error last received: what the node holds, sent when resuming so
 	// that a replica whose state has no error (any more) says so.
 	syncError string
-	wake      chan struct{}
+	// nodeUID is the Node object the agent's state follows from (Follow): reports name it, so that the
+	// service does not write them onto a Node registered again under the node's name.
+	nodeUID string
+	wake    chan struct{}
 	// connected is closed-and-replaced on each new stream, so the reporter re-sends after a reconnect (the
 	// service may be a new replica that knows nothing of this node).
 	connected chan struct{}
@@ -167,7 +170,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	sctx, cancel := context.WithCancel(actx)
 	defer cancel()
 	c.mu.Lock()
-	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError}
+	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError, NodeUid: c.nodeUID}
 	c.mu.Unlock()
 	stream, err := c.rpc.WatchConfig(sctx, req)
 	if err != nil {
@@ -232,11 +235,21 @@ func (c *Client) Report(st *dkcv1.NodeConfigStatus, message string, restart *dkc
 	c.poke()
 }
 
+// Follow is the agent's word that the statuses it reports from now on follow from the state the service
+// resolved from Node object nodeUID (WatchConfigResponse.node_uid). Reports made before keep the object
+// they were made for, also when re-sent after a reconnect: if that Node was deleted and registered again,
+// the service drops them instead of showing the old object's assignment on the new one.
+func (c *Client) Follow(nodeUID string) {
+	c.mu.Lock()
+	c.nodeUID = nodeUID
+	c.mu.Unlock()
+}
+
 // newRequest numbers a new status; c.mu is held.
 func (c *Client) newRequest(st *dkcv1.NodeConfigStatus, message string) *dkcv1.ReportStatusRequest {
 	c.sequence++
 	return &dkcv1.ReportStatusRequest{NodeName: c.node, Status: st, Message: message, ObservedTime: timestamppb.Now(),
-		Incarnation: c.incarnation, Sequence: c.sequence}
+		Incarnation: c.incarnation, Sequence: c.sequence, NodeUid: c.nodeUID}
 }
 
 // poke wakes the reporter.

@@ -28,6 +28,20 @@ type awayService struct {
 	restarts []string // acknowledged restart ids, in order, once each
 	last     *dkcv1.NodeConfigStatus
 	numbers  [][2]uint64 // (incarnation, sequence) of each acknowledged report
+	reports  []*dkcv1.ReportStatusRequest
+	watches  []*dkcv1.WatchConfigRequest
+}
+
+// WatchConfig opens the stream and ends it soon after, so that the client reconnects again and again.
+func (s *awayService) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) error {
+	s.mu.Lock()
+	s.watches = append(s.watches, req)
+	s.mu.Unlock()
+	if err := stream.SendHeader(nil); err != nil {
+		return err
+	}
+	time.Sleep(20 * time.Millisecond)
+	return status.Error(codes.Aborted, "ended by the test")
 }
 
 func (s *awayService) ReportStatus(_ context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
@@ -41,6 +55,7 @@ func (s *awayService) ReportStatus(_ context.Context, req *dkcv1.ReportStatusReq
 		s.restarts = append(s.restarts, id)
 	}
 	s.last = req.GetStatus()
+	s.reports = append(s.reports, req)
 	s.numbers = append(s.numbers, [2]uint64{req.GetIncarnation(), req.GetSequence()})
 	return &dkcv1.ReportStatusResponse{}, nil
 }
@@ -186,5 +201,66 @@ func TestReconnectsAfterADrainSpread(t *testing.T) {
 	}
 	if d := (Backoff{Initial: 250 * time.Millisecond}).spread(); d >= DefaultSpread {
 		t.Errorf("default spread gave %v, want below %v", d, DefaultSpread)
+	}
+}
+
+// TestReportsNameTheNodeObjectTheyWereMadeFor: a report names the Node object the agent followed when it was
+// made; re-sent after a reconnect it still names that one, not the object followed since (the service drops
+// it if that Node was deleted and registered again, instead of showing the old object's status on the new
+// one). Each watch names the object followed last.
+func TestReportsNameTheNodeObjectTheyWereMadeFor(t *testing.T) {
+	svc := &awayService{}
+	c := startReporter(t, svc)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		_ = c.Watch(ctx, func() *dkcv1.AppliedConfig { return &dkcv1.AppliedConfig{} }, make(chan *dkcv1.WatchConfigResponse, 1))
+		close(done)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	// waitFor waits until the service has acknowledged reports and seen watches that satisfy ok.
+	waitFor := func(what string, ok func(reports []*dkcv1.ReportStatusRequest, watches []*dkcv1.WatchConfigRequest) bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			svc.mu.Lock()
+			reports, watches := append([]*dkcv1.ReportStatusRequest(nil), svc.reports...), append([]*dkcv1.WatchConfigRequest(nil), svc.watches...)
+			svc.mu.Unlock()
+			if ok(reports, watches) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not seen; reports %v, watches %v", what, reports, watches)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	count := func(reports []*dkcv1.ReportStatusRequest, errText, uid string) (n int) {
+		for _, r := range reports {
+			if r.GetStatus().GetError() == errText && r.GetNodeUid() == uid {
+				n++
+			}
+		}
+		return n
+	}
+	c.Follow("uid-a")
+	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil)
+	waitFor("report x about uid-a", func(r []*dkcv1.ReportStatusRequest, _ []*dkcv1.WatchConfigRequest) bool {
+		return count(r, "x", "uid-a") > 0
+	})
+	c.Follow("uid-b")
+	waitFor("x re-sent after reconnects, and a watch naming uid-b", func(r []*dkcv1.ReportStatusRequest, w []*dkcv1.WatchConfigRequest) bool {
+		return count(r, "x", "uid-a") >= 3 && len(w) > 0 && w[len(w)-1].GetNodeUid() == "uid-b"
+	})
+	c.Report(&dkcv1.NodeConfigStatus{Error: "y"}, "", nil)
+	waitFor("report y about uid-b", func(r []*dkcv1.ReportStatusRequest, _ []*dkcv1.WatchConfigRequest) bool {
+		return count(r, "y", "uid-b") > 0
+	})
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	for _, r := range svc.reports {
+		if r.GetStatus().GetError() == "x" && r.GetNodeUid() != "uid-a" {
+			t.Errorf("report x (made while following uid-a) sent naming %q", r.GetNodeUid())
+		}
 	}
 }

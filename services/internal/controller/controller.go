@@ -88,8 +88,10 @@ func New(cfg Config) *Controller {
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Node)
 			n, ok2 := newObj.(*corev1.Node)
-			// Heartbeats and status writes (our own included) do not touch the source: skip them.
-			if !ok1 || !ok2 || sourceChanged(o, n) {
+			// Heartbeats and status writes (our own included) do not touch the source: skip them. Another
+			// UID is another object (deleted and registered again, seen as an update across a relist): its
+			// node must be told, whatever its source.
+			if !ok1 || !ok2 || o.UID != n.UID || sourceChanged(o, n) {
 				c.enqueue(newObj)
 			}
 		},

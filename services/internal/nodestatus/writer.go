@@ -421,8 +421,15 @@ func (w *Writer) write(ctx context.Context, name string) error {
 			cond.LastTransitionTime = c.LastTransitionTime
 		}
 	}
+	meta := map[string]any{"annotations": map[string]string{nodeconfig.StatusAnnotation: string(annotation)}}
+	if uid != "" {
+		// A precondition: the apiserver refuses the patch if the Node under the name is another object by now
+		// (this replica's cache lagging a deletion and re-registration), rather than write this object's
+		// status onto it.
+		meta["uid"] = uid
+	}
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{nodeconfig.StatusAnnotation: string(annotation)}},
+		"metadata": meta,
 		"status": map[string]any{
 			// Dropped by apiservers ≥ 1.24 unless the Node already has it (docs/design.md, "The apiserver fact"); kept where allowed.
 			"config":     configPatch(status),
@@ -436,6 +443,12 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	_, err = w.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager}, "status")
 	if err != nil {
 		w.metrics.write("error")
+		if uid != "" && (apierrors.IsConflict(err) || apierrors.IsInvalid(err)) {
+			// Possibly the UID precondition: whether the report's object is still there decides.
+			if derr := w.dropIfGone(ctx, name, uid); !errors.Is(derr, errNotCached) {
+				return derr
+			}
+		}
 		return fmt.Errorf("patch status of node %s: %w", name, err)
 	}
 	w.metrics.write("written")

@@ -256,11 +256,12 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	if !ok {
 		return changed, nil
 	}
-	// A node that names another Node object than the state's is told the new one (the Node was deleted and
-	// registered again), even when its config stays the same: its reports name the object they are about.
+	// A node that names another Node object than the state's, or none (a sidecar of an older version, or
+	// one whose state file was lost), is told the object, even when its config stays the same: its reports
+	// name the object they are about (the Node may have been deleted and registered again).
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
 		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
-		(ws.nodeUID != "" && st.NodeUID != ws.nodeUID)
+		(st.NodeUID != "" && st.NodeUID != ws.nodeUID)
 	if !send {
 		return changed, nil
 	}
@@ -300,8 +301,8 @@ func (s *Service) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusReque
 		return &dkcv1.ReportStatusResponse{}, nil // a newer report is already on the Node
 	}
 	if errors.Is(err, nodestatus.ErrOtherNode) {
-		// Not to be sent again: the node's next report, made for the Node object there is now, replaces it.
-		s.log.Info("status report about a deleted Node object dropped", zap.String("node", node), zap.String("nodeUID", req.GetNodeUid()))
+		// Acknowledged, not to be sent again (the writer logged it): the node's next report, made for the
+		// Node object there is now, takes its place.
 		return &dkcv1.ReportStatusResponse{}, nil
 	}
 	if err != nil {

@@ -188,7 +188,7 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		{name: "no error either side", wantNoMessage: true},
 		{name: "node registered again while away", nodeUID: "uid-1", serviceUID: "uid-2"},
 		{name: "same node object", nodeUID: "uid-1", serviceUID: "uid-1", wantNoMessage: true},
-		{name: "sidecar knows no node object yet", serviceUID: "uid-2", wantNoMessage: true},
+		{name: "sidecar knows no node object", serviceUID: "uid-2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := assignment.NewTable(nil)

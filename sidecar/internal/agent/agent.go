@@ -200,6 +200,7 @@ func (a *Agent) Init(ctx context.Context) error {
 	if r := a.state.s.Active; r != nil {
 		a.active, a.activeRecorded = r.Source, true
 	}
+	a.follow(a.state.s.NodeUID)
 	// A kubelet started with another config than --kubelet-config would silently switch to that file at the
 	// first restart dkc makes: refuse to start rather than change the node behind its operator's back.
 	if a.cfg.KubeletFlags == nil {
@@ -251,20 +252,17 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 		case <-ctx.Done():
 			return nil
 		case u := <-updates:
-			uid := u.GetNodeUid()
-			followed := uid != "" && uid != a.nodeUID
-			if followed {
-				a.nodeUID = uid
-				if a.reporter != nil {
-					a.reporter.Follow(uid)
+			if uid := u.GetNodeUid(); uid != "" && uid != a.nodeUID {
+				// Another Node object than before (the Node was registered again, or this sidecar never knew):
+				// Apply's reconcile reports the node's status about it, even when nothing changes on the node.
+				a.follow(uid)
+				a.state.s.NodeUID = uid
+				if err := a.state.save(); err != nil {
+					a.log.Warn("cannot record the Node object followed; a restarted sidecar's first reports will not name it",
+						zap.String("nodeUID", uid), zap.Error(err))
 				}
 			}
 			a.Apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError()})
-			if followed {
-				// Another Node object than the one reported on before (the sidecar just started, or the Node
-				// was registered again): it gets the node's status even when applying changed nothing.
-				a.report()
-			}
 		case <-tick.C():
 			if a.unsynced != nil {
 				a.log.Info("retrying checkpoint of the last assignment", sourceFields(checkpoint.SourceOf(a.unsynced))...)
@@ -274,6 +272,14 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 			}
 			a.CheckTrial(ctx)
 		}
+	}
+}
+
+// follow makes the reports from now on name Node object uid ("": none).
+func (a *Agent) follow(uid string) {
+	a.nodeUID = uid
+	if a.reporter != nil && uid != "" {
+		a.reporter.Follow(uid)
 	}
 }
 

@@ -737,7 +737,9 @@ func TestReportsFollowTheNodeObject(t *testing.T) {
 	updates := make(chan *dkcv1.WatchConfigResponse)
 	stopped := make(chan struct{})
 	go func() { _ = n.agent.Run(ctx, updates); close(stopped) }()
-	defer func() { cancel(); <-stopped }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-stopped }) }
+	t.Cleanup(stop)
 	// waitFor steps the fake clock (the health wait) until a report since the i-th one matches.
 	waitFor := func(i int, what string, match func(reported) bool) int {
 		t.Helper()
@@ -775,5 +777,17 @@ func TestReportsFollowTheNodeObject(t *testing.T) {
 	waitFor(seen, "about node-c", func(r reported) bool { return r.nodeUID == "node-c" && rv(r.status.GetActive()) == "local" })
 	if got := n.kubelet.count(); got != 2 {
 		t.Errorf("kubelet restarts = %d, want 2 (into config 1, back to local)", got)
+	}
+	// A restarted sidecar's first reports name the object it followed last.
+	stop()
+	n.start()
+	reports := n.reporter.reportsSince(0)
+	if len(reports) == 0 {
+		t.Fatal("a restarted sidecar reported nothing")
+	}
+	for _, r := range reports {
+		if r.nodeUID != "node-c" {
+			t.Errorf("a restarted sidecar's report names %q, want node-c: %v", r.nodeUID, r.status)
+		}
 	}
 }

@@ -34,6 +34,10 @@ type persisted struct {
 	Failed []failure `json:"failed,omitempty"`
 	// Incarnation numbers the sidecar's starts (see NextIncarnation); it orders the node's status reports.
 	Incarnation uint64 `json:"incarnation,omitempty"`
+	// NodeUID is the Node object the service's last update was resolved from: a restarted sidecar's first
+	// reports name it, so that the service drops them if that Node was deleted and registered again
+	// meanwhile, instead of showing the old object's assignment on the new one.
+	NodeUID string `json:"nodeUID,omitempty"`
 }
 
 // NextIncarnation records and returns this start's incarnation: one more than the last start's, or the

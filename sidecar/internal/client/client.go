@@ -205,7 +205,8 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 			select {
 			case old := <-updates:
 				if d.GetAssignment() == nil {
-					d = &dkcv1.WatchConfigResponse{Assignment: old.GetAssignment(), SyncError: d.GetSyncError()}
+					d = &dkcv1.WatchConfigResponse{Assignment: old.GetAssignment(), SyncError: d.GetSyncError(),
+						ResolvedTime: d.GetResolvedTime(), NodeUid: d.GetNodeUid()}
 				}
 			default:
 			}
@@ -284,8 +285,9 @@ func (c *Client) RunReporter(ctx context.Context) error {
 				if restart != nil && len(c.restarts) > 0 && c.restarts[0] == restart {
 					c.restarts = c.restarts[1:]
 				}
-				// The report stays pending while restarts wait: the next one rides on it.
-				if len(c.restarts) == 0 && c.pending != nil && proto.Equal(c.pending.GetStatus(), req.GetStatus()) && c.pending.GetMessage() == req.GetMessage() {
+				// The report stays pending while restarts wait: the next one rides on it. A newer report (another
+				// sequence number: also one with the same status about another Node object) stays to be sent.
+				if len(c.restarts) == 0 && c.pending != nil && c.pending.GetSequence() == req.GetSequence() && c.pending.GetNodeUid() == req.GetNodeUid() {
 					last, c.pending = c.pending, nil
 				}
 				c.mu.Unlock()

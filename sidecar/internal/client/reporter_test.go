@@ -30,6 +30,7 @@ type awayService struct {
 	numbers  [][2]uint64 // (incarnation, sequence) of each acknowledged report
 	reports  []*dkcv1.ReportStatusRequest
 	watches  []*dkcv1.WatchConfigRequest
+	slowFor  string // reports naming this Node object take 200ms (the service asks the apiserver about them)
 }
 
 // WatchConfig opens the stream and ends it soon after, so that the client reconnects again and again.
@@ -45,6 +46,12 @@ func (s *awayService) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.Co
 }
 
 func (s *awayService) ReportStatus(_ context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
+	s.mu.Lock()
+	slow := s.slowFor != "" && req.GetNodeUid() == s.slowFor
+	s.mu.Unlock()
+	if slow {
+		time.Sleep(200 * time.Millisecond)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.away {
@@ -262,5 +269,34 @@ func TestReportsNameTheNodeObjectTheyWereMadeFor(t *testing.T) {
 		if r.GetStatus().GetError() == "x" && r.GetNodeUid() != "uid-a" {
 			t.Errorf("report x (made while following uid-a) sent naming %q", r.GetNodeUid())
 		}
+	}
+}
+
+// TestSameStatusAboutAnotherObjectIsSent: a report made while an equal status about the previous Node object
+// is on its way (a Node registered again with the same config) is sent after that one's acknowledgement, not
+// taken as delivered by it: the service drops the first, and the new Node would get no status.
+func TestSameStatusAboutAnotherObjectIsSent(t *testing.T) {
+	svc := &awayService{slowFor: "uid-a"}
+	c := startReporter(t, svc)
+	c.Follow("uid-a")
+	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil)
+	time.Sleep(50 * time.Millisecond) // the report about uid-a is being sent
+	c.Follow("uid-b")
+	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		svc.mu.Lock()
+		var uids []string
+		for _, r := range svc.reports {
+			uids = append(uids, r.GetNodeUid())
+		}
+		svc.mu.Unlock()
+		if len(uids) == 2 && uids[0] == "uid-a" && uids[1] == "uid-b" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reports acknowledged naming %v, want [uid-a uid-b]", uids)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

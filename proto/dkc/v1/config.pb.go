@@ -375,9 +375,13 @@ type WatchConfigRequest struct {
 	// The node_uid of the last WatchConfigResponse the node applied ("" if none since the sidecar started).
 	// When resuming, the service sends the node's state if the Node object is another one now (deleted and
 	// registered again under the same name), so that the node's reports name the object they are about.
-	NodeUid       string `protobuf:"bytes,4,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeUid string `protobuf:"bytes,4,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
+	// Set by sidecars that name node_uid in their reports. The service then tells such a node the Node object
+	// when it names none (its state was lost), even when its config is unchanged; a sidecar of an older
+	// version, which would not use it, gets nothing more than before.
+	FollowsNodeUid bool `protobuf:"varint,5,opt,name=follows_node_uid,json=followsNodeUid,proto3" json:"follows_node_uid,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WatchConfigRequest) Reset() {
@@ -436,6 +440,13 @@ func (x *WatchConfigRequest) GetNodeUid() string {
 		return x.NodeUid
 	}
 	return ""
+}
+
+func (x *WatchConfigRequest) GetFollowsNodeUid() bool {
+	if x != nil {
+		return x.FollowsNodeUid
+	}
+	return false
 }
 
 // WatchConfigResponse is the node's complete desired state; each message replaces the previous one.
@@ -762,13 +773,14 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
 	"\rAppliedConfig\x120\n" +
 	"\x06source\x18\x01 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06source\x12!\n" +
-	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xa5\x01\n" +
+	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xcf\x01\n" +
 	"\x12WatchConfigRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x128\n" +
 	"\flast_applied\x18\x02 \x01(\v2\x15.dkc.v1.AppliedConfigR\vlastApplied\x12\x1d\n" +
 	"\n" +
 	"sync_error\x18\x03 \x01(\tR\tsyncError\x12\x19\n" +
-	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\"\xc4\x01\n" +
+	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\x12(\n" +
+	"\x10follows_node_uid\x18\x05 \x01(\bR\x0efollowsNodeUid\"\xc4\x01\n" +
 	"\x13WatchConfigResponse\x122\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x12.dkc.v1.AssignmentR\n" +

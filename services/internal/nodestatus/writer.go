@@ -475,6 +475,9 @@ func (w *Writer) dropIfGone(ctx context.Context, name, nodeUID string) error {
 	if !ok {
 		return errNoReport
 	}
+	if checked.nodeUID != nodeUID {
+		return errNotCached // a newer report (about another object) came meanwhile: its own write checks it
+	}
 	list, err := w.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
 	if err != nil {
 		return fmt.Errorf("check whether node %s exists: %w", name, err)

@@ -204,6 +204,9 @@ type watchState struct {
 	// nodeUID is the Node object the node's state came from, as the node says or was last sent; "" when
 	// the node does not know (a sidecar just started, or an older one).
 	nodeUID string
+	// followsNodeUID: the sidecar names the Node object in its reports (an older one does not): tell it the
+	// object also when it names none.
+	followsNodeUID bool
 }
 
 //go:noinline
@@ -222,7 +225,7 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigS
 		ws.has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
 	}
 	ws.sentSyncError = req.GetSyncError()
-	ws.nodeUID = req.GetNodeUid()
+	ws.nodeUID, ws.followsNodeUID = req.GetNodeUid(), req.GetFollowsNodeUid()
 	ws.rc = s.newRecheck(ctx)
 	return ws, nil
 }
@@ -256,12 +259,13 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	if !ok {
 		return changed, nil
 	}
-	// A node that names another Node object than the state's, or none (a sidecar of an older version, or
-	// one whose state file was lost), is told the object, even when its config stays the same: its reports
-	// name the object they are about (the Node may have been deleted and registered again).
+	// A node that names another Node object than the state's, or none while it could use one (its state
+	// file lost, or upgraded from a version without it), is told the object, even when its config stays the
+	// same: its reports name the object they are about (the Node may have been deleted and registered
+	// again). A sidecar of an older version names none and would not use it: nothing more is sent to it.
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
 		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
-		(st.NodeUID != "" && st.NodeUID != ws.nodeUID)
+		(st.NodeUID != "" && st.NodeUID != ws.nodeUID && (ws.nodeUID != "" || ws.followsNodeUID))
 	if !send {
 		return changed, nil
 	}

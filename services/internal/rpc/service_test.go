@@ -181,6 +181,7 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		wantNoMessage bool
 		nodeUID       string // the request's node_uid
 		serviceUID    string // the table's NodeUID
+		follows       bool   // the request's follows_node_uid
 	}{
 		{name: "cleared while away", nodeHolds: download, serviceHas: "", wantSyncError: ""},
 		{name: "appeared while away", nodeHolds: "", serviceHas: download, wantSyncError: download},
@@ -188,7 +189,8 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		{name: "no error either side", wantNoMessage: true},
 		{name: "node registered again while away", nodeUID: "uid-1", serviceUID: "uid-2"},
 		{name: "same node object", nodeUID: "uid-1", serviceUID: "uid-1", wantNoMessage: true},
-		{name: "sidecar knows no node object", serviceUID: "uid-2"},
+		{name: "sidecar knows no node object", serviceUID: "uid-2", follows: true},
+		{name: "older sidecar, which names none", serviceUID: "uid-2", wantNoMessage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := assignment.NewTable(nil)
@@ -197,7 +199,7 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 			defer cancel()
 			table.Set("n1", assignment.State{Assignment: assign("1")})
 			table.SetSyncError("n1", tc.serviceUID, nodeconfig.StatusError(tc.serviceHas))
-			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds, NodeUid: tc.nodeUID,
+			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds, NodeUid: tc.nodeUID, FollowsNodeUid: tc.follows,
 				LastApplied: &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
 			if err != nil {
 				t.Fatal(err)

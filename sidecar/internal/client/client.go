@@ -170,7 +170,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	sctx, cancel := context.WithCancel(actx)
 	defer cancel()
 	c.mu.Lock()
-	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError, NodeUid: c.nodeUID}
+	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError, NodeUid: c.nodeUID, FollowsNodeUid: true}
 	c.mu.Unlock()
 	stream, err := c.rpc.WatchConfig(sctx, req)
 	if err != nil {

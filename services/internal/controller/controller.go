@@ -88,10 +88,7 @@ func New(cfg Config) *Controller {
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Node)
 			n, ok2 := newObj.(*corev1.Node)
-			// Heartbeats and status writes (our own included) do not touch the source: skip them. Another
-			// UID is another object (deleted and registered again, seen as an update across a relist): its
-			// node must be told, whatever its source.
-			if !ok1 || !ok2 || o.UID != n.UID || sourceChanged(o, n) {
+			if !ok1 || !ok2 || needsSync(o, n) {
 				c.enqueue(newObj)
 			}
 		},
@@ -103,6 +100,11 @@ func New(cfg Config) *Controller {
 // sourceChanged says whether an update may change the node's source. It compares exactly (a source without
 // subfield is not nil here: it is an error to report), unlike nodeconfig.SameSource, which asks whether two
 // sources name the same config.
+// needsSync says whether a Node update can change the node's state. Heartbeats and status writes (our own
+// included) do not touch the source: they are skipped. Another UID is another object (deleted and
+// registered again, seen as an update across a relist): its node must be told, whatever its source.
+func needsSync(o, n *corev1.Node) bool { return o.UID != n.UID || sourceChanged(o, n) }
+
 func sourceChanged(o, n *corev1.Node) bool {
 	return o.Annotations[nodeconfig.SourceAnnotation] != n.Annotations[nodeconfig.SourceAnnotation] ||
 		!apiequality.Semantic.DeepEqual(o.Spec.ConfigSource, n.Spec.ConfigSource)

@@ -326,3 +326,46 @@ func TestSharedUse(t *testing.T) {
 		t.Errorf("nodes still held: %v", s.byNode)
 	}
 }
+
+// TestNodeObjectFollowed: the node's state names the Node object it was resolved from, and a Node registered
+// again under the name (another UID) is a change even with the same source, also when the deletion was
+// never seen as such (a relist turns it into an update).
+func TestNodeObjectFollowed(t *testing.T) {
+	f := newFixture(t)
+	put := func(uid string) {
+		t.Helper()
+		if err := f.store.Update(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: types.UID(uid)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("uid-1")
+	f.sync("n1")
+	if st, _, _ := f.table.Get("n1"); st.NodeUID != "uid-1" {
+		t.Fatalf("state names node %q, want uid-1", st.NodeUID)
+	}
+	_, _, changed := f.table.Get("n1")
+	put("uid-2")
+	f.sync("n1")
+	if st, _, _ := f.table.Get("n1"); st.NodeUID != "uid-2" {
+		t.Fatalf("state names node %q after the Node was registered again, want uid-2", st.NodeUID)
+	}
+	select {
+	case <-changed:
+	default:
+		t.Error("the Node registered again did not wake the node's stream")
+	}
+	for _, tc := range []struct {
+		name string
+		o, n *corev1.Node
+		want bool
+	}{
+		{"heartbeat", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a", ResourceVersion: "1"}}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a", ResourceVersion: "2"}}, false},
+		{"registered again, same source", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "b"}}, true},
+		{"source changed", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a", Annotations: map[string]string{nodeconfig.SourceAnnotation: "{}"}}}, true},
+	} {
+		if got := needsSync(tc.o, tc.n); got != tc.want {
+			t.Errorf("%s: needsSync = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

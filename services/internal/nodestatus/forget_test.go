@@ -2,6 +2,7 @@ package nodestatus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -10,9 +11,14 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -350,5 +356,67 @@ func TestReportsAboutADeletedNodeObjectDropped(t *testing.T) {
 				t.Errorf("the Node's status error is %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestStatusPatchNamesItsNodeObject: the status patch carries the report's Node UID, which the apiserver
+// does not let change (422, metadata.uid is immutable). With this replica's cache behind a deletion and
+// re-registration, the report about the old object passes the cache's check, the apiserver refuses the
+// patch, and the report is dropped instead of written onto the new Node.
+func TestStatusPatchNamesItsNodeObject(t *testing.T) {
+	c := newCluster(t)
+	refused := 0
+	c.client.PrependReactor("patch", "nodes", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		var p struct {
+			Metadata struct {
+				UID string `json:"uid"`
+			} `json:"metadata"`
+		}
+		if err := json.Unmarshal(action.(k8stesting.PatchAction).GetPatch(), &p); err != nil {
+			return true, nil, err
+		}
+		name := action.(k8stesting.PatchAction).GetName()
+		// The tracker, not the clientset: reactors run under the clientset's lock.
+		cur, err := c.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", name)
+		if err != nil {
+			return true, nil, err
+		}
+		if p.Metadata.UID != "" && p.Metadata.UID != string(cur.(*corev1.Node).UID) {
+			refused++
+			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, name,
+				field.ErrorList{field.Invalid(field.NewPath("metadata", "uid"), p.Metadata.UID, "field is immutable")})
+		}
+		return false, nil, nil
+	})
+	c.create("a", true)
+	first := c.uid("a")
+	// Deleted and registered again in the apiserver; the cache still has the first object.
+	if err := c.client.CoreV1().Nodes().Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.create("a", false)
+	if err := c.reportAbout("a", first, "about the first object"); !errors.Is(err, ErrOtherNode) {
+		t.Errorf("report about the first object: %v, want %v", err, ErrOtherNode)
+	}
+	if refused != 1 {
+		t.Errorf("%d patches refused, want 1", refused)
+	}
+	if got := c.w.Reported(); got != 0 {
+		t.Errorf("%d reports held, want 0", got)
+	}
+	n, err := c.client.CoreV1().Nodes().Get(context.Background(), "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := n.Annotations[nodeconfig.StatusAnnotation]; a != "" {
+		t.Errorf("the new Node got the old object's status: %s", a)
+	}
+	// The new object's report is written once the cache has it.
+	c.cacheAdd("a")
+	if err := c.reportAbout("a", c.uid("a"), "about the second object"); err != nil {
+		t.Fatal(err)
+	}
+	if got := annotationOf(t, getNode(t, c.client, "a")).Error; got != "about the second object" {
+		t.Errorf("the new Node's status error is %q, want the second object's", got)
 	}
 }

@@ -76,18 +76,21 @@ push-images: ## push the tarballs `make images` wrote to $(IMAGE_REPO)/<image>:$
 .PHONY: test
 test: test-unit test-fuzz test-integration ## run every test: unit, fuzzing (short), then integration against the real local cluster
 
-# Per target. Go counts the baseline run of the cached corpus against -fuzztime and fails with "context
-# deadline exceeded" when that alone takes it up (FuzzParseToken's corpus took 4 of 5 seconds): keep room.
-# It fails the same way when the deadline falls while a worker minimizes a newly interesting input (a clean
-# run of FuzzDecodeRecord stalled so at 10s, no crasher saved): minimizing is bounded to a few executions.
-FUZZTIME ?= 10s
+# Per target, a count of executions (about 10 s each on a 2-core machine), not a duration: with a duration,
+# Go's fuzz coordinator (before Go 1.27, go.dev/issue/75804) can fail a clean run with "context deadline
+# exceeded" when the deadline falls while a worker is busy (FuzzSave so, on a loaded CI machine, no crasher
+# saved). Minimizing a newly interesting input is bounded to a few executions. FUZZTIME, if set, replaces
+# every target's count (e.g. make test-fuzz FUZZTIME=10m for a long run).
+FUZZTIME ?=
 FUZZMINIMIZE ?= 20x
-FUZZ_TARGETS := ./services/internal/auth:FuzzParseToken ./internal/payload:FuzzValidateFileName ./services/internal/resolve:FuzzParseAnnotation ./sidecar/internal/checkpoint:FuzzSave ./sidecar/internal/checkpoint:FuzzDecodeRecord ./sidecar/internal/kubeletunit:FuzzEnvFileSet
+FUZZ_TARGETS := ./services/internal/auth:FuzzParseToken:10000x ./internal/payload:FuzzValidateFileName:90000x \
+	./services/internal/resolve:FuzzParseAnnotation:30000x ./sidecar/internal/checkpoint:FuzzSave:2500x \
+	./sidecar/internal/checkpoint:FuzzDecodeRecord:17000x ./sidecar/internal/kubeletunit:FuzzEnvFileSet:120000x
 .PHONY: test-fuzz
-test-fuzz: ## run each fuzz target for FUZZTIME (default 5s; longer runs: make test-fuzz FUZZTIME=10m)
-	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
-		echo "go test -run=^$$ -fuzz=^$$fn\$$ -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg"; \
-		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg || exit 1; done
+test-fuzz: ## run each fuzz target for its count of executions (about 10s each; longer: make test-fuzz FUZZTIME=10m)
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; ft="$(FUZZTIME)"; [ -n "$$ft" ] || ft=$${rest#*:}; \
+		echo "go test -run=^$$ -fuzz=^$$fn\$$ -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg"; \
+		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg || exit 1; done
 
 .PHONY: test-unit
 test-unit: ## unit tests (no cluster)

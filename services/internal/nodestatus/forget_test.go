@@ -124,6 +124,21 @@ func (c *cluster) drain() {
 	}
 }
 
+// retriedWhileCacheLags checks that a report whose Node (object) the cache does not hold yet is kept and its
+// write retried: the first retry still finds the cache behind.
+func (c *cluster) retriedWhileCacheLags() {
+	c.t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); c.w.queue.Len() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.t.Fatal("the report of a Node (object) not cached yet is not retried")
+		}
+	}
+	c.w.processNext(context.Background())
+	if got := c.w.Reported(); got != 1 {
+		c.t.Errorf("%d reports held while the cache lags, want 1", got)
+	}
+}
+
 func (c *cluster) pendingRetries() bool {
 	for _, n := range []string{"a", "b"} {
 		if c.w.queue.NumRequeues(n) > 0 {
@@ -172,16 +187,7 @@ func TestReportsFollowLiveNodes(t *testing.T) {
 		{"node not in the cache yet", func(c *cluster) error {
 			c.create("a", false)
 			err := c.report("a")
-			// The write is retried until the cache has the Node; the first retry still finds it missing.
-			for deadline := time.Now().Add(2 * time.Second); c.w.queue.Len() == 0; time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					c.t.Fatal("the report of a Node not cached yet is not retried")
-				}
-			}
-			c.w.processNext(context.Background())
-			if got := c.w.Reported(); got != 1 {
-				c.t.Errorf("%d reports held while the cache lags, want 1", got)
-			}
+			c.retriedWhileCacheLags()
 			c.cacheAdd("a")
 			return err
 		}, 1, nil},
@@ -310,16 +316,7 @@ func TestReportsAboutADeletedNodeObjectDropped(t *testing.T) {
 			}
 			c.create("a", false)
 			err := c.reportAbout("a", c.uid("a"), newStatus)
-			// The write is retried until the cache has the new object; the first retry still finds the old one.
-			for deadline := time.Now().Add(2 * time.Second); c.w.queue.Len() == 0; time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					c.t.Fatal("the report about a Node object not cached yet is not retried")
-				}
-			}
-			c.w.processNext(context.Background())
-			if got := c.w.Reported(); got != 1 {
-				c.t.Errorf("%d reports held while the cache lags, want 1", got)
-			}
+			c.retriedWhileCacheLags()
 			c.cacheAdd("a")
 			return err
 		}, nil, 1, newStatus},

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
@@ -71,7 +72,16 @@ func waitNodeStatus(t *testing.T, node, assigned, active, lkg, errPart string, t
 // configz returns the running kubelet's config through the apiserver's node proxy (the seed's recipe).
 func configz(t *testing.T, node string) map[string]any {
 	t.Helper()
-	raw, err := adminClient(t).CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node + "/proxy/configz").DoRaw(testContext(t))
+	// A kubelet restarted a moment ago may not answer the node proxy yet (503 "unable to handle the
+	// request"): ask again for a while, as a user would.
+	var raw []byte
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		raw, err = adminClient(t).CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node + "/proxy/configz").DoRaw(testContext(t))
+		if !apierrors.IsServiceUnavailable(err) || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("configz of %s: %v", node, err)
 	}

@@ -444,6 +444,7 @@ func (r *run) propagate(ctx context.Context, nodes, target []string, label strin
 	if err != nil {
 		return nil, err
 	}
+	stallsBefore := readRuntimeStalls()
 	profiled := func() {}
 	if profile {
 		profiled = r.profile(ctx, "propagation", time.Duration(len(nodes)/r.cfg.PropagationRate)*time.Second)
@@ -502,6 +503,10 @@ func (r *run) propagate(ctx context.Context, nodes, target []string, label strin
 		r.res.note("propagation_"+label+"_server_resolved_to_pushed_p50_seconds_le", pushAfter.quantile(pushBefore, 0.5))
 		r.res.note("propagation_"+label+"_server_resolved_to_pushed_p99_seconds_le", pushAfter.quantile(pushBefore, 0.99))
 	}
+	// The benchmark process's own delays over the repetition (see runtimeStalls).
+	stallsAfter := readRuntimeStalls()
+	r.res.note("propagation_"+label+"_bench_sched_latency_max_seconds_ge", longestSince(stallsBefore.sched, stallsAfter.sched))
+	r.res.note("propagation_"+label+"_bench_gc_pause_max_seconds_ge", longestSince(stallsBefore.gc, stallsAfter.gc))
 	if err := writeCSV(filepath.Join(r.cfg.Dir, "propagation-"+label+".csv"), nodes, start, watched, received, dkc); err != nil {
 		return nil, err
 	}
@@ -979,20 +984,25 @@ func (r *run) scale(ctx context.Context) error {
 	r.res.set("service_rss_bytes_per_node_at_5000", float64(at.rss-base.rss)/n)
 	r.res.set("service_live_bytes_per_node_at_5000", float64(at.live()-base.live())/n)
 	r.res.note("service_heap_bytes_per_node_at_5000", float64(at.heap-base.heap)/n)
+	r.res.note("service_heap_objects_bytes_per_node_at_5000", float64(at.objects-base.objects)/n)
 	r.res.note("service_stack_bytes_per_node_at_5000", float64(at.stack-base.stack)/n)
 	r.serverLivePerNode = float64(at.live()-base.live()) / n
-	for k, v := range map[string]int64{"rss": base.rss, "heap": base.heap, "stack": base.stack} {
+	for k, v := range map[string]int64{"rss": base.rss, "heap": base.heap, "heap_objects": base.objects, "stack": base.stack} {
 		r.res.note("service_"+k+"_bytes_no_nodes_connected", float64(v))
 	}
-	for k, v := range map[string]int64{"rss": at.rss, "heap": at.heap, "stack": at.stack} {
+	for k, v := range map[string]int64{"rss": at.rss, "heap": at.heap, "heap_objects": at.objects, "stack": at.stack} {
 		r.res.note("service_"+k+"_bytes_at_5000", float64(v))
 	}
 	r.res.note("scale_nodes", n)
 	if v, err := serverMetric(ctx, r.cluster.MetricsAddress(), "go_goroutines", nil); err == nil {
 		r.res.note("service_goroutines_at_5000", v)
 	}
-	if err := fetch(ctx, "http://"+r.cluster.MetricsAddress()+"/debug/pprof/heap", filepath.Join(r.cfg.Dir, "dkc-server-scale.heap.pprof")); err != nil {
-		r.progress("heap profile: %v", err)
+	// The heap profile shows what the live objects are; the goroutine profile (debug=1: stacks counted
+	// alike) what each connection runs.
+	for file, path := range map[string]string{"dkc-server-scale.heap.pprof": "heap", "dkc-server-scale.goroutines.txt": "goroutine?debug=1"} {
+		if err := fetch(ctx, "http://"+r.cluster.MetricsAddress()+"/debug/pprof/"+path, filepath.Join(r.cfg.Dir, file)); err != nil {
+			r.progress("%s: %v", file, err)
+		}
 	}
 	return nil
 }
@@ -1035,6 +1045,7 @@ func (r *run) maxNodes(ctx context.Context) error {
 	r.res.note("max_nodes", float64(len(nodes)))
 	r.res.set("service_rss_bytes_at_10000", float64(settled.rss))
 	r.res.note("service_heap_bytes_at_10000", float64(settled.heap))
+	r.res.note("service_heap_objects_bytes_at_10000", float64(settled.objects))
 	r.res.note("service_stack_bytes_at_10000", float64(settled.stack))
 
 	// Propagation with every node connected: the propagation phase's nodes, to ConfigMaps new to them.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime/metrics"
 	"slices"
 	"sort"
 	"strconv"
@@ -126,39 +127,42 @@ func apiserverWatches(ctx context.Context, rc *rest.Config) (int, error) {
 
 // goMemory is a Go process's memory right after a forced garbage collection: RSS, heap in use and
 // goroutine stacks in use. RSS alone mixes what is live with what the collector has not yet returned.
+// objects is the part of heap that live objects fill (HeapAlloc); heap counts whole spans (HeapInuse), so
+// heap-objects is what the allocator cannot give back while one object of a span lives (fragmentation).
 type goMemory struct {
-	rss, heap, stack int64
+	rss, heap, objects, stack int64
 }
 
 // live is what the process keeps after a collection: heap and stacks.
 func (m goMemory) live() int64 { return m.heap + m.stack }
 
-// parseHeapProfile reads HeapInuse and StackInuse from a debug=1 heap profile (the runtime.MemStats lines
-// at its end).
-func parseHeapProfile(data []byte) (heap, stack int64, err error) {
+// parseHeapProfile reads HeapInuse, HeapAlloc and StackInuse from a debug=1 heap profile (the
+// runtime.MemStats lines at its end).
+func parseHeapProfile(data []byte) (goMemory, error) {
+	var m goMemory
+	fields := map[string]*int64{"# HeapInuse = ": &m.heap, "# HeapAlloc = ": &m.objects, "# Stack = ": &m.stack}
+	found := 0
 	sc := bufio.NewScanner(strings.NewReader(string(data)))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	found := 0
 	for sc.Scan() {
-		line := sc.Text()
-		if v, ok := strings.CutPrefix(line, "# HeapInuse = "); ok {
-			if heap, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64); err != nil {
-				return 0, 0, err
+		for prefix, dst := range fields {
+			v, ok := strings.CutPrefix(sc.Text(), prefix)
+			if !ok {
+				continue
 			}
-			found++
-		}
-		if v, ok := strings.CutPrefix(line, "# Stack = "); ok {
-			inuse, _, _ := strings.Cut(v, " /")
-			if stack, err = strconv.ParseInt(strings.TrimSpace(inuse), 10, 64); err != nil {
-				return 0, 0, err
+			inuse, _, _ := strings.Cut(v, " /") // "# Stack = inuse / sys"
+			n, err := strconv.ParseInt(strings.TrimSpace(inuse), 10, 64)
+			if err != nil {
+				return goMemory{}, fmt.Errorf("heap profile line %q: %w", sc.Text(), err)
 			}
+			*dst = n
 			found++
 		}
 	}
-	if found != 2 {
-		return 0, 0, errors.New("no HeapInuse and Stack in the heap profile")
+	if found != len(fields) {
+		return goMemory{}, errors.New("no HeapInuse, HeapAlloc and Stack in the heap profile")
 	}
-	return heap, stack, nil
+	return m, nil
 }
 
 // apiserverMemory forces a garbage collection in the apiserver (/debug/pprof/heap?gc=1, which needs the
@@ -168,8 +172,8 @@ func apiserverMemory(ctx context.Context, rc *rest.Config, pid int) (goMemory, e
 	if err != nil {
 		return goMemory{}, err
 	}
-	var m goMemory
-	if m.heap, m.stack, err = parseHeapProfile(data); err != nil {
+	m, err := parseHeapProfile(data)
+	if err != nil {
 		return m, fmt.Errorf("apiserver: %w", err)
 	}
 	m.rss, err = rss(pid)
@@ -187,8 +191,8 @@ func serverMemory(ctx context.Context, metricsAddr string, pid int) (goMemory, e
 	if err != nil {
 		return goMemory{}, err
 	}
-	var m goMemory
-	if m.heap, m.stack, err = parseHeapProfile(data); err != nil {
+	m, err := parseHeapProfile(data)
+	if err != nil {
 		return m, fmt.Errorf("dkc-server: %w", err)
 	}
 	m.rss, err = rss(pid)
@@ -198,7 +202,7 @@ func serverMemory(ctx context.Context, metricsAddr string, pid int) (goMemory, e
 // sampleMemory takes n samples of measure, every interval, and returns the median of each part: one
 // collection can land in the middle of a burst of allocations, several rarely all do.
 func sampleMemory(ctx context.Context, n int, interval time.Duration, measure func(context.Context) (goMemory, error)) (goMemory, error) {
-	var rssS, heapS, stackS []int64
+	var rssS, heapS, objectsS, stackS []int64
 	for i := range n {
 		if i > 0 {
 			select {
@@ -211,9 +215,9 @@ func sampleMemory(ctx context.Context, n int, interval time.Duration, measure fu
 		if err != nil {
 			return goMemory{}, err
 		}
-		rssS, heapS, stackS = append(rssS, m.rss), append(heapS, m.heap), append(stackS, m.stack)
+		rssS, heapS, objectsS, stackS = append(rssS, m.rss), append(heapS, m.heap), append(objectsS, m.objects), append(stackS, m.stack)
 	}
-	return goMemory{rss: median(rssS), heap: median(heapS), stack: median(stackS)}, nil
+	return goMemory{rss: median(rssS), heap: median(heapS), objects: median(objectsS), stack: median(stackS)}, nil
 }
 
 func median(v []int64) int64 {
@@ -348,6 +352,39 @@ func (h histogram) quantile(before histogram, q float64) float64 {
 	for _, b := range bounds {
 		if h[b]-before[b] >= q*total {
 			return b
+		}
+	}
+	return 0
+}
+
+// runtimeStalls is what this process's Go runtime recorded about delays, cumulative: how long runnable
+// goroutines waited for a thread (/sched/latencies) and how long the collector stopped the world
+// (/sched/pauses/total/gc). The propagation phase takes one before and after each repetition: a stall of
+// every dkc delivery that the scheduler shows here is the benchmark process's own (1,000 simulated
+// sidecars on the same cores as the control plane), not dkc's.
+type runtimeStalls struct{ sched, gc *metrics.Float64Histogram }
+
+func readRuntimeStalls() runtimeStalls {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/sched/pauses/total/gc:seconds"}}
+	metrics.Read(s)
+	h := func(v metrics.Value) *metrics.Float64Histogram {
+		if v.Kind() != metrics.KindFloat64Histogram {
+			return nil
+		}
+		return v.Float64Histogram()
+	}
+	return runtimeStalls{sched: h(s[0].Value), gc: h(s[1].Value)}
+}
+
+// longestSince is the lower bound of the highest bucket that gained a count between before and after:
+// the longest delay recorded meanwhile was at least this long. 0 when none was recorded.
+func longestSince(before, after *metrics.Float64Histogram) float64 {
+	if before == nil || after == nil || len(before.Counts) != len(after.Counts) {
+		return 0
+	}
+	for i := len(after.Counts) - 1; i >= 0; i-- {
+		if after.Counts[i] > before.Counts[i] {
+			return max(after.Buckets[i], 0) // the first bucket's lower bound is -Inf
 		}
 	}
 	return 0

@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"math"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -11,23 +13,25 @@ import (
 
 func TestParseHeapProfile(t *testing.T) {
 	for _, tc := range []struct {
-		name        string
-		in          string
-		heap, stack int64
-		wantErr     bool
+		name    string
+		in      string
+		want    goMemory
+		wantErr bool
 	}{
-		{name: "runtime.MemStats lines", in: "heap profile: 1: 2 [3: 4] @ heap/1048576\n\n# runtime.MemStats\n# Alloc = 10\n# HeapInuse = 4096\n# Stack = 8192 / 16384\n# MSpan = 1 / 2\n",
-			heap: 4096, stack: 8192},
-		{name: "no stack line", in: "# HeapInuse = 4096\n", wantErr: true},
+		{name: "runtime.MemStats lines", in: "heap profile: 1: 2 [3: 4] @ heap/1048576\n\n# runtime.MemStats\n# Alloc = 10\n# HeapAlloc = 3000\n# HeapInuse = 4096\n# Stack = 8192 / 16384\n# MSpan = 1 / 2\n",
+			want: goMemory{heap: 4096, objects: 3000, stack: 8192}},
+		{name: "no stack line", in: "# HeapAlloc = 3000\n# HeapInuse = 4096\n", wantErr: true},
+		{name: "no HeapAlloc line", in: "# HeapInuse = 4096\n# Stack = 8192 / 16384\n", wantErr: true},
+		{name: "not a number", in: "# HeapAlloc = x\n# HeapInuse = 4096\n# Stack = 8192 / 16384\n", wantErr: true},
 		{name: "empty", in: "", wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			heap, stack, err := parseHeapProfile([]byte(tc.in))
+			got, err := parseHeapProfile([]byte(tc.in))
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
 			}
-			if !tc.wantErr && (heap != tc.heap || stack != tc.stack) {
-				t.Errorf("heap, stack = %d, %d; want %d, %d", heap, stack, tc.heap, tc.stack)
+			if !tc.wantErr && got != tc.want {
+				t.Errorf("parseHeapProfile = %+v, want %+v", got, tc.want)
 			}
 		})
 	}
@@ -116,5 +120,33 @@ func TestFsyncCostCountsEveryFsync(t *testing.T) {
 				t.Errorf("charged %d fsyncs, want %d", charged, tc.fsyncs)
 			}
 		})
+	}
+}
+
+func TestLongestSince(t *testing.T) {
+	buckets := []float64{math.Inf(-1), 0.001, 0.01, 0.1, 1}
+	h := func(counts ...uint64) *metrics.Float64Histogram {
+		return &metrics.Float64Histogram{Counts: counts, Buckets: buckets}
+	}
+	for _, tc := range []struct {
+		name          string
+		before, after *metrics.Float64Histogram
+		want          float64
+	}{
+		{name: "nothing recorded", before: h(1, 2, 3, 4), after: h(1, 2, 3, 4), want: 0},
+		{name: "short delays only", before: h(1, 2, 3, 4), after: h(9, 2, 3, 4), want: 0},
+		{name: "the highest bucket that grew", before: h(1, 2, 3, 4), after: h(5, 9, 4, 4), want: 0.01},
+		{name: "a long delay before does not count", before: h(0, 0, 0, 7), after: h(0, 3, 0, 7), want: 0.001},
+		{name: "the last bucket", before: h(0, 0, 0, 0), after: h(0, 0, 0, 1), want: 0.1},
+		{name: "no histogram", before: nil, after: h(0, 0, 0, 1), want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := longestSince(tc.before, tc.after); got != tc.want {
+				t.Errorf("longestSince = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if s := readRuntimeStalls(); s.sched == nil || s.gc == nil {
+		t.Errorf("readRuntimeStalls = %+v: the runtime no longer has these metrics", s)
 	}
 }

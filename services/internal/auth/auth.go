@@ -22,6 +22,7 @@ import (
 
 	grpcauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"go.uber.org/zap"
+	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -101,9 +102,11 @@ func Authorize(ctx context.Context, node string) error {
 //     from another, which garbage can churn, but only at the rate 4 allows;
 //  3. a token that is not shaped like a ServiceAccount JWT is refused without a review (the apiserver's
 //     ServiceAccount authenticator would refuse it unread);
-//  4. a review is spent only within the caller address's token bucket (WithPeerLimit);
+//  4. a review is spent only within the caller address's token bucket (WithPeerLimit), which counts every
+//     uncached call, also one that joins a review already in flight for the same token;
 //  5. reviews go through their own client and rate limiter (NewReviewClient), so the apiserver budget for
-//     Node status writes is not theirs to take, and wait at most reviewTimeout for it.
+//     Node status writes is not theirs to take, and wait at most reviewTimeout for it; calls that present a
+//     token under review share that review.
 type Authenticator struct {
 	client  kubernetes.Interface
 	allowed map[string]bool // "namespace/name"
@@ -116,6 +119,10 @@ type Authenticator struct {
 
 	verified *cache.LRUExpireCache // token hash -> verification
 	refused  *cache.LRUExpireCache // token hash -> refusal
+	// reviewing joins the calls that present a token while its review is in flight (token hash -> outcome):
+	// a sidecar's stream and its first status report arrive together, and a reconnect storm brings every
+	// token at once to both, so without it each new token cost two or more reviews.
+	reviewing singleflight.Group
 }
 
 // verification is a verified token's cache entry: who it is, until when (the entry's expiry, which the
@@ -131,7 +138,7 @@ const (
 	// refusedCacheSize only spares the apiserver a caller that repeats a refused token (a sidecar whose
 	// ServiceAccount is not allowed yet, a token for the wrong audience).
 	refusedCacheSize = 4096
-	// reviewTimeout bounds how long a call waits for the review rate limiter and the apiserver. client-go's
+	// reviewTimeout bounds how long a review waits for the review rate limiter and the apiserver. client-go's
 	// limiter fails at once when the wait would pass the deadline, so a backlog of reviews becomes
 	// Unavailable (the sidecar backs off and retries) instead of a growing pile of blocked calls.
 	reviewTimeout = 10 * time.Second
@@ -294,6 +301,46 @@ func (a *Authenticator) authenticate(ctx context.Context, token string, limitPee
 				addr, float64(a.peers.qps), a.peers.burst))
 		}
 	}
+	return a.verify(ctx, key, token, claims.exp)
+}
+
+// outcome is a review's result as verify shares it between the calls that waited for it.
+type outcome struct {
+	v      verification
+	reason string
+	err    error
+}
+
+// verify reviews token (whose hash is key, exp its exp claim) and caches the answer, once for all the calls
+// that present it meanwhile. The review does not run on the first caller's context: that caller going away
+// must not fail the others, and nothing of its call should stay referenced (reviewTimeout bounds the
+// review). A caller whose context ends stops waiting.
+func (a *Authenticator) verify(ctx context.Context, key, token string, exp time.Time) (verification, string, error) {
+	if err := ctx.Err(); err != nil {
+		return a.refuse(reasonUnavailable, status.FromContextError(err).Err()) // nobody to review it for
+	}
+	ch := a.reviewing.DoChan(key, func() (any, error) {
+		// The review just before may have finished between this call's cache lookup and now.
+		if v, ok := a.verified.Get(key); ok {
+			return outcome{v: v.(verification)}, nil
+		}
+		if v, ok := a.refused.Get(key); ok {
+			r := v.(refusal)
+			return outcome{reason: r.reason, err: r.err}, nil
+		}
+		v, reason, err := a.reviewAndCache(context.Background(), key, token, exp)
+		return outcome{v, reason, err}, nil
+	})
+	select {
+	case <-ctx.Done():
+		return a.refuse(reasonUnavailable, status.FromContextError(ctx.Err()).Err())
+	case r := <-ch:
+		o := r.Val.(outcome)
+		return o.v, o.reason, o.err
+	}
+}
+
+func (a *Authenticator) reviewAndCache(ctx context.Context, key, token string, exp time.Time) (verification, string, error) {
 	id, reason, err := a.review(ctx, token)
 	switch {
 	case reason == reasonUnavailable:
@@ -309,13 +356,13 @@ func (a *Authenticator) authenticate(ctx context.Context, token string, limitPee
 		now := a.clock.Now()
 		ttl := a.ttl
 		ttl -= a.spread(ttl)
-		if !claims.exp.IsZero() {
-			ttl = min(ttl, claims.exp.Sub(now))
+		if !exp.IsZero() {
+			ttl = min(ttl, exp.Sub(now))
 		}
 		if ttl <= 0 {
-			return verification{id: id, until: now, exp: claims.exp}, "", nil
+			return verification{id: id, until: now, exp: exp}, "", nil
 		}
-		v := verification{id: id, until: now.Add(ttl), exp: claims.exp}
+		v := verification{id: id, until: now.Add(ttl), exp: exp}
 		a.verified.Add(key, v, ttl)
 		return v, "", nil
 	}

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,6 +34,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
@@ -181,6 +183,107 @@ func TestPeerLimit(t *testing.T) {
 			}
 			if got := rv.count() - before; got != tt.wantProbeReviews {
 				t.Errorf("probe cost %d reviews, want %d", got, tt.wantProbeReviews)
+			}
+		})
+	}
+}
+
+// slowAPIServer answers TokenReviews over HTTP, each once hold is closed, accepting every token for node-1;
+// a review whose request is cancelled first is answered with nothing. Over HTTP, unlike with the fake
+// clientset, a review made on a caller's context ends when that context does.
+type slowAPIServer struct {
+	hold    chan struct{}
+	reviews atomic.Int32
+}
+
+func (s *slowAPIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.reviews.Add(1)
+	var tr authenticationv1.TokenReview
+	_ = json.NewDecoder(r.Body).Decode(&tr)
+	select {
+	case <-s.hold:
+	case <-r.Context().Done():
+		return
+	}
+	tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{Audience},
+		User: authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:dkc-sidecar",
+			Extra: map[string]authenticationv1.ExtraValue{NodeNameExtra: {"node-1"}}}}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(&tr)
+}
+
+// TestConcurrentCallsShareOneReview: the calls that present a token while it is being reviewed (a stream and
+// its first report; a reconnect storm) wait for that review instead of each spending one, and the first
+// caller going away fails none of the others.
+func TestConcurrentCallsShareOneReview(t *testing.T) {
+	for _, tt := range []struct {
+		name         string
+		cancelLeader bool
+	}{
+		{name: "all wait"},
+		{name: "first caller gone meanwhile", cancelLeader: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			api := &slowAPIServer{hold: make(chan struct{})}
+			srv := httptest.NewServer(api)
+			defer srv.Close()
+			client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL, QPS: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := newTestAuthenticator(t, client, clocktesting.NewFakeClock(epoch), WithPeerLimit(0, 0))
+			tok := jwt(map[string]any{"sub": "node-1"})
+			ctx := fromPeer(context.Background(), "10.0.0.1:1000")
+
+			leaderCtx, cancelLeader := context.WithCancel(ctx)
+			defer cancelLeader()
+			leader := make(chan error, 1)
+			go func() { _, err := a.Authenticate(leaderCtx, tok); leader <- err }()
+			if err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+				return api.reviews.Load() == 1, nil
+			}); err != nil {
+				t.Fatalf("the first call's review never started: %v", err)
+			}
+			const others = 10
+			results := make(chan error, others)
+			for range others {
+				go func() {
+					id, err := a.Authenticate(ctx, tok)
+					if err == nil && id.Node != "node-1" {
+						err = fmt.Errorf("identity %+v, want node-1", id)
+					}
+					results <- err
+				}()
+			}
+			// A call that did not join the review would have started its own by now (one that comes later
+			// than this finds the cached answer: the test cannot fail for a slow machine).
+			_ = wait.PollUntilContextTimeout(ctx, time.Millisecond, 200*time.Millisecond, true, func(context.Context) (bool, error) {
+				return api.reviews.Load() > 1, nil
+			})
+			if tt.cancelLeader {
+				cancelLeader()
+				select {
+				case err := <-leader:
+					if status.Code(err) != codes.Canceled {
+						t.Errorf("the first caller, gone: %v, want Canceled", err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Errorf("the first caller still waits for the review after its context ended")
+				}
+			}
+			close(api.hold)
+			for range others {
+				if err := <-results; err != nil {
+					t.Errorf("a call that waited for the review: %v", err)
+				}
+			}
+			if !tt.cancelLeader {
+				if err := <-leader; err != nil {
+					t.Errorf("the first call: %v", err)
+				}
+			}
+			if got := api.reviews.Load(); got != 1 {
+				t.Errorf("%d concurrent calls with one new token cost %d reviews, want 1", others+1, got)
 			}
 		})
 	}
@@ -508,26 +611,32 @@ func TestServerEnforcesHeaderCap(t *testing.T) {
 			}
 			block := hb.Bytes()
 			const chunk = 16 << 10 // the default SETTINGS_MAX_FRAME_SIZE
-			first := min(chunk, len(block))
-			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:first], EndHeaders: first == len(block)}); err != nil {
-				t.Fatal(err)
-			}
-			for rest := block[first:]; len(rest) > 0; {
-				n := min(chunk, len(rest))
-				if err := fr.WriteContinuation(1, n == len(rest), rest[:n]); err != nil {
-					t.Fatal(err)
+			send := func() error {
+				first := min(chunk, len(block))
+				if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:first], EndHeaders: first == len(block)}); err != nil {
+					return err
 				}
-				rest = rest[n:]
-			}
-			// An empty gRPC message (the request), ending the stream.
-			if err := fr.WriteData(1, true, []byte{0, 0, 0, 0, 0}); err != nil {
-				t.Fatal(err)
+				for rest := block[first:]; len(rest) > 0; {
+					n := min(chunk, len(rest))
+					if err := fr.WriteContinuation(1, n == len(rest), rest[:n]); err != nil {
+						return err
+					}
+					rest = rest[n:]
+				}
+				// An empty gRPC message (the request), ending the stream.
+				return fr.WriteData(1, true, []byte{0, 0, 0, 0, 0})
 			}
 			// Refused: the stream reset (the header list is over the limit) or the connection closed (one
-			// header field is over it: HPACK's string limit is a connection error).
+			// header field is over it: HPACK's string limit is a connection error) — possibly while the
+			// rest of the request is still being written.
 			var refused string
+			if err := send(); errors.Is(err, io.ErrClosedPipe) {
+				refused = "connection closed while writing"
+			} else if err != nil {
+				t.Fatal(err)
+			}
 		read:
-			for {
+			for refused == "" {
 				f, err := fr.ReadFrame()
 				if errors.Is(err, io.EOF) {
 					refused = "connection closed"

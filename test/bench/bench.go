@@ -440,7 +440,7 @@ func (r *run) propagate(ctx context.Context, nodes, target []string, label strin
 	}
 	defer bare.stop()
 
-	pushBefore, err := serverHistogram(ctx, r.cluster.MetricsAddress(), "dkc_server_push_latency_seconds")
+	serverBefore, err := readServerDelays(ctx, r.cluster.MetricsAddress())
 	if err != nil {
 		return nil, err
 	}
@@ -498,10 +498,8 @@ func (r *run) propagate(ctx context.Context, nodes, target []string, label strin
 		dkc = append(dkc, cp.Sub(start[i]))
 		received = append(received, recv.Sub(start[i]))
 	}
-	if pushAfter, err := serverHistogram(ctx, r.cluster.MetricsAddress(), "dkc_server_push_latency_seconds"); err == nil {
-		// Inside dkc-server, from a node's new state to its push (histogram bucket bounds).
-		r.res.note("propagation_"+label+"_server_resolved_to_pushed_p50_seconds_le", pushAfter.quantile(pushBefore, 0.5))
-		r.res.note("propagation_"+label+"_server_resolved_to_pushed_p99_seconds_le", pushAfter.quantile(pushBefore, 0.99))
+	if serverAfter, err := readServerDelays(ctx, r.cluster.MetricsAddress()); err == nil {
+		serverAfter.note(r.res, "propagation_"+label+"_server_", serverBefore)
 	}
 	// The benchmark process's own delays over the repetition (see runtimeStalls).
 	stallsAfter := readRuntimeStalls()

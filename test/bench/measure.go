@@ -67,6 +67,15 @@ func metricFamilies(body io.Reader) (map[string]*dto.MetricFamily, error) {
 // metricSum adds up the samples of the named metric whose labels include every pair in match.
 func metricSum(families map[string]*dto.MetricFamily, name string, match map[string]string) float64 {
 	var sum float64
+	for _, m := range matching(families, name, match) {
+		sum += m.GetGauge().GetValue() + m.GetCounter().GetValue() + m.GetUntyped().GetValue()
+	}
+	return sum
+}
+
+// matching is family name's series whose labels include match.
+func matching(families map[string]*dto.MetricFamily, name string, match map[string]string) []*dto.Metric {
+	var out []*dto.Metric
 	for _, m := range families[name].GetMetric() {
 		labels := map[string]string{}
 		for _, l := range m.GetLabel() {
@@ -78,12 +87,11 @@ func metricSum(families map[string]*dto.MetricFamily, name string, match map[str
 				ok = false
 			}
 		}
-		if !ok {
-			continue
+		if ok {
+			out = append(out, m)
 		}
-		sum += m.GetGauge().GetValue() + m.GetCounter().GetValue() + m.GetUntyped().GetValue()
 	}
-	return sum
+	return out
 }
 
 // apiserverGet GETs path from the apiserver with the benchmark's admin credentials.
@@ -323,19 +331,59 @@ func fetch(ctx context.Context, url, path string) error {
 // histogram is a Prometheus histogram's cumulative bucket counts by upper bound.
 type histogram map[float64]float64
 
-// serverHistogram reads a histogram from dkc-server's /metrics.
-func serverHistogram(ctx context.Context, addr, name string) (histogram, error) {
+// serverHistogram reads a histogram (summed over the series whose labels include match) from dkc-server's
+// /metrics.
+func serverHistogram(ctx context.Context, addr, name string, match map[string]string) (histogram, error) {
 	families, err := serverMetrics(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
 	h := histogram{}
-	for _, m := range families[name].GetMetric() {
+	for _, m := range matching(families, name, match) {
 		for _, b := range m.GetHistogram().GetBucket() {
 			h[b.GetUpperBound()] += float64(b.GetCumulativeCount())
 		}
 	}
 	return h, nil
+}
+
+// serverDelays are dkc-server's histograms of where a Node change waits inside it: in the node queue for a
+// worker, in the worker (resolution), and from the node's new state to its push.
+type serverDelays struct{ queued, worked, pushed histogram }
+
+func readServerDelays(ctx context.Context, addr string) (serverDelays, error) {
+	var d serverDelays
+	for _, h := range []struct {
+		to    *histogram
+		name  string
+		match map[string]string
+	}{
+		{&d.queued, "workqueue_queue_duration_seconds", map[string]string{"name": "nodes"}},
+		{&d.worked, "workqueue_work_duration_seconds", map[string]string{"name": "nodes"}},
+		{&d.pushed, "dkc_server_push_latency_seconds", nil},
+	} {
+		var err error
+		if *h.to, err = serverHistogram(ctx, addr, h.name, h.match); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// note records, as bucket upper bounds, the p50, p99 and largest of the observations since before.
+func (d serverDelays) note(res *Results, prefix string, before serverDelays) {
+	for _, h := range []struct {
+		name          string
+		after, before histogram
+	}{
+		{"queued", d.queued, before.queued},
+		{"resolved", d.worked, before.worked},
+		{"resolved_to_pushed", d.pushed, before.pushed},
+	} {
+		res.note(prefix+h.name+"_p50_seconds_le", h.after.quantile(h.before, 0.5))
+		res.note(prefix+h.name+"_p99_seconds_le", h.after.quantile(h.before, 0.99))
+		res.note(prefix+h.name+"_max_seconds_le", h.after.quantile(h.before, 1))
+	}
 }
 
 // quantile of the observations between before and h: the upper bound of the bucket holding it.

@@ -327,6 +327,8 @@ func serverMetric(t *testing.T, series string) float64 {
 func TestStatusWriteBack(t *testing.T) {
 	ctx := testContext(t)
 	client := adminClient(t)
+	// Both queues count what passes through them, under client-go's workqueue metric names.
+	nodesQueued, statusQueued := serverMetric(t, `workqueue_adds_total{name="nodes"}`), serverMetric(t, `workqueue_adds_total{name="nodestatus"}`)
 	token := simNode(t, "sim-status")
 	cm := createConfigMap(t, "status-cm", map[string]string{"kubelet": "a"})
 	setSource(t, client, "sim-status", cmSource("status-cm"))
@@ -394,6 +396,12 @@ func TestStatusWriteBack(t *testing.T) {
 	}
 	if n := serverMetric(t, `dkc_server_node_status_writes_total{result="held"}`) - heldBefore; n < 1 {
 		t.Errorf("the restart in progress was not held (held writes %v)", n)
+	}
+	if n := serverMetric(t, `workqueue_adds_total{name="nodes"}`) - nodesQueued; n < 1 {
+		t.Errorf("workqueue_adds_total{name=\"nodes\"} grew by %v after a Node was created and assigned, want ≥ 1", n)
+	}
+	if n := serverMetric(t, `workqueue_adds_total{name="nodestatus"}`) - statusQueued; n < 1 {
+		t.Errorf("workqueue_adds_total{name=\"nodestatus\"} grew by %v after status reports, want ≥ 1", n)
 	}
 	events, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=sim-status,reason=KubeletConfigChanged"})
 	if err != nil {

@@ -66,6 +66,8 @@ type Config struct {
 	// whatever else holds per-node state (the status writer's reports) lets go of it there, so that memory
 	// follows the live Nodes.
 	Forget func(node string)
+	// QueueMetrics, if not nil, receives the node queue's metrics (queue name "nodes").
+	QueueMetrics workqueue.MetricsProvider
 }
 
 // New wires the controller to its Node informer and builds its ConfigMap tracker.
@@ -79,7 +81,7 @@ func New(cfg Config) *Controller {
 		table:       cfg.Table,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodes"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodes", MetricsProvider: cfg.QueueMetrics}),
 		shared: newShared(),
 	}
 	c.cms = cfg.ConfigMaps(c.onConfigMapChange)

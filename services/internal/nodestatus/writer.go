@@ -126,11 +126,11 @@ type Pending struct {
 	queue workqueue.TypedRateLimitingInterface[string]
 }
 
-// NewPending returns an empty queue.
-func NewPending() *Pending {
+// NewPending returns an empty queue; metrics, if not nil, receives its metrics (queue name "nodestatus").
+func NewPending(metrics workqueue.MetricsProvider) *Pending {
 	return &Pending{queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, 30*time.Second),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodestatus"})}
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodestatus", MetricsProvider: metrics})}
 }
 
 // Add queues the node.
@@ -164,7 +164,7 @@ type Config struct {
 // New returns a Writer.
 func New(cfg Config) *Writer {
 	if cfg.Pending == nil {
-		cfg.Pending = NewPending()
+		cfg.Pending = NewPending(nil)
 	}
 	return &Writer{
 		log: cfg.Log, client: cfg.Client, nodes: cfg.Nodes, table: cfg.Table, clock: clock.RealClock{}, metrics: cfg.Metrics,

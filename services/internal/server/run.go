@@ -37,6 +37,7 @@ import (
 	"github.com/dkc-dev/dkc/services/internal/configmaps"
 	"github.com/dkc-dev/dkc/services/internal/controller"
 	"github.com/dkc-dev/dkc/services/internal/nodestatus"
+	"github.com/dkc-dev/dkc/services/internal/queuemetrics"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
 	"github.com/dkc-dev/dkc/services/internal/rpc"
 )
@@ -104,7 +105,8 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// One informer factory; cached Nodes are stripped of what dkc never reads, so 5,000 Nodes stay cheap.
 	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripNode))
 	nodeInformer := s.factory.Core().V1().Nodes()
-	pending := nodestatus.NewPending()
+	queueMetrics := queuemetrics.New(s.reg)
+	pending := nodestatus.NewPending(queueMetrics)
 	table := assignment.NewTable(pending.Add)
 	// A deleted Node leaves the table, the ConfigMap tracker and the resolved configs in the controller; its
 	// status report goes through the status queue.
@@ -112,7 +114,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 		ConfigMaps: func(onChange func(key string)) controller.ConfigMaps {
 			return configmaps.New(client, s.namespaces, log.Named("configmaps"), onChange)
 		},
-		Forget: pending.Add})
+		Forget: pending.Add, QueueMetrics: queueMetrics})
 	// The writer writes unprompted (sync errors, retries) only for nodes streaming from this replica: a
 	// node that moved to another replica would otherwise get this replica's older report written back.
 	streams := rpc.NewStreams()

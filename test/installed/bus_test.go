@@ -19,6 +19,7 @@ import (
 func TestSystemBusRestartedDuringAKubeletRestart(t *testing.T) {
 	const node = "node-1"
 	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
 	undo, err := cluster.SlowKubeletStart(ctxFor(t), node, 8*time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -259,10 +259,9 @@ func runKubectl(ctx context.Context, args ...string) (string, error) {
 // TestInstalledFormRunsAsPods: the two dkc-server replicas run on different nodes, a sidecar pod on every
 // node installed the kubelet drop-in, and an assignment restarts that node's kubelet once, from inside a pod.
 func TestInstalledFormRunsAsPods(t *testing.T) {
-	pods := serverPods(t)
-	if len(pods) != 2 {
-		t.Fatalf("%d dkc-server pods, want 2", len(pods))
-	}
+	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
+	pods := waitServerSettled(t)
 	if pods[0].Spec.NodeName == pods[1].Spec.NodeName {
 		t.Errorf("both dkc-server replicas run on %s; the spread constraint should put them apart", pods[0].Spec.NodeName)
 	}
@@ -287,7 +286,6 @@ func TestInstalledFormRunsAsPods(t *testing.T) {
 	}
 
 	const node = "node-2"
-	t.Cleanup(func() { resetAll(t) })
 	before := kubeletStarts(t, node)
 	cm := createConfig(t, "installed-qps-21", node, 21)
 	assign(t, node, cm)
@@ -308,6 +306,7 @@ func TestInstalledFormRunsAsPods(t *testing.T) {
 // last config, and no replica writes an older status over a newer one afterwards.
 func TestServerPodsDeletedWhileAssignmentsChange(t *testing.T) {
 	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
 	before := map[string]int{}
 	for _, n := range nodes {
 		before[n] = kubeletStarts(t, n)

@@ -45,6 +45,7 @@ func kubectlDKC(ctx context.Context, args ...string) (string, error) {
 // `kubectl dkc rollout` moves the nodes one at a time; the rollout completes and each kubelet restarts once.
 func TestRolloutCompletesThroughServerRolloutRestart(t *testing.T) {
 	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
 	before := map[string]int{}
 	for _, n := range nodes {
 		before[n] = kubeletStarts(t, n)
@@ -83,6 +84,7 @@ func TestRolloutCompletesThroughServerRolloutRestart(t *testing.T) {
 // No kubelet restarts beyond the one the assignment needs, no good config rolled back.
 func TestSidecarRollingUpdate(t *testing.T) {
 	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
 	a := createConfig(t, "installed-update-a", "node-1", 51)
 	b := createConfig(t, "installed-update-b", "node-1", 52)
 	for _, n := range nodes {
@@ -193,6 +195,7 @@ func TestSidecarRollingUpdate(t *testing.T) {
 // TestGrpcurlThroughPortForward is the README's in-cluster debugging recipe: port-forward to the Service,
 // then grpcurl list, describe, health and WatchConfig with a node's token.
 func TestGrpcurlThroughPortForward(t *testing.T) {
+	diagnoseOnFailure(t)
 	waitServerSettled(t) // port-forward picks one pod of the Service and must not pick a terminating one
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -245,6 +248,7 @@ func mustWd(t *testing.T) string {
 func TestNodeDeletedAndRejoined(t *testing.T) {
 	const node = "node-2"
 	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
 	local := configzQPS(t, node)
 	before := kubeletStarts(t, node)
 	cm := createConfig(t, "installed-rejoin", node, 61)
@@ -331,6 +335,7 @@ func portForward(t *testing.T, ctx context.Context) string {
 // newer one, and every node ends on its last config.
 func TestNodesMovingBetweenReplicas(t *testing.T) {
 	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
 	patch := `[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--max-connection-age=5s"},` +
 		`{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--max-connection-age-grace=2s"}]`
 	if out, err := kubectl(t, "-n", "kube-system", "patch", "deployment/dkc-server", "--type=json", "-p", patch); err != nil {
@@ -468,6 +473,7 @@ func sidecarLogLines(t *testing.T, node, pod, text string) int {
 func TestSidecarStoppedDuringHealthWait(t *testing.T) {
 	const node = "node-1"
 	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
 	pod := sidecarPod(t, node)
 	logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir(node), "pods", "kube-system_"+pod+"_*", "dkc-sidecar", "*.log"))
 	if len(logs) == 0 {

@@ -22,6 +22,7 @@ import (
 func TestSidecarRestartedDuringAnAPIServerOutage(t *testing.T) {
 	const node = "node-1"
 	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
 	cm := createConfig(t, "installed-outage", node, 83)
 	assign(t, node, cm)
 	waitRunning(t, node, cm, 2*time.Minute)

@@ -17,6 +17,7 @@ import (
 // exited cleanly, and no container is privileged or keeps a capability. The assignment in
 // TestInstalledFormRunsAsPods shows the sidecar still reads the kubelet's flags and restarts it this way.
 func TestSidecarPodsHoldOnlyWhatTheyNeed(t *testing.T) {
+	diagnoseOnFailure(t)
 	pods, err := admin(t).CoreV1().Pods("kube-system").List(ctxFor(t), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dkc-sidecar"})
 	if err != nil {
 		t.Fatal(err)

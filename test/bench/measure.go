@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"runtime/metrics"
@@ -331,43 +332,33 @@ func fetch(ctx context.Context, url, path string) error {
 // histogram is a Prometheus histogram's cumulative bucket counts by upper bound.
 type histogram map[float64]float64
 
-// serverHistogram reads a histogram (summed over the series whose labels include match) from dkc-server's
-// /metrics.
-func serverHistogram(ctx context.Context, addr, name string, match map[string]string) (histogram, error) {
-	families, err := serverMetrics(ctx, addr)
-	if err != nil {
-		return nil, err
-	}
+// histogramOf is histogram name, summed over the series whose labels include match.
+func histogramOf(families map[string]*dto.MetricFamily, name string, match map[string]string) histogram {
 	h := histogram{}
 	for _, m := range matching(families, name, match) {
 		for _, b := range m.GetHistogram().GetBucket() {
 			h[b.GetUpperBound()] += float64(b.GetCumulativeCount())
 		}
 	}
-	return h, nil
+	return h
 }
 
 // serverDelays are dkc-server's histograms of where a Node change waits inside it: in the node queue for a
 // worker, in the worker (resolution), and from the node's new state to its push.
 type serverDelays struct{ queued, worked, pushed histogram }
 
+// readServerDelays reads them from one scrape of dkc-server's /metrics.
 func readServerDelays(ctx context.Context, addr string) (serverDelays, error) {
-	var d serverDelays
-	for _, h := range []struct {
-		to    *histogram
-		name  string
-		match map[string]string
-	}{
-		{&d.queued, "workqueue_queue_duration_seconds", map[string]string{"name": "nodes"}},
-		{&d.worked, "workqueue_work_duration_seconds", map[string]string{"name": "nodes"}},
-		{&d.pushed, "dkc_server_push_latency_seconds", nil},
-	} {
-		var err error
-		if *h.to, err = serverHistogram(ctx, addr, h.name, h.match); err != nil {
-			return d, err
-		}
+	families, err := serverMetrics(ctx, addr)
+	if err != nil {
+		return serverDelays{}, err
 	}
-	return d, nil
+	nodes := map[string]string{"name": "nodes"}
+	return serverDelays{
+		queued: histogramOf(families, "workqueue_queue_duration_seconds", nodes),
+		worked: histogramOf(families, "workqueue_work_duration_seconds", nodes),
+		pushed: histogramOf(families, "dkc_server_push_latency_seconds", nil),
+	}, nil
 }
 
 // note records, as bucket upper bounds, the p50, p99 and largest of the observations since before.
@@ -380,29 +371,47 @@ func (d serverDelays) note(res *Results, prefix string, before serverDelays) {
 		{"resolved", d.worked, before.worked},
 		{"resolved_to_pushed", d.pushed, before.pushed},
 	} {
-		res.note(prefix+h.name+"_p50_seconds_le", h.after.quantile(h.before, 0.5))
-		res.note(prefix+h.name+"_p99_seconds_le", h.after.quantile(h.before, 0.99))
-		res.note(prefix+h.name+"_max_seconds_le", h.after.quantile(h.before, 1))
+		for _, q := range []struct {
+			name string
+			q    float64
+		}{{"p50", 0.5}, {"p99", 0.99}, {"max", 1}} {
+			// An observation past the top finite bucket is only known to be above that bound.
+			if v, over := h.after.quantile(h.before, q.q); over {
+				res.note(prefix+h.name+"_"+q.name+"_seconds_gt", v)
+			} else {
+				res.note(prefix+h.name+"_"+q.name+"_seconds_le", v)
+			}
+		}
 	}
 }
 
-// quantile of the observations between before and h: the upper bound of the bucket holding it.
-func (h histogram) quantile(before histogram, q float64) float64 {
+// quantile of the observations between before and h: the upper bound of the bucket holding it, or, when it
+// lies past the largest finite bound (the +Inf bucket, which JSON cannot hold), that bound and over true.
+// 0 when nothing was observed meanwhile.
+func (h histogram) quantile(before histogram, q float64) (bound float64, over bool) {
 	bounds := make([]float64, 0, len(h))
 	for b := range h {
 		bounds = append(bounds, b)
 	}
 	sort.Float64s(bounds)
-	total := 0.0
-	if len(bounds) > 0 {
-		total = h[bounds[len(bounds)-1]] - before[bounds[len(bounds)-1]]
+	if len(bounds) == 0 {
+		return 0, false
 	}
+	total := h[bounds[len(bounds)-1]] - before[bounds[len(bounds)-1]]
+	if total <= 0 {
+		return 0, false
+	}
+	finite := 0.0
 	for _, b := range bounds {
-		if h[b]-before[b] >= q*total {
-			return b
+		if math.IsInf(b, 1) {
+			return finite, true
 		}
+		if h[b]-before[b] >= q*total {
+			return b, false
+		}
+		finite = b
 	}
-	return 0
+	return finite, true
 }
 
 // runtimeStalls is what this process's Go runtime recorded about delays, cumulative: how long runnable

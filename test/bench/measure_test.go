@@ -150,3 +150,47 @@ func TestLongestSince(t *testing.T) {
 		t.Errorf("readRuntimeStalls = %+v: the runtime no longer has these metrics", s)
 	}
 }
+
+func TestHistogramQuantile(t *testing.T) {
+	inf := math.Inf(1)
+	before := histogram{0.001: 5, 0.01: 5, 0.1: 5, inf: 5}
+	tests := []struct {
+		name     string
+		after    histogram
+		q        float64
+		want     float64
+		wantOver bool
+	}{
+		{"nothing observed", histogram{0.001: 5, 0.01: 5, 0.1: 5, inf: 5}, 1, 0, false},
+		{"median in the first bucket", histogram{0.001: 8, 0.01: 9, 0.1: 10, inf: 10}, 0.5, 0.001, false},
+		{"max in the last finite bucket", histogram{0.001: 8, 0.01: 9, 0.1: 10, inf: 10}, 1, 0.1, false},
+		{"max past the finite buckets", histogram{0.001: 8, 0.01: 9, 0.1: 9, inf: 10}, 1, 0.1, true},
+		{"p99 of 100 with one outlier", histogram{0.001: 104, 0.01: 104, 0.1: 104, inf: 105}, 0.99, 0.001, false},
+		{"no +Inf bucket", histogram{0.001: 6}, 1, 0.001, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := before
+			if _, ok := tt.after[inf]; !ok {
+				b = histogram{0.001: 5}
+			}
+			got, over := tt.after.quantile(b, tt.q)
+			if got != tt.want || over != tt.wantOver {
+				t.Errorf("quantile(%v) = %v, over %v; want %v, over %v", tt.q, got, over, tt.want, tt.wantOver)
+			}
+		})
+	}
+}
+
+// TestNoteKeepsJSONWritable: a non-finite note must not cost the run its results.json.
+func TestNoteKeepsJSONWritable(t *testing.T) {
+	r := newResults()
+	r.note("a", math.Inf(1))
+	r.note("b", 0.5)
+	if _, err := r.WriteJSON(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	if r.Notes["a_not_finite"] != 1 || r.Notes["b"] != 0.5 {
+		t.Errorf("notes = %v", r.Notes)
+	}
+}

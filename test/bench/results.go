@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,7 +72,15 @@ func (r *Results) set(key string, v float64) {
 // setGoal replaces the goal of key (before it is set).
 func (r *Results) setGoal(key string, g goal) { r.goals[key] = g }
 
-func (r *Results) note(key string, v float64) { r.Notes[key] = v }
+// note records v under key; a value JSON cannot hold (NaN, ±Inf) is recorded as key_not_finite, so that
+// one odd figure does not cost the run its results.json.
+func (r *Results) note(key string, v float64) {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		r.Notes[key+"_not_finite"] = 1
+		return
+	}
+	r.Notes[key] = v
+}
 
 // AllMet reports whether every goal was measured and met.
 func (r *Results) AllMet() bool {

@@ -18,8 +18,7 @@ import (
 // with ConfigOK, the sidecar container not restarted; node-2 untouched.
 func TestSystemBusRestartedDuringAKubeletRestart(t *testing.T) {
 	const node = "node-1"
-	t.Cleanup(func() { resetAll(t) })
-	diagnoseOnFailure(t)
+	resetAfter(t)
 	undo, err := cluster.SlowKubeletStart(ctxFor(t), node, 8*time.Second)
 	if err != nil {
 		t.Fatal(err)

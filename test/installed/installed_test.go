@@ -219,19 +219,17 @@ func waitServerSettled(t *testing.T) []corev1.Pod {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		pods := serverPods(t)
-		ready := 0
+		serving := 0
 		for _, p := range pods {
-			for _, c := range p.Status.Conditions {
-				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil {
-					ready++
-				}
+			if ready(&p) && p.DeletionTimestamp == nil {
+				serving++
 			}
 		}
-		if len(pods) == 2 && ready == 2 {
+		if len(pods) == 2 && serving == 2 {
 			return pods
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("dkc-server: %d pods, %d ready and not terminating; want 2", len(pods), ready)
+			t.Fatalf("dkc-server: %d pods, %d ready and not terminating; want 2", len(pods), serving)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -259,8 +257,7 @@ func runKubectl(ctx context.Context, args ...string) (string, error) {
 // TestInstalledFormRunsAsPods: the two dkc-server replicas run on different nodes, a sidecar pod on every
 // node installed the kubelet drop-in, and an assignment restarts that node's kubelet once, from inside a pod.
 func TestInstalledFormRunsAsPods(t *testing.T) {
-	t.Cleanup(func() { resetAll(t) })
-	diagnoseOnFailure(t)
+	resetAfter(t)
 	pods := waitServerSettled(t)
 	if pods[0].Spec.NodeName == pods[1].Spec.NodeName {
 		t.Errorf("both dkc-server replicas run on %s; the spread constraint should put them apart", pods[0].Spec.NodeName)
@@ -305,8 +302,7 @@ func TestInstalledFormRunsAsPods(t *testing.T) {
 // dkc-server pod; the sidecars reconnect to the other replica through the Service, every node ends on its
 // last config, and no replica writes an older status over a newer one afterwards.
 func TestServerPodsDeletedWhileAssignmentsChange(t *testing.T) {
-	t.Cleanup(func() { resetAll(t) })
-	diagnoseOnFailure(t)
+	resetAfter(t)
 	before := map[string]int{}
 	for _, n := range nodes {
 		before[n] = kubeletStarts(t, n)

@@ -44,8 +44,7 @@ func kubectlDKC(ctx context.Context, args ...string) (string, error) {
 // TestRolloutCompletesThroughServerRolloutRestart: `kubectl rollout restart deployment/dkc-server` while
 // `kubectl dkc rollout` moves the nodes one at a time; the rollout completes and each kubelet restarts once.
 func TestRolloutCompletesThroughServerRolloutRestart(t *testing.T) {
-	t.Cleanup(func() { resetAll(t) })
-	diagnoseOnFailure(t)
+	resetAfter(t)
 	before := map[string]int{}
 	for _, n := range nodes {
 		before[n] = kubeletStarts(t, n)
@@ -83,8 +82,7 @@ func TestRolloutCompletesThroughServerRolloutRestart(t *testing.T) {
 // come back), so the old sidecar is stopped inside it; the drop is lifted once the replacement pod runs.
 // No kubelet restarts beyond the one the assignment needs, no good config rolled back.
 func TestSidecarRollingUpdate(t *testing.T) {
-	t.Cleanup(func() { resetAll(t) })
-	diagnoseOnFailure(t)
+	resetAfter(t)
 	a := createConfig(t, "installed-update-a", "node-1", 51)
 	b := createConfig(t, "installed-update-b", "node-1", 52)
 	for _, n := range nodes {
@@ -247,8 +245,7 @@ func mustWd(t *testing.T) string {
 // its local config, and nothing of the old object's status is written onto the new one.
 func TestNodeDeletedAndRejoined(t *testing.T) {
 	const node = "node-2"
-	t.Cleanup(func() { resetAll(t) })
-	diagnoseOnFailure(t)
+	resetAfter(t)
 	local := configzQPS(t, node)
 	before := kubeletStarts(t, node)
 	cm := createConfig(t, "installed-rejoin", node, 61)
@@ -334,8 +331,7 @@ func portForward(t *testing.T, ctx context.Context) string {
 // the two replicas again and again while assignments change; no replica ever writes an older status over a
 // newer one, and every node ends on its last config.
 func TestNodesMovingBetweenReplicas(t *testing.T) {
-	t.Cleanup(func() { resetAll(t) })
-	diagnoseOnFailure(t)
+	resetAfter(t)
 	patch := `[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--max-connection-age=5s"},` +
 		`{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--max-connection-age-grace=2s"}]`
 	if out, err := kubectl(t, "-n", "kube-system", "patch", "deployment/dkc-server", "--type=json", "-p", patch); err != nil {
@@ -472,8 +468,7 @@ func sidecarLogLines(t *testing.T, node, pod, text string) int {
 // picks up from disk: the config is not blamed or rolled back, and the kubelet is not restarted again.
 func TestSidecarStoppedDuringHealthWait(t *testing.T) {
 	const node = "node-1"
-	t.Cleanup(func() { resetAll(t) })
-	diagnoseOnFailure(t)
+	resetAfter(t)
 	pod := sidecarPod(t, node)
 	logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir(node), "pods", "kube-system_"+pod+"_*", "dkc-sidecar", "*.log"))
 	if len(logs) == 0 {

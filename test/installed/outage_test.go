@@ -21,8 +21,7 @@ import (
 // proven active again. No kubelet start from the outage on.
 func TestSidecarRestartedDuringAnAPIServerOutage(t *testing.T) {
 	const node = "node-1"
-	t.Cleanup(func() { resetAll(t) })
-	diagnoseOnFailure(t)
+	resetAfter(t)
 	cm := createConfig(t, "installed-outage", node, 83)
 	assign(t, node, cm)
 	waitRunning(t, node, cm, 2*time.Minute)

@@ -35,7 +35,7 @@ func New(reg prometheus.Registerer) *Provider {
 	label := []string{"name"}
 	p := &Provider{
 		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: "workqueue", Name: "depth",
-			Help: "Current depth of the workqueue: items waiting for a worker."}, label),
+			Help: "Current depth of the workqueue: items waiting for a worker (also one added again while a worker has it)."}, label),
 		adds: prometheus.NewCounterVec(prometheus.CounterOpts{Subsystem: "workqueue", Name: "adds_total",
 			Help: "Items added to the workqueue (adding an item that is already waiting changes nothing)."}, label),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Subsystem: "workqueue", Name: "queue_duration_seconds",
@@ -47,7 +47,7 @@ func New(reg prometheus.Registerer) *Provider {
 		longest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: "workqueue", Name: "longest_running_processor_seconds",
 			Help: "How long the longest-running worker has been processing its item."}, label),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Subsystem: "workqueue", Name: "retries_total",
-			Help: "Items put back with rate limiting after a failed attempt."}, label),
+			Help: "Items re-queued with a delay: retries after a failed attempt, and the status writer's hold of a restart in progress."}, label),
 	}
 	reg.MustRegister(p.depth, p.adds, p.latency, p.workDuration, p.unfinished, p.longest, p.retries)
 	return p

@@ -1,6 +1,7 @@
 package queuemetrics
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/client-go/util/workqueue"
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // TestQueueReportsThroughProvider drives a real workqueue and reads its metrics back from the registry,
@@ -15,32 +17,36 @@ import (
 func TestQueueReportsThroughProvider(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	p := New(reg)
+	clock := testingclock.NewFakeClock(time.Now())
 	// An hour's backoff: the retried item stays out of the queue while the test reads the depth.
 	nodes := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Hour, time.Hour),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodes", MetricsProvider: p})
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodes", MetricsProvider: p, Clock: clock})
 	defer nodes.ShutDown()
 	status := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodestatus", MetricsProvider: p})
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodestatus", MetricsProvider: p, Clock: clock})
 	defer status.ShutDown()
 
 	nodes.Add("node-1")
 	nodes.Add("node-1") // already waiting: neither queued nor counted again
 	nodes.Add("node-2")
 	status.Add("node-1")
+	status.Add("node-2")
 	item, _ := nodes.Get()
 	nodes.Done(item)
 	nodes.AddRateLimited("node-3")
+	held, _ := status.Get() // taken and not done: queued once, never finished
+	defer status.Done(held)
 
 	want := `
 # HELP workqueue_adds_total Items added to the workqueue (adding an item that is already waiting changes nothing).
 # TYPE workqueue_adds_total counter
 workqueue_adds_total{name="nodes"} 2
-workqueue_adds_total{name="nodestatus"} 1
-# HELP workqueue_depth Current depth of the workqueue: items waiting for a worker.
+workqueue_adds_total{name="nodestatus"} 2
+# HELP workqueue_depth Current depth of the workqueue: items waiting for a worker (also one added again while a worker has it).
 # TYPE workqueue_depth gauge
 workqueue_depth{name="nodes"} 1
 workqueue_depth{name="nodestatus"} 1
-# HELP workqueue_retries_total Items put back with rate limiting after a failed attempt.
+# HELP workqueue_retries_total Items re-queued with a delay: retries after a failed attempt, and the status writer's hold of a restart in progress.
 # TYPE workqueue_retries_total counter
 workqueue_retries_total{name="nodes"} 1
 workqueue_retries_total{name="nodestatus"} 0
@@ -49,8 +55,11 @@ workqueue_retries_total{name="nodestatus"} 0
 		"workqueue_adds_total", "workqueue_depth", "workqueue_retries_total"); err != nil {
 		t.Error(err)
 	}
-	// One item taken (queue_duration) and one finished (work_duration), on the nodes queue only.
-	for _, name := range []string{"workqueue_queue_duration_seconds", "workqueue_work_duration_seconds"} {
+	// Each queue has had one item taken (queue_duration); only the nodes queue's was finished (work_duration).
+	for name, want := range map[string]map[string]uint64{
+		"workqueue_queue_duration_seconds": {"nodes": 1, "nodestatus": 1},
+		"workqueue_work_duration_seconds":  {"nodes": 1, "nodestatus": 0},
+	} {
 		mfs, err := reg.Gather()
 		if err != nil {
 			t.Fatal(err)
@@ -64,8 +73,23 @@ workqueue_retries_total{name="nodestatus"} 0
 				got[m.GetLabel()[0].GetValue()] = m.GetHistogram().GetSampleCount()
 			}
 		}
-		if got["nodes"] != 1 || got["nodestatus"] != 0 {
-			t.Errorf("%s sample counts = %v, want nodes 1 and nodestatus 0", name, got)
+		if !maps.Equal(got, want) {
+			t.Errorf("%s sample counts = %v, want %v", name, got, want)
 		}
+	}
+
+	// The held item's time in a worker shows in the two gauges the queue updates every 500 ms (its clock's).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		clock.Step(time.Second)
+		unfinished := testutil.ToFloat64(p.unfinished.WithLabelValues("nodestatus"))
+		longest := testutil.ToFloat64(p.longest.WithLabelValues("nodestatus"))
+		if unfinished >= 2 && longest >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a held item: unfinished_work_seconds %v, longest_running_processor_seconds %v; want both ≥ 2", unfinished, longest)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

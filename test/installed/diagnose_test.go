@@ -24,7 +24,8 @@ var diagnosed sync.Once
 // failed); the diagnosis is made once per run.
 func resetAfter(t *testing.T) {
 	diagnoseOnFailure(t)
-	resetAfter(t)
+	t.Cleanup(func() { resetAll(t) })
+	diagnoseOnFailure(t)
 }
 
 // diagnoseOnFailure logs, when t has failed and no test of this run was diagnosed yet, what tells why from

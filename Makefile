@@ -15,14 +15,17 @@ INTEGRATION_PKGS := ./test/integration/... ./test/installed/...
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN).
-MAINS := ./cli/cmd/kubectl-dkc ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar ./sidecar/cmd/dkc-kubelet-check ./hack/bench
+MAINS := ./cli/cmd/kubectl-dkc ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar ./hack/bench
+# The kubelet-config checkers, one per kubelet minor dkc supports (dkc-kubelet-check-1.34 … -1.37), each
+# linking that minor's kubelet code: their own module, built once per pinned go.mod (docs/versions.md).
+KUBELETCHECK := sidecar/kubeletcheck
 
 .PHONY: help
 help: ## list targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: generate
-generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go.mod), and the kubelet's defaults kubectl-dkc embeds
+generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go.mod), and the kubelet defaults (per minor) kubectl-dkc embeds
 	$(BUF) generate
 	go generate ./internal/configz
 
@@ -31,6 +34,7 @@ lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go vet -tags integration $(INTEGRATION_PKGS)
+	cd $(KUBELETCHECK) && go vet ./...
 	$(BUF) lint
 	@if git rev-parse -q --verify 'HEAD~1^{commit}' >/dev/null && git cat-file -e 'HEAD~1:proto/dkc/v1/config.proto' 2>/dev/null; then \
 		echo "$(BUF) breaking --against '$(BUF_AGAINST)'"; $(BUF) breaking --against '$(BUF_AGAINST)'; \
@@ -38,16 +42,18 @@ lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
 
 .PHONY: verify-generated
 verify-generated: generate ## fail if generated code differs from what is committed
-	@git diff --exit-code -- proto/ internal/configz/defaults.json || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@git diff --exit-code -- proto/ internal/configz/defaults/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@if [ -n "$$(git status --porcelain -- internal/configz/defaults/)" ]; then git status --short -- internal/configz/defaults/; echo "generated files added or removed: run make generate and commit"; exit 1; fi
 
 # Static, path-free builds, as the images are built (hack/images): the binaries `make build` and the
 # integration tests run are the ones the images ship, and the three share one compile cache.
 GO_BUILD := CGO_ENABLED=0 go build -trimpath -buildvcs=false
 
 .PHONY: build
-build: ## build the binaries into _output/bin
+build: ## build the binaries into _output/bin (with one dkc-kubelet-check-<minor> per supported kubelet minor)
 	@mkdir -p $(BIN)
 	$(GO_BUILD) -o $(BIN)/ $(MAINS)
+	$(KUBELETCHECK)/build.sh $(BIN)
 
 # Images: `make images` builds dkc-server, dkc-sidecar and pause from source (no daemon, no base image to pull)
 # into $(OUT)/images: <image>.tar per image (docker-archive: `ctr -n k8s.io images import` loads it) and the OCI
@@ -95,6 +101,7 @@ test-fuzz: ## run each fuzz target for its count of executions (about 10s each; 
 .PHONY: test-unit
 test-unit: ## unit tests (no cluster)
 	go test -count=1 $(TEST_FLAGS) ./...
+	cd $(KUBELETCHECK) && go test -count=1 $(TEST_FLAGS) ./...
 
 .PHONY: test-integration
 test-integration: build ## integration tests against a real local cluster (root; builds binaries on first run)

@@ -162,17 +162,27 @@ func (o *Options) statusCommand() *cobra.Command {
 	return cmd
 }
 
-// runningConfig returns the node's running config from /configz as a complete KubeletConfiguration.
-func (o *Options) runningConfig(ctx context.Context, node string) (map[string]any, error) {
+// runningConfig returns the node's running config from /configz as a complete KubeletConfiguration, with
+// the defaults of the node kubelet's own minor, and that kubelet's version.
+func (o *Options) runningConfig(ctx context.Context, node string) (cfg map[string]any, kubeletVersion string, err error) {
+	n, err := o.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return nil, "", fmt.Errorf("node %s: %w", node, err)
+	}
+	kubeletVersion = n.Status.NodeInfo.KubeletVersion
 	body, err := o.client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node + "/proxy/configz").DoRaw(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("configz of node %s: %w", node, err)
+		return nil, "", fmt.Errorf("configz of node %s: %w", node, err)
 	}
 	running, err := configz.Decode(body)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return configz.Config(running, nil)
+	cfg, err = configz.Config(kubeletVersion, running, nil)
+	if err != nil {
+		return nil, "", fmt.Errorf("node %s: %w", node, err)
+	}
+	return cfg, kubeletVersion, nil
 }
 
 func (o *Options) dumpCommand() *cobra.Command {
@@ -184,7 +194,7 @@ func (o *Options) dumpCommand() *cobra.Command {
 with an empty value, which /configz omits, are written out (the seed's curl | jq recipe misses them).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := o.runningConfig(cmd.Context(), args[0])
+			cfg, _, err := o.runningConfig(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}

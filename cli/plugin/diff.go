@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -119,11 +118,11 @@ func Diff(running, next map[string]any) []FieldChange {
 	return out
 }
 
-// configMapConfig loads a ConfigMap key as the kubelet would (without the node's flags) and returns it
-// as complete v1beta1 JSON. The kubelet's code runs in the dkc-kubelet-check helper, as on the nodes:
-// kubectl-dkc does not link the kubelet.
-func (o *Options) configMapConfig(ctx context.Context, ns, name, key, checkBinary string) (map[string]any, error) {
-	checker, err := kubeletChecker(checkBinary)
+// configMapConfig loads a ConfigMap key as a kubelet of kubeletVersion would (without the node's flags) and
+// returns it as complete v1beta1 JSON. The kubelet's code runs in the dkc-kubelet-check helper of that
+// kubelet's minor, as on the nodes: kubectl-dkc does not link the kubelet.
+func (o *Options) configMapConfig(ctx context.Context, ns, name, key, kubeletVersion, checkDir string) (map[string]any, error) {
+	checker, err := kubeletCheckers(checkDir)
 	if err != nil {
 		return nil, err
 	}
@@ -144,20 +143,20 @@ func (o *Options) configMapConfig(ctx context.Context, ns, name, key, checkBinar
 	if err := os.WriteFile(file, []byte(data), 0o600); err != nil {
 		return nil, err
 	}
-	checked, err := checker.Check(ctx, file, nil)
+	checked, err := checker.Check(ctx, configcheck.Request{File: file, KubeletVersion: kubeletVersion})
 	if err != nil {
-		return nil, fmt.Errorf("configmap %s/%s key %s: %w", ns, name, key, err)
+		return nil, fmt.Errorf("configmap %s/%s key %s for kubelet %s: %w", ns, name, key, kubeletVersion, err)
 	}
-	return configz.Config(checked.Fields, nil)
+	return configz.Config(kubeletVersion, checked.Fields, nil)
 }
 
 func (o *Options) diffCommand() *cobra.Command {
-	var cm, key, checkBinary string
+	var cm, key, checkDir string
 	cmd := &cobra.Command{
 		Use:   "diff NODE --configmap NAMESPACE/NAME [--key kubelet]",
 		Short: "Show what applying a ConfigMap would change on a node, field by field, with how safe each change is",
 		Long: `diff compares the node's running config (/configz) with the ConfigMap's config as the kubelet would load
-it, and marks each changed field restart-safe, needs-state-reset-and-drain (e.g. cpuManagerPolicy,
+it — both with the code and defaults of the node kubelet's own minor — and marks each changed field restart-safe, needs-state-reset-and-drain (e.g. cpuManagerPolicy,
 memoryManagerPolicy, topologyManagerPolicy) or disruptive, with the reason. Fields the node's kubelet flags
 override show up too: flags keep winning over any config.`,
 		Args: cobra.ExactArgs(1),
@@ -166,11 +165,11 @@ override show up too: flags keep winning over any config.`,
 			if err != nil {
 				return err
 			}
-			running, err := o.runningConfig(cmd.Context(), args[0])
+			running, kubeletVersion, err := o.runningConfig(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			next, err := o.configMapConfig(cmd.Context(), ns, name, key, checkBinary)
+			next, err := o.configMapConfig(cmd.Context(), ns, name, key, kubeletVersion, checkDir)
 			if err != nil {
 				return err
 			}
@@ -192,38 +191,39 @@ override show up too: flags keep winning over any config.`,
 	}
 	cmd.Flags().StringVar(&cm, "configmap", "", "the ConfigMap, NAMESPACE/NAME")
 	cmd.Flags().StringVar(&key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
-	cmd.Flags().StringVar(&checkBinary, "kubelet-check-binary", "", "dkc-kubelet-check, which loads the config with the kubelet's own code; default: next to kubectl-dkc, else on $PATH")
+	cmd.Flags().StringVar(&checkDir, "kubelet-check-dir", "", "directory of the dkc-kubelet-check-<minor> helpers, which load the config with the kubelet's own code of the node's minor; default: next to kubectl-dkc, else the directory of the first on $PATH")
 	_ = cmd.MarkFlagRequired("configmap")
 	return cmd
 }
 
-// kubeletChecker is the dkc-kubelet-check helper at path, or next to this executable, or on $PATH.
-func kubeletChecker(path string) (configcheck.Checker, error) {
-	const helper = "dkc-kubelet-check"
-	if path == "" {
+// kubeletCheckers are the dkc-kubelet-check-<minor> helpers in dir, or next to this executable, or beside
+// the first one on $PATH.
+func kubeletCheckers(dir string) (configcheck.Checker, error) {
+	const helper = configcheck.HelperPrefix + "*"
+	if dir == "" {
 		if self, err := os.Executable(); err == nil {
-			if p := filepath.Join(filepath.Dir(self), helper); fileExists(p) {
-				path = p
+			if m, _ := filepath.Glob(filepath.Join(filepath.Dir(self), helper)); len(m) > 0 {
+				dir = filepath.Dir(self)
 			}
 		}
 	}
-	if path == "" {
-		p, err := exec.LookPath(helper)
-		if err != nil {
-			return nil, fmt.Errorf("%s, which loads configs with the kubelet's code, is neither next to kubectl-dkc nor on $PATH "+
-				"(install it beside kubectl-dkc, or --kubelet-check-binary): %w", helper, err)
+	if dir == "" {
+		for _, p := range filepath.SplitList(os.Getenv("PATH")) {
+			if m, _ := filepath.Glob(filepath.Join(p, helper)); p != "" && len(m) > 0 {
+				dir = p
+				break
+			}
 		}
-		path = p
 	}
-	if !fileExists(path) {
-		return nil, fmt.Errorf("--kubelet-check-binary %s: no such file", path)
+	if dir == "" {
+		return nil, fmt.Errorf("the %s helpers, which load configs with the kubelet's code, are neither next to kubectl-dkc nor on $PATH "+
+			"(install them beside kubectl-dkc, or --kubelet-check-dir)", helper)
 	}
-	return configcheck.Exec{Binary: path}, nil
-}
-
-func fileExists(path string) bool {
-	st, err := os.Stat(path)
-	return err == nil && !st.IsDir()
+	h, err := configcheck.FindHelpers(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w (--kubelet-check-dir)", err)
+	}
+	return h, nil
 }
 
 func compact(v any) string {

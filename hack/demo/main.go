@@ -72,9 +72,15 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	before := running["eventRecordQPS"]
 	d.say("eventRecordQPS = %v (from the node's local config)", before)
+	node, err := d.client.CoreV1().Nodes().Get(ctx, d.node, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	kubelet := node.Status.NodeInfo.KubeletVersion
+	d.say("kubelet %s: dkc validates with that minor's code and defaults", kubelet)
 
 	d.title("Edit it: eventRecordQPS 5, as a complete KubeletConfiguration (kind, apiVersion, fields that run empty)")
-	good, err := configz.Config(running, map[string]any{"eventRecordQPS": 5})
+	good, err := configz.Config(kubelet, running, map[string]any{"eventRecordQPS": 5})
 	if err != nil {
 		return err
 	}
@@ -118,7 +124,7 @@ func (d *demo) run(ctx context.Context) error {
 	d.say("lastKnownGood = %s", goodCM.Name)
 
 	d.title("Assign an invalid config (eventRecordQPS -1): the kubelet keeps last-known-good, status says why")
-	bad, _ := configz.Config(running, map[string]any{"eventRecordQPS": -1})
+	bad, _ := configz.Config(kubelet, running, map[string]any{"eventRecordQPS": -1})
 	badYAML, _ := configz.YAML(bad)
 	badCM, err := d.createConfigMap(ctx, "my-node-config", string(badYAML))
 	if err != nil {
@@ -147,7 +153,7 @@ func (d *demo) run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	updated, _ := configz.Config(running, map[string]any{"eventRecordQPS": 6})
+	updated, _ := configz.Config(kubelet, running, map[string]any{"eventRecordQPS": 6})
 	updatedYAML, _ := configz.YAML(updated)
 	goodCM.Data = map[string]string{"kubelet": string(updatedYAML)}
 	newCM, err := d.client.CoreV1().ConfigMaps("kube-system").Update(ctx, goodCM, metav1.UpdateOptions{})

@@ -33,7 +33,7 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/durable"
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 func main() {
@@ -45,7 +45,7 @@ func main() {
 
 func run() error {
 	cfgFile, flags := configcheck.ConfigFlag(os.Args[1:])
-	r, err := kubeletconfig.Load(context.Background(), cfgFile, flags)
+	r, err := kubeletcheck.Load(context.Background(), cfgFile, flags)
 	if err != nil {
 		return fmt.Errorf("failed to load kubelet config file %s: %w", cfgFile, err)
 	}
@@ -56,11 +56,11 @@ func run() error {
 			return fmt.Errorf("validate service connection: %s: %w", kc.ContainerRuntimeEndpoint, err)
 		}
 	}
-	kf, err := kubeletconfig.ParseKubeletFlags(flags)
+	kf, err := kubeletcheck.ParseKubeletFlags(flags)
 	if err != nil {
 		return err
 	}
-	configz, err := kubeletconfig.ToV1beta1JSON(kc)
+	configz, err := kubeletcheck.ToV1beta1JSON(kc)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,7 @@ import (
 
 	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
 
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 // TestSelfSignedCertificateIsWhereTheSidecarPinsIt: the stand-in kubelet writes its self-signed certificate
@@ -18,7 +18,7 @@ import (
 // in one directory end up with one pair).
 func TestSelfSignedCertificateIsWhereTheSidecarPinsIt(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pki")
-	kf, err := kubeletconfig.ParseKubeletFlags([]string{"--cert-dir=" + dir})
+	kf, err := kubeletcheck.ParseKubeletFlags([]string{"--cert-dir=" + dir})
 	if err != nil {
 		t.Fatal(err)
 	}

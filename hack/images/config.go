@@ -32,7 +32,7 @@ Cross-compiles static linux binaries (CGO_ENABLED=0, -trimpath) and assembles OC
 minimal base built here (passwd/group with root and nonroot 65532, /tmp, nsswitch.conf; no shell):
 
   dkc-server   /usr/local/bin/dkc-server, user 65532
-  dkc-sidecar  /usr/local/bin/dkc-sidecar and dkc-kubelet-check beside it, user 0
+  dkc-sidecar  /usr/local/bin/dkc-sidecar and dkc-kubelet-check-<minor> beside it (one per kubelet minor), user 0
   pause        /pause (hack/pause), user 65535: the sandbox image of a local cluster
 
 Timestamps come from $SOURCE_DATE_EPOCH, else the HEAD commit's time, so rebuilding a commit gives the

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/dkc-dev/dkc/hack/images/ociimage"
+	"github.com/dkc-dev/dkc/internal/configcheck"
 )
 
 const sourceRepository = "https://github.com/dkc-dev/dkc"
@@ -25,6 +27,8 @@ type image struct {
 	spec ociimage.Spec
 	// bins maps a main package to its path in the image.
 	bins []bin
+	// kubeletChecks: the dkc-kubelet-check-<minor> helpers go into this directory of the image.
+	kubeletChecks string
 }
 
 type bin struct{ pkg, path string }
@@ -37,14 +41,12 @@ func images(arch string) []image {
 	}, {
 		// Root, not nonroot: the sidecar owns root's files on the host (kubelet checkpoints, the kubelet
 		// drop-in) and systemd only lets uid 0 restart kubelet.service over D-Bus (deploy/base/sidecar.yaml).
-		// dkc-kubelet-check sits in the same directory because the sidecar looks for it next to its own
-		// executable (sidecar/app, --kubelet-check-binary).
+		// The dkc-kubelet-check-<minor> helpers, one per supported kubelet minor, sit in the same directory
+		// because the sidecar looks for them next to its own executable (sidecar/app, --kubelet-check-dir).
 		spec: ociimage.Spec{Name: "dkc-sidecar", Entrypoint: []string{"/usr/local/bin/dkc-sidecar"},
 			User: "0:0", Base: true, Arch: arch},
-		bins: []bin{
-			{"./sidecar/cmd/dkc-sidecar", "/usr/local/bin/dkc-sidecar"},
-			{"./sidecar/cmd/dkc-kubelet-check", "/usr/local/bin/dkc-kubelet-check"},
-		},
+		bins:          []bin{{"./sidecar/cmd/dkc-sidecar", "/usr/local/bin/dkc-sidecar"}},
+		kubeletChecks: "/usr/local/bin",
 	}, {
 		// Like registry.k8s.io/pause: one static binary, no base; 65535 is the user upstream runs it as.
 		spec: ociimage.Spec{Name: "pause", Entrypoint: []string{"/pause"}, User: "65535:65535", Arch: arch},
@@ -68,6 +70,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	}
 	var selected []image
 	var pkgs []string
+	kubeletChecks := false
 	for _, im := range images(c.arch) {
 		if !slices.Contains(c.images, im.spec.Name) {
 			continue
@@ -76,10 +79,17 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		for _, b := range im.bins {
 			pkgs = append(pkgs, b.pkg)
 		}
+		kubeletChecks = kubeletChecks || im.kubeletChecks != ""
 	}
 	binDir := filepath.Join(c.out, "bin", "linux_"+c.arch)
 	if err := compile(ctx, binDir, c.arch, pkgs); err != nil {
 		return err
+	}
+	var checks []string
+	if kubeletChecks {
+		if checks, err = compileKubeletChecks(ctx, binDir, c.arch); err != nil {
+			return err
+		}
 	}
 	var built []ociimage.Built
 	for _, im := range selected {
@@ -87,6 +97,13 @@ func run(ctx context.Context, c config, out io.Writer) error {
 			im.spec.Files = append(im.spec.Files, ociimage.File{
 				Path: b.path, Mode: 0o755, Source: filepath.Join(binDir, filepath.Base(b.pkg)),
 			})
+		}
+		if im.kubeletChecks != "" {
+			for _, name := range checks {
+				im.spec.Files = append(im.spec.Files, ociimage.File{
+					Path: path.Join(im.kubeletChecks, name), Mode: 0o755, Source: filepath.Join(binDir, name),
+				})
+			}
 		}
 		img, err := ociimage.Build(im.spec, src)
 		if err != nil {
@@ -131,6 +148,34 @@ func compile(ctx context.Context, dir, arch string, pkgs []string) error {
 		return fmt.Errorf("go build %s for linux/%s: %w", strings.Join(pkgs, " "), arch, err)
 	}
 	return nil
+}
+
+// compileKubeletChecks cross-builds the dkc-kubelet-check-<minor> helpers into dir as compile builds the
+// rest (sidecar/kubeletcheck/build.sh: one per pinned kubelet minor) and returns their names.
+func compileKubeletChecks(ctx context.Context, dir, arch string) ([]string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	old, _ := filepath.Glob(filepath.Join(abs, configcheck.HelperPrefix+"*"))
+	for _, f := range old { // a minor dropped since the last build must not ship
+		_ = os.Remove(f)
+	}
+	cmd := exec.CommandContext(ctx, "sidecar/kubeletcheck/build.sh", abs, "-ldflags=-s -w")
+	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+arch)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("build the kubelet config checkers for linux/%s: %w", arch, err)
+	}
+	built, err := filepath.Glob(filepath.Join(abs, configcheck.HelperPrefix+"*"))
+	if err != nil || len(built) == 0 {
+		return nil, fmt.Errorf("build the kubelet config checkers: none in %s", abs)
+	}
+	var names []string
+	for _, f := range built {
+		names = append(names, filepath.Base(f))
+	}
+	return names, nil
 }
 
 // source reads the build's provenance from git: HEAD, whether the work tree is dirty, the version (unless

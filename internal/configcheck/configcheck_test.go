@@ -10,17 +10,18 @@ import (
 	"testing"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // TestMain makes this test binary the helper when DKC_TEST_HELPER says so: Exec then runs the real
-// dkc-kubelet-check code (kubeletconfig.Serve) in a child process, or misbehaves on purpose.
+// dkc-kubelet-check code (kubeletcheck.Serve) in a child process, or misbehaves on purpose.
 func TestMain(m *testing.M) {
 	switch os.Getenv("DKC_TEST_HELPER") {
 	case "":
 		os.Exit(m.Run())
 	case "serve":
-		if err := kubeletconfig.Serve(context.Background(), os.Stdin, os.Stdout); err != nil {
+		if err := kubeletcheck.Serve(context.Background(), os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "helper:", err)
 			os.Exit(1)
 		}
@@ -51,7 +52,7 @@ func TestExec(t *testing.T) {
 		}
 		return p
 	}
-	head := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	head := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
 	good := write("good.yaml", head+"maxPods: 42\nhealthzPort: 10999\n")
 	dropIns, badDropIns := filepath.Join(dir, "conf.d"), filepath.Join(dir, "bad.d")
 	for _, d := range []string{dropIns, badDropIns} {
@@ -59,11 +60,12 @@ func TestExec(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("conf.d/10-pods.conf", head+"maxPods: 90\n")
+	write("conf.d/10-pods.conf", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 90\n")
 	write("bad.d/20-bad.conf", "{{{")
 	cases := []struct {
 		name, mode, file string
 		flags            []string
+		kubelet          string // the kubelet version asked for
 		kind             error  // expected kind; nil with wantErr: the check itself failed
 		wantErr          string // substring of the error
 		check            func(*testing.T, *configcheck.Checked)
@@ -93,12 +95,18 @@ func TestExec(t *testing.T) {
 		{name: "missing", mode: "serve", file: filepath.Join(dir, "missing"), kind: configcheck.ErrLoad},
 		{name: "invalid", mode: "serve", file: write("invalid.yaml", head+"maxPods: -1\n"), kind: configcheck.ErrValidate, wantErr: "failed to validate config: "},
 		{name: "bad flag", mode: "serve", file: good, flags: []string{"--max-pods=lots"}, kind: configcheck.ErrFlags},
+		{name: "kubelet of this minor", mode: "serve", file: good, kubelet: "v" + strings.TrimPrefix(kubeletcheck.Version(), "v"), check: func(t *testing.T, c *configcheck.Checked) {
+			if c.KubeletVersion != kubeletcheck.Version() {
+				t.Errorf("checked by %q, want %q", c.KubeletVersion, kubeletcheck.Version())
+			}
+		}},
+		{name: "kubelet of another minor", mode: "serve", file: good, kubelet: "v1.20.0", kind: configcheck.ErrUnsupportedKubelet, wantErr: "kubelet v1.20.0, but this check runs the code of kubelet " + kubeletcheck.Version()},
 		{name: "helper crashes", mode: "crash", file: good, wantErr: "panic: boom"},
 		{name: "helper prints garbage", mode: "garbage", file: good, wantErr: "decode"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := helper(t, tc.mode).Check(context.Background(), tc.file, tc.flags)
+			c, err := helper(t, tc.mode).Check(context.Background(), configcheck.Request{File: tc.file, Flags: tc.flags, KubeletVersion: tc.kubelet})
 			if tc.kind == nil && tc.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -112,7 +120,7 @@ func TestExec(t *testing.T) {
 			if tc.kind != nil && !errors.Is(err, tc.kind) {
 				t.Errorf("error %v is not %v", err, tc.kind)
 			}
-			if tc.kind == nil && func() bool { k, _ := configcheck.Split(err); return k != "" }() {
+			if tc.kind == nil && func() bool { k, _ := checkapi.Split(err); return k != "" }() {
 				t.Errorf("a failed check was blamed on the config: %v", err)
 			}
 			if !strings.Contains(err.Error(), tc.wantErr) {
@@ -133,5 +141,58 @@ func TestConfigFlag(t *testing.T) {
 	cfg, _ = configcheck.ConfigFlag([]string{"--config=/d.yaml"})
 	if cfg != "/d.yaml" {
 		t.Errorf("ConfigFlag = %q", cfg)
+	}
+}
+
+// TestHelpers picks the helper by the kubelet's minor and refuses what no helper speaks. The helpers are this
+// test binary under the names of two minors: it links one minor's code, so the other's name shows that a
+// helper refuses a kubelet of a minor it does not link, and that nothing falls back to another minor.
+func TestHelpers(t *testing.T) {
+	t.Setenv("DKC_TEST_HELPER", "serve")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	linked := checkapi.Minor(kubeletcheck.Version())
+	dir := t.TempDir()
+	for _, name := range []string{configcheck.HelperPrefix + linked, configcheck.HelperPrefix + "1.9", "dkc-kubelet-check", configcheck.HelperPrefix + "x"} {
+		if err := os.Symlink(self, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := configcheck.FindHelpers(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"1.9", linked}; strings.Join(h.Minors, " ") != strings.Join(want, " ") {
+		t.Fatalf("minors = %v, want %v (numeric order, other names ignored)", h.Minors, want)
+	}
+	file := filepath.Join(dir, "kubelet.yaml")
+	if err := os.WriteFile(file, []byte("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\nmaxPods: 42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		kubelet, wantErr string
+	}{
+		{kubelet: "v" + linked + ".3-eks-1a2b3c"},
+		{kubelet: "v1.9.0", wantErr: "kubelet v1.9.0, but this check runs the code of kubelet " + kubeletcheck.Version()},
+		{kubelet: "v1.8.15", wantErr: "kubelet v1.8.15 is not supported by this dkc (kubelet minors 1.9–" + linked + ")"},
+		{kubelet: "v1.99.0", wantErr: "kubelet v1.99.0 is not supported"},
+		{kubelet: "", wantErr: "the kubelet's version is not known yet"},
+		{kubelet: "garbage", wantErr: "kubelet garbage is not supported"},
+	} {
+		c, err := h.Check(context.Background(), configcheck.Request{File: file, KubeletVersion: tc.kubelet})
+		if tc.wantErr == "" {
+			if err != nil || c.Fields["maxPods"] != float64(42) {
+				t.Errorf("kubelet %q: %+v, %v", tc.kubelet, c, err)
+			}
+			continue
+		}
+		if !errors.Is(err, configcheck.ErrUnsupportedKubelet) || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("kubelet %q: error %v, want ErrUnsupportedKubelet with %q", tc.kubelet, err, tc.wantErr)
+		}
+	}
+	if _, err := configcheck.FindHelpers(t.TempDir()); err == nil {
+		t.Error("FindHelpers of an empty directory: no error")
 	}
 }

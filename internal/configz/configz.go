@@ -3,18 +3,24 @@
 // the v1beta1 object marshalled with omitempty, so a field that runs with an empty value (e.g.
 // enforceNodeAllocatable: [] or healthzBindAddress: "") is missing, and loading the file would default it
 // to something else. Every field the v1beta1 defaults set but configz omits therefore ran empty, and is
-// written out explicitly.
+// written out explicitly. The defaults are the kubelet's of the node's own minor: they differ between
+// minors (fields come and go), so each supported minor's are embedded (defaults/<minor>.json).
 package configz
 
-//go:generate go run ./gen defaults.json
+//go:generate ./gen.sh
 
 import (
-	_ "embed"
+	"embed"
 	"encoding/json"
 	"fmt"
+	"path"
+	"slices"
+	"strings"
 
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // Decode extracts the "kubeletconfig" object of a /configz response.
@@ -31,17 +37,35 @@ func Decode(body []byte) (map[string]any, error) {
 	return resp.KubeletConfig, nil
 }
 
-// defaultsJSON is a defaulted, otherwise empty v1beta1 KubeletConfiguration, generated from the kubelet's
-// scheme (gen): kubectl-dkc uses configz without linking the kubelet.
+// defaultsFS holds, per kubelet minor, a defaulted, otherwise empty v1beta1 KubeletConfiguration generated
+// from that minor's scheme (gen.sh): kubectl-dkc uses configz without linking the kubelet.
 //
-//go:embed defaults.json
-var defaultsJSON []byte
+//go:embed defaults/*.json
+var defaultsFS embed.FS
 
-// defaults is defaultsJSON decoded.
-func defaults() (map[string]any, error) {
+// Minors are the kubelet minors whose defaults are embedded, oldest first.
+func Minors() []string {
+	entries, _ := defaultsFS.ReadDir("defaults")
+	var out []string
+	for _, e := range entries {
+		out = append(out, strings.TrimSuffix(e.Name(), ".json"))
+	}
+	slices.SortFunc(out, checkapi.CompareMinors)
+	return out
+}
+
+// defaults are the kubelet's defaults of kubeletVersion's minor ("v1.34.4", as a Node's
+// status.nodeInfo.kubeletVersion says).
+func defaults(kubeletVersion string) (map[string]any, error) {
+	minor := checkapi.Minor(kubeletVersion)
+	data, err := defaultsFS.ReadFile(path.Join("defaults", minor+".json"))
+	if minor == "" || err != nil {
+		m := Minors()
+		return nil, fmt.Errorf("kubelet %q is not supported by this dkc (kubelet minors %s–%s)", kubeletVersion, m[0], m[len(m)-1])
+	}
 	var m map[string]any
-	if err := json.Unmarshal(defaultsJSON, &m); err != nil {
-		return nil, fmt.Errorf("decode the kubelet's defaults: %w", err)
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("decode the defaults of kubelet %s: %w", minor, err)
 	}
 	return m, nil
 }
@@ -63,10 +87,11 @@ func zeroLike(v any) any {
 	}
 }
 
-// Config returns the running config as a complete KubeletConfiguration (kind and apiVersion included),
-// with the fields that ran empty written out. set, if not nil, is applied on top (field → new value).
-func Config(running map[string]any, set map[string]any) (map[string]any, error) {
-	def, err := defaults()
+// Config returns the running config of a kubelet of kubeletVersion as a complete KubeletConfiguration (kind
+// and apiVersion included), with the fields that ran empty written out. set, if not nil, is applied on top
+// (field → new value).
+func Config(kubeletVersion string, running map[string]any, set map[string]any) (map[string]any, error) {
+	def, err := defaults(kubeletVersion)
 	if err != nil {
 		return nil, err
 	}

@@ -6,12 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
-	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
-	kubeletscheme "k8s.io/kubernetes/pkg/kubelet/apis/config/scheme"
-
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // TestRoundTrip: a config with empty values, as the kubelet reports it on /configz, dumps to a file that
@@ -24,15 +24,16 @@ kind: KubeletConfiguration
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
 failSwapOn: false
+failCgroupV1: false
 eventRecordQPS: 9
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r, err := kubeletconfig.Load(context.Background(), src, nil)
+	r, err := kubeletcheck.Load(context.Background(), src, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	running, err := kubeletconfig.ToV1beta1JSON(r.Config) // what /configz shows
+	running, err := kubeletcheck.ToV1beta1JSON(r.Config) // what /configz shows
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,11 +47,11 @@ eventRecordQPS: 9
 	naiveYAML, _ := YAML(naive)
 	naiveFile := filepath.Join(dir, "naive.yaml")
 	_ = os.WriteFile(naiveFile, naiveYAML, 0o644)
-	if _, err := kubeletconfig.Load(context.Background(), naiveFile, nil); err == nil {
+	if _, err := kubeletcheck.Load(context.Background(), naiveFile, nil); err == nil {
 		t.Log("note: the naive recipe happened to validate")
 	}
 
-	cfg, err := Config(running, map[string]any{"eventRecordQPS": 11})
+	cfg, err := Config(kubeletcheck.Version(), running, map[string]any{"eventRecordQPS": 11})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ eventRecordQPS: 9
 	if err := os.WriteFile(dumped, out, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	back, err := kubeletconfig.Load(context.Background(), dumped, nil)
+	back, err := kubeletcheck.Load(context.Background(), dumped, nil)
 	if err != nil {
 		t.Fatalf("dumped config does not load: %v\n%s", err, out)
 	}
@@ -72,16 +73,11 @@ eventRecordQPS: 9
 	}
 }
 
-// TestEmbeddedDefaultsAreTheKubelets: defaults.json is what the kubelet's scheme (at the version go.mod
-// pins) defaults; after a kubelet bump, `make generate` rewrites it.
+// TestEmbeddedDefaultsAreTheKubelets: the defaults embedded for the minor this module links are what the
+// kubelet's scheme defaults; after a kubelet bump, `make generate` rewrites them (the other minors' are
+// checked the same way by make verify-generated, which regenerates them with each minor's helper).
 func TestEmbeddedDefaultsAreTheKubelets(t *testing.T) {
-	scheme, _, err := kubeletscheme.NewSchemeAndCodecs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj := &kubeletv1beta1.KubeletConfiguration{}
-	scheme.Default(obj)
-	data, err := json.Marshal(obj)
+	data, err := kubeletcheck.Defaults()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,11 +85,35 @@ func TestEmbeddedDefaultsAreTheKubelets(t *testing.T) {
 	if err := json.Unmarshal(data, &want); err != nil {
 		t.Fatal(err)
 	}
-	got, err := defaults()
+	got, err := defaults(kubeletcheck.Version())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("defaults.json is not the kubelet's defaults: run make generate")
+		t.Fatalf("defaults/%s.json is not the kubelet's defaults: run make generate", checkapi.Minor(kubeletcheck.Version()))
+	}
+}
+
+// TestDefaultsForEveryHelper: one defaults file per kubelet minor a helper is built for (the module files
+// of sidecar/kubeletcheck), and a kubelet of another minor is refused, naming the range.
+func TestDefaultsForEveryHelper(t *testing.T) {
+	var want []string
+	files, _ := filepath.Glob("../../sidecar/kubeletcheck/kube-*.mod")
+	for _, f := range files {
+		want = append(want, strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "kube-"), ".mod"))
+	}
+	want = append(want, checkapi.Minor(kubeletcheck.Version())) // go.mod's: the newest
+	slices.SortFunc(want, checkapi.CompareMinors)
+	if got := Minors(); !slices.Equal(got, want) {
+		t.Fatalf("defaults for kubelet minors %v, helpers for %v: run make generate", got, want)
+	}
+	for _, m := range want {
+		if _, err := defaults("v" + m + ".0"); err != nil {
+			t.Errorf("defaults of %s: %v", m, err)
+		}
+	}
+	_, err := Config("v1.20.4", map[string]any{}, nil)
+	if err == nil || !strings.Contains(err.Error(), `kubelet "v1.20.4" is not supported by this dkc (kubelet minors `+want[0]+"–"+want[len(want)-1]+")") {
+		t.Errorf("Config for kubelet v1.20.4: %v", err)
 	}
 }

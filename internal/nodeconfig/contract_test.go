@@ -34,6 +34,7 @@ func TestContractStrings(t *testing.T) {
 		{"restart error", nodeconfig.RestartError, "failed to restart kubelet, will retry, see dkc-sidecar log for details"},
 		{"verify error", nodeconfig.VerifyError, "failed to verify config, the kubelet refused /configz, will retry, see dkc-sidecar log for details"},
 		{"verify timeout error", nodeconfig.VerifyTimeoutError, "failed to verify config, the kubelet did not answer /configz, will retry, see dkc-sidecar log for details"},
+		{"unsupported kubelet", nodeconfig.UnsupportedKubeletError, "unsupported kubelet version, see dkc-sidecar log for details"},
 		{"namespace not allowed", nodeconfig.NamespaceNotAllowedError, "failed to sync: config namespace not allowed, see dkc-server log for details"},
 		{"too large", nodeconfig.TooLargeError(1024, 2), "failed to sync: config too large: a node takes at most 1024 files and 2 MiB of file names and contents"},
 		{"reason using current", nodeconfig.ReasonUsingCurrent, "UsingCurrent"},

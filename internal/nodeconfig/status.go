@@ -48,6 +48,10 @@ const (
 	LoadError     StatusError = "failed to load config, see Kubelet log for details"
 	ValidateError StatusError = "failed to validate config, see Kubelet log for details"
 	InternalError StatusError = "internal failure, see Kubelet log for details"
+	// UnsupportedKubeletError (dkc): the node's kubelet is of a minor dkc has no validation code for (or its
+	// version is not known yet); nothing is checked with another version's code, and the kubelet is left
+	// alone. The message names the version and the minors this dkc supports.
+	UnsupportedKubeletError StatusError = "unsupported kubelet version, see dkc-sidecar log for details"
 	// HealthError: the config passed validation but the kubelet did not come back healthy running it
 	// within the health timeout; the node was rolled back.
 	HealthError StatusError = "failed to run kubelet with config, rolled back, see dkc-sidecar log for details"

@@ -40,8 +40,12 @@ type Config struct {
 	InstallDropIn    string
 	InstallOnly      bool
 	HostProc         string
-	// KubeletCheckBinary is the dkc-kubelet-check helper; default: next to this executable.
-	KubeletCheckBinary string
+	// KubeletCheckDir holds the dkc-kubelet-check-<minor> helpers, one per kubelet minor; default: the
+	// directory of this executable.
+	KubeletCheckDir string
+	// KubeletVersion, if set, overrides the kubelet version the service sends (the Node's
+	// status.nodeInfo.kubeletVersion).
+	KubeletVersion string
 }
 
 // DefaultConfig returns the defaults for a DaemonSet pod on a kubeadm-style node.
@@ -89,7 +93,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.InstallDropIn, "install-kubelet-dropin", c.InstallDropIn, "with --restart-mode=systemd: write the kubelet drop-in to this path (e.g. /etc/systemd/system/kubelet.service.d/20-dkc.conf) if it differs, and daemon-reload")
 	fs.BoolVar(&c.InstallOnly, "install-only", c.InstallOnly, "with --install-kubelet-dropin: install the drop-in, reload systemd and exit. The DaemonSet's init container does this, so the long-running container has no write access to unit files")
 	fs.StringVar(&c.HostProc, "host-proc", c.HostProc, "the node's /proc, where the kubelet's command line is read (<host-proc>/<MainPID>/cmdline); the DaemonSet mounts the host's /proc read-only at /host/proc instead of sharing the host's PID namespace")
-	fs.StringVar(&c.KubeletCheckBinary, "kubelet-check-binary", c.KubeletCheckBinary, "the dkc-kubelet-check helper that loads and validates configs with the kubelet's code; default: dkc-kubelet-check next to this executable")
+	fs.StringVar(&c.KubeletCheckDir, "kubelet-check-dir", c.KubeletCheckDir, "directory of the dkc-kubelet-check-<minor> helpers that load and validate configs with the kubelet's own code, one per supported kubelet minor (the image ships 1.34–1.37); the node kubelet's minor picks the helper, and a kubelet of another minor is refused. Default: the directory of this executable")
+	fs.StringVar(&c.KubeletVersion, "kubelet-version", c.KubeletVersion, "the node kubelet's version (e.g. v1.36.3), if it must override what the Node's status.nodeInfo.kubeletVersion says (dkc-server sends that); configs are validated with the code of its minor")
 	fs.BoolVar(&c.PrintDropIn, "print-kubelet-dropin", c.PrintDropIn, "print the kubelet systemd drop-in for --dynamic-config-dir (one-time node setup) and exit")
 }
 

@@ -21,10 +21,10 @@ import (
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
 	"github.com/dkc-dev/dkc/internal/payload"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/app"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 // rawCodec lets the malicious server send bytes no honest protobuf marshaller would produce.
@@ -109,11 +109,11 @@ func (k *steadyKubelet) Healthz(context.Context, *configcheck.Checked) error {
 	return nil
 }
 func (k *steadyKubelet) Configz(ctx context.Context, _ *configcheck.Checked) (map[string]any, error) {
-	r, err := kubeletconfig.Load(ctx, k.file, nil)
+	r, err := kubeletcheck.Load(ctx, k.file, nil)
 	if err != nil {
 		return nil, err
 	}
-	return kubeletconfig.ToV1beta1JSON(r.Config)
+	return kubeletcheck.ToV1beta1JSON(r.Config)
 }
 
 func hostile(uid, rv string, files map[string]string, badHash bool) []byte {
@@ -153,7 +153,7 @@ func TestMaliciousServer(t *testing.T) {
 	dir := filepath.Join(root, "dynamic-config")
 	local := filepath.Join(root, "config.yaml")
 	token := filepath.Join(root, "token")
-	for p, c := range map[string]string{local: "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n", token: "t"} {
+	for p, c := range map[string]string{local: "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n", token: "t"} {
 		if err := os.WriteFile(p, []byte(c), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -175,7 +175,7 @@ func TestMaliciousServer(t *testing.T) {
 	// The whole sidecar as the daemon builds it, with the node's kubelet and the network replaced.
 	sc := app.New(app.Config{NodeName: "n1", TokenFile: token, DynamicConfigDir: dir, KubeletConfig: local,
 		TrialDuration: time.Hour, HealthTimeout: time.Second, HostProc: "/proc"},
-		app.WithConn(conn), app.WithServiceManager(kubelet), app.WithProber(kubelet), app.WithChecker(kubeletconfig.InProcess{}),
+		app.WithConn(conn), app.WithServiceManager(kubelet), app.WithProber(kubelet), app.WithChecker(kubeletcheck.InProcess{}),
 		app.WithKubeletFlags([]string{}))
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)

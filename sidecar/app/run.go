@@ -49,7 +49,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	defer closeSvc()
 	prober, checker := s.o.prober, s.o.checker
 	if checker == nil {
-		if checker, err = kubeletChecker(cfg); err != nil {
+		if checker, err = kubeletChecker(cfg, log); err != nil {
 			return err
 		}
 	}
@@ -96,7 +96,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	ag := agent.New(agent.Config{
 		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
-		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, ProcDir: cfg.HostProc,
+		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, ProcDir: cfg.HostProc, KubeletVersion: cfg.KubeletVersion,
 		TrialCheckInterval: s.o.trialCheckInterval, Checker: checker, Trace: s.o.trace,
 	}, agent.Deps{Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober,
 		Reporter: cl, Metrics: metrics})
@@ -195,18 +195,21 @@ func installDropIn(ctx context.Context, m *systemd.Manager, path, content string
 	return m.Reload(ctx)
 }
 
-// kubeletChecker returns the helper that runs the kubelet's config code, failing early when it is missing.
-func kubeletChecker(cfg Config) (configcheck.Checker, error) {
-	bin := cfg.KubeletCheckBinary
-	if bin == "" {
+// kubeletChecker returns the helpers that run the kubelet's config code, one per kubelet minor, failing
+// early when there are none.
+func kubeletChecker(cfg Config, log *zap.Logger) (configcheck.Checker, error) {
+	dir := cfg.KubeletCheckDir
+	if dir == "" {
 		self, err := os.Executable()
 		if err != nil {
-			return nil, fmt.Errorf("locate dkc-kubelet-check: %w", err)
+			return nil, fmt.Errorf("locate the dkc-kubelet-check helpers: %w", err)
 		}
-		bin = filepath.Join(filepath.Dir(self), "dkc-kubelet-check")
+		dir = filepath.Dir(self)
 	}
-	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("kubelet config checker (--kubelet-check-binary): %w", err)
+	h, err := configcheck.FindHelpers(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w (--kubelet-check-dir)", err)
 	}
-	return configcheck.Exec{Binary: bin}, nil
+	log.Info("kubelet config checkers", zap.String("dir", dir), zap.Strings("kubeletMinors", h.Minors))
+	return h, nil
 }

@@ -1291,7 +1291,7 @@ func sourceAnnotation(cm string) string {
 
 // kubeletConfig is a small valid config; generation makes in-place updates real changes.
 func kubeletConfig(name string, generation int) string {
-	return fmt.Sprintf("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailSwapOn: false\n"+
+	return fmt.Sprintf("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailSwapOn: false\nfailCgroupV1: false\n"+
 		"maxPods: %d\neventRecordQPS: %d\n# %s\n", 100+generation, 5+generation, name)
 }
 

@@ -15,12 +15,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
 	"github.com/dkc-dev/dkc/sidecar/app"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 // localConfig is each simulated node's own kubelet config.
-const localConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailSwapOn: false\n"
+const localConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailSwapOn: false\nfailCgroupV1: false\n"
 
 // sharedChecker runs the kubelet's config code once per distinct file content. A real node validates on its
 // own CPU; thousands of simulated nodes share this machine's few cores, and letting each re-run the kubelet's
@@ -31,10 +31,11 @@ type sharedChecker struct {
 	cache map[[32]byte]*configcheck.Checked
 }
 
-func (s *sharedChecker) Check(ctx context.Context, path string, flags []string) (*configcheck.Checked, error) {
+func (s *sharedChecker) Check(ctx context.Context, req configcheck.Request) (*configcheck.Checked, error) {
+	path, flags := req.File, req.Flags
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return kubeletconfig.Check(ctx, path, flags) // the kubelet's own error for a missing file
+		return kubeletcheck.Check(ctx, path, flags) // the kubelet's own error for a missing file
 	}
 	key := sha256.Sum256([]byte(string(data) + "\x00" + strings.Join(flags, "\x00")))
 	s.mu.Lock()
@@ -43,7 +44,7 @@ func (s *sharedChecker) Check(ctx context.Context, path string, flags []string) 
 	if ok {
 		return c, nil
 	}
-	c, err = kubeletconfig.Check(ctx, path, flags)
+	c, err = kubeletcheck.Check(ctx, path, flags)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +106,7 @@ func (k *standInKubelet) Configz(ctx context.Context, _ *configcheck.Checked) (m
 	if file == "" {
 		file = k.local
 	}
-	c, err := k.checker.Check(ctx, file, nil)
+	c, err := k.checker.Check(ctx, configcheck.Request{File: file})
 	if err != nil {
 		return nil, err
 	}

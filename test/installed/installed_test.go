@@ -72,9 +72,15 @@ func nodeConfig(t *testing.T, node string, qps int) string {
 // names its node's addresses, so each node gets its own ConfigMap).
 func createConfig(t *testing.T, name, node string, qps int) *corev1.ConfigMap {
 	t.Helper()
+	return createConfigData(t, name, nodeConfig(t, node, qps))
+}
+
+// createConfigData creates kube-system/<name> with data as its kubelet key, deleted when t ends.
+func createConfigData(t *testing.T, name, data string) *corev1.ConfigMap {
+	t.Helper()
 	cm, err := admin(t).CoreV1().ConfigMaps("kube-system").Create(ctxFor(t), &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Data:       map[string]string{"kubelet": nodeConfig(t, node, qps)},
+		Data:       map[string]string{"kubelet": data},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create configmap %s: %v", name, err)

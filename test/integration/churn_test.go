@@ -97,7 +97,7 @@ func hashedConfigMap(t *testing.T, i int) *corev1.ConfigMap {
 	t.Helper()
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "churn-config", Namespace: "kube-system"},
-		Data: map[string]string{"kubelet": fmt.Sprintf("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"+
+		Data: map[string]string{"kubelet": fmt.Sprintf("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"+
 			"eventRecordQPS: %d\n", i+1)},
 	}
 	h, err := hash.ConfigMapHash(cm)

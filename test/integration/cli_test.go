@@ -16,8 +16,8 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/dkc-dev/dkc/cli/plugin"
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 // kubectlDKC runs `kubectl dkc args...` in process against the test cluster.
@@ -70,17 +70,17 @@ func TestKubectlDKCAssignStatusDumpDiffReset(t *testing.T) {
 	if err := os.WriteFile(file, []byte(out), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := kubeletconfig.Load(context.Background(), file, nil); err != nil || len(r.Config.EnforceNodeAllocatable) != 0 {
+	if r, err := kubeletcheck.Load(context.Background(), file, nil); err != nil || len(r.Config.EnforceNodeAllocatable) != 0 {
 		t.Errorf("dumped config does not load back as running: %v", err)
 	}
 
 	// diff: the dump itself changes nothing; another config shows each field with its safety.
 	createConfigMap(t, "cli-dumped", map[string]string{"kubelet": out})
-	if out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-dumped", "--kubelet-check-binary", cluster.KubeletCheckBinary()); err != nil || !strings.Contains(out, "no changes") {
+	if out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-dumped", "--kubelet-check-dir", cluster.KubeletCheckDir()); err != nil || !strings.Contains(out, "no changes") {
 		t.Errorf("diff against the dumped running config: %v\n%s", err, out)
 	}
 	createConfigMap(t, "cli-next", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 24\ncpuManagerPolicy: static\nmaxPods: 50\n")})
-	out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-next", "--kubelet-check-binary", cluster.KubeletCheckBinary())
+	out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-next", "--kubelet-check-dir", cluster.KubeletCheckDir())
 	if err != nil {
 		t.Fatalf("diff: %v\n%s", err, out)
 	}
@@ -89,7 +89,7 @@ func TestKubectlDKCAssignStatusDumpDiffReset(t *testing.T) {
 			t.Errorf("diff lacks %q:\n%s", want, out)
 		}
 	}
-	if out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-next", "-o", "json", "--kubelet-check-binary", cluster.KubeletCheckBinary()); err != nil || !strings.Contains(out, `"safety": "needs-state-reset-and-drain"`) {
+	if out, _, err = kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-next", "-o", "json", "--kubelet-check-dir", cluster.KubeletCheckDir()); err != nil || !strings.Contains(out, `"safety": "needs-state-reset-and-drain"`) {
 		t.Errorf("diff -o json: %v\n%s", err, out)
 	}
 
@@ -123,7 +123,7 @@ func simConfigFor(t *testing.T, node, extra string) string {
 func TestKubectlDKCRolloutAcrossSimulatedNodes(t *testing.T) {
 	const sel = "dkc.dev/simulated=true"
 	t.Cleanup(func() { _, _, _ = kubectlDKC(t, "reset", "-l", sel) })
-	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
 	good := createConfigMap(t, "cli-rollout-good", map[string]string{"kubelet": header + "eventRecordQPS: 33\n"})
 	g := "cli-rollout-good@" + good.ResourceVersion
 

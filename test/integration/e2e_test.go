@@ -178,7 +178,7 @@ func TestE2EMalformedConfigMaps(t *testing.T) {
 	client := adminClient(t)
 	resetSim(t)
 	t.Cleanup(func() { resetSim(t) })
-	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
 	for _, tc := range []struct {
 		name, kubelet string
 		extra         map[string]string

@@ -74,7 +74,7 @@ func TestFaultsDuringRollouts(t *testing.T) {
 		_ = cluster.Signal("dkc-server", syscall.SIGCONT)
 		_, _, _ = kubectlDKC(t, "reset", "-l", sel)
 	})
-	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
 	a := createConfigMap(t, "faults-a", map[string]string{"kubelet": header + "eventRecordQPS: 41\n"})
 	if out, errOut, err := kubectlDKC(t, "rollout", "--configmap", "kube-system/faults-a", "-l", sel, "--max-unavailable", "100%"); err != nil {
 		t.Fatalf("baseline rollout: %v\n%s\n%s", err, out, errOut)

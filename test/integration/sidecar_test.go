@@ -421,7 +421,7 @@ func TestSimulatedNodesShareOneConfigMap(t *testing.T) {
 	for i := 1; i <= devclustertest.SimNodes; i++ {
 		sims = append(sims, fmt.Sprintf("sim-%d", i))
 	}
-	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
 	cm := createConfigMap(t, "sim-shared", map[string]string{"kubelet": header + "eventRecordQPS: 21\n"})
 	for _, s := range sims {
 		setSource(t, client, s, cmSource("sim-shared"))

@@ -380,6 +380,9 @@ type WatchConfigRequest struct {
 	// when it names none (its state was lost), even when its config is unchanged; a sidecar of an older
 	// version, which would not use it, gets nothing more than before.
 	FollowsNodeUid bool `protobuf:"varint,5,opt,name=follows_node_uid,json=followsNodeUid,proto3" json:"follows_node_uid,omitempty"`
+	// The kubelet_version of the last WatchConfigResponse the node received ("" if none since the sidecar
+	// started). The service sends the node's state if the Node reports another kubelet version.
+	KubeletVersion string `protobuf:"bytes,6,opt,name=kubelet_version,json=kubeletVersion,proto3" json:"kubelet_version,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -449,6 +452,13 @@ func (x *WatchConfigRequest) GetFollowsNodeUid() bool {
 	return false
 }
 
+func (x *WatchConfigRequest) GetKubeletVersion() string {
+	if x != nil {
+		return x.KubeletVersion
+	}
+	return ""
+}
+
 // WatchConfigResponse is the node's complete desired state; each message replaces the previous one.
 type WatchConfigResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -463,9 +473,13 @@ type WatchConfigResponse struct {
 	// The UID of the Node object this state was resolved from. A Node deleted and registered again under the
 	// same name is another object with another UID: the sidecar names it in its reports (node_uid of
 	// ReportStatusRequest), so that the service never writes a status about the old object onto the new one.
-	NodeUid       string `protobuf:"bytes,4,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeUid string `protobuf:"bytes,4,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
+	// The node's kubelet version as its Node reports it (status.nodeInfo.kubeletVersion, e.g. "v1.37.2"). The
+	// sidecar validates configs with the kubelet code of that minor, and refuses a minor it has no code for.
+	// A new message is sent when it changes (a node upgraded in place).
+	KubeletVersion string `protobuf:"bytes,5,opt,name=kubelet_version,json=kubeletVersion,proto3" json:"kubelet_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WatchConfigResponse) Reset() {
@@ -522,6 +536,13 @@ func (x *WatchConfigResponse) GetResolvedTime() *timestamppb.Timestamp {
 func (x *WatchConfigResponse) GetNodeUid() string {
 	if x != nil {
 		return x.NodeUid
+	}
+	return ""
+}
+
+func (x *WatchConfigResponse) GetKubeletVersion() string {
+	if x != nil {
+		return x.KubeletVersion
 	}
 	return ""
 }
@@ -773,14 +794,15 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
 	"\rAppliedConfig\x120\n" +
 	"\x06source\x18\x01 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06source\x12!\n" +
-	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xcf\x01\n" +
+	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xf8\x01\n" +
 	"\x12WatchConfigRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x128\n" +
 	"\flast_applied\x18\x02 \x01(\v2\x15.dkc.v1.AppliedConfigR\vlastApplied\x12\x1d\n" +
 	"\n" +
 	"sync_error\x18\x03 \x01(\tR\tsyncError\x12\x19\n" +
 	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\x12(\n" +
-	"\x10follows_node_uid\x18\x05 \x01(\bR\x0efollowsNodeUid\"\xc4\x01\n" +
+	"\x10follows_node_uid\x18\x05 \x01(\bR\x0efollowsNodeUid\x12'\n" +
+	"\x0fkubelet_version\x18\x06 \x01(\tR\x0ekubeletVersion\"\xed\x01\n" +
 	"\x13WatchConfigResponse\x122\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x12.dkc.v1.AssignmentR\n" +
@@ -788,7 +810,8 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\n" +
 	"sync_error\x18\x02 \x01(\tR\tsyncError\x12?\n" +
 	"\rresolved_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fresolvedTime\x12\x19\n" +
-	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\"\x82\x01\n" +
+	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\x12'\n" +
+	"\x0fkubelet_version\x18\x05 \x01(\tR\x0ekubeletVersion\"\x82\x01\n" +
 	"\x0eKubeletRestart\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
 	"\x06target\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06target\x12.\n" +

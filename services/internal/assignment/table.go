@@ -34,13 +34,17 @@ type State struct {
 	// under the same name is another object: its node is told (WatchConfigResponse.node_uid), so that its
 	// reports about the old object are not written onto the new one.
 	NodeUID string
+	// KubeletVersion is the node's kubelet version (status.nodeInfo.kubeletVersion): the sidecar validates
+	// configs with the code of its minor, so a node upgraded in place is told.
+	KubeletVersion string
 	// Changed is when this state was set.
 	Changed time.Time
 }
 
 // Same reports whether two states tell a node the same thing (Changed aside).
 func (s State) Same(o State) bool {
-	return s.SyncError == o.SyncError && s.NodeUID == o.NodeUID && SameAssignment(s.Assignment, o.Assignment)
+	return s.SyncError == o.SyncError && s.NodeUID == o.NodeUID && s.KubeletVersion == o.KubeletVersion &&
+		SameAssignment(s.Assignment, o.Assignment)
 }
 
 // SameAssignment compares by source and content hash, never by payload: cheap for thousands of nodes.
@@ -140,14 +144,14 @@ func (t *Table) Set(node string, s State) bool {
 
 // SetSyncError keeps the node's assignment and sets its sync error ("" clears it) and the UID of the Node
 // object it was found on.
-func (t *Table) SetSyncError(node, nodeUID string, syncError nodeconfig.StatusError) bool {
+func (t *Table) SetSyncError(node, nodeUID, kubeletVersion string, syncError nodeconfig.StatusError) bool {
 	t.mu.Lock()
 	var s State
 	if e, ok := t.nodes[node]; ok {
 		s = e.state
 	}
 	t.mu.Unlock()
-	s.SyncError, s.NodeUID = string(syncError), nodeUID
+	s.SyncError, s.NodeUID, s.KubeletVersion = string(syncError), nodeUID, kubeletVersion
 	return t.Set(node, s) // a concurrent Set in between is fine: the controller is the only writer per node
 }
 

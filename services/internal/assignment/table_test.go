@@ -43,7 +43,7 @@ func TestTable(t *testing.T) {
 		t.Fatal("identical Set changed state")
 	}
 	// A sync error keeps the assignment.
-	if !tab.SetSyncError("a", "", "failed to sync: x") || !closed(ch) {
+	if !tab.SetSyncError("a", "", "", "failed to sync: x") || !closed(ch) {
 		t.Fatal("SetSyncError did not change")
 	}
 	st, _, ch = tab.Get("a")
@@ -116,7 +116,7 @@ func TestTableHoldsOnlyLiveNodes(t *testing.T) {
 			tab.Get("a")
 		}, 0},
 		{"sync error of an unknown node, then deleted", func(tab *Table) {
-			tab.SetSyncError("a", "", "failed to sync: x")
+			tab.SetSyncError("a", "", "", "failed to sync: x")
 			tab.Delete("a")
 			tab.Get("a")
 		}, 0},
@@ -166,7 +166,7 @@ func TestWaiterOfUnknownNodeWokenByFirstState(t *testing.T) {
 	if ok {
 		t.Fatal("deleted node has a state")
 	}
-	tab.SetSyncError("a", "", "failed to sync: x")
+	tab.SetSyncError("a", "", "", "failed to sync: x")
 	if !closed(ch) {
 		t.Fatal("state after deletion did not wake the waiter")
 	}

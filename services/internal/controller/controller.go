@@ -104,8 +104,11 @@ func New(cfg Config) *Controller {
 // sources name the same config.
 // needsSync says whether a Node update can change the node's state. Heartbeats and status writes (our own
 // included) do not touch the source: they are skipped. Another UID is another object (deleted and
-// registered again, seen as an update across a relist): its node must be told, whatever its source.
-func needsSync(o, n *corev1.Node) bool { return o.UID != n.UID || sourceChanged(o, n) }
+// registered again, seen as an update across a relist): its node must be told, whatever its source. So is
+// another kubelet version (a node upgraded in place): configs are validated with that minor's code.
+func needsSync(o, n *corev1.Node) bool {
+	return o.UID != n.UID || o.Status.NodeInfo.KubeletVersion != n.Status.NodeInfo.KubeletVersion || sourceChanged(o, n)
+}
 
 func sourceChanged(o, n *corev1.Node) bool {
 	return o.Annotations[nodeconfig.SourceAnnotation] != n.Annotations[nodeconfig.SourceAnnotation] ||
@@ -197,13 +200,13 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("get node %s from cache: %w", name, err)
 	}
-	uid := string(node.UID)
+	uid, kubeletVersion := string(node.UID), node.Status.NodeInfo.KubeletVersion
 	src, origin, err := resolve.NodeSource(node, c.namespaces)
 	var se *resolve.SourceError
 	if errors.As(err, &se) {
 		c.cms.Track(name, "")
 		c.shared.use(name, "")
-		if c.table.SetSyncError(name, uid, se.Status) {
+		if c.table.SetSyncError(name, uid, kubeletVersion, se.Status) {
 			c.log.Info("node config source invalid; node keeps its config", zap.String("node", name), zap.String("origin", string(origin)),
 				zap.Stringer("error", se.Status), zap.String("detail", se.Detail))
 		}
@@ -215,7 +218,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if src == nil {
 		c.cms.Track(name, "")
 		c.shared.use(name, "")
-		if c.table.Set(name, assignment.State{Assignment: resolve.Local(), NodeUID: uid}) {
+		if c.table.Set(name, assignment.State{Assignment: resolve.Local(), NodeUID: uid, KubeletVersion: kubeletVersion}) {
 			c.log.Info("node assigned local config", zap.String("node", name))
 		}
 		return nil
@@ -226,7 +229,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	c.shared.use(name, sourceKey(ref))
 	cm, synced, err := c.cms.Get(key)
 	if err != nil {
-		c.table.SetSyncError(name, uid, nodeconfig.SyncInternalError)
+		c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SyncInternalError)
 		return fmt.Errorf("read configmap %s for node %s: %w", key, name, err)
 	}
 	if !synced {
@@ -234,17 +237,17 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	}
 	if cm == nil {
 		c.shared.gone(sourceKey(ref))
-		if c.table.SetSyncError(name, uid, nodeconfig.DownloadError) {
+		if c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.DownloadError) {
 			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name), zap.String("configmap", key))
 		}
 		return nil
 	}
 	a, err := c.shared.resolve(ref, cm)
 	if err != nil {
-		c.table.SetSyncError(name, uid, nodeconfig.SyncInternalError)
+		c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SyncInternalError)
 		return err
 	}
-	if c.table.Set(name, assignment.State{Assignment: a, NodeUID: uid}) {
+	if c.table.Set(name, assignment.State{Assignment: a, NodeUID: uid, KubeletVersion: kubeletVersion}) {
 		c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
 			zap.String("source", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
 			zap.String("kubeletConfigKey", ref.KubeletConfigKey))

@@ -334,14 +334,15 @@ func TestNodeObjectFollowed(t *testing.T) {
 	f := newFixture(t)
 	put := func(uid string) {
 		t.Helper()
-		if err := f.store.Update(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: types.UID(uid)}}); err != nil {
+		if err := f.store.Update(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: types.UID(uid)},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2"}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	put("uid-1")
 	f.sync("n1")
-	if st, _, _ := f.table.Get("n1"); st.NodeUID != "uid-1" {
-		t.Fatalf("state names node %q, want uid-1", st.NodeUID)
+	if st, _, _ := f.table.Get("n1"); st.NodeUID != "uid-1" || st.KubeletVersion != "v1.37.2" {
+		t.Fatalf("state names node %q with kubelet %q, want uid-1 with the Node's v1.37.2", st.NodeUID, st.KubeletVersion)
 	}
 	_, _, changed := f.table.Get("n1")
 	put("uid-2")
@@ -363,6 +364,8 @@ func TestNodeObjectFollowed(t *testing.T) {
 		{"registered again, same source", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "b"}}, true},
 		{"source changed", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}},
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a", Annotations: map[string]string{nodeconfig.SourceAnnotation: "{}"}}}, true},
+		{"kubelet upgraded", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"}}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2"}}}, true},
 	} {
 		if got := needsSync(tc.o, tc.n); got != tc.want {
 			t.Errorf("%s: needsSync = %v, want %v", tc.name, got, tc.want)

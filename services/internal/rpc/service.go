@@ -207,6 +207,9 @@ type watchState struct {
 	// followsNodeUID: the sidecar names the Node object in its reports (an older one does not): tell it the
 	// object also when it names none.
 	followsNodeUID bool
+	// kubeletVersion is the node's kubelet version as the node says or was last sent: the sidecar validates
+	// with that minor's code, so a change (a node upgraded in place) is sent.
+	kubeletVersion string
 }
 
 //go:noinline
@@ -225,7 +228,7 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigS
 		ws.has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
 	}
 	ws.sentSyncError = req.GetSyncError()
-	ws.nodeUID, ws.followsNodeUID = req.GetNodeUid(), req.GetFollowsNodeUid()
+	ws.nodeUID, ws.followsNodeUID, ws.kubeletVersion = req.GetNodeUid(), req.GetFollowsNodeUid(), req.GetKubeletVersion()
 	ws.rc = s.newRecheck(ctx)
 	return ws, nil
 }
@@ -265,7 +268,8 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	// again). A sidecar of an older version names none and would not use it: nothing more is sent to it.
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
 		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
-		(st.NodeUID != "" && st.NodeUID != ws.nodeUID && (ws.nodeUID != "" || ws.followsNodeUID))
+		(st.NodeUID != "" && st.NodeUID != ws.nodeUID && (ws.nodeUID != "" || ws.followsNodeUID)) ||
+		(st.KubeletVersion != "" && st.KubeletVersion != ws.kubeletVersion)
 	if !send {
 		return changed, nil
 	}
@@ -281,7 +285,7 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	ws.log().Info("pushed config", zap.String("contentHash", st.Assignment.GetContentHash()),
 		zap.Bool("local", st.Assignment != nil && st.Assignment.GetSource().GetConfigMap() == nil),
 		zap.String("syncError", st.SyncError))
-	ws.known, ws.sentSyncError, ws.nodeUID = true, st.SyncError, st.NodeUID
+	ws.known, ws.sentSyncError, ws.nodeUID, ws.kubeletVersion = true, st.SyncError, st.NodeUID, st.KubeletVersion
 	if st.Assignment != nil {
 		ws.has = st.Assignment
 	}

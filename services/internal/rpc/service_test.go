@@ -126,12 +126,12 @@ func TestWatchConfig(t *testing.T) {
 	}
 	// Several changes while the node is not reading arrive as the latest one.
 	table.Set("n1", assignment.State{Assignment: assign("2")})
-	table.SetSyncError("n1", "", "failed to sync: x")
+	table.SetSyncError("n1", "", "", "failed to sync: x")
 	if m := recv(t, stream); m.GetAssignment().GetContentHash() != "h2" {
 		t.Fatalf("second message = %v", m)
 	}
 	// The sync error may come with it or right after; the stream ends on the latest state.
-	table.SetSyncError("n1", "", "")
+	table.SetSyncError("n1", "", "", "")
 	table.Set("n1", assignment.State{Assignment: assign("3")})
 	for {
 		m := recv(t, stream)
@@ -169,8 +169,9 @@ func TestWatchConfig(t *testing.T) {
 }
 
 // TestResumeReconcilesTheSyncError: a node resuming its stream says which sync error it holds and which Node
-// object its state came from; the service tells it when its own differs (an error cleared or new while the
-// node was away, the Node deleted and registered again), with the assignment unchanged.
+// object its state came from and its kubelet version; the service tells it when its own differs (an error
+// cleared or new while the node was away, the Node deleted and registered again, its kubelet upgraded),
+// with the assignment unchanged.
 func TestResumeReconcilesTheSyncError(t *testing.T) {
 	const download = "failed to sync: failed to download config, see Kubelet log for details"
 	for _, tc := range []struct {
@@ -182,6 +183,8 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		nodeUID       string // the request's node_uid
 		serviceUID    string // the table's NodeUID
 		follows       bool   // the request's follows_node_uid
+		nodeKubelet   string // the request's kubelet_version
+		kubelet       string // the table's KubeletVersion
 	}{
 		{name: "cleared while away", nodeHolds: download, serviceHas: "", wantSyncError: ""},
 		{name: "appeared while away", nodeHolds: "", serviceHas: download, wantSyncError: download},
@@ -191,6 +194,9 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		{name: "same node object", nodeUID: "uid-1", serviceUID: "uid-1", wantNoMessage: true},
 		{name: "sidecar knows no node object", serviceUID: "uid-2", follows: true},
 		{name: "older sidecar, which names none", serviceUID: "uid-2", wantNoMessage: true},
+		{name: "kubelet upgraded while away", nodeKubelet: "v1.36.3", kubelet: "v1.37.2"},
+		{name: "sidecar knows no kubelet version", kubelet: "v1.37.2"},
+		{name: "same kubelet version", nodeKubelet: "v1.37.2", kubelet: "v1.37.2", wantNoMessage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := assignment.NewTable(nil)
@@ -198,9 +204,10 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			table.Set("n1", assignment.State{Assignment: assign("1")})
-			table.SetSyncError("n1", tc.serviceUID, nodeconfig.StatusError(tc.serviceHas))
+			table.SetSyncError("n1", tc.serviceUID, tc.kubelet, nodeconfig.StatusError(tc.serviceHas))
 			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds, NodeUid: tc.nodeUID, FollowsNodeUid: tc.follows,
-				LastApplied: &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
+				KubeletVersion: tc.nodeKubelet,
+				LastApplied:    &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -215,9 +222,10 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 				if tc.wantNoMessage {
 					t.Fatalf("resumed stream sent %v; the node already has it", m)
 				}
-				if m.GetSyncError() != tc.wantSyncError || m.GetAssignment().GetContentHash() != "h1" || m.GetNodeUid() != tc.serviceUID {
-					t.Fatalf("resumed stream sent sync error %q, assignment %q, node %q; want %q, h1, %q",
-						m.GetSyncError(), m.GetAssignment().GetContentHash(), m.GetNodeUid(), tc.wantSyncError, tc.serviceUID)
+				if m.GetSyncError() != tc.wantSyncError || m.GetAssignment().GetContentHash() != "h1" || m.GetNodeUid() != tc.serviceUID ||
+					m.GetKubeletVersion() != tc.kubelet {
+					t.Fatalf("resumed stream sent sync error %q, assignment %q, node %q, kubelet %q; want %q, h1, %q, %q",
+						m.GetSyncError(), m.GetAssignment().GetContentHash(), m.GetNodeUid(), m.GetKubeletVersion(), tc.wantSyncError, tc.serviceUID, tc.kubelet)
 				}
 			case <-time.After(500 * time.Millisecond):
 				if !tc.wantNoMessage {

@@ -100,8 +100,12 @@ type Config struct {
 	KeepCheckpoints int
 	// TrialCheckInterval is how often the trial is checked; default 10s, as the original.
 	TrialCheckInterval time.Duration
-	// Checker loads and validates configs with the kubelet's code (configcheck.Exec in the daemon).
+	// Checker loads and validates configs with the kubelet's code, of the node kubelet's minor
+	// (configcheck.Helpers in the daemon).
 	Checker configcheck.Checker
+	// KubeletVersion, if set, is the node kubelet's version the operator states (--kubelet-version); it
+	// overrides the one the service sends (the Node's status.nodeInfo.kubeletVersion).
+	KubeletVersion string
 	// Trace, if set, is called when an assignment is received (TraceReceived) and when a new one is durably
 	// checkpointed (TraceCheckpointed): the benchmark's probes.
 	Trace func(event string, src *corev1.NodeConfigSource)
@@ -123,6 +127,7 @@ type Agent struct {
 	// What the node knows now.
 	syncError      nodeconfig.StatusError   // from the service
 	nodeUID        string                   // the Node object the service's last update was resolved from
+	kubeletVersion string                   // the node kubelet's version, from the service (or the state file)
 	localSyncError nodeconfig.StatusError   // checkpointing failed here
 	localSyncWhy   string                   // why, for humans
 	configError    nodeconfig.StatusError   // assigned could not be used
@@ -201,6 +206,7 @@ func (a *Agent) Init(ctx context.Context) error {
 		a.active, a.activeRecorded = r.Source, true
 	}
 	a.follow(a.state.s.NodeUID)
+	a.kubeletVersion = a.state.s.KubeletVersion
 	// A kubelet started with another config than --kubelet-config would silently switch to that file at the
 	// first restart dkc makes: refuse to start rather than change the node behind its operator's back.
 	if a.cfg.KubeletFlags == nil {
@@ -260,6 +266,16 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 				if err := a.state.save(); err != nil {
 					a.log.Warn("cannot record the Node object followed; a restarted sidecar's first reports will not name it",
 						zap.String("nodeUID", uid), zap.Error(err))
+				}
+			}
+			if v := u.GetKubeletVersion(); v != "" && v != a.kubeletVersion {
+				// Configs are checked with the code of this kubelet's minor from now on; kept for the
+				// next start, whose first checks may come before the service answers.
+				a.log.Info("kubelet version", zap.String("kubeletVersion", v), zap.String("was", a.kubeletVersion))
+				a.kubeletVersion = v
+				a.state.s.KubeletVersion = v
+				if err := a.state.save(); err != nil {
+					a.log.Warn("cannot record the kubelet version", zap.String("kubeletVersion", v), zap.Error(err))
 				}
 			}
 			a.Apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError()})
@@ -397,7 +413,11 @@ func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []
 	if src != nil {
 		c.file = a.store.ConfigFile(src.ConfigMap)
 	}
-	r, err := a.cfg.Checker.Check(ctx, c.file, flags)
+	version := a.kubeletVersion
+	if a.cfg.KubeletVersion != "" {
+		version = a.cfg.KubeletVersion
+	}
+	r, err := a.cfg.Checker.Check(ctx, configcheck.Request{File: c.file, Flags: flags, KubeletVersion: version})
 	if err != nil {
 		return c, err
 	}
@@ -414,6 +434,8 @@ func statusFor(err error) nodeconfig.StatusError {
 		return nodeconfig.LoadError
 	case errors.Is(err, configcheck.ErrValidate):
 		return nodeconfig.ValidateError
+	case errors.Is(err, configcheck.ErrUnsupportedKubelet):
+		return nodeconfig.UnsupportedKubeletError
 	default:
 		return nodeconfig.InternalError
 	}
@@ -480,6 +502,10 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 			// The node's own config does not validate: nothing dkc can pick is safe, so touch nothing.
 			if a.configError == "" {
 				a.configError, a.detail = nodeconfig.InternalError, "local config: "+err.Error()
+				if errors.Is(err, configcheck.ErrUnsupportedKubelet) {
+					// Not the local config's fault: dkc has no code for this kubelet, nothing is checked.
+					a.configError, a.detail = nodeconfig.UnsupportedKubeletError, err.Error()
+				}
 			}
 			a.log.Error("local kubelet config unusable; leaving the kubelet alone", zap.String("file", a.cfg.LocalConfig), zap.Error(err))
 			return true

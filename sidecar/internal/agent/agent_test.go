@@ -21,13 +21,13 @@ import (
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
 	"github.com/dkc-dev/dkc/internal/payload"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/internal/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
 	"github.com/dkc-dev/dkc/sidecar/internal/probe"
 	"github.com/dkc-dev/dkc/sidecar/internal/systemd"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 // fakeKubelet records restarts (as a systemd fake would) and "runs" the config file the env file names at
@@ -88,7 +88,7 @@ func (k *fakeKubelet) runningConfig() (*kubeletconfiginternal.KubeletConfigurati
 	k.mu.Lock()
 	f := k.running
 	k.mu.Unlock()
-	r, err := kubeletconfig.Load(context.Background(), f, nil)
+	r, err := kubeletcheck.Load(context.Background(), f, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +127,7 @@ func (k *fakeKubelet) Configz(context.Context, *configcheck.Checked) (map[string
 	if !kc.Authentication.Webhook.Enabled && !kc.Authentication.Anonymous.Enabled {
 		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/configz: 401 Unauthorized", probe.ErrRefused)
 	}
-	return kubeletconfig.ToV1beta1JSON(kc)
+	return kubeletcheck.ToV1beta1JSON(kc)
 }
 
 func (k *fakeKubelet) count() int {
@@ -188,7 +188,9 @@ type node struct {
 	agent    *Agent
 }
 
-const cfgHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+// cfgHeader starts every config; failCgroupV1 is off because kubelets from 1.35 refuse a cgroup v1 host in
+// validation, and the machines these tests run on may be cgroup v1.
+const cfgHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
 
 func newNode(t *testing.T) *node {
 	t.Helper()
@@ -207,7 +209,7 @@ func newNode(t *testing.T) *node {
 func (n *node) start() {
 	n.t.Helper()
 	n.reporter = &recordingReporter{}
-	n.agent = New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+	n.agent = New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
 		KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock})
 	// The fake clock does not advance by itself: let the health wait's sleeps pass at once.
 	go func() {
@@ -401,14 +403,14 @@ type failingChecker struct {
 	broken bool
 }
 
-func (f *failingChecker) Check(ctx context.Context, path string, flags []string) (*configcheck.Checked, error) {
+func (f *failingChecker) Check(ctx context.Context, req configcheck.Request) (*configcheck.Checked, error) {
 	f.mu.Lock()
 	broken := f.broken
 	f.mu.Unlock()
 	if broken {
 		return nil, errors.New("run dkc-kubelet-check: fork/exec: resource temporarily unavailable")
 	}
-	return kubeletconfig.InProcess{}.Check(ctx, path, flags)
+	return kubeletcheck.InProcess{}.Check(ctx, req)
 }
 
 func TestFailedCheckIsRetriedAndTouchesNothing(t *testing.T) {
@@ -539,7 +541,7 @@ func TestInitRefusesAKubeletRunningAnotherConfig(t *testing.T) {
 	fk := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
 	k := pidKubelet{fakeKubelet: fk, pid: cmd.Process.Pid}
 	rep := &recordingReporter{}
-	a := New(Config{LocalConfig: local, Checker: kubeletconfig.InProcess{}, HealthTimeout: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: rep})
+	a := New(Config{LocalConfig: local, Checker: kubeletcheck.InProcess{}, HealthTimeout: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: rep})
 	err := a.Init(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "/other/path") || !strings.Contains(err.Error(), local) {
 		t.Fatalf("Init = %v; want a refusal naming /other/path and %s", err, local)
@@ -572,7 +574,7 @@ func TestKubeletCommandLineReadFromProcDir(t *testing.T) {
 	}
 	fk := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
 	k := pidKubelet{fakeKubelet: fk, pid: hostPID}
-	a := New(Config{LocalConfig: local, Checker: kubeletconfig.InProcess{}, HealthTimeout: time.Second, ProcDir: proc}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: &recordingReporter{}})
+	a := New(Config{LocalConfig: local, Checker: kubeletcheck.InProcess{}, HealthTimeout: time.Second, ProcDir: proc}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: &recordingReporter{}})
 	if err := a.Init(context.Background()); err == nil || !strings.Contains(err.Error(), "/other/path") {
 		t.Fatalf("Init = %v; want the refusal of the --config read from %s/%d/cmdline", err, proc, hostPID)
 	}
@@ -610,7 +612,7 @@ func TestInitRefusesAUnitWithAnotherLocalConfig(t *testing.T) {
 				unit = ""
 			}
 			svc := unitKubelet{fakeKubelet: n.kubelet, unitConfig: unit}
-			a := New(Config{LocalConfig: n.local, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+			a := New(Config{LocalConfig: n.local, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
 				KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: svc, Kubelet: n.kubelet, Reporter: &recordingReporter{}, Clock: n.clock})
 			err := a.Init(context.Background())
 			if tc.wantErr {
@@ -640,7 +642,7 @@ func TestActiveIsNotLocalWhileUnknown(t *testing.T) {
 	n.kubelet.stopped = true
 	n.kubelet.mu.Unlock()
 	n.reporter = &recordingReporter{}
-	n.agent = New(Config{LocalConfig: n.local, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+	n.agent = New(Config{LocalConfig: n.local, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
 		KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock})
 	if err := n.agent.Init(context.Background()); err != nil {
 		t.Fatal(err)
@@ -663,7 +665,7 @@ func TestNothingReportedUntilActiveIsKnown(t *testing.T) {
 
 	fresh := func() (*Agent, *recordingReporter) {
 		rep := &recordingReporter{}
-		a := New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletconfig.InProcess{}, TrialDuration: 10 * time.Minute,
+		a := New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute,
 			HealthTimeout: time.Second, KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: rep, Clock: n.clock})
 		return a, rep // state not loaded: as after an upgrade, before anything is proven
 	}
@@ -789,5 +791,95 @@ func TestReportsFollowTheNodeObject(t *testing.T) {
 		if r.nodeUID != "node-c" {
 			t.Errorf("a restarted sidecar's report names %q, want node-c: %v", r.nodeUID, r.status)
 		}
+	}
+}
+
+// versionChecker records the kubelet version each check was asked for, and refuses versions of minor
+// 1.33 as the helpers refuse a minor they have no code for.
+type versionChecker struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (v *versionChecker) Check(ctx context.Context, req configcheck.Request) (*configcheck.Checked, error) {
+	v.mu.Lock()
+	v.seen = append(v.seen, req.KubeletVersion)
+	v.mu.Unlock()
+	if strings.HasPrefix(req.KubeletVersion, "v1.33.") {
+		return nil, fmt.Errorf("%w: kubelet %s is not supported by this dkc (kubelet minors 1.34–1.37)", configcheck.ErrUnsupportedKubelet, req.KubeletVersion)
+	}
+	return kubeletcheck.InProcess{}.Check(ctx, req)
+}
+
+func (v *versionChecker) last() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.seen) == 0 {
+		return ""
+	}
+	return v.seen[len(v.seen)-1]
+}
+
+// TestChecksWithTheKubeletsVersion: configs are checked for the kubelet version the service sends; a
+// kubelet no helper speaks leaves the node alone with the unsupported-kubelet status, and the next version
+// (the node upgraded) is checked again with the same assignment. A restarted sidecar checks with the version
+// it last heard, before the service answers; --kubelet-version overrides what the service says.
+func TestChecksWithTheKubeletsVersion(t *testing.T) {
+	n := newNode(t)
+	checker := &versionChecker{}
+	n.agent.cfg.Checker = checker
+	ctx, cancel := context.WithCancel(context.Background())
+	updates := make(chan *dkcv1.WatchConfigResponse)
+	stopped := make(chan struct{})
+	go func() { _ = n.agent.Run(ctx, updates); close(stopped) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-stopped }) }
+	t.Cleanup(stop)
+	waitFor := func(what string, match func(*dkcv1.NodeConfigStatus) bool) *dkcv1.NodeConfigStatus {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			if r := n.reporter.reportsSince(0); len(r) > 0 && match(r[len(r)-1].status) {
+				return r[len(r)-1].status
+			}
+			n.clock.Step(600 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("no report %s; last: %v", what, n.reporter.last)
+		return nil
+	}
+	a := assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n")
+	updates <- &dkcv1.WatchConfigResponse{Assignment: a, KubeletVersion: "v1.33.5"}
+	st := waitFor("of the unsupported kubelet", func(s *dkcv1.NodeConfigStatus) bool {
+		return s.GetError() == string(nodeconfig.UnsupportedKubeletError)
+	})
+	if rv(st.GetAssigned()) != "1" || rv(st.GetActive()) != "local" || n.kubelet.count() != 0 {
+		t.Errorf("unsupported kubelet: status %v, %d restarts; want 1 assigned, local active, no restart", st, n.kubelet.count())
+	}
+	if _, detail := n.agent.Status(); !strings.Contains(detail, "kubelet v1.33.5 is not supported") {
+		t.Errorf("detail %q: want the version and the supported minors", detail)
+	}
+	if checker.last() != "v1.33.5" {
+		t.Errorf("checked for kubelet %q, want v1.33.5", checker.last())
+	}
+	// The node's kubelet upgraded: the same assignment, another version.
+	supported := kubeletcheck.Version()
+	updates <- &dkcv1.WatchConfigResponse{Assignment: a, KubeletVersion: supported}
+	waitFor("of config 1 running", func(s *dkcv1.NodeConfigStatus) bool { return rv(s.GetActive()) == "1" && s.GetError() == "" })
+	if checker.last() != supported || n.kubelet.count() != 1 {
+		t.Errorf("checked for kubelet %q with %d restarts, want %s and 1", checker.last(), n.kubelet.count(), supported)
+	}
+	// A restarted sidecar remembers the version.
+	stop()
+	n.start()
+	n.agent.cfg.Checker = checker
+	if n.agent.kubeletVersion != supported {
+		t.Errorf("restarted sidecar: kubelet version %q, want %q from the state file", n.agent.kubeletVersion, supported)
+	}
+	// --kubelet-version wins over the service.
+	n.agent.cfg.KubeletVersion = "v1.33.9"
+	n.apply(a, "")
+	if checker.last() != "v1.33.9" {
+		t.Errorf("with --kubelet-version: checked for %q, want v1.33.9", checker.last())
 	}
 }

@@ -18,10 +18,10 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/durable"
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/internal/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 var crashSteps = flag.Int("crash-steps", 1000, "assignment steps of TestCrashConsistency (the long variant: -crash-steps=20000)")
@@ -56,7 +56,7 @@ func TestCrashConsistency(t *testing.T) {
 	// Every payload ever sent, by resourceVersion: a checkpoint must hold exactly one of these.
 	contents := map[string]string{}
 	newAgent := func(kubelet *fakeKubelet) *Agent {
-		return New(Config{LocalConfig: local, KubeletFlags: []string{}, Checker: kubeletconfig.InProcess{}, TrialDuration: time.Hour, HealthTimeout: 5 * time.Second,
+		return New(Config{LocalConfig: local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: time.Hour, HealthTimeout: 5 * time.Second,
 			KeepCheckpoints: 2, TrialCheckInterval: time.Hour}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: kubelet, Kubelet: kubelet, Clock: clk})
 	}
 	kubelet := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
@@ -180,7 +180,7 @@ func checkInvariants(t *testing.T, step int, dir, local string, contents map[str
 	if start == "" {
 		start = local
 	}
-	if _, err := kubeletconfig.Load(context.Background(), start, nil); err != nil {
+	if _, err := kubeletcheck.Load(context.Background(), start, nil); err != nil {
 		t.Fatalf("step %d: the kubelet's start config %s is not a complete valid file: %v", step, start, err)
 	}
 	_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error {

@@ -90,7 +90,10 @@ type Client struct {
 	// nodeUID is the Node object the agent's state follows from (Follow): reports name it, so that the
 	// service does not write them onto a Node registered again under the node's name.
 	nodeUID string
-	wake    chan struct{}
+	// kubeletVersion is the node's kubelet version the service last sent; resuming, the service sends the
+	// state again when the Node says otherwise.
+	kubeletVersion string
+	wake           chan struct{}
 	// connected is closed-and-replaced on each new stream, so the reporter re-sends after a reconnect (the
 	// service may be a new replica that knows nothing of this node).
 	connected chan struct{}
@@ -170,7 +173,8 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	sctx, cancel := context.WithCancel(actx)
 	defer cancel()
 	c.mu.Lock()
-	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError, NodeUid: c.nodeUID, FollowsNodeUid: true}
+	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError, NodeUid: c.nodeUID, FollowsNodeUid: true,
+		KubeletVersion: c.kubeletVersion}
 	c.mu.Unlock()
 	stream, err := c.rpc.WatchConfig(sctx, req)
 	if err != nil {
@@ -195,6 +199,9 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 		d := resp
 		c.mu.Lock()
 		c.syncError = d.GetSyncError()
+		if v := d.GetKubeletVersion(); v != "" {
+			c.kubeletVersion = v
+		}
 		c.mu.Unlock()
 		// Latest wins: an update the agent has not taken yet is replaced, so that a burst of reassignments
 		// costs one kubelet restart, not one each. An update without an assignment (only a sync error: the
@@ -206,7 +213,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 			case old := <-updates:
 				if d.GetAssignment() == nil {
 					d = &dkcv1.WatchConfigResponse{Assignment: old.GetAssignment(), SyncError: d.GetSyncError(),
-						ResolvedTime: d.GetResolvedTime(), NodeUid: d.GetNodeUid()}
+						ResolvedTime: d.GetResolvedTime(), NodeUid: d.GetNodeUid(), KubeletVersion: d.GetKubeletVersion()}
 				}
 			default:
 			}

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dkc-dev/dkc/internal/kubeletconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
-const kubeletHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+const kubeletHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
 
 // TestMismatchWithDropIns: what the kubelet runs with drop-ins matches the merged config on every field
 // the file or a drop-in sets, and a kubelet running the file alone does not.
@@ -26,12 +26,12 @@ func TestMismatchWithDropIns(t *testing.T) {
 	writeFile(t, filepath.Join(confDir, "10.conf"), []byte(kubeletHeader+"authentication:\n  webhook:\n    cacheTTL: 30s\nmaxPods: 90\n"))
 	flags := []string{"--config-dir=" + confDir}
 
-	intended, err := kubeletconfig.Check(context.Background(), file, flags)
+	intended, err := kubeletcheck.Check(context.Background(), file, flags)
 	if err != nil {
 		t.Fatal(err)
 	}
 	withDropIns := intended.Fields // what /configz shows of a kubelet that merged them
-	fileOnly, err := kubeletconfig.Check(context.Background(), file, nil)
+	fileOnly, err := kubeletcheck.Check(context.Background(), file, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestCertDirAsTheKubeletParsesIt(t *testing.T) {
 		{"--cert_dir=/a"},
 		{"--cert-dir=/a", "--port", "10250", "--cert-dir=/b"},
 	} {
-		kf, err := kubeletconfig.ParseKubeletFlags(flags)
+		kf, err := kubeletcheck.ParseKubeletFlags(flags)
 		if err != nil {
 			t.Fatalf("kubelet flags %q: %v", flags, err)
 		}

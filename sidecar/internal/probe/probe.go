@@ -120,12 +120,12 @@ type flagObserver struct {
 	k *Kubelet
 }
 
-func (o flagObserver) Check(ctx context.Context, path string, flags []string) (*configcheck.Checked, error) {
-	dir := CertDir(flags)
+func (o flagObserver) Check(ctx context.Context, req configcheck.Request) (*configcheck.Checked, error) {
+	dir := CertDir(req.Flags)
 	o.k.mu.Lock()
 	o.k.certDir = dir
 	o.k.mu.Unlock()
-	return o.Checker.Check(ctx, path, flags)
+	return o.Checker.Check(ctx, req)
 }
 
 // CertDir is the kubelet's --cert-dir in its command line (pflag syntax: --cert-dir=DIR or --cert-dir DIR,

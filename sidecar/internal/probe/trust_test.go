@@ -311,7 +311,7 @@ func TestServingCertificateIsPinned(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := k.ObserveFlags(nopChecker{}).Check(context.Background(), "", flags); err != nil {
+			if _, err := k.ObserveFlags(nopChecker{}).Check(context.Background(), configcheck.Request{Flags: flags}); err != nil {
 				t.Fatal(err)
 			}
 			got, err := k.Configz(context.Background(), &configcheck.Checked{Address: "127.0.0.1", Port: srv.port(), Fields: fields})
@@ -337,7 +337,7 @@ func TestServingCertificateIsPinned(t *testing.T) {
 
 type nopChecker struct{}
 
-func (nopChecker) Check(context.Context, string, []string) (*configcheck.Checked, error) {
+func (nopChecker) Check(context.Context, configcheck.Request) (*configcheck.Checked, error) {
 	return &configcheck.Checked{}, nil
 }
 
@@ -352,7 +352,7 @@ func TestRotatedCertificateIsPickedUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.ObserveFlags(nopChecker{}).Check(context.Background(), "", []string{"--cert_dir=" + dir}); err != nil {
+	if _, err := k.ObserveFlags(nopChecker{}).Check(context.Background(), configcheck.Request{Flags: []string{"--cert_dir=" + dir}}); err != nil {
 		t.Fatal(err)
 	}
 	kc := &configcheck.Checked{Address: "0.0.0.0", Port: srv.port(), Fields: map[string]any{"serverTLSBootstrap": true}}

@@ -1,12 +1,13 @@
-// Package kubeletconfig validates a config exactly as the kubelet would run it, with the kubelet's own code
-// (k8s.io/kubernetes v1.34): the config file is loaded by the kubelet's file loader (strict decoding,
+// Package kubeletcheck validates a config exactly as the kubelet would run it, with the kubelet's own code
+// (k8s.io/kubernetes at the version this module is built with: go.mod for the newest minor dkc supports,
+// kube-<minor>.mod for each older one; see build.sh): the config file is loaded by the kubelet's file loader (strict decoding,
 // lenient v1beta1 fallback for fields of newer kubelets, defaulting, relative paths resolved against the
 // file's directory — so against the checkpoint directory), the drop-ins of the kubelet's --config-dir are
 // merged over it (MergeDropIns), the node kubelet's command-line flags are applied on top as the kubelet's
 // kubeletConfigFlagPrecedence does (flags win; the file replaces the local config wholesale), and the
 // result is validated by ValidateKubeletConfiguration against the feature gates it will run with. The
 // original fixed two bugs here (#56171 flag precedence, #63305 feature gates); so does this.
-package kubeletconfig
+package kubeletcheck
 
 import (
 	"context"
@@ -26,15 +27,15 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/kubeletconfig/configfiles"
 	utilfs "k8s.io/kubernetes/pkg/util/filesystem"
 
-	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
-// Kind of failure, mapped to the original's status errors by the caller (configcheck's, so that errors.Is
+// Kind of failure, mapped to the original's status errors by the caller (checkapi's, so that errors.Is
 // works on both sides of the helper process).
 var (
-	ErrLoad     = configcheck.ErrLoad
-	ErrFlags    = configcheck.ErrFlags
-	ErrValidate = configcheck.ErrValidate
+	ErrLoad     = checkapi.ErrLoad
+	ErrFlags    = checkapi.ErrFlags
+	ErrValidate = checkapi.ErrValidate
 )
 
 // Result is a config as the kubelet would run it.
@@ -63,7 +64,7 @@ func Load(ctx context.Context, path string, flags []string) (res *Result, err er
 	// The kubelet's loader reports a lenient decode only through its logger: capture it as a warning.
 	logger := funcr.New(func(prefix, args string) {
 		if strings.Contains(args, "lenient decoding") {
-			res.Warnings = append(res.Warnings, "fields unknown to kubelet v1.34 were ignored: "+args)
+			res.Warnings = append(res.Warnings, "fields unknown to kubelet "+Version()+" were ignored: "+args)
 		}
 	}, funcr.Options{})
 	ctx = klog.NewContext(ctx, logger)

@@ -1,4 +1,4 @@
-package kubeletconfig
+package kubeletcheck
 
 import (
 	"encoding/json"
@@ -62,7 +62,7 @@ func ConfigDir(args []string) (string, error) {
 	return dir, nil
 }
 
-// MergeDropIns merges the drop-ins in dir (--config-dir) into kc as kubelet v1.34 does before it applies
+// MergeDropIns merges the drop-ins in dir (--config-dir) into kc as the kubelet (v1.34 and later) does before it applies
 // its flags. The kubelet's code (cmd/kubelet/app/server.go mergeKubeletConfigurations and
 // loadDropinConfigFileIntoJSON) is unexported, in a package that links the whole kubelet, so it is followed
 // here step for step, with the kubelet's own loader, conversions, defaulting and JSON merge patch:
@@ -77,7 +77,7 @@ func ConfigDir(args []string) (string, error) {
 //     drops: an empty list in the config file (enforceNodeAllocatable: []) comes back as its default, as in
 //     the kubelet; an empty list in a drop-in survives.
 //
-// v1.34 merges them on the flag alone: no feature gate, no environment variable (the alpha's is gone).
+// Since v1.34 the kubelet merges them on the flag alone: no feature gate, no environment variable (the alpha's is gone).
 // A directory that cannot be walked (also a missing one), or a drop-in that cannot be loaded, is an error
 // that names it; the kubelet refuses to start with it.
 func MergeDropIns(kc *kubeletconfiginternal.KubeletConfiguration, dir string) (*DropIns, error) {

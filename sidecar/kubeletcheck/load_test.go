@@ -1,4 +1,4 @@
-package kubeletconfig
+package kubeletcheck
 
 import (
 	"context"
@@ -19,7 +19,11 @@ func write(t *testing.T, dir, name, content string) string {
 	return p
 }
 
-const header = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+// header starts every config file; failCgroupV1 is off because kubelets from 1.35 refuse a cgroup v1 host in
+// validation, and the machines these tests run on may be cgroup v1. Drop-ins start with dropInHeader.
+const header = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
+
+const dropInHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
 
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
@@ -87,7 +91,7 @@ func TestLoad(t *testing.T) {
 	}
 }
 
-// TestLoadDropIns merges --config-dir drop-ins as kubelet v1.34 does: over the file, in lexical order, with
+// TestLoadDropIns merges --config-dir drop-ins as the kubelet does: over the file, in lexical order, with
 // the flags over them; only *.conf files; a bad drop-in is an error naming it.
 func TestLoadDropIns(t *testing.T) {
 	for _, tc := range []struct {
@@ -100,7 +104,7 @@ func TestLoadDropIns(t *testing.T) {
 		errHas  string // substring of the error: the drop-in it is about
 		check   func(t *testing.T, r *Result)
 	}{
-		{name: "drop-in overrides file", file: "maxPods: 50\neventRecordQPS: 7\n", dropIns: map[string]string{"10-pods.conf": header + "maxPods: 90\n"},
+		{name: "drop-in overrides file", file: "maxPods: 50\neventRecordQPS: 7\n", dropIns: map[string]string{"10-pods.conf": dropInHeader + "maxPods: 90\n"},
 			check: func(t *testing.T, r *Result) {
 				if r.Config.MaxPods != 90 || r.Config.EventRecordQPS != 7 {
 					t.Errorf("maxPods = %d, eventRecordQPS = %v; want the drop-in's 90 and the file's 7", r.Config.MaxPods, r.Config.EventRecordQPS)
@@ -112,7 +116,7 @@ func TestLoadDropIns(t *testing.T) {
 					t.Errorf("warnings = %q, want one naming maxPods and 10-pods.conf", r.Warnings)
 				}
 			}},
-		{name: "lexical order, not numeric", dropIns: map[string]string{"10-a.conf": header + "maxPods: 10\n", "20-b.conf": header + "maxPods: 20\n", "9-c.conf": header + "maxPods: 9\n"},
+		{name: "lexical order, not numeric", dropIns: map[string]string{"10-a.conf": dropInHeader + "maxPods: 10\n", "20-b.conf": dropInHeader + "maxPods: 20\n", "9-c.conf": dropInHeader + "maxPods: 9\n"},
 			check: func(t *testing.T, r *Result) {
 				if r.Config.MaxPods != 9 {
 					t.Errorf("maxPods = %d, want 9-c.conf's 9 (it sorts after 20-b.conf)", r.Config.MaxPods)
@@ -121,14 +125,14 @@ func TestLoadDropIns(t *testing.T) {
 					t.Errorf("DropIns = %v", r.DropIns)
 				}
 			}},
-		{name: "flag overrides drop-in", dropIns: map[string]string{"10-pods.conf": header + "maxPods: 90\n"}, flags: []string{"--max-pods=7"},
+		{name: "flag overrides drop-in", dropIns: map[string]string{"10-pods.conf": dropInHeader + "maxPods: 90\n"}, flags: []string{"--max-pods=7"},
 			check: func(t *testing.T, r *Result) {
 				if r.Config.MaxPods != 7 {
 					t.Errorf("maxPods = %d, want the flag's 7", r.Config.MaxPods)
 				}
 			}},
 		{name: "objects merge key by key, lists replace", file: "authentication:\n  webhook:\n    enabled: true\n    cacheTTL: 2m\nclusterDNS: [10.0.0.10, 10.0.0.11]\nfeatureGates:\n  MemoryQoS: true\n",
-			dropIns: map[string]string{"10.conf": header + "authentication:\n  webhook:\n    cacheTTL: 30s\nclusterDNS: [10.0.0.53]\nfeatureGates:\n  CPUManagerPolicyAlphaOptions: true\n"},
+			dropIns: map[string]string{"10.conf": dropInHeader + "authentication:\n  webhook:\n    cacheTTL: 30s\nclusterDNS: [10.0.0.53]\nfeatureGates:\n  CPUManagerPolicyAlphaOptions: true\n"},
 			check: func(t *testing.T, r *Result) {
 				w := r.Config.Authentication.Webhook
 				if !w.Enabled || w.CacheTTL.Duration.String() != "30s" {
@@ -144,20 +148,20 @@ func TestLoadDropIns(t *testing.T) {
 					t.Errorf("DropInKeys = %v", r.DropInKeys)
 				}
 			}},
-		{name: "only .conf files, subdirectories walked", dropIns: map[string]string{"README": "{{{", "10.conf.bak": "{{{", "10.yaml": header + "maxPods: 1\n",
-			"10.conf": header + "maxPods: 10\n", "sub/20.conf": header + "maxPods: 20\n"},
+		{name: "only .conf files, subdirectories walked", dropIns: map[string]string{"README": "{{{", "10.conf.bak": "{{{", "10.yaml": dropInHeader + "maxPods: 1\n",
+			"10.conf": dropInHeader + "maxPods: 10\n", "sub/20.conf": dropInHeader + "maxPods: 20\n"},
 			check: func(t *testing.T, r *Result) {
 				if r.Config.MaxPods != 20 || len(r.DropIns) != 2 {
 					t.Errorf("maxPods = %d from %v, want 20 from 10.conf then sub/20.conf", r.Config.MaxPods, r.DropIns)
 				}
 			}},
-		{name: "drop-in paths stay relative", dropIns: map[string]string{"10.conf": header + "staticPodPath: manifests\n"},
+		{name: "drop-in paths stay relative", dropIns: map[string]string{"10.conf": dropInHeader + "staticPodPath: manifests\n"},
 			check: func(t *testing.T, r *Result) {
 				if r.Config.StaticPodPath != "manifests" {
 					t.Errorf("staticPodPath = %q: the kubelet resolves the file's relative paths, not a drop-in's", r.Config.StaticPodPath)
 				}
 			}},
-		{name: "without --config-dir no drop-in counts", noDir: true, dropIns: map[string]string{"10.conf": header + "maxPods: 90\n"},
+		{name: "without --config-dir no drop-in counts", noDir: true, dropIns: map[string]string{"10.conf": dropInHeader + "maxPods: 90\n"},
 			check: func(t *testing.T, r *Result) {
 				if r.Config.MaxPods != 110 || len(r.DropInKeys) != 0 {
 					t.Errorf("maxPods = %d, DropInKeys %v; want the default 110 and none", r.Config.MaxPods, r.DropInKeys)
@@ -170,16 +174,16 @@ func TestLoadDropIns(t *testing.T) {
 		}},
 		// The kubelet merges through v1beta1 JSON, where omitempty drops the file's empty list: it is
 		// defaulted again ([pods]), which cgroupsPerQOS: false makes invalid. The kubelet refuses to start so.
-		{name: "file's empty list is lost", file: "cgroupsPerQOS: false\nenforceNodeAllocatable: []\n", dropIns: map[string]string{"10.conf": header + "maxPods: 90\n"},
+		{name: "file's empty list is lost", file: "cgroupsPerQOS: false\nenforceNodeAllocatable: []\n", dropIns: map[string]string{"10.conf": dropInHeader + "maxPods: 90\n"},
 			wantErr: ErrValidate, errHas: "enforceNodeAllocatable"},
-		{name: "drop-in's empty list survives", file: "cgroupsPerQOS: false\nenforceNodeAllocatable: []\n", dropIns: map[string]string{"00.conf": header + "enforceNodeAllocatable: []\n"},
+		{name: "drop-in's empty list survives", file: "cgroupsPerQOS: false\nenforceNodeAllocatable: []\n", dropIns: map[string]string{"00.conf": dropInHeader + "enforceNodeAllocatable: []\n"},
 			check: func(t *testing.T, r *Result) {
 				if len(r.Config.EnforceNodeAllocatable) != 0 {
 					t.Errorf("enforceNodeAllocatable = %v", r.Config.EnforceNodeAllocatable)
 				}
 			}},
-		{name: "drop-in makes it invalid", dropIns: map[string]string{"10.conf": header + "eventRecordQPS: -1\n"}, wantErr: ErrValidate},
-		{name: "unparsable drop-in", dropIns: map[string]string{"10.conf": header + "maxPods: 1\n", "20-bad.conf": "{{{"}, wantErr: ErrFlags, errHas: "20-bad.conf"},
+		{name: "drop-in makes it invalid", dropIns: map[string]string{"10.conf": dropInHeader + "eventRecordQPS: -1\n"}, wantErr: ErrValidate},
+		{name: "unparsable drop-in", dropIns: map[string]string{"10.conf": dropInHeader + "maxPods: 1\n", "20-bad.conf": "{{{"}, wantErr: ErrFlags, errHas: "20-bad.conf"},
 		{name: "drop-in without kind", dropIns: map[string]string{"10-nokind.conf": "maxPods: 1\n"}, wantErr: ErrFlags, errHas: "10-nokind.conf"},
 		{name: "drop-in of another kind", dropIns: map[string]string{"10-cm.conf": "apiVersion: v1\nkind: ConfigMap\n"}, wantErr: ErrFlags, errHas: "10-cm.conf"},
 		{name: "drop-in of another version", dropIns: map[string]string{"10-v2.conf": "apiVersion: kubelet.config.k8s.io/v1beta2\nkind: KubeletConfiguration\n"},

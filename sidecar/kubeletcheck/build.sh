@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds one dkc-kubelet-check per kubelet minor dkc supports into OUTDIR: dkc-kubelet-check-<minor>, the same
+# source linked against that minor's kubelet code — go.mod for the newest, kube-<minor>.mod for each older
+# one (pin.sh writes them). Static, path-free builds as the images are built; GOARCH is taken from the
+# environment. Extra arguments go to go build (e.g. -ldflags=-s -w).
+#
+#   sidecar/kubeletcheck/build.sh _output/bin
+set -euo pipefail
+out=${1:?usage: $0 <outdir> [go build flags]}
+shift
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")"
+for modfile in go.mod kube-*.mod; do
+	version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2} $1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$modfile")
+	minor=$(echo "$version" | sed -n 's/^v\([0-9]*\.[0-9]*\)\..*/\1/p')
+	[ -n "$minor" ] || { echo "build.sh: no k8s.io/kubernetes version in $modfile" >&2; exit 1; }
+	CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -modfile="$modfile" -trimpath -buildvcs=false \
+		-o "$out/dkc-kubelet-check-$minor" "$@" ./cmd/dkc-kubelet-check
+done

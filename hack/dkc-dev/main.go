@@ -23,21 +23,28 @@ type options struct {
 	command     string
 	dir         string
 	kubeVersion string
-	kubeBinDir  string
-	nodes       []string
-	serviceBin  string
-	sidecarBin  string
-	fakeKubelet string
-	simNodes    int
-	trial       time.Duration
-	installed   bool
-	imagesDir   string
+	// kubeletVersions: real node → kubelet minor (a skew cluster); nodes not named run kubeVersion's.
+	kubeletVersions map[string]string
+	kubeBinDir      string
+	nodes           []string
+	serviceBin      string
+	sidecarBin      string
+	fakeKubelet     string
+	simNodes        int
+	trial           time.Duration
+	installed       bool
+	imagesDir       string
 }
 
 func parse(fs *flag.FlagSet, args []string) (options, error) {
 	o := options{}
 	fs.StringVar(&o.dir, "dir", "_output/dev", "directory for the cluster's kubeconfig, env, logs, pki and state")
-	fs.StringVar(&o.kubeVersion, "kube-version", envOr("KUBE_VERSION", "1.34"), "Kubernetes minor version of the control plane and kubelets ($KUBE_VERSION)")
+	fs.StringVar(&o.kubeVersion, "kube-version", envOr("KUBE_VERSION", devcluster.DefaultKubeVersion), fmt.Sprintf(
+		"Kubernetes minor version of the control plane and, unless -kubelet-versions says otherwise, of the kubelets: %s ($KUBE_VERSION)%s",
+		strings.Join(devcluster.ControlPlaneVersions(), ", "), endOfLifeNote()))
+	kubeletVersions := fs.String("kubelet-versions", os.Getenv("KUBELET_VERSIONS"), fmt.Sprintf(
+		"real nodes running an older kubelet than the control plane, node=minor comma-separated, e.g. node-1=1.34,node-2=1.36; "+
+			"at most 3 minors older, never newer; kubelets: %s ($KUBELET_VERSIONS)", strings.Join(devcluster.KubeVersions(), ", ")))
 	fs.StringVar(&o.kubeBinDir, "kube-bin-dir", os.Getenv("KUBE_BIN_DIR"), "take kube-apiserver and kubelet from this directory instead of building them ($KUBE_BIN_DIR)")
 	nodes := fs.String("nodes", "", "comma-separated names of the real nodes (containerd + kubelet); default node-1, or node-1,node-2 with -installed")
 	installedDefault, _ := strconv.ParseBool(os.Getenv("INSTALLED"))
@@ -65,7 +72,25 @@ func parse(fs *flag.FlagSet, args []string) (options, error) {
 	if *nodes != "" {
 		o.nodes = strings.Split(*nodes, ",")
 	}
+	var err error
+	// Only up reads them: a stale $KUBELET_VERSIONS must not stop a down.
+	if o.command == "up" {
+		o.kubeletVersions, err = devcluster.ParseKubeletVersions(*kubeletVersions)
+	}
+	if err != nil {
+		fmt.Fprintln(fs.Output(), err)
+		return o, err
+	}
 	return o, nil
+}
+
+// endOfLifeNote tells why some minors of -kubelet-versions are not offered for the control plane.
+func endOfLifeNote() string {
+	eol := devcluster.EndOfLifeKubeVersions()
+	if len(eol) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %s end of life: kubelets only (-kubelet-versions)", strings.Join(eol, ", "))
 }
 
 func envOr(key, def string) string {
@@ -79,7 +104,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	switch o.command {
 	case "up":
 		_, err := devcluster.Start(ctx, devcluster.Config{
-			Dir: o.dir, KubeVersion: o.kubeVersion, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes,
+			Dir: o.dir, KubeVersion: o.kubeVersion, KubeletVersions: o.kubeletVersions, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes,
 			ServiceBinary: o.serviceBin, SidecarBinary: o.sidecarBin, FakeKubeletBinary: o.fakeKubelet, SimNodes: o.simNodes,
 			TrialDuration: o.trial, Installed: o.installed, ImagesDir: o.imagesDir, Progress: out,
 		})

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Binaries are the paths of the programs the cluster runs. ControllerManager, Scheduler, Proxy and CoreDNS
@@ -39,16 +40,90 @@ type pinnedModule struct {
 const buildRecipe = "3"
 
 var (
+	// kubeModule has one row per Kubernetes minor the dev cluster can run, each a wrapper module made by
+	// hack/kube/add-release.sh. Every other list of supported versions (errors, help texts) is derived
+	// from it.
 	kubeModule = map[string]pinnedModule{
-		"1.34": {dir: "hack/kube/v1.34", packages: []string{
-			"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubelet",
-			"k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kube-scheduler", "k8s.io/kubernetes/cmd/kube-proxy",
-		}, outputs: []string{"kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy"}, versionOf: "k8s.io/kubernetes", buildTime: "~9 minutes"},
+		"1.34": kubeRelease("1.34"),
+		"1.35": kubeRelease("1.35"),
+		"1.36": kubeRelease("1.36"),
+		"1.37": kubeRelease("1.37"),
 	}
-	etcdModule = pinnedModule{dir: "hack/etcd", packages: []string{"go.etcd.io/etcd/server/v3"}, outputs: []string{"etcd"}, buildTime: "~1 minute"}
+	// kubeEndOfLife are the minors of kubeModule that upstream no longer supports. They never run the
+	// control plane; their kubelet runs beside a newer one (Config.KubeletVersions), as on a cluster whose
+	// control plane was upgraded first, which the version skew policy allows for three minors.
+	kubeEndOfLife = map[string]bool{"1.34": true}
+	etcdModule    = pinnedModule{dir: "hack/etcd", packages: []string{"go.etcd.io/etcd/server/v3"}, outputs: []string{"etcd"}, buildTime: "~1 minute"}
 	// corednsModule is the cluster DNS of the installed form: CoreDNS with the plugins a cluster needs.
 	corednsModule = pinnedModule{dir: "hack/coredns", packages: []string{"."}, outputs: []string{"coredns"}, buildTime: "~2 minutes"}
 )
+
+// DefaultKubeVersion is the control plane's minor when Config.KubeVersion (KUBE_VERSION) is empty.
+const DefaultKubeVersion = "1.37"
+
+// maxKubeletSkew is how many minors a kubelet may be older than kube-apiserver (the version skew policy).
+const maxKubeletSkew = 3
+
+// kubeRelease is the row of kubeModule for minor: every program of the cluster from hack/kube/v<minor>.
+func kubeRelease(minor string) pinnedModule {
+	return pinnedModule{dir: "hack/kube/v" + minor, packages: []string{
+		"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubelet",
+		"k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kube-scheduler", "k8s.io/kubernetes/cmd/kube-proxy",
+	}, outputs: []string{"kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy"}, versionOf: "k8s.io/kubernetes", buildTime: "~9 minutes"}
+}
+
+// kubeletOnly is mod reduced to the kubelet: what a node older than the control plane needs, a third of the
+// whole build.
+func kubeletOnly(mod pinnedModule) pinnedModule {
+	mod.packages, mod.outputs, mod.buildTime = []string{"k8s.io/kubernetes/cmd/kubelet"}, []string{"kubelet"}, "~4 minutes"
+	return mod
+}
+
+// KubeVersions are the Kubernetes minors with a wrapper module, oldest first: the kubelets a node can run.
+func KubeVersions() []string {
+	vs := make([]string, 0, len(kubeModule))
+	for v := range kubeModule {
+		vs = append(vs, v)
+	}
+	sortMinors(vs)
+	return vs
+}
+
+// ControlPlaneVersions are the minors Config.KubeVersion accepts, oldest first: KubeVersions without the
+// end-of-life ones.
+func ControlPlaneVersions() []string {
+	var vs []string
+	for _, v := range KubeVersions() {
+		if !kubeEndOfLife[v] {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
+// EndOfLifeKubeVersions are the minors kept for old kubelets only, oldest first.
+func EndOfLifeKubeVersions() []string {
+	var vs []string
+	for _, v := range KubeVersions() {
+		if kubeEndOfLife[v] {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
+// checkControlPlaneVersion refuses a control-plane minor without a module or at end of life.
+func checkControlPlaneVersion(v string) error {
+	supported := strings.Join(ControlPlaneVersions(), ", ")
+	if _, ok := kubeModule[v]; !ok {
+		return fmt.Errorf("kube version %q is not supported by the dev cluster (control planes: %s)", v, supported)
+	}
+	if kubeEndOfLife[v] {
+		return fmt.Errorf("kube version %s is end of life: the dev cluster runs it only as a kubelet older than the control plane "+
+			"(e.g. KUBELET_VERSIONS=node-1=%s), not as the control plane (control planes: %s)", v, v, supported)
+	}
+	return nil
+}
 
 // CacheDir is where built binaries are kept between runs: $DKC_CACHE_DIR, else $XDG_CACHE_HOME/dkc, else
 // ~/.cache/dkc. It is outside the repository so that a fresh clone reuses a warm cache.
@@ -62,14 +137,14 @@ func CacheDir() string {
 	return filepath.Join(os.TempDir(), "dkc-cache")
 }
 
-// EnsureBinaries returns etcd, kube-apiserver and kubelet for kubeVersion ("1.34"), building them from the
-// pinned wrapper modules into CacheDir on first use (about 7 minutes on 2 cores; seconds afterwards). When
+// EnsureBinaries returns etcd and the Kubernetes programs of kubeVersion ("1.37"), building them from the
+// pinned wrapper modules into CacheDir on first use (about 9 minutes on 2 cores; seconds afterwards). When
 // binDir is non-empty (KUBE_BIN_DIR) kube-apiserver and kubelet, and etcd if present, are taken from there.
 // Concurrent callers (parallel test packages, `make up`) serialise on a lock file.
 func EnsureBinaries(ctx context.Context, repoRoot, kubeVersion, binDir string, progress io.Writer) (Binaries, error) {
 	mod, ok := kubeModule[kubeVersion]
 	if !ok {
-		return Binaries{}, fmt.Errorf("kube version %q is not supported by the dev cluster (supported: 1.34)", kubeVersion)
+		return Binaries{}, fmt.Errorf("kube version %q is not supported by the dev cluster (supported: %s)", kubeVersion, strings.Join(KubeVersions(), ", "))
 	}
 	cache := CacheDir()
 	if err := os.MkdirAll(cache, 0o755); err != nil {
@@ -109,6 +184,38 @@ func EnsureBinaries(ctx context.Context, repoRoot, kubeVersion, binDir string, p
 	return b, nil
 }
 
+// EnsureKubelet returns the kubelet of minor for a node older than the control plane. A complete build of
+// minor's whole module (a cluster that ran it as its control plane) already has one; otherwise only the
+// kubelet is built, into CacheDir/kubelet-<minor>-<hash> (~4 minutes the first time), so that a skew
+// cluster never pays for an apiserver it does not run.
+func EnsureKubelet(ctx context.Context, repoRoot, minor string, progress io.Writer) (string, error) {
+	mod, ok := kubeModule[minor]
+	if !ok {
+		return "", fmt.Errorf("no kubelet %q in the dev cluster (kubelets: %s)", minor, strings.Join(KubeVersions(), ", "))
+	}
+	cache := CacheDir()
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", fmt.Errorf("create cache dir %s: %w", cache, err)
+	}
+	unlock, err := lockFile(filepath.Join(cache, ".build.lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	full, err := pinnedDir(repoRoot, cache, "kube-"+minor, mod)
+	if err != nil {
+		return "", err
+	}
+	if built(full, mod.outputs) {
+		return filepath.Join(full, "kubelet"), nil
+	}
+	dir, err := buildPinned(ctx, repoRoot, cache, "kubelet-"+minor, kubeletOnly(mod), progress)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "kubelet"), nil
+}
+
 // EnsureCoreDNS returns the CoreDNS binary, building it from its pinned module on first use (~2 minutes).
 func EnsureCoreDNS(ctx context.Context, repoRoot string, progress io.Writer) (string, error) {
 	cache := CacheDir()
@@ -127,9 +234,9 @@ func EnsureCoreDNS(ctx context.Context, repoRoot string, progress io.Writer) (st
 	return filepath.Join(dir, "coredns"), nil
 }
 
-// buildPinned builds mod into cache/<prefix>-<hash of go.mod and go.sum>/ unless already there, so that
-// changing a pin rebuilds and an unchanged pin never does.
-func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinnedModule, progress io.Writer) (string, error) {
+// pinnedDir is where mod's build lives: cache/<prefix>-<hash of the build recipe, go.mod and go.sum>, so
+// that changing a pin rebuilds and an unchanged pin never does.
+func pinnedDir(repoRoot, cache, prefix string, mod pinnedModule) (string, error) {
 	src := filepath.Join(repoRoot, mod.dir)
 	h := sha256.New()
 	h.Write([]byte(buildRecipe))
@@ -140,14 +247,27 @@ func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinned
 		}
 		h.Write(data)
 	}
-	out := filepath.Join(cache, prefix+"-"+hex.EncodeToString(h.Sum(nil))[:12])
-	complete := true
-	for _, o := range mod.outputs {
-		if _, err := os.Stat(filepath.Join(out, o)); err != nil {
-			complete = false
+	return filepath.Join(cache, prefix+"-"+hex.EncodeToString(h.Sum(nil))[:12]), nil
+}
+
+// built reports whether every output is in dir.
+func built(dir string, outputs []string) bool {
+	for _, o := range outputs {
+		if _, err := os.Stat(filepath.Join(dir, o)); err != nil {
+			return false
 		}
 	}
-	if complete {
+	return true
+}
+
+// buildPinned builds mod into its pinnedDir unless already there.
+func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinnedModule, progress io.Writer) (string, error) {
+	src := filepath.Join(repoRoot, mod.dir)
+	out, err := pinnedDir(repoRoot, cache, prefix, mod)
+	if err != nil {
+		return "", err
+	}
+	if built(out, mod.outputs) {
 		return out, nil
 	}
 	tmp := out + ".tmp"
@@ -158,6 +278,7 @@ func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinned
 	if progress != nil {
 		fmt.Fprintf(progress, "building %v from %s into %s (first time only, %s on 2 cores)\n", mod.outputs, mod.dir, out, mod.buildTime)
 	}
+	start := time.Now()
 	args := []string{"build", "-trimpath", "-o", tmp + "/"}
 	if mod.versionOf != "" {
 		ldflags, err := kubeVersionLDFlags(filepath.Join(src, "go.mod"), mod.versionOf)
@@ -186,6 +307,9 @@ func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinned
 	_ = os.RemoveAll(out)
 	if err := os.Rename(tmp, out); err != nil {
 		return "", fmt.Errorf("publish build %s: %w", out, err)
+	}
+	if progress != nil {
+		fmt.Fprintf(progress, "built %v in %s\n", mod.outputs, time.Since(start).Round(time.Second))
 	}
 	return out, nil
 }

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -36,9 +37,16 @@ type Config struct {
 	Dir string
 	// RepoRoot is the dkc checkout (for the pinned wrapper modules); found from the working directory if empty.
 	RepoRoot string
-	// KubeVersion selects the pinned Kubernetes minor version; default "1.34".
+	// KubeVersion selects the control plane's pinned Kubernetes minor (ControlPlaneVersions), which every
+	// real node's kubelet runs too unless KubeletVersions says otherwise; default DefaultKubeVersion.
 	KubeVersion string
-	// KubeBinDir, if set, supplies kube-apiserver and kubelet (and optionally etcd) instead of building them.
+	// KubeletVersions gives real nodes (by name) a kubelet minor of their own (KubeVersions), at most three
+	// minors older than KubeVersion and never newer, as the version skew policy allows: a skew cluster.
+	// Only the kubelet of such a minor is built (EnsureKubelet). The installed form's nodes keep the
+	// control plane's kube-proxy, which the policy allows beside an older kubelet.
+	KubeletVersions map[string]string
+	// KubeBinDir, if set, supplies kube-apiserver and kubelet (and optionally etcd) instead of building them;
+	// kubelets of KubeletVersions other than KubeVersion are still built.
 	KubeBinDir string
 	// RealNodes are the names of nodes that run a real containerd and kubelet; nil means ["node-1"], an
 	// empty slice none.
@@ -48,8 +56,9 @@ type Config struct {
 	// ServiceArgs are extra dkc-server flags (the benchmark raises its apiserver QPS).
 	ServiceArgs []string
 	// SidecarBinary, if set (with ServiceBinary), runs each real node's kubelet as a unit of a real systemd
-	// (systemd-nspawn) with the dkc sidecar beside it, and SimNodes simulated nodes. Its helper dkc-kubelet-check
-	// must be in the same directory.
+	// (systemd-nspawn) with the dkc sidecar beside it, and SimNodes simulated nodes. Its helpers, one
+	// dkc-kubelet-check-<minor> per kubelet minor (sidecar/kubeletcheck/build.sh), must be in the same
+	// directory (KubeletCheckDir).
 	SidecarBinary string
 	// SimNodes is the number of simulated nodes: a Node object, a stand-in kubelet and the real sidecar code
 	// in signal mode, each with its own directory. Needs SidecarBinary and FakeKubeletBinary.
@@ -93,6 +102,9 @@ type State struct {
 	// Installed is the installed form (Config.Installed); PodCIDR its pod range, split between the nodes.
 	Installed bool   `json:"installed,omitempty"`
 	PodCIDR   string `json:"podCIDR,omitempty"`
+	// KubeletCheckDir holds the dkc-kubelet-check-<minor> helpers the nodes' sidecars run (see
+	// Cluster.KubeletCheckDir).
+	KubeletCheckDir string `json:"kubeletCheckDir,omitempty"`
 }
 
 // NodeState describes one real node.
@@ -102,6 +114,9 @@ type NodeState struct {
 	IP       string `json:"ip"`
 	Netns    string `json:"netns"`
 	HostVeth string `json:"hostVeth"`
+	// KubeletVersion is the minor of the node's kubelet ("1.34"): the control plane's unless
+	// Config.KubeletVersions gave it another. Empty in a state.json from before version skew: KubeVersion.
+	KubeletVersion string `json:"kubeletVersion,omitempty"`
 	// Systemd: the kubelet runs as a unit of the node's own systemd (nspawn), with the sidecar beside it.
 	Systemd            bool `json:"systemd,omitempty"`
 	SidecarMetricsPort int  `json:"sidecarMetricsPort,omitempty"`
@@ -135,7 +150,10 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return nil, err
 	}
 	if cfg.KubeVersion == "" {
-		cfg.KubeVersion = "1.34"
+		cfg.KubeVersion = DefaultKubeVersion
+	}
+	if err := checkControlPlaneVersion(cfg.KubeVersion); err != nil {
+		return nil, err
 	}
 	if cfg.RealNodes == nil {
 		cfg.RealNodes = []string{"node-1"}
@@ -148,6 +166,9 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			return nil, fmt.Errorf("the installed form runs 1 to %d real nodes, not %d", maxInstalledNodes, len(cfg.RealNodes))
 		}
 		cfg.ServiceBinary, cfg.SidecarBinary, cfg.SimNodes = "", "", 0
+	}
+	if err := checkKubeletVersions(cfg.KubeVersion, cfg.RealNodes, cfg.KubeletVersions); err != nil {
+		return nil, err
 	}
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
@@ -165,6 +186,10 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return nil, errors.New("the dev cluster runs a real kubelet and containerd and must run as root")
 	}
 	bins, err := EnsureBinaries(ctx, cfg.RepoRoot, cfg.KubeVersion, cfg.KubeBinDir, cfg.Progress)
+	if err != nil {
+		return nil, err
+	}
+	kubelets, err := ensureKubelets(ctx, cfg, bins.Kubelet)
 	if err != nil {
 		return nil, err
 	}
@@ -235,10 +260,10 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return c, err
 	}
 	if cfg.Installed {
-		return c, c.startInstalled(ctx, bins, rootfs, images)
+		return c, c.startInstalled(ctx, bins, kubelets, rootfs, images)
 	}
 	for _, n := range c.state.Nodes {
-		if err := c.startNode(ctx, n, bins.Kubelet, rootfs); err != nil {
+		if err := c.startNode(ctx, n, kubelets[n.KubeletVersion], rootfs); err != nil {
 			return c, err
 		}
 	}
@@ -261,6 +286,23 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	}
 	fmt.Fprintf(cfg.Progress, "cluster ready: . %s (KUBECONFIG=%s)\n", c.EnvPath(), c.KubeconfigPath())
 	return c, nil
+}
+
+// ensureKubelets returns minor → kubelet binary for every minor the real nodes run: the control plane's
+// (cpKubelet, already built with it) and each other one of cfg.KubeletVersions (built alone).
+func ensureKubelets(ctx context.Context, cfg Config, cpKubelet string) (map[string]string, error) {
+	kubelets := map[string]string{cfg.KubeVersion: cpKubelet}
+	for _, minor := range cfg.KubeletVersions {
+		if _, ok := kubelets[minor]; ok {
+			continue
+		}
+		bin, err := EnsureKubelet(ctx, cfg.RepoRoot, minor, cfg.Progress)
+		if err != nil {
+			return nil, err
+		}
+		kubelets[minor] = bin
+	}
+	return kubelets, nil
 }
 
 // Open returns the cluster recorded in dir, for stopping it or talking to it from another process.
@@ -354,6 +396,37 @@ func (c *Cluster) Dir() string { return c.cfg.Dir }
 // State returns what the cluster recorded about itself.
 func (c *Cluster) State() State { return c.state }
 
+// KubeVersion is the control plane's minor ("1.37").
+func (c *Cluster) KubeVersion() string { return c.state.KubeVersion }
+
+// KubeletVersion is the minor of node's kubelet ("1.34"): a real node's, or for a simulated node the
+// kubelet code its stand-in runs; "" for a node the cluster does not have.
+func (c *Cluster) KubeletVersion(node string) string {
+	for _, n := range c.state.Nodes {
+		if n.Name == node {
+			if n.KubeletVersion == "" {
+				return c.state.KubeVersion
+			}
+			return n.KubeletVersion
+		}
+	}
+	for _, s := range c.state.SimNodes {
+		if s.Name == node {
+			return s.KubeletVersion
+		}
+	}
+	return ""
+}
+
+// KubeletVersions maps every real node to its kubelet's minor.
+func (c *Cluster) KubeletVersions() map[string]string {
+	versions := make(map[string]string, len(c.state.Nodes))
+	for _, n := range c.state.Nodes {
+		versions[n.Name] = c.KubeletVersion(n.Name)
+	}
+	return versions
+}
+
 // KubeconfigPath is the admin kubeconfig (docs/design.md, "Local cluster": _output/dev/kubeconfig for `make up`).
 func (c *Cluster) KubeconfigPath() string { return filepath.Join(c.cfg.Dir, "kubeconfig") }
 
@@ -419,6 +492,13 @@ func (c *Cluster) allocate() error {
 	}
 	if c.cfg.Installed {
 		c.state.PodCIDR, _ = podSubnets(k, 0)
+		if c.state.KubeletCheckDir, err = filepath.Abs(filepath.Join(imagesDir(c.cfg), "bin", "linux_"+runtime.GOARCH)); err != nil {
+			return err
+		}
+	} else if c.cfg.SidecarBinary != "" {
+		if c.state.KubeletCheckDir, err = filepath.Abs(filepath.Dir(c.cfg.SidecarBinary)); err != nil {
+			return err
+		}
 	}
 	if c.cfg.ServiceBinary != "" {
 		sp, err := freePorts(3)
@@ -428,6 +508,10 @@ func (c *Cluster) allocate() error {
 		c.state.Service = &ServiceState{Port: sp[0], MetricsPort: sp[1], WebhookPort: sp[2]}
 	}
 	for i, name := range c.cfg.RealNodes {
+		kubelet := c.cfg.KubeVersion
+		if v, ok := c.cfg.KubeletVersions[name]; ok {
+			kubelet = v
+		}
 		c.state.Nodes = append(c.state.Nodes, NodeState{
 			Name:               name,
 			IP:                 fmt.Sprintf("198.18.%d.%d", k, 10+i),
@@ -436,6 +520,7 @@ func (c *Cluster) allocate() error {
 			KubeletPort:        ports[2+3*i],
 			HealthzPort:        ports[3+3*i],
 			SidecarMetricsPort: ports[4+3*i],
+			KubeletVersion:     kubelet,
 			Systemd:            c.cfg.SidecarBinary != "" || c.cfg.Installed,
 			RootDir:            filepath.Join(c.state.RuntimeDir, name, "kubelet"),
 			ContainerdDir:      filepath.Join(c.state.RuntimeDir, name, "containerd"),
@@ -655,7 +740,30 @@ func (c *Cluster) writeEnv(extra map[string]string) error {
 	return os.WriteFile(c.EnvPath(), []byte(b.String()), 0o644)
 }
 
-// KubeletCheckBinary is the dkc-kubelet-check helper beside the sidecar binary (kubectl-dkc diff uses it).
-func (c *Cluster) KubeletCheckBinary() string {
-	return filepath.Join(filepath.Dir(c.cfg.SidecarBinary), "dkc-kubelet-check")
+// KubeletCheckDir is the directory of the helpers the nodes' sidecars run, one dkc-kubelet-check-<minor>
+// per kubelet minor, for kubectl-dkc diff's --kubelet-check-dir: the sidecar binary's directory, or in the
+// installed form the binaries `make images` put into the images (<ImagesDir>/bin/linux_<arch>). "" when the
+// cluster runs no sidecars.
+func (c *Cluster) KubeletCheckDir() string { return c.state.KubeletCheckDir }
+
+// kubeletCheckPrefix names the helpers in KubeletCheckDir: dkc-kubelet-check-1.34 … (one per kubelet minor).
+const kubeletCheckPrefix = "dkc-kubelet-check-"
+
+// kubeletChecks lists the helpers in dir: minor → path.
+func kubeletChecks(dir string) (map[string]string, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, kubeletCheckPrefix+"*"))
+	if err != nil {
+		return nil, err
+	}
+	checks := map[string]string{}
+	for _, p := range paths {
+		if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		minor := strings.TrimPrefix(filepath.Base(p), kubeletCheckPrefix)
+		if _, _, err := parseMinor(minor); err == nil {
+			checks[minor] = p
+		}
+	}
+	return checks, nil
 }

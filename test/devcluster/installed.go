@@ -152,7 +152,8 @@ func installedContainerdConfig() string {
 // identity and cgroup root in flags), so one ConfigMap can reconfigure them all as on a real cluster. Cluster
 // DNS; no image garbage collection or disk eviction (the images were imported, no registry could give them
 // back). The webhook authentication cache is 30s instead of the default 2m, so that a test can outlast it
-// during an apiserver outage without waiting minutes.
+// during an apiserver outage without waiting minutes. failCgroupV1 is off because these machines are cgroup
+// v1 (cgroupV1Config; production nodes should run cgroup v2).
 func (c *Cluster) installedKubeletConfig() string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -180,7 +181,7 @@ evictionHard:
   imagefs.available: 1%%
 rotateCertificates: false
 registerNode: true
-`, c.pki.CAFile(), clusterDNSIP)
+`, c.pki.CAFile(), clusterDNSIP) + cgroupV1Config
 }
 
 // installedUnits writes node n's systemd units for the installed form: cgroups-rw (see below), containerd,
@@ -266,12 +267,13 @@ func (c *Cluster) installedKubeletArgs(n NodeState) []string {
 		"--node-ip=" + n.IP,
 		// Pods of different nodes must never share a cgroup on this one machine; Stop removes the subtree.
 		"--cgroup-root=" + nodeCgroupRoot(n),
+		cgroupV1Flag,
 		"--v=1",
 	}
 }
 
 // installedNspawnArgs boots node n as a whole machine: containerd, runc and the CNI plugins from the host's
-// Debian packages, the Kubernetes binaries, containerd's and the kubelet's state on the host's disk (overlayfs
+// Debian packages, the Kubernetes binaries (bins.Kubelet of the node's minor), containerd's and the kubelet's state on the host's disk (overlayfs
 // snapshots cannot live on the container's overlay root), containerd's socket where the host's ctr reaches it.
 func (c *Cluster) installedNspawnArgs(n NodeState, rootfs string, bins Binaries, units map[string]string) []string {
 	nd := c.NodeDir(n.Name)
@@ -312,7 +314,7 @@ func (c *Cluster) installedNspawnArgs(n NodeState, rootfs string, bins Binaries,
 // startInstalledNode boots node n of the installed form, imports the images into its containerd, and starts
 // the kubelet and kube-proxy; it returns when the Node is registered and Ready.
 func (c *Cluster) startInstalledNode(ctx context.Context, n NodeState, bins Binaries, rootfs string, images map[string]string) error {
-	fmt.Fprintf(c.cfg.Progress, "starting node %s (%s, pods %s): systemd, containerd, kubelet, kube-proxy\n", n.Name, n.IP, n.PodCIDR)
+	fmt.Fprintf(c.cfg.Progress, "starting node %s (%s, pods %s): systemd, containerd, kubelet v%s, kube-proxy v%s\n", n.Name, n.IP, n.PodCIDR, n.KubeletVersion, c.state.KubeVersion)
 	nd := c.NodeDir(n.Name)
 	for _, d := range []string{nd, n.RootDir, filepath.Join(n.ContainerdDir, "root"), filepath.Join(n.ContainerdDir, "run"),
 		filepath.Join(nd, "cni"), filepath.Join(nd, "bus"), c.DynamicConfigDir(n.Name), filepath.Join(c.NodeLogDir(n.Name), "pods")} {
@@ -567,13 +569,19 @@ func pollUntil(ctx context.Context, timeout time.Duration, what string, check fu
 	}
 }
 
+// imagesDir is where `make images` wrote the images the installed form imports: Config.ImagesDir, else
+// _output/images in the repository.
+func imagesDir(cfg Config) string {
+	if cfg.ImagesDir != "" {
+		return cfg.ImagesDir
+	}
+	return filepath.Join(cfg.RepoRoot, "_output", "images")
+}
+
 // ensureImages returns the image tarballs every node imports: dkc's from cfg.ImagesDir (`make images`), and
 // the dev cluster's CoreDNS image, built into the cache from the pinned binary on first use.
 func ensureImages(ctx context.Context, cfg Config, progress io.Writer) (map[string]string, error) {
-	dir := cfg.ImagesDir
-	if dir == "" {
-		dir = filepath.Join(cfg.RepoRoot, "_output", "images")
-	}
+	dir := imagesDir(cfg)
 	images := map[string]string{}
 	for _, name := range dkcImages {
 		p := filepath.Join(dir, name+".tar")
@@ -615,8 +623,9 @@ func ensureImages(ctx context.Context, cfg Config, progress io.Writer) (map[stri
 	return images, nil
 }
 
-// startInstalled is Start's second half for the installed form, after etcd and kube-apiserver.
-func (c *Cluster) startInstalled(ctx context.Context, bins Binaries, rootfs string, images map[string]string) error {
+// startInstalled is Start's second half for the installed form, after etcd and kube-apiserver; kubelets maps
+// each node's kubelet minor to its binary.
+func (c *Cluster) startInstalled(ctx context.Context, bins Binaries, kubelets map[string]string, rootfs string, images map[string]string) error {
 	for _, p := range []string{bins.ControllerManager, bins.Scheduler, bins.Proxy} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("installed form: %w", err)
@@ -632,7 +641,9 @@ func (c *Cluster) startInstalled(ctx context.Context, bins Binaries, rootfs stri
 		return err
 	}
 	for _, n := range c.state.Nodes {
-		if err := c.startInstalledNode(ctx, n, bins, rootfs, images); err != nil {
+		nodeBins := bins
+		nodeBins.Kubelet = kubelets[n.KubeletVersion]
+		if err := c.startInstalledNode(ctx, n, nodeBins, rootfs, images); err != nil {
 			return err
 		}
 	}

@@ -79,7 +79,7 @@ func (c *Cluster) NodeKubeconfigPath(node string) string {
 }
 
 func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin, rootfs string) error {
-	fmt.Fprintf(c.cfg.Progress, "starting node %s: containerd and kubelet (port %d, healthz %d)\n", n.Name, n.KubeletPort, n.HealthzPort)
+	fmt.Fprintf(c.cfg.Progress, "starting node %s: containerd and kubelet v%s (port %d, healthz %d)\n", n.Name, n.KubeletVersion, n.KubeletPort, n.HealthzPort)
 	for _, d := range []string{c.NodeDir(n.Name), n.RootDir, n.ContainerdDir, filepath.Join(n.ContainerdDir, "cni"),
 		filepath.Join(c.NodeDir(n.Name), "bus"), c.DynamicConfigDir(n.Name), c.NodeLogDir(n.Name)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -125,7 +125,10 @@ func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin, rootfs
 		if err != nil {
 			return err
 		}
-		argv := c.nspawnArgs(n, rootfs, kubeletBin, c.cfg.SidecarBinary, units)
+		argv, err := c.nspawnArgs(n, rootfs, kubeletBin, c.cfg.SidecarBinary, units)
+		if err != nil {
+			return err
+		}
 		if kl, err = startProcess("node-"+n.Name, c.runDir(), c.logFile("node-"+n.Name), nil, argv...); err != nil {
 			return err
 		}
@@ -185,6 +188,7 @@ func (c *Cluster) KubeletArgs(n NodeState) []string {
 		"--cert-dir=" + filepath.Join(n.RootDir, "pki"),
 		"--hostname-override=" + n.Name,
 		"--node-ip=" + n.IP,
+		cgroupV1Flag,
 		"--v=1",
 	}
 	if len(c.cfg.KubeletDropIns) > 0 {
@@ -193,9 +197,22 @@ func (c *Cluster) KubeletArgs(n NodeState) []string {
 	return args
 }
 
+// cgroupV1Flag lets every dev kubelet run on these cgroup v1 (hybrid) machines, whatever config it runs.
+// Since 1.35 the kubelet refuses cgroup v1 unless failCgroupV1 is false (its validation fails, so do
+// dkc-kubelet-check's); the local configs say so (cgroupV1Config), but an assigned config replaces the local
+// one wholesale and a test's ConfigMap should not have to know the machine. The flag, which the kubelet keeps
+// undeprecated for this purpose, overrides every config as node flags do, and the sidecar's checker sees it
+// on the kubelet's command line. Production nodes should run cgroup v2 instead of either.
+const cgroupV1Flag = "--fail-cgroupv1=false"
+
+// cgroupV1Config is the local config's line for cgroup v1 hosts (see cgroupV1Flag): the field exists since
+// kubelet 1.31, so every kubelet the dev cluster runs accepts it. Production nodes should run cgroup v2.
+const cgroupV1Config = "failCgroupV1: false\n"
+
 // kubeletConfig is the node's local config. cgroupsPerQOS is off so that the kubelet creates no cgroup
-// hierarchy that would outlive it (the dev nodes run no pods); the rest is a production-like kubelet serving
-// authenticated configz on the node's address.
+// hierarchy that would outlive it (the dev nodes run no pods); failCgroupV1 is off because these machines
+// are cgroup v1 (cgroupV1Config); the rest is a production-like kubelet serving authenticated configz on the
+// node's address.
 func kubeletConfig(n NodeState, caFile, containerdSock string) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -220,7 +237,7 @@ failSwapOn: false
 containerRuntimeEndpoint: unix://%s
 rotateCertificates: false
 registerNode: true
-`, n.IP, n.KubeletPort, n.IP, n.HealthzPort, caFile, containerdSock)
+`, n.IP, n.KubeletPort, n.IP, n.HealthzPort, caFile, containerdSock) + cgroupV1Config
 }
 
 func containerdConfig(dir, sock string) string {

@@ -209,16 +209,29 @@ func (c *Cluster) DynamicConfigDir(node string) string {
 
 // nspawnArgs boots the node's container: its own cgroup, the node's netns, the binaries, the cluster's
 // files at the same paths, the dynamic config dir where production has it, the units, and the bus socket
-// exported to the host.
-func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string, units map[string]string) []string {
+// exported to the host. The sidecar runs the kubelet's config code from its helpers, one per kubelet minor,
+// which ship next to it (as in its image): every dkc-kubelet-check-<minor> beside sidecarBin is bound into
+// /usr/local/bin, and the one of the node's kubelet minor must be there.
+func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string, units map[string]string) ([]string, error) {
+	checks, err := kubeletChecks(filepath.Dir(sidecarBin))
+	if err != nil {
+		return nil, err
+	}
+	if checks[n.KubeletVersion] == "" {
+		return nil, fmt.Errorf("node %s runs kubelet %s but %s has no %s%s beside dkc-sidecar (build them with sidecar/kubeletcheck/build.sh %s)",
+			n.Name, n.KubeletVersion, filepath.Dir(sidecarBin), kubeletCheckPrefix, n.KubeletVersion, filepath.Dir(sidecarBin))
+	}
+	minors := make([]string, 0, len(checks))
+	for m := range checks {
+		minors = append(minors, m)
+	}
+	sortMinors(minors)
 	nspawn := []string{"systemd-nspawn", "--boot", "--directory=" + rootfs, "--volatile=overlay", "--machine=" + n.Netns,
 		"--register=no", "--keep-unit", "--console=pipe", "--capability=all",
 		"--network-namespace-path=/run/netns/" + n.Netns,
 		"--bind=" + filepath.Join(c.NodeDir(n.Name), "bus") + ":/run/dbus",
 		"--bind-ro=" + kubeletBin + ":/usr/local/bin/kubelet",
 		"--bind-ro=" + sidecarBin + ":/usr/local/bin/dkc-sidecar",
-		// The sidecar runs the kubelet's config code from its helper, which ships next to it.
-		"--bind-ro=" + filepath.Join(filepath.Dir(sidecarBin), "dkc-kubelet-check") + ":/usr/local/bin/dkc-kubelet-check",
 		"--bind=/dev/kmsg",
 		"--bind=" + c.cfg.Dir,
 		"--bind=" + c.state.RuntimeDir,
@@ -228,7 +241,10 @@ func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string,
 		"--bind-ro=" + units["kubelet.service.d/20-dkc.conf"] + ":/etc/systemd/system/kubelet.service.d/20-dkc.conf",
 		"--bind-ro=" + units["dkc-sidecar.service"] + ":/etc/systemd/system/dkc-sidecar.service",
 	}
-	return inNodeCgroup(n, nspawn)
+	for _, m := range minors {
+		nspawn = append(nspawn, "--bind-ro="+checks[m]+":/usr/local/bin/"+kubeletCheckPrefix+m)
+	}
+	return inNodeCgroup(n, nspawn), nil
 }
 
 // inNodeCgroup runs argv in a cgroup of the node's own (name=systemd and unified hierarchies), so that what

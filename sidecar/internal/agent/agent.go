@@ -106,6 +106,10 @@ type Config struct {
 	// KubeletVersion, if set, is the node kubelet's version the operator states (--kubelet-version); it
 	// overrides the one the service sends (the Node's status.nodeInfo.kubeletVersion).
 	KubeletVersion string
+	// KubeletVersionRequired: the Checker checks nothing without the kubelet's version (the helpers, one per
+	// minor). Until the service or the state file tells it, Init leaves the kubelet alone and reports
+	// nothing, rather than an "unsupported kubelet version" that the service's first answer clears.
+	KubeletVersionRequired bool
 	// Trace, if set, is called when an assignment is received (TraceReceived) and when a new one is durably
 	// checkpointed (TraceCheckpointed): the benchmark's probes.
 	Trace func(event string, src *corev1.NodeConfigSource)
@@ -223,6 +227,10 @@ func (a *Agent) Init(ctx context.Context) error {
 					"fix --kubelet-config (resetting the node would switch the kubelet to that file)", errForeignConfig, config, kubeletunit.Variable, a.cfg.LocalConfig)
 			}
 		}
+	}
+	if a.cfg.KubeletVersionRequired && a.cfg.KubeletVersion == "" && a.kubeletVersion == "" {
+		a.log.Info("kubelet version not known yet (a first start): configs are checked once the service sends it")
+		return nil
 	}
 	a.reconcile(ctx)
 	return nil

@@ -883,3 +883,25 @@ func TestChecksWithTheKubeletsVersion(t *testing.T) {
 		t.Errorf("with --kubelet-version: checked for %q, want v1.33.9", checker.last())
 	}
 }
+
+// TestFirstStartWaitsForTheKubeletVersion: a sidecar whose checker needs the kubelet's version checks
+// nothing and reports nothing at its first start, until the service sends the version.
+func TestFirstStartWaitsForTheKubeletVersion(t *testing.T) {
+	n := newNode(t)
+	checker := &versionChecker{}
+	n.reporter = &recordingReporter{}
+	n.agent = New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: checker, KubeletVersionRequired: true, HealthTimeout: time.Second},
+		Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock})
+	if err := n.agent.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if checker.last() != "" || len(checker.seen) != 0 || n.reporter.last != nil {
+		t.Fatalf("first start without a kubelet version: checks %v, report %v; want none", checker.seen, n.reporter.last)
+	}
+	n.agent.kubeletVersion = kubeletcheck.Version() // as Run takes it from the service's first answer
+	n.apply(&dkcv1.Assignment{}, "")
+	n.expect("local", "local", "local", "", 0)
+	if checker.last() != kubeletcheck.Version() {
+		t.Errorf("checked for kubelet %q, want %q", checker.last(), kubeletcheck.Version())
+	}
+}

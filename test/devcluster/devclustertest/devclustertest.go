@@ -40,8 +40,15 @@ func Dir(name string) (string, error) {
 }
 
 // Main starts a cluster for the test binary, runs the tests, stops the cluster and returns the exit code.
-// A cluster left behind by an earlier run of the same binary that was killed is stopped first.
+// A cluster left behind by an earlier run of the same binary that was killed is stopped first. $KUBE_VERSION
+// and $KUBELET_VERSIONS choose the control plane and the real nodes' kubelets as for `make up` (default:
+// devcluster.DefaultKubeVersion everywhere); tests read them back from Cluster.KubeletVersion.
 func Main(m *testing.M, name string, out **devcluster.Cluster) int {
+	versions, err := devcluster.ParseKubeletVersions(os.Getenv("KUBELET_VERSIONS"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	dir, err := freshDir(name)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -54,7 +61,8 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, ServiceBinary: bins["dkc-server"], SidecarBinary: bins["dkc-sidecar"],
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, KubeVersion: os.Getenv("KUBE_VERSION"), KubeletVersions: versions,
+		ServiceBinary: bins["dkc-server"], SidecarBinary: bins["dkc-sidecar"],
 		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: SimNodes, TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster: %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
@@ -112,8 +120,14 @@ func runAndStop(m *testing.M, c *devcluster.Cluster) int {
 }
 
 // MainInstalled is Main for the installed form (devcluster.Config.Installed): images built from this
-// checkout (hack/images) into the cluster's directory, two real nodes, dkc applied with kubectl apply -k.
+// checkout (hack/images) into the cluster's directory, two real nodes of different kubelet minors
+// (InstalledKubeletVersions), dkc applied with kubectl apply -k.
 func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
+	versions, err := InstalledKubeletVersions(os.Getenv("KUBE_VERSION"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	dir, err := freshDir(name)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -126,7 +140,8 @@ func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, Installed: true, ImagesDir: images,
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, KubeVersion: os.Getenv("KUBE_VERSION"), KubeletVersions: versions,
+		Installed: true, ImagesDir: images,
 		TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster (installed form): %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
@@ -134,6 +149,25 @@ func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
 	}
 	*out = c
 	return runAndStop(m, c)
+}
+
+// InstalledKubeletVersions are the installed suite's kubelets: $KUBELET_VERSIONS when set (empty: every
+// node runs the control plane's), else a skew cluster — node-1 runs the oldest kubelet minor the control
+// plane kubeVersion ("" for the default) supports, node-2 the control plane's own — so that every installed
+// test runs beside a kubelet of another minor, as clusters do during node upgrades. Derived from the
+// dev cluster's table, it moves with the supported versions.
+func InstalledKubeletVersions(kubeVersion string) (map[string]string, error) {
+	if s, ok := os.LookupEnv("KUBELET_VERSIONS"); ok {
+		return devcluster.ParseKubeletVersions(s)
+	}
+	if kubeVersion == "" {
+		kubeVersion = devcluster.DefaultKubeVersion
+	}
+	vs := devcluster.KubeletVersionsFor(kubeVersion)
+	if len(vs) == 0 || vs[0] == kubeVersion {
+		return nil, nil
+	}
+	return map[string]string{"node-1": vs[0]}, nil
 }
 
 // BuildImages builds dkc's images from this checkout into dir with hack/images (as `make images` does),
@@ -164,8 +198,10 @@ const TrialDuration = 20 * time.Second
 // HealthTimeout is the sidecars' health timeout in test clusters (a dev kubelet is healthy in ~2s).
 const HealthTimeout = 20 * time.Second
 
-// Build builds dkc-server, dkc-sidecar (with dkc-kubelet-check) and fake-kubelet from this checkout into dir/bin, so that integration
-// tests always run the code under test (and need no `make build` first). It returns name → path.
+// Build builds dkc-server, dkc-sidecar and fake-kubelet from this checkout into dir/bin, and beside them
+// the sidecar's helpers, one dkc-kubelet-check-<minor> per kubelet minor (sidecar/kubeletcheck/build.sh),
+// so that integration tests always run the code under test (and need no `make build` first). It returns
+// name → path; the helpers' directory is the sidecar's (devcluster.Cluster.KubeletCheckDir).
 func Build(ctx context.Context, dir string) (map[string]string, error) {
 	wd, err := os.Getwd()
 	if err != nil {
@@ -177,11 +213,18 @@ func Build(ctx context.Context, dir string) (map[string]string, error) {
 	}
 	out := filepath.Join(dir, "bin")
 	// Built as the images build them (hack/images): static and path-free, sharing their compile cache.
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-o", out+"/", "./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./sidecar/cmd/dkc-kubelet-check", "./hack/fake-kubelet")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-o", out+"/", "./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./hack/fake-kubelet")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build binaries: %w\n%s", err, b)
+	}
+	// The helpers link k8s.io/kubernetes of each minor, so each is its own module; the script knows them.
+	cmd = exec.CommandContext(ctx, "bash", "sidecar/kubeletcheck/build.sh", out)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build the kubelet config checkers (sidecar/kubeletcheck/build.sh %s): %w\n%s", out, err, b)
 	}
 	bins := map[string]string{}
 	for _, name := range []string{"dkc-server", "dkc-sidecar", "fake-kubelet"} {

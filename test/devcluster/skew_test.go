@@ -1,0 +1,161 @@
+package devcluster
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseKubeletVersions(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    map[string]string
+		wantErr string
+	}{
+		{in: "", want: nil},
+		{in: "  ", want: nil},
+		{in: "node-1=1.34", want: map[string]string{"node-1": "1.34"}},
+		{in: "node-1=1.34,node-2=1.37", want: map[string]string{"node-1": "1.34", "node-2": "1.37"}},
+		{in: " node-1 = v1.35 , node-2=1.36", want: map[string]string{"node-1": "1.35", "node-2": "1.36"}},
+		{in: "node-1", wantErr: `"node-1" is not node=minor`},
+		{in: "=1.34", wantErr: `"=1.34" is not node=minor`},
+		{in: "node-1=", wantErr: `"node-1=" is not node=minor`},
+		{in: "node-1=1.34,", wantErr: `"" is not node=minor`},
+		{in: "node-1=1.34.4", wantErr: `"1.34.4" is not a Kubernetes minor version`},
+		{in: "node-1=latest", wantErr: `"latest" is not a Kubernetes minor version`},
+		{in: "node-1=1.34,node-1=1.35", wantErr: "node node-1 is named twice"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseKubeletVersions(tc.in)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("ParseKubeletVersions(%q) = %v, %v; want an error containing %q", tc.in, got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("ParseKubeletVersions(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+			}
+			if tc.want != nil {
+				if again, err := ParseKubeletVersions(FormatKubeletVersions(got)); err != nil || !reflect.DeepEqual(again, got) {
+					t.Errorf("round trip through %q = %v, %v", FormatKubeletVersions(got), again, err)
+				}
+			}
+		})
+	}
+}
+
+func TestCheckKubeletVersions(t *testing.T) {
+	nodes := []string{"node-1", "node-2"}
+	for _, tc := range []struct {
+		name         string
+		controlPlane string
+		versions     map[string]string
+		wantErr      []string // each must be in the error; none = valid
+	}{
+		{name: "none", controlPlane: "1.37"},
+		{name: "same as control plane", controlPlane: "1.37", versions: map[string]string{"node-1": "1.37"}},
+		{name: "three minors older", controlPlane: "1.37", versions: map[string]string{"node-1": "1.34", "node-2": "1.36"}},
+		{name: "one older", controlPlane: "1.35", versions: map[string]string{"node-2": "1.34"}},
+		{name: "not a real node", controlPlane: "1.37", versions: map[string]string{"sim-1": "1.36"},
+			wantErr: []string{"node sim-1: not a real node of the cluster (real nodes: node-1, node-2)"}},
+		{name: "no module", controlPlane: "1.37", versions: map[string]string{"node-1": "1.33"},
+			wantErr: []string{"no wrapper module hack/kube/v1.33", "kubelets for control plane 1.37: 1.34, 1.35, 1.36, 1.37"}},
+		{name: "newer than control plane", controlPlane: "1.35", versions: map[string]string{"node-1": "1.36"},
+			wantErr: []string{"kubelet 1.36 on node node-1 is newer than the control plane 1.35", "kubelets for control plane 1.35: 1.34, 1.35"}},
+		{name: "four minors older", controlPlane: "1.38", versions: map[string]string{"node-1": "1.34"},
+			wantErr: []string{"kubelet 1.34 on node node-1 is 4 minors older than the control plane 1.38"}},
+		{name: "every error at once", controlPlane: "1.35", versions: map[string]string{"node-1": "1.37", "node-3": "1.35"},
+			wantErr: []string{"node node-1 is newer", "node node-3: not a real node"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkKubeletVersions(tc.controlPlane, nodes, tc.versions)
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("checkKubeletVersions = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("checkKubeletVersions = nil, want an error containing %q", tc.wantErr)
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestControlPlaneVersions(t *testing.T) {
+	if got, want := KubeVersions(), []string{"1.34", "1.35", "1.36", "1.37"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("KubeVersions() = %v, want %v", got, want)
+	}
+	if got, want := ControlPlaneVersions(), []string{"1.35", "1.36", "1.37"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("ControlPlaneVersions() = %v, want %v", got, want)
+	}
+	if err := checkControlPlaneVersion(DefaultKubeVersion); err != nil {
+		t.Errorf("the default %s: %v", DefaultKubeVersion, err)
+	}
+	for v, want := range map[string]string{
+		"1.34": "1.34 is end of life",
+		"1.33": `"1.33" is not supported by the dev cluster (control planes: 1.35, 1.36, 1.37)`,
+		"1.38": `"1.38" is not supported`,
+	} {
+		if err := checkControlPlaneVersion(v); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("checkControlPlaneVersion(%s) = %v, want an error containing %q", v, err, want)
+		}
+	}
+}
+
+// TestKubeModulesPinTheirMinor checks that each row of kubeModule builds the release it is named after.
+func TestKubeModulesPinTheirMinor(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := RepoRoot(wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for minor, mod := range kubeModule {
+		v, err := requiredVersion(filepath.Join(root, mod.dir, "go.mod"), "k8s.io/kubernetes")
+		if err != nil {
+			t.Fatalf("%s: %v", minor, err)
+		}
+		if !strings.HasPrefix(v, "v"+minor+".") {
+			t.Errorf("kubeModule[%s] (%s) pins k8s.io/kubernetes %s", minor, mod.dir, v)
+		}
+	}
+}
+
+func TestSortMinors(t *testing.T) {
+	vs := []string{"1.10", "1.9", "1.37", "1.34"}
+	sortMinors(vs)
+	if want := []string{"1.9", "1.10", "1.34", "1.37"}; !reflect.DeepEqual(vs, want) {
+		t.Errorf("sortMinors = %v, want %v", vs, want)
+	}
+}
+
+func TestKubeletChecks(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"dkc-sidecar", "dkc-kubelet-check", "dkc-kubelet-check-1.34", "dkc-kubelet-check-1.37", "dkc-kubelet-check-1.37.tmp"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "dkc-kubelet-check-1.35"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, err := kubeletChecks(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"1.34": filepath.Join(dir, "dkc-kubelet-check-1.34"), "1.37": filepath.Join(dir, "dkc-kubelet-check-1.37")}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("kubeletChecks = %v, want %v", got, want)
+	}
+}

@@ -109,7 +109,7 @@ test-integration: build ## integration tests against a real local cluster (root;
 	for d in $(OUT)/test/*/; do [ -f "$$d/state.json" ] && $(BIN)/dkc-dev -dir "$$d" down; done; exit $$rc
 
 .PHONY: up
-up: build $(if $(INSTALLED),images) ## start the local cluster in the background (INSTALLED=1: the installed form, dkc as pods; KUBE_VERSION, KUBE_BIN_DIR, SIM_NODES, DKC_TRIAL_DURATION); see _output/dev/env
+up: build $(if $(INSTALLED),images) ## start the local cluster in the background (INSTALLED=1: the installed form, dkc as pods; KUBE_VERSION=1.35|1.36|1.37, KUBELET_VERSIONS=node-1=1.34,..., KUBE_BIN_DIR, SIM_NODES, DKC_TRIAL_DURATION); see _output/dev/env
 	$(BIN)/dkc-dev -dir $(DEV_DIR) $(if $(INSTALLED),-installed -images-dir $(OUT)/images) up
 
 .PHONY: down

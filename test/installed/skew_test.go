@@ -59,8 +59,9 @@ func crashLoopBackOffConfig(t *testing.T, node string, qps int) string {
 // TestKubeletSkew: on a control plane of the newest minor with nodes of older kubelet minors (the
 // installed suite's cluster: node-1 runs the oldest kubelet dkc supports), each sidecar validates with the
 // code of its own kubelet's minor. One ConfigMap valid for every minor runs on every node (proven through
-// /configz); one ConfigMap that only newer kubelets run is refused up front on the older node — "failed to
-// validate config", no kubelet restart, no rollback, the node stays on its config — and runs on the newer.
+// /configz) and, after its trial, is every node's last-known-good; one ConfigMap that only newer kubelets
+// run is refused up front on the older node — "failed to validate config", no kubelet restart, no health
+// rollback, the node stays on its last-known-good — and runs on the newer.
 // Validating every node with one version's code fails this test either way: with the newest minor's code
 // the older kubelet is restarted into a config it refuses and rolled back; with the oldest's, the newer
 // node refuses a config its kubelet runs.
@@ -85,6 +86,11 @@ func TestKubeletSkew(t *testing.T) {
 		if q := configzQPS(t, n); q != 23 {
 			t.Errorf("node %s (kubelet %s): configz eventRecordQPS = %v, want 23", n, minors[n], q)
 		}
+	}
+	// A refused config makes a node run its last-known-good (the original's rule): wait until that is
+	// the common config, so that the refusal needs no restart.
+	for _, n := range nodes {
+		waitLastKnownGood(t, n, common, 2*time.Minute)
 	}
 
 	// A config only the newer kubelets run.
@@ -141,6 +147,22 @@ func TestKubeletSkew(t *testing.T) {
 	out, err = kubectlDKC(ctxFor(t), "diff", newest, "--configmap", "kube-system/skew-newer", "--kubelet-check-dir", cluster.KubeletCheckDir())
 	if err != nil || !strings.Contains(out, "crashLoopBackOff") || !strings.Contains(out, "eventRecordQPS") {
 		t.Errorf("kubectl dkc diff %s --configmap skew-newer: %v\n%s; want crashLoopBackOff and eventRecordQPS changed", newest, err, out)
+	}
+}
+
+// waitLastKnownGood waits until node's status says cm is its last-known-good (its trial passed).
+func waitLastKnownGood(t *testing.T, node string, cm *corev1.ConfigMap, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		v := view(t, node)
+		if srcName(v.status.LastKnownGood) == name(cm) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: %s; want %s last-known-good after its trial", node, v, name(cm))
+		}
+		time.Sleep(time.Second)
 	}
 }
 

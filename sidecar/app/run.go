@@ -98,7 +98,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
 		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, ProcDir: cfg.HostProc, KubeletVersion: cfg.KubeletVersion,
 		KubeletVersionRequired: s.o.checker == nil,
-		TrialCheckInterval: s.o.trialCheckInterval, Checker: checker, Trace: s.o.trace,
+		TrialCheckInterval:     s.o.trialCheckInterval, Checker: checker, Trace: s.o.trace,
 	}, agent.Deps{Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober,
 		Reporter: cl, Metrics: metrics})
 

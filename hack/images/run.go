@@ -157,10 +157,6 @@ func compileKubeletChecks(ctx context.Context, dir, arch string) ([]string, erro
 	if err != nil {
 		return nil, err
 	}
-	old, _ := filepath.Glob(filepath.Join(abs, configcheck.HelperPrefix+"*"))
-	for _, f := range old { // a minor dropped since the last build must not ship
-		_ = os.Remove(f)
-	}
 	cmd := exec.CommandContext(ctx, "sidecar/kubeletcheck/build.sh", abs, "-ldflags=-s -w")
 	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+arch)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr

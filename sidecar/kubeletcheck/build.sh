@@ -11,6 +11,9 @@ shift
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")"
+shopt -s nullglob
+# A minor dropped since the last build must not linger: the sidecar and kubectl-dkc take every helper here.
+rm -f "$out"/dkc-kubelet-check-*
 for modfile in go.mod kube-*.mod; do
 	version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2} $1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$modfile")
 	minor=$(echo "$version" | sed -n 's/^v\([0-9]*\.[0-9]*\)\..*/\1/p')

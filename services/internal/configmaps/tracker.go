@@ -254,10 +254,12 @@ func (t *Tracker) newInformer(key string) *tracked {
 // newNamespaceInformer watches every ConfigMap of ns, and reports changes of the referenced ones.
 func (t *Tracker) newNamespaceInformer(ns string) *tracked {
 	cms := t.client.CoreV1().ConfigMaps(ns)
-	lw := &cache.ListWatch{
+	// As client-go's generated informers do since WatchListClient is on by default (1.35): a client that
+	// cannot stream the initial list through a watch (the fake clientset) says so, and is listed instead.
+	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc:  func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return cms.List(ctx, o) },
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return cms.Watch(ctx, o) },
-	}
+	}, t.client)
 	inf := cache.NewSharedIndexInformer(lw, &corev1.ConfigMap{}, 0, cache.Indexers{})
 	// Only what a Node references is read; the rest of the namespace is cached without its managed fields.
 	_ = inf.SetTransform(func(obj any) (any, error) {

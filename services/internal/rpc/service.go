@@ -265,7 +265,9 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	// A node that names another Node object than the state's, or none while it could use one (its state
 	// file lost, or upgraded from a version without it), is told the object, even when its config stays the
 	// same: its reports name the object they are about (the Node may have been deleted and registered
-	// again). A sidecar of an older version names none and would not use it: nothing more is sent to it.
+	// again). A sidecar of an older version names none and would not use it: nothing more is sent to it for
+	// that. A node told another kubelet version than the Node's now (upgraded in place) is sent its state
+	// again; a sidecar older than kubelet_version never says one, and gets its state once per stream.
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
 		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
 		(st.NodeUID != "" && st.NodeUID != ws.nodeUID && (ws.nodeUID != "" || ws.followsNodeUID)) ||

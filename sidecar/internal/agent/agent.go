@@ -107,8 +107,9 @@ type Config struct {
 	// overrides the one the service sends (the Node's status.nodeInfo.kubeletVersion).
 	KubeletVersion string
 	// KubeletVersionRequired: the Checker checks nothing without the kubelet's version (the helpers, one per
-	// minor). Until the service or the state file tells it, Init leaves the kubelet alone and reports
-	// nothing, rather than an "unsupported kubelet version" that the service's first answer clears.
+	// minor). Init then leaves the kubelet alone and reports nothing until the service sends the version:
+	// a version remembered from an earlier start may be stale (the node upgraded while the sidecar was
+	// down), and a check with another minor's code could restart or roll back a kubelet for nothing.
 	KubeletVersionRequired bool
 	// Trace, if set, is called when an assignment is received (TraceReceived) and when a new one is durably
 	// checkpointed (TraceCheckpointed): the benchmark's probes.
@@ -131,7 +132,7 @@ type Agent struct {
 	// What the node knows now.
 	syncError      nodeconfig.StatusError   // from the service
 	nodeUID        string                   // the Node object the service's last update was resolved from
-	kubeletVersion string                   // the node kubelet's version, from the service (or the state file)
+	kubeletVersion string                   // the node kubelet's version, as the service last sent it
 	localSyncError nodeconfig.StatusError   // checkpointing failed here
 	localSyncWhy   string                   // why, for humans
 	configError    nodeconfig.StatusError   // assigned could not be used
@@ -210,7 +211,6 @@ func (a *Agent) Init(ctx context.Context) error {
 		a.active, a.activeRecorded = r.Source, true
 	}
 	a.follow(a.state.s.NodeUID)
-	a.kubeletVersion = a.state.s.KubeletVersion
 	// A kubelet started with another config than --kubelet-config would silently switch to that file at the
 	// first restart dkc makes: refuse to start rather than change the node behind its operator's back.
 	if a.cfg.KubeletFlags == nil {
@@ -229,7 +229,7 @@ func (a *Agent) Init(ctx context.Context) error {
 		}
 	}
 	if a.cfg.KubeletVersionRequired && a.cfg.KubeletVersion == "" && a.kubeletVersion == "" {
-		a.log.Info("kubelet version not known yet (a first start): configs are checked once the service sends it")
+		a.log.Info("kubelet version not known yet: configs are checked, and the kubelet touched, once the service sends it")
 		return nil
 	}
 	a.reconcile(ctx)
@@ -277,14 +277,9 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 				}
 			}
 			if v := u.GetKubeletVersion(); v != "" && v != a.kubeletVersion {
-				// Configs are checked with the code of this kubelet's minor from now on; kept for the
-				// next start, whose first checks may come before the service answers.
+				// Configs are checked with the code of this kubelet's minor from now on.
 				a.log.Info("kubelet version", zap.String("kubeletVersion", v), zap.String("was", a.kubeletVersion))
 				a.kubeletVersion = v
-				a.state.s.KubeletVersion = v
-				if err := a.state.save(); err != nil {
-					a.log.Warn("cannot record the kubelet version", zap.String("kubeletVersion", v), zap.Error(err))
-				}
 			}
 			a.Apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError()})
 		case <-tick.C():
@@ -508,12 +503,13 @@ func (a *Agent) reconcileOnce(ctx context.Context) bool {
 		c, err := a.load(ctx, nil, flags)
 		if err != nil {
 			// The node's own config does not validate: nothing dkc can pick is safe, so touch nothing.
-			if a.configError == "" {
+			switch {
+			case errors.Is(err, configcheck.ErrUnsupportedKubelet):
+				// Not the local config's fault: dkc has no code for this kubelet and checks nothing; that
+				// says more than whatever the assigned config's own error was.
+				a.configError, a.detail = nodeconfig.UnsupportedKubeletError, err.Error()
+			case a.configError == "":
 				a.configError, a.detail = nodeconfig.InternalError, "local config: "+err.Error()
-				if errors.Is(err, configcheck.ErrUnsupportedKubelet) {
-					// Not the local config's fault: dkc has no code for this kubelet, nothing is checked.
-					a.configError, a.detail = nodeconfig.UnsupportedKubeletError, err.Error()
-				}
 			}
 			a.log.Error("local kubelet config unusable; leaving the kubelet alone", zap.String("file", a.cfg.LocalConfig), zap.Error(err))
 			return true

@@ -822,8 +822,9 @@ func (v *versionChecker) last() string {
 
 // TestChecksWithTheKubeletsVersion: configs are checked for the kubelet version the service sends; a
 // kubelet no helper speaks leaves the node alone with the unsupported-kubelet status, and the next version
-// (the node upgraded) is checked again with the same assignment. A restarted sidecar checks with the version
-// it last heard, before the service answers; --kubelet-version overrides what the service says.
+// (the node upgraded) is checked again with the same assignment. A restarted sidecar does not trust the
+// version it heard before (the node may have been upgraded meanwhile); --kubelet-version overrides what the
+// service says.
 func TestChecksWithTheKubeletsVersion(t *testing.T) {
 	n := newNode(t)
 	checker := &versionChecker{}
@@ -869,12 +870,12 @@ func TestChecksWithTheKubeletsVersion(t *testing.T) {
 	if checker.last() != supported || n.kubelet.count() != 1 {
 		t.Errorf("checked for kubelet %q with %d restarts, want %s and 1", checker.last(), n.kubelet.count(), supported)
 	}
-	// A restarted sidecar remembers the version.
+	// A restarted sidecar waits for the service's word.
 	stop()
 	n.start()
 	n.agent.cfg.Checker = checker
-	if n.agent.kubeletVersion != supported {
-		t.Errorf("restarted sidecar: kubelet version %q, want %q from the state file", n.agent.kubeletVersion, supported)
+	if n.agent.kubeletVersion != "" {
+		t.Errorf("restarted sidecar: kubelet version %q before the service sent one", n.agent.kubeletVersion)
 	}
 	// --kubelet-version wins over the service.
 	n.agent.cfg.KubeletVersion = "v1.33.9"

@@ -38,9 +38,6 @@ type persisted struct {
 	// reports name it, so that the service drops them if that Node was deleted and registered again
 	// meanwhile, instead of showing the old object's assignment on the new one.
 	NodeUID string `json:"nodeUID,omitempty"`
-	// KubeletVersion is the node kubelet's version the service last sent: configs are checked with the code
-	// of its minor, also when a restarted sidecar checks before the service answers.
-	KubeletVersion string `json:"kubeletVersion,omitempty"`
 }
 
 // NextIncarnation records and returns this start's incarnation: one more than the last start's, or the

@@ -24,7 +24,7 @@ func main() {
 	fs.StringVar(&cfg.Disk, "disk", bench.DiskSimulated, "the simulated nodes' disk: "+bench.DiskSimulated+" (their directories on tmpfs, each fsync costing one of this disk's fsync latencies, measured at start: every node its own disk) or "+bench.DiskShared+" (all on this one disk, with etcd)")
 	fs.IntVar(&cfg.DiskWriters, "disk-writers", 0, "concurrent durable writes of all simulated nodes together; 0: 64 with -disk="+bench.DiskShared+", unbounded with -disk="+bench.DiskSimulated+"; negative: unbounded")
 	fs.StringVar(&cfg.Deployment, "deployment", "deploy/base/server.yaml", "the shipped dkc-server manifest: its GOMEMLIMIT is given to dkc-server in the scale phases, its memory limit is the goal of the peak")
-	fs.StringVar(&cfg.Bin, "bin", "_output/bin", "directory with dkc-server, dkc-sidecar, dkc-kubelet-check and fake-kubelet")
+	fs.StringVar(&cfg.Bin, "bin", "_output/bin", "directory with dkc-server, dkc-sidecar, the dkc-kubelet-check-<minor> helpers and fake-kubelet")
 	fs.IntVar(&cfg.PropagationNodes, "propagation-nodes", 1000, "connected nodes when measuring propagation")
 	fs.IntVar(&cfg.FanoutNodes, "fanout-nodes", 2000, "nodes sharing one ConfigMap in the fan-out and the watch comparison")
 	fs.IntVar(&cfg.ScaleNodes, "scale-nodes", 5000, "connected nodes when measuring dkc-server's memory per node")

@@ -99,7 +99,7 @@ func run() error {
 	return nil
 }
 
-// servingCert is the certificate kubelet v1.34 serves (cmd/kubelet/app/server.go, InitializeTLS):
+// servingCert is the certificate the kubelet (v1.34 to v1.37) serves (cmd/kubelet/app/server.go, InitializeTLS):
 // tlsCertFile/tlsPrivateKeyFile when set; otherwise <cert-dir>/kubelet.crt and kubelet.key, created
 // self-signed when they cannot be read and reused as they are otherwise. A bootstrapped serving certificate
 // (serverTLSBootstrap) needs a CSR signer the dev cluster does not run: refused, not faked.

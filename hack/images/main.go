@@ -1,5 +1,5 @@
 // Command images builds dkc's container images from source without a container daemon or registry:
-// dkc-server, dkc-sidecar (with dkc-kubelet-check beside it) and the pause image a local cluster uses as
+// dkc-server, dkc-sidecar (with the dkc-kubelet-check-<minor> helpers beside it) and the pause image a local cluster uses as
 // its sandbox image. `make images` runs it; see its --help.
 package main
 

@@ -68,8 +68,9 @@ func nodeConfig(t *testing.T, node string, qps int) string {
 	return string(out)
 }
 
-// createConfig creates kube-system/<name> holding node's local config with eventRecordQPS qps (a config
-// names its node's addresses, so each node gets its own ConfigMap).
+// createConfig creates kube-system/<name> holding node's local config with eventRecordQPS qps. The installed
+// form's nodes share one local config, so such a ConfigMap suits every node (TestKubeletSkew assigns one to
+// all); most tests still give each node its own, to follow each node's versions apart.
 func createConfig(t *testing.T, name, node string, qps int) *corev1.ConfigMap {
 	t.Helper()
 	return createConfigData(t, name, nodeConfig(t, node, qps))

@@ -22,7 +22,7 @@ import (
 // one sets a key the assignment below sets too, and a file not named *.conf is no drop-in at all (the kubelet
 // ignores it, unparsable as it is).
 //
-// 00-dev-node.conf is what any drop-in costs the dev node: kubelet v1.34 merges through v1beta1 JSON, where
+// 00-dev-node.conf is what any drop-in costs the dev node: the kubelet (1.34 and later) merges through v1beta1 JSON, where
 // the file's empty enforceNodeAllocatable is omitted and so defaulted back to [pods], which the node's
 // cgroupsPerQOS: false makes invalid (the kubelet refuses to start); a drop-in's own empty list survives.
 var testDropIns = map[string]string{
@@ -35,7 +35,7 @@ var testDropIns = map[string]string{
 }
 
 // TestKubeletConfigDirDropIns runs a real node whose kubelet merges --config-dir drop-ins over its config,
-// in a cluster of its own, as kubelet v1.34 does and kubeadm's and distributions' units use it. The sidecar
+// in a cluster of its own, as the kubelet (1.34 and later) does and kubeadm's and distributions' units use it. The sidecar
 // must validate and compare what the kubelet really runs (file, then drop-ins, then flags): it used to
 // compare the file alone with /configz, found the drop-in's value, restarted the kubelet and gave up on the
 // node's own config with a health error at every start. Now the sidecar starts without touching the kubelet,

@@ -301,7 +301,7 @@ func (k *Kubelet) trust(kc *configcheck.Checked) (func(tls.ConnectionState) erro
 }
 
 // ServingCertFile is the file holding the certificate the kubelet running fields (a config's v1beta1
-// fields, flags applied) serves, as kubelet v1.34 picks it (cmd/kubelet/app/server.go InitializeTLS,
+// fields, flags applied) serves, as kubelets v1.34 to v1.37 pick it (cmd/kubelet/app/server.go InitializeTLS,
 // pkg/kubelet/kubelet.go, client-go's certificate file store): with serverTLSBootstrap (and the
 // RotateKubeletServerCertificate gate, on by default) the first that exists of
 // <certDir>/kubelet-server-current.pem, tlsCertFile with tlsPrivateKeyFile, <certDir>/kubelet-server.crt

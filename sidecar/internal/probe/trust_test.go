@@ -376,7 +376,7 @@ func TestRotatedCertificateIsPickedUp(t *testing.T) {
 	}
 }
 
-// TestServingCertFile: where the kubelet v1.34 keeps the certificate it serves, for each way a config can
+// TestServingCertFile: where the kubelet (1.34 to 1.37) keeps the certificate it serves, for each way a config can
 // set it up.
 func TestServingCertFile(t *testing.T) {
 	dir := t.TempDir()

@@ -146,11 +146,7 @@ func EnsureBinaries(ctx context.Context, repoRoot, kubeVersion, binDir string, p
 	if !ok {
 		return Binaries{}, fmt.Errorf("kube version %q is not supported by the dev cluster (supported: %s)", kubeVersion, strings.Join(KubeVersions(), ", "))
 	}
-	cache := CacheDir()
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return Binaries{}, fmt.Errorf("create cache dir %s: %w", cache, err)
-	}
-	unlock, err := lockFile(filepath.Join(cache, ".build.lock"))
+	cache, unlock, err := lockCache()
 	if err != nil {
 		return Binaries{}, err
 	}
@@ -193,11 +189,7 @@ func EnsureKubelet(ctx context.Context, repoRoot, minor string, progress io.Writ
 	if !ok {
 		return "", fmt.Errorf("no kubelet %q in the dev cluster (kubelets: %s)", minor, strings.Join(KubeVersions(), ", "))
 	}
-	cache := CacheDir()
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return "", fmt.Errorf("create cache dir %s: %w", cache, err)
-	}
-	unlock, err := lockFile(filepath.Join(cache, ".build.lock"))
+	cache, unlock, err := lockCache()
 	if err != nil {
 		return "", err
 	}
@@ -218,11 +210,7 @@ func EnsureKubelet(ctx context.Context, repoRoot, minor string, progress io.Writ
 
 // EnsureCoreDNS returns the CoreDNS binary, building it from its pinned module on first use (~2 minutes).
 func EnsureCoreDNS(ctx context.Context, repoRoot string, progress io.Writer) (string, error) {
-	cache := CacheDir()
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return "", fmt.Errorf("create cache dir %s: %w", cache, err)
-	}
-	unlock, err := lockFile(filepath.Join(cache, ".build.lock"))
+	cache, unlock, err := lockCache()
 	if err != nil {
 		return "", err
 	}
@@ -312,6 +300,20 @@ func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinned
 		fmt.Fprintf(progress, "built %v in %s\n", mod.outputs, time.Since(start).Round(time.Second))
 	}
 	return out, nil
+}
+
+// lockCache creates CacheDir and takes its build lock: concurrent callers (parallel test packages, `make up`)
+// build one at a time.
+func lockCache() (cache string, unlock func(), err error) {
+	cache = CacheDir()
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", nil, fmt.Errorf("create cache dir %s: %w", cache, err)
+	}
+	unlock, err = lockFile(filepath.Join(cache, ".build.lock"))
+	if err != nil {
+		return "", nil, err
+	}
+	return cache, unlock, nil
 }
 
 func lockFile(path string) (func(), error) {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	flag "github.com/spf13/pflag"
+
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // Config is the sidecar's configuration.
@@ -135,6 +137,11 @@ func (c Config) Validate() error {
 	}
 	if !strings.HasPrefix(c.DynamicConfigDir, "/") || !strings.HasPrefix(c.KubeletConfig, "/") || !strings.HasPrefix(c.HostProc, "/") {
 		errs = append(errs, errors.New("--dynamic-config-dir, --kubelet-config and --host-proc must be absolute paths"))
+	}
+	// A version the helpers cannot be chosen by would only surface at the first assignment, as a status error
+	// on the Node; refusing it here makes the DaemonSet's rollout stop on the first pod instead.
+	if c.KubeletVersion != "" && checkapi.Minor(c.KubeletVersion) == "" {
+		errs = append(errs, fmt.Errorf("--kubelet-version %q: want a kubelet version such as v1.36.3", c.KubeletVersion))
 	}
 	if c.TrialDuration <= 0 || c.HealthTimeout <= 0 || c.KeepCheckpoints < 0 {
 		errs = append(errs, errors.New("--trial-duration and --health-timeout must be positive, --keep-checkpoints not negative"))

@@ -33,6 +33,9 @@ func TestValidate(t *testing.T) {
 		{"signal mode on the host", func(c *Config) { c.RestartMode, c.KubeletPIDFile = "signal", "/run/kubelet.pid" }, ""},
 		{"no node name", func(c *Config) { c.NodeName = "" }, "--node-name"},
 		{"no CA", func(c *Config) { c.ServerCAFile = "" }, "--server-ca-file is required"},
+		{"a kubelet version override", func(c *Config) { c.KubeletVersion = "v1.36.3" }, ""},
+		{"a kubelet version override without the v", func(c *Config) { c.KubeletVersion = "1.34.4" }, ""},
+		{"a kubelet version override that names no minor", func(c *Config) { c.KubeletVersion = "latest" }, `--kubelet-version "latest"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()

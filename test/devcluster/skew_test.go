@@ -159,3 +159,63 @@ func TestKubeletChecks(t *testing.T) {
 		t.Errorf("kubeletChecks = %v, want %v", got, want)
 	}
 }
+
+// TestKubeletChecksMatchKubeModules keeps the three places that pin a Kubernetes release in step: the wrapper
+// modules the dev cluster builds (kubeModule), the modules each dkc-kubelet-check-<minor> is built from
+// (sidecar/kubeletcheck/go.mod for the newest minor, kube-<minor>.mod for the older ones), and the main
+// module. A node whose kubelet the dev cluster can run must be validated by the helper of the very same
+// release, and dkc itself links the newest.
+func TestKubeletChecksMatchKubeModules(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := RepoRoot(wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDir := filepath.Join(root, "sidecar", "kubeletcheck")
+	modfiles, err := filepath.Glob(filepath.Join(checkDir, "kube-*.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	modfiles = append(modfiles, filepath.Join(checkDir, "go.mod"))
+	checks := map[string]string{} // minor -> k8s.io/kubernetes version of its helper
+	for _, f := range modfiles {
+		v, err := requiredVersion(f, "k8s.io/kubernetes")
+		if err != nil || v == "" {
+			t.Fatalf("%s: no k8s.io/kubernetes version (%v)", f, err)
+		}
+		minor := strings.Join(strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)[:2], ".")
+		if prev, ok := checks[minor]; ok {
+			t.Errorf("two helper modules pin minor %s (%s and %s)", minor, prev, v)
+		}
+		checks[minor] = v
+	}
+	for minor, mod := range kubeModule {
+		want, err := requiredVersion(filepath.Join(root, mod.dir, "go.mod"), "k8s.io/kubernetes")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := checks[minor]; !ok {
+			t.Errorf("the dev cluster runs kubelet %s but no dkc-kubelet-check module pins it (add sidecar/kubeletcheck/kube-%s.mod with pin.sh)", minor, minor)
+		} else if got != want {
+			t.Errorf("minor %s: dkc-kubelet-check pins k8s.io/kubernetes %s, the dev cluster's kubelet %s (%s)", minor, got, want, mod.dir)
+		}
+	}
+	for minor := range checks {
+		if _, ok := kubeModule[minor]; !ok {
+			t.Errorf("dkc-kubelet-check-%s has no dev cluster module to test it against (hack/kube/add-release.sh %s)", minor, minor)
+		}
+	}
+	vs := KubeVersions()
+	newest := vs[len(vs)-1]
+	if newest != DefaultKubeVersion {
+		t.Errorf("DefaultKubeVersion is %s, the newest module %s", DefaultKubeVersion, newest)
+	}
+	for _, f := range []string{filepath.Join(root, "go.mod"), filepath.Join(checkDir, "go.mod")} {
+		if v, _ := requiredVersion(f, "k8s.io/kubernetes"); v != checks[newest] {
+			t.Errorf("%s pins k8s.io/kubernetes %s, the newest supported release is %s", f, v, checks[newest])
+		}
+	}
+}

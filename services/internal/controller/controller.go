@@ -247,12 +247,27 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SyncInternalError)
 		return err
 	}
-	if c.table.Set(name, assignment.State{Assignment: a, NodeUID: uid, KubeletVersion: kubeletVersion}) {
+	prev, hadPrev, _ := c.table.Get(name)
+	next := assignment.State{Assignment: a, NodeUID: uid, KubeletVersion: kubeletVersion}
+	if c.table.Set(name, next) {
+		// An in-place kubelet upgrade changes only the version the sidecar validates with: say so, rather than
+		// announce an assignment nobody made.
+		if hadPrev && prev.KubeletVersion != kubeletVersion && sameExceptVersion(prev, next) {
+			c.log.Info("node kubelet version changed; configs are validated with its minor", zap.String("node", name),
+				zap.String("from", prev.KubeletVersion), zap.String("to", kubeletVersion))
+			return nil
+		}
 		c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
 			zap.String("source", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
-			zap.String("kubeletConfigKey", ref.KubeletConfigKey))
+			zap.String("kubeletConfigKey", ref.KubeletConfigKey), zap.String("kubeletVersion", kubeletVersion))
 	}
 	return nil
+}
+
+// sameExceptVersion reports whether a and b differ at most in the kubelet version.
+func sameExceptVersion(a, b assignment.State) bool {
+	a.KubeletVersion = b.KubeletVersion
+	return a.Same(b)
 }
 
 // ResolvedConfigs is the number of ConfigMap versions held resolved.

@@ -372,3 +372,26 @@ func TestNodeObjectFollowed(t *testing.T) {
 		}
 	}
 }
+
+func TestSameExceptVersion(t *testing.T) {
+	a := assignment.State{Assignment: resolve.Local(), NodeUID: "a", KubeletVersion: "v1.36.3"}
+	for _, tc := range []struct {
+		name   string
+		change func(*assignment.State)
+		want   bool
+	}{
+		{"only the kubelet version", func(s *assignment.State) { s.KubeletVersion = "v1.37.2" }, true},
+		{"nothing", func(*assignment.State) {}, true},
+		{"the node object", func(s *assignment.State) { s.NodeUID, s.KubeletVersion = "b", "v1.37.2" }, false},
+		{"a sync error", func(s *assignment.State) { s.SyncError = string(nodeconfig.DownloadError) }, false},
+		{"the assignment", func(s *assignment.State) { s.Assignment = nil }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := a
+			tc.change(&b)
+			if got := sameExceptVersion(a, b); got != tc.want {
+				t.Errorf("sameExceptVersion = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dkc-dev/dkc/internal/ciskip"
 )
 
 func TestReapCollectsExitedChildren(t *testing.T) {
@@ -22,7 +24,7 @@ func TestReapCollectsExitedChildren(t *testing.T) {
 				// ForkExec, not os/exec: nothing may wait for the child but reap.
 				pid, err := syscall.ForkExec("/bin/true", []string{"true"}, nil)
 				if err != nil {
-					t.Skipf("cannot start /bin/true: %v", err)
+					ciskip.Skipf(t, "cannot start /bin/true: %v", err)
 				}
 				want = append(want, pid)
 			}

@@ -103,7 +103,11 @@ func envOr(key, def string) string {
 func run(ctx context.Context, o options, out io.Writer) error {
 	switch o.command {
 	case "up":
-		_, err := devcluster.Start(ctx, devcluster.Config{
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		_, err = devcluster.Start(ctx, devcluster.Config{DevBinary: self,
 			Dir: o.dir, KubeVersion: o.kubeVersion, KubeletVersions: o.kubeletVersions, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes,
 			ServiceBinary: o.serviceBin, SidecarBinary: o.sidecarBin, FakeKubeletBinary: o.fakeKubelet, SimNodes: o.simNodes,
 			TrialDuration: o.trial, Installed: o.installed, ImagesDir: o.imagesDir, Progress: out,
@@ -126,7 +130,33 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	}
 }
 
+// forward is the `dkc-dev forward` command a cluster of the installed form runs in the background for
+// DKC_SERVER (devcluster.Forward); not for users, so not in the usage.
+func forward(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("dkc-dev forward", flag.ContinueOnError)
+	var cfg devcluster.ForwardConfig
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "admin kubeconfig of the cluster")
+	fs.StringVar(&cfg.Namespace, "namespace", "kube-system", "namespace of the Service")
+	fs.StringVar(&cfg.Service, "service", "dkc-server", "Service whose ready endpoints receive the connections")
+	fs.StringVar(&cfg.PortName, "port-name", "grpc", "name of the Service's port")
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "address to listen on")
+	fs.StringVar(&cfg.AddrFile, "addr-file", "", "file to write the address listened on to")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return devcluster.Forward(ctx, cfg)
+}
+
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "forward" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := forward(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "dkc-dev forward: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	o, err := parse(flag.NewFlagSet("dkc-dev", flag.ContinueOnError), os.Args[1:])
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {

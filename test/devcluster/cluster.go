@@ -85,6 +85,10 @@ type Config struct {
 	// ImagesDir holds the image tarballs of `make images` (<name>.tar for dkc-server, dkc-sidecar, pause);
 	// Installed only.
 	ImagesDir string
+	// DevBinary is the dkc-dev program (hack/dkc-dev). Installed only: its `forward` command serves
+	// DKC_SERVER in the env file, an address on the host's loopback that reaches a ready dkc-server pod
+	// (Forward). Empty: the env file has no DKC_SERVER.
+	DevBinary string
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
 }
@@ -383,7 +387,7 @@ func (c *Cluster) processNames() []string {
 	for _, n := range c.state.Nodes {
 		names = append(names, "containerd-"+n.Name, "kubelet-"+n.Name, "node-"+n.Name)
 	}
-	names = append(names, "dkc-server")
+	names = append(names, "dkc-server", "dkc-server-forward")
 	for _, s := range c.state.SimNodes {
 		names = append(names, "kubelet-"+s.Name, "dkc-sidecar-"+s.Name)
 	}

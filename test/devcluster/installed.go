@@ -1,6 +1,6 @@
 package devcluster
 
-// The installed form (Config.Installed) is a cluster as users run one, with dkc installed the way the README's
+// The installed form (Config.Installed) is a cluster as users run one, with dkc installed the way docs/install.md's
 // "Production install" says: a control plane with kube-controller-manager and kube-scheduler, and nodes that
 // are whole machines — each a systemd-nspawn container (its own PID, mount and network namespace) running
 // systemd, containerd, the kubelet and kube-proxy as units, with CNI pod networking and cluster DNS (CoreDNS).
@@ -450,7 +450,7 @@ func (c *Cluster) installCoreDNS(ctx context.Context) error {
 // InstallDir is where the installed form keeps the copy of deploy/ it applied (with gen-certs.sh's output).
 func (c *Cluster) InstallDir() string { return filepath.Join(c.cfg.Dir, "install") }
 
-// installDKC installs dkc as the README's "Production install" says: a copy of deploy/, certificates from
+// installDKC installs dkc as docs/install.md says: a copy of deploy/, certificates from
 // overlays/self-signed/gen-certs.sh, `kubectl apply -k` of overlays/dev (base + self-signed, with the
 // locally built images). The only addition is the sidecars' trial and health timeouts when the cluster's
 // Config sets them (the demo shortens the trial to show the fallback).
@@ -504,6 +504,30 @@ func (c *Cluster) installDKC(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// installedContractPaths keeps CONTRACT §6's paths meaningful in the installed form, as in the fast one:
+// each real node's sidecar credential in NodeTokenPath (a token like the one its pod is given: the
+// dkc-sidecar ServiceAccount, audience dkc, bound to the Node), and DKC_SERVER/DKC_SERVER_CA for the env
+// file: the forwarder's loopback address (Config.DevBinary) and the CA of overlays/self-signed, whose
+// certificate names 127.0.0.1 for this use (a port-forward).
+func (c *Cluster) installedContractPaths(ctx context.Context) (map[string]string, error) {
+	for _, n := range c.state.Nodes {
+		if _, err := c.NodeToken(ctx, n.Name); err != nil {
+			return nil, err
+		}
+	}
+	if c.cfg.DevBinary == "" {
+		return nil, nil
+	}
+	addr, err := c.startForwarder(ctx, c.cfg.DevBinary)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{
+		"DKC_SERVER":    addr,
+		"DKC_SERVER_CA": filepath.Join(c.InstallDir(), "deploy/overlays/self-signed/ca.crt"),
+	}, nil
 }
 
 // waitDeployment waits until every replica of the Deployment is updated and available.
@@ -653,7 +677,11 @@ func (c *Cluster) startInstalled(ctx context.Context, bins Binaries, kubelets ma
 	if err := c.installDKC(ctx); err != nil {
 		return err
 	}
-	if err := c.writeEnv(nil); err != nil {
+	env, err := c.installedContractPaths(ctx)
+	if err != nil {
+		return err
+	}
+	if err := c.writeEnv(env); err != nil {
 		return err
 	}
 	fmt.Fprintf(c.cfg.Progress, "cluster ready, dkc installed: . %s (KUBECONFIG=%s)\n", c.EnvPath(), c.KubeconfigPath())

@@ -22,7 +22,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-SAN='subjectAltName=DNS:dkc-server,DNS:dkc-server.kube-system,DNS:dkc-server.kube-system.svc,DNS:dkc-server.kube-system.svc.cluster.local'
+# 127.0.0.1: the address of `kubectl port-forward svc/dkc-server`, so that grpcurl through one verifies the
+# certificate without -servername (only whoever holds tls.key can serve it, wherever it is reached).
+SAN='subjectAltName=DNS:dkc-server,DNS:dkc-server.kube-system,DNS:dkc-server.kube-system.svc,DNS:dkc-server.kube-system.svc.cluster.local,IP:127.0.0.1'
 
 die() { echo "gen-certs.sh: $*" >&2; exit 1; }
 

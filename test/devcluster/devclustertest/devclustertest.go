@@ -140,8 +140,14 @@ func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// dkc-dev's forward command serves DKC_SERVER, as `make up INSTALLED=1` does (CONTRACT §6).
+	devBin := filepath.Join(dir, "bin", "dkc-dev")
+	if err := goBuild(ctx, devBin, "./hack/dkc-dev"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, KubeVersion: os.Getenv("KUBE_VERSION"), KubeletVersions: versions,
-		Installed: true, ImagesDir: images,
+		Installed: true, ImagesDir: images, DevBinary: devBin,
 		TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster (installed form): %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
@@ -185,6 +191,24 @@ func BuildImages(ctx context.Context, dir string, args ...string) error {
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build images: %w\n%s", err, b)
+	}
+	return nil
+}
+
+// goBuild builds the main package pkg of this checkout into out.
+func goBuild(ctx context.Context, out, pkg string) error {
+	wd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	root, err := devcluster.RepoRoot(wd)
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build %s: %w\n%s", pkg, err, b)
 	}
 	return nil
 }

@@ -25,9 +25,10 @@ help: ## list targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: generate
-generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go.mod), and the kubelet defaults (per minor) kubectl-dkc embeds
+generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go.mod), the kubelet defaults (per minor) kubectl-dkc embeds, and the flag references in docs/reference/
 	$(BUF) generate
 	go generate ./internal/configz
+	hack/flagdocs.sh
 
 .PHONY: lint
 lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
@@ -42,8 +43,8 @@ lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
 
 .PHONY: verify-generated
 verify-generated: generate ## fail if generated code differs from what is committed
-	@git diff --exit-code -- proto/ internal/configz/defaults/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@if [ -n "$$(git status --porcelain -- internal/configz/defaults/)" ]; then git status --short -- internal/configz/defaults/; echo "generated files added or removed: run make generate and commit"; exit 1; fi
+	@git diff --exit-code -- proto/ internal/configz/defaults/ docs/reference/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@if [ -n "$$(git status --porcelain -- internal/configz/defaults/ docs/reference/)" ]; then git status --short -- internal/configz/defaults/ docs/reference/; echo "generated files added or removed: run make generate and commit"; exit 1; fi
 
 # Static, path-free builds, as the images are built (hack/images): the binaries `make build` and the
 # integration tests run are the ones the images ship, and the three share one compile cache.

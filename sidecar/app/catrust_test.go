@@ -125,7 +125,7 @@ func tlsServer(t *testing.T, current *atomic.Pointer[tls.Certificate], maxVersio
 }
 
 // TestCARotationReachesTheRunningSidecar: the sidecar's credentials take the CA file as it is at each
-// handshake, through the symlink swaps of a ConfigMap volume. Rotation as the README describes it: the
+// handshake, through the symlink swaps of a ConfigMap volume. Rotation as docs/security.md describes it: the
 // bundle gains the new CA, the server moves to a certificate of the new CA, the bundle drops the old CA;
 // each new connection is verified against the bundle of the moment. A file made unusable keeps the last
 // good bundle.

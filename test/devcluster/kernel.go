@@ -78,7 +78,7 @@ func ProvisionKernel(sys sysctl.Interface, progress io.Writer) ([]KernelChange, 
 			fmt.Fprintf(&b, "%s (was %d)", c.KernelTunable, c.Was)
 		}
 		fmt.Fprintf(progress, "node provisioning: set %s on this host, as node provisioning does: the kubelet requires them "+
-			"and the dev nodes share this kernel (they stay set after make down; see README, \"The local cluster\")\n", b.String())
+			"and the dev nodes share this kernel (they stay set after make down; see docs/development.md, \"The local cluster\")\n", b.String())
 	}
 	return changes, nil
 }

@@ -219,3 +219,39 @@ func TestKubeletChecksMatchKubeModules(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsNameTheSupportedVersions checks the supported-versions rows of README.md and docs/versions.md
+// against the modules the dev cluster builds, so that neither claims a release that is not tested.
+func TestDocsNameTheSupportedVersions(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := RepoRoot(wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"| " + strings.Join(ControlPlaneVersions(), ", ") + " |", "| " + strings.Join(KubeVersions(), ", ") + " ",
+		"control plane " + DefaultKubeVersion}
+	for _, doc := range []string{"README.md", "docs/versions.md"} {
+		data, err := os.ReadFile(filepath.Join(root, doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var row string
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(line, "| main ") {
+				row = line
+			}
+		}
+		if row == "" {
+			t.Errorf("%s has no supported-versions row (a table row starting with %q)", doc, "| main ")
+			continue
+		}
+		for _, w := range want {
+			if !strings.Contains(row, w) {
+				t.Errorf("%s: supported-versions row does not say %q:\n%s", doc, w, row)
+			}
+		}
+	}
+}

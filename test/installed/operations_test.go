@@ -190,7 +190,7 @@ func TestSidecarRollingUpdate(t *testing.T) {
 	}
 }
 
-// TestGrpcurlThroughPortForward is the README's in-cluster debugging recipe: port-forward to the Service,
+// TestGrpcurlThroughPortForward is docs/dkc-server.md's in-cluster debugging recipe: port-forward to the Service,
 // then grpcurl list, describe, health and WatchConfig with a node's token.
 func TestGrpcurlThroughPortForward(t *testing.T) {
 	diagnoseOnFailure(t)

@@ -14,7 +14,7 @@ import (
 	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
-// TestGenCertsRotationKeepsTrust runs deploy/overlays/self-signed/gen-certs.sh as the README's rotation says
+// TestGenCertsRotationKeepsTrust runs deploy/overlays/self-signed/gen-certs.sh as docs/security.md's rotation says
 // (install, renew, rotate start, switch, finish) and checks what a rollout between two steps meets: the
 // kubelets refresh the sidecars' ca.crt and dkc-server's Secret at different moments, so at every step the
 // certificate served after it must verify against the CA published before it, and the one served before it

@@ -84,7 +84,7 @@ func (v *caVolume) write(pems ...[]byte) {
 }
 
 // TestCARotationWithoutRestartingTheSidecar rotates the CA of dkc-server's certificate under a running
-// sidecar of the real node, the README's procedure: the sidecar's CA bundle (a ConfigMap volume's layout,
+// sidecar of the real node, docs/security.md's procedure: the sidecar's CA bundle (a ConfigMap volume's layout,
 // updated by symlink swap) gains the new CA; the server moves to a certificate of the new CA; the bundle
 // drops the old CA. After each step the server restarts, so the sidecar must connect and verify it again.
 // The sidecar is never restarted, keeps the node's stream and reports, and the kubelet is never restarted;

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
@@ -13,15 +14,15 @@ import (
 // duration. No restart is needed: the kubelet already runs it.
 func (a *Agent) CheckTrial(ctx context.Context) {
 	assigned, err := a.store.Assigned()
-	if err != nil || assigned == nil || !a.activeKnown || !nodeconfig.SameSource(a.active, assigned) {
+	if err != nil {
 		return
 	}
 	lkg, err := a.store.LastKnownGood()
-	if err != nil || nodeconfig.SameSource(assigned, lkg) {
+	if err != nil {
 		return
 	}
-	start := a.state.trialStart(assigned)
-	if start.IsZero() || a.clock.Since(start) < a.cfg.TrialDuration {
+	if !trialOver(trial{assigned: assigned, lkg: lkg, active: a.active, activeKnown: a.activeKnown, start: a.state.trialStart(assigned)},
+		a.clock.Now(), a.cfg.TrialDuration) {
 		return
 	}
 	flags, err := a.kubeletFlags(ctx)
@@ -54,4 +55,19 @@ func (a *Agent) gc(assigned, lkg *corev1.NodeConfigSource) {
 	if len(removed) > 0 {
 		a.log.Info("removed unreferenced checkpoints", zap.Strings("checkpoints", removed))
 	}
+}
+
+// trial is what decides a promotion.
+type trial struct {
+	assigned, lkg, active *corev1.NodeConfigSource
+	activeKnown           bool      // active proven by this process
+	start                 time.Time // zero: no trial recorded for assigned
+}
+
+// trialOver says whether the assigned config has run its trial: it is what this process proved the
+// kubelet runs, it is not last-known-good yet, and its recorded trial began at least d ago. The kubelet's
+// health now is checked after (CheckTrial).
+func trialOver(t trial, now time.Time, d time.Duration) bool {
+	return t.assigned != nil && t.activeKnown && nodeconfig.SameSource(t.active, t.assigned) &&
+		!nodeconfig.SameSource(t.assigned, t.lkg) && !t.start.IsZero() && now.Sub(t.start) >= d
 }

@@ -43,6 +43,11 @@ type Outbox struct {
 	// on every report until acknowledged, then the next one does, so none is lost while the service is away.
 	restarts []*dkcv1.KubeletRestart
 	last     *dkcv1.ReportStatusRequest // the last report acknowledged in full
+	// out: Next handed out the pending report and no Next came since (it is in flight, or failed).
+	// resend: a stream opened while it was out. Its acknowledgement may then come from the replica the
+	// node left, which drops a held report once the node streams elsewhere; so the report is sent again
+	// once acknowledged, as if the stream had opened after.
+	out, resend bool
 }
 
 // OutboxConfig configures an Outbox.
@@ -110,6 +115,8 @@ func (o *Outbox) Next() *dkcv1.ReportStatusRequest {
 	if o.pending == nil {
 		return nil
 	}
+	// Sent now, over the stream there is now: a reconnect before this needs no resend.
+	o.out, o.resend = true, false
 	req := proto.Clone(o.pending).(*dkcv1.ReportStatusRequest)
 	if len(o.restarts) > 0 {
 		req.Restart = o.restarts[0]
@@ -128,17 +135,31 @@ func (o *Outbox) Ack(req *dkcv1.ReportStatusRequest) {
 		o.restarts = o.restarts[1:]
 	}
 	if len(o.restarts) == 0 && o.pending != nil && o.pending.GetSequence() == req.GetSequence() && o.pending.GetNodeUid() == req.GetNodeUid() {
-		o.last, o.pending = o.pending, nil
+		o.last, o.pending, o.out = o.pending, nil, false
+		if o.resend {
+			o.resend = false
+			o.requeueLast()
+		}
 	}
 }
 
 // Reconnected records that a new stream to the service opened: the last acknowledged report is pending
-// again, unless a newer one already is. It keeps its incarnation, sequence and Node object; a fresh observed
+// again, unless a newer one already is. A report in flight meanwhile is sent again after its
+// acknowledgement. It keeps its incarnation, sequence and Node object; a fresh observed
 // time keeps an older replica (which orders by it) from taking it for stale.
 func (o *Outbox) Reconnected() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.pending != nil || o.last == nil {
+	if o.pending != nil {
+		o.resend = o.out
+		return
+	}
+	o.requeueLast()
+}
+
+// requeueLast makes the last acknowledged report pending again; o.mu is held.
+func (o *Outbox) requeueLast() {
+	if o.last == nil {
 		return
 	}
 	resend := proto.Clone(o.last).(*dkcv1.ReportStatusRequest)

@@ -7,6 +7,12 @@
 // Everything it decides from survives a restart of the sidecar: the checkpoint store, the kubelet env file
 // and a small state file (trial start, configs that failed to run, the kubelet's flags). A sidecar restart
 // alone therefore never restarts the kubelet.
+//
+// The files say what they own: agent.go the loop (Init, Run, Apply); assign.go checkpointing what the service
+// assigns; decide.go the rollback rules as pure decisions, and the Phase and Outcome they speak in
+// (docs/design.md, "The rollback rules"); reconcile.go carrying a round's decisions out; restart.go making the
+// kubelet run a config and judging the outcome; trial.go promotion to last-known-good; report.go the status;
+// phase.go recording the phase; kubeletflags.go the kubelet's command line; state.go the state file.
 package agent
 
 import (

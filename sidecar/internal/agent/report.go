@@ -28,7 +28,7 @@ func (a *Agent) report() {
 		// with the kubelet stopped or its flags unknown): the service writes an absent active as local, which
 		// may be false. Report nothing until it is known; the Node keeps what it showed. An error is reported
 		// all the same (active then shows local): the operator must see why the node is stuck.
-		a.log.Info("not reporting status until the kubelet's active config is known")
+		a.log.Debug("not reporting status until the kubelet's active config is known")
 		return
 	}
 	if a.reporter != nil {

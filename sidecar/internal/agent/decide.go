@@ -244,7 +244,9 @@ func (r *round) next() decision {
 // running is the phase of a node whose kubelet runs slot s's config, healthy.
 func (r *round) running(s slot) Phase {
 	switch {
-	case s == slotAssigned && nodeconfig.SameSource(r.assigned, r.lkg):
+	case s != slotLocal && r.assigned != nil && nodeconfig.SameSource(r.assigned, r.lkg):
+		// Also last-known-good run in its own slot: the assigned config's check failed for no fault of
+		// its own (the helper), and the same config ran as the fallback.
 		return PhaseGood
 	case s == slotAssigned:
 		return PhaseTrial

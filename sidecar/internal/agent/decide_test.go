@@ -44,6 +44,8 @@ func TestRollbackRules(t *testing.T) {
 		{"assigned does not load: last-known-good", "A L", "check A:load", "check A, check L, run L", PhaseRolledBack, nodeconfig.LoadError, false},
 		{"assigned does not validate: last-known-good", "A L", "check A:validate", "check A, check L, run L", PhaseRolledBack, nodeconfig.ValidateError, false},
 		{"assigned not checked (helper failed): last-known-good, retried", "A L", "check A:internal", "check A, check L, run L", PhaseRolledBack, nodeconfig.InternalError, true},
+		{"assigned is last-known-good, its check failed (helper): the same config as the fallback", "A=L", "check A:internal",
+			"check A, check L, run L", PhaseGood, nodeconfig.InternalError, true},
 		{"assigned does not validate, no last-known-good: local", "A", "check A:validate", "check A, check local, run local", PhaseLocalFallback, nodeconfig.ValidateError, false},
 
 		// Restart outcomes.

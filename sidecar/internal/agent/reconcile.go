@@ -128,7 +128,7 @@ func (a *Agent) finish(r round, d decision) {
 	if d.activeUnknown {
 		a.activeKnown = false // what runs now is unknown until a round proves it through /configz
 	}
-	if d.healthy && d.slot == slotAssigned {
+	if d.healthy && r.assigned != nil && d.slot != slotLocal && nodeconfig.SameSource(r.source(d.slot), r.assigned) {
 		if a.state.startTrial(r.assigned, a.clock.Now()) {
 			a.state.s.Phase = string(d.phase) // saved with the trial start: one write
 			if err := a.state.save(); err != nil {

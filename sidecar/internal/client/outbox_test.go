@@ -39,6 +39,9 @@ func TestOutbox(t *testing.T) {
 		{"the same content about another object is sent after the first's ack",
 			"follow:u1 status:x send follow:u2 status:x ack", "x#2@u2"},
 		{"a lost ack: the report is sent again", "status:a send send", "a#1@"},
+		{"a stream opened while a report was in flight: sent again after its ack", "status:a send reconnect ack", "a#1@"},
+		{"... unless it was sent again over the new stream", "status:a send reconnect send ack", "-"},
+		{"a stream opened before the report was handed out: no resend", "status:a reconnect send ack", "-"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := NewOutbox(OutboxConfig{Node: "n1", Incarnation: 7, Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0))})

@@ -60,3 +60,28 @@ func TestPhaseIsSavedAndExported(t *testing.T) {
 	n.agent.reconcile(context.Background())
 	check(PhaseLocal)
 }
+
+// TestStateFileWithoutPhase: a state file written by an older sidecar (no phase) loads as Unknown and keeps
+// everything else; the next round records the phase beside the older fields.
+func TestStateFileWithoutPhase(t *testing.T) {
+	n := newNode(t)
+	older := `{"kubeletFlags":[],"active":{},"incarnation":3,"nodeUID":"uid-1"}`
+	if err := os.WriteFile(filepath.Join(n.dir, StateFileName), []byte(older), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.start()
+	if n.agent.phase != PhaseLocal {
+		t.Errorf("phase %s after the first round, want %s", n.agent.phase, PhaseLocal)
+	}
+	if n.agent.nodeUID != "uid-1" || n.agent.state.s.Incarnation != 3 {
+		t.Errorf("older fields lost: nodeUID %q, incarnation %d", n.agent.nodeUID, n.agent.state.s.Incarnation)
+	}
+	raw, err := os.ReadFile(filepath.Join(n.dir, StateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var saved map[string]any
+	if err := json.Unmarshal(raw, &saved); err != nil || saved["phase"] != string(PhaseLocal) || saved["nodeUID"] != "uid-1" {
+		t.Errorf("state file %s: want phase %s beside the older fields", raw, PhaseLocal)
+	}
+}

@@ -12,6 +12,7 @@ type Metrics struct {
 	assigned, active, lkg *prometheus.GaugeVec
 	errorGauge            prometheus.Gauge
 	restarts              prometheus.Counter
+	phase                 *prometheus.GaugeVec
 }
 
 var sourceLabels = []string{"node_config_source", "node_config_uid", "node_config_resource_version", "node_config_kubelet_key"}
@@ -29,8 +30,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 when the node's config status has an error, else 0."}),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Name: "sidecar_kubelet_restarts_total",
 			Help: "Kubelet restarts the sidecar performed to change the config."}),
+		phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Name: "sidecar_phase",
+			Help: "Where the node stands in the rollback rules (docs/design.md): 1 on the current phase, 0 on the others."}, []string{"phase"}),
 	}
-	reg.MustRegister(m.assigned, m.active, m.lkg, m.errorGauge, m.restarts)
+	reg.MustRegister(m.assigned, m.active, m.lkg, m.errorGauge, m.restarts, m.phase)
 	return m
 }
 
@@ -65,5 +68,18 @@ func (m *Metrics) set(st *dkcv1.NodeConfigStatus) {
 func (m *Metrics) restarted() {
 	if m != nil {
 		m.restarts.Inc()
+	}
+}
+
+func (m *Metrics) setPhase(p Phase) {
+	if m == nil {
+		return
+	}
+	for _, q := range Phases {
+		v := 0.0
+		if q == p {
+			v = 1
+		}
+		m.phase.WithLabelValues(string(q)).Set(v)
 	}
 }

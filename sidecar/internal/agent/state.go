@@ -38,6 +38,9 @@ type persisted struct {
 	// reports name it, so that the service drops them if that Node was deleted and registered again
 	// meanwhile, instead of showing the old object's assignment on the new one.
 	NodeUID string `json:"nodeUID,omitempty"`
+	// Phase is where the node stood in the rollback rules when it last changed (a Phase); absent in the
+	// files of older sidecars, which read past it.
+	Phase string `json:"phase,omitempty"`
 }
 
 // NextIncarnation records and returns this start's incarnation: one more than the last start's, or the

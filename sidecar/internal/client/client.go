@@ -18,8 +18,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
@@ -75,28 +73,19 @@ type Client struct {
 	rpc       dkcv1.ConfigServiceClient
 	log       *zap.Logger
 	backoff   Backoff
-	// incarnation of this sidecar start; sequence numbers its reports (see WithIncarnation).
+	// incarnation of this sidecar start; the outbox numbers its reports (see WithIncarnation).
 	incarnation uint64
+	// outbox holds the reports to deliver; RunReporter moves them, Watch tells it of each new stream.
+	outbox *Outbox
 
-	mu       sync.Mutex
-	sequence uint64
-	pending  *dkcv1.ReportStatusRequest // latest unacknowledged report
-	// restarts not yet acknowledged, oldest first. A report carries one restart (one Event); the head rides
-	// on every report until acknowledged, then the next one does, so none is lost while the service is away.
-	restarts []*dkcv1.KubeletRestart
+	mu sync.Mutex
 	// syncError is the service's sync error last received: what the node holds, sent when resuming so
 	// that a replica whose state has no error (any more) says so.
 	syncError string
-	// nodeUID is the Node object the agent's state follows from (Follow): reports name it, so that the
-	// service does not write them onto a Node registered again under the node's name.
-	nodeUID string
 	// kubeletVersion is the node's kubelet version the service last sent; resuming, the service sends the
 	// state again when the Node says otherwise.
 	kubeletVersion string
 	wake           chan struct{}
-	// connected is closed-and-replaced on each new stream, so the reporter re-sends after a reconnect (the
-	// service may be a new replica that knows nothing of this node).
-	connected chan struct{}
 }
 
 // Option configures a Client.
@@ -124,10 +113,11 @@ func New(conn grpc.ClientConnInterface, cfg Config, opts ...Option) *Client {
 		cfg.Log = zap.NewNop()
 	}
 	c := &Client{node: cfg.Node, tokenFile: cfg.TokenFile, rpc: dkcv1.NewConfigServiceClient(conn), log: cfg.Log, backoff: cfg.Backoff,
-		wake: make(chan struct{}, 1), connected: make(chan struct{})}
+		wake: make(chan struct{}, 1)}
 	for _, o := range opts {
 		o(c)
 	}
+	c.outbox = NewOutbox(OutboxConfig{Node: cfg.Node, Incarnation: c.incarnation, Log: cfg.Log})
 	return c
 }
 
@@ -173,7 +163,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	sctx, cancel := context.WithCancel(actx)
 	defer cancel()
 	c.mu.Lock()
-	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError, NodeUid: c.nodeUID, FollowsNodeUid: true,
+	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError, NodeUid: c.outbox.NodeUID(), FollowsNodeUid: true,
 		KubeletVersion: c.kubeletVersion}
 	c.mu.Unlock()
 	stream, err := c.rpc.WatchConfig(sctx, req)
@@ -184,11 +174,10 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	if _, err := stream.Header(); err != nil {
 		return false, err
 	}
-	c.log.Info("config stream open")
-	c.mu.Lock()
-	close(c.connected)
-	c.connected = make(chan struct{})
-	c.mu.Unlock()
+	c.log.Debug("config stream open")
+	// A new stream: the service replica may never have heard of this node.
+	c.outbox.Reconnected()
+	c.poke()
 	received := false
 	for {
 		resp, err := stream.Recv()
@@ -222,43 +211,19 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	}
 }
 
-// MaxPendingRestarts bounds the restarts kept for delivery while the service is unreachable. Restarts are
-// seconds apart at the least (each waits for the kubelet's health), so this covers a long outage; beyond
-// it the oldest are dropped, with a log line each: their Events are history, the status is what matters.
-const MaxPendingRestarts = 32
-
-// Report is the agent's Reporter: it records the status to send and queues the restart; Run delivers them.
+// Report is the agent's Reporter: it puts the status, and the restart, in the outbox; RunReporter delivers
+// them.
 func (c *Client) Report(st *dkcv1.NodeConfigStatus, message string, restart *dkcv1.KubeletRestart) {
-	c.mu.Lock()
-	if restart != nil {
-		if len(c.restarts) == MaxPendingRestarts {
-			c.log.Warn("too many unacknowledged kubelet restarts; dropping the oldest, its event is lost",
-				zap.String("restartID", c.restarts[0].GetId()), zap.Int("max", MaxPendingRestarts))
-			c.restarts = c.restarts[1:]
-		}
-		c.restarts = append(c.restarts, restart)
-	}
-	c.pending = c.newRequest(st, message)
-	c.mu.Unlock()
+	c.outbox.Enqueue(st, message, restart)
 	c.poke()
 }
 
 // Follow is the agent's word that the statuses it reports from now on follow from the state the service
 // resolved from Node object nodeUID (WatchConfigResponse.node_uid). Reports made before keep the object
 // they were made for, also when re-sent after a reconnect: if that Node was deleted and registered again,
-// the service drops them instead of showing the old object's assignment on the new one.
-func (c *Client) Follow(nodeUID string) {
-	c.mu.Lock()
-	c.nodeUID = nodeUID
-	c.mu.Unlock()
-}
-
-// newRequest numbers a new status; c.mu is held.
-func (c *Client) newRequest(st *dkcv1.NodeConfigStatus, message string) *dkcv1.ReportStatusRequest {
-	c.sequence++
-	return &dkcv1.ReportStatusRequest{NodeName: c.node, Status: st, Message: message, ObservedTime: timestamppb.Now(),
-		Incarnation: c.incarnation, Sequence: c.sequence, NodeUid: c.nodeUID}
-}
+// the service drops them instead of showing the old object's assignment on the new one. Each new stream
+// names it too.
+func (c *Client) Follow(nodeUID string) { c.outbox.Follow(nodeUID) }
 
 // poke wakes the reporter.
 func (c *Client) poke() {
@@ -268,65 +233,34 @@ func (c *Client) poke() {
 	}
 }
 
-// RunReporter sends the latest report until acknowledged, with backoff, until ctx ends; after every
-// reconnect of the stream it sends the latest status again.
+// RunReporter sends the outbox's report until acknowledged, with backoff, until ctx ends.
 func (c *Client) RunReporter(ctx context.Context) error {
-	var last *dkcv1.ReportStatusRequest
 	var delay time.Duration
 	for {
-		c.mu.Lock()
-		req := c.pending
-		var restart *dkcv1.KubeletRestart
-		if len(c.restarts) > 0 {
-			restart = c.restarts[0]
-		}
-		connected := c.connected
-		c.mu.Unlock()
-		if req != nil {
-			req = proto.Clone(req).(*dkcv1.ReportStatusRequest)
-			req.Restart = restart
-			err := c.send(ctx, req)
-			if err == nil {
-				delay = 0
-				c.mu.Lock()
-				if restart != nil && len(c.restarts) > 0 && c.restarts[0] == restart {
-					c.restarts = c.restarts[1:]
-				}
-				// The report stays pending while restarts wait: the next one rides on it. A newer report (another
-				// sequence number: also one with the same status about another Node object) stays to be sent.
-				if len(c.restarts) == 0 && c.pending != nil && c.pending.GetSequence() == req.GetSequence() && c.pending.GetNodeUid() == req.GetNodeUid() {
-					last, c.pending = c.pending, nil
-				}
-				c.mu.Unlock()
-				continue
-			}
-			if ctx.Err() != nil {
-				return nil
-			}
-			delay = c.backoff.next(delay)
-			c.log.Warn("status report failed; retrying", zap.Error(err), zap.Duration("in", delay))
+		req := c.outbox.Next()
+		if req == nil {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(jitter(delay)):
+			case <-c.wake:
 			}
 			continue
 		}
+		err := c.send(ctx, req)
+		if err == nil {
+			delay = 0
+			c.outbox.Ack(req)
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		delay = c.backoff.next(delay)
+		c.log.Warn("status report failed; retrying", zap.Error(err), zap.Duration("in", delay))
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-c.wake:
-		case <-connected:
-			// A new stream: the service replica may never have heard of us.
-			c.mu.Lock()
-			if c.pending == nil && last != nil {
-				// The same report, so the same incarnation and sequence; a fresh observed time keeps an
-				// older replica (which orders by it) from taking it for stale.
-				resend := proto.Clone(last).(*dkcv1.ReportStatusRequest)
-				resend.ObservedTime = timestamppb.Now()
-				c.pending = resend
-			}
-			c.mu.Unlock()
+		case <-time.After(jitter(delay)):
 		}
 	}
 }
@@ -341,6 +275,7 @@ func (c *Client) send(ctx context.Context, req *dkcv1.ReportStatusRequest) error
 	if _, err := c.rpc.ReportStatus(cctx, req); err != nil {
 		return err
 	}
-	c.log.Info("status reported", zap.String("error", req.GetStatus().GetError()), zap.Bool("restart", req.GetRestart() != nil))
+	c.log.Debug("status reported", zap.String("error", req.GetStatus().GetError()), zap.Bool("restart", req.GetRestart() != nil),
+		zap.Uint64("incarnation", req.GetIncarnation()), zap.Uint64("sequence", req.GetSequence()))
 	return nil
 }

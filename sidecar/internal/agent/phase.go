@@ -1,0 +1,52 @@
+package agent
+
+import (
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// loadPhase takes the phase the state file recorded (empty in files of older sidecars: unknown).
+func (a *Agent) loadPhase() {
+	a.phase = PhaseUnknown
+	for _, p := range Phases {
+		if string(p) == a.state.s.Phase {
+			a.phase = p
+		}
+	}
+	a.metrics.setPhase(a.phase)
+	if a.phase != PhaseUnknown {
+		a.log.Info("resuming", zap.Stringer("phase", a.phase))
+	}
+}
+
+// setPhase records the round's phase: in memory, in the metric, and in the state file when it changed. It
+// logs one line per outcome — a new phase, target or error — at Info, as the node's record of what each
+// assignment came to; rounds that change nothing stay quiet.
+func (a *Agent) setPhase(p Phase, target *corev1.NodeConfigSource) {
+	errText, _ := statusError(a.syncError, a.localSyncError, a.localSyncWhy, a.configError, a.detail)
+	key := string(p) + "\x00" + sourceKey(target) + "\x00" + string(errText)
+	if key != a.outcome {
+		a.outcome = key
+		a.log.Info("kubelet config outcome", append(sourceFields(target), zap.Stringer("phase", p), zap.Stringer("was", a.phase),
+			zap.Stringer("error", errText))...)
+	}
+	a.phase = p
+	a.metrics.setPhase(p)
+	if a.state.s.Phase != string(p) {
+		a.state.s.Phase = string(p)
+		if err := a.state.save(); err != nil {
+			// Only what a restarted sidecar logs first depends on it.
+			a.log.Warn("persist phase", zap.Stringer("phase", p), zap.Error(err))
+		}
+	}
+}
+
+func (p Phase) String() string { return string(p) }
+
+func sourceKey(src *corev1.NodeConfigSource) string {
+	if src == nil || src.ConfigMap == nil {
+		return "local"
+	}
+	cm := src.ConfigMap
+	return cm.Namespace + "/" + cm.Name + "/" + string(cm.UID) + "/" + cm.ResourceVersion + "/" + cm.KubeletConfigKey
+}

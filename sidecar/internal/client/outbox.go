@@ -1,0 +1,175 @@
+package client
+
+import (
+	"sync"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/utils/clock"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+)
+
+// MaxPendingRestarts bounds the restarts kept for delivery while the service is unreachable. Restarts are
+// seconds apart at the least (each waits for the kubelet's health), so this covers a long outage; beyond
+// it the oldest are dropped, with a log line each: their Events are history, the status is what matters.
+const MaxPendingRestarts = 32
+
+// Outbox is the sidecar's side of the status report protocol (docs/design.md, "The status report
+// protocol"): what is to be sent to the config service, and what an acknowledgement or a new stream changes.
+// It does no I/O and reads no time but through its clock, so the protocol can be checked without a network;
+// the Client's reporter moves its reports over gRPC. Safe for concurrent use.
+//
+//   - Enqueue numbers a new status (incarnation, sequence), stamps it with the Node object followed, and
+//     queues its restart, if any, behind those not yet acknowledged.
+//   - Next is the report to send now: the latest status, carrying the oldest unacknowledged restart.
+//   - Ack says the service acknowledged a report Next returned: its restart is delivered, and once no
+//     restart waits and no newer status was enqueued, nothing is pending.
+//   - Reconnected says a new WatchConfig stream opened: the service replica may be one that never heard of
+//     this node (or dropped a held report when the node moved), so the last acknowledged report becomes
+//     pending again, with its numbers.
+type Outbox struct {
+	node        string
+	incarnation uint64
+	clock       clock.PassiveClock
+	log         *zap.Logger
+
+	mu       sync.Mutex
+	sequence uint64
+	nodeUID  string
+	pending  *dkcv1.ReportStatusRequest // latest unacknowledged status
+	// restarts not yet acknowledged, oldest first. A report carries one restart (one Event); the head rides
+	// on every report until acknowledged, then the next one does, so none is lost while the service is away.
+	restarts []*dkcv1.KubeletRestart
+	last     *dkcv1.ReportStatusRequest // the last report acknowledged in full
+	// out: Next handed out the pending report and no Next came since (it is in flight, or failed).
+	// resend: a stream opened while it was out. Its acknowledgement may then come from the replica the
+	// node left, which drops a held report once the node streams elsewhere; so the report is sent again
+	// once acknowledged, as if the stream had opened after.
+	out, resend bool
+}
+
+// OutboxConfig configures an Outbox.
+type OutboxConfig struct {
+	// Node is the node's name, sent in every report.
+	Node string
+	// Incarnation of this sidecar start (agent.NextIncarnation); 0 sends reports ordered only by their
+	// observed time, as older sidecars did.
+	Incarnation uint64
+	// Clock stamps observed times; nil is the real clock.
+	Clock clock.PassiveClock
+	// Log may be nil.
+	Log *zap.Logger
+}
+
+// NewOutbox returns an empty outbox.
+func NewOutbox(cfg OutboxConfig) *Outbox {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	return &Outbox{node: cfg.Node, incarnation: cfg.Incarnation, clock: cfg.Clock, log: cfg.Log}
+}
+
+// Follow says that the statuses enqueued from now on are about Node object nodeUID. Reports enqueued before
+// keep the object they were made for, also when sent again after a reconnect.
+func (o *Outbox) Follow(nodeUID string) {
+	o.mu.Lock()
+	o.nodeUID = nodeUID
+	o.mu.Unlock()
+}
+
+// NodeUID is the Node object followed last.
+func (o *Outbox) NodeUID() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.nodeUID
+}
+
+// Enqueue records the node's latest status, replacing one not yet acknowledged, and queues restart, if not
+// nil, behind the restarts not yet acknowledged.
+func (o *Outbox) Enqueue(st *dkcv1.NodeConfigStatus, message string, restart *dkcv1.KubeletRestart) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if restart != nil {
+		if len(o.restarts) == MaxPendingRestarts {
+			o.log.Warn("too many unacknowledged kubelet restarts; dropping the oldest, its event is lost",
+				zap.String("restartID", o.restarts[0].GetId()), zap.Int("max", MaxPendingRestarts))
+			o.restarts = o.restarts[1:]
+		}
+		o.restarts = append(o.restarts, restart)
+	}
+	o.sequence++
+	o.pending = &dkcv1.ReportStatusRequest{NodeName: o.node, Status: st, Message: message, ObservedTime: timestamppb.New(o.clock.Now()),
+		Incarnation: o.incarnation, Sequence: o.sequence, NodeUid: o.nodeUID}
+}
+
+// Next returns the report to send now, nil when nothing is pending. The caller owns the copy it gets and
+// hands it back to Ack once acknowledged.
+func (o *Outbox) Next() *dkcv1.ReportStatusRequest {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.pending == nil {
+		return nil
+	}
+	// Sent now, over the stream there is now: a reconnect before this needs no resend.
+	o.out, o.resend = true, false
+	req := proto.Clone(o.pending).(*dkcv1.ReportStatusRequest)
+	if len(o.restarts) > 0 {
+		req.Restart = o.restarts[0]
+	}
+	return req
+}
+
+// Ack records that the service acknowledged req (a report Next returned): its restart's Event is recorded,
+// and its status is on the Node or queued there. The status stays pending while restarts wait (the next one
+// rides on it) and when a newer status was enqueued meanwhile — also one with the same content about
+// another Node object, which req's acknowledgement says nothing about.
+func (o *Outbox) Ack(req *dkcv1.ReportStatusRequest) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if r := req.GetRestart(); r != nil && len(o.restarts) > 0 && o.restarts[0] == r {
+		o.restarts = o.restarts[1:]
+	}
+	if len(o.restarts) == 0 && o.pending != nil && o.pending.GetSequence() == req.GetSequence() && o.pending.GetNodeUid() == req.GetNodeUid() {
+		o.last, o.pending, o.out = o.pending, nil, false
+		if o.resend {
+			o.resend = false
+			o.requeueLast()
+		}
+	}
+}
+
+// Reconnected records that a new stream to the service opened: the last acknowledged report is pending
+// again, unless a newer one already is. A report in flight meanwhile is sent again after its
+// acknowledgement. It keeps its incarnation, sequence and Node object; a fresh observed
+// time keeps an older replica (which orders by it) from taking it for stale.
+func (o *Outbox) Reconnected() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.pending != nil {
+		o.resend = o.out
+		return
+	}
+	o.requeueLast()
+}
+
+// requeueLast makes the last acknowledged report pending again; o.mu is held.
+func (o *Outbox) requeueLast() {
+	if o.last == nil {
+		return
+	}
+	resend := proto.Clone(o.last).(*dkcv1.ReportStatusRequest)
+	resend.ObservedTime = timestamppb.New(o.clock.Now())
+	o.pending = resend
+}
+
+// Pending says whether a report waits to be sent or acknowledged.
+func (o *Outbox) Pending() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.pending != nil
+}

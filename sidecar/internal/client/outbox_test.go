@@ -1,0 +1,106 @@
+package client
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+)
+
+// TestOutbox drives an outbox through the protocol's steps, each row a script of operations, and checks
+// what Next would send after it: "-" for nothing, else "<error>#<sequence>@<node uid>+<restart id>".
+//
+// Operations: "follow:U" (Follow), "status:E" (Enqueue a status with error E), "restart:E:R" (Enqueue with
+// restart R), "send" (Next, remembered as in flight), "ack" (Ack of the report in flight), "reconnect".
+func TestOutbox(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		script string
+		want   string
+	}{
+		{"nothing enqueued", "", "-"},
+		{"a status is sent", "status:a", "a#1@"},
+		{"acknowledged, nothing more", "status:a send ack", "-"},
+		{"a newer status replaces one not sent", "status:a status:b", "b#2@"},
+		{"a status enqueued while one is in flight stays after its ack", "status:a send status:b ack", "b#2@"},
+		{"the last acknowledged is re-sent after a reconnect, same number", "status:a send ack reconnect", "a#1@"},
+		{"a pending one is not replaced by a reconnect", "status:a send ack status:b reconnect", "b#2@"},
+		{"nothing was ever acknowledged: a reconnect sends nothing", "reconnect", "-"},
+		{"a restart rides on the status", "restart:a:r1", "a#1@+r1"},
+		{"restarts go one per report, oldest first, on the latest status", "restart:a:r1 restart:b:r2 send ack", "b#2@+r2"},
+		{"the status stays pending until the last restart is acknowledged", "restart:a:r1 restart:a:r2 send ack send ack", "-"},
+		{"an ack of an older report leaves the restart it did not carry", "restart:a:r1 send restart:b:r2 ack", "b#2@+r2"},
+		{"reports name the Node object followed when they were made", "follow:u1 status:a follow:u2", "a#1@u1"},
+		{"re-sent after a reconnect, still the object it was made for", "follow:u1 status:a send ack follow:u2 reconnect", "a#1@u1"},
+		{"the same content about another object is sent after the first's ack",
+			"follow:u1 status:x send follow:u2 status:x ack", "x#2@u2"},
+		{"a lost ack: the report is sent again", "status:a send send", "a#1@"},
+		{"a stream opened while a report was in flight: sent again after its ack", "status:a send reconnect ack", "a#1@"},
+		{"... unless it was sent again over the new stream", "status:a send reconnect send ack", "-"},
+		{"a stream opened before the report was handed out: no resend", "status:a reconnect send ack", "-"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := NewOutbox(OutboxConfig{Node: "n1", Incarnation: 7, Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0))})
+			var inFlight *dkcv1.ReportStatusRequest
+			for _, op := range strings.Fields(tc.script) {
+				f := strings.Split(op, ":")
+				switch f[0] {
+				case "follow":
+					o.Follow(f[1])
+				case "status":
+					o.Enqueue(&dkcv1.NodeConfigStatus{Error: f[1]}, "", nil)
+				case "restart":
+					o.Enqueue(&dkcv1.NodeConfigStatus{Error: f[1]}, "", &dkcv1.KubeletRestart{Id: f[2]})
+				case "send":
+					inFlight = o.Next()
+				case "ack":
+					o.Ack(inFlight)
+				case "reconnect":
+					o.Reconnected()
+				default:
+					t.Fatalf("unknown operation %q", op)
+				}
+			}
+			got := "-"
+			if r := o.Next(); r != nil {
+				got = fmt.Sprintf("%s#%d@%s", r.GetStatus().GetError(), r.GetSequence(), r.GetNodeUid())
+				if id := r.GetRestart().GetId(); id != "" {
+					got += "+" + id
+				}
+				if r.GetIncarnation() != 7 || r.GetNodeName() != "n1" {
+					t.Errorf("report of node %q incarnation %d, want n1 and 7", r.GetNodeName(), r.GetIncarnation())
+				}
+			}
+			if got != tc.want {
+				t.Errorf("after %q Next is %s, want %s", tc.script, got, tc.want)
+			}
+			if o.Pending() != (got != "-") {
+				t.Errorf("Pending() = %v with Next %s", o.Pending(), got)
+			}
+		})
+	}
+}
+
+// TestOutboxResendIsFresh: a report re-sent after a reconnect carries a new observed time (older replicas
+// order by it), and Next hands out copies: what the caller does with one does not change the outbox.
+func TestOutboxResendIsFresh(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
+	o := NewOutbox(OutboxConfig{Node: "n1", Clock: clk})
+	o.Enqueue(&dkcv1.NodeConfigStatus{Error: "a"}, "", nil)
+	r := o.Next()
+	r.Sequence = 99
+	o.Ack(o.Next())
+	clk.SetTime(time.Unix(2000, 0))
+	o.Reconnected()
+	again := o.Next()
+	if again.GetSequence() != 1 {
+		t.Errorf("re-sent report has sequence %d, want 1", again.GetSequence())
+	}
+	if got := again.GetObservedTime().AsTime().Unix(); got != 2000 {
+		t.Errorf("re-sent report observed at %d, want 2000 (the reconnect)", got)
+	}
+}

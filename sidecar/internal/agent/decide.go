@@ -171,6 +171,18 @@ func (r *round) source(s slot) *corev1.NodeConfigSource {
 	}
 }
 
+// markFailed records that slot s's config failed to run, in every slot that holds the same config: when
+// the assigned config is also last-known-good, rolling back to "last-known-good" would restart the kubelet
+// into the config that just failed (a second restart and Event, and a node left on a config marked failed).
+func (r *round) markFailed(s slot, why string) {
+	failed := r.source(s)
+	for x := slotAssigned; x < slotLocal; x++ {
+		if src := r.source(x); src != nil && nodeconfig.SameSource(src, failed) {
+			r.failed[x] = why
+		}
+	}
+}
+
 // next decides the round's next step: try assigned, then last-known-good, then local; skip a config that
 // failed to run before or does not check; run the first usable one; blame it only for a config fault.
 func (r *round) next() decision {
@@ -220,12 +232,14 @@ func (r *round) next() decision {
 		case OutcomeHealthy:
 			d.healthy, d.phase = true, r.running(s)
 		case OutcomeConfigFault:
+			// The detail (ConfigOK's cause, the saved failure) reads as it always has.
+			why := "kubelet not healthy with config: " + ran.err.Error()
 			if s == slotLocal {
 				// Nothing left to roll back to; no more restarts.
-				d.status, d.detail, d.phase = nodeconfig.HealthError, "local config: "+ran.err.Error(), PhaseFailed
+				d.status, d.detail, d.phase = nodeconfig.HealthError, "local config: "+why, PhaseFailed
 				return d
 			}
-			d.action, d.detail = actMarkFailed, ran.err.Error()
+			d.action, d.detail = actMarkFailed, why
 		case OutcomeUnverifiable:
 			d.status, d.detail, d.retry, d.activeUnknown, d.phase = nodeconfig.VerifyError, ran.err.Error(), true, true, PhaseRetrying
 			if errors.Is(ran.err, probe.ErrNoAnswer) {

@@ -51,6 +51,8 @@ func TestRollbackRules(t *testing.T) {
 		// Restart outcomes.
 		{"assigned runs unhealthy: marked failed, rolled back", "A L", "run A:fault",
 			"check A, run A, mark A failed, check L, run L", PhaseRolledBack, nodeconfig.HealthError, false},
+		{"assigned is last-known-good and runs unhealthy: local, not the same config again", "A=L", "run A:fault",
+			"check A, run A, mark A failed, check local, run local", PhaseLocalFallback, nodeconfig.HealthError, false},
 		{"assigned and last-known-good run unhealthy: local", "A L", "run A:fault run L:fault",
 			"check A, run A, mark A failed, check L, run L, mark L failed, check local, run local", PhaseLocalFallback, nodeconfig.HealthError, false},
 		{"all three run unhealthy: stop restarting", "A L", "run A:fault run L:fault run local:fault",
@@ -96,7 +98,7 @@ func TestRollbackRules(t *testing.T) {
 					r.ran[d.slot] = &o
 				case actMarkFailed:
 					steps = append(steps, "mark "+name+" failed")
-					r.failed[d.slot] = d.detail
+					r.markFailed(d.slot, d.detail)
 				}
 			}
 			if got := strings.Join(steps, ", "); got != tc.steps {

@@ -111,7 +111,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 			if err := a.state.save(); err != nil {
 				a.log.Error("persist failed config", zap.Error(err))
 			}
-			r.failed[d.slot] = d.detail
+			r.markFailed(d.slot, d.detail)
 		case actDone:
 			a.finish(r, d)
 			return

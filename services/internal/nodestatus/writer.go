@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"sync"
 	"time"
 
@@ -580,9 +581,18 @@ func upToDate(node *corev1.Node, annotation string, status *corev1.NodeConfigSta
 	return false
 }
 
+// namespaceLifecycleNotReady is how a kube-apiserver that has just started refuses a create in any
+// namespace until its NamespaceLifecycle admission has synced: a 403 that is over in a second or two, not a
+// refusal of the Event (k8s.io/apiserver, plugin/namespace/lifecycle). Taken for one, it dropped the Event
+// of a restart made while the apiserver restarted (TestFaultsDuringRollouts, once on a new machine).
+const namespaceLifecycleNotReady = "not yet ready to handle request"
+
 // eventRefused says whether the apiserver refused an Event for good (quota, admission, validation): retrying
 // the same Event cannot help. Anything else (timeouts, throttling, server errors, the connection) may.
 func eventRefused(err error) bool {
+	if apierrors.IsForbidden(err) && strings.Contains(err.Error(), namespaceLifecycleNotReady) {
+		return false
+	}
 	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
 		apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err)
 }

@@ -438,3 +438,27 @@ func TestRestartInProgressWaitsForItsOutcome(t *testing.T) {
 		})
 	}
 }
+
+// TestEventRefused: a refusal for good drops a restart's Event; a starting apiserver's NamespaceLifecycle
+// 403 ("not yet ready to handle request") is over in seconds, so the Event is retried, not dropped.
+func TestEventRefused(t *testing.T) {
+	events := schema.GroupResource{Resource: "events"}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"quota", apierrors.NewForbidden(events, "node-1.r1", errors.New(`exceeded quota: events, requested: count/events=1`)), true},
+		{"a starting apiserver's namespace lifecycle", apierrors.NewForbidden(events, "node-1.r1", errors.New("not yet ready to handle request")), false},
+		{"invalid", apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, "node-1.r1", nil), true},
+		{"throttled", apierrors.NewTooManyRequests("slow down", 1), false},
+		{"server error", apierrors.NewInternalError(errors.New("etcd")), false},
+		{"the connection", errors.New("connection refused"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := eventRefused(tc.err); got != tc.want {
+				t.Errorf("eventRefused(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -35,6 +36,9 @@ func TestSidecarPodsHoldOnlyWhatTheyNeed(t *testing.T) {
 			if v.HostPath != nil {
 				hostPaths[v.Name] = v.HostPath.Path
 			}
+		}
+		if sc := p.Spec.SecurityContext; sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("%s: pod seccomp profile %+v, want RuntimeDefault", where, sc)
 		}
 		if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Name != "install-kubelet-dropin" {
 			t.Errorf("%s: init containers %v, want install-kubelet-dropin alone", where, names(p.Spec.InitContainers))
@@ -78,4 +82,16 @@ func names(cs []corev1.Container) []string {
 		out = append(out, c.Name)
 	}
 	return out
+}
+
+// TestServerPDBLetsDrainsEvictUnhealthyReplicas: the PodDisruptionBudget as the apiserver kept it lets a
+// drain evict a dkc-server replica that is not Ready, so a crash-looping replica never blocks node drains.
+func TestServerPDBLetsDrainsEvictUnhealthyReplicas(t *testing.T) {
+	pdb, err := admin(t).PolicyV1().PodDisruptionBudgets("kube-system").Get(ctxFor(t), "dkc-server", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := pdb.Spec.UnhealthyPodEvictionPolicy; p == nil || *p != policyv1.AlwaysAllow {
+		t.Errorf("PodDisruptionBudget dkc-server: unhealthyPodEvictionPolicy %v, want AlwaysAllow", p)
+	}
 }

@@ -113,14 +113,7 @@ func TestControlPlaneVersions(t *testing.T) {
 
 // TestKubeModulesPinTheirMinor checks that each row of kubeModule builds the release it is named after.
 func TestKubeModulesPinTheirMinor(t *testing.T) {
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := RepoRoot(wd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := repoRoot(t)
 	for minor, mod := range kubeModule {
 		v, err := requiredVersion(filepath.Join(root, mod.dir, "go.mod"), "k8s.io/kubernetes")
 		if err != nil {
@@ -166,14 +159,7 @@ func TestKubeletChecks(t *testing.T) {
 // module. A node whose kubelet the dev cluster can run must be validated by the helper of the very same
 // release, and dkc itself links the newest.
 func TestKubeletChecksMatchKubeModules(t *testing.T) {
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := RepoRoot(wd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := repoRoot(t)
 	checkDir := filepath.Join(root, "sidecar", "kubeletcheck")
 	modfiles, err := filepath.Glob(filepath.Join(checkDir, "kube-*.mod"))
 	if err != nil {
@@ -223,14 +209,7 @@ func TestKubeletChecksMatchKubeModules(t *testing.T) {
 // TestDocsNameTheSupportedVersions checks the supported-versions rows of README.md and docs/versions.md
 // against the modules the dev cluster builds, so that neither claims a release that is not tested.
 func TestDocsNameTheSupportedVersions(t *testing.T) {
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := RepoRoot(wd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := repoRoot(t)
 	want := []string{"| " + strings.Join(ControlPlaneVersions(), ", ") + " |", "| " + strings.Join(KubeVersions(), ", ") + " ",
 		"control plane " + DefaultKubeVersion}
 	for _, doc := range []string{"README.md", "docs/versions.md"} {
@@ -254,4 +233,18 @@ func TestDocsNameTheSupportedVersions(t *testing.T) {
 			}
 		}
 	}
+}
+
+// repoRoot is the dkc checkout the test runs in.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := RepoRoot(wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }

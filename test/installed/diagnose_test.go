@@ -15,6 +15,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
 var diagnosed sync.Once
@@ -46,7 +48,7 @@ func diagnoseOnFailure(t *testing.T) {
 func diagnose(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	t.Log("diagnosis at the run's first failure")
+	t.Log(devclustertest.DiagnosisMarker)
 	section := func(title string, lines int, args ...string) {
 		out, err := runKubectl(ctx, append([]string{"--request-timeout=15s"}, args...)...)
 		if err != nil {

@@ -199,7 +199,8 @@ func configzQPS(t *testing.T, node string) float64 {
 	return c.KubeletConfig.EventRecordQPS
 }
 
-// resetAll points every node back at its local config and waits for that, so tests start alike.
+// resetAll points every node back at its local config and waits for that and for a settled cluster, so
+// tests start alike.
 func resetAll(t *testing.T) {
 	t.Helper()
 	for _, n := range nodes {
@@ -208,6 +209,45 @@ func resetAll(t *testing.T) {
 	for _, n := range nodes {
 		waitRunning(t, n, nil, 2*time.Minute)
 	}
+	waitNodesReady(t)
+	waitServerSettled(t)
+}
+
+// waitNodesReady waits until every node is Ready. After an apiserver outage (TestSidecarRestartedDuring-
+// AnAPIServerOutage) the node lifecycle controller has marked the nodes' pods not ready, until their
+// kubelets report again: meanwhile the dkc-server Service has no endpoint, and an assignment is refused by
+// the admission webhook (failurePolicy Fail), which is what the next test would see first.
+func waitNodesReady(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var notReady []string
+		for _, n := range nodes {
+			node, err := admin(t).CoreV1().Nodes().Get(ctxFor(t), n, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !nodeReady(node) {
+				notReady = append(notReady, n)
+			}
+		}
+		if len(notReady) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nodes %v not Ready for 3m", notReady)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func serverPods(t *testing.T) []corev1.Pod {

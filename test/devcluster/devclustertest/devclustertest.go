@@ -104,7 +104,7 @@ func freshDir(name string) (string, error) {
 
 // runAndStop runs the tests against c, then stops c; it returns the exit code.
 func runAndStop(m *testing.M, c *devcluster.Cluster) int {
-	code := m.Run()
+	code := runRecapped(m.Run)
 	if code != 0 {
 		fmt.Fprintf(os.Stderr, "tests failed; logs are in %s (a node's units and pods: %s)\n", c.LogDir(), c.NodeLogDir("<node>"))
 	}

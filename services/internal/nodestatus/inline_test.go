@@ -1,0 +1,150 @@
+package nodestatus
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/internal/assignment"
+)
+
+// TestReportsPastTheInlineBoundAreQueued: with MaxInlineWrites writes waiting on the apiserver, a further
+// report is acknowledged at once without a call to the apiserver, and the queue then writes it and creates
+// its restart's Event — also when the node's stream has left this replica meanwhile (it was acknowledged),
+// and also after a transient Event failure. Several reports of a node queued together cost one write.
+func TestReportsPastTheInlineBoundAreQueued(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		serving       bool
+		eventFailures int
+	}{
+		{"served here", true, 0},
+		{"stream moved after the acknowledgement", false, 0},
+		{"event failing once", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(
+				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "slow"}},
+				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+			unblock := make(chan struct{})
+			blocked := make(chan struct{})
+			var evMu sync.Mutex
+			failures := tc.eventFailures
+			client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+				evMu.Lock()
+				defer evMu.Unlock()
+				if failures > 0 {
+					failures--
+					return true, nil, apierrors.NewInternalError(errors.New("etcdserver: request timed out"))
+				}
+				return false, nil, nil
+			})
+			m := NewMetrics(prometheus.NewRegistry())
+			slow := &slowClient{Clientset: client, name: "slow", blocked: blocked, unblock: unblock}
+			w := New(Config{Log: zap.NewNop(), Client: slow, Nodes: freshLister{client}, Table: assignment.NewTable(nil), Metrics: m,
+				MaxInlineWrites: 1, Serving: func(string) bool { return tc.serving }})
+			st := func(rv string) *dkcv1.NodeConfigStatus {
+				s := corev1.NodeConfigStatus{Assigned: cm(rv), Active: cm(rv)}
+				return wire.StatusFromCore(&s)
+			}
+			slowDone := make(chan error, 1)
+			go func() {
+				slowDone <- w.Report(context.Background(), "slow", &dkcv1.ReportStatusRequest{NodeName: "slow", Status: st("1"), Incarnation: 1, Sequence: 1})
+			}()
+			<-blocked
+			// The one inline write is taken: these are acknowledged as queued, the second replacing the first.
+			for seq, rv := range []string{"1", "2"} {
+				req := &dkcv1.ReportStatusRequest{NodeName: "n1", Status: st(rv), Incarnation: 1, Sequence: uint64(seq + 1),
+					Restart: &dkcv1.KubeletRestart{Id: "r" + rv, Target: wire.SourceFromCore(cm(rv)), Time: timestamppb.Now()}}
+				if err := w.Report(context.Background(), "n1", req); err != nil {
+					t.Fatalf("report %d past the bound: %v", seq+1, err)
+				}
+			}
+			if got := testutil.ToFloat64(m.writes.WithLabelValues("queued")); got != 2 {
+				t.Errorf("queued reports = %v, want 2", got)
+			}
+			if n := getNode(t, client, "n1"); n.Annotations != nil {
+				t.Fatalf("a queued report was written inline: %v", n.Annotations)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() { _ = w.Run(ctx, 1) }()
+			want := corev1.NodeConfigStatus{Assigned: cm("2"), Active: cm("2")}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				n := getNode(t, client, "n1")
+				events, err := client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n.Annotations != nil && apiequality.Semantic.DeepEqual(annotationOf(t, n), want) && len(events.Items) == 2 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("queue did not write the acknowledged report and its 2 events: annotations %v, %d events", n.Annotations, len(events.Items))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			close(unblock)
+			if err := <-slowDone; err != nil {
+				t.Fatalf("inline report: %v", err)
+			}
+			if got := testutil.ToFloat64(m.writes.WithLabelValues("written")); got != 2 {
+				t.Errorf("writes = %v, want 2: the slow node's and one for n1's two queued reports", got)
+			}
+			if w.owed("n1") {
+				t.Error("n1's report still owed after it was written")
+			}
+		})
+	}
+}
+
+// slowClient is a clientset whose status patches of Node name wait until unblock is closed (an apiserver
+// that takes its time), closing blocked when the first one starts. It wraps the fake clientset rather than
+// waiting in a reactor: the fake holds its lock while a reactor runs, which would stop every other call.
+type slowClient struct {
+	*fake.Clientset
+	name             string
+	once             sync.Once
+	blocked, unblock chan struct{}
+}
+
+func (c *slowClient) CoreV1() corev1client.CoreV1Interface { return slowCore{c.Clientset.CoreV1(), c} }
+
+type slowCore struct {
+	corev1client.CoreV1Interface
+	c *slowClient
+}
+
+func (s slowCore) Nodes() corev1client.NodeInterface { return slowNodes{s.CoreV1Interface.Nodes(), s.c} }
+
+type slowNodes struct {
+	corev1client.NodeInterface
+	c *slowClient
+}
+
+func (n slowNodes) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*corev1.Node, error) {
+	if name == n.c.name {
+		n.c.once.Do(func() { close(n.c.blocked) })
+		<-n.c.unblock
+	}
+	return n.NodeInterface.Patch(ctx, name, pt, data, opts, sub...)
+}

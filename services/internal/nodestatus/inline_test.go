@@ -134,7 +134,9 @@ type slowCore struct {
 	c *slowClient
 }
 
-func (s slowCore) Nodes() corev1client.NodeInterface { return slowNodes{s.CoreV1Interface.Nodes(), s.c} }
+func (s slowCore) Nodes() corev1client.NodeInterface {
+	return slowNodes{s.CoreV1Interface.Nodes(), s.c}
+}
 
 type slowNodes struct {
 	corev1client.NodeInterface

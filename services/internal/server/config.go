@@ -23,8 +23,8 @@ type Config struct {
 	Kubeconfig string
 	// KubeAPIQPS and KubeAPIBurst limit the requests to the apiserver; 0 sizes each to the node count
 	// (kubeAPIScale).
-	KubeAPIQPS   float64
-	KubeAPIBurst int
+	KubeAPIQPS     float64
+	KubeAPIBurst   int
 	ListenAddress  string
 	MetricsAddr    string
 	Profiling      bool
@@ -99,16 +99,16 @@ func DefaultConfig() Config {
 		// while the reports past them cost a queue entry each instead of a waiting goroutine.
 		StatusWorkers:         32,
 		MaxInlineStatusWrites: 64,
-		RestartingStatusDelay:  10 * time.Second,
-		KeepaliveTime:          time.Minute,
-		KeepaliveTimeout:       20 * time.Second,
-		MaxConnectionAge:       30 * time.Minute,
-		MaxConnAgeGrace:        time.Minute,
-		ShutdownGrace:          10 * time.Second,
-		LogLevel:               "info",
-		ReadBufferSize:         0,
-		WriteBufferSize:        8 << 10,
-		MaxSendMsgSizeMiB:      4,
+		RestartingStatusDelay: 10 * time.Second,
+		KeepaliveTime:         time.Minute,
+		KeepaliveTimeout:      20 * time.Second,
+		MaxConnectionAge:      30 * time.Minute,
+		MaxConnAgeGrace:       time.Minute,
+		ShutdownGrace:         10 * time.Second,
+		LogLevel:              "info",
+		ReadBufferSize:        0,
+		WriteBufferSize:       8 << 10,
+		MaxSendMsgSizeMiB:     4,
 		// A sidecar has 2 calls open at once (its WatchConfig stream and a status report); tools and tests
 		// that act for a few nodes over one connection (grpcurl, the integration tests' 10) fit too.
 		MaxConcurrentStreams: 16,

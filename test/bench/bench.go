@@ -236,7 +236,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		FakeKubeletBinary: filepath.Join(cfg.Bin, "fake-kubelet"), SimNodes: 1, TrialDuration: 10 * time.Minute,
 		// The Deployment's flags (read from it), with its ports and files the dev cluster's.
 		ServiceArgs: r.res.ServiceArgs,
-		Progress: cfg.Progress,
+		Progress:    cfg.Progress,
 	})
 	if err != nil {
 		return nil, err
@@ -254,14 +254,14 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		return nil, err
 	}
 	r.rc.QPS, r.rc.Burst = -1, 0 // the benchmark is the load; client-side throttling would measure itself
-	if err := r.applyAPF(ctx); err != nil {
-		return nil, err
-	}
 	// The same encoding as dkc-server's informers, so that the bare watch is the same watch with nothing
 	// behind it.
 	r.rc.ContentType = "application/vnd.kubernetes.protobuf"
 	r.rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	if r.client, err = kubernetes.NewForConfig(r.rc); err != nil {
+		return nil, err
+	}
+	if err := r.applyAPF(ctx); err != nil {
 		return nil, err
 	}
 	for _, phase := range []struct {

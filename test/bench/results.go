@@ -29,9 +29,9 @@ type Results struct {
 	Disk string `json:"disk"`
 	// ServiceArgs are the flags dkc-server ran with beyond the dev cluster's (deployment.serviceArgs).
 	ServiceArgs []string           `json:"serviceArgs"`
-	Values map[string]float64 `json:"values"`
-	Notes  map[string]float64 `json:"notes"`
-	Goals  map[string]goal    `json:"goals"`
+	Values      map[string]float64 `json:"values"`
+	Notes       map[string]float64 `json:"notes"`
+	Goals       map[string]goal    `json:"goals"`
 	// goals are the targets, goals' unless overridden (the Deployment's memory limit, read at run time).
 	goals map[string]goal
 }

@@ -294,7 +294,8 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	return changed, nil
 }
 
-// ReportStatus writes the node's status onto its Node before acknowledging.
+// ReportStatus hands the node's report to the status writer and acknowledges it once the status is on its
+// Node or queued to be written (docs/design.md, "What a status acknowledgement means").
 func (s *Service) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
 	node := req.GetNodeName()
 	if err := auth.Authorize(ctx, node); err != nil {

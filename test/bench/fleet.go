@@ -175,20 +175,21 @@ func (a *activeWatcher) saw(n *corev1.Node, t time.Time) {
 	}
 }
 
-// wait returns when every node was seen active (the last one's time), or fails after timeout.
-func (a *activeWatcher) wait(ctx context.Context, timeout time.Duration) (time.Time, error) {
+// wait returns when every node was seen active, or after timeout: the last one's time and how many were
+// never seen active.
+func (a *activeWatcher) wait(ctx context.Context, timeout time.Duration) (time.Time, int, error) {
 	defer func() { close(a.stopc); <-a.done }()
 	select {
 	case <-a.all:
 	case <-ctx.Done():
-		return time.Time{}, ctx.Err()
+		return time.Time{}, 0, ctx.Err()
 	case <-a.done:
 	case <-time.After(timeout):
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.at) < len(a.want) {
-		return time.Time{}, fmt.Errorf("%d of %d Nodes show %s@%s active (%v)", len(a.at), len(a.want), a.cm, a.rv, a.err)
+	if a.err != nil {
+		return time.Time{}, 0, a.err
 	}
 	var last time.Time
 	for _, t := range a.at {
@@ -196,7 +197,7 @@ func (a *activeWatcher) wait(ctx context.Context, timeout time.Duration) (time.T
 			last = t
 		}
 	}
-	return last, nil
+	return last, len(a.want) - len(a.at), nil
 }
 
 // apiserverLoad is what the apiserver's /metrics say about a window: its request rate, and the rate and

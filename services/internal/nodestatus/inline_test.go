@@ -28,8 +28,9 @@ import (
 
 // TestReportsPastTheInlineBoundAreQueued: with MaxInlineWrites writes waiting on the apiserver, a further
 // report is acknowledged at once without a call to the apiserver, and the queue then writes it and creates
-// its restart's Event — also when the node's stream has left this replica meanwhile (it was acknowledged),
-// and also after a transient Event failure. Several reports of a node queued together cost one write.
+// its restart's Event, also after a transient Event failure. When the node's stream has left this replica
+// meanwhile, the Events are still created (acknowledged) but the status is not written here: the node
+// sends it again to the replica it streams from, which may already have written a newer one. Several reports of a node queued together cost one write.
 func TestReportsPastTheInlineBoundAreQueued(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -37,7 +38,7 @@ func TestReportsPastTheInlineBoundAreQueued(t *testing.T) {
 		eventFailures int
 	}{
 		{"served here", true, 0},
-		{"stream moved after the acknowledgement", false, 0},
+		{"stream moved after the acknowledgement: events only", false, 0},
 		{"event failing once", true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,6 +89,12 @@ func TestReportsPastTheInlineBoundAreQueued(t *testing.T) {
 			defer cancel()
 			go func() { _ = w.Run(ctx, 1) }()
 			want := corev1.NodeConfigStatus{Assigned: cm("2"), Active: cm("2")}
+			statusDone := func(n *corev1.Node) bool {
+				if !tc.serving {
+					return n.Annotations == nil
+				}
+				return n.Annotations != nil && apiequality.Semantic.DeepEqual(annotationOf(t, n), want)
+			}
 			deadline := time.Now().Add(10 * time.Second)
 			for {
 				n := getNode(t, client, "n1")
@@ -96,7 +103,7 @@ func TestReportsPastTheInlineBoundAreQueued(t *testing.T) {
 					t.Fatal(err)
 				}
 				// Owed no more: the write returned (the Node shows a patch a moment before).
-				if n.Annotations != nil && apiequality.Semantic.DeepEqual(annotationOf(t, n), want) && len(events.Items) == 2 && !w.owed("n1") {
+				if statusDone(n) && len(events.Items) == 2 && (!tc.serving || !w.owed("n1")) {
 					break
 				}
 				if time.Now().After(deadline) {
@@ -108,8 +115,12 @@ func TestReportsPastTheInlineBoundAreQueued(t *testing.T) {
 			if err := <-slowDone; err != nil {
 				t.Fatalf("inline report: %v", err)
 			}
-			if got := testutil.ToFloat64(m.writes.WithLabelValues("written")); got != 2 {
-				t.Errorf("writes = %v, want 2: the slow node's and one for n1's two queued reports", got)
+			wantWrites := 2.0
+			if !tc.serving {
+				wantWrites = 1 // the slow node's only
+			}
+			if got := testutil.ToFloat64(m.writes.WithLabelValues("written")); got != wantWrites {
+				t.Errorf("writes = %v, want %v: the slow node's and, served here, one for n1's two queued reports", got, wantWrites)
 			}
 		})
 	}

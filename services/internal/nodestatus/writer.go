@@ -462,7 +462,11 @@ func (w *Writer) processNext(ctx context.Context) bool {
 		w.log.Warn("create kubelet restart event failed; retrying", zap.String("node", node), zap.Error(err))
 		defer w.queue.AddRateLimited(node)
 	}
-	if w.serving != nil && !w.serving(node) && !w.owed(node) {
+	// A node that streams from another replica now is that replica's to write, even for a report this one
+	// acknowledged as queued: the sidecar sends its latest report again on every new stream, and writing the
+	// queued one here could put an older status over the newer one the other replica wrote (review of
+	// issue 28). Its Events were flushed above: they are this replica's promise.
+	if w.serving != nil && !w.serving(node) {
 		w.release(node)
 		w.queue.Forget(node)
 		return true

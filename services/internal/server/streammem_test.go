@@ -141,8 +141,9 @@ func TestStreamMemory(t *testing.T) {
 		}
 	}
 	after := memory()
-	stack := float64(after.stack-before.stack) / streams
-	heap := float64(after.heap-before.heap) / streams
+	// Signed: the live heap can shrink between the samples (a collection), and uint64 would wrap.
+	stack := float64(int64(after.stack)-int64(before.stack)) / streams
+	heap := float64(int64(after.heap)-int64(before.heap)) / streams
 	t.Logf("per stream: stacks %.0f B (budget %d), heap %.0f B (budget %d); %d streams, %d goroutines more",
 		stack, streamStackBudget, heap, streamHeapBudget, len(held), after.goroutines-before.goroutines)
 	if stack > streamStackBudget {

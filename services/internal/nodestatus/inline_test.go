@@ -87,7 +87,7 @@ func TestReportsPastTheInlineBoundAreQueued(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			go func() { _ = w.Run(ctx, 1) }()
+			go func() { _ = w.Run(ctx, 1, time.Second) }()
 			want := corev1.NodeConfigStatus{Assigned: cm("2"), Active: cm("2")}
 			statusDone := func(n *corev1.Node) bool {
 				if !tc.serving {
@@ -158,4 +158,65 @@ func (n slowNodes) Patch(ctx context.Context, name string, pt types.PatchType, d
 		<-n.c.unblock
 	}
 	return n.NodeInterface.Patch(ctx, name, pt, data, opts, sub...)
+}
+
+// TestShutdownDrainsQueuedReports: when Run's context ends (a rolling update), what was acknowledged as
+// queued is still written, Events included, and a report that arrives while the server lets its calls
+// finish is written before it is acknowledged, even past MaxInlineWrites.
+func TestShutdownDrainsQueuedReports(t *testing.T) {
+	client := fake.NewClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "slow"}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}})
+	unblock := make(chan struct{})
+	blocked := make(chan struct{})
+	slow := &slowClient{Clientset: client, name: "slow", blocked: blocked, unblock: unblock}
+	w := New(Config{Log: zap.NewNop(), Client: slow, Nodes: freshLister{client}, Table: assignment.NewTable(nil),
+		Metrics: NewMetrics(prometheus.NewRegistry()), MaxInlineWrites: 1, Serving: func(string) bool { return true }})
+	st := func(rv string) *dkcv1.NodeConfigStatus {
+		s := corev1.NodeConfigStatus{Assigned: cm(rv), Active: cm(rv)}
+		return wire.StatusFromCore(&s)
+	}
+	slowDone := make(chan error, 1)
+	go func() {
+		slowDone <- w.Report(context.Background(), "slow", &dkcv1.ReportStatusRequest{NodeName: "slow", Status: st("1"), Incarnation: 1, Sequence: 1})
+	}()
+	<-blocked
+	defer func() {
+		close(unblock)
+		if err := <-slowDone; err != nil {
+			t.Errorf("inline report: %v", err)
+		}
+	}()
+	req := &dkcv1.ReportStatusRequest{NodeName: "n1", Status: st("1"), Incarnation: 1, Sequence: 1,
+		Restart: &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.Now()}}
+	if err := w.Report(context.Background(), "n1", req); err != nil {
+		t.Fatalf("report past the bound: %v", err)
+	}
+	if n := getNode(t, client, "n1"); n.Annotations != nil {
+		t.Fatalf("a queued report was written inline: %v", n.Annotations)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the replica is stopping before its queue ran at all
+	if err := w.Run(ctx, 1, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	want := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1")}
+	if n := getNode(t, client, "n1"); n.Annotations == nil || !apiequality.Semantic.DeepEqual(annotationOf(t, n), want) {
+		t.Errorf("the report acknowledged as queued was not written by the drain: %v", n.Annotations)
+	}
+	events, err := client.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(events.Items) != 1 {
+		t.Errorf("%d events after the drain, want the queued restart's 1", len(events.Items))
+	}
+	// Draining: the inline write is still taken by "slow", yet this report is written before it returns.
+	if err := w.Report(context.Background(), "n2", &dkcv1.ReportStatusRequest{NodeName: "n2", Status: st("2"), Incarnation: 1, Sequence: 1}); err != nil {
+		t.Fatalf("report while draining: %v", err)
+	}
+	if n := getNode(t, client, "n2"); n.Annotations == nil {
+		t.Errorf("a report acknowledged while draining is not on the Node")
+	}
 }

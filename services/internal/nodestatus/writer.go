@@ -19,6 +19,7 @@ import (
 	"hash/fnv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,7 +29,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -101,14 +101,16 @@ func (o reportOrder) before(p reportOrder) bool {
 
 // Writer writes node status. Create it with New and run it with Run.
 type Writer struct {
-	log     *zap.Logger
-	client  kubernetes.Interface
-	nodes   corelisters.NodeLister
-	table   *assignment.Table
-	clock   clock.PassiveClock
-	metrics *Metrics
-	queue   workqueue.TypedRateLimitingInterface[string]
-	serving func(node string) bool // nil: every node (a single replica)
+	log    *zap.Logger
+	client kubernetes.Interface
+	nodes  corelisters.NodeLister
+	table  *assignment.Table
+	clock  clock.PassiveClock
+	// draining is set once Run's context has ended: no report is queued any more.
+	draining atomic.Bool
+	metrics  *Metrics
+	queue    workqueue.TypedRateLimitingInterface[string]
+	serving  func(node string) bool // nil: every node (a single replica)
 	// restartDelay is how long a restart in progress waits for its outcome before it is written.
 	restartDelay time.Duration
 
@@ -249,7 +251,8 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	if acquired && w.inline != nil {
 		defer w.releaseInline()
 	}
-	inline := acquired
+	// A replica shutting down writes inline: its queue may not get to a report acknowledged now.
+	inline := acquired || w.draining.Load()
 	if !inline {
 		if _, err := w.nodes.Get(node); err != nil {
 			inline = true
@@ -432,22 +435,36 @@ func (w *Writer) Reported() int {
 	return len(w.reports)
 }
 
-// Run processes enqueued nodes until ctx ends.
-func (w *Writer) Run(ctx context.Context, workers int) error {
+// Run processes enqueued nodes until ctx ends, then drains: reports that arrive while the server lets its
+// calls finish are written inline (Report), and what this replica acknowledged as queued is written once
+// more, for up to drain — an acknowledgement as queued must not be lost to a rolling update (review of
+// issue 28). What a failed write would retry is left to the node's next stream.
+func (w *Writer) Run(ctx context.Context, workers int, drain time.Duration) error {
+	// The workers' writes outlive ctx by the drain.
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			wait.UntilWithContext(ctx, func(ctx context.Context) {
-				for w.processNext(ctx) {
-				}
-			}, time.Second)
+			for w.processNext(wctx) {
+			}
 		}()
 	}
 	<-ctx.Done()
-	w.queue.ShutDown()
-	wg.Wait()
+	w.draining.Store(true)
+	w.queue.ShutDown() // Get returns what is queued, then quit
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(drain):
+		w.log.Warn("status queue not drained in time; the nodes' next streams bring their reports again",
+			zap.Duration("drain", drain), zap.Int("left", w.queue.Len()))
+		cancel()
+		<-done
+	}
 	return nil
 }
 

@@ -300,7 +300,7 @@ func TestReplicaThatNoLongerServesANodeWritesNothingOld(t *testing.T) {
 	// The node's sync error changed: both replicas' tables re-queue it.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _ = a.Run(ctx, 1) }()
+	go func() { _ = a.Run(ctx, 1, time.Second) }()
 	a.Enqueue(name)
 	deadline := time.Now().Add(5 * time.Second)
 	for a.Reported() != 0 {
@@ -410,7 +410,7 @@ func TestRestartInProgressWaitsForItsOutcome(t *testing.T) {
 			w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil), Metrics: m, RestartingDelay: delay})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			go func() { _ = w.Run(ctx, 1) }()
+			go func() { _ = w.Run(ctx, 1, time.Second) }()
 			var seq uint64
 			report := func(st corev1.NodeConfigStatus) {
 				t.Helper()

@@ -176,7 +176,7 @@ func (s *server) run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	s.factory.Start(gctx.Done())
 	g.Go(func() error { return s.ctrl.Run(gctx, cfg.Workers) })
-	g.Go(func() error { return s.writer.Run(gctx, cfg.StatusWorkers) })
+	g.Go(func() error { return s.writer.Run(gctx, cfg.StatusWorkers, cfg.ShutdownGrace) })
 	for _, l := range []*scaledLimiter{s.apiLimiter, s.reviewLimiter} {
 		g.Go(func() error { l.run(gctx, s.nodes, limitResizeInterval); return nil })
 	}

@@ -68,14 +68,15 @@ func TestReportsPastTheInlineBoundAreQueued(t *testing.T) {
 			}
 			slowDone := make(chan error, 1)
 			go func() {
-				slowDone <- w.Report(context.Background(), "slow", &dkcv1.ReportStatusRequest{NodeName: "slow", Status: st("1"), Incarnation: 1, Sequence: 1})
+				_, err := w.Report(context.Background(), "slow", &dkcv1.ReportStatusRequest{NodeName: "slow", Status: st("1"), Incarnation: 1, Sequence: 1})
+				slowDone <- err
 			}()
 			<-blocked
 			// The one inline write is taken: these are acknowledged as queued, the second replacing the first.
 			for seq, rv := range []string{"1", "2"} {
 				req := &dkcv1.ReportStatusRequest{NodeName: "n1", Status: st(rv), Incarnation: 1, Sequence: uint64(seq + 1),
 					Restart: &dkcv1.KubeletRestart{Id: "r" + rv, Target: wire.SourceFromCore(cm(rv)), Time: timestamppb.Now()}}
-				if err := w.Report(context.Background(), "n1", req); err != nil {
+				if _, err := w.Report(context.Background(), "n1", req); err != nil {
 					t.Fatalf("report %d past the bound: %v", seq+1, err)
 				}
 			}
@@ -179,7 +180,8 @@ func TestShutdownDrainsQueuedReports(t *testing.T) {
 	}
 	slowDone := make(chan error, 1)
 	go func() {
-		slowDone <- w.Report(context.Background(), "slow", &dkcv1.ReportStatusRequest{NodeName: "slow", Status: st("1"), Incarnation: 1, Sequence: 1})
+		_, err := w.Report(context.Background(), "slow", &dkcv1.ReportStatusRequest{NodeName: "slow", Status: st("1"), Incarnation: 1, Sequence: 1})
+		slowDone <- err
 	}()
 	<-blocked
 	defer func() {
@@ -190,8 +192,12 @@ func TestShutdownDrainsQueuedReports(t *testing.T) {
 	}()
 	req := &dkcv1.ReportStatusRequest{NodeName: "n1", Status: st("1"), Incarnation: 1, Sequence: 1,
 		Restart: &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.Now()}}
-	if err := w.Report(context.Background(), "n1", req); err != nil {
+	receipt, err := w.Report(context.Background(), "n1", req)
+	if err != nil {
 		t.Fatalf("report past the bound: %v", err)
+	}
+	if !receipt.EventQueued {
+		t.Errorf("a report queued with its restart: EventQueued false, want true (the sidecar keeps the restart)")
 	}
 	if n := getNode(t, client, "n1"); n.Annotations != nil {
 		t.Fatalf("a queued report was written inline: %v", n.Annotations)
@@ -212,11 +218,48 @@ func TestShutdownDrainsQueuedReports(t *testing.T) {
 	if len(events.Items) != 1 {
 		t.Errorf("%d events after the drain, want the queued restart's 1", len(events.Items))
 	}
-	// Draining: the inline write is still taken by "slow", yet this report is written before it returns.
-	if err := w.Report(context.Background(), "n2", &dkcv1.ReportStatusRequest{NodeName: "n2", Status: st("2"), Incarnation: 1, Sequence: 1}); err != nil {
+	// Draining: the inline write is still taken by "slow", yet this report is written before it returns,
+	// its Event too.
+	receipt, err = w.Report(context.Background(), "n2", &dkcv1.ReportStatusRequest{NodeName: "n2", Status: st("2"), Incarnation: 1, Sequence: 1,
+		Restart: &dkcv1.KubeletRestart{Id: "r2", Target: wire.SourceFromCore(cm("2")), Time: timestamppb.Now()}})
+	if err != nil {
 		t.Fatalf("report while draining: %v", err)
+	}
+	if receipt.EventQueued {
+		t.Errorf("a report written inline with its restart: EventQueued true, want false")
 	}
 	if n := getNode(t, client, "n2"); n.Annotations == nil {
 		t.Errorf("a report acknowledged while draining is not on the Node")
+	}
+}
+
+// TestEventRetryBacksOff: a queued restart whose Event the apiserver keeps failing (transiently) is retried
+// with a growing backoff, also when the node's status was written meanwhile.
+func TestEventRetryBacksOff(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewInternalError(errors.New("etcd is slow"))
+	})
+	w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil),
+		Metrics: NewMetrics(prometheus.NewRegistry()), Serving: func(string) bool { return true }})
+	w.mu.Lock()
+	w.reports["n1"] = report{status: &dkcv1.NodeConfigStatus{}, order: reportOrder{incarnation: 1, sequence: 1}, seq: 1, owed: true}
+	w.addEventLocked("n1", &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.Now()})
+	w.mu.Unlock()
+	w.queue.Add("n1")
+	for i := 1; i <= 3; i++ {
+		if !w.processNext(context.Background()) {
+			t.Fatal("queue shut down")
+		}
+		if got := w.queue.NumRequeues("n1"); got != i {
+			t.Fatalf("after %d failed Event creations the node was requeued %d times with backoff, want %d", i, got, i)
+		}
+		// Wait for the rate-limited re-add (5ms, 10ms, 20ms with the default limiter).
+		for w.queue.Len() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if n := getNode(t, client, "n1"); n.Annotations == nil {
+		t.Errorf("the status was not written while its Event failed")
 	}
 }

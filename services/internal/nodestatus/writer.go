@@ -238,7 +238,7 @@ var (
 // (Config.Serving); a node that moved meanwhile is served by the other replica, which its sidecar re-sends
 // the report to. A replica that has not yet seen a half-dead stream end (keepalive) can still write the
 // held status after the other wrote a newer one, until the node's next report corrects it.
-func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) error {
+func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) (Receipt, error) {
 	order := reportOrder{incarnation: req.GetIncarnation(), sequence: req.GetSequence(), observed: req.GetObservedTime().AsTime()}
 	if req.GetObservedTime() == nil {
 		order.observed = w.clock.Now()
@@ -262,7 +262,7 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	prev, had := w.reports[node]
 	if had && order.before(prev.order) {
 		w.mu.Unlock()
-		return ErrStale
+		return Receipt{}, ErrStale
 	}
 	w.seq++
 	r.seq, r.owed = w.seq, !inline
@@ -283,7 +283,7 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		// Acknowledged as queued: the queue coalesces the node's reports into one write of the latest.
 		w.queue.Add(node)
 		w.metrics.write("queued")
-		return nil
+		return Receipt{EventQueued: req.GetRestart() != nil}, nil
 	}
 	w.mu.Unlock()
 	var eventErr error
@@ -306,24 +306,32 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	}
 	if eventErr != nil {
 		if err := w.write(ctx, node); err != nil && !errors.Is(err, errNotCached) && !errors.Is(err, errHeld) {
-			return err
+			return Receipt{}, err
 		}
-		return fmt.Errorf("%w (status written or queued; send the report again for its event)", eventErr)
+		return Receipt{}, fmt.Errorf("%w (status written or queued; send the report again for its event)", eventErr)
 	}
 	switch err := w.write(ctx, node); {
 	case errors.Is(err, errNotCached):
 		// Acknowledged: the report is kept and written from the queue once this replica's cache has the Node.
 		w.queue.AddRateLimited(node)
-		return nil
+		return Receipt{}, nil
 	case errors.Is(err, errNoReport):
-		return ErrNodeGone // dropped meanwhile: the Node was found gone
+		return Receipt{}, ErrNodeGone // dropped meanwhile: the Node was found gone
 	case errors.Is(err, ErrOtherNode):
-		return err
+		return Receipt{}, err
 	case errors.Is(err, errHeld):
-		return nil // acknowledged: written from the queue unless the outcome comes first
+		return Receipt{}, nil // acknowledged: written from the queue unless the outcome comes first
 	default:
-		return err
+		return Receipt{}, err
 	}
+}
+
+// Receipt is what the acknowledgement of an accepted report covers beyond its status.
+type Receipt struct {
+	// EventQueued: the report was queued with its restart, whose Event is not created yet; the sidecar keeps
+	// the restart and sends it again on its next stream (dkcv1.ReportStatusResponse.restart_queued), so that
+	// the Event survives this replica exiting before its queue created it.
+	EventQueued bool
 }
 
 // acquireInline takes one of the MaxInlineWrites tokens without waiting; always true without a bound.
@@ -474,23 +482,32 @@ func (w *Writer) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer w.queue.Done(node)
-	// Acknowledged restarts get their Events whether or not the node still streams from here.
-	if err := w.flushEvents(ctx, node); err != nil {
-		w.log.Warn("create kubelet restart event failed; retrying", zap.String("node", node), zap.Error(err))
-		defer w.queue.AddRateLimited(node)
+	// Acknowledged restarts get their Events whether or not the node still streams from here. A failed
+	// Event keeps the node in the queue with a growing backoff, also when its status is written: forgetting
+	// the node there would retry the Event at the base delay for as long as the apiserver refuses it.
+	eventErr := w.flushEvents(ctx, node)
+	if eventErr != nil {
+		w.log.Warn("create kubelet restart event failed; retrying", zap.String("node", node), zap.Error(eventErr))
+	}
+	settled := func() {
+		if eventErr != nil {
+			w.queue.AddRateLimited(node)
+		} else {
+			w.queue.Forget(node)
+		}
 	}
 	// A node that streams from another replica now is that replica's to write, even for a report this one
 	// acknowledged as queued: the sidecar sends its latest report again on every new stream, and writing the
 	// queued one here could put an older status over the newer one the other replica wrote (review of
-	// issue 28). Its Events were flushed above: they are this replica's promise.
+	// issue 28). Its Events are still this replica's promise.
 	if w.serving != nil && !w.serving(node) {
 		w.release(node)
-		w.queue.Forget(node)
+		settled()
 		return true
 	}
 	switch err := w.write(ctx, node); {
 	case err == nil, errors.Is(err, errNoReport), errors.Is(err, ErrNodeGone), errors.Is(err, ErrOtherNode), errors.Is(err, errHeld):
-		w.queue.Forget(node)
+		settled()
 	case errors.Is(err, errNotCached):
 		w.queue.AddRateLimited(node) // until the cache catches up: not worth a warning
 	default:

@@ -51,8 +51,8 @@ type Outbox struct {
 	restarts []*dkcv1.KubeletRestart
 	// parked: restarts acknowledged as queued (ReportStatusResponse.restart_queued), oldest first, with when.
 	// The replica that queued one may exit before creating its Event; the next stream sends them again.
-	parked   []parkedRestart
-	last     *dkcv1.ReportStatusRequest // the last report acknowledged in full
+	parked []parkedRestart
+	last   *dkcv1.ReportStatusRequest // the last report acknowledged in full
 	// out: Next handed out the pending report and no Next came since (it is in flight, or failed).
 	// resend: a stream opened while it was out. Its acknowledgement may then come from the replica the
 	// node left, which drops a held report once the node streams elsewhere; so the report is sent again

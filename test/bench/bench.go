@@ -1105,7 +1105,9 @@ func (r *run) maxNodes(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fan-out to %d nodes: %w", len(nodes), err)
 	}
+	stopWatching := r.watchFleet(ctx, active, len(nodes))
 	lastActive, notActive, err := active.wait(ctx, 3*time.Minute)
+	stopWatching()
 	if err != nil {
 		return fmt.Errorf("fan-out to %d nodes: %w", len(nodes), err)
 	}

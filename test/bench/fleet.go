@@ -175,6 +175,50 @@ func (a *activeWatcher) saw(n *corev1.Node, t time.Time) {
 	}
 }
 
+// seen is how many nodes were seen active so far.
+func (a *activeWatcher) seen() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.at)
+}
+
+// watchFleet prints, every 15 s until the returned func is called, how many of n Nodes show the new config
+// active and where dkc-server's status writes stand: its status queue's depth and the writes and Events
+// so far by result (the figures that say whether the apiserver or dkc-server's own workers are the limit).
+func (r *run) watchFleet(ctx context.Context, a *activeWatcher, n int) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(15 * time.Second)
+		defer t.Stop()
+		start := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			fams, err := serverMetrics(ctx, r.cluster.MetricsAddress())
+			if err != nil {
+				r.progress("max: %d/%d Nodes active after %.0f s (dkc-server metrics: %v)", a.seen(), n, time.Since(start).Seconds(), err)
+				continue
+			}
+			w := func(result string) float64 {
+				return metricSum(fams, "dkc_server_node_status_writes_total", map[string]string{"result": result})
+			}
+			r.progress("max: %d/%d Nodes active after %.0f s; status queue depth %.0f, writes written %.0f queued %.0f held %.0f error %.0f, events created %.0f",
+				a.seen(), n, time.Since(start).Seconds(), metricSum(fams, "workqueue_depth", map[string]string{"name": "nodestatus"}),
+				w("written"), w("queued"), w("held"), w("error"),
+				metricSum(fams, "dkc_server_restart_events_total", map[string]string{"result": "created"}))
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
 // wait returns when every node was seen active, or after timeout: the last one's time and how many were
 // never seen active.
 func (a *activeWatcher) wait(ctx context.Context, timeout time.Duration) (time.Time, int, error) {
@@ -273,7 +317,7 @@ func (l apiserverLoad) record(res *Results, prefix string) {
 
 // bareWorkers is how many writes the bare client keeps in flight: more than dkc-server's bound
 // (--max-inline-status-writes + --status-workers), so that the apiserver, not the client, is the limit.
-const bareWorkers = 128
+const bareWorkers = 256
 
 // bareClient makes, for each of nodes, what dkc makes for a node taking a config: an Event, then a
 // strategic-merge patch of the Node's status of the same shape as dkc's (an annotation holding a status

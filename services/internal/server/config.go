@@ -97,7 +97,7 @@ func DefaultConfig() Config {
 		// A status write takes tens of milliseconds on a busy apiserver: 32 workers beside 64 inline writes
 		// keep ~100 requests in flight, enough for this machine's apiserver to be the limit (make bench),
 		// while the reports past them cost a queue entry each instead of a waiting goroutine.
-		StatusWorkers:         32,
+		StatusWorkers:         128,
 		MaxInlineStatusWrites: 64,
 		RestartingStatusDelay: 10 * time.Second,
 		KeepaliveTime:         time.Minute,

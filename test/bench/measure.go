@@ -18,6 +18,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"k8s.io/client-go/rest"
 )
 
@@ -57,7 +58,8 @@ func settledRSS(ctx context.Context, pid int, d time.Duration) (int64, error) {
 
 // metricFamilies parses a Prometheus text exposition.
 func metricFamilies(body io.Reader) (map[string]*dto.MetricFamily, error) {
-	var p expfmt.TextParser
+	// The zero TextParser panics since prometheus/common 0.6x: a metric name validation scheme is required.
+	p := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := p.TextToMetricFamilies(body)
 	if err != nil {
 		return nil, fmt.Errorf("parse metrics: %w", err)

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/metrics"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,14 +77,19 @@ func TestReadDeployment(t *testing.T) {
 	if d.limit <= 0 || d.goMemLimit == "" {
 		t.Errorf("readDeployment = %+v, want a memory limit and a GOMEMLIMIT", d)
 	}
+	args := strings.Join(d.serviceArgs(), " ")
+	if !strings.Contains(args, "--allowed-service-accounts=") || strings.Contains(args, "--listen-address") || !strings.HasSuffix(args, strings.Join(benchOnlyArgs, " ")) {
+		t.Errorf("serviceArgs = %s, want the Deployment's own flags without its ports and files, then the benchmark's", args)
+	}
 	path := filepath.Join(t.TempDir(), "server.yaml")
-	if err := os.WriteFile(path, []byte("resources:\n  limits: {memory: 1Gi}\nenv:\n  - name: GOMEMLIMIT\n    value: 900MiB\n"), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte("args:\n  - --listen-address=:9443\n  - --kube-api-qps=7 # why\nresources:\n  limits: {memory: 1Gi}\nenv:\n  - name: GOMEMLIMIT\n    value: 900MiB\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if d, err = readDeployment(path); err != nil || d.limit != 1<<30 || d.goMemLimit != "900MiB" || d.goGC != "" {
-		t.Errorf("readDeployment = %+v, %v; want 1Gi, 900MiB and no GOGC", d, err)
+	if d, err = readDeployment(path); err != nil || d.limit != 1<<30 || d.goMemLimit != "900MiB" || d.goGC != "" ||
+		!slices.Equal(d.serviceArgs(), append([]string{"--kube-api-qps=7"}, benchOnlyArgs...)) {
+		t.Errorf("readDeployment = %+v, %v; want 1Gi, 900MiB, no GOGC and args --kube-api-qps=7", d, err)
 	}
-	if err := os.WriteFile(path, []byte("resources:\n  limits: {memory: 1Gi}\nenv:\n  - name: GOMEMLIMIT\n    value: 900MiB\n  - name: GOGC\n    value: \"50\"\n"), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte("args:\n  - --a\nresources:\n  limits: {memory: 1Gi}\nenv:\n  - name: GOMEMLIMIT\n    value: 900MiB\n  - name: GOGC\n    value: \"50\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if d, err = readDeployment(path); err != nil || d.goGC != "50" {

@@ -26,10 +26,12 @@ type Results struct {
 	TreeClean bool     `json:"treeClean"`
 	Modified  []string `json:"modified,omitempty"`
 	// Disk is where the simulated nodes' durable writes went (DiskSimulated or DiskShared).
-	Disk   string             `json:"disk"`
-	Values map[string]float64 `json:"values"`
-	Notes  map[string]float64 `json:"notes"`
-	Goals  map[string]goal    `json:"goals"`
+	Disk string `json:"disk"`
+	// ServiceArgs are the flags dkc-server ran with beyond the dev cluster's (deployment.serviceArgs).
+	ServiceArgs []string           `json:"serviceArgs"`
+	Values      map[string]float64 `json:"values"`
+	Notes       map[string]float64 `json:"notes"`
+	Goals       map[string]goal    `json:"goals"`
 	// goals are the targets, goals' unless overridden (the Deployment's memory limit, read at run time).
 	goals map[string]goal
 }
@@ -47,14 +49,19 @@ var goals = map[string]goal{
 	"propagation_p99_ratio_to_bare_watch_at_10000":   {Op: "<=", Value: 1.5},
 	"fanout_2000_all_checkpointed_seconds":           {Op: "<=", Value: 5},
 	"apiserver_watch_ratio_per_node_design_over_dkc": {Op: ">=", Value: 10},
-	// RSS growth per node, baseline and sample from one process (what a memory limit must hold).
-	"service_rss_bytes_per_node_at_5000":         {Op: "<=", Value: 64 << 10},
-	"control_plane_memory_ratio_dkc_over_design": {Op: "<=", Value: 0.5},
-	"node_writes_per_node_per_assignment":        {Op: "<=", Value: 2},
-	"sidecar_idle_rss_bytes":                     {Op: "<=", Value: 30 << 20},
-	// The shipped Deployment's limits.memory (deploy/base/server.yaml), checked against it at run time.
-	"service_rss_peak_bytes_at_10000": {Op: "<=", Value: 768 << 20},
+	// RSS and live memory per node and the control-plane ratio are reported without a goal (issue 28: the
+	// 64 KB goal is retired; TestStreamMemory guards the per-stream figures).
+	"node_writes_per_node_per_assignment": {Op: "<=", Value: 2},
+	"sidecar_idle_rss_bytes":              {Op: "<=", Value: 30 << 20},
+	// 1 GiB, or the shipped Deployment's limits.memory (deploy/base/server.yaml) if lower: set at run time.
+	"service_rss_peak_bytes_at_10000": {Op: "<=", Value: peakGoal},
+	// After a fan-out to every node of one replica, until every Node shows the new config active: dkc with
+	// the Deployment's flags against a bare client making the same writes at full speed.
+	"fleet_status_ratio_dkc_over_bare_client_at_10000": {Op: "<=", Value: 1.5},
 }
+
+// peakGoal is the most RSS one replica may reach with 10,000 nodes, fan-out included.
+const peakGoal = 1 << 30
 
 func newResults() *Results {
 	return &Results{Machine: machine(), Values: map[string]float64{}, Notes: map[string]float64{}, Goals: map[string]goal{},
@@ -95,7 +102,7 @@ func (r *Results) AllMet() bool {
 // WriteJSON writes results.json into dir: every value as a top-level key, with machine, goals and notes.
 func (r *Results) WriteJSON(dir string) (string, error) {
 	out := map[string]any{"machine": r.Machine, "took": r.Took, "goals": r.Goals, "notes": r.Notes,
-		"revision": r.Revision, "treeClean": r.TreeClean, "modified": r.Modified, "disk": r.Disk}
+		"revision": r.Revision, "treeClean": r.TreeClean, "modified": r.Modified, "disk": r.Disk, "serviceArgs": r.ServiceArgs}
 	for k, v := range r.Values {
 		out[k] = v
 	}
@@ -137,6 +144,7 @@ func (r *Results) Table(w io.Writer) {
 		clean = fmt.Sprintf("DIRTY tree (%d paths changed: %s)", len(r.Modified), strings.Join(r.Modified, ", "))
 	}
 	fmt.Fprintf(w, "revision: %s, %s; simulated nodes' disk: %s\n", r.Revision, clean, r.Disk)
+	fmt.Fprintf(w, "dkc-server flags (the Deployment's, less its ports and files, plus the benchmark's): %s\n", strings.Join(r.ServiceArgs, " "))
 }
 
 func format(key string, v float64) string {

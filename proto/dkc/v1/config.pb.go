@@ -729,7 +729,12 @@ func (x *ReportStatusRequest) GetNodeUid() string {
 
 // ReportStatusResponse acknowledges a report: the service has accepted it and will write it onto the Node.
 type ReportStatusResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The report's restart was queued on this replica with the report (many reports at once), its Event
+	// not created yet. The sidecar keeps such a restart and sends it again on its next WatchConfig stream,
+	// so that a replica exiting before its queue created the Event does not lose it; the Event's name makes
+	// the second creation a no-op. False from older services and for a report without a restart.
+	RestartQueued bool `protobuf:"varint,1,opt,name=restart_queued,json=restartQueued,proto3" json:"restart_queued,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -762,6 +767,13 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
 	return file_dkc_v1_config_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ReportStatusResponse) GetRestartQueued() bool {
+	if x != nil {
+		return x.RestartQueued
+	}
+	return false
 }
 
 var File_dkc_v1_config_proto protoreflect.FileDescriptor
@@ -824,8 +836,9 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\robserved_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fobservedTime\x12 \n" +
 	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\x12\x1a\n" +
 	"\bsequence\x18\a \x01(\x04R\bsequence\x12\x19\n" +
-	"\bnode_uid\x18\b \x01(\tR\anodeUid\"\x16\n" +
-	"\x14ReportStatusResponse2\xa4\x01\n" +
+	"\bnode_uid\x18\b \x01(\tR\anodeUid\"=\n" +
+	"\x14ReportStatusResponse\x12%\n" +
+	"\x0erestart_queued\x18\x01 \x01(\bR\rrestartQueued2\xa4\x01\n" +
 	"\rConfigService\x12H\n" +
 	"\vWatchConfig\x12\x1a.dkc.v1.WatchConfigRequest\x1a\x1b.dkc.v1.WatchConfigResponse0\x01\x12I\n" +
 	"\fReportStatus\x12\x1b.dkc.v1.ReportStatusRequest\x1a\x1c.dkc.v1.ReportStatusResponseB+Z)github.com/dkc-dev/dkc/proto/dkc/v1;dkcv1b\x06proto3"

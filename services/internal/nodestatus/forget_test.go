@@ -104,8 +104,9 @@ func (c *cluster) report(name string) error { return c.reportAbout(name, "", "")
 // reportAbout reports a status with the error text errText about Node object uid ("": none named).
 func (c *cluster) reportAbout(name, uid, errText string) error {
 	c.at = c.at.Add(time.Second)
-	return c.w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
+	_, err := c.w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
 		Status: &dkcv1.NodeConfigStatus{Error: errText}, ObservedTime: timestamppb.New(c.at), NodeUid: uid})
+	return err
 }
 
 // drain runs the writer's queue until it is empty, retries included.

@@ -19,6 +19,7 @@ import (
 	"hash/fnv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,7 +29,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -56,6 +56,12 @@ type report struct {
 	// nodeUID is the Node object the status is about ("" if the sidecar did not say): it is written onto
 	// that object only, never onto a Node registered again under the name.
 	nodeUID string
+	// seq numbers the reports this replica accepted, so that a write can tell whether the report it wrote
+	// is still the latest.
+	seq uint64
+	// owed: the report was acknowledged as queued (the inline writes were all taken) and is not on the
+	// Node yet. The queue writes it even if the node's stream is no longer here: it was acknowledged.
+	owed bool
 }
 
 // restarting says whether a reported status is a restart in progress: a config assigned and not yet
@@ -95,24 +101,33 @@ func (o reportOrder) before(p reportOrder) bool {
 
 // Writer writes node status. Create it with New and run it with Run.
 type Writer struct {
-	log     *zap.Logger
-	client  kubernetes.Interface
-	nodes   corelisters.NodeLister
-	table   *assignment.Table
-	clock   clock.PassiveClock
-	metrics *Metrics
-	queue   workqueue.TypedRateLimitingInterface[string]
-	serving func(node string) bool // nil: every node (a single replica)
+	log    *zap.Logger
+	client kubernetes.Interface
+	nodes  corelisters.NodeLister
+	table  *assignment.Table
+	clock  clock.PassiveClock
+	// draining is set once Run's context has ended: no report is queued any more.
+	draining atomic.Bool
+	metrics  *Metrics
+	queue    workqueue.TypedRateLimitingInterface[string]
+	serving  func(node string) bool // nil: every node (a single replica)
 	// restartDelay is how long a restart in progress waits for its outcome before it is written.
 	restartDelay time.Duration
 
+	// inline holds a token for each report being written inline (Config.MaxInlineWrites); nil: no bound.
+	inline chan struct{}
+
 	mu      sync.Mutex
+	seq     uint64
 	reports map[string]report
 	written map[string]lastWrite
+	// events are the kubelet restarts of acknowledged reports whose Event is not created yet (the report
+	// was queued): the queue creates them before it writes the node's status.
+	events map[string][]*dkcv1.KubeletRestart
 
-	// locks serialise writes per node, striped by name. Reports write inline, and a patch takes up to
-	// seconds on a busy apiserver: 64 stripes would let at most 64 writes run at once, fewer a second than
-	// --kube-api-qps allows when thousands of nodes report together; with 1,024 the rate limiter decides.
+	// locks serialise writes per node, striped by name. Reports write inline (up to MaxInlineWrites at
+	// once) beside the queue's workers, and a patch takes up to seconds on a busy apiserver: with 1,024
+	// stripes two nodes rarely wait on each other.
 	locks [1024]sync.Mutex
 }
 
@@ -160,6 +175,12 @@ type Config struct {
 	// writes (running, then last-known-good) instead of three. The original kubelet exited to restart right
 	// after recording the assignment, so its Node rarely showed that step either. 0: written at once.
 	RestartingDelay time.Duration
+	// MaxInlineWrites bounds the reports written while their ReportStatus call waits (docs/design.md,
+	// "What a status acknowledgement means"). Past it a report is acknowledged as queued: kept, with its
+	// restart's Event, and written by the queue's workers, which retry. A call waiting on the apiserver
+	// holds a gRPC handler goroutine and its grown stack: when 10,000 nodes report a fan-out at once,
+	// unbounded, those were ~400 MiB of dkc-server's peak. 0: no bound (every report written inline).
+	MaxInlineWrites int
 }
 
 // New returns a Writer.
@@ -167,11 +188,21 @@ func New(cfg Config) *Writer {
 	if cfg.Pending == nil {
 		cfg.Pending = NewPending(nil)
 	}
-	return &Writer{
+	w := &Writer{
 		log: cfg.Log, client: cfg.Client, nodes: cfg.Nodes, table: cfg.Table, clock: clock.RealClock{}, metrics: cfg.Metrics,
 		queue: cfg.Pending.queue, serving: cfg.Serving, restartDelay: cfg.RestartingDelay, reports: map[string]report{}, written: map[string]lastWrite{},
+		events: map[string][]*dkcv1.KubeletRestart{},
 	}
+	if cfg.MaxInlineWrites > 0 {
+		w.inline = make(chan struct{}, cfg.MaxInlineWrites)
+	}
+	return w
 }
+
+// maxPendingEvents bounds the restarts kept per node for the queue. A sidecar sends its next restart only
+// once the previous report is acknowledged, so more than a few mean a kubelet restarting in a loop while
+// the apiserver refuses Events: the oldest go, as an event recorder's would.
+const maxPendingEvents = 16
 
 // ErrStale is returned for a report older than the one already accepted for the node.
 var ErrStale = errors.New("report is older than the last accepted one")
@@ -198,25 +229,43 @@ var (
 
 // Report accepts a node's status report: it records the kubelet restart's Event, if any, and writes the
 // node's status before returning, so that an acknowledged report is on the Node (the sidecar retries until
-// acknowledged) — except a restart in progress, which is held for RestartingDelay (Config), and a report
-// of a Node not in the cache yet: both are queued. A report older than the last accepted one is ignored.
+// acknowledged) — except a restart in progress, which is held for RestartingDelay (Config), a report of a
+// Node not in the cache yet, and a report that finds MaxInlineWrites writes in flight: these are queued
+// (docs/design.md, "What a status acknowledgement means"). A report older than the last accepted one is
+// ignored.
 //
 // A held status is written when the delay has passed only if the node still streams from this replica
 // (Config.Serving); a node that moved meanwhile is served by the other replica, which its sidecar re-sends
 // the report to. A replica that has not yet seen a half-dead stream end (keepalive) can still write the
 // held status after the other wrote a newer one, until the node's next report corrects it.
-func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) error {
+func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) (Receipt, error) {
 	order := reportOrder{incarnation: req.GetIncarnation(), sequence: req.GetSequence(), observed: req.GetObservedTime().AsTime()}
 	if req.GetObservedTime() == nil {
 		order.observed = w.clock.Now()
 	}
 	r := report{status: req.GetStatus(), message: req.GetMessage(), order: order, nodeUID: req.GetNodeUid()}
+	// Past MaxInlineWrites the report is queued instead, unless this replica's cache lacks the Node: only
+	// the inline path can refuse a report of a Node that does not exist (ErrNodeGone), and such reports
+	// are rare.
+	acquired := w.acquireInline()
+	if acquired && w.inline != nil {
+		defer w.releaseInline()
+	}
+	// A replica shutting down writes inline: its queue may not get to a report acknowledged now.
+	inline := acquired || w.draining.Load()
+	if !inline {
+		if _, err := w.nodes.Get(node); err != nil {
+			inline = true
+		}
+	}
 	w.mu.Lock()
 	prev, had := w.reports[node]
 	if had && order.before(prev.order) {
 		w.mu.Unlock()
-		return ErrStale
+		return Receipt{}, ErrStale
 	}
+	w.seq++
+	r.seq, r.owed = w.seq, !inline
 	if restarting(r.status) {
 		// Held from the first report of the restart: a node whose restarts keep being replaced by newer
 		// assignments still shows one after RestartingDelay.
@@ -226,6 +275,16 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		}
 	}
 	w.reports[node] = r
+	if !inline {
+		if rs := req.GetRestart(); rs != nil {
+			w.addEventLocked(node, rs)
+		}
+		w.mu.Unlock()
+		// Acknowledged as queued: the queue coalesces the node's reports into one write of the latest.
+		w.queue.Add(node)
+		w.metrics.write("queued")
+		return Receipt{EventQueued: req.GetRestart() != nil}, nil
+	}
 	w.mu.Unlock()
 	var eventErr error
 	if r := req.GetRestart(); r != nil {
@@ -247,23 +306,115 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	}
 	if eventErr != nil {
 		if err := w.write(ctx, node); err != nil && !errors.Is(err, errNotCached) && !errors.Is(err, errHeld) {
-			return err
+			return Receipt{}, err
 		}
-		return fmt.Errorf("%w (status written or queued; send the report again for its event)", eventErr)
+		return Receipt{}, fmt.Errorf("%w (status written or queued; send the report again for its event)", eventErr)
 	}
 	switch err := w.write(ctx, node); {
 	case errors.Is(err, errNotCached):
 		// Acknowledged: the report is kept and written from the queue once this replica's cache has the Node.
 		w.queue.AddRateLimited(node)
-		return nil
+		return Receipt{}, nil
 	case errors.Is(err, errNoReport):
-		return ErrNodeGone // dropped meanwhile: the Node was found gone
+		return Receipt{}, ErrNodeGone // dropped meanwhile: the Node was found gone
 	case errors.Is(err, ErrOtherNode):
-		return err
+		return Receipt{}, err
 	case errors.Is(err, errHeld):
-		return nil // acknowledged: written from the queue unless the outcome comes first
+		return Receipt{}, nil // acknowledged: written from the queue unless the outcome comes first
 	default:
-		return err
+		return Receipt{}, err
+	}
+}
+
+// Receipt is what the acknowledgement of an accepted report covers beyond its status.
+type Receipt struct {
+	// EventQueued: the report was queued with its restart, whose Event is not created yet; the sidecar keeps
+	// the restart and sends it again on its next stream (dkcv1.ReportStatusResponse.restart_queued), so that
+	// the Event survives this replica exiting before its queue created it.
+	EventQueued bool
+}
+
+// acquireInline takes one of the MaxInlineWrites tokens without waiting; always true without a bound.
+func (w *Writer) acquireInline() bool {
+	if w.inline == nil {
+		return true
+	}
+	select {
+	case w.inline <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// releaseInline gives back a token taken by acquireInline.
+func (w *Writer) releaseInline() { <-w.inline }
+
+// addEventLocked keeps a queued report's restart for flushEvents; w.mu is held.
+func (w *Writer) addEventLocked(node string, rs *dkcv1.KubeletRestart) {
+	pending := w.events[node]
+	for _, p := range pending {
+		if p.GetId() == rs.GetId() {
+			return // a re-sent report: its Event is already to be created
+		}
+	}
+	if len(pending) == maxPendingEvents {
+		w.log.Warn("too many kubelet restarts waiting for their events; dropping the oldest", zap.String("node", node),
+			zap.String("restartID", pending[0].GetId()))
+		w.metrics.event("error")
+		pending = pending[1:]
+	}
+	w.events[node] = append(pending, rs)
+}
+
+// flushEvents creates the Events of the node's queued restarts, oldest first. An Event the apiserver
+// refuses for good is dropped, as on the inline path; a transient failure keeps it and the rest, and is
+// returned so that the node is queued again.
+func (w *Writer) flushEvents(ctx context.Context, node string) error {
+	w.mu.Lock()
+	pending := w.events[node]
+	w.mu.Unlock()
+	for len(pending) > 0 {
+		rs := pending[0]
+		if err := w.recordRestart(ctx, node, rs); err != nil {
+			w.metrics.event("error")
+			if !eventRefused(err) {
+				return err
+			}
+			w.log.Warn("kubelet restart event refused; dropping it", zap.String("node", node),
+				zap.String("restartID", rs.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
+		}
+		pending = pending[1:]
+		w.mu.Lock()
+		// Only this worker removes a node's events (the queue hands a node to one worker at a time);
+		// reports may have appended more meanwhile.
+		if cur := w.events[node]; len(cur) > 0 && cur[0] == rs {
+			if len(cur) == 1 {
+				delete(w.events, node)
+			} else {
+				w.events[node] = cur[1:]
+			}
+		}
+		pending = w.events[node]
+		w.mu.Unlock()
+	}
+	return nil
+}
+
+// owed says whether the node's latest report was acknowledged as queued and is not written yet.
+func (w *Writer) owed(node string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reports[node].owed
+}
+
+// paid records that report seq of the node is on the Node (or needs no write).
+func (w *Writer) paid(node string, seq uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r, ok := w.reports[node]; ok && r.seq == seq && r.owed {
+		r.owed = false
+		w.reports[node] = r
 	}
 }
 
@@ -292,22 +443,36 @@ func (w *Writer) Reported() int {
 	return len(w.reports)
 }
 
-// Run processes enqueued nodes until ctx ends.
-func (w *Writer) Run(ctx context.Context, workers int) error {
+// Run processes enqueued nodes until ctx ends, then drains: reports that arrive while the server lets its
+// calls finish are written inline (Report), and what this replica acknowledged as queued is written once
+// more, for up to drain — an acknowledgement as queued must not be lost to a rolling update (review of
+// issue 28). What a failed write would retry is left to the node's next stream.
+func (w *Writer) Run(ctx context.Context, workers int, drain time.Duration) error {
+	// The workers' writes outlive ctx by the drain.
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			wait.UntilWithContext(ctx, func(ctx context.Context) {
-				for w.processNext(ctx) {
-				}
-			}, time.Second)
+			for w.processNext(wctx) {
+			}
 		}()
 	}
 	<-ctx.Done()
-	w.queue.ShutDown()
-	wg.Wait()
+	w.draining.Store(true)
+	w.queue.ShutDown() // Get returns what is queued, then quit
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(drain):
+		w.log.Warn("status queue not drained in time; the nodes' next streams bring their reports again",
+			zap.Duration("drain", drain), zap.Int("left", w.queue.Len()))
+		cancel()
+		<-done
+	}
 	return nil
 }
 
@@ -317,14 +482,32 @@ func (w *Writer) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer w.queue.Done(node)
+	// Acknowledged restarts get their Events whether or not the node still streams from here. A failed
+	// Event keeps the node in the queue with a growing backoff, also when its status is written: forgetting
+	// the node there would retry the Event at the base delay for as long as the apiserver refuses it.
+	eventErr := w.flushEvents(ctx, node)
+	if eventErr != nil {
+		w.log.Warn("create kubelet restart event failed; retrying", zap.String("node", node), zap.Error(eventErr))
+	}
+	settled := func() {
+		if eventErr != nil {
+			w.queue.AddRateLimited(node)
+		} else {
+			w.queue.Forget(node)
+		}
+	}
+	// A node that streams from another replica now is that replica's to write, even for a report this one
+	// acknowledged as queued: the sidecar sends its latest report again on every new stream, and writing the
+	// queued one here could put an older status over the newer one the other replica wrote (review of
+	// issue 28). Its Events are still this replica's promise.
 	if w.serving != nil && !w.serving(node) {
 		w.release(node)
-		w.queue.Forget(node)
+		settled()
 		return true
 	}
 	switch err := w.write(ctx, node); {
 	case err == nil, errors.Is(err, errNoReport), errors.Is(err, ErrNodeGone), errors.Is(err, ErrOtherNode), errors.Is(err, errHeld):
-		w.queue.Forget(node)
+		settled()
 	case errors.Is(err, errNotCached):
 		w.queue.AddRateLimited(node) // until the cache catches up: not worth a warning
 	default:
@@ -337,18 +520,18 @@ func (w *Writer) processNext(ctx context.Context) bool {
 // Desired is the status the node should carry: the reported one, with the service's sync error in place of
 // the reported error while there is one. ok is false when the node has not reported to this replica.
 func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message string, ok bool) {
-	status, message, _, _, ok = w.desired(node)
+	status, message, _, _, _, ok = w.desired(node)
 	return status, message, ok
 }
 
-// desired is Desired, how much longer the status waits for its restart's outcome (0: none), and the Node
-// object it is about ("": any).
-func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string, hold time.Duration, nodeUID string, ok bool) {
+// desired is Desired, how much longer the status waits for its restart's outcome (0: none), the Node
+// object it is about ("": any) and the report's number.
+func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string, hold time.Duration, nodeUID string, seq uint64, ok bool) {
 	w.mu.Lock()
 	r, ok := w.reports[node]
 	w.mu.Unlock()
 	if !ok {
-		return nil, "", 0, "", false
+		return nil, "", 0, "", 0, false
 	}
 	status = wire.StatusToCore(r.status)
 	message = r.message
@@ -359,7 +542,7 @@ func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message 
 	if !r.restarting.IsZero() && status.Error == "" && w.restartDelay > 0 {
 		hold = max(0, w.restartDelay-w.clock.Since(r.restarting))
 	}
-	return status, message, hold, r.nodeUID, true
+	return status, message, hold, r.nodeUID, r.seq, true
 }
 
 func (w *Writer) lock(node string) *sync.Mutex {
@@ -373,7 +556,7 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	l := w.lock(name)
 	l.Lock()
 	defer l.Unlock()
-	status, message, hold, uid, ok := w.desired(name)
+	status, message, hold, uid, seq, ok := w.desired(name)
 	if !ok {
 		return errNoReport
 	}
@@ -410,10 +593,12 @@ func (w *Writer) write(ctx context.Context, name string) error {
 		// write that follows a report) would otherwise patch the same status again.
 		if last.digest == digest {
 			w.metrics.write("unchanged")
+			w.paid(name, seq)
 			return nil
 		}
 	} else if upToDate(node, string(annotation), status, cond) {
 		w.metrics.write("unchanged")
+		w.paid(name, seq)
 		return nil
 	}
 	now := metav1.NewTime(w.clock.Now())
@@ -457,6 +642,7 @@ func (w *Writer) write(ctx context.Context, name string) error {
 	w.mu.Lock()
 	w.written[name] = lastWrite{over: node.ResourceVersion, digest: digest}
 	w.mu.Unlock()
+	w.paid(name, seq)
 	w.log.Info("node status written", zap.String("node", name), zap.String("status", string(annotation)),
 		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start)))
 	return nil

@@ -105,7 +105,7 @@ func TestStatusConfigFollowsEveryStep(t *testing.T) {
 			report := func() {
 				t.Helper()
 				observed = observed.Add(time.Second)
-				if err := w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
+				if _, err := w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
 					Status: wire.StatusFromCore(&step.want), ObservedTime: timestamppb.New(observed)}); err != nil {
 					t.Fatalf("Report: %v", err)
 				}
@@ -145,13 +145,13 @@ func TestTransientEventFailureIsRetried(t *testing.T) {
 	st := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1")}
 	req := &dkcv1.ReportStatusRequest{NodeName: name, Status: wire.StatusFromCore(&st), Incarnation: 1, Sequence: 1,
 		Restart: &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.Now()}}
-	if err := w.Report(context.Background(), name, req); err == nil {
+	if _, err := w.Report(context.Background(), name, req); err == nil {
 		t.Fatal("report acknowledged although its Event was not created and could be")
 	}
 	if got := annotationOf(t, getNode(t, client, name)); !apiequality.Semantic.DeepEqual(got, st) {
 		t.Fatalf("status not written with the event failing: %s", statusJSON(got))
 	}
-	if err := w.Report(context.Background(), name, req); err != nil {
+	if _, err := w.Report(context.Background(), name, req); err != nil {
 		t.Fatalf("the retried report: %v", err)
 	}
 	events, err := client.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
@@ -192,7 +192,7 @@ func TestRefusedEventDoesNotHoldBackStatus(t *testing.T) {
 				{Assigned: cm("1")},
 				{Assigned: cm("1"), Active: cm("1")},
 			} {
-				err := w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
+				_, err := w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
 					Status: wire.StatusFromCore(&st), Restart: restart, ObservedTime: timestamppb.New(t0.Add(time.Duration(i) * time.Second))})
 				if err != nil {
 					t.Fatalf("report %d: %v", i, err)
@@ -259,7 +259,7 @@ func TestReportsOrderedByIncarnationAndSequence(t *testing.T) {
 			w, _ := newWriter(t, client)
 			for i, r := range tc.reports {
 				r.NodeName = name
-				err := w.Report(context.Background(), name, r)
+				_, err := w.Report(context.Background(), name, r)
 				if stale := errors.Is(err, ErrStale); stale != tc.stale[i] || (err != nil && !stale) {
 					t.Fatalf("report %d (%q): %v; want stale=%v", i, r.GetStatus().GetError(), err, tc.stale[i])
 				}
@@ -288,19 +288,19 @@ func TestReplicaThatNoLongerServesANodeWritesNothingOld(t *testing.T) {
 	b := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: tableB, Metrics: NewMetrics(prometheus.NewRegistry()), Serving: serving("b")})
 	old := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1")}
 	newer := corev1.NodeConfigStatus{Assigned: cm("2"), Active: cm("2")}
-	if err := a.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name, Status: wire.StatusFromCore(&old), Incarnation: 1, Sequence: 1}); err != nil {
+	if _, err := a.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name, Status: wire.StatusFromCore(&old), Incarnation: 1, Sequence: 1}); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
 	servedBy = "b"
 	mu.Unlock()
-	if err := b.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name, Status: wire.StatusFromCore(&newer), Incarnation: 1, Sequence: 2}); err != nil {
+	if _, err := b.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name, Status: wire.StatusFromCore(&newer), Incarnation: 1, Sequence: 2}); err != nil {
 		t.Fatal(err)
 	}
 	// The node's sync error changed: both replicas' tables re-queue it.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _ = a.Run(ctx, 1) }()
+	go func() { _ = a.Run(ctx, 1, time.Second) }()
 	a.Enqueue(name)
 	deadline := time.Now().Add(5 * time.Second)
 	for a.Reported() != 0 {
@@ -347,7 +347,7 @@ func TestLaggingCacheCostsNoSecondPatch(t *testing.T) {
 	report := func(st corev1.NodeConfigStatus) {
 		t.Helper()
 		observed = observed.Add(time.Second)
-		if err := w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
+		if _, err := w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
 			Status: wire.StatusFromCore(&st), ObservedTime: timestamppb.New(observed)}); err != nil {
 			t.Fatalf("Report: %v", err)
 		}
@@ -410,12 +410,12 @@ func TestRestartInProgressWaitsForItsOutcome(t *testing.T) {
 			w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil), Metrics: m, RestartingDelay: delay})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			go func() { _ = w.Run(ctx, 1) }()
+			go func() { _ = w.Run(ctx, 1, time.Second) }()
 			var seq uint64
 			report := func(st corev1.NodeConfigStatus) {
 				t.Helper()
 				seq++
-				if err := w.Report(ctx, name, &dkcv1.ReportStatusRequest{NodeName: name, Status: wire.StatusFromCore(&st), Incarnation: 1, Sequence: seq}); err != nil {
+				if _, err := w.Report(ctx, name, &dkcv1.ReportStatusRequest{NodeName: name, Status: wire.StatusFromCore(&st), Incarnation: 1, Sequence: seq}); err != nil {
 					t.Fatalf("Report: %v", err)
 				}
 			}

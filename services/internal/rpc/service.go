@@ -33,7 +33,7 @@ type Reauthenticator interface {
 
 // StatusWriter is what the service needs of the node status writer.
 type StatusWriter interface {
-	Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) error
+	Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) (nodestatus.Receipt, error)
 }
 
 // Service implements dkcv1.ConfigServiceServer.
@@ -294,7 +294,8 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	return changed, nil
 }
 
-// ReportStatus writes the node's status onto its Node before acknowledging.
+// ReportStatus hands the node's report to the status writer and acknowledges it once the status is on its
+// Node or queued to be written (docs/design.md, "What a status acknowledgement means").
 func (s *Service) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
 	node := req.GetNodeName()
 	if err := auth.Authorize(ctx, node); err != nil {
@@ -306,7 +307,7 @@ func (s *Service) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusReque
 	if r := req.GetRestart(); r != nil && !nodestatus.ValidRestartID(r.GetId()) {
 		return nil, status.Errorf(codes.InvalidArgument, "restart.id %q: want 1-64 characters of [a-z0-9]", r.GetId())
 	}
-	err := s.status.Report(ctx, node, req)
+	receipt, err := s.status.Report(ctx, node, req)
 	if errors.Is(err, nodestatus.ErrStale) {
 		return &dkcv1.ReportStatusResponse{}, nil // a newer report is already on the Node
 	}
@@ -319,7 +320,7 @@ func (s *Service) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusReque
 		s.log.Warn("status report not written", zap.String("node", node), zap.Error(err))
 		return nil, status.Errorf(codes.Unavailable, "write status of node %s: %v", node, err)
 	}
-	return &dkcv1.ReportStatusResponse{}, nil
+	return &dkcv1.ReportStatusResponse{RestartQueued: receipt.EventQueued}, nil
 }
 
 // Metrics of the service; a nil *Metrics records nothing.

@@ -19,18 +19,20 @@ import (
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 	"github.com/dkc-dev/dkc/services/internal/auth"
+	"github.com/dkc-dev/dkc/services/internal/nodestatus"
 )
 
 type recordingWriter struct {
 	mu      sync.Mutex
 	reports []*dkcv1.ReportStatusRequest
+	receipt nodestatus.Receipt // what Report answers
 }
 
-func (r *recordingWriter) Report(_ context.Context, _ string, req *dkcv1.ReportStatusRequest) error {
+func (r *recordingWriter) Report(_ context.Context, _ string, req *dkcv1.ReportStatusRequest) (nodestatus.Receipt, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reports = append(r.reports, req)
-	return nil
+	return r.receipt, nil
 }
 
 // start serves the service in memory; every call acts as node "n1".
@@ -274,6 +276,23 @@ func TestReportStatus(t *testing.T) {
 	}
 	if len(w.reports) != 1 {
 		t.Errorf("writer got %d reports, want 1", len(w.reports))
+	}
+}
+
+// TestReportStatusRestartQueued: the acknowledgement says whether the report's restart Event was queued
+// rather than created, which is what makes the sidecar keep the restart for its next stream.
+func TestReportStatusRestartQueued(t *testing.T) {
+	for _, queued := range []bool{false, true} {
+		w := &recordingWriter{receipt: nodestatus.Receipt{EventQueued: queued}}
+		client := start(t, assignment.NewTable(nil), w)
+		resp, err := client.ReportStatus(context.Background(), &dkcv1.ReportStatusRequest{NodeName: "n1", Status: &dkcv1.NodeConfigStatus{},
+			Restart: &dkcv1.KubeletRestart{Id: "r1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetRestartQueued() != queued {
+			t.Errorf("writer's EventQueued %v: restart_queued %v", queued, resp.GetRestartQueued())
+		}
 	}
 }
 

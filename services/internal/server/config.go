@@ -20,7 +20,9 @@ import (
 // Config is the service's configuration. Build it with DefaultConfig, override from flags (BindFlags),
 // then Validate; treat it as immutable afterwards.
 type Config struct {
-	Kubeconfig     string
+	Kubeconfig string
+	// KubeAPIQPS and KubeAPIBurst limit the requests to the apiserver; 0 sizes each to the node count
+	// (kubeAPIScale).
 	KubeAPIQPS     float64
 	KubeAPIBurst   int
 	ListenAddress  string
@@ -34,8 +36,9 @@ type Config struct {
 
 	AllowedServiceAccounts []string
 	TokenCacheTTL          time.Duration
-	// TokenReviews have a client and rate limiter of their own, and a per-caller-address limit for tokens
-	// not in the cache (see services/internal/auth).
+	// TokenReviews have a client and rate limiter of their own (0: sized to the node count,
+	// tokenReviewScale), and a per-caller-address limit for tokens not in the cache (see
+	// services/internal/auth).
 	TokenReviewQPS       float64
 	TokenReviewBurst     int
 	TokenReviewPeerQPS   float64
@@ -45,6 +48,8 @@ type Config struct {
 
 	Workers       int
 	StatusWorkers int
+	// MaxInlineStatusWrites: see nodestatus.Config.MaxInlineWrites.
+	MaxInlineStatusWrites int
 	// RestartingStatusDelay: see nodestatus.Config.RestartingDelay.
 	RestartingStatusDelay time.Duration
 
@@ -63,33 +68,47 @@ type Config struct {
 	MaxConcurrentStreams int
 }
 
-// DefaultConfig returns the defaults, chosen for a production cluster of up to 5,000 nodes.
+// Client-side limits sized to the node count (scale): the defaults of --kube-api-qps/-burst and
+// --token-review-qps/-burst. A fan-out costs each node three requests (the Event of its kubelet restart,
+// the status with the new config active, then last-known-good after the trial): 0.2 requests a second per
+// Node, with a burst of one per Node, lets one replica take all of them in about 15 s (2,000/s at 10,000
+// Nodes; the benchmark's apiserver on 2 cores answers fewer), so dkc's own limiter is never what the
+// fleet waits for, and the floor keeps a small cluster at the former fixed defaults. A connected sidecar
+// costs a TokenReview per --token-cache-ttl (1 minute: 167/s at 10,000) and one when it connects: 0.05 a
+// second per Node (500/s at 10,000) with a burst of 0.2 per Node leaves room for a replica's nodes
+// reconnecting after a drain.
+var (
+	kubeAPIScale     = scale{qps: 50, burst: 100, qpsPerNode: 0.2, burstPerNode: 1}
+	tokenReviewScale = scale{qps: auth.DefaultReviewQPS, burst: auth.DefaultReviewBurst, qpsPerNode: 0.05, burstPerNode: 0.2}
+)
+
+// DefaultConfig returns the defaults, chosen for a production cluster of up to 10,000 nodes.
 func DefaultConfig() Config {
 	return Config{
-		KubeAPIQPS:             50,
-		KubeAPIBurst:           100,
 		ListenAddress:          ":9443",
 		MetricsAddr:            ":9090",
 		WebhookAddress:         ":9444",
 		AllowedServiceAccounts: []string{"kube-system/dkc-sidecar"},
 		TokenCacheTTL:          time.Minute,
-		TokenReviewQPS:         auth.DefaultReviewQPS,
-		TokenReviewBurst:       auth.DefaultReviewBurst,
 		TokenReviewPeerQPS:     auth.DefaultPeerQPS,
 		TokenReviewPeerBurst:   auth.DefaultPeerBurst,
 		ConfigNamespaces:       []string{"kube-system"}, // where the seed workflow puts configs
 		Workers:                4,
-		StatusWorkers:          4,
-		RestartingStatusDelay:  10 * time.Second,
-		KeepaliveTime:          time.Minute,
-		KeepaliveTimeout:       20 * time.Second,
-		MaxConnectionAge:       30 * time.Minute,
-		MaxConnAgeGrace:        time.Minute,
-		ShutdownGrace:          10 * time.Second,
-		LogLevel:               "info",
-		ReadBufferSize:         0,
-		WriteBufferSize:        8 << 10,
-		MaxSendMsgSizeMiB:      4,
+		// A status write takes tens of milliseconds on a busy apiserver: 32 workers beside 64 inline writes
+		// keep ~100 requests in flight, enough for this machine's apiserver to be the limit (make bench),
+		// while the reports past them cost a queue entry each instead of a waiting goroutine.
+		StatusWorkers:         128,
+		MaxInlineStatusWrites: 64,
+		RestartingStatusDelay: 10 * time.Second,
+		KeepaliveTime:         time.Minute,
+		KeepaliveTimeout:      20 * time.Second,
+		MaxConnectionAge:      30 * time.Minute,
+		MaxConnAgeGrace:       time.Minute,
+		ShutdownGrace:         10 * time.Second,
+		LogLevel:              "info",
+		ReadBufferSize:        0,
+		WriteBufferSize:       8 << 10,
+		MaxSendMsgSizeMiB:     4,
 		// A sidecar has 2 calls open at once (its WatchConfig stream and a status report); tools and tests
 		// that act for a few nodes over one connection (grpcurl, the integration tests' 10) fit too.
 		MaxConcurrentStreams: 16,
@@ -120,8 +139,8 @@ func (s stringList) Set(v string) error {
 // BindFlags registers the configuration's flags on fs, with c's values as defaults.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig of the apiserver; empty means in-cluster config")
-	fs.Float64Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, "sustained requests per second to the apiserver")
-	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, "burst of requests to the apiserver")
+	fs.Float64Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, fmt.Sprintf("sustained requests per second to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g (a fan-out costs each node three requests; API Priority and Fairness, deploy/base/server-apf.yaml, is what protects the apiserver)", kubeAPIScale.qpsPerNode, kubeAPIScale.qps))
+	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, fmt.Sprintf("burst of requests to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g", kubeAPIScale.burstPerNode, kubeAPIScale.burst))
 	fs.StringVar(&c.ListenAddress, "listen-address", c.ListenAddress, "address of the gRPC API (dkc.v1.ConfigService, health, reflection)")
 	fs.StringVar(&c.MetricsAddr, "metrics-address", c.MetricsAddr, "address of the HTTP endpoint for /metrics, /healthz and /readyz; empty disables it")
 	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "serve Go profiles at /debug/pprof/ on the metrics address")
@@ -132,12 +151,13 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Var(stringList{&c.AllowedServiceAccounts}, "allowed-service-accounts", "comma-separated namespace/name of the service accounts sidecars run as")
 	fs.Var(stringList{&c.ConfigNamespaces}, "config-namespaces", "comma-separated namespaces whose ConfigMaps Nodes may use as config sources; a source elsewhere is refused by the webhook and reported as a sync error. dkc-server needs a Role to list and watch ConfigMaps in each")
 	fs.DurationVar(&c.TokenCacheTTL, "token-cache-ttl", c.TokenCacheTTL, "how long a TokenReview result is reused (never past the token's expiry); also how often an open config stream's token is checked again, so a revoked token loses its stream within it")
-	fs.Float64Var(&c.TokenReviewQPS, "token-review-qps", c.TokenReviewQPS, "sustained TokenReviews per second, through a client and rate limiter of their own so that callers with new or garbage tokens cannot spend the budget of Node status writes (--kube-api-qps); a connected sidecar needs one per new token and one per --token-cache-ttl (its stream's token is checked again that often): grow it with the node count")
-	fs.IntVar(&c.TokenReviewBurst, "token-review-burst", c.TokenReviewBurst, "burst of TokenReviews (sidecars reconnecting after a restart)")
+	fs.Float64Var(&c.TokenReviewQPS, "token-review-qps", c.TokenReviewQPS, fmt.Sprintf("sustained TokenReviews per second, through a client and rate limiter of their own so that callers with new or garbage tokens cannot spend the budget of Node status writes (--kube-api-qps); a connected sidecar needs one per new token and one per --token-cache-ttl (its stream's token is checked again that often). 0 sizes it to the cluster: %g per Node, at least %g", tokenReviewScale.qpsPerNode, tokenReviewScale.qps))
+	fs.IntVar(&c.TokenReviewBurst, "token-review-burst", c.TokenReviewBurst, fmt.Sprintf("burst of TokenReviews (sidecars reconnecting after a restart); 0 sizes it to the cluster: %g per Node, at least %g", tokenReviewScale.burstPerNode, tokenReviewScale.burst))
 	fs.Float64Var(&c.TokenReviewPeerQPS, "token-review-per-peer-qps", c.TokenReviewPeerQPS, "TokenReviews per second one caller IP address (IPv6: one /64) may cause for tokens not in the cache; beyond it calls get ResourceExhausted without a review, and cached tokens are never limited. 0 disables it: only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
 	fs.IntVar(&c.TokenReviewPeerBurst, "token-review-per-peer-burst", c.TokenReviewPeerBurst, "TokenReviews one caller address may cause at once (nodes sharing an address that reconnect together)")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "nodes resolved in parallel")
-	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers, "node status writes in parallel (sync errors; reports write inline)")
+	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers, "node status writes in parallel from the status queue (sync errors, retries, held restarts and the reports past --max-inline-status-writes)")
+	fs.IntVar(&c.MaxInlineStatusWrites, "max-inline-status-writes", c.MaxInlineStatusWrites, "status reports written while their call waits, at most; past it a report is acknowledged as queued and written by the status workers (docs/design.md, \"What a status acknowledgement means\"): each waiting call holds a goroutine and its stack. 0: no bound")
 	fs.DurationVar(&c.RestartingStatusDelay, "restarting-status-delay", c.RestartingStatusDelay, "how long a node's \"config assigned, kubelet not yet running it\" status waits for the kubelet restart's outcome before it is written to the Node; an outcome reported in time is written instead, which saves a Node write per assignment (the original kubelet exited to restart before writing that step, too). 0 writes it at once")
 	fs.DurationVar(&c.KeepaliveTime, "keepalive-time", c.KeepaliveTime, "ping an idle connection after this long, to find dead nodes")
 	fs.DurationVar(&c.KeepaliveTimeout, "keepalive-timeout", c.KeepaliveTimeout, "close a connection whose ping is unanswered this long")
@@ -187,14 +207,17 @@ func (c Config) Validate() error {
 	if c.Workers < 1 || c.StatusWorkers < 1 {
 		errs = append(errs, errors.New("--workers and --status-workers must be at least 1"))
 	}
-	if c.TokenReviewQPS <= 0 || c.TokenReviewBurst < 1 {
-		errs = append(errs, errors.New("--token-review-qps must be positive and --token-review-burst at least 1"))
+	if c.TokenReviewQPS < 0 || c.TokenReviewBurst < 0 {
+		errs = append(errs, errors.New("--token-review-qps and --token-review-burst must not be negative (0: sized to the node count)"))
 	}
 	if c.TokenReviewPeerQPS < 0 || c.TokenReviewPeerBurst < 1 {
 		errs = append(errs, errors.New("--token-review-per-peer-qps must not be negative and --token-review-per-peer-burst at least 1"))
 	}
-	if c.KubeAPIQPS <= 0 || c.KubeAPIBurst < 1 {
-		errs = append(errs, errors.New("--kube-api-qps must be positive and --kube-api-burst at least 1"))
+	if c.KubeAPIQPS < 0 || c.KubeAPIBurst < 0 {
+		errs = append(errs, errors.New("--kube-api-qps and --kube-api-burst must not be negative (0: sized to the node count)"))
+	}
+	if c.MaxInlineStatusWrites < 0 {
+		errs = append(errs, errors.New("--max-inline-status-writes must not be negative"))
 	}
 	for name, d := range map[string]time.Duration{"--keepalive-time": c.KeepaliveTime, "--keepalive-timeout": c.KeepaliveTimeout,
 		"--max-connection-age": c.MaxConnectionAge, "--shutdown-grace": c.ShutdownGrace, "--token-cache-ttl": c.TokenCacheTTL} {

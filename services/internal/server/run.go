@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -55,6 +56,9 @@ type server struct {
 	svc        *rpc.Service
 	health     *health.Server
 	grpc       *grpc.Server
+	// The client-side limits of the apiserver client and the TokenReview client, sized to the Node cache.
+	apiLimiter, reviewLimiter *scaledLimiter
+	nodes                     corelisters.NodeLister
 }
 
 // Run runs the config service until ctx ends, then shuts down gracefully: health turns NOT_SERVING, gRPC
@@ -83,6 +87,9 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.apiLimiter = newScaledLimiter(kubeAPIScale.fixed(cfg.KubeAPIQPS, cfg.KubeAPIBurst))
+	s.reviewLimiter = newScaledLimiter(tokenReviewScale.fixed(cfg.TokenReviewQPS, cfg.TokenReviewBurst))
+	restCfg.RateLimiter = s.apiLimiter
 	client, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return nil, fmt.Errorf("create kubernetes client: %w", err)
@@ -105,6 +112,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// One informer factory; cached Nodes are stripped of what dkc never reads, so 5,000 Nodes stay cheap.
 	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripNode))
 	nodeInformer := s.factory.Core().V1().Nodes()
+	s.nodes = nodeInformer.Lister()
 	queueMetrics := queuemetrics.New(s.reg)
 	pending := nodestatus.NewPending(queueMetrics)
 	table := assignment.NewTable(pending.Add)
@@ -119,8 +127,9 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// node that moved to another replica would otherwise get this replica's older report written back.
 	streams := rpc.NewStreams()
 	s.writer = nodestatus.New(nodestatus.Config{Log: log.Named("nodestatus"), Client: client, Nodes: nodeInformer.Lister(), Table: table,
-		Metrics: nodestatus.NewMetrics(s.reg), Pending: pending, Serving: streams.Serving, RestartingDelay: cfg.RestartingStatusDelay})
-	reviewClient, err := auth.NewReviewClient(restCfg, cfg.TokenReviewQPS, cfg.TokenReviewBurst)
+		Metrics: nodestatus.NewMetrics(s.reg), Pending: pending, Serving: streams.Serving, RestartingDelay: cfg.RestartingStatusDelay,
+		MaxInlineWrites: cfg.MaxInlineStatusWrites})
+	reviewClient, err := reviewClient(restCfg, s.reviewLimiter)
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +176,10 @@ func (s *server) run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	s.factory.Start(gctx.Done())
 	g.Go(func() error { return s.ctrl.Run(gctx, cfg.Workers) })
-	g.Go(func() error { return s.writer.Run(gctx, cfg.StatusWorkers) })
+	g.Go(func() error { return s.writer.Run(gctx, cfg.StatusWorkers, cfg.ShutdownGrace) })
+	for _, l := range []*scaledLimiter{s.apiLimiter, s.reviewLimiter} {
+		g.Go(func() error { l.run(gctx, s.nodes, limitResizeInterval); return nil })
+	}
 	g.Go(func() error {
 		// Serve only once the Node cache is synced: before that every node would look unknown.
 		if cache.WaitForNamedCacheSync("dkc-server", gctx.Done(), s.ctrl.Synced) {
@@ -226,12 +238,26 @@ func restConfig(cfg Config) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
-	rc.QPS, rc.Burst = float32(cfg.KubeAPIQPS), cfg.KubeAPIBurst
 	rc.UserAgent = "dkc-server"
 	// As kube-controller-manager: protobuf is cheaper to encode and decode than JSON for every Node event.
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	return rc, nil
+}
+
+// limitResizeInterval is how often the client-side limits follow the Node cache.
+const limitResizeInterval = 10 * time.Second
+
+// reviewClient is the TokenReview client: auth.NewReviewClient's, with the limit sized to the Node cache.
+func reviewClient(restCfg *rest.Config, limiter *scaledLimiter) (kubernetes.Interface, error) {
+	c := rest.CopyConfig(restCfg)
+	c.RateLimiter = limiter
+	c.UserAgent += "/token-review"
+	cs, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		return nil, fmt.Errorf("create token review client: %w", err)
+	}
+	return cs, nil
 }
 
 // stripNode drops what dkc never reads from cached Nodes.

@@ -246,10 +246,10 @@ func (c *Client) RunReporter(ctx context.Context) error {
 			}
 			continue
 		}
-		err := c.send(ctx, req)
+		resp, err := c.send(ctx, req)
 		if err == nil {
 			delay = 0
-			c.outbox.Ack(req)
+			c.outbox.Ack(req, resp.GetRestartQueued())
 			continue
 		}
 		if ctx.Err() != nil {
@@ -265,17 +265,18 @@ func (c *Client) RunReporter(ctx context.Context) error {
 	}
 }
 
-func (c *Client) send(ctx context.Context, req *dkcv1.ReportStatusRequest) error {
+func (c *Client) send(ctx context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
 	actx, err := c.authed(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(actx, 30*time.Second)
 	defer cancel()
-	if _, err := c.rpc.ReportStatus(cctx, req); err != nil {
-		return err
+	resp, err := c.rpc.ReportStatus(cctx, req)
+	if err != nil {
+		return nil, err
 	}
 	c.log.Debug("status reported", zap.String("error", req.GetStatus().GetError()), zap.Bool("restart", req.GetRestart() != nil),
-		zap.Uint64("incarnation", req.GetIncarnation()), zap.Uint64("sequence", req.GetSequence()))
-	return nil
+		zap.Bool("restartQueued", resp.GetRestartQueued()), zap.Uint64("incarnation", req.GetIncarnation()), zap.Uint64("sequence", req.GetSequence()))
+	return resp, nil
 }

@@ -2,6 +2,7 @@ package client
 
 import (
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
@@ -16,6 +17,10 @@ import (
 // it the oldest are dropped, with a log line each: their Events are history, the status is what matters.
 const MaxPendingRestarts = 32
 
+// ParkedRestartTTL is how long a restart the service acknowledged as queued is kept for the next stream:
+// the apiserver's default --event-ttl, after which its Event would be gone anyway.
+const ParkedRestartTTL = time.Hour
+
 // Outbox is the sidecar's side of the status report protocol (docs/design.md, "The status report
 // protocol"): what is to be sent to the config service, and what an acknowledgement or a new stream changes.
 // It does no I/O and reads no time but through its clock, so the protocol can be checked without a network;
@@ -24,11 +29,13 @@ const MaxPendingRestarts = 32
 //   - Enqueue numbers a new status (incarnation, sequence), stamps it with the Node object followed, and
 //     queues its restart, if any, behind those not yet acknowledged.
 //   - Next is the report to send now: the latest status, carrying the oldest unacknowledged restart.
-//   - Ack says the service acknowledged a report Next returned: its restart is delivered, and once no
-//     restart waits and no newer status was enqueued, nothing is pending.
+//   - Ack says the service acknowledged a report Next returned: its restart is delivered (or, when the
+//     service queued it, parked until the next stream), and once no restart waits and no newer status was
+//     enqueued, nothing is pending.
 //   - Reconnected says a new WatchConfig stream opened: the service replica may be one that never heard of
-//     this node (or dropped a held report when the node moved), so the last acknowledged report becomes
-//     pending again, with its numbers.
+//     this node (or dropped a held report when the node moved, or exited before its queue created a
+//     parked restart's Event), so the last acknowledged report becomes pending again, with its numbers,
+//     and the parked restarts ride on it again.
 type Outbox struct {
 	node        string
 	incarnation uint64
@@ -42,12 +49,24 @@ type Outbox struct {
 	// restarts not yet acknowledged, oldest first. A report carries one restart (one Event); the head rides
 	// on every report until acknowledged, then the next one does, so none is lost while the service is away.
 	restarts []*dkcv1.KubeletRestart
-	last     *dkcv1.ReportStatusRequest // the last report acknowledged in full
+	// parked: restarts acknowledged as queued (ReportStatusResponse.restart_queued), oldest first, with when.
+	// The replica that queued one may exit before creating its Event; the next stream sends them again.
+	parked []parkedRestart
+	last   *dkcv1.ReportStatusRequest // the last report acknowledged in full
 	// out: Next handed out the pending report and no Next came since (it is in flight, or failed).
 	// resend: a stream opened while it was out. Its acknowledgement may then come from the replica the
 	// node left, which drops a held report once the node streams elsewhere; so the report is sent again
 	// once acknowledged, as if the stream had opened after.
 	out, resend bool
+	// streams counts Reconnected calls; sentOn is its value when Next last handed out a report. A restart
+	// acknowledged as queued after a new stream opened is not parked but sent again at once: the
+	// reconnect that would send it again has already happened.
+	streams, sentOn uint64
+}
+
+type parkedRestart struct {
+	restart *dkcv1.KubeletRestart
+	since   time.Time
 }
 
 // OutboxConfig configures an Outbox.
@@ -95,10 +114,15 @@ func (o *Outbox) Enqueue(st *dkcv1.NodeConfigStatus, message string, restart *dk
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if restart != nil {
-		if len(o.restarts) == MaxPendingRestarts {
-			o.log.Warn("too many unacknowledged kubelet restarts; dropping the oldest, its event is lost",
-				zap.String("restartID", o.restarts[0].GetId()), zap.Int("max", MaxPendingRestarts))
-			o.restarts = o.restarts[1:]
+		if len(o.restarts)+len(o.parked) == MaxPendingRestarts {
+			var oldest *dkcv1.KubeletRestart
+			if len(o.parked) > 0 { // parked ones are older, and the service may have their Events
+				oldest, o.parked = o.parked[0].restart, o.parked[1:]
+			} else {
+				oldest, o.restarts = o.restarts[0], o.restarts[1:]
+			}
+			o.log.Warn("too many unacknowledged kubelet restarts; dropping the oldest, its event may be lost",
+				zap.String("restartID", oldest.GetId()), zap.Int("max", MaxPendingRestarts))
 		}
 		o.restarts = append(o.restarts, restart)
 	}
@@ -116,7 +140,7 @@ func (o *Outbox) Next() *dkcv1.ReportStatusRequest {
 		return nil
 	}
 	// Sent now, over the stream there is now: a reconnect before this needs no resend.
-	o.out, o.resend = true, false
+	o.out, o.resend, o.sentOn = true, false, o.streams
 	req := proto.Clone(o.pending).(*dkcv1.ReportStatusRequest)
 	if len(o.restarts) > 0 {
 		req.Restart = o.restarts[0]
@@ -124,15 +148,24 @@ func (o *Outbox) Next() *dkcv1.ReportStatusRequest {
 	return req
 }
 
-// Ack records that the service acknowledged req (a report Next returned): its restart's Event is recorded,
-// and its status is on the Node or queued there. The status stays pending while restarts wait (the next one
-// rides on it) and when a newer status was enqueued meanwhile — also one with the same content about
-// another Node object, which req's acknowledgement says nothing about.
-func (o *Outbox) Ack(req *dkcv1.ReportStatusRequest) {
+// Ack records that the service acknowledged req (a report Next returned): its status is on the Node or
+// queued there, and its restart's Event is recorded — or, restartQueued, queued there with it: the restart
+// is then parked, to ride again on the next stream's first reports. The status stays pending while
+// restarts wait (the next one rides on it) and when a newer status was enqueued meanwhile — also one with
+// the same content about another Node object, which req's acknowledgement says nothing about.
+func (o *Outbox) Ack(req *dkcv1.ReportStatusRequest, restartQueued bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if r := req.GetRestart(); r != nil && len(o.restarts) > 0 && o.restarts[0] == r {
-		o.restarts = o.restarts[1:]
+		switch {
+		case !restartQueued:
+			o.restarts = o.restarts[1:]
+		case o.sentOn == o.streams:
+			o.restarts = o.restarts[1:]
+			o.parked = append(o.parked, parkedRestart{restart: r, since: o.clock.Now()})
+		default:
+			// Queued by the replica of a stream that has ended since: it stays first, for the new stream.
+		}
 	}
 	if len(o.restarts) == 0 && o.pending != nil && o.pending.GetSequence() == req.GetSequence() && o.pending.GetNodeUid() == req.GetNodeUid() {
 		o.last, o.pending, o.out = o.pending, nil, false
@@ -150,6 +183,20 @@ func (o *Outbox) Ack(req *dkcv1.ReportStatusRequest) {
 func (o *Outbox) Reconnected() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.streams++
+	if len(o.parked) > 0 {
+		// Older than any restart not yet acknowledged: in front of them, in order.
+		var again []*dkcv1.KubeletRestart
+		for _, p := range o.parked {
+			if o.clock.Since(p.since) > ParkedRestartTTL {
+				o.log.Info("kubelet restart queued by the service an hour ago; not sending it again",
+					zap.String("restartID", p.restart.GetId()))
+				continue
+			}
+			again = append(again, p.restart)
+		}
+		o.restarts, o.parked = append(again, o.restarts...), nil
+	}
 	if o.pending != nil {
 		o.resend = o.out
 		return

@@ -15,7 +15,8 @@ import (
 // what Next would send after it: "-" for nothing, else "<error>#<sequence>@<node uid>+<restart id>".
 //
 // Operations: "follow:U" (Follow), "status:E" (Enqueue a status with error E), "restart:E:R" (Enqueue with
-// restart R), "send" (Next, remembered as in flight), "ack" (Ack of the report in flight), "reconnect".
+// restart R), "send" (Next, remembered as in flight), "ack" (Ack of the report in flight), "queued" (its
+// Ack with the restart queued by the service), "hour" (an hour and a second pass), "reconnect".
 func TestOutbox(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -42,9 +43,18 @@ func TestOutbox(t *testing.T) {
 		{"a stream opened while a report was in flight: sent again after its ack", "status:a send reconnect ack", "a#1@"},
 		{"... unless it was sent again over the new stream", "status:a send reconnect send ack", "-"},
 		{"a stream opened before the report was handed out: no resend", "status:a reconnect send ack", "-"},
+		{"a restart the service queued is done with for this stream", "restart:a:r1 send queued", "-"},
+		{"... and rides again on the next stream", "restart:a:r1 send queued reconnect", "a#1@+r1"},
+		{"... until acknowledged as created", "restart:a:r1 send queued reconnect send ack", "-"},
+		{"... or queued again, then again on the stream after", "restart:a:r1 send queued reconnect send queued reconnect", "a#1@+r1"},
+		{"parked restarts go before those not yet sent", "restart:a:r1 send queued restart:b:r2 reconnect", "b#2@+r1"},
+		{"... then the newer one", "restart:a:r1 send queued restart:b:r2 reconnect send ack", "b#2@+r2"},
+		{"queued by a replica whose stream ended meanwhile: sent again at once", "restart:a:r1 send reconnect queued", "a#1@+r1"},
+		{"a restart parked for over an hour is not sent again", "restart:a:r1 send queued hour reconnect", "a#1@"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o := NewOutbox(OutboxConfig{Node: "n1", Incarnation: 7, Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0))})
+			clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
+			o := NewOutbox(OutboxConfig{Node: "n1", Incarnation: 7, Clock: clk})
 			var inFlight *dkcv1.ReportStatusRequest
 			for _, op := range strings.Fields(tc.script) {
 				f := strings.Split(op, ":")
@@ -58,7 +68,11 @@ func TestOutbox(t *testing.T) {
 				case "send":
 					inFlight = o.Next()
 				case "ack":
-					o.Ack(inFlight)
+					o.Ack(inFlight, false)
+				case "queued":
+					o.Ack(inFlight, true)
+				case "hour":
+					clk.SetTime(clk.Now().Add(ParkedRestartTTL + time.Second))
 				case "reconnect":
 					o.Reconnected()
 				default:
@@ -93,7 +107,7 @@ func TestOutboxResendIsFresh(t *testing.T) {
 	o.Enqueue(&dkcv1.NodeConfigStatus{Error: "a"}, "", nil)
 	r := o.Next()
 	r.Sequence = 99
-	o.Ack(o.Next())
+	o.Ack(o.Next(), false)
 	clk.SetTime(time.Unix(2000, 0))
 	o.Reconnected()
 	again := o.Next()

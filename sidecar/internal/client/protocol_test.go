@@ -20,7 +20,9 @@ var protocolRuns = flag.Int("protocol-runs", 2000, "random histories TestProtoco
 // report protocol"): a node's Outbox, through its exported API only, against an in-process model of the
 // service — two replicas, each keeping the node's last accepted report, ordering by (incarnation,
 // sequence), holding a restart in progress for a delay, writing from its queue only while the node streams
-// from it — and a Node that is deleted and registered again. The history's steps, in random order: the
+// from it, sometimes queueing a report and its restart's Event instead of writing them (past its bound on
+// inline writes), which it loses if it restarts before its queue ran — and a Node that is deleted and
+// registered again. The history's steps, in random order: the
 // agent reports (sometimes a restart in progress, sometimes with a kubelet restart), the report in flight is
 // delivered, its acknowledgement arrives or is lost, the node's stream moves to a replica, a replica
 // restarts and forgets everything, the Node is registered again under a new UID, time passes.
@@ -44,7 +46,8 @@ const holdDelay = 10 * time.Second
 type replica struct {
 	report     *dkcv1.ReportStatusRequest // last accepted; nil: none
 	heldSince  time.Time                  // zero: the report is not a restart in progress
-	queued     bool                       // a write waits in the queue (held)
+	queued     bool                       // a write waits in the queue (held, or past the inline bound)
+	events     []string                   // restarts whose Events wait in the queue
 	serving    bool                       // the node's stream is here
 	restartLog []string
 }
@@ -67,6 +70,8 @@ type world struct {
 	// inFlight is the report delivered and its acknowledgement not yet arrived.
 	inFlight *dkcv1.ReportStatusRequest
 	acked    bool
+	// restartQueued: the acknowledgement says the restart's Event was queued, not created.
+	restartQueued bool
 	// What the agent did.
 	lastStatus *dkcv1.NodeConfigStatus
 	restarts   []string
@@ -82,10 +87,12 @@ func before(a, b *dkcv1.ReportStatusRequest) bool {
 	return a.GetIncarnation() < b.GetIncarnation() || (a.GetIncarnation() == b.GetIncarnation() && a.GetSequence() < b.GetSequence())
 }
 
-// deliver is rpc.ReportStatus and Writer.Report at replica r: it says whether the report is acknowledged.
-func (w *world) deliver(r *replica, req *dkcv1.ReportStatusRequest) (bool, error) {
+// deliver is rpc.ReportStatus and Writer.Report at replica r: it says whether the report is acknowledged,
+// and whether its restart's Event was queued rather than created. busy: the replica's inline writes are all
+// taken, so the report is queued.
+func (w *world) deliver(r *replica, req *dkcv1.ReportStatusRequest, busy bool) (acked, restartQueued bool, err error) {
 	if r.report != nil && before(req, r.report) {
-		return true, nil // stale: acknowledged, not written
+		return true, false, nil // stale: acknowledged, not written
 	}
 	held := time.Time{}
 	if restarting(req.GetStatus()) {
@@ -95,10 +102,18 @@ func (w *world) deliver(r *replica, req *dkcv1.ReportStatusRequest) (bool, error
 		}
 	}
 	r.report, r.heldSince = req, held
+	if busy {
+		r.queued = true
+		if id := req.GetRestart().GetId(); id != "" {
+			r.events = append(r.events, id)
+			return true, true, nil
+		}
+		return true, false, nil
+	}
 	if id := req.GetRestart().GetId(); id != "" {
 		w.events[id]++
 	}
-	return true, w.write(r)
+	return true, false, w.write(r)
 }
 
 // write is Writer.write: onto the Node if the report is about it and not held; a report about another
@@ -128,10 +143,14 @@ func (w *world) write(r *replica) error {
 	return nil
 }
 
-// drain is the replica's queue worker: a held report whose delay passed is written while the node streams
-// here, dropped otherwise (another replica serves it).
+// drain is the replica's queue worker: queued Events are created; a queued report (held: once its delay
+// passed) is written while the node streams here, dropped otherwise (another replica serves it).
 func (w *world) drain(r *replica) error {
-	if !r.queued || w.clock.Since(r.heldSince) < holdDelay {
+	for _, id := range r.events {
+		w.events[id]++
+	}
+	r.events = nil
+	if !r.queued || (!r.heldSince.IsZero() && w.clock.Since(r.heldSince) < holdDelay) {
 		return nil
 	}
 	if !r.serving {
@@ -203,8 +222,12 @@ func (w *world) send() error {
 	}
 	w.log = append(w.log, fmt.Sprintf("send %d/%d %q restart %q about %s to replica %d", req.GetIncarnation(), req.GetSequence(),
 		describe(req.GetStatus()), req.GetRestart().GetId(), req.GetNodeUid(), w.at))
-	acked, err := w.deliver(w.replicas[w.at], req)
-	w.inFlight, w.acked = req, acked
+	busy := w.rng.IntN(4) == 0
+	acked, restartQueued, err := w.deliver(w.replicas[w.at], req, busy)
+	if busy {
+		w.log = append(w.log, "  queued")
+	}
+	w.inFlight, w.acked, w.restartQueued = req, acked, restartQueued
 	return err
 }
 
@@ -214,8 +237,8 @@ func (w *world) complete(lost bool) {
 		return
 	}
 	if w.acked && !lost {
-		w.outbox.Ack(w.inFlight)
-		w.log = append(w.log, "  acknowledged")
+		w.outbox.Ack(w.inFlight, w.restartQueued)
+		w.log = append(w.log, fmt.Sprintf("  acknowledged (restart queued: %v)", w.restartQueued))
 	} else {
 		w.log = append(w.log, "  acknowledgement lost")
 	}
@@ -247,7 +270,8 @@ func playHistory(seed uint64, steps int) (err error) {
 		case k < 73:
 			w.connect(w.rng.IntN(2))
 		case k < 76:
-			// A replica restarts (a rollout): it forgets everything; its streams end.
+			// A replica restarts (a rollout or a crash): it forgets everything, its queue included; its
+			// streams end.
 			i := w.rng.IntN(2)
 			w.replicas[i] = &replica{}
 			w.log = append(w.log, fmt.Sprintf("replica %d restarted", i))

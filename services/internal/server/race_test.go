@@ -1,0 +1,6 @@
+//go:build race
+
+package server
+
+// raceEnabled: the race detector multiplies what goroutines and allocations cost (TestStreamMemory).
+const raceEnabled = true

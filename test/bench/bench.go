@@ -1236,6 +1236,7 @@ func (r *run) waitLastKnownGood(ctx context.Context, nodes []string, cm, rv stri
 			return err
 		}
 		missing := 0
+		var some []string // the first few, with what their Nodes show
 		for i := range list.Items {
 			n := &list.Items[i]
 			if !want[n.Name] {
@@ -1246,13 +1247,17 @@ func (r *run) waitLastKnownGood(ctx context.Context, nodes []string, cm, rv stri
 				st.LastKnownGood == nil || st.LastKnownGood.ConfigMap == nil ||
 				st.LastKnownGood.ConfigMap.Name != cm || st.LastKnownGood.ConfigMap.ResourceVersion != rv || st.Error != "" {
 				missing++
+				if len(some) < 5 {
+					some = append(some, fmt.Sprintf("%s: %s", n.Name, n.Annotations[nodeconfig.StatusAnnotation]))
+				}
 			}
 		}
 		if missing == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d nodes do not report %s@%s as last-known-good%s", missing, len(nodes), cm, rv, r.rec.failure())
+			return fmt.Errorf("%d of %d nodes do not report %s@%s as last-known-good (%s)%s", missing, len(nodes), cm, rv,
+				strings.Join(some, "; "), r.rec.failure())
 		}
 		time.Sleep(time.Second)
 	}

@@ -210,7 +210,7 @@ func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, er
 	if err := os.WriteFile(local, []byte(localConfig), 0o644); err != nil {
 		return nil, err
 	}
-	log := cfg.log.With(zap.String("node", name))
+	log := cfg.log // the sidecar names its node in every line itself (app.Run)
 	kubelet := &standInKubelet{dynamic: dynamic, local: local, checker: cfg.checker}
 	sc := app.New(app.Config{
 		NodeName: name, Server: cfg.server, ServerCAFile: cfg.caFile, TokenFile: cfg.token,
@@ -227,7 +227,7 @@ func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, er
 	go func() {
 		defer close(s.done)
 		if err := sc.Run(ctx); err != nil {
-			log.Error("simulated node's sidecar failed", zap.Error(err))
+			log.Error("simulated node's sidecar failed", zap.String("node", name), zap.Error(err))
 			cfg.rec.fail(name, err)
 		}
 	}()

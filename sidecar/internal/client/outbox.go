@@ -56,7 +56,7 @@ type Outbox struct {
 	// firstParked is when each restart in restarts or parked was first parked: its hour counts from then,
 	// also when its re-sends are queued again and again.
 	firstParked map[*dkcv1.KubeletRestart]time.Time
-	last   *dkcv1.ReportStatusRequest // the last report acknowledged in full
+	last        *dkcv1.ReportStatusRequest // the last report acknowledged in full
 	// out: Next handed out the pending report and no Next came since (it is in flight, or failed).
 	// resend: a stream opened while it was out. Its acknowledgement may then come from the replica the
 	// node left, which drops a held report once the node streams elsewhere; so the report is sent again

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
@@ -55,4 +57,86 @@ func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.Kubele
 	w.metrics.event("created")
 	w.log.Info("kubelet restart recorded", zap.String("node", node), zap.String("message", msg))
 	return nil
+}
+
+// eventGiveUp is how long after its restart a queued Event is retried: the apiserver's default --event-ttl
+// (the sidecar keeps a restart acknowledged as queued for as long, client.ParkedRestartTTL).
+const eventGiveUp = time.Hour
+
+// maxPendingEvents bounds the restarts kept per node for the queue. A sidecar sends its next restart only
+// once the previous report is acknowledged, so more than a few mean a kubelet restarting in a loop while
+// the apiserver refuses Events: the oldest go, as an event recorder's would.
+const maxPendingEvents = 16
+
+// addEventLocked keeps a queued report's restart for flushEvents; w.mu is held.
+func (w *Writer) addEventLocked(node string, rs *dkcv1.KubeletRestart) {
+	pending := w.events[node]
+	for _, p := range pending {
+		if p.GetId() == rs.GetId() {
+			return // a re-sent report: its Event is already to be created
+		}
+	}
+	if len(pending) == maxPendingEvents {
+		w.log.Warn("too many kubelet restarts waiting for their events; dropping the oldest", zap.String("node", node),
+			zap.String("restartID", pending[0].GetId()))
+		w.metrics.event("error")
+		pending = pending[1:]
+	}
+	w.events[node] = append(pending, rs)
+}
+
+// flushEvents creates the Events of the node's queued restarts, oldest first. An Event the apiserver
+// refuses for good is dropped, as on the inline path; a transient failure keeps it and the rest, and is
+// returned so that the node is queued again.
+func (w *Writer) flushEvents(ctx context.Context, node string) error {
+	w.mu.Lock()
+	pending := w.events[node]
+	w.mu.Unlock()
+	for len(pending) > 0 {
+		rs := pending[0]
+		if err := w.recordRestart(ctx, node, rs); err != nil {
+			w.metrics.event("error")
+			switch {
+			case eventRefused(err):
+				w.log.Warn("kubelet restart event refused; dropping it", zap.String("node", node),
+					zap.String("restartID", rs.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
+			case rs.GetTime() != nil && w.clock.Since(rs.GetTime().AsTime()) > eventGiveUp:
+				// Retried for the apiserver's default Event lifetime: the Event would be gone by now.
+				w.log.Warn("kubelet restart event failing for an hour; dropping it", zap.String("node", node),
+					zap.String("restartID", rs.GetId()), zap.Error(err))
+			default:
+				return err
+			}
+		}
+		pending = pending[1:]
+		w.mu.Lock()
+		// Only this worker removes a node's events (the queue hands a node to one worker at a time);
+		// reports may have appended more meanwhile.
+		if cur := w.events[node]; len(cur) > 0 && cur[0] == rs {
+			if len(cur) == 1 {
+				delete(w.events, node)
+			} else {
+				w.events[node] = cur[1:]
+			}
+		}
+		pending = w.events[node]
+		w.mu.Unlock()
+	}
+	return nil
+}
+
+// namespaceLifecycleNotReady is how a kube-apiserver that has just started refuses a create in any
+// namespace until its NamespaceLifecycle admission has synced: a 403 that is over in a second or two, not a
+// refusal of the Event (k8s.io/apiserver, plugin/namespace/lifecycle). Taken for one, it dropped the Event
+// of a restart made while the apiserver restarted (TestFaultsDuringRollouts, once on a new machine).
+const namespaceLifecycleNotReady = "not yet ready to handle request"
+
+// eventRefused says whether the apiserver refused an Event for good (quota, admission, validation): retrying
+// the same Event cannot help. Anything else (timeouts, throttling, server errors, the connection) may.
+func eventRefused(err error) bool {
+	if apierrors.IsForbidden(err) && strings.Contains(err.Error(), namespaceLifecycleNotReady) {
+		return false
+	}
+	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err)
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
@@ -261,5 +262,41 @@ func TestEventRetryBacksOff(t *testing.T) {
 	}
 	if n := getNode(t, client, "n1"); n.Annotations == nil {
 		t.Errorf("the status was not written while its Event failed")
+	}
+}
+
+// TestQueuedEventGivenUpAfterAnHour: a queued Event that keeps failing is dropped once its restart is an
+// hour old (its Event would have expired), and the node leaves the queue's backoff.
+func TestQueuedEventGivenUpAfterAnHour(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewInternalError(errors.New("etcd is slow"))
+	})
+	clk := clocktesting.NewFakeClock(fakeStart)
+	w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil),
+		Metrics: NewMetrics(prometheus.NewRegistry()), Serving: func(string) bool { return true }, Clock: clk})
+	w.mu.Lock()
+	w.reports["n1"] = report{status: &dkcv1.NodeConfigStatus{}, order: reportOrder{incarnation: 1, sequence: 1}, seq: 1, owed: true}
+	w.addEventLocked("n1", &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.New(fakeStart)})
+	w.mu.Unlock()
+	w.queue.Add("n1")
+	w.processNext(context.Background())
+	if got := w.queue.NumRequeues("n1"); got != 1 {
+		t.Fatalf("a fresh failing Event: %d requeues, want 1", got)
+	}
+	clk.Step(eventGiveUp + time.Second)
+	for w.queue.Len() == 0 { // the rate-limited re-add, on the fake clock
+		clk.Step(time.Second)
+		time.Sleep(time.Millisecond)
+	}
+	w.processNext(context.Background())
+	if got := w.queue.NumRequeues("n1"); got != 0 {
+		t.Errorf("an Event failing for an hour: still %d requeues, want it dropped and the node forgotten", got)
+	}
+	w.mu.Lock()
+	left := len(w.events["n1"])
+	w.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d events still queued, want 0", left)
 	}
 }

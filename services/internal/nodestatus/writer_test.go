@@ -355,7 +355,7 @@ func TestLaggingCacheCostsNoSecondPatch(t *testing.T) {
 	first := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1")}
 	report(first)
 	report(first)
-	if err := w.write(context.Background(), name); err != nil {
+	if _, err := w.write(context.Background(), name); err != nil {
 		t.Fatal(err)
 	}
 	if got := patches(); got != 1 {

@@ -94,9 +94,10 @@ func DefaultConfig() Config {
 		TokenReviewPeerBurst:   auth.DefaultPeerBurst,
 		ConfigNamespaces:       []string{"kube-system"}, // where the seed workflow puts configs
 		Workers:                4,
-		// A status write takes tens of milliseconds on a busy apiserver: 32 workers beside 64 inline writes
-		// keep ~100 requests in flight, enough for this machine's apiserver to be the limit (make bench),
-		// while the reports past them cost a queue entry each instead of a waiting goroutine.
+		// A status write takes up to a second on a busy apiserver: 128 workers beside 64 inline writes keep
+		// ~190 requests in flight, enough for this machine's apiserver to be the limit after a fan-out to
+		// 10,000 nodes (make bench; 32 workers wrote a third as fast as a bare client), while the reports past
+		// the inline writes cost a queue entry each instead of a waiting goroutine with its stack.
 		StatusWorkers:         128,
 		MaxInlineStatusWrites: 64,
 		RestartingStatusDelay: 10 * time.Second,

@@ -114,7 +114,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	nodeInformer := s.factory.Core().V1().Nodes()
 	s.nodes = nodeInformer.Lister()
 	queueMetrics := queuemetrics.New(s.reg)
-	pending := nodestatus.NewPending(queueMetrics)
+	pending := nodestatus.NewPending(queueMetrics, nil)
 	table := assignment.NewTable(pending.Add)
 	// A deleted Node leaves the table, the ConfigMap tracker and the resolved configs in the controller; its
 	// status report goes through the status queue.

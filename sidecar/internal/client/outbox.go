@@ -17,8 +17,9 @@ import (
 // it the oldest are dropped, with a log line each: their Events are history, the status is what matters.
 const MaxPendingRestarts = 32
 
-// ParkedRestartTTL is how long a restart the service acknowledged as queued is kept for the next stream:
-// the apiserver's default --event-ttl, after which its Event would be gone anyway.
+// ParkedRestartTTL is how long, from the first time the service acknowledged it as queued, a restart is
+// kept for the next streams: the apiserver's default --event-ttl, after which its Event would be gone
+// anyway (with a shorter --event-ttl, a re-send inside the hour may create an expired Event again).
 const ParkedRestartTTL = time.Hour
 
 // Outbox is the sidecar's side of the status report protocol (docs/design.md, "The status report
@@ -52,7 +53,10 @@ type Outbox struct {
 	// parked: restarts acknowledged as queued (ReportStatusResponse.restart_queued), oldest first, with when.
 	// The replica that queued one may exit before creating its Event; the next stream sends them again.
 	parked []parkedRestart
-	last   *dkcv1.ReportStatusRequest // the last report acknowledged in full
+	// firstParked is when each restart in restarts or parked was first parked: its hour counts from then,
+	// also when its re-sends are queued again and again.
+	firstParked map[*dkcv1.KubeletRestart]time.Time
+	last        *dkcv1.ReportStatusRequest // the last report acknowledged in full
 	// out: Next handed out the pending report and no Next came since (it is in flight, or failed).
 	// resend: a stream opened while it was out. Its acknowledgement may then come from the replica the
 	// node left, which drops a held report once the node streams elsewhere; so the report is sent again
@@ -90,7 +94,8 @@ func NewOutbox(cfg OutboxConfig) *Outbox {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	return &Outbox{node: cfg.Node, incarnation: cfg.Incarnation, clock: cfg.Clock, log: cfg.Log}
+	return &Outbox{node: cfg.Node, incarnation: cfg.Incarnation, clock: cfg.Clock, log: cfg.Log,
+		firstParked: map[*dkcv1.KubeletRestart]time.Time{}}
 }
 
 // Follow says that the statuses enqueued from now on are about Node object nodeUID. Reports enqueued before
@@ -121,6 +126,7 @@ func (o *Outbox) Enqueue(st *dkcv1.NodeConfigStatus, message string, restart *dk
 			} else {
 				oldest, o.restarts = o.restarts[0], o.restarts[1:]
 			}
+			delete(o.firstParked, oldest)
 			o.log.Warn("too many unacknowledged kubelet restarts; dropping the oldest, its event may be lost",
 				zap.String("restartID", oldest.GetId()), zap.Int("max", MaxPendingRestarts))
 		}
@@ -160,9 +166,15 @@ func (o *Outbox) Ack(req *dkcv1.ReportStatusRequest, restartQueued bool) {
 		switch {
 		case !restartQueued:
 			o.restarts = o.restarts[1:]
+			delete(o.firstParked, r)
 		case o.sentOn == o.streams:
 			o.restarts = o.restarts[1:]
-			o.parked = append(o.parked, parkedRestart{restart: r, since: o.clock.Now()})
+			since, ok := o.firstParked[r]
+			if !ok {
+				since = o.clock.Now()
+				o.firstParked[r] = since
+			}
+			o.parked = append(o.parked, parkedRestart{restart: r, since: since})
 		default:
 			// Queued by the replica of a stream that has ended since: it stays first, for the new stream.
 		}
@@ -189,8 +201,9 @@ func (o *Outbox) Reconnected() {
 		var again []*dkcv1.KubeletRestart
 		for _, p := range o.parked {
 			if o.clock.Since(p.since) > ParkedRestartTTL {
-				o.log.Info("kubelet restart queued by the service an hour ago; not sending it again",
+				o.log.Info("kubelet restart first queued by the service an hour ago; not sending it again",
 					zap.String("restartID", p.restart.GetId()))
+				delete(o.firstParked, p.restart)
 				continue
 			}
 			again = append(again, p.restart)

@@ -16,7 +16,8 @@ import (
 //
 // Operations: "follow:U" (Follow), "status:E" (Enqueue a status with error E), "restart:E:R" (Enqueue with
 // restart R), "send" (Next, remembered as in flight), "ack" (Ack of the report in flight), "queued" (its
-// Ack with the restart queued by the service), "hour" (an hour and a second pass), "reconnect".
+// Ack with the restart queued by the service), "hour" (an hour and a second pass), "half" (half an hour
+// and a second), "reconnect".
 func TestOutbox(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -51,6 +52,8 @@ func TestOutbox(t *testing.T) {
 		{"... then the newer one", "restart:a:r1 send queued restart:b:r2 reconnect send ack", "b#2@+r2"},
 		{"queued by a replica whose stream ended meanwhile: sent again at once", "restart:a:r1 send reconnect queued", "a#1@+r1"},
 		{"a restart parked for over an hour is not sent again", "restart:a:r1 send queued hour reconnect", "a#1@"},
+		{"... counted from its first parking, also when queued again meanwhile",
+			"restart:a:r1 send queued half reconnect send queued half reconnect send queued half reconnect", "a#1@"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
@@ -73,6 +76,8 @@ func TestOutbox(t *testing.T) {
 					o.Ack(inFlight, true)
 				case "hour":
 					clk.SetTime(clk.Now().Add(ParkedRestartTTL + time.Second))
+				case "half":
+					clk.SetTime(clk.Now().Add(ParkedRestartTTL/2 + time.Second))
 				case "reconnect":
 					o.Reconnected()
 				default:

@@ -1,3 +1,5 @@
+// Kubelet restart Events: created inline or from the queue, and which failures are final.
+
 package nodestatus
 
 import (
@@ -59,8 +61,9 @@ func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.Kubele
 	return nil
 }
 
-// eventGiveUp is how long after its restart a queued Event is retried: the apiserver's default --event-ttl
-// (the sidecar keeps a restart acknowledged as queued for as long, client.ParkedRestartTTL).
+// eventGiveUp is how long a queued Event is retried: as long as the sidecar keeps a restart acknowledged as
+// queued to send it again (client.ParkedRestartTTL), the apiserver's default --event-ttl. An Event still
+// failing after an hour is news nobody reads on time.
 const eventGiveUp = time.Hour
 
 // maxPendingEvents bounds the restarts kept per node for the queue. A sidecar sends its next restart only
@@ -68,21 +71,28 @@ const eventGiveUp = time.Hour
 // the apiserver refuses Events: the oldest go, as an event recorder's would.
 const maxPendingEvents = 16
 
+// queuedEvent is a queued report's restart, and when this replica queued it (its own clock: the restart's
+// time is the node's).
+type queuedEvent struct {
+	restart *dkcv1.KubeletRestart
+	since   time.Time
+}
+
 // addEventLocked keeps a queued report's restart for flushEvents; w.mu is held.
 func (w *Writer) addEventLocked(node string, rs *dkcv1.KubeletRestart) {
 	pending := w.events[node]
 	for _, p := range pending {
-		if p.GetId() == rs.GetId() {
-			return // a re-sent report: its Event is already to be created
+		if p.restart.GetId() == rs.GetId() {
+			return // a re-sent report: its Event is already to be created, since the first time
 		}
 	}
 	if len(pending) == maxPendingEvents {
 		w.log.Warn("too many kubelet restarts waiting for their events; dropping the oldest", zap.String("node", node),
-			zap.String("restartID", pending[0].GetId()))
+			zap.String("restartID", pending[0].restart.GetId()))
 		w.metrics.event("error")
 		pending = pending[1:]
 	}
-	w.events[node] = append(pending, rs)
+	w.events[node] = append(pending, queuedEvent{restart: rs, since: w.clock.Now()})
 }
 
 // flushEvents creates the Events of the node's queued restarts, oldest first. An Event the apiserver
@@ -93,16 +103,16 @@ func (w *Writer) flushEvents(ctx context.Context, node string) error {
 	pending := w.events[node]
 	w.mu.Unlock()
 	for len(pending) > 0 {
-		rs := pending[0]
+		qe := pending[0]
+		rs := qe.restart
 		if err := w.recordRestart(ctx, node, rs); err != nil {
 			w.metrics.event("error")
 			switch {
 			case eventRefused(err):
 				w.log.Warn("kubelet restart event refused; dropping it", zap.String("node", node),
 					zap.String("restartID", rs.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
-			case rs.GetTime() != nil && w.clock.Since(rs.GetTime().AsTime()) > eventGiveUp:
-				// Retried for the apiserver's default Event lifetime: the Event would be gone by now.
-				w.log.Warn("kubelet restart event failing for an hour; dropping it", zap.String("node", node),
+			case w.clock.Since(qe.since) > eventGiveUp:
+				w.log.Warn("kubelet restart event queued over an hour ago and still failing; dropping it", zap.String("node", node),
 					zap.String("restartID", rs.GetId()), zap.Error(err))
 			default:
 				return err
@@ -112,7 +122,7 @@ func (w *Writer) flushEvents(ctx context.Context, node string) error {
 		w.mu.Lock()
 		// Only this worker removes a node's events (the queue hands a node to one worker at a time);
 		// reports may have appended more meanwhile.
-		if cur := w.events[node]; len(cur) > 0 && cur[0] == rs {
+		if cur := w.events[node]; len(cur) > 0 && cur[0].restart == rs {
 			if len(cur) == 1 {
 				delete(w.events, node)
 			} else {

@@ -256,8 +256,10 @@ func TestEventRetryBacksOff(t *testing.T) {
 			t.Fatalf("after %d failed Event creations the node was requeued %d times with backoff, want %d", i, got, i)
 		}
 		// Wait for the rate-limited re-add (5ms, 10ms, 20ms with the default limiter).
-		for w.queue.Len() == 0 {
-			time.Sleep(time.Millisecond)
+		for deadline := time.Now().Add(10 * time.Second); w.queue.Len() == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the node was not queued again within 10s")
+			}
 		}
 	}
 	if n := getNode(t, client, "n1"); n.Annotations == nil {
@@ -285,9 +287,11 @@ func TestQueuedEventGivenUpAfterAnHour(t *testing.T) {
 		t.Fatalf("a fresh failing Event: %d requeues, want 1", got)
 	}
 	clk.Step(eventGiveUp + time.Second)
-	for w.queue.Len() == 0 { // the rate-limited re-add, on the fake clock
+	for deadline := time.Now().Add(10 * time.Second); w.queue.Len() == 0; time.Sleep(time.Millisecond) { // the rate-limited re-add, on the fake clock
+		if time.Now().After(deadline) {
+			t.Fatal("the node was not queued again within 10s")
+		}
 		clk.Step(time.Second)
-		time.Sleep(time.Millisecond)
 	}
 	w.processNext(context.Background())
 	if got := w.queue.NumRequeues("n1"); got != 0 {

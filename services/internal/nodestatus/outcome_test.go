@@ -2,6 +2,7 @@ package nodestatus
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -11,8 +12,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
@@ -38,8 +41,11 @@ func TestWriteOutcomes(t *testing.T) {
 		cached   bool         // in this replica's Node cache too
 		report   *report      // the node's latest report here; nil: none
 		steps    []time.Duration
-		want     []outcome
-		reported int // reports held after the steps
+		want     []outcome // a zero outcome: the write fails
+		reported int       // reports held after the steps
+		// patchRefused: the apiserver refuses the status patch with a Conflict (the UID precondition);
+		// listedGone: its list by name finds no Node.
+		patchRefused, listedGone bool
 	}{
 		{name: "no report", node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, cached: true,
 			steps: []time.Duration{0}, want: []outcome{noReport}},
@@ -54,6 +60,10 @@ func TestWriteOutcomes(t *testing.T) {
 			steps: []time.Duration{0, 0}, want: []outcome{nodeGone, noReport}},
 		{name: "the report is about a deleted object of the name", node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "new"}}, cached: true,
 			report: &report{status: settled, nodeUID: "old"}, steps: []time.Duration{0}, want: []outcome{otherNode}},
+		{name: "a patch refused, the object still there: an error, retried", node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "u1"}}, cached: true,
+			report: &report{status: settled, nodeUID: "u1"}, patchRefused: true, steps: []time.Duration{0}, want: []outcome{0}, reported: 1},
+		{name: "a patch refused, the object gone meanwhile: dropped", node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "u1"}}, cached: true,
+			report: &report{status: settled, nodeUID: "u1"}, patchRefused: true, listedGone: true, steps: []time.Duration{0}, want: []outcome{otherNode}},
 		{name: "the cache lags a Node registered again: kept", node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "new"}},
 			report: &report{status: settled, nodeUID: "new"}, steps: []time.Duration{0}, want: []outcome{notCached}, reported: 1},
 	} {
@@ -61,6 +71,16 @@ func TestWriteOutcomes(t *testing.T) {
 			client := fake.NewClientset()
 			if tc.node != nil {
 				client = fake.NewClientset(tc.node)
+			}
+			if tc.patchRefused {
+				client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+					return true, nil, apierrors.NewConflict(corev1.Resource("nodes"), "n1", errors.New("Precondition failed: UID in precondition: u1, UID in object meta: u2"))
+				})
+			}
+			if tc.listedGone {
+				client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+					return true, &corev1.NodeList{}, nil
+				})
 			}
 			var lister corelisters.NodeLister = emptyLister{}
 			if tc.cached {
@@ -75,8 +95,8 @@ func TestWriteOutcomes(t *testing.T) {
 			for i, step := range tc.steps {
 				clk.Step(step)
 				got, err := w.write(context.Background(), "n1")
-				if err != nil {
-					t.Fatalf("write %d: %v", i+1, err)
+				if (err != nil) != (tc.want[i] == 0) {
+					t.Fatalf("write %d: %v %v, want %v", i+1, got, err, tc.want[i])
 				}
 				if got != tc.want[i] {
 					t.Errorf("write %d: %v, want %v", i+1, got, tc.want[i])

@@ -26,8 +26,9 @@ import (
 type outcome int
 
 const (
-	// written: the status was patched onto the Node.
-	written outcome = iota
+	// written: the status was patched onto the Node. (The zero outcome is none: what a failed write
+	// returns beside its error.)
+	written outcome = iota + 1
 	// unchanged: the Node already showed it.
 	unchanged
 	// held: a restart in progress, queued again for when RestartingDelay has passed, unless its outcome is
@@ -44,9 +45,14 @@ const (
 	otherNode
 )
 
-var outcomeNames = [...]string{"written", "unchanged", "held", "not cached", "no report", "node gone", "other node"}
+var outcomeNames = [...]string{"none", "written", "unchanged", "held", "not cached", "no report", "node gone", "other node"}
 
-func (o outcome) String() string { return outcomeNames[o] }
+func (o outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("outcome(%d)", int(o))
+}
 
 // lastWrite is what this replica last patched onto a node's Node: the cached Node's resourceVersion the
 // patch was made over, and a digest of what it wrote. While the cache still shows that resourceVersion it

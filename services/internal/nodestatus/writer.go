@@ -24,7 +24,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
-	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 )
 
@@ -55,7 +54,7 @@ type Writer struct {
 	written map[string]lastWrite
 	// events are the kubelet restarts of acknowledged reports whose Event is not created yet (the report
 	// was queued): the queue creates them before it writes the node's status.
-	events map[string][]*dkcv1.KubeletRestart
+	events map[string][]queuedEvent
 
 	// locks serialise writes per node, striped by name. Reports write inline (up to MaxInlineWrites at
 	// once) beside the queue's workers, and a patch takes up to seconds on a busy apiserver: with 1,024
@@ -99,7 +98,8 @@ type Config struct {
 	// Pending is the queue the writer drains; nil: a new one on Clock (Enqueue adds to it).
 	Pending *Pending
 	// Clock is where every time the writer reads comes from: report and write times, the restart hold, the
-	// drain at shutdown. nil: the real clock. A Pending given should run on the same clock.
+	// drain at shutdown. nil: the real clock. A Pending given should run on the same clock. A fake clock
+	// must be stepped for the drain to time out.
 	Clock clock.WithTicker
 	// Serving, if not nil, says which nodes this replica serves (an open WatchConfig stream here). Writes
 	// the queue makes — a sync error that changed, a retry — are made only for them; the report of a node
@@ -133,7 +133,7 @@ func New(cfg Config) *Writer {
 	w := &Writer{
 		log: cfg.Log, client: cfg.Client, nodes: cfg.Nodes, table: cfg.Table, clock: cfg.Clock, metrics: cfg.Metrics,
 		queue: cfg.Pending.queue, serving: cfg.Serving, restartDelay: cfg.RestartingDelay, reports: map[string]report{}, written: map[string]lastWrite{},
-		events: map[string][]*dkcv1.KubeletRestart{},
+		events: map[string][]queuedEvent{},
 	}
 	if cfg.MaxInlineWrites > 0 {
 		w.inline = make(chan struct{}, cfg.MaxInlineWrites)

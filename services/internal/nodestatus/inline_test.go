@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
@@ -234,20 +235,27 @@ func TestShutdownDrainsQueuedReports(t *testing.T) {
 	}
 }
 
-// TestEventRetryBacksOff: a queued restart whose Event the apiserver keeps failing (transiently) is retried
-// with a growing backoff, also when the node's status was written meanwhile.
-func TestEventRetryBacksOff(t *testing.T) {
+// queuedFailingEvent is a writer on clk (nil: the real clock) holding node n1's queued report and its
+// restart's Event, which the apiserver keeps failing transiently; n1 is in the queue.
+func queuedFailingEvent(clk clock.WithTicker) (*fake.Clientset, *Writer) {
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewInternalError(errors.New("etcd is slow"))
 	})
 	w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil),
-		Metrics: NewMetrics(prometheus.NewRegistry()), Serving: func(string) bool { return true }})
+		Metrics: NewMetrics(prometheus.NewRegistry()), Serving: func(string) bool { return true }, Clock: clk})
 	w.mu.Lock()
 	w.reports["n1"] = report{status: &dkcv1.NodeConfigStatus{}, order: reportOrder{incarnation: 1, sequence: 1}, seq: 1, owed: true}
-	w.addEventLocked("n1", &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.Now()})
+	w.addEventLocked("n1", &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.New(w.clock.Now())})
 	w.mu.Unlock()
 	w.queue.Add("n1")
+	return client, w
+}
+
+// TestEventRetryBacksOff: a queued restart whose Event the apiserver keeps failing (transiently) is retried
+// with a growing backoff, also when the node's status was written meanwhile.
+func TestEventRetryBacksOff(t *testing.T) {
+	client, w := queuedFailingEvent(nil)
 	for i := 1; i <= 3; i++ {
 		if !w.processNext(context.Background()) {
 			t.Fatal("queue shut down")
@@ -270,18 +278,8 @@ func TestEventRetryBacksOff(t *testing.T) {
 // TestQueuedEventGivenUpAfterAnHour: a queued Event that keeps failing is dropped once its restart is an
 // hour old (its Event would have expired), and the node leaves the queue's backoff.
 func TestQueuedEventGivenUpAfterAnHour(t *testing.T) {
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, apierrors.NewInternalError(errors.New("etcd is slow"))
-	})
 	clk := clocktesting.NewFakeClock(fakeStart)
-	w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil),
-		Metrics: NewMetrics(prometheus.NewRegistry()), Serving: func(string) bool { return true }, Clock: clk})
-	w.mu.Lock()
-	w.reports["n1"] = report{status: &dkcv1.NodeConfigStatus{}, order: reportOrder{incarnation: 1, sequence: 1}, seq: 1, owed: true}
-	w.addEventLocked("n1", &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.New(fakeStart)})
-	w.mu.Unlock()
-	w.queue.Add("n1")
+	_, w := queuedFailingEvent(clk)
 	w.processNext(context.Background())
 	if got := w.queue.NumRequeues("n1"); got != 1 {
 		t.Fatalf("a fresh failing Event: %d requeues, want 1", got)

@@ -148,6 +148,7 @@ const (
 
 type run struct {
 	cfg        Config
+	nodeLogs   *nodeLogs       // each simulated node's last log lines, for a diagnosis
 	sleeper    *syscallSleeper // the simulated disk's fsync charge; nil with -disk=shared
 	cluster    *devcluster.Cluster
 	rc         *rest.Config
@@ -227,6 +228,8 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if r.log, err = simLogger(filepath.Join(cfg.Dir, "simnodes.log")); err != nil {
 		return nil, err
 	}
+	r.nodeLogs = newNodeLogs()
+	r.log = withNodeLogs(r.log, r.nodeLogs)
 	defer func() { _ = r.log.Sync() }()
 
 	r.progress("starting the cluster: etcd, kube-apiserver, dkc-server and one real dkc-sidecar (simulated node sim-1)")
@@ -410,13 +413,18 @@ func (r *run) waitQuiet(ctx context.Context, nodes, cms []string) error {
 	for i, n := range nodes {
 		byCM[cms[i]] = append(byCM[cms[i]], n)
 	}
+	want, rvs := make(map[string]string, len(nodes)), map[string]string{}
 	for cm, these := range byCM {
 		if err := r.rec.wait(ctx, these, cm, r.cmRV[cm], 3*time.Minute); err != nil {
 			return err
 		}
-		if err := r.waitLastKnownGood(ctx, these, cm, r.cmRV[cm]); err != nil {
-			return err
+		for _, n := range these {
+			want[n] = cm
 		}
+		rvs[cm] = r.cmRV[cm]
+	}
+	if err := r.waitLastKnownGoodOf(ctx, want, rvs); err != nil {
+		return err
 	}
 	time.Sleep(3 * time.Second)
 	return nil
@@ -967,6 +975,10 @@ func (r *run) serverMemory(ctx context.Context) (goMemory, error) {
 // of three samples taken right after a forced collection; heap and goroutine stacks are reported apart.
 func (r *run) scale(ctx context.Context) error {
 	nodes := r.nodes[:r.cfg.ScaleNodes]
+	// The sidecars' debug lines (each report and its acknowledgement) explain a node that does not get
+	// there after the restarts below; kept in memory per node, and only while nothing is timed.
+	r.nodeLogs.level.SetLevel(zapcore.DebugLevel)
+	defer r.nodeLogs.level.SetLevel(zapcore.InfoLevel)
 	if err := r.allOnShared(ctx); err != nil {
 		return err
 	}
@@ -1225,10 +1237,17 @@ func (r *run) nodeDir(name string) string { return filepath.Join(r.cfg.NodesDir,
 
 // waitLastKnownGood waits until every node's status (as dkc-server wrote it) has cm@rv as last-known-good.
 func (r *run) waitLastKnownGood(ctx context.Context, nodes []string, cm, rv string) error {
-	want := map[string]bool{}
+	want := make(map[string]string, len(nodes))
 	for _, n := range nodes {
-		want[n] = true
+		want[n] = cm
 	}
+	return r.waitLastKnownGoodOf(ctx, want, map[string]string{cm: rv})
+}
+
+// waitLastKnownGoodOf waits until every node's status (as dkc-server wrote it) has its own ConfigMap
+// (want[node]) at rvs[cm] as last-known-good: one List per second for every node together, as a waiter per
+// ConfigMap would list every Node once per ConfigMap (2,000 Lists of 10,000 Nodes for the watches phase).
+func (r *run) waitLastKnownGoodOf(ctx context.Context, want, rvs map[string]string) error {
 	deadline := time.Now().Add(r.cfg.Trial + 3*time.Minute)
 	for {
 		list, err := r.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: "0"})
@@ -1237,18 +1256,21 @@ func (r *run) waitLastKnownGood(ctx context.Context, nodes []string, cm, rv stri
 		}
 		missing := 0
 		var some []string // the first few, with what their Nodes show
+		var stuck []string
 		for i := range list.Items {
 			n := &list.Items[i]
-			if !want[n.Name] {
+			cm, ok := want[n.Name]
+			if !ok {
 				continue
 			}
 			var st corev1.NodeConfigStatus
 			if err := json.Unmarshal([]byte(n.Annotations[nodeconfig.StatusAnnotation]), &st); err != nil ||
 				st.LastKnownGood == nil || st.LastKnownGood.ConfigMap == nil ||
-				st.LastKnownGood.ConfigMap.Name != cm || st.LastKnownGood.ConfigMap.ResourceVersion != rv || st.Error != "" {
+				st.LastKnownGood.ConfigMap.Name != cm || st.LastKnownGood.ConfigMap.ResourceVersion != rvs[cm] || st.Error != "" {
 				missing++
 				if len(some) < 5 {
-					some = append(some, fmt.Sprintf("%s: %s", n.Name, n.Annotations[nodeconfig.StatusAnnotation]))
+					some = append(some, fmt.Sprintf("%s (want %s@%s): %s", n.Name, cm, rvs[cm], n.Annotations[nodeconfig.StatusAnnotation]))
+					stuck = append(stuck, n.Name)
 				}
 			}
 		}
@@ -1256,7 +1278,10 @@ func (r *run) waitLastKnownGood(ctx context.Context, nodes []string, cm, rv stri
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d nodes do not report %s@%s as last-known-good (%s)%s", missing, len(nodes), cm, rv,
+			for _, n := range stuck {
+				r.progress("%s", r.describeNode(n))
+			}
+			return fmt.Errorf("%d of %d nodes do not report their config as last-known-good (%s)%s", missing, len(want),
 				strings.Join(some, "; "), r.rec.failure())
 		}
 		time.Sleep(time.Second)

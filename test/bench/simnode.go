@@ -215,7 +215,10 @@ func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, er
 	sc := app.New(app.Config{
 		NodeName: name, Server: cfg.server, ServerCAFile: cfg.caFile, TokenFile: cfg.token,
 		DynamicConfigDir: dynamic, KubeletConfig: local, HostProc: "/proc",
-		TrialDuration: cfg.trial, HealthTimeout: 10 * time.Second, KeepCheckpoints: 1,
+		// The shipped health timeout: thousands of simulated nodes share this machine's cores, and a kubelet
+		// that answers late here because the machine is busy must not be blamed for its config, as a real
+		// node's own kubelet would not be (a 10s timeout rolled nodes back when 5,000 sidecars started at once).
+		TrialDuration: cfg.trial, HealthTimeout: app.DefaultConfig().HealthTimeout, KeepCheckpoints: 1,
 	}, app.WithLogger(log), app.WithServiceManager(kubelet), app.WithProber(kubelet), app.WithChecker(cfg.checker),
 		app.WithKubeletFlags([]string{}), app.WithoutNodeLock(),
 		// Trial checks every second, not every 10s: a real cluster's nodes tick independently, while the

@@ -294,9 +294,9 @@ func (c Config) checkNamespace() error {
 			return nil
 		}
 	}
-	return fmt.Errorf("dkc-server runs in namespace %q (--namespace, $POD_NAMESPACE) but --allowed-service-accounts=%s names no ServiceAccount there: "+
-		"deploy/ puts the sidecars' ServiceAccount beside dkc-server, so with a kustomize namespace: override set --allowed-service-accounts=%s/dkc-sidecar "+
-		"(and the sidecars' --server=dkc-server.%s.svc:9443, and a serving certificate for dkc-server.%s.svc: docs/install.md, \"Another namespace\"); "+
-		"if the sidecars really run elsewhere, set --namespace= to skip this check",
-		c.Namespace, strings.Join(c.AllowedServiceAccounts, ","), c.Namespace, c.Namespace, c.Namespace)
+	return fmt.Errorf("dkc-server runs in namespace %q (--namespace, $POD_NAMESPACE) but --allowed-service-accounts=%s names no ServiceAccount there, "+
+		"so every sidecar would be refused: deploy/ puts the sidecars' ServiceAccount beside dkc-server, and a kustomize namespace: override does not move "+
+		"the whole install. Set --allowed-service-accounts=%s/dkc-sidecar and replace kube-system throughout a copy of deploy/base, with a serving "+
+		"certificate for dkc-server.%s.svc (docs/install.md, \"Another namespace\"); if the sidecars really run elsewhere, set --namespace= to skip this check",
+		c.Namespace, strings.Join(c.AllowedServiceAccounts, ","), c.Namespace, c.Namespace)
 }

@@ -129,10 +129,13 @@ func DefaultConfig() Config {
 		// room for a report retried while another is in flight. Every open call may hold a request of
 		// --max-recv-msg-size-kib read before auth: 4 x 32 KiB per connection at most.
 		MaxConcurrentStreams: 4,
-		HandshakeTimeout:     10 * time.Second,
-		MaxConnectionIdle:    5 * time.Minute,
-		MaxRecvMsgSizeKiB:    32,
-		Namespace:            os.Getenv("POD_NAMESPACE"),
+		// Long enough for 10,000 sidecars reconnecting at once (a replica drained: every handshake queues for
+		// the same CPU, several seconds' worth on 2 cores), short against grpc-go's 120 s: what a silent
+		// connection costs (~11 KB) times the cap, for at most this long.
+		HandshakeTimeout:  30 * time.Second,
+		MaxConnectionIdle: 5 * time.Minute,
+		MaxRecvMsgSizeKiB: 32,
+		Namespace:         os.Getenv("POD_NAMESPACE"),
 	}
 }
 

@@ -1,5 +1,6 @@
 // Package httpserve serves HTTP until a context ends: what dkc-server's metrics and webhook listeners and
-// dkc-sidecar's metrics listener share.
+// dkc-sidecar's metrics listener share, with the limits every one of them needs against callers that
+// hold connections open (docs/security.md, "Unauthenticated callers").
 package httpserve
 
 import (
@@ -7,8 +8,31 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
+
+	"golang.org/x/net/netutil"
+)
+
+// Limits of every listener. Its callers — Prometheus, the kubelet's probes, the kube-apiserver calling the
+// webhook — send a request of a few KiB at once and read a response within seconds; nothing else needs
+// more, and the defaults of net/http (no read, write or idle timeout, 1 MiB of headers, unlimited
+// connections) let one client hold goroutines and buffers forever.
+const (
+	ReadHeaderTimeout = 5 * time.Second
+	// ReadTimeout covers the body too: an AdmissionReview holds two Nodes, well under a MiB.
+	ReadTimeout = 30 * time.Second
+	// DefaultWriteTimeout is from the end of the request's headers to the end of the response: a scrape
+	// of /metrics takes milliseconds. Profiles (dkc-server --profiling) need Listener.WriteTimeout.
+	DefaultWriteTimeout = time.Minute
+	// IdleTimeout lets a keep-alive connection wait this long for its next request (Prometheus scrapes
+	// every 15-60 s over one connection; a closed one is simply opened again).
+	IdleTimeout    = 90 * time.Second
+	MaxHeaderBytes = 16 << 10
+	// DefaultMaxConns is how many connections a listener holds at once; further ones wait in the kernel's
+	// accept queue until one closes. A few scrapers, probes and two apiservers need far fewer.
+	DefaultMaxConns = 64
 )
 
 // Listener is one HTTP listener.
@@ -21,25 +45,46 @@ type Listener struct {
 	TLS *tls.Config
 	// Grace is how long requests in flight get at shutdown.
 	Grace time.Duration
+	// WriteTimeout replaces DefaultWriteTimeout (e.g. for /debug/pprof/profile?seconds=N, which net/http/pprof
+	// refuses when N exceeds it); MaxConns replaces DefaultMaxConns. 0: the default.
+	WriteTimeout time.Duration
+	MaxConns     int
+}
+
+// server is the http.Server for l, with the limits above.
+func (l Listener) server() *http.Server {
+	wt := l.WriteTimeout
+	if wt <= 0 {
+		wt = DefaultWriteTimeout
+	}
+	return &http.Server{Addr: l.Addr, Handler: l.Handler, TLSConfig: l.TLS, ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadTimeout: ReadTimeout, WriteTimeout: wt, IdleTimeout: IdleTimeout, MaxHeaderBytes: MaxHeaderBytes}
 }
 
 // Serve serves l until ctx ends, then shuts down.
 func Serve(ctx context.Context, l Listener) error {
-	what, addr, tlsConfig := l.Name, l.Addr, l.TLS
-	srv := &http.Server{Addr: addr, Handler: l.Handler, TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second}
+	what, addr := l.Name, l.Addr
+	srv := l.server()
+	tcp, err := net.Listen("tcp", addr)
+	if err != nil {
+		// The address is taken, say: the caller's other work stops with it.
+		return fmt.Errorf("serve %s on %s: %w", what, addr, err)
+	}
+	maxConns := l.MaxConns
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
+	lis := netutil.LimitListener(tcp, maxConns)
 	errc := make(chan error, 1)
 	go func() {
-		var err error
-		if tlsConfig != nil {
-			err = srv.ListenAndServeTLS("", "")
+		if l.TLS != nil {
+			errc <- srv.ServeTLS(lis, "", "")
 		} else {
-			err = srv.ListenAndServe()
+			errc <- srv.Serve(lis)
 		}
-		errc <- err
 	}()
 	select {
 	case err := <-errc:
-		// Listening failed (the address is taken, say): the caller's other work stops with it.
 		return fmt.Errorf("serve %s on %s: %w", what, addr, err)
 	case <-ctx.Done():
 	}

@@ -50,6 +50,18 @@ type Config struct {
 	KubeletVersion string
 }
 
+// DefaultMetricsAddress is where /metrics, /healthz and /readyz are served: every address of the node (the
+// pod shares the host's network, and Prometheus scrapes nodes by their IP), on a port no well-known node
+// agent takes. Not 9091, the former default: Calico Felix's metrics port, where the sidecar could not
+// listen and crash-looped. Taken on nodes, among others: kubelet 10248/10250/10255, kube-proxy
+// 10249/10256, kube-controller-manager 10257, cloud-controller-manager 10258 and kube-scheduler 10259
+// (control-plane nodes), ingress-nginx 10254 (often on the host network), OpenYurt's yurthub and
+// yurt-manager (10261-10273), Antrea 10349-10351, Kube-OVN 10660-10665, node-exporter 9100, Calico
+// 9091/9099, Cilium 9962-9965/9876/4240/4244, kube-router 20241/20244, node-problem-detector 20256/20257;
+// Prometheus's exporter range 9100-9999 is allocated to the last port. 10395 is none of them, and below
+// the NodePort (30000-32767) and ephemeral (32768-) ranges.
+const DefaultMetricsAddress = ":10395"
+
 // DefaultConfig returns the defaults for a DaemonSet pod on a kubeadm-style node.
 func DefaultConfig() Config {
 	return Config{
@@ -63,7 +75,7 @@ func DefaultConfig() Config {
 		TrialDuration:    10 * time.Minute,
 		HealthTimeout:    2 * time.Minute,
 		KeepCheckpoints:  3,
-		MetricsAddress:   ":9091",
+		MetricsAddress:   DefaultMetricsAddress,
 		HostProc:         "/proc",
 		LogLevel:         "info",
 	}
@@ -89,7 +101,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TrialDuration, "trial-duration", c.TrialDuration, "time a new config must run healthy before it becomes last-known-good")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout, "time the kubelet gets to come back healthy with a new config before it is rolled back")
 	fs.IntVar(&c.KeepCheckpoints, "keep-checkpoints", c.KeepCheckpoints, "unreferenced checkpoints kept besides assigned and last-known-good")
-	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address for /metrics and /healthz; empty disables")
+	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address for /metrics, /healthz (liveness: the process serves HTTP) and /readyz (a config stream to dkc-server is open); empty disables. The default binds every address of the node (the DaemonSet shares the host's network) so that Prometheus can scrape the node's IP, on 10395, a port no well-known node agent uses (9091, the former default, is Calico Felix's metrics port; docs/dkc-sidecar.md lists the ports checked). The probes need it reachable on the node's IP")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
 	fs.StringVar(&c.InstallDropIn, "install-kubelet-dropin", c.InstallDropIn, "with --restart-mode=systemd: write the kubelet drop-in to this path (e.g. /etc/systemd/system/kubelet.service.d/20-dkc.conf) if it differs, and daemon-reload")

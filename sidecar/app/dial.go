@@ -8,15 +8,22 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/stats"
 )
 
 // DialOption configures Dial.
 type DialOption func(*dialOptions)
 
-type dialOptions struct{ log *zap.Logger }
+type dialOptions struct {
+	log   *zap.Logger
+	stats stats.Handler
+}
 
 // WithDialLogger logs what happens to the server CA file (a new bundle taken, an unusable one skipped).
 func WithDialLogger(log *zap.Logger) DialOption { return func(o *dialOptions) { o.log = log } }
+
+// withStats has h see every call on the connection (the sidecar's /readyz: serviceStreams).
+func withStats(h stats.Handler) DialOption { return func(o *dialOptions) { o.stats = h } }
 
 // Dial opens the sidecar's connection to the config service (also used by the benchmark's simulated nodes):
 // TLS 1.3, trusting the CA bundle in cfg.ServerCAFile as the file is at each handshake, so that a CA
@@ -34,7 +41,11 @@ func Dial(cfg Config, opts ...DialOption) (*grpc.ClientConn, error) {
 		}
 		creds = newRotatingCreds(trust)
 	}
-	return grpc.NewClient(cfg.Server,
+	var extra []grpc.DialOption
+	if o.stats != nil {
+		extra = append(extra, grpc.WithStatsHandler(o.stats))
+	}
+	return grpc.NewClient(cfg.Server, append(extra,
 		grpc.WithTransportCredentials(creds),
 		// Find a dead service (or path) within a minute; the service permits pings every 20s.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 20 * time.Second, PermitWithoutStream: true}),
@@ -43,5 +54,5 @@ func Dial(cfg Config, opts ...DialOption) (*grpc.ClientConn, error) {
 			MinConnectTimeout: 5 * time.Second}),
 		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
-	)
+	)...)
 }

@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,8 +61,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		prober, checker = p, p.ObserveFlags(checker)
 	}
 	conn := s.o.conn
+	var streams *serviceStreams // /readyz: nil with an injected connection
 	if conn == nil {
-		c, err := Dial(cfg, WithDialLogger(log.Named("dial")))
+		streams = &serviceStreams{}
+		c, err := Dial(cfg, WithDialLogger(log.Named("dial")), withStats(streams))
 		if err != nil {
 			return err
 		}
@@ -113,9 +114,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	g.Go(func() error { return cl.Watch(gctx, ag.Applied, updates) })
 	g.Go(func() error { return cl.RunReporter(gctx) })
 	if reg != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+		if streams != nil {
+			registerConnected(reg, streams)
+		}
+		mux := healthMux(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), streams)
 		g.Go(func() error {
 			return httpserve.Serve(gctx, httpserve.Listener{Name: "metrics", Addr: cfg.MetricsAddress, Handler: mux, Grace: 5 * time.Second})
 		})

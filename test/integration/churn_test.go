@@ -224,9 +224,10 @@ func TestChurnLeavesNoStateBehind(t *testing.T) {
 	defer closeStreams()
 	for i := range watchers {
 		var stream dkcv1.ConfigService_WatchConfigClient
+		conn := serviceClient(t) // a connection each, as sidecars have: dkc-server allows 4 calls on one
 		err := retry(func() error {
 			var err error
-			if stream, err = svc.WatchConfig(withToken(streamCtx, tokens[i]), &dkcv1.WatchConfigRequest{NodeName: nodeNames[i]}); err != nil {
+			if stream, err = conn.WatchConfig(withToken(streamCtx, tokens[i]), &dkcv1.WatchConfigRequest{NodeName: nodeNames[i]}); err != nil {
 				return err
 			}
 			_, err = stream.Recv() // the node's state: the stream is up

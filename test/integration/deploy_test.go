@@ -92,7 +92,7 @@ func TestDeployOverlaysDryRunOnTheRealAPIServer(t *testing.T) {
 	kubectl(t, "", "wait", "--for=condition=Established", "crd/issuers.cert-manager.io", "crd/clusterissuers.cert-manager.io",
 		"crd/certificates.cert-manager.io", "crd/bundles.trust.cert-manager.io", "--timeout=60s")
 	out = kubectl(t, "", "apply", "--dry-run=server", "-k", filepath.Join(tmp, "deploy/overlays/cert-manager"))
-	for _, want := range []string{"certificate.cert-manager.io/dkc-server created (server dry run)", "clusterissuer.cert-manager.io/dkc-ca created (server dry run)",
+	for _, want := range []string{"certificate.cert-manager.io/dkc-server created (server dry run)", "issuer.cert-manager.io/dkc-ca created (server dry run)",
 		"certificate.cert-manager.io/dkc-ca created (server dry run)", "bundle.trust.cert-manager.io/dkc-server-ca created (server dry run)",
 		"daemonset.apps/dkc-sidecar created (server dry run)"} {
 		if !strings.Contains(out, want) {

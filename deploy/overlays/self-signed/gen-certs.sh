@@ -24,7 +24,10 @@ cd "$(dirname "$0")"
 
 # 127.0.0.1: the address of `kubectl port-forward svc/dkc-server`, so that grpcurl through one verifies the
 # certificate without -servername (only whoever holds tls.key can serve it, wherever it is reached).
-SAN='subjectAltName=DNS:dkc-server,DNS:dkc-server.kube-system,DNS:dkc-server.kube-system.svc,DNS:dkc-server.kube-system.svc.cluster.local,IP:127.0.0.1'
+# NAMESPACE: where dkc-server's Service is (default kube-system, as deploy/base installs it); dkc-server
+# refuses to start with a certificate for another namespace's Service (--namespace).
+NS="${NAMESPACE:-kube-system}"
+SAN="subjectAltName=DNS:dkc-server,DNS:dkc-server.$NS,DNS:dkc-server.$NS.svc,DNS:dkc-server.$NS.svc.cluster.local,IP:127.0.0.1"
 
 die() { echo "gen-certs.sh: $*" >&2; exit 1; }
 
@@ -32,7 +35,7 @@ new_ca() { # new_ca KEY CERT CN
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=$3" -keyout "$1" -out "$2" 2>/dev/null
 }
 
-# serving CA_CERT CA_KEY: tls.crt and tls.key for dkc-server.kube-system.svc, 1 year, replaced by rename.
+# serving CA_CERT CA_KEY: tls.crt and tls.key for dkc-server.$NS.svc, 1 year, replaced by rename.
 serving() {
   openssl req -newkey rsa:2048 -nodes -subj "/CN=dkc-server" -keyout tls.key.new -out tls.csr 2>/dev/null
   printf '%s\nextendedKeyUsage=serverAuth\n' "$SAN" > tls.ext

@@ -100,7 +100,12 @@ func (l *peerLimiter) allow(addr string) bool {
 }
 
 // peerKey is what the per-peer limit counts: the caller's IP address, not its port (every new connection
-// has a new one), and for IPv6 its /64 (one host commonly has a whole /64 to pick addresses from).
+// has a new one). IPv6 addresses count one by one too, not by /64: the callers are nodes, and the nodes of
+// one subnet share its /64 (clouds give each node one address from its subnet's /64), so a /64 bucket
+// would let the 20 first of a subnet's nodes reconnect at once after a replica restart and the rest one a
+// second. Someone able to send from many addresses of a /64 gets a bucket for each, as in a subnet of
+// many IPv4 addresses; what they all may cause together stays bounded by the TokenReview client's own
+// limit (--token-review-qps), and maxPeers bounds what the buckets cost (docs/security.md).
 func peerKey(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
@@ -114,10 +119,7 @@ func peerKey(ctx context.Context) string {
 	} else {
 		return p.Addr.String() // not IP (bufconn, unix socket): one peer per address
 	}
-	ip = ip.Unmap()
-	if ip.Is6() {
-		pfx, _ := ip.Prefix(64)
-		return pfx.String()
-	}
-	return ip.String()
+	// An IPv4 caller of a dual-stack listener arrives as ::ffff:a.b.c.d: the same peer as a.b.c.d. A zone
+	// (fe80::1%eth0) names an interface, not another host.
+	return ip.Unmap().WithZone("").String()
 }

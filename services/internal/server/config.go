@@ -7,6 +7,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -66,6 +67,20 @@ type Config struct {
 	// MaxConcurrentStreams caps the calls open at once on one connection (HTTP/2
 	// SETTINGS_MAX_CONCURRENT_STREAMS; grpc-go's default is unlimited).
 	MaxConcurrentStreams int
+
+	// What a caller may hold before it authenticates (docs/security.md, "Unauthenticated callers"):
+	// connections open at once (0: sized to the Node count, connCap), the time a connection gets to finish
+	// its TLS handshake and HTTP/2 preface, how long a connection with no call open lives, and the largest
+	// request message, which grpc-go reads whole before any interceptor runs.
+	MaxConnections    int
+	HandshakeTimeout  time.Duration
+	MaxConnectionIdle time.Duration
+	MaxRecvMsgSizeKiB int
+
+	// Namespace is the namespace dkc-server runs in ($POD_NAMESPACE, from the downward API); when set,
+	// Validate refuses flags that name another one for the sidecars' ServiceAccount, and newServer a
+	// serving certificate issued for another namespace's Service (a kustomize `namespace:` override).
+	Namespace string
 }
 
 // Client-side limits sized to the node count (scale): the defaults of --kube-api-qps/-burst and
@@ -110,9 +125,17 @@ func DefaultConfig() Config {
 		ReadBufferSize:        0,
 		WriteBufferSize:       8 << 10,
 		MaxSendMsgSizeMiB:     4,
-		// A sidecar has 2 calls open at once (its WatchConfig stream and a status report); tools and tests
-		// that act for a few nodes over one connection (grpcurl, the integration tests' 10) fit too.
-		MaxConcurrentStreams: 16,
+		// A sidecar has 2 calls open at once (its WatchConfig stream and a status report); 2 more leave
+		// room for a report retried while another is in flight. Every open call may hold a request of
+		// --max-recv-msg-size-kib read before auth: 4 x 32 KiB per connection at most.
+		MaxConcurrentStreams: 4,
+		// Long enough for 10,000 sidecars reconnecting at once (a replica drained: every handshake queues for
+		// the same CPU, several seconds' worth on 2 cores), short against grpc-go's 120 s: what a silent
+		// connection costs (~11 KB) times the cap, for at most this long.
+		HandshakeTimeout:  30 * time.Second,
+		MaxConnectionIdle: 5 * time.Minute,
+		MaxRecvMsgSizeKiB: 32,
+		Namespace:         os.Getenv("POD_NAMESPACE"),
 	}
 }
 
@@ -154,7 +177,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TokenCacheTTL, "token-cache-ttl", c.TokenCacheTTL, "how long a TokenReview result is reused (never past the token's expiry); also how often an open config stream's token is checked again, so a revoked token loses its stream within it")
 	fs.Float64Var(&c.TokenReviewQPS, "token-review-qps", c.TokenReviewQPS, fmt.Sprintf("sustained TokenReviews per second, through a client and rate limiter of their own so that callers with new or garbage tokens cannot spend the budget of Node status writes (--kube-api-qps); a connected sidecar needs one per new token and one per --token-cache-ttl (its stream's token is checked again that often). 0 sizes it to the cluster: %g per Node, at least %g", tokenReviewScale.qpsPerNode, tokenReviewScale.qps))
 	fs.IntVar(&c.TokenReviewBurst, "token-review-burst", c.TokenReviewBurst, fmt.Sprintf("burst of TokenReviews (sidecars reconnecting after a restart); 0 sizes it to the cluster: %g per Node, at least %g", tokenReviewScale.burstPerNode, tokenReviewScale.burst))
-	fs.Float64Var(&c.TokenReviewPeerQPS, "token-review-per-peer-qps", c.TokenReviewPeerQPS, "TokenReviews per second one caller IP address (IPv6: one /64) may cause for tokens not in the cache; beyond it calls get ResourceExhausted without a review, and cached tokens are never limited. 0 disables it: only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
+	fs.Float64Var(&c.TokenReviewPeerQPS, "token-review-per-peer-qps", c.TokenReviewPeerQPS, "TokenReviews per second one caller IP address (IPv4 or IPv6, each address on its own: nodes of one subnet share its /64) may cause for tokens not in the cache; beyond it calls get ResourceExhausted without a review, and cached tokens are never limited. 0 disables it: only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
 	fs.IntVar(&c.TokenReviewPeerBurst, "token-review-per-peer-burst", c.TokenReviewPeerBurst, "TokenReviews one caller address may cause at once (nodes sharing an address that reconnect together)")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "nodes resolved in parallel")
 	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers, "node status writes in parallel from the status queue (sync errors, retries, held restarts and the reports past --max-inline-status-writes)")
@@ -171,7 +194,12 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.WriteBufferSize, "grpc-write-buffer-size", c.WriteBufferSize, "per-connection write buffer in bytes (shared between writes)")
 	fs.IntVar(&c.MaxSendMsgSizeMiB, "max-send-msg-size-mib", c.MaxSendMsgSizeMiB, fmt.Sprintf("largest message sent, in MiB; at least %d, the largest a node accepts (configs beyond %d files or %d MiB are never sent: the node gets a sync error)",
 		(payload.MaxMessageBytes+1<<20-1)>>20, payload.MaxFiles, payload.MaxBytes>>20))
-	fs.IntVar(&c.MaxConcurrentStreams, "max-concurrent-streams", c.MaxConcurrentStreams, "calls open at once on one client connection; grpc-go clients queue further calls, a client that opens more anyway has them refused. A sidecar needs 2 (its config stream and a status report), and a node has at most one config stream per replica: a newer one ends the older")
+	fs.IntVar(&c.MaxConcurrentStreams, "max-concurrent-streams", c.MaxConcurrentStreams, "calls open at once on one client connection; grpc-go clients queue further calls, a client that opens more anyway has them refused. A sidecar needs 2 (its config stream and a status report), and a node has at most one config stream per replica: a newer one ends the older. Each open call may hold a request of --max-recv-msg-size-kib before it is authenticated")
+	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, fmt.Sprintf("gRPC connections open at once, authenticated or not; a connection past it is closed as soon as it is accepted (a sidecar retries within 3s). Each sidecar holds one, and one replica must hold every node while the other is drained. 0 sizes it to the cluster: %g per Node, at least %d", connPerNode, connFloor))
+	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", c.HandshakeTimeout, "time a new connection gets to complete its TLS handshake and HTTP/2 preface; a connection that has not is closed (grpc-go's default is 120s)")
+	fs.DurationVar(&c.MaxConnectionIdle, "max-connection-idle", c.MaxConnectionIdle, "close a connection that has had no call open this long (a caller whose calls were all refused, a tool that went quiet). A sidecar's config stream is always open, so its connection is never idle; grpc-go's default is never")
+	fs.IntVar(&c.MaxRecvMsgSizeKiB, "max-recv-msg-size-kib", c.MaxRecvMsgSizeKiB, "largest request message, in KiB. grpc-go reads a unary request whole before the auth interceptor runs, so this is what each open call of an unauthenticated caller may cost. The largest request dkc's sidecars send is a status report: three config sources (under 1 KiB each), an error and its detail (the kubelet's validation message)")
+	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "the namespace dkc-server runs in (default $POD_NAMESPACE, which deploy/ sets from the downward API). When set, dkc-server refuses to start if --allowed-service-accounts names no ServiceAccount in it, or if its serving certificate names a Service of another namespace (NAME.NAMESPACE.svc) and none of this one: what a kustomize namespace: override that missed those leaves behind. Empty skips both checks")
 }
 
 // Validate checks the configuration.
@@ -229,6 +257,18 @@ func (c Config) Validate() error {
 	if c.MaxSendMsgSizeMiB<<20 < payload.MaxMessageBytes {
 		errs = append(errs, fmt.Errorf("--max-send-msg-size-mib must be at least %d (the largest message a node accepts)", (payload.MaxMessageBytes+1<<20-1)>>20))
 	}
+	if c.MaxConnections < 0 {
+		errs = append(errs, errors.New("--max-connections must not be negative (0: sized to the node count)"))
+	}
+	if c.HandshakeTimeout <= 0 || c.MaxConnectionIdle <= 0 {
+		errs = append(errs, errors.New("--handshake-timeout and --max-connection-idle must be positive"))
+	}
+	if c.MaxRecvMsgSizeKiB < minRecvMsgSizeKiB {
+		errs = append(errs, fmt.Errorf("--max-recv-msg-size-kib must be at least %d (a status report naming three config sources, with room for its detail)", minRecvMsgSizeKiB))
+	}
+	if err := c.checkNamespace(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.MaxConcurrentStreams < 2 {
 		errs = append(errs, errors.New("--max-concurrent-streams must be at least 2 (a sidecar's config stream and its status report)"))
 	}
@@ -238,4 +278,28 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// minRecvMsgSizeKiB is the smallest --max-recv-msg-size-kib: a status report's three sources take up to
+// about 2.5 KiB (names of 253 bytes), and its detail needs room.
+const minRecvMsgSizeKiB = 8
+
+// checkNamespace refuses --allowed-service-accounts that name no ServiceAccount in dkc-server's own
+// namespace. deploy/ installs the sidecars' ServiceAccount beside dkc-server, so a kustomize `namespace:`
+// override moves both, while the flag keeps kube-system: every sidecar would be refused as a stranger,
+// which shows only as Unauthenticated streams in the logs of every node.
+func (c Config) checkNamespace() error {
+	if c.Namespace == "" || len(c.AllowedServiceAccounts) == 0 { // none: reported as missing
+		return nil
+	}
+	for _, sa := range c.AllowedServiceAccounts {
+		if ns, _, _ := strings.Cut(sa, "/"); ns == c.Namespace {
+			return nil
+		}
+	}
+	return fmt.Errorf("dkc-server runs in namespace %q (--namespace, $POD_NAMESPACE) but --allowed-service-accounts=%s names no ServiceAccount there, "+
+		"so every sidecar would be refused: deploy/ puts the sidecars' ServiceAccount beside dkc-server, and a kustomize namespace: override does not move "+
+		"the whole install. Set --allowed-service-accounts=%s/dkc-sidecar and replace kube-system throughout a copy of deploy/base, with a serving "+
+		"certificate for dkc-server.%s.svc (docs/install.md, \"Another namespace\"); if the sidecars really run elsewhere, set --namespace= to skip this check",
+		c.Namespace, strings.Join(c.AllowedServiceAccounts, ","), c.Namespace, c.Namespace)
 }

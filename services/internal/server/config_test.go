@@ -1,10 +1,18 @@
 package server
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"io"
+	"math/big"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	flag "github.com/spf13/pflag"
 )
@@ -69,4 +77,69 @@ func TestStreamLimitsValidate(t *testing.T) {
 			t.Errorf("%s: Validate() = %v, want ok=%v", tc.name, err, tc.ok)
 		}
 	}
+}
+
+// TestNamespaceChecks: a kustomize `namespace:` override that moved dkc-server but left the flags or the
+// certificate on kube-system is refused at start, with what to change; matching flags, no namespace known
+// and certificates without a Service name pass.
+func TestNamespaceChecks(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		namespace string
+		allowed   []string
+		dnsNames  []string
+		wantErr   string // substring; "" = accepted
+	}{
+		{name: "as deploy/ installs it", namespace: "kube-system", allowed: []string{"kube-system/dkc-sidecar"},
+			dnsNames: []string{"dkc-server", "dkc-server.kube-system", "dkc-server.kube-system.svc", "dkc-server.kube-system.svc.cluster.local"}},
+		{name: "namespace unknown: no check", allowed: []string{"kube-system/dkc-sidecar"}, dnsNames: []string{"dkc-server.kube-system.svc"}},
+		{name: "moved, flags and certificate too", namespace: "dkc", allowed: []string{"dkc/dkc-sidecar"}, dnsNames: []string{"dkc-server.dkc.svc"}},
+		{name: "one of several service accounts here", namespace: "dkc", allowed: []string{"kube-system/dkc-sidecar", "dkc/dkc-sidecar"}},
+		{name: "certificate without Service names", namespace: "dkc", allowed: []string{"dkc/dkc-sidecar"}, dnsNames: []string{"dkc.example.com"}},
+		{name: "certificate for both namespaces", namespace: "dkc", allowed: []string{"dkc/dkc-sidecar"}, dnsNames: []string{"dkc-server.kube-system.svc", "dkc-server.dkc.svc"}},
+		{name: "override left the service account", namespace: "dkc", allowed: []string{"kube-system/dkc-sidecar"},
+			wantErr: `dkc-server runs in namespace "dkc" (--namespace, $POD_NAMESPACE) but --allowed-service-accounts=kube-system/dkc-sidecar names no ServiceAccount there`},
+		{name: "override left the certificate", namespace: "dkc", allowed: []string{"dkc/dkc-sidecar"},
+			dnsNames: []string{"dkc-server", "dkc-server.kube-system.svc", "dkc-server.kube-system.svc.cluster.local"},
+			wantErr:  `is for dkc-server.kube-system.svc, dkc-server.kube-system.svc.cluster.local, but dkc-server runs in namespace "dkc"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Insecure, cfg.Namespace, cfg.AllowedServiceAccounts = true, tc.namespace, tc.allowed
+			err := cfg.Validate()
+			if err == nil {
+				err = checkCertNamespace("tls.crt", certFor(t, tc.dnsNames), tc.namespace)
+			}
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestNamespaceFlagDefaultsToPodNamespace: deploy/ passes the namespace through $POD_NAMESPACE.
+func TestNamespaceFlagDefaultsToPodNamespace(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "dkc")
+	if got := DefaultConfig().Namespace; got != "dkc" {
+		t.Fatalf("Namespace = %q, want $POD_NAMESPACE", got)
+	}
+}
+
+// certFor is a self-signed certificate for dnsNames.
+func certFor(t *testing.T, dnsNames []string) *tls.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "dkc-server"}, NotBefore: time.Now(),
+		NotAfter: time.Now().Add(time.Hour), DNSNames: dnsNames}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }

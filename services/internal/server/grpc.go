@@ -75,7 +75,13 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 			Timeout:               cfg.KeepaliveTimeout,
 			MaxConnectionAge:      cfg.MaxConnectionAge,
 			MaxConnectionAgeGrace: cfg.MaxConnAgeGrace,
+			// Counts only time with no call open: a sidecar's config stream never lets its connection
+			// idle, while a caller whose every call was refused is let go instead of living to the max age.
+			MaxConnectionIdle: cfg.MaxConnectionIdle,
 		}),
+		// A connection that has not finished its TLS handshake and HTTP/2 preface by then is closed: a
+		// client that opens TCP connections and sends nothing holds each for this long, not 120 s.
+		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
 		// Sidecars ping at most every 30s; anything faster is a misbehaving client.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20e9, PermitWithoutStream: true}),
 		// Thousands of mostly idle streams: small per-connection buffers, and write buffers released
@@ -88,7 +94,9 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 		// profile — to save re-sending them on a status report every few minutes.
 		grpc.HeaderTableSize(0),
 		grpc.MaxSendMsgSize(cfg.MaxSendMsgSizeMiB << 20),
-		grpc.MaxRecvMsgSize(1 << 20), // status reports are small
+		// grpc-go reads a unary request whole before any interceptor runs, auth included: the cap is what
+		// each open call of an unauthenticated caller may hold (status reports are a few KiB).
+		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSizeKiB << 10),
 		// Calls open at once per connection: each costs a goroutine and buffers before any handler decides
 		// anything. With one config stream per node (package rpc), a token is worth little more than that.
 		grpc.MaxConcurrentStreams(uint32(cfg.MaxConcurrentStreams)),

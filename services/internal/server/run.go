@@ -104,6 +104,9 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := checkCertNamespace(cfg.TLSCertFile, reloader.cert, cfg.Namespace); err != nil {
+			return nil, err
+		}
 		s.tlsConfig = serverTLSConfig(reloader.GetCertificate)
 		creds = credentials.NewTLS(s.tlsConfig.Clone())
 	}
@@ -166,10 +169,11 @@ func (s *server) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
 // within ShutdownGrace, HTTP listeners shut down, informers stopped.
 func (s *server) run(ctx context.Context) error {
 	cfg := s.cfg
-	lis, err := net.Listen("tcp", cfg.ListenAddress)
+	tcp, err := net.Listen("tcp", cfg.ListenAddress)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.ListenAddress, err)
 	}
+	lis := newConnLimiter(tcp, cfg.MaxConnections, s.reg)
 	s.log.Info("config service starting", zap.String("address", lis.Addr().String()), zap.Bool("tls", !cfg.Insecure),
 		zap.Strings("allowedServiceAccounts", cfg.AllowedServiceAccounts), zap.Stringer("configNamespaces", s.namespaces))
 
@@ -180,9 +184,11 @@ func (s *server) run(ctx context.Context) error {
 	for _, l := range []*scaledLimiter{s.apiLimiter, s.reviewLimiter} {
 		g.Go(func() error { l.run(gctx, s.nodes, limitResizeInterval); return nil })
 	}
+	g.Go(func() error { lis.follow(gctx, s.nodes, limitResizeInterval); return nil })
 	g.Go(func() error {
 		// Serve only once the Node cache is synced: before that every node would look unknown.
 		if cache.WaitForNamedCacheSync("dkc-server", gctx.Done(), s.ctrl.Synced) {
+			lis.resize(s.nodes)
 			s.setServing(healthpb.HealthCheckResponse_SERVING)
 			s.log.Info("caches synced; serving")
 		}
@@ -195,9 +201,13 @@ func (s *server) run(ctx context.Context) error {
 		return nil
 	})
 	if cfg.MetricsAddr != "" {
+		var writeTimeout time.Duration // httpserve's default
+		if cfg.Profiling {
+			writeTimeout = profileWriteTimeout
+		}
 		g.Go(func() error {
 			return httpserve.Serve(gctx, httpserve.Listener{Name: "metrics", Addr: cfg.MetricsAddr,
-				Handler: metricsMux(s.reg, s.ctrl.Synced, cfg.Profiling), Grace: cfg.ShutdownGrace})
+				Handler: metricsMux(s.reg, s.ctrl.Synced, cfg.Profiling), Grace: cfg.ShutdownGrace, WriteTimeout: writeTimeout})
 		})
 	}
 	if cfg.WebhookAddress != "" && s.tlsConfig != nil {
@@ -244,6 +254,10 @@ func restConfig(cfg Config) (*rest.Config, error) {
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	return rc, nil
 }
+
+// profileWriteTimeout is the metrics listener's write timeout with --profiling: net/http/pprof refuses a
+// CPU profile or trace longer than the write timeout, and 5 minutes covers what anyone takes.
+const profileWriteTimeout = 5 * time.Minute
 
 // limitResizeInterval is how often the client-side limits follow the Node cache.
 const limitResizeInterval = 10 * time.Second

@@ -2,8 +2,10 @@ package server
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -78,4 +80,40 @@ func (r *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, e
 		}
 	}
 	return r.cert, nil
+}
+
+// checkCertNamespace refuses a serving certificate issued for a Service in another namespace than
+// dkc-server's own (ns): sidecars reach dkc-server through its Service, <name>.<namespace>.svc, and verify
+// that name against the certificate, so after a kustomize `namespace:` override a certificate still
+// issued for kube-system fails every sidecar's handshake. Names that are not a Service's (no "svc" label
+// third) are the operator's business; a certificate with none at all is not checked. ns "" checks nothing.
+func checkCertNamespace(certFile string, cert *tls.Certificate, ns string) error {
+	if ns == "" || cert == nil || len(cert.Certificate) == 0 {
+		return nil
+	}
+	leaf := cert.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return fmt.Errorf("parse serving certificate %s: %w", certFile, err)
+		}
+	}
+	var others []string
+	for _, name := range leaf.DNSNames {
+		labels := strings.Split(name, ".")
+		if len(labels) < 3 || labels[2] != "svc" {
+			continue
+		}
+		if labels[1] == ns {
+			return nil
+		}
+		others = append(others, name)
+	}
+	if len(others) == 0 {
+		return nil
+	}
+	return fmt.Errorf("serving certificate %s is for %s, but dkc-server runs in namespace %q (--namespace, $POD_NAMESPACE): "+
+		"sidecars verify dkc-server.%s.svc and would fail every handshake. Issue the certificate for this namespace "+
+		"(deploy/overlays/self-signed: NAMESPACE=%s ./gen-certs.sh; cert-manager: the Certificate's dnsNames; docs/install.md, \"Another namespace\"), or install into the namespace it names",
+		certFile, strings.Join(others, ", "), ns, ns, ns)
 }

@@ -95,12 +95,12 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		flags = strings.Fields(cfg.KubeletFlags)
 	}
 	ag := agent.New(agent.Config{
+		Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober, Reporter: cl, Metrics: metrics,
 		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
 		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, ProcDir: cfg.HostProc, KubeletVersion: cfg.KubeletVersion,
 		KubeletVersionRequired: s.o.checker == nil,
 		TrialCheckInterval:     s.o.trialCheckInterval, Checker: checker, Trace: s.o.trace,
-	}, agent.Deps{Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober,
-		Reporter: cl, Metrics: metrics})
+	})
 
 	log.Info("dkc-sidecar starting", zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("restartMode", cfg.RestartMode), zap.Duration("trialDuration", cfg.TrialDuration), zap.Uint64("incarnation", incarnation))

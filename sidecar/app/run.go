@@ -54,7 +54,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}
 	}
 	if prober == nil {
-		p, err := probe.New(cfg.KubeletTokenFile, cfg.KubeletHost, cfg.KubeletCAFile, log.Named("probe"))
+		p, err := probe.New(probe.Config{Log: log.Named("probe"), TokenFile: cfg.KubeletTokenFile, Host: cfg.KubeletHost, CAFile: cfg.KubeletCAFile})
 		if err != nil {
 			return err
 		}

@@ -35,7 +35,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if cfg.InstallOnly {
 		return installOnly(ctx, cfg, log)
 	}
-	if !s.o.noNodeLock {
+	if !cfg.NoNodeLock {
 		release, err := lockNode(ctx, cfg.DynamicConfigDir, log)
 		if err != nil {
 			return err
@@ -47,7 +47,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeSvc()
-	prober, checker := s.o.prober, s.o.checker
+	prober, checker := cfg.Prober, cfg.Checker
 	if checker == nil {
 		if checker, err = kubeletChecker(cfg, log); err != nil {
 			return err
@@ -61,7 +61,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		// The prober learns the kubelet's --cert-dir (where its serving certificate is) from the flags.
 		prober, checker = p, p.ObserveFlags(checker)
 	}
-	conn := s.o.conn
+	conn := cfg.Conn
 	if conn == nil {
 		c, err := Dial(cfg, WithDialLogger(log.Named("dial")))
 		if err != nil {
@@ -90,7 +90,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		metrics = agent.NewMetrics(reg)
 	}
-	flags := s.o.kubeletFlags
+	flags := cfg.KubeletArgs
 	if flags == nil && cfg.KubeletFlags != "" {
 		flags = strings.Fields(cfg.KubeletFlags)
 	}
@@ -98,8 +98,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober, Reporter: cl, Metrics: metrics,
 		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
 		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, ProcDir: cfg.HostProc, KubeletVersion: cfg.KubeletVersion,
-		KubeletVersionRequired: s.o.checker == nil,
-		TrialCheckInterval:     s.o.trialCheckInterval, Checker: checker, Trace: s.o.trace,
+		KubeletVersionRequired: cfg.Checker == nil,
+		TrialCheckInterval:     cfg.TrialCheckInterval, Checker: checker, Trace: cfg.Trace,
 	})
 
 	log.Info("dkc-sidecar starting", zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
@@ -129,8 +129,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 // file, or signals by PID file.
 func (s *Sidecar) serviceManager(ctx context.Context, log *zap.Logger) (agent.ServiceManager, func(), error) {
 	cfg := s.cfg
-	if s.o.service != nil {
-		return s.o.service, func() {}, nil
+	if cfg.ServiceManager != nil {
+		return cfg.ServiceManager, func() {}, nil
 	}
 	if cfg.RestartMode == "signal" {
 		return systemd.Signal{PIDFile: cfg.KubeletPIDFile, Timeout: cfg.HealthTimeout}, func() {}, nil

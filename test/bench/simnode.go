@@ -213,15 +213,16 @@ func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, er
 	log := cfg.log // the sidecar names its node in every line itself (app.Run)
 	kubelet := &standInKubelet{dynamic: dynamic, local: local, checker: cfg.checker}
 	sc := app.New(app.Config{
+		Log: log, ServiceManager: kubelet, Prober: kubelet, Checker: cfg.checker, KubeletArgs: []string{}, NoNodeLock: true,
+		// Trial checks every second, not every 10s: a real cluster's nodes tick independently, while the
+		// tickers of nodes started together here would promote their configs in bursts of hundreds.
+		TrialCheckInterval: time.Second,
+		Trace:              func(event string, src *corev1.NodeConfigSource) { cfg.rec.trace(name, event, src) },
+
 		NodeName: name, Server: cfg.server, ServerCAFile: cfg.caFile, TokenFile: cfg.token,
 		DynamicConfigDir: dynamic, KubeletConfig: local, HostProc: "/proc",
 		TrialDuration: cfg.trial, HealthTimeout: 10 * time.Second, KeepCheckpoints: 1,
-	}, app.WithLogger(log), app.WithServiceManager(kubelet), app.WithProber(kubelet), app.WithChecker(cfg.checker),
-		app.WithKubeletFlags([]string{}), app.WithoutNodeLock(),
-		// Trial checks every second, not every 10s: a real cluster's nodes tick independently, while the
-		// tickers of nodes started together here would promote their configs in bursts of hundreds.
-		app.WithTrialCheckInterval(time.Second),
-		app.WithTrace(func(event string, src *corev1.NodeConfigSource) { cfg.rec.trace(name, event, src) }))
+	})
 	ctx, cancel := context.WithCancel(ctx)
 	s := &simNode{name: name, cancel: cancel, done: make(chan struct{})}
 	go func() {

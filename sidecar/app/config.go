@@ -20,8 +20,8 @@ import (
 
 // Config is the sidecar's configuration: the parts it acts through, then its flags.
 type Config struct {
-	// The parts that touch the node or the network. The daemon leaves them zero (no flag sets them); tests
-	// and the benchmark's simulated nodes replace them.
+	// The parts it acts through; no flag sets them. The daemon sets Log and leaves the others zero: the
+	// defaults, which touch the node and the network. Tests and the benchmark's simulated nodes replace them.
 
 	// Log is where the sidecar logs; nil: nowhere.
 	Log *zap.Logger

@@ -11,12 +11,46 @@ import (
 	"time"
 
 	flag "github.com/spf13/pflag"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
-// Config is the sidecar's configuration.
+// Config is the sidecar's configuration: the parts it acts through, then its flags.
 type Config struct {
+	// The parts it acts through; no flag sets them. The daemon sets Log and leaves the others zero: the
+	// defaults, which touch the node and the network. Tests and the benchmark's simulated nodes replace them.
+
+	// Log is where the sidecar logs; nil: nowhere.
+	Log *zap.Logger
+	// ServiceManager restarts the kubelet; nil: --restart-mode's (systemd over D-Bus, after checking that
+	// the kubelet unit loads dkc's env file, or signals).
+	ServiceManager ServiceManager
+	// Prober asks about the kubelet; nil: its HTTPS endpoints (package probe), which also learn the
+	// kubelet's --cert-dir from the checker's results — a Prober given is on its own.
+	Prober Prober
+	// Checker checks configs; nil: the dkc-kubelet-check helpers in --kubelet-check-dir, one per kubelet
+	// minor, which check nothing before the service sends the kubelet's version.
+	Checker Checker
+	// Conn, if not nil, talks to the config service instead of dialling --server; the caller closes it.
+	Conn *grpc.ClientConn
+	// Trace, if not nil, is called when an assignment is received (TraceReceived) and when a new one is
+	// durably checkpointed (TraceCheckpointed): the benchmark's probes.
+	Trace func(event string, src *corev1.NodeConfigSource)
+	// KubeletArgs, if not nil, are the kubelet's command-line flags (none: an empty, non-nil slice), taking
+	// the place of --kubelet-flags and of reading the running kubelet's.
+	KubeletArgs []string
+	// TrialCheckInterval is how often the trial is checked; 0: every 10s, as the original.
+	TrialCheckInterval time.Duration
+	// NoNodeLock skips the lock that keeps a second sidecar off the node's --dynamic-config-dir. For many
+	// simulated nodes in one process, each on a directory of its own (the benchmark): the lock holds a file
+	// descriptor per node, and 10,000 nodes' locks and connections exceed a process's usual limit of 20,000.
+	NoNodeLock bool
+
+	// The flags (BindFlags), from DefaultConfig's defaults.
+
 	NodeName         string
 	Server           string
 	ServerCAFile     string

@@ -173,10 +173,10 @@ func TestMaliciousServer(t *testing.T) {
 
 	kubelet := &steadyKubelet{file: local}
 	// The whole sidecar as the daemon builds it, with the node's kubelet and the network replaced.
-	sc := app.New(app.Config{NodeName: "n1", TokenFile: token, DynamicConfigDir: dir, KubeletConfig: local,
-		TrialDuration: time.Hour, HealthTimeout: time.Second, HostProc: "/proc"},
-		app.WithConn(conn), app.WithServiceManager(kubelet), app.WithProber(kubelet), app.WithChecker(kubeletcheck.InProcess{}),
-		app.WithKubeletFlags([]string{}))
+	sc := app.New(app.Config{
+		Conn: conn, ServiceManager: kubelet, Prober: kubelet, Checker: kubeletcheck.InProcess{}, KubeletArgs: []string{},
+		NodeName: "n1", TokenFile: token, DynamicConfigDir: dir, KubeletConfig: local,
+		TrialDuration: time.Hour, HealthTimeout: time.Second, HostProc: "/proc"})
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
 	go func() { stopped <- sc.Run(ctx) }()

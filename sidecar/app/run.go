@@ -34,7 +34,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if cfg.InstallOnly {
 		return installOnly(ctx, cfg, log)
 	}
-	if !s.o.noNodeLock {
+	if !cfg.NoNodeLock {
 		release, err := lockNode(ctx, cfg.DynamicConfigDir, log)
 		if err != nil {
 			return err
@@ -46,21 +46,21 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeSvc()
-	prober, checker := s.o.prober, s.o.checker
+	prober, checker := cfg.Prober, cfg.Checker
 	if checker == nil {
 		if checker, err = kubeletChecker(cfg, log); err != nil {
 			return err
 		}
 	}
 	if prober == nil {
-		p, err := probe.New(cfg.KubeletTokenFile, cfg.KubeletHost, cfg.KubeletCAFile, log.Named("probe"))
+		p, err := probe.New(probe.Config{Log: log.Named("probe"), TokenFile: cfg.KubeletTokenFile, Host: cfg.KubeletHost, CAFile: cfg.KubeletCAFile})
 		if err != nil {
 			return err
 		}
 		// The prober learns the kubelet's --cert-dir (where its serving certificate is) from the flags.
 		prober, checker = p, p.ObserveFlags(checker)
 	}
-	conn := s.o.conn
+	conn := cfg.Conn
 	var streams *serviceStreams // /readyz: nil with an injected connection
 	if conn == nil {
 		streams = &serviceStreams{}
@@ -91,17 +91,17 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		metrics = agent.NewMetrics(reg)
 	}
-	flags := s.o.kubeletFlags
+	flags := cfg.KubeletArgs
 	if flags == nil && cfg.KubeletFlags != "" {
 		flags = strings.Fields(cfg.KubeletFlags)
 	}
 	ag := agent.New(agent.Config{
+		Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober, Reporter: cl, Metrics: metrics,
 		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
 		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, ProcDir: cfg.HostProc, KubeletVersion: cfg.KubeletVersion,
-		KubeletVersionRequired: s.o.checker == nil,
-		TrialCheckInterval:     s.o.trialCheckInterval, Checker: checker, Trace: s.o.trace,
-	}, agent.Deps{Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober,
-		Reporter: cl, Metrics: metrics})
+		KubeletVersionRequired: cfg.Checker == nil,
+		TrialCheckInterval:     cfg.TrialCheckInterval, Checker: checker, Trace: cfg.Trace,
+	})
 
 	log.Info("dkc-sidecar starting", zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("restartMode", cfg.RestartMode), zap.Duration("trialDuration", cfg.TrialDuration), zap.Uint64("incarnation", incarnation))
@@ -131,8 +131,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 // file, or signals by PID file.
 func (s *Sidecar) serviceManager(ctx context.Context, log *zap.Logger) (agent.ServiceManager, func(), error) {
 	cfg := s.cfg
-	if s.o.service != nil {
-		return s.o.service, func() {}, nil
+	if cfg.ServiceManager != nil {
+		return cfg.ServiceManager, func() {}, nil
 	}
 	if cfg.RestartMode == "signal" {
 		return systemd.Signal{PIDFile: cfg.KubeletPIDFile, Timeout: cfg.HealthTimeout}, func() {}, nil

@@ -213,18 +213,18 @@ func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, er
 	log := cfg.log // the sidecar names its node in every line itself (app.Run)
 	kubelet := &standInKubelet{dynamic: dynamic, local: local, checker: cfg.checker}
 	sc := app.New(app.Config{
+		Log: log, ServiceManager: kubelet, Prober: kubelet, Checker: cfg.checker, KubeletArgs: []string{}, NoNodeLock: true,
+		// Trial checks every second, not every 10s: a real cluster's nodes tick independently, while the
+		// tickers of nodes started together here would promote their configs in bursts of hundreds.
+		TrialCheckInterval: time.Second,
+		Trace:              func(event string, src *corev1.NodeConfigSource) { cfg.rec.trace(name, event, src) },
 		NodeName: name, Server: cfg.server, ServerCAFile: cfg.caFile, TokenFile: cfg.token,
 		DynamicConfigDir: dynamic, KubeletConfig: local, HostProc: "/proc",
 		// The shipped health timeout: thousands of simulated nodes share this machine's cores, and a kubelet
 		// that answers late here because the machine is busy must not be blamed for its config, as a real
 		// node's own kubelet would not be (a 10s timeout rolled nodes back when 5,000 sidecars started at once).
 		TrialDuration: cfg.trial, HealthTimeout: app.DefaultConfig().HealthTimeout, KeepCheckpoints: 1,
-	}, app.WithLogger(log), app.WithServiceManager(kubelet), app.WithProber(kubelet), app.WithChecker(cfg.checker),
-		app.WithKubeletFlags([]string{}), app.WithoutNodeLock(),
-		// Trial checks every second, not every 10s: a real cluster's nodes tick independently, while the
-		// tickers of nodes started together here would promote their configs in bursts of hundreds.
-		app.WithTrialCheckInterval(time.Second),
-		app.WithTrace(func(event string, src *corev1.NodeConfigSource) { cfg.rec.trace(name, event, src) }))
+	})
 	ctx, cancel := context.WithCancel(ctx)
 	s := &simNode{name: name, cancel: cancel, done: make(chan struct{})}
 	go func() {

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	grpcauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
-	"go.uber.org/zap"
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -102,7 +101,7 @@ func Authorize(ctx context.Context, node string) error {
 //     from another, which garbage can churn, but only at the rate 4 allows;
 //  3. a token that is not shaped like a ServiceAccount JWT is refused without a review (the apiserver's
 //     ServiceAccount authenticator would refuse it unread);
-//  4. a review is spent only within the caller address's token bucket (WithPeerLimit), which counts every
+//  4. a review is spent only within the caller address's token bucket (Config.PeerQPS), which counts every
 //     uncached call, also one that joins a review already in flight for the same token;
 //  5. reviews go through their own client and rate limiter (NewReviewClient), so the apiserver budget for
 //     Node status writes is not theirs to take, and wait at most reviewTimeout for it; calls that present a
@@ -110,7 +109,6 @@ func Authorize(ctx context.Context, node string) error {
 type Authenticator struct {
 	client  kubernetes.Interface
 	allowed map[string]bool // "namespace/name"
-	log     *zap.Logger
 	ttl     time.Duration
 	spread  func(time.Duration) time.Duration // how much sooner than the TTL a verification lapses
 	clock   clock.PassiveClock
@@ -144,33 +142,38 @@ const (
 	reviewTimeout = 10 * time.Second
 )
 
-// Option configures an Authenticator.
-type Option func(*Authenticator)
-
-// WithPeerLimit gives each caller address a token bucket of burst reviews refilled at qps per second, for
-// tokens dkc has no cached answer for; qps 0 disables the limit. The default is DefaultPeerQPS and
-// DefaultPeerBurst.
-func WithPeerLimit(qps float64, burst int) Option {
-	return func(a *Authenticator) { a.peers = newPeerLimiter(qps, burst) }
+// Config of an Authenticator.
+type Config struct {
+	// Client reviews tokens (TokenReview): NewReviewClient's, whose rate limit is its own. Required.
+	Client kubernetes.Interface
+	// Allowed are the ServiceAccounts ("namespace/name") whose tokens are accepted
+	// (--allowed-service-accounts); none: every token is refused.
+	Allowed []string
+	// TTL is how long a verified token is cached (--token-cache-ttl), never past its exp, and so how often
+	// an open stream's token is checked again; refusals are cached a sixth of it. 0: nothing is cached,
+	// every call is reviewed.
+	TTL time.Duration
+	// PeerQPS and PeerBurst give each caller address a token bucket of PeerBurst reviews refilled at PeerQPS
+	// per second, for tokens without a cached answer (--token-review-per-peer-qps, -burst; the defaults are
+	// DefaultPeerQPS and DefaultPeerBurst). PeerQPS 0: no per-peer limit, as the flag's 0.
+	PeerQPS   float64
+	PeerBurst int
+	// Metrics records refusals and reviews; nil: no metrics.
+	Metrics *Metrics
+	// Clock is where cache expiries, token exp checks and the per-peer buckets read the time; nil: the real
+	// clock. Tests give a fake one.
+	Clock clock.PassiveClock
 }
 
-// WithMetrics records refusals and reviews in m.
-func WithMetrics(m *Metrics) Option { return func(a *Authenticator) { a.metrics = m } }
-
-// WithClock replaces the real clock (for tests).
-func WithClock(c clock.PassiveClock) Option { return func(a *Authenticator) { a.clock = c } }
-
-// New returns an Authenticator accepting tokens of the allowed ServiceAccounts ("namespace/name"), reviewed
-// through client (see NewReviewClient), and caching a verified token for ttl or until its exp, whichever
-// is sooner.
-func New(client kubernetes.Interface, allowed []string, ttl time.Duration, log *zap.Logger, opts ...Option) *Authenticator {
-	a := &Authenticator{client: client, allowed: map[string]bool{}, log: log, ttl: ttl, spread: spreadTenth, clock: clock.RealClock{},
-		peers: newPeerLimiter(DefaultPeerQPS, DefaultPeerBurst)}
-	for _, sa := range allowed {
-		a.allowed[sa] = true
+// New returns an Authenticator.
+func New(cfg Config) *Authenticator {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
-	for _, o := range opts {
-		o(a)
+	a := &Authenticator{client: cfg.Client, allowed: map[string]bool{}, ttl: cfg.TTL, spread: spreadTenth, clock: cfg.Clock,
+		metrics: cfg.Metrics, peers: newPeerLimiter(cfg.PeerQPS, cfg.PeerBurst)}
+	for _, sa := range cfg.Allowed {
+		a.allowed[sa] = true
 	}
 	if a.peers != nil {
 		a.peers.clock = a.clock

@@ -20,7 +20,6 @@ import (
 	grpcauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/zap"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
@@ -114,9 +113,12 @@ func fromPeer(ctx context.Context, addr string) context.Context {
 }
 
 // newTestAuthenticator's verifications last the TTL exactly (no spread), so that tests can name the instant.
-func newTestAuthenticator(t *testing.T, client kubernetes.Interface, clk *clocktesting.FakeClock, opts ...Option) *Authenticator {
+// newTestAuthenticator returns an Authenticator of cfg (its Client, Clock, limits and metrics) for tokens of
+// sidecarSA, cached for a minute, whose verifications all lapse at the TTL (no spread).
+func newTestAuthenticator(t *testing.T, cfg Config) *Authenticator {
 	t.Helper()
-	a := New(client, []string{sidecarSA}, time.Minute, zap.NewNop(), append([]Option{WithClock(clk)}, opts...)...)
+	cfg.Allowed, cfg.TTL = []string{sidecarSA}, time.Minute
+	a := New(cfg)
 	a.spread = func(time.Duration) time.Duration { return 0 }
 	return a
 }
@@ -161,7 +163,7 @@ func TestPeerLimit(t *testing.T) {
 			ctx := context.Background()
 			rv, cs := newReviewer()
 			clk := clocktesting.NewFakeClock(epoch)
-			a := newTestAuthenticator(t, cs, clk, WithPeerLimit(tt.qps, burst))
+			a := newTestAuthenticator(t, Config{Client: cs, Clock: clk, PeerQPS: tt.qps, PeerBurst: burst})
 			warm := rv.valid(jwt(map[string]any{"n": "warm"}), "n1", Audience)
 			if tt.warm {
 				if _, err := a.Authenticate(fromPeer(ctx, "10.0.0.1:40000"), warm); err != nil {
@@ -233,7 +235,7 @@ func TestConcurrentCallsShareOneReview(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := newTestAuthenticator(t, client, clocktesting.NewFakeClock(epoch), WithPeerLimit(0, 0))
+			a := newTestAuthenticator(t, Config{Client: client, Clock: clocktesting.NewFakeClock(epoch)})
 			tok := jwt(map[string]any{"sub": "node-1"})
 			ctx := fromPeer(context.Background(), "10.0.0.1:1000")
 
@@ -315,7 +317,7 @@ func TestTokenShapeAndSize(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rv, cs := newReviewer()
-			a := newTestAuthenticator(t, cs, clocktesting.NewFakeClock(epoch))
+			a := newTestAuthenticator(t, Config{Client: cs, Clock: clocktesting.NewFakeClock(epoch), PeerQPS: DefaultPeerQPS, PeerBurst: DefaultPeerBurst})
 			_, err := a.Authenticate(fromPeer(context.Background(), "10.0.0.1:1"), tt.token)
 			if status.Code(err) != tt.wantCode {
 				t.Errorf("%d-byte token: %v, want %v", len(tt.token), err, tt.wantCode)
@@ -332,7 +334,7 @@ func TestTokenShapeAndSize(t *testing.T) {
 func TestRefusalsDoNotEvictVerifiedTokens(t *testing.T) {
 	ctx := context.Background()
 	rv, cs := newReviewer()
-	a := newTestAuthenticator(t, cs, clocktesting.NewFakeClock(epoch), WithPeerLimit(0, 0))
+	a := newTestAuthenticator(t, Config{Client: cs, Clock: clocktesting.NewFakeClock(epoch)})
 	good := rv.valid(jwt(map[string]any{"n": "good"}), "n1", Audience)
 	if _, err := a.Authenticate(ctx, good); err != nil {
 		t.Fatal(err)
@@ -372,7 +374,7 @@ func TestVerifiedCacheBoundedByExpiry(t *testing.T) {
 			ctx := context.Background()
 			rv, cs := newReviewer()
 			clk := clocktesting.NewFakeClock(epoch)
-			a := newTestAuthenticator(t, cs, clk)
+			a := newTestAuthenticator(t, Config{Client: cs, Clock: clk, PeerQPS: DefaultPeerQPS, PeerBurst: DefaultPeerBurst})
 			claims := map[string]any{"iss": "k8s"}
 			if tt.exp != nil {
 				claims["exp"] = tt.exp
@@ -439,7 +441,7 @@ func TestAudienceRequired(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rv, cs := newReviewer()
-			a := newTestAuthenticator(t, cs, clocktesting.NewFakeClock(epoch))
+			a := newTestAuthenticator(t, Config{Client: cs, Clock: clocktesting.NewFakeClock(epoch), PeerQPS: DefaultPeerQPS, PeerBurst: DefaultPeerBurst})
 			tok := rv.valid(jwt(map[string]any{"iss": "k8s"}), "n1", tt.auds...)
 			if _, err := a.Authenticate(context.Background(), tok); status.Code(err) != tt.wantCode {
 				t.Errorf("status.audiences %q: %v, want %v", tt.auds, err, tt.wantCode)
@@ -488,7 +490,7 @@ func TestReviewClientHasOwnLimiter(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := newTestAuthenticator(t, reviewClient, clocktesting.NewFakeClock(epoch), WithPeerLimit(0, 0))
+			a := newTestAuthenticator(t, Config{Client: reviewClient, Clock: clocktesting.NewFakeClock(epoch)})
 			n := reviewBurst
 			if tt.wantStatusLimited {
 				n = cfg.Burst
@@ -519,7 +521,7 @@ func TestReviewClientHasOwnLimiter(t *testing.T) {
 // fails before the auth function runs, while a token at MaxTokenBytes still fits.
 func TestServerOptionsCapHeaders(t *testing.T) {
 	rv, cs := newReviewer()
-	a := newTestAuthenticator(t, cs, clocktesting.NewFakeClock(epoch))
+	a := newTestAuthenticator(t, Config{Client: cs, Clock: clocktesting.NewFakeClock(epoch), PeerQPS: DefaultPeerQPS, PeerBurst: DefaultPeerBurst})
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer(append(ServerOptions(), grpc.UnaryInterceptor(grpcauth.UnaryServerInterceptor(a.AuthFunc)))...)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
@@ -582,7 +584,7 @@ func TestServerEnforcesHeaderCap(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rv, cs := newReviewer()
-			a := newTestAuthenticator(t, cs, clocktesting.NewFakeClock(epoch))
+			a := newTestAuthenticator(t, Config{Client: cs, Clock: clocktesting.NewFakeClock(epoch), PeerQPS: DefaultPeerQPS, PeerBurst: DefaultPeerBurst})
 			lis := bufconn.Listen(1 << 20)
 			srv := grpc.NewServer(append(tt.opts, grpc.UnaryInterceptor(grpcauth.UnaryServerInterceptor(a.AuthFunc)))...)
 			healthpb.RegisterHealthServer(srv, health.NewServer())
@@ -679,7 +681,7 @@ func TestRefusalMetrics(t *testing.T) {
 	rv, cs := newReviewer()
 	reg := prometheus.NewPedanticRegistry()
 	m := NewMetrics(reg)
-	a := newTestAuthenticator(t, cs, clocktesting.NewFakeClock(epoch), WithPeerLimit(1, 1), WithMetrics(m))
+	a := newTestAuthenticator(t, Config{Client: cs, Clock: clocktesting.NewFakeClock(epoch), PeerQPS: 1, PeerBurst: 1, Metrics: m})
 	ctx := fromPeer(context.Background(), "10.0.0.1:1")
 	_, _ = a.AuthFunc(ctx)                                                         // missing
 	_, _ = a.Authenticate(ctx, strings.Repeat("a", MaxTokenBytes+1))               // too_large

@@ -33,7 +33,7 @@ func TestReauthenticate(t *testing.T) {
 	rv, cs := newReviewer()
 	clk := clocktesting.NewFakeClock(epoch)
 	m := NewMetrics(prometheus.NewPedanticRegistry())
-	a := newTestAuthenticator(t, cs, clk, WithMetrics(m), WithPeerLimit(1, 1)) // TTL 1m
+	a := newTestAuthenticator(t, Config{Client: cs, Clock: clk, PeerQPS: 1, PeerBurst: 1, Metrics: m}) // TTL 1m
 	tok := rv.valid(jwt(map[string]any{"iss": "k8s", "exp": epoch.Add(24 * time.Hour).Unix()}), "n1", Audience)
 	ctx := authed(t, a, "10.0.0.1:1", tok)
 	if until, ok := VerifiedUntil(ctx); !ok || !until.Equal(epoch.Add(time.Minute)) {
@@ -112,7 +112,7 @@ func TestExpiredTokenEndsItsStreamWithoutReviews(t *testing.T) {
 	rv, cs := newReviewer()
 	clk := clocktesting.NewFakeClock(epoch)
 	m := NewMetrics(prometheus.NewPedanticRegistry())
-	a := newTestAuthenticator(t, cs, clk, WithMetrics(m))
+	a := newTestAuthenticator(t, Config{Client: cs, Clock: clk, PeerQPS: DefaultPeerQPS, PeerBurst: DefaultPeerBurst, Metrics: m})
 	tok := rv.valid(jwt(map[string]any{"iss": "k8s", "exp": epoch.Add(30 * time.Second).Unix()}), "n1", Audience)
 	ctx := authed(t, a, "10.0.0.1:1", tok)
 	if until, _ := VerifiedUntil(ctx); !until.Equal(epoch.Add(30 * time.Second)) {

@@ -68,13 +68,30 @@ type tracked struct {
 	synced bool
 }
 
-// New returns a Tracker. onChange is called with a ConfigMap's key whenever it is added, changes
-// (a new ResourceVersion), is deleted, or its informer finishes its first list — the moment "not found"
-// becomes trustworthy. The tracker never lists or watches outside namespaces: the controller refuses such
-// sources first, and Track ignores them as a second line (a cluster-wide list would be Forbidden anyway).
-func New(client kubernetes.Interface, namespaces resolve.Namespaces, log *zap.Logger, onChange func(key string)) *Tracker {
+// Config of a Tracker.
+type Config struct {
+	// Log is where the tracker says which ConfigMaps and namespaces it starts and stops watching; nil:
+	// nowhere.
+	Log *zap.Logger
+	// Client lists and watches the ConfigMaps. Required.
+	Client kubernetes.Interface
+	// Namespaces are where ConfigMaps are read (--config-namespaces). The tracker never lists or watches
+	// outside them: the controller refuses such sources first, and Track ignores them as a second line (a
+	// cluster-wide list would be Forbidden anyway).
+	Namespaces resolve.Namespaces
+	// OnChange is called with a ConfigMap's key whenever it is added, changes (a new ResourceVersion), is
+	// deleted, or its informer finishes its first list — the moment "not found" becomes trustworthy.
+	// Required.
+	OnChange func(key string)
+}
+
+// New returns a Tracker.
+func New(cfg Config) *Tracker {
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
 	return &Tracker{
-		client: client, namespaces: namespaces, log: log, onChange: onChange, threshold: NamespaceThreshold,
+		client: cfg.Client, namespaces: cfg.Namespaces, log: cfg.Log, onChange: cfg.OnChange, threshold: NamespaceThreshold,
 		byNode: map[string]string{}, refs: map[string]map[string]struct{}{}, informers: map[string]*tracked{},
 		wholeNamespaces: map[string]*tracked{}, perNamespace: map[string]int{},
 	}

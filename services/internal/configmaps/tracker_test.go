@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -48,7 +47,7 @@ func TestTrackFollowsReferences(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tr := New(client, resolve.NewNamespaces("kube-system"), zap.NewNop(), func(string) {})
+			tr := New(Config{Client: client, Namespaces: resolve.NewNamespaces("kube-system"), OnChange: func(string) {}})
 			for _, r := range tc.refs {
 				tr.Track(r.node, r.key)
 			}
@@ -75,7 +74,7 @@ func TestNamespaceWatchedWholePastThreshold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := New(client, resolve.NewNamespaces("kube-system", "other"), zap.NewNop(), func(string) {})
+	tr := New(Config{Client: client, Namespaces: resolve.NewNamespaces("kube-system", "other"), OnChange: func(string) {}})
 	tr.threshold = 3
 	for i := range 3 {
 		tr.Track(fmt.Sprintf("n%d", i), fmt.Sprintf("kube-system/c%d", i))
@@ -117,7 +116,7 @@ func TestNamespaceInformerServes(t *testing.T) {
 	}
 	client := fake.NewClientset(cm("a", "1"), cm("b", "1"), cm("unreferenced", "1"))
 	changed := make(chan string, 100)
-	tr := New(client, resolve.NewNamespaces("kube-system"), zap.NewNop(), func(key string) { changed <- key })
+	tr := New(Config{Client: client, Namespaces: resolve.NewNamespaces("kube-system"), OnChange: func(key string) { changed <- key }})
 	tr.threshold = 0
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()

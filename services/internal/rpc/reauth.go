@@ -29,7 +29,7 @@ const (
 	reauthRetryMax     = time.Minute
 )
 
-// recheck times one WatchConfig stream's token checks (WithReauthentication). A check runs in a goroutine
+// recheck times one WatchConfig stream's token checks (Config.Reauth). A check runs in a goroutine
 // of its own, so that a slow TokenReview never holds up a push; the stream's loop selects on due (start a
 // check) and done (its result). A nil *recheck (no Reauthenticator) never fires.
 type recheck struct {

@@ -101,12 +101,12 @@ func TestStreamsCheckTheirTokenAgain(t *testing.T) {
 	api := &apiserver{valid: map[string]string{}}
 	tokN1, tokN2 := saToken("n1"), saToken("n2")
 	api.valid[tokN1], api.valid[tokN2] = "n1", "n2"
-	authn := auth.New(api.clientset(), []string{"kube-system/dkc-sidecar"}, ttl, zap.NewNop(), auth.WithClock(clk))
+	authn := auth.New(auth.Config{Client: api.clientset(), Allowed: []string{"kube-system/dkc-sidecar"}, TTL: ttl, Clock: clk})
 	core, logs := observer.New(zap.InfoLevel)
 	table := assignment.NewTable(nil)
 	table.Set("n1", assignment.State{Assignment: assign("1")})
 	table.Set("n2", assignment.State{Assignment: assign("1")})
-	svc := New(zap.New(core), table, &recordingWriter{}, nil, WithReauthentication(authn), WithClock(clk))
+	svc := New(Config{Log: zap.New(core), Table: table, Status: &recordingWriter{}, Reauth: authn, Clock: clk})
 
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer(append(ServerOptions(), grpc.StreamInterceptor(grpcauth.StreamServerInterceptor(authn.AuthFunc)))...)

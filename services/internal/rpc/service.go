@@ -49,7 +49,8 @@ type Service struct {
 
 	encodings encodings
 
-	// reauth, when set, re-checks each WatchConfig stream's token whenever its verification lapses.
+	// reauth, when set, re-checks each WatchConfig stream's token whenever its verification lapses
+	// (Config.Reauth).
 	reauth Reauthenticator
 	clock  clock.Clock
 
@@ -77,31 +78,45 @@ func (r *Streams) Serving(node string) bool {
 // watch is one WatchConfig stream; replaced is closed when the node opens a newer one.
 type watch struct{ replaced chan struct{} }
 
-// Option configures a Service.
-type Option func(*Service)
+// Config of a Service.
+type Config struct {
+	// Log is where the service logs refusals and streams; nil: nowhere.
+	Log *zap.Logger
+	// Table is the assignment table WatchConfig streams read. Required.
+	Table *assignment.Table
+	// Status is the node status writer that ReportStatus hands reports to (nodestatus.Writer). Required by
+	// ReportStatus.
+	Status StatusWriter
+	// Metrics records streams and reports; nil: no metrics.
+	Metrics *Metrics
+	// Streams keeps each node's WatchConfig stream; the status writer shares it (Streams.Serving). nil: a
+	// registry of the service's own.
+	Streams *Streams
+	// Reauth, if not nil, makes every WatchConfig stream check its token again whenever its verification
+	// lapses (auth.VerifiedUntil, then what each check returns): a stream is authenticated when it opens, but
+	// lives for up to --max-connection-age, and a revoked token (its pod or node deleted) must stop
+	// receiving configs within the token cache TTL, not half an hour later. A refusal ends the stream with
+	// codes.Unauthenticated; a check that could not be made (the apiserver unreachable) keeps it and is
+	// retried, so that an apiserver outage does not cut every node off from dkc. nil: streams are checked
+	// only when they open.
+	Reauth Reauthenticator
+	// Clock times the re-checks; nil: the real clock.
+	Clock clock.Clock
+}
 
-// WithReauthentication makes every WatchConfig stream check its token again whenever its verification
-// lapses (auth.VerifiedUntil, then what each check returns): a stream is authenticated when it opens, but
-// lives for up to --max-connection-age, and a revoked token (its pod or node deleted) must stop receiving
-// configs within the token cache TTL, not half an hour later. A refusal ends the stream with
-// codes.Unauthenticated; a check that could not be made (the apiserver unreachable) keeps it and is retried,
-// so that an apiserver outage does not cut every node off from dkc.
-func WithReauthentication(r Reauthenticator) Option { return func(s *Service) { s.reauth = r } }
-
-// WithStreams keeps the node's streams in r (shared with the status writer) instead of a registry of its own.
-func WithStreams(r *Streams) Option { return func(s *Service) { s.streams = r } }
-
-// WithClock replaces the real clock, which times the re-checks (for tests).
-func WithClock(c clock.Clock) Option { return func(s *Service) { s.clock = c } }
-
-// New returns the service; m may be nil.
-func New(log *zap.Logger, table *assignment.Table, status StatusWriter, m *Metrics, opts ...Option) *Service {
-	s := &Service{log: log, table: table, status: status, metrics: m, shutdown: make(chan struct{}), streams: NewStreams(),
-		clock: clock.RealClock{}}
-	for _, o := range opts {
-		o(s)
+// New returns the service.
+func New(cfg Config) *Service {
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
 	}
-	return s
+	if cfg.Streams == nil {
+		cfg.Streams = NewStreams()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	return &Service{log: cfg.Log, table: cfg.Table, status: cfg.Status, metrics: cfg.Metrics, shutdown: make(chan struct{}),
+		streams: cfg.Streams, reauth: cfg.Reauth, clock: cfg.Clock}
 }
 
 // register makes a new stream the node's only one, ending the previous one. The newest stream wins: a
@@ -142,7 +157,7 @@ func (s *Service) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
 // the node has: at first from what the request says it applied, later from what was sent. While a Send is
 // blocked by a slow node, changes pile up as one: the next message carries only the latest state. A newer
 // stream of the same node ends this one with codes.Aborted; a token that no longer passes its re-check
-// (WithReauthentication) with codes.Unauthenticated.
+// (Config.Reauth) with codes.Unauthenticated.
 //
 // The stream's goroutine spends its life parked in the select below, on top of grpc-go's and the
 // interceptors' frames. The runtime halves a goroutine's stack at a collection only while less than a

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -38,7 +37,7 @@ func (r *recordingWriter) Report(_ context.Context, _ string, req *dkcv1.ReportS
 // start serves the service in memory; every call acts as node "n1".
 func start(t *testing.T, table *assignment.Table, w StatusWriter) dkcv1.ConfigServiceClient {
 	t.Helper()
-	return dial(t, serve(t, New(zap.NewNop(), table, w, nil)))
+	return dial(t, serve(t, New(Config{Table: table, Status: w})))
 }
 
 // nodeKey is test metadata naming the node a call acts for (default "n1"), in place of a token.
@@ -301,7 +300,7 @@ func TestShutdownEndsStreams(t *testing.T) {
 	table.Set("n1", assignment.State{Assignment: assign("1")})
 	w := &recordingWriter{}
 	lis := bufconn.Listen(1 << 20)
-	svc := New(zap.NewNop(), table, w, nil)
+	svc := New(Config{Table: table, Status: w})
 	s := grpc.NewServer(append(ServerOptions(), grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		return h(srv, &ctxStream{ServerStream: ss, ctx: auth.WithIdentity(ss.Context(), auth.Identity{Node: "n1"})})
 	}))...)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -61,7 +60,7 @@ func TestNewStreamReplacesTheOld(t *testing.T) {
 	table.Set("n2", assignment.State{Assignment: assign("1")})
 	reg := prometheus.NewRegistry()
 	metrics := NewMetrics(reg)
-	client := dial(t, serve(t, New(zap.NewNop(), table, &recordingWriter{}, metrics)))
+	client := dial(t, serve(t, New(Config{Table: table, Status: &recordingWriter{}, Metrics: metrics})))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -108,7 +107,7 @@ func TestReconnectWinsOverAStuckStream(t *testing.T) {
 	table := assignment.NewTable(nil)
 	const big = 1 << 20 // far beyond the 64 KiB windows below: the first send fills them, the second blocks
 	table.Set("n1", assignment.State{Assignment: withFiles("1", big)})
-	lis := serve(t, New(zap.NewNop(), table, &recordingWriter{}, nil))
+	lis := serve(t, New(Config{Table: table, Status: &recordingWriter{}}))
 	deadCtx, killDeadConn := context.WithCancel(context.Background())
 	defer killDeadConn()
 	// The old connection reads nothing: fixed 64 KiB windows (no BDP growth), and no Recv.
@@ -156,7 +155,7 @@ func TestAssignmentEncodedOnce(t *testing.T) {
 	for i := range nodes {
 		table.Set(fmt.Sprintf("n%d", i), assignment.State{Assignment: a})
 	}
-	svc := New(zap.NewNop(), table, &recordingWriter{}, nil)
+	svc := New(Config{Table: table, Status: &recordingWriter{}})
 	client := dial(t, serve(t, svc))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -353,7 +352,7 @@ func TestEncodingsFollowTheAssignments(t *testing.T) {
 func TestServingFollowsTheNodesStream(t *testing.T) {
 	table := assignment.NewTable(nil)
 	table.Set("n1", assignment.State{Assignment: assign("1")})
-	svc := New(zap.NewNop(), table, &recordingWriter{}, nil)
+	svc := New(Config{Table: table, Status: &recordingWriter{}})
 	if svc.Serving("n1") {
 		t.Fatal("serving n1 before any stream")
 	}

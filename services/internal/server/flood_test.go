@@ -88,9 +88,10 @@ func TestUnauthenticatedFloodIsBounded(t *testing.T) {
 				Extra: map[string]authenticationv1.ExtraValue{auth.NodeNameExtra: {node}}}}
 		return true, tr, nil
 	})
-	authn := auth.New(reviews, cfg.AllowedServiceAccounts, time.Hour, log)
+	authn := auth.New(auth.Config{Client: reviews, Allowed: cfg.AllowedServiceAccounts, TTL: time.Hour,
+		PeerQPS: auth.DefaultPeerQPS, PeerBurst: auth.DefaultPeerBurst})
 	table := assignment.NewTable(nil)
-	svc := rpc.New(log, table, nil, nil, rpc.WithStreams(rpc.NewStreams()))
+	svc := rpc.New(rpc.Config{Log: log, Table: table, Streams: rpc.NewStreams()})
 	tlsConfig := serverTLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil })
 	srv := newGRPCServer(cfg, log, grpcParts{creds: credentials.NewTLS(tlsConfig.Clone()), authn: authn, svc: svc, health: health.NewServer()})
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
@@ -201,8 +202,8 @@ func TestHandshakeTimeoutClosesSilentConnections(t *testing.T) {
 	cfg.HandshakeTimeout = 200 * time.Millisecond
 	tlsConfig := serverTLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil })
 	srv := newGRPCServer(cfg, zap.NewNop(), grpcParts{creds: credentials.NewTLS(tlsConfig.Clone()),
-		authn: auth.New(nil, cfg.AllowedServiceAccounts, time.Minute, zap.NewNop()),
-		svc:   rpc.New(zap.NewNop(), assignment.NewTable(nil), nil, nil), health: health.NewServer()})
+		authn: auth.New(auth.Config{Allowed: cfg.AllowedServiceAccounts, TTL: time.Minute}),
+		svc:   rpc.New(rpc.Config{Log: zap.NewNop(), Table: assignment.NewTable(nil)}), health: health.NewServer()})
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -30,8 +30,8 @@ func TestStreamsPerConnectionAreCapped(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Insecure = true
 	capacity := cfg.MaxConcurrentStreams
-	srv := newGRPCServer(cfg, zap.NewNop(), grpcParts{authn: auth.New(nil, cfg.AllowedServiceAccounts, time.Minute, zap.NewNop()),
-		svc: rpc.New(zap.NewNop(), assignment.NewTable(nil), nil, nil), health: health.NewServer()})
+	srv := newGRPCServer(cfg, zap.NewNop(), grpcParts{authn: auth.New(auth.Config{Allowed: cfg.AllowedServiceAccounts, TTL: time.Minute}),
+		svc: rpc.New(rpc.Config{Table: assignment.NewTable(nil)}), health: health.NewServer()})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

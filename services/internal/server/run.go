@@ -123,7 +123,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// status report goes through the status queue.
 	s.ctrl = controller.New(controller.Config{Log: log.Named("controller"), Nodes: nodeInformer, Table: table, Namespaces: s.namespaces,
 		ConfigMaps: func(onChange func(key string)) controller.ConfigMaps {
-			return configmaps.New(client, s.namespaces, log.Named("configmaps"), onChange)
+			return configmaps.New(configmaps.Config{Log: log.Named("configmaps"), Client: client, Namespaces: s.namespaces, OnChange: onChange})
 		},
 		Forget: pending.Add, QueueMetrics: queueMetrics})
 	// The writer writes unprompted (sync errors, retries) only for nodes streaming from this replica: a
@@ -136,11 +136,11 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	authn := auth.New(reviewClient, cfg.AllowedServiceAccounts, cfg.TokenCacheTTL, log.Named("auth"),
-		auth.WithPeerLimit(cfg.TokenReviewPeerQPS, cfg.TokenReviewPeerBurst), auth.WithMetrics(auth.NewMetrics(s.reg)))
+	authn := auth.New(auth.Config{Client: reviewClient, Allowed: cfg.AllowedServiceAccounts, TTL: cfg.TokenCacheTTL,
+		PeerQPS: cfg.TokenReviewPeerQPS, PeerBurst: cfg.TokenReviewPeerBurst, Metrics: auth.NewMetrics(s.reg)})
 	// Each WatchConfig stream checks its token again once per --token-cache-ttl: a revoked token loses its
 	// stream within the TTL instead of at the connection's max age.
-	s.svc = rpc.New(log.Named("rpc"), table, s.writer, rpc.NewMetrics(s.reg), rpc.WithStreams(streams), rpc.WithReauthentication(authn))
+	s.svc = rpc.New(rpc.Config{Log: log.Named("rpc"), Table: table, Status: s.writer, Metrics: rpc.NewMetrics(s.reg), Streams: streams, Reauth: authn})
 	s.registerGauges(table)
 
 	s.health = health.NewServer()

@@ -79,10 +79,10 @@ func TestStreamMemory(t *testing.T) {
 				Extra: map[string]authenticationv1.ExtraValue{auth.NodeNameExtra: {node}}}}
 		return true, tr, nil
 	})
-	authn := auth.New(reviews, cfg.AllowedServiceAccounts, time.Hour, log, auth.WithPeerLimit(0, 1))
+	authn := auth.New(auth.Config{Client: reviews, Allowed: cfg.AllowedServiceAccounts, TTL: time.Hour})
 	table := assignment.NewTable(nil)
 	streamsReg := rpc.NewStreams()
-	svc := rpc.New(log, table, nil, nil, rpc.WithStreams(streamsReg), rpc.WithReauthentication(authn))
+	svc := rpc.New(rpc.Config{Log: log, Table: table, Streams: streamsReg, Reauth: authn})
 	srv := newGRPCServer(cfg, log, grpcParts{authn: authn, svc: svc, health: health.NewServer()})
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = srv.Serve(lis) }()

@@ -58,8 +58,8 @@ func TestGRPCListenerRequiresTLS13(t *testing.T) {
 	tlsConfig := serverTLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil })
 	healthSrv := health.NewServer()
 	srv := newGRPCServer(cfg, zap.NewNop(), grpcParts{creds: credentials.NewTLS(tlsConfig.Clone()),
-		authn: auth.New(nil, cfg.AllowedServiceAccounts, time.Minute, zap.NewNop()),
-		svc:   rpc.New(zap.NewNop(), assignment.NewTable(nil), nil, nil), health: healthSrv})
+		authn: auth.New(auth.Config{Allowed: cfg.AllowedServiceAccounts, TTL: time.Minute}),
+		svc:   rpc.New(rpc.Config{Table: assignment.NewTable(nil)}), health: healthSrv})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -71,7 +71,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer func() { _ = log.Sync() }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := app.New(cfg, app.WithLogger(log.Named("dkc-sidecar"))).Run(ctx); err != nil {
+	cfg.Log = log.Named("dkc-sidecar")
+	if err := app.New(cfg).Run(ctx); err != nil {
 		log.Error("dkc-sidecar failed", zap.Error(err))
 		return 1
 	}

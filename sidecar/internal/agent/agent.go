@@ -74,24 +74,42 @@ type Desired struct {
 	SyncError string
 }
 
-// Config of the agent.
+// Config of the agent: what it acts through, then how it behaves.
 type Config struct {
+	// Log is where the agent logs; nil: nowhere.
+	Log *zap.Logger
+	// Store is the node's checkpoint store (--dynamic-config-dir), which also holds the kubelet env file and
+	// the state file. Required.
+	Store *checkpoint.Store
+	// Service restarts the kubelet (systemd.Manager, systemd.Signal). Required by Init and Run.
+	Service ServiceManager
+	// Kubelet probes the running kubelet (probe.Kubelet). Required by Init and Run.
+	Kubelet Prober
+	// Reporter delivers the node's status to the service (the client); nil: nothing is reported.
+	Reporter Reporter
+	// Metrics records the node_config gauges, restarts and the phase; nil: no metrics.
+	Metrics *Metrics
+	// Clock is where the trial's times and ticks come from; nil: the real clock.
+	Clock clock.WithTicker
+
 	// LocalConfig is the node's own kubelet config file, used when nothing (valid) is assigned.
 	LocalConfig string
 	// KubeletFlags, if not nil, are the kubelet's command-line flags; otherwise they are read from the
 	// running kubelet's <ProcDir>/<pid>/cmdline (and remembered for when it is not running).
 	KubeletFlags []string
-	// ProcDir is the node's /proc (default); in a pod, the host's /proc mounted read-only, which shows the
+	// ProcDir is the node's /proc ("": /proc); in a pod, the host's /proc mounted read-only, which shows the
 	// kubelet's command line without sharing the host's PID namespace (and so without being able to signal
 	// the node's processes).
 	ProcDir string
-	// TrialDuration a config must run healthy before it becomes last-known-good.
+	// TrialDuration a config must run healthy before it becomes last-known-good (0: promoted at the first
+	// trial check).
 	TrialDuration time.Duration
 	// HealthTimeout bounds the wait for the kubelet to come back healthy with a new config.
 	HealthTimeout time.Duration
-	// KeepCheckpoints is how many unreferenced checkpoints are kept besides assigned and last-known-good.
+	// KeepCheckpoints is how many unreferenced checkpoints are kept besides assigned and last-known-good
+	// (0: none).
 	KeepCheckpoints int
-	// TrialCheckInterval is how often the trial is checked; default 10s, as the original.
+	// TrialCheckInterval is how often the trial is checked, and retries made; 0: 10s, as the original.
 	TrialCheckInterval time.Duration
 	// Checker loads and validates configs with the kubelet's code, of the node kubelet's minor
 	// (configcheck.Helpers in the daemon).
@@ -148,32 +166,20 @@ type Agent struct {
 	pendingRestarts []*dkcv1.KubeletRestart
 }
 
-// Deps are what the agent acts through.
-type Deps struct {
-	Log      *zap.Logger
-	Store    *checkpoint.Store
-	Service  ServiceManager
-	Kubelet  Prober
-	Reporter Reporter
-	// Metrics may be nil (no metrics); Clock nil is the real clock.
-	Metrics *Metrics
-	Clock   clock.WithTicker
-}
-
 // New returns an agent.
-func New(cfg Config, d Deps) *Agent {
+func New(cfg Config) *Agent {
 	if cfg.TrialCheckInterval == 0 {
 		cfg.TrialCheckInterval = 10 * time.Second
 	}
-	if d.Clock == nil {
-		d.Clock = clock.RealClock{}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
-	if d.Log == nil {
-		d.Log = zap.NewNop()
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
 	}
 	return &Agent{
-		cfg: cfg, log: d.Log, store: d.Store, env: kubeletunit.New(d.Store.Dir()), svc: d.Service, kubelet: d.Kubelet,
-		reporter: d.Reporter, metrics: d.Metrics, clock: d.Clock, state: &stateFile{path: filepath.Join(d.Store.Dir(), StateFileName)},
+		cfg: cfg, log: cfg.Log, store: cfg.Store, env: kubeletunit.New(cfg.Store.Dir()), svc: cfg.Service, kubelet: cfg.Kubelet,
+		reporter: cfg.Reporter, metrics: cfg.Metrics, clock: cfg.Clock, state: &stateFile{path: filepath.Join(cfg.Store.Dir(), StateFileName)},
 	}
 }
 
@@ -226,7 +232,7 @@ func (a *Agent) Init(ctx context.Context) error {
 		}
 	}
 	if a.cfg.KubeletVersionRequired && a.cfg.KubeletVersion == "" && a.kubeletVersion == "" {
-		a.log.Info("kubelet version not known yet: configs are checked, and the kubelet touched, once the service sends it")
+		a.waitForKubeletVersion()
 		return nil
 	}
 	a.reconcile(ctx)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
 
@@ -209,8 +211,10 @@ func newNode(t *testing.T) *node {
 func (n *node) start() {
 	n.t.Helper()
 	n.reporter = &recordingReporter{}
-	n.agent = New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
-		KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock})
+	n.agent = New(Config{
+		Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock,
+		LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+		KeepCheckpoints: 2, TrialCheckInterval: time.Second})
 	// The fake clock does not advance by itself: let the health wait's sleeps pass at once.
 	go func() {
 		for i := 0; i < 200; i++ {
@@ -364,7 +368,7 @@ func TestInitRefusesPathsTheEnvFileCannotName(t *testing.T) {
 		{"space in dynamic config dir", "/etc/kubernetes/kubelet.yaml", "/var/lib/kubelet/dynamic config", "/var/lib/kubelet/dynamic config"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := New(Config{LocalConfig: tc.local}, Deps{Log: zap.NewNop(), Store: checkpoint.New(tc.dir)})
+			a := New(Config{Log: zap.NewNop(), Store: checkpoint.New(tc.dir), LocalConfig: tc.local})
 			if err := a.Init(context.Background()); err == nil {
 				t.Fatal("Init accepted")
 			} else if want := fmt.Sprintf("%q", tc.offender); !strings.Contains(err.Error(), want) {
@@ -541,7 +545,7 @@ func TestInitRefusesAKubeletRunningAnotherConfig(t *testing.T) {
 	fk := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
 	k := pidKubelet{fakeKubelet: fk, pid: cmd.Process.Pid}
 	rep := &recordingReporter{}
-	a := New(Config{LocalConfig: local, Checker: kubeletcheck.InProcess{}, HealthTimeout: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: rep})
+	a := New(Config{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: rep, LocalConfig: local, Checker: kubeletcheck.InProcess{}, HealthTimeout: time.Second})
 	err := a.Init(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "/other/path") || !strings.Contains(err.Error(), local) {
 		t.Fatalf("Init = %v; want a refusal naming /other/path and %s", err, local)
@@ -574,7 +578,7 @@ func TestKubeletCommandLineReadFromProcDir(t *testing.T) {
 	}
 	fk := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
 	k := pidKubelet{fakeKubelet: fk, pid: hostPID}
-	a := New(Config{LocalConfig: local, Checker: kubeletcheck.InProcess{}, HealthTimeout: time.Second, ProcDir: proc}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: &recordingReporter{}})
+	a := New(Config{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: k, Kubelet: k, Reporter: &recordingReporter{}, LocalConfig: local, Checker: kubeletcheck.InProcess{}, HealthTimeout: time.Second, ProcDir: proc})
 	if err := a.Init(context.Background()); err == nil || !strings.Contains(err.Error(), "/other/path") {
 		t.Fatalf("Init = %v; want the refusal of the --config read from %s/%d/cmdline", err, proc, hostPID)
 	}
@@ -612,8 +616,10 @@ func TestInitRefusesAUnitWithAnotherLocalConfig(t *testing.T) {
 				unit = ""
 			}
 			svc := unitKubelet{fakeKubelet: n.kubelet, unitConfig: unit}
-			a := New(Config{LocalConfig: n.local, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
-				KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: svc, Kubelet: n.kubelet, Reporter: &recordingReporter{}, Clock: n.clock})
+			a := New(Config{
+				Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: svc, Kubelet: n.kubelet, Reporter: &recordingReporter{}, Clock: n.clock,
+				LocalConfig: n.local, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+				KeepCheckpoints: 2, TrialCheckInterval: time.Second})
 			err := a.Init(context.Background())
 			if tc.wantErr {
 				if err == nil || !strings.Contains(err.Error(), tc.unitConfig) || !strings.Contains(err.Error(), n.local) {
@@ -642,8 +648,10 @@ func TestActiveIsNotLocalWhileUnknown(t *testing.T) {
 	n.kubelet.stopped = true
 	n.kubelet.mu.Unlock()
 	n.reporter = &recordingReporter{}
-	n.agent = New(Config{LocalConfig: n.local, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
-		KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock})
+	n.agent = New(Config{
+		Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock,
+		LocalConfig: n.local, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
+		KeepCheckpoints: 2, TrialCheckInterval: time.Second})
 	if err := n.agent.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -665,8 +673,10 @@ func TestNothingReportedUntilActiveIsKnown(t *testing.T) {
 
 	fresh := func() (*Agent, *recordingReporter) {
 		rep := &recordingReporter{}
-		a := New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute,
-			HealthTimeout: time.Second, KeepCheckpoints: 2, TrialCheckInterval: time.Second}, Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: rep, Clock: n.clock})
+		a := New(Config{
+			Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: rep, Clock: n.clock,
+			LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute,
+			HealthTimeout: time.Second, KeepCheckpoints: 2, TrialCheckInterval: time.Second})
 		return a, rep // state not loaded: as after an upgrade, before anything is proven
 	}
 	a, rep := fresh()
@@ -886,18 +896,37 @@ func TestChecksWithTheKubeletsVersion(t *testing.T) {
 }
 
 // TestFirstStartWaitsForTheKubeletVersion: a sidecar whose checker needs the kubelet's version checks
-// nothing and reports nothing at its first start, until the service sends the version.
+// nothing and reports nothing at its first start, until the service sends the version. Meanwhile its phase
+// says so — in memory and in dkc_sidecar_phase, not the previous process's saved phase — and the state file
+// keeps the phase of the kubelet's last round, which still holds.
 func TestFirstStartWaitsForTheKubeletVersion(t *testing.T) {
-	n := newNode(t)
+	n := newNode(t) // its first round saved PhaseLocal
 	checker := &versionChecker{}
 	n.reporter = &recordingReporter{}
-	n.agent = New(Config{LocalConfig: n.local, KubeletFlags: []string{}, Checker: checker, KubeletVersionRequired: true, HealthTimeout: time.Second},
-		Deps{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock})
+	metrics := NewMetrics(prometheus.NewRegistry())
+	n.agent = New(Config{Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter,
+		Metrics: metrics, Clock: n.clock, LocalConfig: n.local, KubeletFlags: []string{}, Checker: checker, KubeletVersionRequired: true,
+		HealthTimeout: time.Second})
 	if err := n.agent.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if checker.last() != "" || len(checker.seen) != 0 || n.reporter.last != nil {
 		t.Fatalf("first start without a kubelet version: checks %v, report %v; want none", checker.seen, n.reporter.last)
+	}
+	checkPhase := func(want Phase) {
+		t.Helper()
+		if n.agent.phase != want {
+			t.Errorf("phase %s, want %s", n.agent.phase, want)
+		}
+		for _, p := range Phases {
+			if v := testutil.ToFloat64(metrics.phase.WithLabelValues(string(p))); (p == want) != (v == 1) {
+				t.Errorf("dkc_sidecar_phase{phase=%q} = %v with phase %s", p, v, want)
+			}
+		}
+	}
+	checkPhase(PhaseWaitingForKubeletVersion)
+	if saved := savedPhase(t, n.dir); saved != string(PhaseLocal) {
+		t.Errorf("state file phase %q while waiting, want the last round's %q", saved, PhaseLocal)
 	}
 	n.agent.kubeletVersion = kubeletcheck.Version() // as Run takes it from the service's first answer
 	n.apply(&dkcv1.Assignment{}, "")
@@ -905,4 +934,5 @@ func TestFirstStartWaitsForTheKubeletVersion(t *testing.T) {
 	if checker.last() != kubeletcheck.Version() {
 		t.Errorf("checked for kubelet %q, want %q", checker.last(), kubeletcheck.Version())
 	}
+	checkPhase(PhaseLocal)
 }

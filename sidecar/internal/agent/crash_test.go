@@ -56,8 +56,10 @@ func TestCrashConsistency(t *testing.T) {
 	// Every payload ever sent, by resourceVersion: a checkpoint must hold exactly one of these.
 	contents := map[string]string{}
 	newAgent := func(kubelet *fakeKubelet) *Agent {
-		return New(Config{LocalConfig: local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: time.Hour, HealthTimeout: 5 * time.Second,
-			KeepCheckpoints: 2, TrialCheckInterval: time.Hour}, Deps{Log: zap.NewNop(), Store: checkpoint.New(dir), Service: kubelet, Kubelet: kubelet, Clock: clk})
+		return New(Config{
+			Log: zap.NewNop(), Store: checkpoint.New(dir), Service: kubelet, Kubelet: kubelet, Clock: clk,
+			LocalConfig: local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: time.Hour, HealthTimeout: 5 * time.Second,
+			KeepCheckpoints: 2, TrialCheckInterval: time.Hour})
 	}
 	kubelet := &fakeKubelet{env: kubeletunit.New(dir), local: local, running: local}
 	ag := newAgent(kubelet)

@@ -19,8 +19,14 @@ import (
 type Phase string
 
 const (
-	// PhaseUnknown: this process has not decided yet (just started, or waiting for the kubelet's version).
+	// PhaseUnknown: this process has not decided yet, and the state file recorded no phase (an older
+	// sidecar's, or none).
 	PhaseUnknown Phase = "Unknown"
+	// PhaseWaitingForKubeletVersion: this process cannot check configs before the service sends the node
+	// kubelet's version (the checker runs that minor's code), so it leaves the kubelet alone until then.
+	// Unlike the others it is not saved: the kubelet still runs what the saved phase says, and a sidecar
+	// restarted meanwhile waits again anyway (a remembered version may be stale).
+	PhaseWaitingForKubeletVersion Phase = "WaitingForKubeletVersion"
 	// PhaseLocal: nothing is assigned; the kubelet runs the node's local config.
 	PhaseLocal Phase = "Local"
 	// PhaseTrial: the kubelet runs the assigned config, not yet last-known-good.
@@ -44,7 +50,7 @@ const (
 )
 
 // Phases lists every phase, for the metric.
-var Phases = []Phase{PhaseUnknown, PhaseLocal, PhaseTrial, PhaseGood, PhaseRolledBack, PhaseLocalFallback, PhaseRetrying, PhaseHeld, PhaseFailed}
+var Phases = []Phase{PhaseUnknown, PhaseWaitingForKubeletVersion, PhaseLocal, PhaseTrial, PhaseGood, PhaseRolledBack, PhaseLocalFallback, PhaseRetrying, PhaseHeld, PhaseFailed}
 
 // Outcome is what making the kubelet run a config came to. Only OutcomeConfigFault blames the config (it
 // is marked failed and rolled back); every other failure is retried with the config unblamed.

@@ -48,7 +48,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 		a.configError, a.detail = nodeconfig.InternalError, err.Error()
 		a.log.Error("read meta/assigned", zap.Error(err))
 		a.retry = true
-		a.setPhase(PhaseRetrying, nil)
+		a.setPhaseUnknownSource(PhaseRetrying)
 		return
 	}
 	lkg, err := a.store.LastKnownGood()
@@ -61,7 +61,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 		a.configError, a.detail = nodeconfig.InternalError, err.Error()
 		a.log.Error("kubelet command line unknown or not dkc's to manage; not changing the kubelet, will retry", zap.Error(err))
 		a.retry = true
-		a.setPhase(PhaseRetrying, nil)
+		a.setPhase(PhaseRetrying, assigned) // what the next round starts with
 		return
 	}
 

@@ -64,16 +64,45 @@ type Kubelet struct {
 	refusal string
 }
 
-// New returns a prober. caFile, if set, is the CA of the kubelet's serving certificate (read now to fail
-// early, and again at every probe, so that it can be rotated).
-func New(tokenFile, host, caFile string, log *zap.Logger) (*Kubelet, error) {
-	if caFile != "" {
-		if _, err := loadPool(caFile); err != nil {
+// Config of a Kubelet prober.
+type Config struct {
+	// Log is where the prober says why it withheld the token (once per reason); nil: nowhere.
+	Log *zap.Logger
+	// TokenFile (--kubelet-token-file) holds a bearer token the kubelet's webhook authentication accepts,
+	// with RBAC `get` on nodes/configz; read at every /configz. "": no token is sent.
+	TokenFile string
+	// Host (--kubelet-host), if set, is the kubelet's address, used as given instead of the config's
+	// addresses and their checks.
+	Host string
+	// CAFile (--kubelet-ca-file), if set, is the CA of the kubelet's serving certificate, read now to fail
+	// early and again at every probe, so that it can be rotated. "": the certificate the kubelet's config
+	// makes it serve is pinned.
+	CAFile string
+	// Timeout bounds one request to the kubelet; 0: 5s.
+	Timeout time.Duration
+	// InterfaceAddrs lists this node's addresses, where the token may go; nil: net.InterfaceAddrs (the
+	// sidecar runs in the node's network namespace, hostNetwork). Tests give others.
+	InterfaceAddrs func() ([]net.Addr, error)
+}
+
+// New returns a prober; it fails when CAFile cannot be read.
+func New(cfg Config) (*Kubelet, error) {
+	if cfg.CAFile != "" {
+		if _, err := loadPool(cfg.CAFile); err != nil {
 			return nil, err
 		}
 	}
-	return &Kubelet{tokenFile: tokenFile, host: host, caFile: caFile, log: log, timeout: 5 * time.Second,
-		interfaceAddrs: net.InterfaceAddrs, certDir: DefaultCertDir}, nil
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.InterfaceAddrs == nil {
+		cfg.InterfaceAddrs = net.InterfaceAddrs
+	}
+	return &Kubelet{tokenFile: cfg.TokenFile, host: cfg.Host, caFile: cfg.CAFile, log: cfg.Log, timeout: cfg.Timeout,
+		interfaceAddrs: cfg.InterfaceAddrs, certDir: DefaultCertDir}, nil
 }
 
 // ErrForeignAddress: a config has the kubelet listen on an address that is not this node's. Such a kubelet
@@ -247,7 +276,7 @@ func (k *Kubelet) configz(ctx context.Context, kc *configcheck.Checked) ([]byte,
 func (k *Kubelet) withheld(err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.refusal == err.Error() || k.log == nil {
+	if k.refusal == err.Error() {
 		return
 	}
 	k.refusal = err.Error()

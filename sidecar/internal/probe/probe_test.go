@@ -62,11 +62,10 @@ func TestConfigzErrorsSayWhatTheyProve(t *testing.T) {
 		t.Fatal(err)
 	}
 	fields := map[string]any{"tlsCertFile": certFile}
-	k, err := New(token, "", "", nil)
+	k, err := New(Config{TokenFile: token, Timeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	k.timeout = 300 * time.Millisecond
 	for _, tc := range []struct {
 		as           string
 		port         int

@@ -192,11 +192,10 @@ func TestTokenGoesOnlyToThisNode(t *testing.T) {
 		{addr: "203.0.113.7", host: "10.1.2.3", want: "10.1.2.3"},
 	} {
 		t.Run(tc.addr+"/"+tc.host, func(t *testing.T) {
-			k, err := New("", tc.host, "", nil)
+			k, err := New(Config{Host: tc.host, InterfaceAddrs: addrs("127.0.0.1/8", "::1/128", "198.18.0.10/24", "fd00::10/64")})
 			if err != nil {
 				t.Fatal(err)
 			}
-			k.interfaceAddrs = addrs("127.0.0.1/8", "::1/128", "198.18.0.10/24", "fd00::10/64")
 			got, err := k.target("address", tc.addr)
 			if tc.foreign {
 				if !errors.Is(err, ErrForeignAddress) || Unverifiable(err) {
@@ -220,7 +219,7 @@ func TestTokenGoesOnlyToThisNode(t *testing.T) {
 	srv := newKubeletServer(t, ip, pair)
 	certFile := filepath.Join(t.TempDir(), "kubelet.crt")
 	writeFile(t, certFile, pair.certPEM)
-	k, err := New(tokenFile(t), "", "", nil)
+	k, err := New(Config{TokenFile: tokenFile(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +307,7 @@ func TestServingCertificateIsPinned(t *testing.T) {
 				caFile = filepath.Join(dir, tc.caFile)
 			}
 			srv := newKubeletServer(t, "127.0.0.1", tc.serving)
-			k, err := New(tokenFile(t), "", caFile, nil)
+			k, err := New(Config{TokenFile: tokenFile(t), CAFile: caFile})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -349,7 +348,7 @@ func TestRotatedCertificateIsPickedUp(t *testing.T) {
 	srv := newKubeletServer(t, "127.0.0.1", first)
 	dir := filepath.Join(t.TempDir(), "pki")
 	writeFile(t, filepath.Join(dir, "kubelet-server-current.pem"), first.certPEM, first.keyPEM)
-	k, err := New(tokenFile(t), "", "", nil)
+	k, err := New(Config{TokenFile: tokenFile(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,7 +447,7 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 	t.Cleanup(srv.Close)
 	certFile := filepath.Join(t.TempDir(), "kubelet.crt")
 	writeFile(t, certFile, pair.certPEM)
-	k, err := New(tokenFile(t), "", "", nil)
+	k, err := New(Config{TokenFile: tokenFile(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,9 @@
 package nodeconfig
 
-import "fmt"
+import (
+	"fmt"
+	"unicode/utf8"
+)
 
 // StatusError is a status error: what status.config.error (the StatusAnnotation) and the ConfigOK
 // condition's message say. Values are the original kubelet's texts (pkg/kubelet/kubeletconfig/status) or
@@ -70,3 +73,22 @@ const (
 
 // String makes a StatusError a zap.Stringer.
 func (e StatusError) String() string { return string(e) }
+
+// MaxDetailBytes bounds the human-readable detail a node sends with its status (the kubelet's validation
+// message, a restart's failure): a hostile or huge config can make the kubelet's message as long as the
+// config, and a report past dkc-server's receive limit would be refused and retried for ever. The full
+// message stays in the sidecar's log.
+const MaxDetailBytes = 4 << 10
+
+// TruncateDetail cuts detail to MaxDetailBytes, at a UTF-8 boundary, saying that it did.
+func TruncateDetail(detail string) string {
+	if len(detail) <= MaxDetailBytes {
+		return detail
+	}
+	const tail = " … (truncated; the full message is in the dkc-sidecar log)"
+	cut := MaxDetailBytes - len(tail)
+	for cut > 0 && !utf8.RuneStart(detail[cut]) {
+		cut--
+	}
+	return detail[:cut] + tail
+}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
@@ -17,7 +18,7 @@ func (a *Agent) Status() (*dkcv1.NodeConfigStatus, string) {
 		Active:        wire.SourceFromCore(active),
 		LastKnownGood: wire.SourceFromCore(lkg),
 		Error:         string(errText),
-	}, detail
+	}, nodeconfig.TruncateDetail(detail)
 }
 
 func (a *Agent) report() {

@@ -62,7 +62,7 @@ func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.Kubele
 }
 
 // eventGiveUp is how long a queued Event is retried: as long as the sidecar keeps a restart acknowledged as
-// queued to send it again (client.ParkedRestartTTL), the apiserver's default --event-ttl. An Event still
+// queued to send it again (outbox.ParkedRestartTTL), the apiserver's default --event-ttl. An Event still
 // failing after an hour is news nobody reads on time.
 const eventGiveUp = time.Hour
 

@@ -1,4 +1,4 @@
-package client_test
+package outbox_test
 
 import (
 	"flag"
@@ -10,8 +10,8 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/dkc-dev/dkc/internal/outbox"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
-	"github.com/dkc-dev/dkc/sidecar/internal/client"
 )
 
 var protocolRuns = flag.Int("protocol-runs", 2000, "random histories TestProtocolInvariants plays")
@@ -61,7 +61,7 @@ type nodeObject struct {
 type world struct {
 	rng      *rand.Rand
 	clock    *clocktesting.FakePassiveClock
-	outbox   *client.Outbox
+	outbox   *outbox.Outbox
 	replicas [2]*replica
 	at       int // the replica the node streams from; -1: disconnected
 	node     nodeObject
@@ -183,7 +183,7 @@ func (w *world) report() {
 		st = &dkcv1.NodeConfigStatus{Assigned: source(name), Active: source("old"), Error: "failed " + name}
 	}
 	var restart *dkcv1.KubeletRestart
-	if w.rng.IntN(3) == 0 && len(w.restarts) < client.MaxPendingRestarts {
+	if w.rng.IntN(3) == 0 && len(w.restarts) < outbox.MaxPendingRestarts {
 		restart = &dkcv1.KubeletRestart{Id: fmt.Sprintf("r%d", len(w.restarts))}
 		w.restarts = append(w.restarts, restart.GetId())
 	}
@@ -250,7 +250,7 @@ func playHistory(seed uint64, steps int) (err error) {
 		replicas: [2]*replica{{}, {}}, at: -1, events: map[string]int{}}
 	w.uids++
 	w.node.uid = fmt.Sprintf("uid-%d", w.uids)
-	w.outbox = client.NewOutbox(client.OutboxConfig{Node: "n1", Incarnation: 7, Clock: w.clock})
+	w.outbox = outbox.New(outbox.Config{Node: "n1", Incarnation: 7, Clock: w.clock})
 	w.outbox.Follow(w.node.uid)
 	defer func() {
 		if err != nil {

@@ -51,8 +51,9 @@ var (
 //
 // The history's steps, in random order: the agent reports (settled, a restart in progress, an error;
 // sometimes with a kubelet restart); the outbox's next report is sent to the replica the node streams from,
-// sometimes while all its inline writes are taken (the report and its Event are queued); its
-// acknowledgement arrives or is lost; the node's stream moves, or ends; a replica exits — draining its
+// sometimes while all its inline writes are taken (the report and its Event are queued), sometimes so
+// slowly that the node gives up on the call and its request reaches the replica later, after newer ones;
+// its acknowledgement arrives or is lost; the node's stream moves, or ends; a replica exits — draining its
 // queue, or crashing — and a new one takes its place; the Node is deleted and registered again under a new
 // UID (the agent follows it and reports); the apiserver fails the next writes; each replica's cache catches
 // up with the apiserver, or not; time passes and the replicas' queue workers run.
@@ -332,6 +333,12 @@ func (s *watchStream) close() {
 	<-s.done
 }
 
+// lateCall is a ReportStatus call whose request is delayed on its way to replica r.
+type lateCall struct {
+	req *dkcv1.ReportStatusRequest
+	r   *replica
+}
+
 // sent is what a report the node sent was about.
 type sent struct {
 	sequence uint64
@@ -353,6 +360,8 @@ type serviceHistory struct {
 	// the call failed).
 	inFlight *dkcv1.ReportStatusRequest
 	resp     *dkcv1.ReportStatusResponse
+	// late is a call the node gave up on (its deadline passed) whose request reaches the replica only now.
+	late *lateCall
 	// sent: every report sent, by its assigned config's name (unique per status); shown: the highest
 	// sequence each Node object showed.
 	sent  map[string]sent
@@ -444,6 +453,13 @@ func (h *serviceHistory) send(busy bool) {
 	}
 	h.logf("send %d/%d %q restart %q about %s to %s", req.GetIncarnation(), req.GetSequence(), statusKey(req.GetStatus()),
 		req.GetRestart().GetId(), req.GetNodeUid(), r.name)
+	if h.late == nil && h.rng.IntN(8) == 0 {
+		// The call is slow: the node gives up on it (no acknowledgement) and sends again or something newer;
+		// the request reaches the replica later (deliverLate).
+		h.late, h.inFlight, h.resp = &lateCall{req: req, r: r}, req, nil
+		h.logf("  slow: given up, on its way still")
+		return
+	}
 	if busy {
 		if release, ok := r.writer.TakeInlineWrite(); ok {
 			defer release()
@@ -460,6 +476,25 @@ func (h *serviceHistory) send(busy bool) {
 	default:
 		h.logf("  ok")
 	}
+}
+
+// deliverLate makes the late call's request reach its replica, if the node still streams from it (its
+// answer goes nowhere); a request to a replica the node left is dropped with its connection. (Delivered
+// there, it could put its older status over a newer one the other replica wrote: the Node does not carry
+// the report's numbers, and the node's next report is what corrects it, as for a half-dead stream.)
+func (h *serviceHistory) deliverLate() {
+	l := h.late
+	if l == nil {
+		return
+	}
+	h.late = nil
+	if h.at < 0 || h.replicas[h.at] != l.r {
+		h.logf("late %d/%d to %s dropped: the node left it", l.req.GetIncarnation(), l.req.GetSequence(), l.r.name)
+		return
+	}
+	_, err := l.r.svc.ReportStatus(asNode(context.Background()), l.req)
+	h.logf("late %d/%d %q restart %q reaches %s: %v", l.req.GetIncarnation(), l.req.GetSequence(), statusKey(l.req.GetStatus()),
+		l.req.GetRestart().GetId(), l.r.name, err)
 }
 
 // complete delivers the acknowledgement of the report in flight to the outbox, or loses it.
@@ -618,6 +653,8 @@ func playAgainstService(seed uint64, steps int) (err error) {
 		case k < 84:
 			h.api.fail = 1 + h.rng.IntN(3)
 			h.logf("the apiserver fails the next %d writes", h.api.fail)
+		case k < 88:
+			h.deliverLate()
 		default:
 			// Time passes only while no report waits to be sent (see the test's comment).
 			if h.inFlight != nil || (h.at >= 0 && h.outbox.Pending()) {
@@ -637,6 +674,7 @@ func playAgainstService(seed uint64, steps int) (err error) {
 	// Quiet: the node connects (the service tells it the Node object there is), acknowledgements arrive,
 	// caches catch up, time passes.
 	h.logf("-- quiet --")
+	h.deliverLate()
 	h.complete(false)
 	h.api.fail = 0
 	if h.outbox.NodeUID() != h.nodeUID {

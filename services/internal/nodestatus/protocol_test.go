@@ -62,9 +62,12 @@ var (
 // another Node object. After the history, once the node stays connected and acknowledgements arrive: the
 // Node shows the last report, and every kubelet restart has exactly one Event.
 //
-// Like the model of internal/outbox (TestProtocolInvariants), time passes only while no report waits to be
-// sent: a report reaches the service well within the restart hold. A failing history prints its seed and
-// steps; -protocol-histories sets how many are played, -protocol-seed plays one.
+// Time passes only while no report waits to be sent: a report reaches the service well within the restart
+// hold. Without that, a replica holding an older report writes it when the node comes back to it, before
+// the report the reconnect re-sends arrives (docs/design.md, "replica handover").
+//
+// A failing history prints its seed and steps; -protocol-histories sets how many are played, -protocol-seed
+// plays one.
 func TestProtocolAgainstTheService(t *testing.T) {
 	seeds := make([]uint64, 0, *protocolHistories)
 	if *protocolSeed >= 0 {

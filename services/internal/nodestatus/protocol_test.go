@@ -338,8 +338,9 @@ func (s *watchStream) close() {
 
 // lateCall is a ReportStatus call whose request is delayed on its way to replica r.
 type lateCall struct {
-	req *dkcv1.ReportStatusRequest
-	r   *replica
+	req    *dkcv1.ReportStatusRequest
+	r      *replica
+	stream *watchStream // the node's stream when it was sent
 }
 
 // sent is what a report the node sent was about.
@@ -440,8 +441,9 @@ func (h *serviceHistory) disconnect() {
 }
 
 // send calls ReportStatus with the outbox's next report on the replica the node streams from; busy: all
-// the replica's inline writes are taken meanwhile.
-func (h *serviceHistory) send(busy bool) {
+// the replica's inline writes are taken meanwhile; slow: the call is given up on and its request arrives
+// later, or never (deliverLate).
+func (h *serviceHistory) send(busy, slow bool) {
 	if h.inFlight != nil || h.at < 0 {
 		return
 	}
@@ -456,10 +458,10 @@ func (h *serviceHistory) send(busy bool) {
 	}
 	h.logf("send %d/%d %q restart %q about %s to %s", req.GetIncarnation(), req.GetSequence(), statusKey(req.GetStatus()),
 		req.GetRestart().GetId(), req.GetNodeUid(), r.name)
-	if h.late == nil && h.rng.IntN(8) == 0 {
+	if slow && h.late == nil {
 		// The call is slow: the node gives up on it (no acknowledgement) and sends again or something newer;
 		// the request reaches the replica later (deliverLate).
-		h.late, h.inFlight, h.resp = &lateCall{req: req, r: r}, req, nil
+		h.late, h.inFlight, h.resp = &lateCall{req: req, r: r, stream: h.stream}, req, nil
 		h.logf("  slow: given up, on its way still")
 		return
 	}
@@ -481,18 +483,19 @@ func (h *serviceHistory) send(busy bool) {
 	}
 }
 
-// deliverLate makes the late call's request reach its replica, if the node still streams from it (its
-// answer goes nowhere); a request to a replica the node left is dropped with its connection. (Delivered
-// there, it could put its older status over a newer one the other replica wrote: the Node does not carry
-// the report's numbers, and the node's next report is what corrects it, as for a half-dead stream.)
+// deliverLate makes the late call's request reach its replica while the node's stream there is the one
+// it was sent on (its answer goes nowhere): a slow call is handled within its deadline, or not at all. Once
+// the node reconnected, the request is dropped. (Delivered after that, it could put its older status over
+// a newer one that a replica it never reached wrote: the Node does not carry the report's numbers, and only
+// the node's next report corrects it, as for a half-dead stream.)
 func (h *serviceHistory) deliverLate() {
 	l := h.late
 	if l == nil {
 		return
 	}
 	h.late = nil
-	if h.at < 0 || h.replicas[h.at] != l.r {
-		h.logf("late %d/%d to %s dropped: the node left it", l.req.GetIncarnation(), l.req.GetSequence(), l.r.name)
+	if h.stream == nil || h.stream != l.stream {
+		h.logf("late %d/%d to %s dropped: the node reconnected since", l.req.GetIncarnation(), l.req.GetSequence(), l.r.name)
 		return
 	}
 	_, err := l.r.svc.ReportStatus(asNode(context.Background()), l.req)
@@ -638,7 +641,7 @@ func playAgainstService(seed uint64, steps int) (err error) {
 		case k < 20:
 			h.report()
 		case k < 45:
-			h.send(h.rng.IntN(4) == 0)
+			h.send(h.rng.IntN(4) == 0, h.rng.IntN(8) == 0)
 		case k < 65:
 			h.complete(h.rng.IntN(4) == 0)
 		case k < 73:
@@ -693,7 +696,7 @@ func playAgainstService(seed uint64, steps int) (err error) {
 		if err := h.syncCaches(1); err != nil {
 			return err
 		}
-		h.send(false)
+		h.send(false, false)
 		h.complete(false)
 		h.clk.Step(time.Second)
 		for _, r := range h.replicas {

@@ -138,8 +138,8 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		return Receipt{}, ErrNodeGone // not kept: the Node was found gone (now, or meanwhile)
 	case otherNode:
 		if eventErr != nil {
-			// The kubelet restarted whichever Node object the report is about: acknowledged as ErrOtherNode,
-			// the restart would leave the sidecar with its Event never created (found by
+			// The restart happened whatever object the report names; its Event is still owed. Acknowledged
+			// as ErrOtherNode, the report would leave the sidecar with the Event never created (found by
 			// TestProtocolAgainstTheService). Sent again, the report is dropped again and the Event retried.
 			return Receipt{}, fmt.Errorf("%w (report about a deleted Node object dropped; send it again for its event)", eventErr)
 		}

@@ -721,7 +721,7 @@ func playAgainstService(seed uint64, steps int) (err error) {
 			return err
 		}
 	}
-	// Quiet: the node connects (the service tells it the Node object there is), acknowledgements arrive,
+	// Quiet: the node connects again (the service tells it the Node object there is), acknowledgements arrive,
 	// caches catch up, time passes.
 	h.logf("-- quiet --")
 	h.deliverLate()
@@ -731,10 +731,16 @@ func playAgainstService(seed uint64, steps int) (err error) {
 		h.outbox.Follow(h.nodeUID)
 		h.report()
 	}
-	if h.at < 0 {
-		if err := h.connect(h.rng.IntN(2)); err != nil {
-			return err
-		}
+	// The node moves to the other replica right after its report was acknowledged as queued: the replica
+	// it left drops the report, and only the reconnect's re-sent report brings it to the Node.
+	next := h.rng.IntN(2)
+	if h.at >= 0 {
+		h.send(true, false)
+		h.complete(false)
+		next = 1 - h.at
+	}
+	if err := h.connect(next); err != nil {
+		return err
 	}
 	for range 60 {
 		if err := h.syncCaches(1); err != nil {

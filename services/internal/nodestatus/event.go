@@ -62,7 +62,7 @@ func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.Kubele
 }
 
 // eventGiveUp is how long a queued Event is retried: as long as the sidecar keeps a restart acknowledged as
-// queued to send it again (client.ParkedRestartTTL), the apiserver's default --event-ttl. An Event still
+// queued to send it again (outbox.ParkedRestartTTL), the apiserver's default --event-ttl. An Event still
 // failing after an hour is news nobody reads on time.
 const eventGiveUp = time.Hour
 
@@ -80,30 +80,31 @@ type queuedEvent struct {
 
 // addEventLocked keeps a queued report's restart for flushEvents; w.mu is held.
 func (w *Writer) addEventLocked(node string, rs *dkcv1.KubeletRestart) {
-	pending := w.events[node]
-	for _, p := range pending {
-		if p.restart.GetId() == rs.GetId() {
-			return // a re-sent report: its Event is already to be created, since the first time
-		}
-	}
-	if len(pending) == maxPendingEvents {
+	if dropped := w.stateLocked(node).addEvent(rs, w.clock.Now()); dropped != nil {
 		w.log.Warn("too many kubelet restarts waiting for their events; dropping the oldest", zap.String("node", node),
-			zap.String("restartID", pending[0].restart.GetId()))
+			zap.String("restartID", dropped.GetId()))
 		w.metrics.event("error")
-		pending = pending[1:]
 	}
-	w.events[node] = append(pending, queuedEvent{restart: rs, since: w.clock.Now()})
 }
 
 // flushEvents creates the Events of the node's queued restarts, oldest first. An Event the apiserver
 // refuses for good is dropped, as on the inline path; a transient failure keeps it and the rest, and is
 // returned so that the node is queued again.
 func (w *Writer) flushEvents(ctx context.Context, node string) error {
-	w.mu.Lock()
-	pending := w.events[node]
-	w.mu.Unlock()
-	for len(pending) > 0 {
-		qe := pending[0]
+	for {
+		// Only this worker removes a node's events (the queue hands a node to one worker at a time);
+		// reports may append more meanwhile.
+		w.mu.Lock()
+		var qe queuedEvent
+		s := w.state[node]
+		ok := s != nil && len(s.events) > 0
+		if ok {
+			qe = s.events[0]
+		}
+		w.mu.Unlock()
+		if !ok {
+			return nil
+		}
 		rs := qe.restart
 		if err := w.recordRestart(ctx, node, rs); err != nil {
 			w.metrics.event("error")
@@ -118,21 +119,13 @@ func (w *Writer) flushEvents(ctx context.Context, node string) error {
 				return err
 			}
 		}
-		pending = pending[1:]
 		w.mu.Lock()
-		// Only this worker removes a node's events (the queue hands a node to one worker at a time);
-		// reports may have appended more meanwhile.
-		if cur := w.events[node]; len(cur) > 0 && cur[0].restart == rs {
-			if len(cur) == 1 {
-				delete(w.events, node)
-			} else {
-				w.events[node] = cur[1:]
-			}
+		if s := w.state[node]; s != nil {
+			s.eventCreated(rs)
+			w.tidyLocked(node)
 		}
-		pending = w.events[node]
 		w.mu.Unlock()
 	}
-	return nil
 }
 
 // namespaceLifecycleNotReady is how a kube-apiserver that has just started refuses a create in any

@@ -109,6 +109,14 @@ func (c *cluster) reportAbout(name, uid, errText string) error {
 	return err
 }
 
+// reportRestart reports, as reportAbout, with a kubelet restart.
+func (c *cluster) reportRestart(name, uid, errText string, restart *dkcv1.KubeletRestart) error {
+	c.at = c.at.Add(time.Second)
+	_, err := c.w.Report(context.Background(), name, &dkcv1.ReportStatusRequest{NodeName: name,
+		Status: &dkcv1.NodeConfigStatus{Error: errText}, ObservedTime: timestamppb.New(c.at), NodeUid: uid, Restart: restart})
+	return err
+}
+
 // drain runs the writer's queue until it is empty, retries included.
 func (c *cluster) drain() {
 	c.t.Helper()
@@ -293,6 +301,34 @@ func TestReportsAboutADeletedNodeObjectDropped(t *testing.T) {
 			c.drain()
 			c.create("a", true)
 			return c.reportAbout("a", first, oldStatus)
+		}, ErrOtherNode, 0, ""},
+		{"re-sent about the deleted object until its restart's Event is created", func(c *cluster) error {
+			c.create("a", true)
+			first := c.uid("a")
+			c.delete("a")
+			c.drain()
+			c.create("a", true)
+			// The restart happened whatever object the report names: a failed Event is owed, and the report
+			// is not acknowledged until it is created.
+			failing := true
+			c.client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+				if failing {
+					return true, nil, apierrors.NewInternalError(errors.New("etcd unavailable"))
+				}
+				return false, nil, nil
+			})
+			restart := &dkcv1.KubeletRestart{Id: "r1", Time: timestamppb.New(c.at)}
+			if err := c.reportRestart("a", first, oldStatus, restart); err == nil || errors.Is(err, ErrOtherNode) {
+				c.t.Errorf("report about the deleted object whose Event failed: %v, want an error other than %v", err, ErrOtherNode)
+			}
+			failing = false
+			err := c.reportRestart("a", first, oldStatus, restart)
+			if evs, lerr := c.client.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{}); lerr != nil {
+				c.t.Fatal(lerr)
+			} else if len(evs.Items) != 1 {
+				c.t.Errorf("%d Events after the re-sent report, want 1", len(evs.Items))
+			}
+			return err
 		}, ErrOtherNode, 0, ""},
 		{"held for the deleted object when the new one registered", func(c *cluster) error {
 			c.create("a", true)

@@ -22,12 +22,16 @@ import (
 // its own check when its Report writes.
 func (w *Writer) dropIfGone(ctx context.Context, name, nodeUID string) (outcome, error) {
 	w.mu.Lock()
-	checked, ok := w.reports[name]
+	checked := w.latestLocked(name)
+	var checkedUID string
+	if checked != nil {
+		checkedUID = checked.nodeUID
+	}
 	w.mu.Unlock()
-	if !ok {
+	if checked == nil {
 		return noReport, nil
 	}
-	if checked.nodeUID != nodeUID {
+	if checkedUID != nodeUID {
 		return notCached, nil // a newer report (about another object) came meanwhile: its own write checks it
 	}
 	list, err := w.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
@@ -40,9 +44,9 @@ func (w *Writer) dropIfGone(ctx context.Context, name, nodeUID string) (outcome,
 		}
 	}
 	w.mu.Lock()
-	if cur, ok := w.reports[name]; ok && cur == checked {
-		delete(w.reports, name)
-		delete(w.written, name)
+	if s := w.state[name]; s != nil && s.report == checked {
+		s.dropReport()
+		w.tidyLocked(name)
 	}
 	w.mu.Unlock()
 	if nodeUID != "" {
@@ -59,9 +63,11 @@ func (w *Writer) release(node string) {
 	l.Lock()
 	defer l.Unlock()
 	w.mu.Lock()
-	_, held := w.reports[node]
-	delete(w.reports, node)
-	delete(w.written, node)
+	held := w.latestLocked(node) != nil
+	if s := w.state[node]; s != nil {
+		s.dropReport() // its queued Events stay: they are still this replica's promise
+		w.tidyLocked(node)
+	}
 	w.mu.Unlock()
 	if held {
 		w.log.Debug("node served by another replica; dropped its status report", zap.String("node", node))

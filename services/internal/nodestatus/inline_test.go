@@ -245,7 +245,7 @@ func queuedFailingEvent(clk clock.WithTicker) (*fake.Clientset, *Writer) {
 	w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil),
 		Metrics: NewMetrics(prometheus.NewRegistry()), Serving: func(string) bool { return true }, Clock: clk})
 	w.mu.Lock()
-	w.reports["n1"] = report{status: &dkcv1.NodeConfigStatus{}, order: reportOrder{incarnation: 1, sequence: 1}, seq: 1, owed: true}
+	w.stateLocked("n1").report = &report{status: &dkcv1.NodeConfigStatus{}, order: reportOrder{incarnation: 1, sequence: 1}, seq: 1, owed: true}
 	w.addEventLocked("n1", &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.New(w.clock.Now())})
 	w.mu.Unlock()
 	w.queue.Add("n1")
@@ -296,7 +296,10 @@ func TestQueuedEventGivenUpAfterAnHour(t *testing.T) {
 		t.Errorf("an Event failing for an hour: still %d requeues, want it dropped and the node forgotten", got)
 	}
 	w.mu.Lock()
-	left := len(w.events["n1"])
+	left := 0
+	if s := w.state["n1"]; s != nil {
+		left = len(s.events)
+	}
 	w.mu.Unlock()
 	if left != 0 {
 		t.Errorf("%d events still queued, want 0", left)

@@ -90,7 +90,7 @@ func TestWriteOutcomes(t *testing.T) {
 			w := New(Config{Log: zap.NewNop(), Client: client, Nodes: lister, Table: assignment.NewTable(nil),
 				Metrics: NewMetrics(prometheus.NewRegistry()), Clock: clk, RestartingDelay: 10 * time.Second})
 			if tc.report != nil {
-				w.reports["n1"] = *tc.report
+				w.state["n1"] = &nodeState{report: tc.report}
 			}
 			for i, step := range tc.steps {
 				clk.Step(step)

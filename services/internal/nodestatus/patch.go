@@ -98,7 +98,11 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	cond := Condition(status, message)
 	digest := writeDigest(string(annotation), cond)
 	w.mu.Lock()
-	last, wrote := w.written[name]
+	var last lastWrite
+	wrote := false
+	if s := w.state[name]; s != nil && s.written != nil {
+		last, wrote = *s.written, true
+	}
 	w.mu.Unlock()
 	if wrote && last.over == node.ResourceVersion {
 		// The cache predates this replica's last patch: a report that follows a write closely (or a queued
@@ -152,7 +156,7 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	}
 	w.metrics.write("written")
 	w.mu.Lock()
-	w.written[name] = lastWrite{over: node.ResourceVersion, digest: digest}
+	w.stateLocked(name).written = &lastWrite{over: node.ResourceVersion, digest: digest}
 	w.mu.Unlock()
 	w.paid(name, seq)
 	w.log.Info("node status written", zap.String("node", name), zap.String("status", string(annotation)),

@@ -94,22 +94,12 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		}
 	}
 	w.mu.Lock()
-	prev, had := w.reports[node]
-	if had && order.before(prev.order) {
+	if !w.stateLocked(node).accept(&r, w.clock.Now()) {
 		w.mu.Unlock()
 		return Receipt{}, ErrStale
 	}
 	w.seq++
 	r.seq, r.owed = w.seq, !inline
-	if restarting(r.status) {
-		// Held from the first report of the restart: a node whose restarts keep being replaced by newer
-		// assignments still shows one after RestartingDelay.
-		r.restarting = w.clock.Now()
-		if had && !prev.restarting.IsZero() {
-			r.restarting = prev.restarting
-		}
-	}
-	w.reports[node] = r
 	if !inline {
 		if rs := req.GetRestart(); rs != nil {
 			w.addEventLocked(node, rs)
@@ -147,6 +137,12 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	case noReport, nodeGone:
 		return Receipt{}, ErrNodeGone // not kept: the Node was found gone (now, or meanwhile)
 	case otherNode:
+		if eventErr != nil {
+			// The restart happened whatever object the report names; its Event is still owed. Acknowledged
+			// as ErrOtherNode, the report would leave the sidecar with the Event never created (found by
+			// TestProtocolAgainstTheService). Sent again, the report is dropped again and the Event retried.
+			return Receipt{}, fmt.Errorf("%w (report about a deleted Node object dropped; send it again for its event)", eventErr)
+		}
 		return Receipt{}, ErrOtherNode
 	}
 	if eventErr != nil {
@@ -180,16 +176,16 @@ func (w *Writer) releaseInline() { <-w.inline }
 func (w *Writer) owed(node string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.reports[node].owed
+	r := w.latestLocked(node)
+	return r != nil && r.owed
 }
 
 // paid records that report seq of the node is on the Node (or needs no write).
 func (w *Writer) paid(node string, seq uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if r, ok := w.reports[node]; ok && r.seq == seq && r.owed {
-		r.owed = false
-		w.reports[node] = r
+	if s := w.state[node]; s != nil {
+		s.paid(seq)
 	}
 }
 
@@ -204,11 +200,16 @@ func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message 
 // object it is about ("": any) and the report's number.
 func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string, hold time.Duration, nodeUID string, seq uint64, ok bool) {
 	w.mu.Lock()
-	r, ok := w.reports[node]
+	r := w.latestLocked(node)
+	var cp report
+	if r != nil {
+		cp = *r // paid may mark it meanwhile
+	}
 	w.mu.Unlock()
-	if !ok {
+	if r == nil {
 		return nil, "", 0, "", 0, false
 	}
+	r = &cp
 	status = wire.StatusToCore(r.status)
 	message = r.message
 	if st, known, _ := w.table.Get(node); known && st.SyncError != "" {

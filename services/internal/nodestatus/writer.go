@@ -48,13 +48,11 @@ type Writer struct {
 	// inline holds a token for each report being written inline (Config.MaxInlineWrites); nil: no bound.
 	inline chan struct{}
 
-	mu      sync.Mutex
-	seq     uint64
-	reports map[string]report
-	written map[string]lastWrite
-	// events are the kubelet restarts of acknowledged reports whose Event is not created yet (the report
-	// was queued): the queue creates them before it writes the node's status.
-	events map[string][]queuedEvent
+	mu  sync.Mutex
+	seq uint64
+	// state is what this replica holds about each node (state.go); a node without a report nor a queued
+	// Event has no entry.
+	state map[string]*nodeState
 
 	// locks serialise writes per node, striped by name. Reports write inline (up to MaxInlineWrites at
 	// once) beside the queue's workers, and a patch takes up to seconds on a busy apiserver: with 1,024
@@ -132,8 +130,8 @@ func New(cfg Config) *Writer {
 	}
 	w := &Writer{
 		log: cfg.Log, client: cfg.Client, nodes: cfg.Nodes, table: cfg.Table, clock: cfg.Clock, metrics: cfg.Metrics,
-		queue: cfg.Pending.queue, serving: cfg.Serving, restartDelay: cfg.RestartingDelay, reports: map[string]report{}, written: map[string]lastWrite{},
-		events: map[string][]queuedEvent{},
+		queue: cfg.Pending.queue, serving: cfg.Serving, restartDelay: cfg.RestartingDelay,
+		state: map[string]*nodeState{},
 	}
 	if cfg.MaxInlineWrites > 0 {
 		w.inline = make(chan struct{}, cfg.MaxInlineWrites)
@@ -169,7 +167,13 @@ func (w *Writer) Enqueue(node string) { w.queue.Add(node) }
 func (w *Writer) Reported() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.reports)
+	n := 0
+	for _, s := range w.state {
+		if s.report != nil {
+			n++
+		}
+	}
+	return n
 }
 
 func (w *Writer) lock(node string) *sync.Mutex {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/dkc-dev/dkc/internal/outbox"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
@@ -73,10 +74,9 @@ type Client struct {
 	rpc       dkcv1.ConfigServiceClient
 	log       *zap.Logger
 	backoff   Backoff
-	// incarnation of this sidecar start; the outbox numbers its reports (see WithIncarnation).
-	incarnation uint64
-	// outbox holds the reports to deliver; RunReporter moves them, Watch tells it of each new stream.
-	outbox *Outbox
+	// outbox holds the reports to deliver, numbered with this sidecar start's incarnation (WithIncarnation);
+	// RunReporter moves them, Watch tells it of each new stream.
+	outbox *outbox.Outbox
 
 	mu sync.Mutex
 	// syncError is the service's sync error last received: what the node holds, sent when resuming so
@@ -89,12 +89,17 @@ type Client struct {
 }
 
 // Option configures a Client.
-type Option func(*Client)
+type Option func(*options)
+
+// options are what New's options set, before the client is made of them.
+type options struct {
+	incarnation uint64
+}
 
 // WithIncarnation numbers the reports of this start of the sidecar (the agent's NextIncarnation): the service
 // orders a node's reports by (incarnation, sequence), never by the node's clock. Without it reports carry
 // only their observed time, as older sidecars' did.
-func WithIncarnation(n uint64) Option { return func(c *Client) { c.incarnation = n } }
+func WithIncarnation(n uint64) Option { return func(o *options) { o.incarnation = n } }
 
 // Config of a client.
 type Config struct {
@@ -112,13 +117,12 @@ func New(conn grpc.ClientConnInterface, cfg Config, opts ...Option) *Client {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	c := &Client{node: cfg.Node, tokenFile: cfg.TokenFile, rpc: dkcv1.NewConfigServiceClient(conn), log: cfg.Log, backoff: cfg.Backoff,
-		wake: make(chan struct{}, 1)}
-	for _, o := range opts {
-		o(c)
+	var o options
+	for _, opt := range opts {
+		opt(&o)
 	}
-	c.outbox = NewOutbox(OutboxConfig{Node: cfg.Node, Incarnation: c.incarnation, Log: cfg.Log})
-	return c
+	return &Client{node: cfg.Node, tokenFile: cfg.TokenFile, rpc: dkcv1.NewConfigServiceClient(conn), log: cfg.Log, backoff: cfg.Backoff,
+		outbox: outbox.New(outbox.Config{Node: cfg.Node, Incarnation: o.incarnation, Log: cfg.Log}), wake: make(chan struct{}, 1)}
 }
 
 func (c *Client) authed(ctx context.Context) (context.Context, error) {

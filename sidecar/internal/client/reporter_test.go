@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/dkc-dev/dkc/internal/outbox"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
@@ -68,7 +69,7 @@ func (s *awayService) ReportStatus(_ context.Context, req *dkcv1.ReportStatusReq
 }
 
 // TestRestartsAreDeliveredInOrder: restarts reported while the service is away are each delivered once
-// it is back, oldest first (each is an Event), up to MaxPendingRestarts, and the latest status wins.
+// it is back, oldest first (each is an Event), up to outbox.MaxPendingRestarts, and the latest status wins.
 func TestRestartsAreDeliveredInOrder(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -76,7 +77,7 @@ func TestRestartsAreDeliveredInOrder(t *testing.T) {
 		want     int // delivered: the last ones
 	}{
 		{"to a config and back to last-known-good", 2, 2},
-		{"beyond the bound", MaxPendingRestarts + 5, MaxPendingRestarts},
+		{"beyond the bound", outbox.MaxPendingRestarts + 5, outbox.MaxPendingRestarts},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := &awayService{away: true}

@@ -1,4 +1,4 @@
-package client
+package outbox
 
 import (
 	"fmt"
@@ -57,7 +57,7 @@ func TestOutbox(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
-			o := NewOutbox(OutboxConfig{Node: "n1", Incarnation: 7, Clock: clk})
+			o := New(Config{Node: "n1", Incarnation: 7, Clock: clk})
 			var inFlight *dkcv1.ReportStatusRequest
 			for _, op := range strings.Fields(tc.script) {
 				f := strings.Split(op, ":")
@@ -121,7 +121,7 @@ func TestOutbox(t *testing.T) {
 // order by it), and Next hands out copies: what the caller does with one does not change the outbox.
 func TestOutboxResendIsFresh(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
-	o := NewOutbox(OutboxConfig{Node: "n1", Clock: clk})
+	o := New(Config{Node: "n1", Clock: clk})
 	o.Enqueue(&dkcv1.NodeConfigStatus{Error: "a"}, "", nil)
 	r := o.Next()
 	r.Sequence = 99

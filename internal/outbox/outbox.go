@@ -1,4 +1,9 @@
-package client
+// Package outbox is the sidecar's side of the status report protocol (docs/design.md, "The status report
+// protocol"): the reports a node has yet to deliver to the config service, and what an acknowledgement or a
+// new stream changes. It does no I/O, so the protocol can be checked without a network, and it sits outside
+// sidecar/ so that a test can drive it against the service's own code (services/internal/nodestatus's
+// TestProtocolAgainstTheService).
+package outbox
 
 import (
 	"sync"
@@ -22,10 +27,9 @@ const MaxPendingRestarts = 32
 // anyway (with a shorter --event-ttl, a re-send inside the hour may create an expired Event again).
 const ParkedRestartTTL = time.Hour
 
-// Outbox is the sidecar's side of the status report protocol (docs/design.md, "The status report
-// protocol"): what is to be sent to the config service, and what an acknowledgement or a new stream changes.
-// It does no I/O and reads no time but through its clock, so the protocol can be checked without a network;
-// the Client's reporter moves its reports over gRPC. Safe for concurrent use.
+// Outbox holds one node's reports: what is to be sent to the config service, and what an acknowledgement
+// or a new stream changes. It reads no time but through its clock; the sidecar's client
+// (sidecar/internal/client) moves its reports over gRPC. Safe for concurrent use.
 //
 //   - Enqueue numbers a new status (incarnation, sequence), stamps it with the Node object followed, and
 //     queues its restart, if any, behind those not yet acknowledged.
@@ -73,8 +77,8 @@ type parkedRestart struct {
 	since   time.Time
 }
 
-// OutboxConfig configures an Outbox.
-type OutboxConfig struct {
+// Config configures an Outbox.
+type Config struct {
 	// Node is the node's name, sent in every report.
 	Node string
 	// Incarnation of this sidecar start (agent.NextIncarnation); 0 sends reports ordered only by their
@@ -86,8 +90,8 @@ type OutboxConfig struct {
 	Log *zap.Logger
 }
 
-// NewOutbox returns an empty outbox.
-func NewOutbox(cfg OutboxConfig) *Outbox {
+// New returns an empty outbox.
+func New(cfg Config) *Outbox {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}

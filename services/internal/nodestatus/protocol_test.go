@@ -280,7 +280,7 @@ func newReplica(name string, api *apiserver, clk *clocktesting.FakeClock) *repli
 
 // newService is the one place the test makes an rpc.Service.
 func newService(table *assignment.Table, w rpc.StatusWriter, streams *rpc.Streams) *rpc.Service {
-	return rpc.New(zap.NewNop(), table, w, nil, rpc.WithStreams(streams))
+	return rpc.New(rpc.Config{Log: zap.NewNop(), Table: table, Status: w, Streams: streams})
 }
 
 // syncCache makes the replica's Node cache what the apiserver has, as its informer does sooner or later.

@@ -218,7 +218,7 @@ func startSimNode(ctx context.Context, name string, cfg simConfig) (*simNode, er
 		// tickers of nodes started together here would promote their configs in bursts of hundreds.
 		TrialCheckInterval: time.Second,
 		Trace:              func(event string, src *corev1.NodeConfigSource) { cfg.rec.trace(name, event, src) },
-		NodeName: name, Server: cfg.server, ServerCAFile: cfg.caFile, TokenFile: cfg.token,
+		NodeName:           name, Server: cfg.server, ServerCAFile: cfg.caFile, TokenFile: cfg.token,
 		DynamicConfigDir: dynamic, KubeletConfig: local, HostProc: "/proc",
 		// The shipped health timeout: thousands of simulated nodes share this machine's cores, and a kubelet
 		// that answers late here because the machine is busy must not be blamed for its config, as a real

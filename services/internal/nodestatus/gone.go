@@ -57,14 +57,16 @@ func (w *Writer) dropIfGone(ctx context.Context, name, nodeUID string) (outcome,
 	return nodeGone, nil
 }
 
-// release drops the node's report: another replica serves the node (see Config.Serving).
-func (w *Writer) release(node string) {
+// release drops the node's report checked, if it is still the latest: another replica serves the node (see
+// Config.Serving). A newer one came with the node's stream to this replica, and is written.
+func (w *Writer) release(node string, checked *report) {
 	l := w.lock(node)
 	l.Lock()
 	defer l.Unlock()
 	w.mu.Lock()
-	held := w.latestLocked(node) != nil
-	if s := w.state[node]; s != nil {
+	held := false
+	if s := w.state[node]; s != nil && s.report == checked {
+		held = checked != nil
 		s.dropReport() // its queued Events stay: they are still this replica's promise
 		w.tidyLocked(node)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -319,6 +320,7 @@ type watchStream struct {
 func (s *watchStream) Context() context.Context              { return s.ctx }
 func (s *watchStream) Send(*dkcv1.WatchConfigResponse) error { return nil }
 func (s *watchStream) SendMsg(any) error                     { return nil }
+func (s *watchStream) SendHeader(metadata.MD) error          { return nil }
 
 // openStream opens the node's stream on r and returns once r serves the node.
 func openStream(r *replica) (*watchStream, error) {

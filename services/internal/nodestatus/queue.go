@@ -68,8 +68,13 @@ func (w *Writer) processNext(ctx context.Context) bool {
 	// acknowledged as queued: the sidecar sends its latest report again on every new stream, and writing the
 	// queued one here could put an older status over the newer one the other replica wrote (review of
 	// issue 28). Its Events are still this replica's promise.
+	// The report is taken before the stream is looked at: one that arrives after the look (its node's
+	// new stream here resending it) is not released with the one the look was about.
+	w.mu.Lock()
+	checked := w.latestLocked(node)
+	w.mu.Unlock()
 	if w.serving != nil && !w.serving(node) {
-		w.release(node)
+		w.release(node, checked)
 		settled()
 		return true
 	}

@@ -236,6 +236,14 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigS
 		return nil, err
 	}
 	ws := &watchState{ctx: ctx, start: time.Now(), node: node, w: s.register(node), base: s.log}
+	// Headers now, not with the first message: the sidecar takes them as "this replica has my stream" and
+	// sends its last report again (Outbox.Reconnected). A node that resumes with nothing to push would
+	// otherwise get no headers, and a report this replica queued before the stream was registered —
+	// dropped by the status queue as another replica's (nodestatus Config.Serving) — would never come back.
+	if err := stream.SendHeader(nil); err != nil {
+		s.unregister(node, ws.w)
+		return nil, err
+	}
 	s.metrics.connected(1)
 	ws.log().Info("node watching", zap.Bool("resume", req.GetLastApplied() != nil))
 	ws.known = req.GetLastApplied() != nil

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -211,6 +212,12 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 				LastApplied:    &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
 			if err != nil {
 				t.Fatal(err)
+			}
+			// Headers come at once, also when there is nothing to send: the sidecar takes them as "this
+			// replica has my stream" and sends its last report again, which the replica may have dropped
+			// (queued before the stream was registered) — without them a resumed node's status was lost.
+			if _, err := stream.Header(); err != nil || ctx.Err() != nil {
+				t.Fatalf("no headers on the resumed stream before it ended: %v", errors.Join(err, ctx.Err()))
 			}
 			got := make(chan *dkcv1.WatchConfigResponse, 1)
 			go func() {

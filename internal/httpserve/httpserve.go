@@ -30,9 +30,10 @@ const (
 	// every 15-60 s over one connection; a closed one is simply opened again).
 	IdleTimeout    = 90 * time.Second
 	MaxHeaderBytes = 16 << 10
-	// DefaultMaxConns is how many connections a listener holds at once; further ones wait in the kernel's
-	// accept queue until one closes. A few scrapers, probes and two apiservers need far fewer.
-	DefaultMaxConns = 64
+	// DefaultMaxConns is 0, no cap: further connections would wait in the kernel's accept queue behind
+	// whoever holds the slots, so one pod holding them would fail the kubelet's liveness probes (1 s) and
+	// the apiserver's webhook calls. The timeouts above bound what each connection can hold, and for how long.
+	DefaultMaxConns = 0
 )
 
 // Listener is one HTTP listener.
@@ -46,7 +47,7 @@ type Listener struct {
 	// Grace is how long requests in flight get at shutdown.
 	Grace time.Duration
 	// WriteTimeout replaces DefaultWriteTimeout (e.g. for /debug/pprof/profile?seconds=N, which net/http/pprof
-	// refuses when N exceeds it); MaxConns replaces DefaultMaxConns. 0: the default.
+	// refuses when N exceeds it); MaxConns, if positive, caps the connections held at once. 0: the default.
 	WriteTimeout time.Duration
 	MaxConns     int
 }
@@ -74,7 +75,10 @@ func Serve(ctx context.Context, l Listener) error {
 	if maxConns <= 0 {
 		maxConns = DefaultMaxConns
 	}
-	lis := netutil.LimitListener(tcp, maxConns)
+	lis := tcp
+	if maxConns > 0 {
+		lis = netutil.LimitListener(tcp, maxConns)
+	}
 	errc := make(chan error, 1)
 	go func() {
 		if l.TLS != nil {

@@ -16,10 +16,11 @@ import (
 // connection per node — each sidecar holds exactly one, and one replica must be able to hold every node
 // while the other is drained — plus a tenth for what is briefly doubled (a sidecar that reconnected while
 // the server has not yet found its old connection dead: up to --keepalive-time + --keepalive-timeout) and
-// for tools (grpcurl). The slack is also what a flood can hold beyond the nodes: at 10,000 nodes 1,000
-// connections of at most ~220 KB each before auth (TestUnauthenticatedFloodIsBounded), which the
-// Deployment's memory limit covers beside the nodes' ~870 MiB. The floor keeps a small cluster's cap out
-// of the way of tests and tools.
+// for tools (grpcurl). What a flood can hold is the cap less the nodes this replica serves, at up to
+// ~220 KB each before auth (TestUnauthenticatedFloodIsBounded): the slack when it serves every node, but
+// more than the Deployment's memory limit covers when two replicas share a large fleet — a separate cap on
+// unauthenticated connections is still to do (docs/security.md, "Unauthenticated callers"). The floor keeps
+// a small cluster's cap out of the way of tests and tools.
 const (
 	connFloor   = 1024
 	connPerNode = 1.1

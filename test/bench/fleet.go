@@ -365,7 +365,7 @@ func (l apiserverLoad) record(res *Results, prefix string) {
 
 // bareWorkers is how many writes the bare client keeps in flight: more than dkc-server's bound
 // (--max-inline-status-writes + --status-workers), so that the apiserver, not the client, is the limit.
-const bareWorkers = 256
+const bareWorkers = 384
 
 // bareClient makes, for each of nodes, what dkc makes for a node taking a config: an Event, then a
 // strategic-merge patch of the Node's status of the same shape as dkc's (an annotation holding a status

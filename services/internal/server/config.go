@@ -112,11 +112,14 @@ func DefaultConfig() Config {
 		TokenReviewPeerBurst:   auth.DefaultPeerBurst,
 		ConfigNamespaces:       []string{"kube-system"}, // where the seed workflow puts configs
 		Workers:                4,
-		// A status write takes up to a second on a busy apiserver: 128 workers beside 64 inline writes keep
-		// ~190 requests in flight, enough for this machine's apiserver to be the limit after a fan-out to
-		// 10,000 nodes (make bench; 32 workers wrote a third as fast as a bare client), while the reports past
-		// the inline writes cost a queue entry each instead of a waiting goroutine with its stack.
-		StatusWorkers:         128,
+		// A status write takes up to a second on a busy apiserver, and a worker makes a node's Event and
+		// then its status write, one after the other: 256 workers beside 64 inline writes keep ~320 requests
+		// in flight, more than the benchmark's bare client (make bench, fleet: with 128, a faster apiserver
+		// waited on dkc-server's queue, 4,000 reports deep, ratio 2.2 to the bare client), within what
+		// dkc's API Priority and Fairness level queues (server-apf.yaml: 512). The reports past the inline
+		// writes cost a queue entry each instead of a waiting goroutine with its stack; a worker costs its
+		// goroutine's stack only.
+		StatusWorkers:         256,
 		MaxInlineStatusWrites: 64,
 		RestartingStatusDelay: 10 * time.Second,
 		KeepaliveTime:         time.Minute,

@@ -82,13 +82,24 @@ const MaxDetailBytes = 4 << 10
 
 // TruncateDetail cuts detail to MaxDetailBytes, at a UTF-8 boundary, saying that it did.
 func TruncateDetail(detail string) string {
-	if len(detail) <= MaxDetailBytes {
-		return detail
+	return truncate(detail, " … (truncated; the full message is in the dkc-sidecar log)")
+}
+
+// TruncateStatusError cuts a status error dkc-server made to MaxDetailBytes, at a UTF-8 boundary, saying
+// that it did. A sync error can quote an invalid source's values, as long as a Node's annotations allow
+// (256 KiB): the sidecar echoes it when it resumes its stream (WatchConfigRequest.sync_error), and a
+// request past dkc-server's receive limit would be refused at every retry.
+func TruncateStatusError(e StatusError) StatusError {
+	return StatusError(truncate(string(e), " … (truncated; the full message is in the dkc-server log)"))
+}
+
+func truncate(s, tail string) string {
+	if len(s) <= MaxDetailBytes {
+		return s
 	}
-	const tail = " … (truncated; the full message is in the dkc-sidecar log)"
 	cut := MaxDetailBytes - len(tail)
-	for cut > 0 && !utf8.RuneStart(detail[cut]) {
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
-	return detail[:cut] + tail
+	return s[:cut] + tail
 }

@@ -6,7 +6,22 @@ import (
 	"unicode/utf8"
 )
 
+// TestTruncateDetail: the sidecar's details and dkc-server's status errors are cut to MaxDetailBytes at a
+// UTF-8 boundary, saying so and whose log holds the rest.
 func TestTruncateDetail(t *testing.T) {
+	for _, fn := range []struct {
+		name     string
+		truncate func(string) string
+		log      string
+	}{
+		{"TruncateDetail", TruncateDetail, "dkc-sidecar log"},
+		{"TruncateStatusError", func(s string) string { return string(TruncateStatusError(StatusError(s))) }, "dkc-server log"},
+	} {
+		t.Run(fn.name, func(t *testing.T) { testTruncate(t, fn.truncate, fn.log) })
+	}
+}
+
+func testTruncate(t *testing.T, truncate func(string) string, log string) {
 	for _, tc := range []struct {
 		name      string
 		in        string
@@ -18,7 +33,7 @@ func TestTruncateDetail(t *testing.T) {
 		{"huge, multi-byte", strings.Repeat("é€", 100_000), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := TruncateDetail(tc.in)
+			got := truncate(tc.in)
 			if len(got) > MaxDetailBytes {
 				t.Errorf("%d bytes, want at most %d", len(got), MaxDetailBytes)
 			}
@@ -27,6 +42,9 @@ func TestTruncateDetail(t *testing.T) {
 			}
 			if (got != tc.in) != tc.truncated || strings.Contains(got, "truncated") != tc.truncated {
 				t.Errorf("truncated = %v, want %v", got != tc.in, tc.truncated)
+			}
+			if tc.truncated && !strings.Contains(got, log) {
+				t.Errorf("%q does not say the %s holds the rest", got[len(got)-80:], log)
 			}
 		})
 	}

@@ -1123,6 +1123,7 @@ func (r *run) maxNodes(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fan-out to %d nodes: %w", len(nodes), err)
 	}
+	r.explainTail(active, nodes, f.start)
 	dkcTook := lastActive.Sub(f.start)
 	apiAfter, err := r.apiserverMetrics(ctx)
 	if err != nil {

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -25,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/sidecar/app"
 	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
@@ -242,6 +245,51 @@ func (a *activeWatcher) wait(ctx context.Context, timeout time.Duration) (time.T
 		}
 	}
 	return last, len(a.want) - len(a.at), nil
+}
+
+// explainTail prints when the nodes became active after the update at start, in 10-second buckets, and for
+// the latest few when their sidecar received and checkpointed the version and what it logged last: whether
+// a slow tail waited for delivery (before the checkpoint) or for the status path (after it).
+func (r *run) explainTail(a *activeWatcher, nodes []string, start time.Time) {
+	a.mu.Lock()
+	at := maps.Clone(a.at)
+	rv := a.rv
+	a.mu.Unlock()
+	buckets := map[int]int{}
+	var order []string
+	for _, n := range nodes {
+		t, ok := at[n]
+		if !ok {
+			buckets[-1]++
+			continue
+		}
+		buckets[int(t.Sub(start)/(10*time.Second))]++
+		order = append(order, n)
+	}
+	keys := slices.Sorted(maps.Keys(buckets))
+	var b strings.Builder
+	for _, k := range keys {
+		if k < 0 {
+			fmt.Fprintf(&b, " never:%d", buckets[k])
+			continue
+		}
+		fmt.Fprintf(&b, " %d-%ds:%d", 10*k, 10*k+10, buckets[k])
+	}
+	r.progress("max: Nodes by when they showed the new config active:%s", b.String())
+	slices.SortFunc(order, func(x, y string) int { return at[y].Compare(at[x]) })
+	for i, n := range order[:min(5, len(order))] {
+		since := func(event string) string {
+			if t, ok := r.rec.getEvent(event, n, a.cm, rv); ok {
+				return fmt.Sprintf("%.1fs", t.Sub(start).Seconds())
+			}
+			return "never"
+		}
+		r.progress("max: late node %s: received %s, checkpointed %s, active on the Node %.1fs", n,
+			since(app.TraceReceived), since(app.TraceCheckpointed), at[n].Sub(start).Seconds())
+		if i == 0 {
+			fmt.Fprint(os.Stdout, r.describeNode(n))
+		}
+	}
 }
 
 // apiserverLoad is what the apiserver's /metrics say about a window: its request rate, and the rate and

@@ -107,6 +107,9 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 		"--tls-cert-file=" + c.pki.path("dkc-server.crt"),
 		"--tls-key-file=" + c.pki.path("dkc-server.key"),
 		"--allowed-service-accounts=" + SidecarNamespace + "/" + SidecarServiceAccount,
+		// The namespace it serves as, whatever $POD_NAMESPACE this process inherits (a CI job that runs in a
+		// pod has its own): the checks of a namespace override run against the sidecars' namespace.
+		"--namespace=" + SidecarNamespace,
 		"--webhook-address=" + net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)),
 		// The simulated nodes and the tests' own clients all call from the host's addresses, as nodes behind
 		// one NAT would: the per-address TokenReview limit is sized for that, not for one node.

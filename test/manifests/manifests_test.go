@@ -38,7 +38,9 @@ type object struct {
 func render(t *testing.T, dir string) []object {
 	t.Helper()
 	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Skip("kubectl not on PATH")
+		// make test needs kubectl anyway (the installed form applies deploy/ with it): a skip here would let
+		// a machine without it pass these checks silently.
+		t.Fatalf("kubectl not on PATH: it renders deploy/ (kubectl kustomize); install it (docs/development.md)")
 	}
 	out, err := exec.Command("kubectl", "kustomize", dir).CombinedOutput()
 	if err != nil {
@@ -199,9 +201,58 @@ func TestCertManagerIssuersAreNamespaced(t *testing.T) {
 	}
 }
 
-// TestNetworkPolicyComponent: the optional component renders with base, in dkc-server's namespace, selects
-// its pods, and names only ports its container has.
-func TestNetworkPolicyComponent(t *testing.T) {
+// TestServerPlacement: dkc-server prefers control-plane nodes and tolerates their taint; the optional
+// component requires them. A worker hosting a replica can read its serving key (the Node authorizer).
+func TestServerPlacement(t *testing.T) {
+	controlPlane := func(terms []corev1.NodeSelectorTerm) bool {
+		for _, term := range terms {
+			for _, e := range term.MatchExpressions {
+				if e.Key == "node-role.kubernetes.io/control-plane" && e.Operator == corev1.NodeSelectorOpExists {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for _, tc := range []struct {
+		name       string
+		components []string
+		required   bool
+	}{
+		{"base: preferred", nil, false},
+		{"server-on-control-plane: required", []string{"deploy/components/server-on-control-plane"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var d appsv1.Deployment
+			find(t, renderWith(t, "deploy/base", tc.components...), "Deployment", "dkc-server", &d)
+			spec := d.Spec.Template.Spec
+			if spec.Affinity == nil || spec.Affinity.NodeAffinity == nil {
+				t.Fatal("no node affinity")
+			}
+			na := spec.Affinity.NodeAffinity
+			var preferred []corev1.NodeSelectorTerm
+			for _, p := range na.PreferredDuringSchedulingIgnoredDuringExecution {
+				preferred = append(preferred, p.Preference)
+			}
+			required := na.RequiredDuringSchedulingIgnoredDuringExecution != nil && controlPlane(na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms)
+			if required != tc.required || (!tc.required && !controlPlane(preferred)) {
+				t.Errorf("control-plane nodes required %v, preferred %v; want required %v, else preferred", required, controlPlane(preferred), tc.required)
+			}
+			tolerates := false
+			for _, tol := range spec.Tolerations {
+				tolerates = tolerates || (tol.Key == "node-role.kubernetes.io/control-plane" && tol.Operator == corev1.TolerationOpExists && tol.Effect == corev1.TaintEffectNoSchedule)
+			}
+			if !tolerates {
+				t.Error("does not tolerate node-role.kubernetes.io/control-plane:NoSchedule: it could never run there")
+			}
+		})
+	}
+}
+
+// renderWith renders base (relative to the repository root) with the given components, as an overlay of a
+// user's would.
+func renderWith(t *testing.T, base string, components ...string) []object {
+	t.Helper()
 	root := repoRoot(t)
 	dir := t.TempDir()
 	rel := func(p string) string {
@@ -211,11 +262,24 @@ func TestNetworkPolicyComponent(t *testing.T) {
 		}
 		return r
 	}
-	k := "resources: [" + rel("deploy/base") + "]\ncomponents: [" + rel("deploy/components/network-policy") + "]\n"
+	k := "resources: [" + rel(base) + "]\n"
+	if len(components) > 0 {
+		var cs []string
+		for _, c := range components {
+			cs = append(cs, rel(c))
+		}
+		k += "components: [" + strings.Join(cs, ", ") + "]\n"
+	}
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	objs := render(t, dir)
+	return render(t, dir)
+}
+
+// TestNetworkPolicyComponent: the optional component renders with base, in dkc-server's namespace, selects
+// its pods, and names only ports its container has.
+func TestNetworkPolicyComponent(t *testing.T) {
+	objs := renderWith(t, "deploy/base", "deploy/components/network-policy")
 	var np networkingv1.NetworkPolicy
 	find(t, objs, "NetworkPolicy", "dkc-server", &np)
 	var d appsv1.Deployment

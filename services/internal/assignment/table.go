@@ -142,9 +142,10 @@ func (t *Table) Set(node string, s State) bool {
 	return true
 }
 
-// SetSyncError keeps the node's assignment and sets its sync error ("" clears it) and the UID of the Node
-// object it was found on.
+// SetSyncError keeps the node's assignment and sets its sync error ("" clears it; one longer than
+// nodeconfig.MaxDetailBytes is truncated) and the UID of the Node object it was found on.
 func (t *Table) SetSyncError(node, nodeUID, kubeletVersion string, syncError nodeconfig.StatusError) bool {
+	syncError = nodeconfig.TruncateStatusError(syncError)
 	t.mu.Lock()
 	var s State
 	if e, ok := t.nodes[node]; ok {

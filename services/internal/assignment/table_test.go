@@ -2,8 +2,10 @@ package assignment
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
@@ -66,6 +68,22 @@ func TestTable(t *testing.T) {
 	}
 	if want := []string{"a", "a", "a", "a", "a"}; len(changes) != len(want) {
 		t.Errorf("onChange calls = %v, want %v", changes, want)
+	}
+}
+
+// TestSyncErrorIsTruncated: a sync error quoting a huge invalid source is kept cut to
+// nodeconfig.MaxDetailBytes — the sidecar echoes it in every WatchConfigRequest, which dkc-server reads only
+// up to --max-recv-msg-size-kib — with its start, where the reason is.
+func TestSyncErrorIsTruncated(t *testing.T) {
+	tab := NewTable(nil)
+	huge := nodeconfig.StatusError("failed to sync: invalid source: name: " + strings.Repeat("x", 256<<10))
+	tab.SetSyncError("a", "uid", "v1.37.2", huge)
+	s, ok, _ := tab.Get("a")
+	if !ok {
+		t.Fatal("node unknown after SetSyncError")
+	}
+	if len(s.SyncError) > nodeconfig.MaxDetailBytes || !strings.HasPrefix(s.SyncError, "failed to sync: invalid source: name: xxx") {
+		t.Errorf("sync error of %d bytes starting %.40q, want at most %d starting as set", len(s.SyncError), s.SyncError, nodeconfig.MaxDetailBytes)
 	}
 }
 

@@ -69,13 +69,16 @@ type Config struct {
 	MaxConcurrentStreams int
 
 	// What a caller may hold before it authenticates (docs/security.md, "Unauthenticated callers"):
-	// connections open at once (0: sized to the Node count, connCap), the time a connection gets to finish
-	// its TLS handshake and HTTP/2 preface, how long a connection with no call open lives, and the largest
-	// request message, which grpc-go reads whole before any interceptor runs.
-	MaxConnections    int
-	HandshakeTimeout  time.Duration
-	MaxConnectionIdle time.Duration
-	MaxRecvMsgSizeKiB int
+	// connections open at once (0: sized to the Node count, connCap), and of them not yet authenticated
+	// (0: no cap of their own), the time a connection gets to finish its TLS handshake and HTTP/2 preface,
+	// and to make its first authenticated call (0: no limit), how long a connection with no call open
+	// lives, and the largest request message, which grpc-go reads whole before any interceptor runs.
+	MaxConnections                int
+	MaxUnauthenticatedConnections int
+	HandshakeTimeout              time.Duration
+	AuthenticationTimeout         time.Duration
+	MaxConnectionIdle             time.Duration
+	MaxRecvMsgSizeKiB             int
 
 	// Namespace is the namespace dkc-server runs in ($POD_NAMESPACE, from the downward API); when set,
 	// Validate refuses flags that name another one for the sidecars' ServiceAccount, and newServer a
@@ -132,10 +135,17 @@ func DefaultConfig() Config {
 		// Long enough for 10,000 sidecars reconnecting at once (a replica drained: every handshake queues for
 		// the same CPU, several seconds' worth on 2 cores), short against grpc-go's 120 s: what a silent
 		// connection costs (~11 KB) times the cap, for at most this long.
-		HandshakeTimeout:  30 * time.Second,
-		MaxConnectionIdle: 5 * time.Minute,
-		MaxRecvMsgSizeKiB: 32,
-		Namespace:         os.Getenv("POD_NAMESPACE"),
+		HandshakeTimeout: 30 * time.Second,
+		// What a flood without a valid token may hold, whatever the Node count: 512 connections of at most
+		// ~250 KB each before auth (TestUnauthenticatedFloodIsBounded) is 128 MB, within what the
+		// Deployment's memory limit leaves above a 10,000-node peak. Sidecars reconnecting together after a
+		// replica is drained wait for TokenReviews (--token-review-qps) long before they wait for this.
+		MaxUnauthenticatedConnections: 512,
+		// The handshake timeout, plus a TokenReview that waits its longest (10 s), plus room.
+		AuthenticationTimeout: time.Minute,
+		MaxConnectionIdle:     5 * time.Minute,
+		MaxRecvMsgSizeKiB:     32,
+		Namespace:             os.Getenv("POD_NAMESPACE"),
 	}
 }
 
@@ -177,7 +187,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TokenCacheTTL, "token-cache-ttl", c.TokenCacheTTL, "how long a TokenReview result is reused (never past the token's expiry); also how often an open config stream's token is checked again, so a revoked token loses its stream within it")
 	fs.Float64Var(&c.TokenReviewQPS, "token-review-qps", c.TokenReviewQPS, fmt.Sprintf("sustained TokenReviews per second, through a client and rate limiter of their own so that callers with new or garbage tokens cannot spend the budget of Node status writes (--kube-api-qps); a connected sidecar needs one per new token and one per --token-cache-ttl (its stream's token is checked again that often). 0 sizes it to the cluster: %g per Node, at least %g", tokenReviewScale.qpsPerNode, tokenReviewScale.qps))
 	fs.IntVar(&c.TokenReviewBurst, "token-review-burst", c.TokenReviewBurst, fmt.Sprintf("burst of TokenReviews (sidecars reconnecting after a restart); 0 sizes it to the cluster: %g per Node, at least %g", tokenReviewScale.burstPerNode, tokenReviewScale.burst))
-	fs.Float64Var(&c.TokenReviewPeerQPS, "token-review-per-peer-qps", c.TokenReviewPeerQPS, "TokenReviews per second one caller IP address (IPv4 or IPv6, each address on its own: nodes of one subnet share its /64) may cause for tokens not in the cache; beyond it calls get ResourceExhausted without a review, and cached tokens are never limited. 0 disables it: only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
+	fs.Float64Var(&c.TokenReviewPeerQPS, "token-review-per-peer-qps", c.TokenReviewPeerQPS, "TokenReviews per second one caller IP address (IPv4 or IPv6, each address on its own, not per /64: the nodes of one subnet share its /64) may cause for tokens not in the cache; beyond it calls get ResourceExhausted without a review, and cached tokens are never limited. 0 disables it: only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
 	fs.IntVar(&c.TokenReviewPeerBurst, "token-review-per-peer-burst", c.TokenReviewPeerBurst, "TokenReviews one caller address may cause at once (nodes sharing an address that reconnect together)")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "nodes resolved in parallel")
 	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers, "node status writes in parallel from the status queue (sync errors, retries, held restarts and the reports past --max-inline-status-writes)")
@@ -196,6 +206,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 		(payload.MaxMessageBytes+1<<20-1)>>20, payload.MaxFiles, payload.MaxBytes>>20))
 	fs.IntVar(&c.MaxConcurrentStreams, "max-concurrent-streams", c.MaxConcurrentStreams, "calls open at once on one client connection; grpc-go clients queue further calls, a client that opens more anyway has them refused. A sidecar needs 2 (its config stream and a status report), and a node has at most one config stream per replica: a newer one ends the older. Each open call may hold a request of --max-recv-msg-size-kib before it is authenticated")
 	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, fmt.Sprintf("gRPC connections open at once, authenticated or not; a connection past it is closed as soon as it is accepted (a sidecar retries within 3s). Each sidecar holds one, and one replica must hold every node while the other is drained. 0 sizes it to the cluster: %g per Node, at least %d", connPerNode, connFloor))
+	fs.IntVar(&c.MaxUnauthenticatedConnections, "max-unauthenticated-connections", c.MaxUnauthenticatedConnections, "gRPC connections open at once on which no call has been authenticated yet (a new connection until its first call with a valid token); past it a new connection is closed as soon as it is accepted. Bounds what callers without a token can make dkc-server hold, whatever the node count; sidecars reconnecting together wait their turn (each retries within 3s). 0: only --max-connections")
+	fs.DurationVar(&c.AuthenticationTimeout, "authentication-timeout", c.AuthenticationTimeout, "time a new connection gets to make its first call with a valid token (TLS handshake included); a connection that has not is closed. Health checks and reflection (grpcurl) carry no token: their connections are closed after it too. 0: no limit")
 	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", c.HandshakeTimeout, "time a new connection gets to complete its TLS handshake and HTTP/2 preface; a connection that has not is closed (grpc-go's default is 120s)")
 	fs.DurationVar(&c.MaxConnectionIdle, "max-connection-idle", c.MaxConnectionIdle, "close a connection that has had no call open this long (a caller whose calls were all refused, a tool that went quiet). A sidecar's config stream is always open, so its connection is never idle; grpc-go's default is never")
 	fs.IntVar(&c.MaxRecvMsgSizeKiB, "max-recv-msg-size-kib", c.MaxRecvMsgSizeKiB, "largest request message, in KiB. grpc-go reads a unary request whole before the auth interceptor runs, so this is what each open call of an unauthenticated caller may cost. The largest request dkc's sidecars send is a status report: three config sources (under 1 KiB each), an error and its detail (the kubelet's validation message)")
@@ -259,6 +271,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConnections < 0 {
 		errs = append(errs, errors.New("--max-connections must not be negative (0: sized to the node count)"))
+	}
+	if c.MaxUnauthenticatedConnections < 0 || c.AuthenticationTimeout < 0 {
+		errs = append(errs, errors.New("--max-unauthenticated-connections and --authentication-timeout must not be negative (0: no limit of their own)"))
 	}
 	if c.HandshakeTimeout <= 0 || c.MaxConnectionIdle <= 0 {
 		errs = append(errs, errors.New("--handshake-timeout and --max-connection-idle must be positive"))

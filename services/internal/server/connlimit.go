@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/peer"
 	"k8s.io/apimachinery/pkg/labels"
 	corelisters "k8s.io/client-go/listers/core/v1"
 )
@@ -16,11 +17,9 @@ import (
 // connection per node — each sidecar holds exactly one, and one replica must be able to hold every node
 // while the other is drained — plus a tenth for what is briefly doubled (a sidecar that reconnected while
 // the server has not yet found its old connection dead: up to --keepalive-time + --keepalive-timeout) and
-// for tools (grpcurl). What a flood can hold is the cap less the nodes this replica serves, at up to
-// ~220 KB each before auth (TestUnauthenticatedFloodIsBounded): the slack when it serves every node, but
-// more than the Deployment's memory limit covers when two replicas share a large fleet — a separate cap on
-// unauthenticated connections is still to do (docs/security.md, "Unauthenticated callers"). The floor keeps
-// a small cluster's cap out of the way of tests and tools.
+// for tools (grpcurl). The floor keeps a small cluster's cap out of the way of tests and tools. What callers
+// without a valid token can hold is capped apart (--max-unauthenticated-connections), whatever the Node
+// count: the slack of this cap grows with the fleet, what a flood may cost must not.
 const (
 	connFloor   = 1024
 	connPerNode = 1.1
@@ -29,43 +28,77 @@ const (
 // connCap is the cap for n Nodes.
 func connCap(n int) int { return max(connFloor, int(connPerNode*float64(n))) }
 
-// connLimiter is a net.Listener that holds at most limit accepted connections open at once. A connection
-// past the cap is accepted and closed at once rather than left in the kernel's backlog (what
-// golang.org/x/net/netutil.LimitListener does): the client sees the refusal immediately and backs off — a
-// sidecar retries within 3 s — and a flood of connections costs the kernel's accept queue nothing. Every
-// connection counts from accept to close, whether it ever completes a TLS handshake or authenticates:
-// what it costs dkc-server before auth is bounded by the handshake timeout, the idle timeout, the header
-// and message caps, and this count.
+// connLimiter bounds the gRPC listener's connections: at most limit open at once, and at most unauthLimit
+// of them not yet authenticated, each for at most authTimeout. A connection past a cap is accepted and
+// closed at once rather than left in the kernel's backlog (what golang.org/x/net/netutil.LimitListener
+// does): the client sees the refusal immediately and backs off — a sidecar retries within 3 s — and a
+// flood of connections costs the kernel's accept queue nothing. Every connection counts from accept to
+// close, whether it ever completes a TLS handshake or not; it stops counting as unauthenticated at its
+// first call a token authenticated (authenticated, called from the auth interceptor). What a connection
+// costs before that is bounded by the handshake timeout, the header and message caps, the calls per
+// connection, and these counts (TestUnauthenticatedFloodIsBounded).
 type connLimiter struct {
-	net.Listener
-	limit    atomic.Int64
-	open     atomic.Int64
-	refused  prometheus.Counter
-	fixedCap bool // --max-connections set: the Node count does not resize it
+	limit       atomic.Int64
+	open        atomic.Int64
+	unauthLimit int64 // 0: only limit
+	unauth      atomic.Int64
+	authTimeout time.Duration // 0: none
+	fixedCap    bool          // --max-connections set: the Node count does not resize it
+
+	refused       prometheus.Counter
+	unauthRefused prometheus.Counter
+	unauthExpired prometheus.Counter
+
+	mu    sync.Mutex
+	conns map[string]*countedConn // by remote address: what a gRPC call's peer names
 }
 
-func newConnLimiter(l net.Listener, limit int, reg prometheus.Registerer) *connLimiter {
-	c := &connLimiter{Listener: l, fixedCap: limit > 0,
+// connLimits are a connLimiter's settings (dkc-server's flags).
+type connLimits struct {
+	max, maxUnauthenticated int
+	authTimeout             time.Duration
+}
+
+func newConnLimiter(lim connLimits, reg prometheus.Registerer) *connLimiter {
+	c := &connLimiter{fixedCap: lim.max > 0, unauthLimit: int64(lim.maxUnauthenticated), authTimeout: lim.authTimeout,
+		conns: map[string]*countedConn{},
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "connections_refused_total",
-			Help: "gRPC connections closed at accept because --max-connections were open."})}
+			Help: "gRPC connections closed at accept because --max-connections were open."}),
+		unauthRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "unauthenticated_connections_refused_total",
+			Help: "gRPC connections closed at accept because --max-unauthenticated-connections were open and not yet authenticated."}),
+		unauthExpired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "unauthenticated_connections_expired_total",
+			Help: "gRPC connections closed because no call on them was authenticated within --authentication-timeout."}),
+	}
+	limit := lim.max
 	if limit <= 0 {
 		limit = connCap(0)
 	}
 	c.limit.Store(int64(limit))
 	if reg != nil {
-		reg.MustRegister(c.refused,
+		reg.MustRegister(c.refused, c.unauthRefused, c.unauthExpired,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "connections",
 				Help: "gRPC connections open (accepted, authenticated or not)."}, func() float64 { return float64(c.open.Load()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "unauthenticated_connections",
+				Help: "gRPC connections open on which no call has been authenticated yet."}, func() float64 { return float64(c.unauth.Load()) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "max_connections",
 				Help: "The cap on open gRPC connections (--max-connections, or sized to the Node count)."}, func() float64 { return float64(c.limit.Load()) }))
 	}
 	return c
 }
 
-// Accept returns the next connection within the cap, closing those past it.
-func (c *connLimiter) Accept() (net.Conn, error) {
+// wrap returns l with the limits applied to the connections it accepts.
+func (c *connLimiter) wrap(l net.Listener) net.Listener { return &limitedListener{Listener: l, c: c} }
+
+type limitedListener struct {
+	net.Listener
+	c *connLimiter
+}
+
+// Accept returns the next connection within the caps, closing those past them.
+func (l *limitedListener) Accept() (net.Conn, error) {
+	c := l.c
 	for {
-		conn, err := c.Listener.Accept()
+		conn, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
@@ -75,8 +108,94 @@ func (c *connLimiter) Accept() (net.Conn, error) {
 			_ = conn.Close()
 			continue
 		}
-		return &countedConn{Conn: conn, release: func() { c.open.Add(-1) }}, nil
+		if c.unauth.Add(1) > c.unauthLimit && c.unauthLimit > 0 {
+			c.unauth.Add(-1)
+			c.open.Add(-1)
+			c.unauthRefused.Inc()
+			_ = conn.Close()
+			continue
+		}
+		cc := &countedConn{Conn: conn, c: c, key: connKey(conn.RemoteAddr(), conn.LocalAddr())}
+		c.mu.Lock()
+		c.conns[cc.key] = cc
+		c.mu.Unlock()
+		if c.authTimeout > 0 {
+			cc.timer = time.AfterFunc(c.authTimeout, cc.expire)
+		}
+		return cc, nil
 	}
+}
+
+// connKey names a connection by both its ends, as a gRPC call's peer does: the remote address alone can
+// repeat on a listener bound to several local addresses.
+func connKey(remote, local net.Addr) string {
+	if remote == nil || local == nil {
+		return ""
+	}
+	return remote.String() + "|" + local.String()
+}
+
+// authenticated records that the call of ctx presented a valid token: its connection stops counting
+// against the unauthenticated cap and its deadline. Called by the auth interceptor on every authenticated
+// call, so it is a map lookup and a compare-and-swap.
+func (c *connLimiter) authenticated(ctx context.Context) {
+	p, ok := peer.FromContext(ctx)
+	if c == nil || !ok {
+		return
+	}
+	c.mu.Lock()
+	cc := c.conns[connKey(p.Addr, p.LocalAddr)]
+	c.mu.Unlock()
+	if cc != nil && cc.state.CompareAndSwap(connUnauthenticated, connAuthenticated) {
+		c.unauth.Add(-1)
+		if cc.timer != nil {
+			cc.timer.Stop()
+		}
+	}
+}
+
+// A countedConn's state: it leaves connUnauthenticated once, to connAuthenticated or connClosed, and
+// whichever transition does so gives its place under the unauthenticated cap back.
+const (
+	connUnauthenticated int32 = iota
+	connAuthenticated
+	connClosed
+)
+
+// countedConn gives its places back once, on the first Close.
+type countedConn struct {
+	net.Conn
+	c     *connLimiter
+	key   string
+	timer *time.Timer
+	state atomic.Int32
+	once  sync.Once
+}
+
+// expire closes the connection if no call on it was authenticated in time.
+func (cc *countedConn) expire() {
+	if cc.state.Load() == connUnauthenticated {
+		cc.c.unauthExpired.Inc()
+		_ = cc.Close()
+	}
+}
+
+func (cc *countedConn) Close() error {
+	cc.once.Do(func() {
+		c := cc.c
+		// The timer is left to fire (expire finds the connection closed): Close may run on the timer's own
+		// goroutine before AfterFunc's result was stored.
+		if cc.state.Swap(connClosed) == connUnauthenticated {
+			c.unauth.Add(-1)
+		}
+		c.mu.Lock()
+		if c.conns[cc.key] == cc {
+			delete(c.conns, cc.key)
+		}
+		c.mu.Unlock()
+		c.open.Add(-1)
+	})
+	return cc.Conn.Close()
 }
 
 // follow resizes the cap every interval from the Node cache, until ctx ends; a fixed cap stays.
@@ -106,16 +225,4 @@ func (c *connLimiter) resize(nodes corelisters.NodeLister) {
 	if list, err := nodes.List(labels.Everything()); err == nil {
 		c.limit.Store(int64(connCap(len(list))))
 	}
-}
-
-// countedConn gives its place back once, on the first Close.
-type countedConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *countedConn) Close() error {
-	c.once.Do(c.release)
-	return c.Conn.Close()
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"fmt"
-	"net"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,12 +25,7 @@ func TestConnectionCapFollowsTheNodeCount(t *testing.T) {
 		{"set by flag", 300, 10000, 300},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tcp, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tcp.Close()
-			l := newConnLimiter(tcp, tc.flag, nil)
+			l := newConnLimiter(connLimits{max: tc.flag}, nil)
 			l.resize(nodeLister(tc.nodes))
 			if got := l.limit.Load(); got != tc.want {
 				t.Errorf("cap %d, want %d", got, tc.want)

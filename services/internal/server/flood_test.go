@@ -34,29 +34,34 @@ import (
 )
 
 // What a flood of unauthenticated connections may cost dkc-server: for each connection it holds, at most
-// --max-connections of them whatever the flood's size, silentConnBudget for one that never sends a byte and
-// holdingConnBudget for a TLS client holding --max-concurrent-streams calls, each with 15 KiB of a
-// --max-recv-msg-size-kib request sent (the defaults: 4 calls, 32 KiB). The figures this test measured
-// when it was written (amd64, Go 1.26, grpc-go 1.82; heap and goroutine stacks, the test's own client
-// side included): 10-11 KB and 224-226 KB, a few hundred bytes apart from run to run. The budgets are
-// those plus a margin; docs/security.md ("Unauthenticated callers") turns them into what a pod needs.
+// --max-unauthenticated-connections of them whatever the flood's size and whatever --max-connections (the
+// Node count) allows, silentConnBudget for one that never sends a byte and holdingConnBudget for a TLS
+// client holding --max-concurrent-streams calls, each with 15 KiB of a --max-recv-msg-size-kib request
+// sent (the defaults: 4 calls, 32 KiB). The figures this test measured when it was written (amd64, Go
+// 1.26, grpc-go 1.82; heap and goroutine stacks, the test's own client side included): 10-11 KB and
+// 224-226 KB, a few hundred bytes apart from run to run. The budgets are those plus a margin;
+// docs/security.md ("Unauthenticated callers") turns them into what a pod needs.
 const (
 	silentConnBudget  = 16 << 10
 	holdingConnBudget = 256 << 10
 	floodCap          = 1000
 	floodConns        = 2000
+	// floodNodeCap is --max-connections as a large fleet sizes it: far above what a flood may hold.
+	floodNodeCap = 100000
 )
 
 // TestUnauthenticatedFloodIsBounded opens floodConns connections against dkc-server's gRPC listener as Run
-// builds it (the connection cap, TLS 1.3, the interceptors, the limits of DefaultConfig) with a cap of
-// floodCap: raw TCP connections that never send a byte, and TLS clients that open
-// --max-concurrent-streams ReportStatus calls with a garbage token and send part of a request as large as
-// --max-recv-msg-size-kib allows (grpc-go reads a unary request whole before auth runs, so these calls are
-// held before any token is looked at), half the cap of each kind first, then as many again of both. It
-// checks that the listener holds exactly floodCap of them and closes the rest, that each kind costs the
-// process's heap and goroutine stacks less than its budget, that the whole flood costs no more than the
-// connections held, that a client is refused while the cap is full, and that once the flood is gone an
-// authenticated sidecar gets its config. Memory and counts only: nothing here is timed.
+// builds it (the connection caps, TLS 1.3, the interceptors, the limits of DefaultConfig) with a cap of
+// floodCap unauthenticated connections under a --max-connections of floodNodeCap: raw TCP connections that
+// never send a byte, and TLS clients that open --max-concurrent-streams ReportStatus calls with a garbage
+// token and send part of a request as large as --max-recv-msg-size-kib allows (grpc-go reads a unary
+// request whole before auth runs, so these calls are held before any token is looked at), half the cap of
+// each kind first, then as many again of both. A sidecar connected before the flood keeps its stream and
+// does not count against the cap. It checks that the listener holds exactly floodCap unauthenticated
+// connections and closes the rest, that each kind costs the process's heap and goroutine stacks less than
+// its budget, that the whole flood costs no more than the connections held, that a new client is refused
+// while the cap is full, and that once the flood is gone a sidecar gets its config. Memory and counts
+// only: nothing here is timed.
 func TestUnauthenticatedFloodIsBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("opens 2,000 connections")
@@ -66,45 +71,30 @@ func TestUnauthenticatedFloodIsBounded(t *testing.T) {
 	}
 	pool, cert := servingPair(t)
 	cfg := DefaultConfig()
-	cfg.MaxConnections = floodCap
-	// Nothing is reaped while the flood is measured; TestHandshakeTimeoutClosesSilentConnections checks
-	// the reaping.
-	cfg.HandshakeTimeout = time.Hour
+	cfg.MaxConnections, cfg.MaxUnauthenticatedConnections = floodNodeCap, floodCap
+	// Nothing is reaped while the flood is measured; TestHandshakeTimeoutClosesSilentConnections and
+	// TestAuthenticationTimeoutClosesUnauthenticatedConnections check the reaping.
+	cfg.HandshakeTimeout, cfg.AuthenticationTimeout = time.Hour, time.Hour
 	log := zap.NewNop()
 
-	reviews := fake.NewClientset()
-	reviews.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
-		tr := a.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview).DeepCopy()
-		var node string
-		_ = json.Unmarshal(tokenPayload(tr.Spec.Token), &struct {
-			Node *string `json:"node"`
-		}{&node})
-		if node == "" {
-			tr.Status = authenticationv1.TokenReviewStatus{Error: "invalid token"}
-			return true, tr, nil
-		}
-		tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{auth.Audience},
-			User: authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:dkc-sidecar",
-				Extra: map[string]authenticationv1.ExtraValue{auth.NodeNameExtra: {node}}}}
-		return true, tr, nil
-	})
-	authn := auth.New(auth.Config{Client: reviews, Allowed: cfg.AllowedServiceAccounts, TTL: time.Hour,
+	authn := auth.New(auth.Config{Client: tokenReviews(), Allowed: cfg.AllowedServiceAccounts, TTL: time.Hour,
 		PeerQPS: auth.DefaultPeerQPS, PeerBurst: auth.DefaultPeerBurst})
 	table := assignment.NewTable(nil)
 	svc := rpc.New(rpc.Config{Log: log, Table: table, Streams: rpc.NewStreams()})
-	tlsConfig := serverTLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil })
-	srv := newGRPCServer(cfg, log, grpcParts{creds: credentials.NewTLS(tlsConfig.Clone()), authn: authn, svc: svc, health: health.NewServer()})
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis := newConnLimiter(tcp, cfg.MaxConnections, nil)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	addr := tcp.Addr().String()
+	lis := newConnLimiter(connLimits{max: cfg.MaxConnections, maxUnauthenticated: cfg.MaxUnauthenticatedConnections,
+		authTimeout: cfg.AuthenticationTimeout}, nil)
+	addr := serveTLS(t, cfg, cert, grpcParts{authn: authn, svc: svc, health: health.NewServer(), conns: lis})
 	a := &dkcv1.Assignment{Source: &dkcv1.NodeConfigSource{ConfigMap: &dkcv1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "c",
 		Uid: "u", ResourceVersion: "1", KubeletConfigKey: "kubelet"}}, ContentHash: "h1", Files: map[string]string{"kubelet": "kind: KubeletConfiguration\n"}}
 	table.Set("node-a", assignment.State{Assignment: a})
+	table.Set("node-b", assignment.State{Assignment: a})
+
+	// A sidecar connected before the flood: authenticated, so outside the cap the flood fills.
+	stream, err := watch(t, addr, pool, "node-b")
+	if err != nil {
+		t.Fatalf("sidecar before the flood: %v", err)
+	}
+	waitFor(t, "the sidecar's connection to count as authenticated", func() bool { return lis.unauth.Load() == 0 && lis.open.Load() == 1 })
 
 	var held []net.Conn
 	t.Cleanup(func() {
@@ -133,10 +123,12 @@ func TestUnauthenticatedFloodIsBounded(t *testing.T) {
 			held = append(held, c)
 		}
 	}
+	// seen counts the flood's connections the listener has accepted: held unauthenticated, or refused.
+	seen := func() int64 { return lis.unauth.Load() + int64(counterValue(t, lis)) }
 	settle := func(n int64) {
-		for i := 0; lis.open.Load()+int64(counterValue(t, lis)) < n; i++ {
+		for i := 0; seen() < n; i++ {
 			if i == 6000 {
-				t.Fatalf("the listener saw %d connections of %d in a minute", lis.open.Load()+int64(counterValue(t, lis)), n)
+				t.Fatalf("the listener saw %d connections of %d in a minute", seen(), n)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -160,13 +152,19 @@ func TestUnauthenticatedFloodIsBounded(t *testing.T) {
 	// The listener accepts what the kernel queued; wait until it has seen every connection.
 	settle(floodConns)
 	after := memory()
-	nheld, refused := lis.open.Load(), counterValue(t, lis)
+	nheld, refused := lis.unauth.Load(), counterValue(t, lis)
 	grown := int64(after.stack+after.heap) - int64(before.stack+before.heap)
 	bound := int64(floodCap/2) * (silentConnBudget + holdingConnBudget)
 	t.Logf("%d connections: %d held, %.0f closed at accept (%d of them TLS clients); heap + stacks grew %.1f MiB (bound %.1f MiB); %d goroutines more",
 		floodConns, nheld, refused, tlsRefused, float64(grown)/(1<<20), float64(bound)/(1<<20), after.goroutines-before.goroutines)
 	if nheld != floodCap {
-		t.Errorf("%d connections held, want the cap, %d", nheld, floodCap)
+		t.Errorf("%d unauthenticated connections held, want the cap, %d", nheld, floodCap)
+	}
+	if open := lis.open.Load(); open != floodCap+1 {
+		t.Errorf("%d connections open, want the cap and the sidecar's, %d", open, floodCap+1)
+	}
+	if testutil.ToFloat64(lis.refused) != 0 {
+		t.Errorf("%.0f connections refused by --max-connections, want every refusal by the unauthenticated cap", testutil.ToFloat64(lis.refused))
 	}
 	if int(refused) != floodConns-floodCap {
 		t.Errorf("%d connections closed at accept, want %d", int(refused), floodConns-floodCap)
@@ -175,7 +173,11 @@ func TestUnauthenticatedFloodIsBounded(t *testing.T) {
 		t.Errorf("heap and stacks grew %d B with the flood, over the bound of %d B: the connections past the cap cost something", grown, bound)
 	}
 
-	// While the cap is full a sidecar is refused like anyone else; once the flood is gone it gets through.
+	// The sidecar connected before kept its stream; while the cap is full a new one is refused like anyone
+	// else; once the flood is gone it gets through.
+	if err := stream.Context().Err(); err != nil {
+		t.Errorf("the connected sidecar's stream ended during the flood: %v", err)
+	}
 	if err := watchOnce(addr, pool, "node-a", 2*time.Second); err == nil {
 		t.Error("a client got a stream while the cap was full")
 	}
@@ -183,9 +185,9 @@ func TestUnauthenticatedFloodIsBounded(t *testing.T) {
 		c.Close()
 	}
 	held = nil
-	for i := 0; lis.open.Load() > 0; i++ {
+	for i := 0; lis.open.Load() > 1; i++ {
 		if i == 6000 {
-			t.Fatalf("%d connections still open a minute after the flood closed them", lis.open.Load())
+			t.Fatalf("%d connections still open a minute after the flood closed them", lis.open.Load()-1)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -200,18 +202,10 @@ func TestHandshakeTimeoutClosesSilentConnections(t *testing.T) {
 	_, cert := servingPair(t)
 	cfg := DefaultConfig()
 	cfg.HandshakeTimeout = 200 * time.Millisecond
-	tlsConfig := serverTLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil })
-	srv := newGRPCServer(cfg, zap.NewNop(), grpcParts{creds: credentials.NewTLS(tlsConfig.Clone()),
-		authn: auth.New(auth.Config{Allowed: cfg.AllowedServiceAccounts, TTL: time.Minute}),
-		svc:   rpc.New(rpc.Config{Log: zap.NewNop(), Table: assignment.NewTable(nil)}), health: health.NewServer()})
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis := newConnLimiter(tcp, 10, nil)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	c, err := net.Dial("tcp", tcp.Addr().String())
+	lis := newConnLimiter(connLimits{max: 10}, nil)
+	addr := serveTLS(t, cfg, cert, grpcParts{authn: auth.New(auth.Config{Allowed: cfg.AllowedServiceAccounts, TTL: time.Minute}),
+		svc: rpc.New(rpc.Config{Log: zap.NewNop(), Table: assignment.NewTable(nil)}), health: health.NewServer(), conns: lis})
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,6 +222,117 @@ func TestHandshakeTimeoutClosesSilentConnections(t *testing.T) {
 	}
 }
 
+// TestAuthenticationTimeoutClosesUnauthenticatedConnections: a TLS client whose calls carry no valid token
+// is closed after --authentication-timeout and gives its place back; a sidecar whose stream authenticated
+// outlives it.
+func TestAuthenticationTimeoutClosesUnauthenticatedConnections(t *testing.T) {
+	pool, cert := servingPair(t)
+	cfg := DefaultConfig()
+	cfg.AuthenticationTimeout = 300 * time.Millisecond
+	table := assignment.NewTable(nil)
+	table.Set("node-a", assignment.State{Assignment: &dkcv1.Assignment{Source: &dkcv1.NodeConfigSource{ConfigMap: &dkcv1.ConfigMapNodeConfigSource{
+		Namespace: "kube-system", Name: "c", Uid: "u", ResourceVersion: "1", KubeletConfigKey: "kubelet"}}, ContentHash: "h1",
+		Files: map[string]string{"kubelet": "kind: KubeletConfiguration\n"}}})
+	lis := newConnLimiter(connLimits{max: 10, maxUnauthenticated: 5, authTimeout: cfg.AuthenticationTimeout}, nil)
+	addr := serveTLS(t, cfg, cert, grpcParts{authn: auth.New(auth.Config{Client: tokenReviews(), Allowed: cfg.AllowedServiceAccounts, TTL: time.Minute}),
+		svc: rpc.New(rpc.Config{Log: zap.NewNop(), Table: table, Streams: rpc.NewStreams()}), health: health.NewServer(), conns: lis})
+
+	stream, err := watch(t, addr, pool, "node-a")
+	if err != nil {
+		t.Fatalf("sidecar: %v", err)
+	}
+	c, err := holdCalls(addr, pool, 1, 1<<10)
+	if err != nil {
+		t.Fatalf("unauthenticated client: %v", err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil && !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("unauthenticated client: read %v, want its connection closed by the server", err)
+	}
+	waitFor(t, "the unauthenticated connection to give its place back", func() bool { return lis.unauth.Load() == 0 && lis.open.Load() == 1 })
+	if got := testutil.ToFloat64(lis.unauthExpired); got != 1 {
+		t.Errorf("%.0f connections expired, want 1", got)
+	}
+	time.Sleep(3 * cfg.AuthenticationTimeout)
+	if err := stream.Context().Err(); err != nil {
+		t.Errorf("the sidecar's authenticated stream ended: %v", err)
+	}
+	if lis.open.Load() != 1 {
+		t.Errorf("%d connections open, want the sidecar's", lis.open.Load())
+	}
+}
+
+// tokenReviews is an apiserver's TokenReview API for testToken's tokens: the node a token names, as a
+// sidecar's ServiceAccount token bound to its node; a token naming none is refused.
+func tokenReviews() *fake.Clientset {
+	reviews := fake.NewClientset()
+	reviews.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		tr := a.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview).DeepCopy()
+		var node string
+		_ = json.Unmarshal(tokenPayload(tr.Spec.Token), &struct {
+			Node *string `json:"node"`
+		}{&node})
+		if node == "" {
+			tr.Status = authenticationv1.TokenReviewStatus{Error: "invalid token"}
+			return true, tr, nil
+		}
+		tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{auth.Audience},
+			User: authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:dkc-sidecar",
+				Extra: map[string]authenticationv1.ExtraValue{auth.NodeNameExtra: {node}}}}
+		return true, tr, nil
+	})
+	return reviews
+}
+
+// serveTLS serves newGRPCServer(cfg, parts) with TLS 1.3 and cert on a loopback port behind parts.conns,
+// stopped when the test ends, and returns its address.
+func serveTLS(t *testing.T, cfg Config, cert tls.Certificate, parts grpcParts) string {
+	t.Helper()
+	parts.creds = credentials.NewTLS(serverTLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil }).Clone())
+	srv := newGRPCServer(cfg, zap.NewNop(), parts)
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(parts.conns.wrap(tcp)) }()
+	t.Cleanup(srv.Stop)
+	return tcp.Addr().String()
+}
+
+// watch opens a WatchConfig stream for node with its token and waits for its first message; the stream
+// stays open until the test ends.
+func watch(t *testing.T, addr string, pool *x509.CertPool, node string) (dkcv1.ConfigService_WatchConfigClient, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13})))
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testToken(node))
+	stream, err := dkcv1.NewConfigServiceClient(conn).WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: node})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := stream.Recv(); err != nil {
+		return nil, err
+	}
+	return stream, nil
+}
+
+// waitFor polls cond for up to a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for i := 0; !cond(); i++ {
+		if i == 6000 {
+			t.Fatalf("waited a minute for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func fmtErr(err error) string {
 	if err == nil {
 		return ""
@@ -237,7 +342,7 @@ func fmtErr(err error) string {
 
 func counterValue(t *testing.T, l *connLimiter) float64 {
 	t.Helper()
-	return testutil.ToFloat64(l.refused)
+	return testutil.ToFloat64(l.refused) + testutil.ToFloat64(l.unauthRefused)
 }
 
 // holdCalls opens a TLS connection to addr, then streams ReportStatus calls with a garbage token, each with

@@ -33,6 +33,7 @@ type grpcParts struct {
 	authn  *auth.Authenticator
 	svc    dkcv1.ConfigServiceServer
 	health *health.Server
+	conns  *connLimiter // nil: no connection marked authenticated (tests of the server alone)
 }
 
 // newGRPCServer builds the gRPC server. Interceptors run in this order, outermost first:
@@ -40,10 +41,12 @@ type grpcParts struct {
 //  1. logging  — every call is logged with its outcome, including calls refused by auth; WatchConfig,
 //     whose goroutine is parked on these frames for the stream's life, logs itself instead (a refusal by
 //     auth through watchRefusals);
-//  2. auth     — only for dkc.v1.ConfigService: health and reflection stay open for probes and grpcurl;
+//  2. auth     — only for dkc.v1.ConfigService: health and reflection stay open for probes and grpcurl; a
+//     call it lets through marks its connection authenticated (connLimiter);
 //  3. recovery — a panic in a handler becomes codes.Internal for that call instead of killing the service.
 func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
-	creds, authn, svc, healthSrv := p.creds, p.authn, p.svc, p.health
+	creds, svc, healthSrv := p.creds, p.svc, p.health
+	authFunc := markAuthenticated(p.authn.AuthFunc, p.conns)
 	logger := interceptorLogger(log.Named("grpc"))
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
 	onlyConfigService := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
@@ -59,7 +62,7 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logger, logOpts...),
-			selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(authn.AuthFunc), onlyConfigService),
+			selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(authFunc), onlyConfigService),
 			recovery.UnaryServerInterceptor(recoveryOpts...),
 		),
 		grpc.ChainStreamInterceptor(
@@ -67,7 +70,7 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 			// stream's life on top of every interceptor's frame, and the logging interceptor's frames and
 			// fields cost every connected node 8 KiB of stack more (rpc.Service.WatchConfig).
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(logger, logOpts...), notWatchConfig),
-			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(watchRefusals(authn.AuthFunc, log.Named("rpc"))), onlyConfigService),
+			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(watchRefusals(authFunc, log.Named("rpc"))), onlyConfigService),
 			recovery.StreamServerInterceptor(recoveryOpts...),
 		),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
@@ -111,6 +114,21 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 	healthpb.RegisterHealthServer(s, healthSrv)
 	reflection.Register(s)
 	return s
+}
+
+// markAuthenticated tells conns of every call authFunc lets through. Like watchRefusals it returns before
+// the handler runs: nothing is added to a stream's parked stack.
+func markAuthenticated(authFunc grpcauth.AuthFunc, conns *connLimiter) grpcauth.AuthFunc {
+	if conns == nil {
+		return authFunc
+	}
+	return func(ctx context.Context) (context.Context, error) {
+		out, err := authFunc(ctx)
+		if err == nil {
+			conns.authenticated(ctx)
+		}
+		return out, err
+	}
 }
 
 // watchRefusals logs the WatchConfig calls authFunc refuses, which the logging interceptor does not see

@@ -56,6 +56,7 @@ type server struct {
 	svc        *rpc.Service
 	health     *health.Server
 	grpc       *grpc.Server
+	conns      *connLimiter
 	// The client-side limits of the apiserver client and the TokenReview client, sized to the Node cache.
 	apiLimiter, reviewLimiter *scaledLimiter
 	nodes                     corelisters.NodeLister
@@ -145,7 +146,9 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 
 	s.health = health.NewServer()
 	s.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
-	s.grpc = newGRPCServer(cfg, log, grpcParts{creds: creds, authn: authn, svc: s.svc, health: s.health})
+	s.conns = newConnLimiter(connLimits{max: cfg.MaxConnections, maxUnauthenticated: cfg.MaxUnauthenticatedConnections,
+		authTimeout: cfg.AuthenticationTimeout}, s.reg)
+	s.grpc = newGRPCServer(cfg, log, grpcParts{creds: creds, authn: authn, svc: s.svc, health: s.health, conns: s.conns})
 	return s, nil
 }
 
@@ -173,7 +176,7 @@ func (s *server) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.ListenAddress, err)
 	}
-	lis := newConnLimiter(tcp, cfg.MaxConnections, s.reg)
+	lis := s.conns.wrap(tcp)
 	s.log.Info("config service starting", zap.String("address", lis.Addr().String()), zap.Bool("tls", !cfg.Insecure),
 		zap.Strings("allowedServiceAccounts", cfg.AllowedServiceAccounts), zap.Stringer("configNamespaces", s.namespaces))
 
@@ -184,11 +187,11 @@ func (s *server) run(ctx context.Context) error {
 	for _, l := range []*scaledLimiter{s.apiLimiter, s.reviewLimiter} {
 		g.Go(func() error { l.run(gctx, s.nodes, limitResizeInterval); return nil })
 	}
-	g.Go(func() error { lis.follow(gctx, s.nodes, limitResizeInterval); return nil })
+	g.Go(func() error { s.conns.follow(gctx, s.nodes, limitResizeInterval); return nil })
 	g.Go(func() error {
 		// Serve only once the Node cache is synced: before that every node would look unknown.
 		if cache.WaitForNamedCacheSync("dkc-server", gctx.Done(), s.ctrl.Synced) {
-			lis.resize(s.nodes)
+			s.conns.resize(s.nodes)
 			s.setServing(healthpb.HealthCheckResponse_SERVING)
 			s.log.Info("caches synced; serving")
 		}

@@ -19,10 +19,6 @@ import (
 	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/test/bufconn"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
@@ -67,19 +63,7 @@ func TestStreamMemory(t *testing.T) {
 	// logger made per stream is the regression this guards against.
 	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel))
 
-	reviews := fake.NewClientset()
-	reviews.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
-		tr := a.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview).DeepCopy()
-		var node string
-		_ = json.Unmarshal(tokenPayload(tr.Spec.Token), &struct {
-			Node *string `json:"node"`
-		}{&node})
-		tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{auth.Audience},
-			User: authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:dkc-sidecar",
-				Extra: map[string]authenticationv1.ExtraValue{auth.NodeNameExtra: {node}}}}
-		return true, tr, nil
-	})
-	authn := auth.New(auth.Config{Client: reviews, Allowed: cfg.AllowedServiceAccounts, TTL: time.Hour})
+	authn := auth.New(auth.Config{Client: tokenReviews(), Allowed: cfg.AllowedServiceAccounts, TTL: time.Hour})
 	table := assignment.NewTable(nil)
 	streamsReg := rpc.NewStreams()
 	svc := rpc.New(rpc.Config{Log: log, Table: table, Streams: streamsReg, Reauth: authn})

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
@@ -77,6 +78,26 @@ func render(t *testing.T, root string) []object {
 	}
 }
 
+// setsNodeLabel says whether a podMetricsEndpoint copies the pod's node name into the label node, which
+// the rules join kube-state-metrics' Node series on and the dashboard filters by.
+func setsNodeLabel(endpoint object) bool {
+	relabelings, _ := endpoint.field("relabelings").([]any)
+	for _, r := range relabelings {
+		rl, ok := r.(map[string]any)
+		if !ok {
+			continue
+		}
+		rel := object(rl)
+		sources, _ := rel.field("sourceLabels").([]any)
+		action := strings.ToLower(rel.str("action"))
+		if len(sources) == 1 && sources[0] == "__meta_kubernetes_pod_node_name" && rel.str("targetLabel") == "node" &&
+			(action == "" || action == "replace") && rel.field("regex") == nil && rel.field("replacement") == nil {
+			return true
+		}
+	}
+	return false
+}
+
 func find(t *testing.T, objs []object, kind, name string) object {
 	t.Helper()
 	for _, o := range objs {
@@ -90,7 +111,7 @@ func find(t *testing.T, objs []object, kind, name string) object {
 
 // TestComponentRenders: the component renders onto deploy/base; each PodMonitor selects the pods of its
 // workload, in their namespace, by a port they have, and gives them the job the rules and the dashboard
-// select; the PrometheusRule is the file's; the dashboard's ConfigMap carries the file, with the label
+// select and the node label the rules join on; the PrometheusRule is the file's; the dashboard's ConfigMap carries the file, with the label
 // Grafana's sidecar looks for.
 func TestComponentRenders(t *testing.T) {
 	root := repoRoot(t)
@@ -139,6 +160,10 @@ func TestComponentRenders(t *testing.T) {
 			}
 			if e.str("path") != "/metrics" {
 				t.Errorf("PodMonitor %s scrapes path %q, want /metrics", job, e.str("path"))
+			}
+			if !setsNodeLabel(e) {
+				t.Errorf("PodMonitor %s, port %s: no relabeling sets node from __meta_kubernetes_pod_node_name; the rules join on it (%v)",
+					job, e.str("port"), e.field("relabelings"))
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,11 +40,13 @@ var optsKinds = map[string]kind{
 	"HistogramOpts": kindHistogram, "SummaryOpts": kindSummary,
 }
 
-// family is one metric family dkc exports, and where it is declared.
+// family is one metric family dkc exports, the label names its own code gives it (a *Vec's or a Desc's
+// variable labels), and where it is declared.
 type family struct {
-	name string
-	kind kind
-	pos  string
+	name   string
+	kind   kind
+	labels []string
+	pos    string
 }
 
 // exported is what dkc's source declares.
@@ -205,11 +208,12 @@ func (r *reader) readFile(file *ast.File, into map[string]family) []error {
 		optsNames = append(optsNames, n)
 	}
 	var errs []error
-	add := func(names []string, k kind, at token.Pos) {
+	add := func(names []string, k kind, labels []string, at token.Pos) {
 		for _, n := range names {
-			into[n] = family{name: n, kind: k, pos: r.pos(at)}
+			into[n] = family{name: n, kind: k, labels: labels, pos: r.pos(at)}
 		}
 	}
+	vecs := []string{"NewCounterVec", "NewGaugeVec", "NewHistogramVec", "NewSummaryVec", "NewUntypedVec"}
 	var stack []ast.Node
 	ast.Inspect(file, func(n ast.Node) bool {
 		if n == nil {
@@ -248,7 +252,24 @@ func (r *reader) readFile(file *ast.File, into map[string]family) []error {
 				}
 				parts[i] = v
 			}
-			add(fqNames(parts), optsKinds[opts], n.Pos())
+			if fields["ConstLabels"] != nil {
+				errs = append(errs, fmt.Errorf("%s: %s.%s ConstLabels: not read here", r.pos(n.Pos()), alias, opts))
+				return true
+			}
+			var labels []string
+			if len(stack) >= 2 { // the opts of a New*Vec(opts, labels) call: its labels
+				if call, ok := stack[len(stack)-2].(*ast.CallExpr); ok && len(call.Args) == 2 && call.Args[0] == n {
+					if _, ok := isProm(call.Fun, vecs...); ok {
+						v, err := r.labelNames(call.Args[1], stack)
+						if err != nil {
+							errs = append(errs, fmt.Errorf("%s: label names: %w", r.pos(call.Args[1].Pos()), err))
+							return true
+						}
+						labels = v
+					}
+				}
+			}
+			add(fqNames(parts), optsKinds[opts], labels, n.Pos())
 		case *ast.CallExpr:
 			if _, ok := isProm(n.Fun, "NewDesc"); !ok || len(n.Args) == 0 {
 				return true
@@ -274,7 +295,18 @@ func (r *reader) readFile(file *ast.File, into map[string]family) []error {
 				errs = append(errs, fmt.Errorf("%s: %s.NewDesc name: %w", r.pos(n.Args[0].Pos()), alias, err))
 				return true
 			}
-			add(names, kindPlain, n.Pos())
+			var labels []string
+			if len(n.Args) >= 3 && !isNil(n.Args[2]) {
+				if labels, err = r.labelNames(n.Args[2], stack); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %s.NewDesc variable labels: %w", r.pos(n.Args[2].Pos()), alias, err))
+					return true
+				}
+			}
+			if len(n.Args) >= 4 && !isNil(n.Args[3]) {
+				errs = append(errs, fmt.Errorf("%s: %s.NewDesc constant labels: not read here", r.pos(n.Args[3].Pos()), alias))
+				return true
+			}
+			add(names, kindPlain, labels, n.Pos())
 		}
 		return true
 	})
@@ -424,6 +456,73 @@ func (r *reader) parameter(id *ast.Ident, stack []ast.Node) ([]string, error) {
 	return nil, fmt.Errorf("%s is not a constant of the package", id.Name)
 }
 
+// labelNames reads a []string of label names: a literal of constants, or a variable the package declares
+// (`var sourceLabels = []string{...}`) or the enclosing function assigns (`label := []string{...}`) one to.
+func (r *reader) labelNames(e ast.Expr, stack []ast.Node) ([]string, error) {
+	if id, ok := e.(*ast.Ident); ok {
+		var found ast.Expr
+		for i := len(stack) - 1; i >= 0 && found == nil; i-- {
+			var body *ast.BlockStmt
+			switch f := stack[i].(type) {
+			case *ast.FuncDecl:
+				body = f.Body
+			case *ast.FuncLit:
+				body = f.Body
+			default:
+				continue
+			}
+			ast.Inspect(body, func(n ast.Node) bool {
+				if as, ok := n.(*ast.AssignStmt); ok && found == nil {
+					for j, lhs := range as.Lhs {
+						if l, ok := lhs.(*ast.Ident); ok && l.Name == id.Name && j < len(as.Rhs) {
+							found = as.Rhs[j]
+						}
+					}
+				}
+				return found == nil
+			})
+		}
+		for _, file := range r.files {
+			for _, decl := range file.Decls {
+				gen, ok := decl.(*ast.GenDecl)
+				if !ok || gen.Tok != token.VAR || found != nil {
+					continue
+				}
+				for _, spec := range gen.Specs {
+					vs := spec.(*ast.ValueSpec)
+					for j, name := range vs.Names {
+						if name.Name == id.Name && j < len(vs.Values) {
+							found = vs.Values[j]
+						}
+					}
+				}
+			}
+		}
+		if found == nil {
+			return nil, fmt.Errorf("%s: no []string literal assigned to it in the function or the package", id.Name)
+		}
+		e = found
+	}
+	lit, ok := e.(*ast.CompositeLit)
+	if !ok {
+		return nil, fmt.Errorf("not a []string literal nor a variable holding one (%T)", e)
+	}
+	var out []string
+	for _, elt := range lit.Elts {
+		v, err := r.values(elt, nil)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v...)
+	}
+	return out, nil
+}
+
+func isNil(e ast.Expr) bool {
+	id, ok := e.(*ast.Ident)
+	return ok && id.Name == "nil"
+}
+
 // paramIndex is the position of the parameter name in ftype's flattened parameter list.
 func paramIndex(ftype *ast.FuncType, name string) (int, bool) {
 	i := 0
@@ -496,6 +595,17 @@ func TestReadExported(t *testing.T) {
 	if _, ok := e.series("dkc_sidecar_connected_count"); ok {
 		t.Error("a gauge is taken to have a _count series")
 	}
+	for name, want := range map[string][]string{
+		"dkc_sidecar_phase":               {"phase"},                                                                                            // a literal
+		"dkc_node_config_active":          {"node_config_source", "node_config_uid", "node_config_resource_version", "node_config_kubelet_key"}, // a package var
+		"workqueue_depth":                 {"name"},                                                                                             // a local variable
+		"dkc_server_token_refusals_total": {"reason"},
+		"dkc_server_connected_nodes":      nil, // no Vec
+	} {
+		if got := e.families[name].labels; !slices.Equal(got, want) {
+			t.Errorf("%s: labels %v, want %v", name, got, want)
+		}
+	}
 	if !containsAll(e.typed["Phase"], "RolledBack", "LocalFallback", "Good") {
 		t.Errorf("phases read from sidecar/internal/agent: %v", e.typed["Phase"])
 	}
@@ -515,6 +625,10 @@ func f(v string) {
 	gauge := func(name string) prometheus.GaugeOpts { return prometheus.GaugeOpts{Name: name} }
 	gauge(v)
 }`,
+		"labels from a call": `package p
+import "github.com/prometheus/client_golang/prometheus"
+func names() []string { return nil }
+var _ = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "g"}, names())`,
 		"no name": `package p
 import prom "github.com/prometheus/client_golang/prometheus"
 var _ = prom.CounterOpts{Help: "h"}`,

@@ -19,6 +19,10 @@ const componentDir = "deploy/components/monitoring"
 // the kind of workload whose pods each scrapes.
 var jobs = map[string]string{"dkc-server": "Deployment", "dkc-sidecar": "DaemonSet"}
 
+// targetLabels are the labels Prometheus gives every series of a dkc target: the PodMonitors' job and node,
+// the Prometheus Operator's namespace, pod, container and endpoint, and instance.
+var targetLabels = []string{"job", "namespace", "pod", "container", "endpoint", "instance", "node"}
+
 // checkedPrefixes are the metric names that must be dkc's: its own, and the workqueue metrics dkc-server
 // exports under Kubernetes' names. Other names (kube-state-metrics', cAdvisor's, Go's and the process's)
 // come from elsewhere and are taken as written.
@@ -57,12 +61,88 @@ func (c *checker) check(expr string) []error {
 	}
 	var errs []error
 	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
-		if vs, ok := n.(*parser.VectorSelector); ok {
-			errs = append(errs, c.selector(vs.Name, vs.LabelMatchers)...)
+		switch n := n.(type) {
+		case *parser.VectorSelector:
+			errs = append(errs, c.selector(n.Name, n.LabelMatchers)...)
+		case *parser.AggregateExpr:
+			errs = append(errs, c.labelsOn(n.Op.String(), n.Grouping, n.Expr)...)
+		case *parser.BinaryExpr:
+			if n.VectorMatching != nil { // on() or ignoring(), each side
+				errs = append(errs, c.labelsOn(n.Op.String(), n.VectorMatching.MatchingLabels, n.LHS)...)
+				errs = append(errs, c.labelsOn(n.Op.String(), n.VectorMatching.MatchingLabels, n.RHS)...)
+			}
 		}
 		return nil
 	})
 	return errs
+}
+
+// labelsOn checks the labels a by(), without(), on() or ignoring() names against those the series of expr
+// can carry, when every series expr selects is a dkc family (anything else, or label_replace and
+// label_join, which make labels, is taken as written): a misspelt label groups everything into one series
+// or matches nothing.
+func (c *checker) labelsOn(op string, names []string, expr parser.Node) []error {
+	if len(names) == 0 {
+		return nil
+	}
+	have := map[string]bool{}
+	checkable := true
+	parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
+		switch n := n.(type) {
+		case *parser.Call:
+			if n.Func.Name == "label_replace" || n.Func.Name == "label_join" {
+				checkable = false
+			}
+		case *parser.VectorSelector:
+			name := n.Name
+			for _, m := range n.LabelMatchers {
+				if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+					name = m.Value
+				}
+			}
+			set, ok := c.labelsOf(name)
+			if !ok {
+				checkable = false
+			}
+			for l := range set {
+				have[l] = true
+			}
+		}
+		return nil
+	})
+	if !checkable {
+		return nil
+	}
+	var errs []error
+	for _, l := range names {
+		if !have[l] {
+			errs = append(errs, fmt.Errorf("%s with (%s): label %q is on none of the series it groups or matches (%v)", op, strings.Join(names, ", "), l, sortedKeys(have)))
+		}
+	}
+	return errs
+}
+
+// labelsOf is the labels a series of a dkc family can carry: its own, the target's, and a histogram's le
+// or a summary's quantile; ok is false for a name that is not a checked dkc series.
+func (c *checker) labelsOf(name string) (map[string]bool, bool) {
+	if !slices.ContainsFunc(checkedPrefixes, func(p string) bool { return strings.HasPrefix(name, p) }) || c.recorded[name] {
+		return nil, false
+	}
+	f, ok := c.exported.series(name)
+	if !ok {
+		return nil, false
+	}
+	set := map[string]bool{labels.MetricName: true}
+	for _, l := range append(slices.Clone(targetLabels), f.labels...) {
+		set[l] = true
+	}
+	switch {
+	case f.kind == kindHistogram && strings.HasSuffix(name, "_bucket"):
+		set["le"] = true
+	case f.kind == kindSummary && name == f.name:
+		set["quantile"] = true
+	}
+	return set, true
 }
 
 // selector checks one vector selector: its name (name may be "": then the __name__ matcher says it) and
@@ -95,6 +175,12 @@ func (c *checker) selector(name string, matchers []*labels.Matcher) []error {
 		return append(errs, fmt.Errorf("metric %s: dkc exports no such series (its metrics: %s)", name, strings.Join(c.exportedNames(), ", ")))
 	}
 	c.used[f.name] = true
+	have, _ := c.labelsOf(name)
+	for _, m := range matchers {
+		if !have[m.Name] {
+			errs = append(errs, fmt.Errorf("selector %s: %s has no label %q (its own: %v; the target's: %v)", m, name, m.Name, f.labels, targetLabels))
+		}
+	}
 	if f.name == "dkc_sidecar_phase" {
 		errs = append(errs, c.phases(matchers)...)
 	}
@@ -163,6 +249,13 @@ func TestCheckerCatches(t *testing.T) {
 		{`dkc_sidecar_phase{phase="Rolledback"} == 1`, false},
 		{`dkc_sidecar_phase{phase=~"RolledBack|Fail.*"} == 1`, false},
 		{`{__name__=~"dkc_.*"}`, false},
+		{`dkc_server_token_refusals_total{reasons="expired"}`, false},                   // not a label of it
+		{`sum by (reasons) (rate(dkc_server_token_refusals_total[5m]))`, false},         // by() a label it lacks
+		{`sum without (nodes) (dkc_sidecar_connected)`, false},                          // without() too
+		{`dkc_server_connections - on (pods) dkc_server_connected_nodes`, false},        // on() too
+		{`sum by (node, phase) (dkc_sidecar_phase{node="n1"})`, true},                   // own and target labels
+		{`sum by (name, le) (rate(workqueue_queue_duration_seconds_bucket[5m]))`, true}, // a histogram's le
+		{`sum by (result) (up) / on (result) sum by (result) (rate(dkc_server_token_reviews_total[5m]))`, true},
 	} {
 		errs := newChecker(e).check(tc.expr)
 		if tc.ok && len(errs) > 0 {

@@ -33,6 +33,9 @@ var benchOnlyArgs = []string{
 	// Every simulated node connects from this one address; in a cluster each node has its own, which
 	// the per-address TokenReview limit is sized for.
 	"--token-review-per-peer-qps=0",
+	// Likewise the per-address cap on connections not yet authenticated: 10,000 simulated nodes connecting
+	// from one address would be let in 16 at a time.
+	"--max-unauthenticated-connections-per-address=0",
 }
 
 // serviceArgs are the flags the benchmark runs dkc-server with: the Deployment's, less podOnlyFlags, plus

@@ -104,7 +104,7 @@ func Authorize(ctx context.Context, node string) error {
 //  4. a review is spent only within the caller address's token bucket (Config.PeerQPS), which counts every
 //     uncached call, also one that joins a review already in flight for the same token;
 //  5. reviews go through their own client and rate limiter (NewReviewClient), so the apiserver budget for
-//     Node status writes is not theirs to take, and wait at most reviewTimeout for it; calls that present a
+//     Node status writes is not theirs to take, and wait at most ReviewTimeout for it; calls that present a
 //     token under review share that review.
 type Authenticator struct {
 	client  kubernetes.Interface
@@ -136,10 +136,10 @@ const (
 	// refusedCacheSize only spares the apiserver a caller that repeats a refused token (a sidecar whose
 	// ServiceAccount is not allowed yet, a token for the wrong audience).
 	refusedCacheSize = 4096
-	// reviewTimeout bounds how long a review waits for the review rate limiter and the apiserver. client-go's
+	// ReviewTimeout bounds how long a review waits for the review rate limiter and the apiserver. client-go's
 	// limiter fails at once when the wait would pass the deadline, so a backlog of reviews becomes
 	// Unavailable (the sidecar backs off and retries) instead of a growing pile of blocked calls.
-	reviewTimeout = 10 * time.Second
+	ReviewTimeout = 10 * time.Second
 )
 
 // Config of an Authenticator.
@@ -316,7 +316,7 @@ type outcome struct {
 
 // verify reviews token (whose hash is key, exp its exp claim) and caches the answer, once for all the calls
 // that present it meanwhile. The review does not run on the first caller's context: that caller going away
-// must not fail the others, and nothing of its call should stay referenced (reviewTimeout bounds the
+// must not fail the others, and nothing of its call should stay referenced (ReviewTimeout bounds the
 // review). A caller whose context ends stops waiting.
 func (a *Authenticator) verify(ctx context.Context, key, token string, exp time.Time) (verification, string, error) {
 	if err := ctx.Err(); err != nil {
@@ -379,7 +379,7 @@ func (a *Authenticator) refuse(reason string, err error) (verification, string, 
 
 // review asks the apiserver about token and checks the answer; on refusal it returns the metrics reason.
 func (a *Authenticator) review(ctx context.Context, token string) (Identity, string, error) {
-	ctx, cancel := context.WithTimeout(ctx, reviewTimeout)
+	ctx, cancel := context.WithTimeout(ctx, ReviewTimeout)
 	defer cancel()
 	tr, err := a.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
 		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{Audience}},

@@ -22,7 +22,7 @@ const (
 	// client that writes Node status. A connected sidecar costs one review per token (rotated hourly) and
 	// one per token cache TTL, its stream's re-check (Reauthenticate; its status reports share it): 5,000
 	// nodes at the default 1-minute TTL are 84 reviews a second. Raise them with the node count, or the
-	// TTL; a re-check that waits for the limiter longer than reviewTimeout is retried later, not a refusal.
+	// TTL; a re-check that waits for the limiter longer than ReviewTimeout is retried later, not a refusal.
 	DefaultReviewQPS   = 100
 	DefaultReviewBurst = 200
 	// DefaultPeerQPS and DefaultPeerBurst bound the reviews one caller address can cause. A node has one

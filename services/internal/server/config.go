@@ -73,12 +73,13 @@ type Config struct {
 	// (0: no cap of their own), the time a connection gets to finish its TLS handshake and HTTP/2 preface,
 	// and to make its first authenticated call (0: no limit), how long a connection with no call open
 	// lives, and the largest request message, which grpc-go reads whole before any interceptor runs.
-	MaxConnections                int
-	MaxUnauthenticatedConnections int
-	HandshakeTimeout              time.Duration
-	AuthenticationTimeout         time.Duration
-	MaxConnectionIdle             time.Duration
-	MaxRecvMsgSizeKiB             int
+	MaxConnections                          int
+	MaxUnauthenticatedConnections           int
+	MaxUnauthenticatedConnectionsPerAddress int
+	HandshakeTimeout                        time.Duration
+	AuthenticationTimeout                   time.Duration
+	MaxConnectionIdle                       time.Duration
+	MaxRecvMsgSizeKiB                       int
 
 	// Namespace is the namespace dkc-server runs in ($POD_NAMESPACE, from the downward API); when set,
 	// Validate refuses flags that name another one for the sidecars' ServiceAccount, and newServer a
@@ -144,6 +145,10 @@ func DefaultConfig() Config {
 		// Deployment's memory limit leaves above a 10,000-node peak. Sidecars reconnecting together after a
 		// replica is drained wait for TokenReviews (--token-review-qps) long before they wait for this.
 		MaxUnauthenticatedConnections: 512,
+		// A node has one sidecar, so one connection waiting for its first authenticated call at a time; 16
+		// leave room for tools and a node's reconnects. Without it one pod could keep the cap full, and every
+		// node that is not connected out, by reconnecting as its connections are reaped.
+		MaxUnauthenticatedConnectionsPerAddress: 16,
 		// The handshake timeout, plus a TokenReview that waits its longest (10 s), plus room.
 		AuthenticationTimeout: time.Minute,
 		MaxConnectionIdle:     5 * time.Minute,
@@ -210,6 +215,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxConcurrentStreams, "max-concurrent-streams", c.MaxConcurrentStreams, "calls open at once on one client connection; grpc-go clients queue further calls, a client that opens more anyway has them refused. A sidecar needs 2 (its config stream and a status report), and a node has at most one config stream per replica: a newer one ends the older. Each open call may hold a request of --max-recv-msg-size-kib before it is authenticated")
 	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, fmt.Sprintf("gRPC connections open at once, authenticated or not; a connection past it is closed as soon as it is accepted (a sidecar retries within 3s). Each sidecar holds one, and one replica must hold every node while the other is drained. 0 sizes it to the cluster: %g per Node, at least %d", connPerNode, connFloor))
 	fs.IntVar(&c.MaxUnauthenticatedConnections, "max-unauthenticated-connections", c.MaxUnauthenticatedConnections, "gRPC connections open at once on which no call has been authenticated yet (a new connection until its first call with a valid token); past it a new connection is closed as soon as it is accepted. Bounds what callers without a token can make dkc-server hold, whatever the node count; sidecars reconnecting together wait their turn (each retries within 3s). 0: only --max-connections")
+	fs.IntVar(&c.MaxUnauthenticatedConnectionsPerAddress, "max-unauthenticated-connections-per-address", c.MaxUnauthenticatedConnectionsPerAddress, "of --max-unauthenticated-connections, how many one caller IP address may hold (IPv6 addresses one by one); a node's sidecar needs one. 0: no limit per address, only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
 	fs.DurationVar(&c.AuthenticationTimeout, "authentication-timeout", c.AuthenticationTimeout, "time a new connection gets to make its first call with a valid token (TLS handshake included); a connection that has not is closed. Health checks and reflection (grpcurl) carry no token: their connections are closed after it too. 0: no limit")
 	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", c.HandshakeTimeout, "time a new connection gets to complete its TLS handshake and HTTP/2 preface; a connection that has not is closed (grpc-go's default is 120s)")
 	fs.DurationVar(&c.MaxConnectionIdle, "max-connection-idle", c.MaxConnectionIdle, "close a connection that has had no call open this long (a caller whose calls were all refused, a tool that went quiet). A sidecar's config stream is always open, so its connection is never idle; grpc-go's default is never")
@@ -275,8 +281,11 @@ func (c Config) Validate() error {
 	if c.MaxConnections < 0 {
 		errs = append(errs, errors.New("--max-connections must not be negative (0: sized to the node count)"))
 	}
-	if c.MaxUnauthenticatedConnections < 0 || c.AuthenticationTimeout < 0 {
-		errs = append(errs, errors.New("--max-unauthenticated-connections and --authentication-timeout must not be negative (0: no limit of their own)"))
+	if c.MaxUnauthenticatedConnections < 0 || c.MaxUnauthenticatedConnectionsPerAddress < 0 || c.AuthenticationTimeout < 0 {
+		errs = append(errs, errors.New("--max-unauthenticated-connections, --max-unauthenticated-connections-per-address and --authentication-timeout must not be negative (0: no limit of their own)"))
+	}
+	if c.AuthenticationTimeout > 0 && c.AuthenticationTimeout < c.HandshakeTimeout+auth.ReviewTimeout {
+		errs = append(errs, fmt.Errorf("--authentication-timeout must be 0 or at least --handshake-timeout plus %v (a TokenReview's longest wait): sidecars reconnecting together would be closed before their first call is answered", auth.ReviewTimeout))
 	}
 	if c.HandshakeTimeout <= 0 || c.MaxConnectionIdle <= 0 {
 		errs = append(errs, errors.New("--handshake-timeout and --max-connection-idle must be positive"))

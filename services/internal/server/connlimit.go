@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,7 @@ type connLimiter struct {
 	open        atomic.Int64
 	unauthLimit int64 // 0: only limit
 	unauth      atomic.Int64
+	perAddress  int           // unauthenticated connections from one IP address; 0: no limit of its own
 	authTimeout time.Duration // 0: none
 	fixedCap    bool          // --max-connections set: the Node count does not resize it
 
@@ -49,23 +51,24 @@ type connLimiter struct {
 	unauthRefused prometheus.Counter
 	unauthExpired prometheus.Counter
 
-	mu    sync.Mutex
-	conns map[string]*countedConn // by remote address: what a gRPC call's peer names
+	mu     sync.Mutex
+	conns  map[string]*countedConn // by both ends' addresses: what a gRPC call's peer names
+	byAddr map[string]int          // unauthenticated connections per remote IP address
 }
 
 // connLimits are a connLimiter's settings (dkc-server's flags).
 type connLimits struct {
-	max, maxUnauthenticated int
-	authTimeout             time.Duration
+	max, maxUnauthenticated, maxUnauthenticatedPerAddress int
+	authTimeout                                           time.Duration
 }
 
 func newConnLimiter(lim connLimits, reg prometheus.Registerer) *connLimiter {
-	c := &connLimiter{fixedCap: lim.max > 0, unauthLimit: int64(lim.maxUnauthenticated), authTimeout: lim.authTimeout,
-		conns: map[string]*countedConn{},
+	c := &connLimiter{fixedCap: lim.max > 0, unauthLimit: int64(lim.maxUnauthenticated), perAddress: lim.maxUnauthenticatedPerAddress,
+		authTimeout: lim.authTimeout, conns: map[string]*countedConn{}, byAddr: map[string]int{},
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "connections_refused_total",
 			Help: "gRPC connections closed at accept because --max-connections were open."}),
 		unauthRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "unauthenticated_connections_refused_total",
-			Help: "gRPC connections closed at accept because --max-unauthenticated-connections were open and not yet authenticated."}),
+			Help: "gRPC connections closed at accept because --max-unauthenticated-connections (in all, or from the caller's address: --max-unauthenticated-connections-per-address) were open and not yet authenticated."}),
 		unauthExpired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "unauthenticated_connections_expired_total",
 			Help: "gRPC connections closed because no call on them was authenticated within --authentication-timeout."}),
 	}
@@ -108,22 +111,62 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 			_ = conn.Close()
 			continue
 		}
-		if c.unauth.Add(1) > c.unauthLimit && c.unauthLimit > 0 {
-			c.unauth.Add(-1)
+		cc := &countedConn{Conn: conn, c: c, key: connKey(conn.RemoteAddr(), conn.LocalAddr()), addr: addrKey(conn.RemoteAddr())}
+		if !c.admit(cc) {
 			c.open.Add(-1)
 			c.unauthRefused.Inc()
 			_ = conn.Close()
 			continue
 		}
-		cc := &countedConn{Conn: conn, c: c, key: connKey(conn.RemoteAddr(), conn.LocalAddr())}
-		c.mu.Lock()
-		c.conns[cc.key] = cc
-		c.mu.Unlock()
 		if c.authTimeout > 0 {
-			cc.timer = time.AfterFunc(c.authTimeout, cc.expire)
+			cc.timer.Store(time.AfterFunc(c.authTimeout, cc.expire))
+			if cc.state.Load() == connClosed {
+				cc.stopTimer() // closed before the timer was stored: Close could not stop it
+			}
 		}
 		return cc, nil
 	}
+}
+
+// admit counts cc as unauthenticated, in all and for its address, unless a cap is reached.
+func (c *connLimiter) admit(cc *countedConn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.unauthLimit > 0 && c.unauth.Load() >= c.unauthLimit {
+		return false
+	}
+	if c.perAddress > 0 && c.byAddr[cc.addr] >= c.perAddress {
+		return false
+	}
+	c.unauth.Add(1)
+	c.byAddr[cc.addr]++
+	c.conns[cc.key] = cc
+	return true
+}
+
+// leaveUnauthenticated gives cc's places under the unauthenticated caps back; the caller won the state
+// transition out of connUnauthenticated, so it runs once per connection.
+func (c *connLimiter) leaveUnauthenticated(cc *countedConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.unauth.Add(-1)
+	if c.byAddr[cc.addr]--; c.byAddr[cc.addr] <= 0 {
+		delete(c.byAddr, cc.addr)
+	}
+}
+
+// addrKey is the IP address a per-address cap counts (auth's peer key: IPv6 addresses one by one, an
+// IPv4-mapped address as its IPv4 one); a non-IP address counts as itself.
+func addrKey(a net.Addr) string {
+	if t, ok := a.(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(t.IP); ok {
+			return ip.Unmap().WithZone("").String()
+		}
+	}
+	if a == nil {
+		return ""
+	}
+	return a.String()
 }
 
 // connKey names a connection by both its ends, as a gRPC call's peer does: the remote address alone can
@@ -147,10 +190,8 @@ func (c *connLimiter) authenticated(ctx context.Context) {
 	cc := c.conns[connKey(p.Addr, p.LocalAddr)]
 	c.mu.Unlock()
 	if cc != nil && cc.state.CompareAndSwap(connUnauthenticated, connAuthenticated) {
-		c.unauth.Add(-1)
-		if cc.timer != nil {
-			cc.timer.Stop()
-		}
+		c.leaveUnauthenticated(cc)
+		cc.stopTimer()
 	}
 }
 
@@ -166,15 +207,28 @@ const (
 type countedConn struct {
 	net.Conn
 	c     *connLimiter
-	key   string
-	timer *time.Timer
+	key   string // both ends: the conns map
+	addr  string // the remote IP address: the per-address cap
+	timer atomic.Pointer[time.Timer]
 	state atomic.Int32
 	once  sync.Once
 }
 
-// expire closes the connection if no call on it was authenticated in time.
+// stopTimer stops the authentication deadline, so that a connection that authenticated or closed is not
+// kept reachable by a pending timer until it fires: a client that connects and resets in a loop must not
+// pin a minute's worth of closed connections.
+func (cc *countedConn) stopTimer() {
+	if t := cc.timer.Load(); t != nil {
+		t.Stop()
+	}
+}
+
+// expire closes the connection if no call on it was authenticated in time. Closing wins the state
+// transition first, so a call authenticated at this very moment either marks the connection before (it
+// stays open) or finds it closed.
 func (cc *countedConn) expire() {
-	if cc.state.Load() == connUnauthenticated {
+	if cc.state.CompareAndSwap(connUnauthenticated, connClosed) {
+		cc.c.leaveUnauthenticated(cc)
 		cc.c.unauthExpired.Inc()
 		_ = cc.Close()
 	}
@@ -183,11 +237,10 @@ func (cc *countedConn) expire() {
 func (cc *countedConn) Close() error {
 	cc.once.Do(func() {
 		c := cc.c
-		// The timer is left to fire (expire finds the connection closed): Close may run on the timer's own
-		// goroutine before AfterFunc's result was stored.
 		if cc.state.Swap(connClosed) == connUnauthenticated {
-			c.unauth.Add(-1)
+			c.leaveUnauthenticated(cc)
 		}
+		cc.stopTimer()
 		c.mu.Lock()
 		if c.conns[cc.key] == cc {
 			delete(c.conns, cc.key)

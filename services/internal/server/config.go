@@ -117,7 +117,7 @@ func DefaultConfig() Config {
 		// then its status write, one after the other: 256 workers beside 64 inline writes keep ~320 requests
 		// in flight, more than the benchmark's bare client (make bench, fleet: with 128, a faster apiserver
 		// waited on dkc-server's queue, 4,000 reports deep, ratio 2.2 to the bare client), within what
-		// dkc's API Priority and Fairness level queues (server-apf.yaml: 512). The reports past the inline
+		// dkc's API Priority and Fairness level queues (server-apf.yaml: 1,024, both replicas' 640). The reports past the inline
 		// writes cost a queue entry each instead of a waiting goroutine with its stack; a worker costs its
 		// goroutine's stack only.
 		StatusWorkers:         256,

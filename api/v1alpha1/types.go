@@ -177,10 +177,11 @@ type KubeletConfigPoolStatus struct {
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 
-	// failedNodes are the selected nodes that failed the current revision, with their status error. A node
-	// stays here until the revision changes or it leaves the pool, even if it recovers: a node that rolled
-	// back runs its last-known-good config and is Ready again, and counting it as available would push
-	// the bad config on.
+	// failedNodes are the nodes that failed the current revision, with their status error. A node stays
+	// here until the revision changes or spec.retry does, even if it recovers, is deleted or leaves the
+	// pool: a node that rolled back runs its last-known-good config and is Ready again, counting it as
+	// available would push the bad config on, and so would forgetting a failed node that auto-repair
+	// replaced.
 	// +listType=map
 	// +listMapKey=name
 	// +optional

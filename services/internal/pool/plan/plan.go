@@ -11,6 +11,7 @@ package plan
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -135,7 +136,8 @@ type Plan struct {
 
 // Decide plans the pool's next step. The rules, in the order they apply to a node:
 //
-//  1. A failure recorded for the target revision stays (status.failedNodes), whatever the node shows now.
+//  1. A failure recorded for the target revision stays (status.failedNodes), whatever the node shows now,
+//     and even once the node is gone (deleted, or no longer selected).
 //  2. A node another pool also selects is held, and so is one assigned by hand.
 //  3. A node not assigned the target is pending.
 //  4. A node whose status shows an error about the target is failed, unless the error is one the sidecar
@@ -197,7 +199,17 @@ func Decide(in Input) Plan {
 			overlaps = append(overlaps, v.Detail)
 		}
 		p.Nodes = append(p.Nodes, v)
+		delete(recorded, n.Name)
 	}
+	// Failures of nodes no longer selected (deleted, relabelled) stay too: node auto-repair replaces
+	// exactly the failed nodes, and dropping their failures would lift the halt and push the bad revision
+	// on with no operator action. Only a new revision or spec.retry forgives them.
+	gone := map[string]bool{}
+	for _, name := range slices.Sorted(maps.Keys(recorded)) {
+		st.FailedNodes = append(st.FailedNodes, recorded[name])
+		gone[name] = true
+	}
+	slices.SortFunc(st.FailedNodes, func(a, b v1alpha1.FailedNode) int { return strings.Compare(a.Name, b.Name) })
 
 	var pending []string
 	unavailable := 0
@@ -303,13 +315,13 @@ func Decide(in Input) Plan {
 	if halted {
 		setCondition(&st, pool, now, v1alpha1.ConditionHalted, metav1.ConditionTrue, v1alpha1.ReasonFailureBudgetExhausted,
 			fmt.Sprintf("%s of revision %s: %s; nothing more is assigned until the config changes or spec.retry does (kubectl dkc rollout retry)",
-				budget, target, failedList(st.FailedNodes)))
+				budget, target, failedList(st.FailedNodes, gone)))
 	} else {
 		setCondition(&st, pool, now, v1alpha1.ConditionHalted, metav1.ConditionFalse, v1alpha1.ReasonWithinFailureBudget, budget)
 	}
 	var degraded []string
 	if len(st.FailedNodes) > 0 {
-		degraded = append(degraded, "failed revision "+target+": "+failedList(st.FailedNodes))
+		degraded = append(degraded, "failed revision "+target+": "+failedList(st.FailedNodes, gone))
 	}
 	if len(overlaps) > 0 {
 		degraded = append(degraded, "nodes selected by more than one pool, which none of them touches: "+joinCapped(overlaps, "; "))
@@ -437,10 +449,15 @@ func scaled(v intstr.IntOrString, selected int) int {
 // maxListed bounds the nodes a condition message names; failedNodes has them all.
 const maxListed = 10
 
-func failedList(fs []v1alpha1.FailedNode) string {
+// failedList names the failures fs; gone are the nodes no longer selected.
+func failedList(fs []v1alpha1.FailedNode, gone map[string]bool) string {
 	items := make([]string, 0, len(fs))
 	for _, f := range fs {
-		items = append(items, fmt.Sprintf("node %s: %s: %s", f.Name, f.Reason, f.Error))
+		name := f.Name
+		if gone[f.Name] {
+			name += " (node gone)"
+		}
+		items = append(items, fmt.Sprintf("node %s: %s: %s", name, f.Reason, f.Error))
 	}
 	return joinCapped(items, "; ")
 }

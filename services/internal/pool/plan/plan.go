@@ -48,9 +48,15 @@ type Node struct {
 	Name string
 	// Assigned: the node's source (resolve.NodeSource) is the target's snapshot.
 	Assigned bool
-	// AssignedAt is when the pool assigned it (v1alpha1.Assignment.Time); zero when unknown, and then no
-	// timeout is judged.
+	// AssignedAt is when the pool assigned it (v1alpha1.Assignment.Time) the target, or Revision when it
+	// is not assigned the target; zero when unknown, and then no timeout is judged.
 	AssignedAt time.Time
+	// Revision is the pool revision the node's source names: v1alpha1.Assignment.Revision of its
+	// v1alpha1.AnnotationAssignment while its source is still what the pool assigned; "" when the pool
+	// never assigned it or it was changed by hand since.
+	Revision string
+	// Source is Revision's snapshot, the node's source (resolve.NodeSource), when Revision is set.
+	Source corev1.ConfigMapNodeConfigSource
 	// Status is the node's dkc.dev/config-status (zero: nothing reported yet).
 	Status corev1.NodeConfigStatus
 	// Ready is the Node's Ready condition.
@@ -98,6 +104,8 @@ const (
 	ReasonRetrying  = "Retrying"  // the node reports an error it retries (not the config's fault)
 	ReasonNotReady  = "NotReady"  // the node runs it, the Node is not Ready
 	ReasonInTrial   = "InTrial"   // runs it, Ready, not yet last-known-good
+	// the pool assigned the node an earlier revision (an in-place edit or an undo since), not yet proven
+	ReasonPreviousRevision = "PreviousRevision"
 	// Updated
 	ReasonProven = "Proven"
 	// Held
@@ -139,11 +147,15 @@ type Plan struct {
 //  1. A failure recorded for the target revision stays (status.failedNodes), whatever the node shows now,
 //     and even once the node is gone (deleted, or no longer selected).
 //  2. A node another pool also selects is held, and so is one assigned by hand.
-//  3. A node not assigned the target is pending.
-//  4. A node whose status shows an error about the target is failed, unless the error is one the sidecar
+//  3. A node the pool assigned an earlier revision (the config changed mid-rollout) that has not proven it
+//     yet — not active, not Ready or in its trial — is in progress: it restarts or may roll back, so it
+//     takes a slot, and failed once so for nodeTimeout since that assignment. One that refused it is not
+//     in progress any more.
+//  4. Any other node not assigned the target is pending.
+//  5. A node whose status shows an error about the target is failed, unless the error is one the sidecar
 //     retries (not the config's fault): then it is in progress.
-//  5. A node that runs the target and has it as last-known-good is updated (ready if Ready).
-//  6. Otherwise it is in progress — not active, not Ready, or in its trial — and failed once in progress
+//  6. A node that runs the target and has it as last-known-good is updated (ready if Ready).
+//  7. Otherwise it is in progress — not active, not Ready, or in its trial — and failed once in progress
 //     for nodeTimeout since its assignment.
 //
 // Then the pool: halted when the failures counted (recorded under the current spec.retry) reach
@@ -350,7 +362,7 @@ func Decide(in Input) Plan {
 	return p
 }
 
-// judge applies the node rules (Decide's 1–6). It returns the failure to record, if the node failed.
+// judge applies the node rules (Decide's 1–7). It returns the failure to record, if the node failed.
 func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNode, timeout time.Duration, retry int64, now time.Time) (Verdict, *v1alpha1.FailedNode) {
 	v := Verdict{Name: n.Name, Ready: n.Ready}
 	if f, ok := recorded[n.Name]; ok {
@@ -367,6 +379,19 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 	case n.HandAssigned:
 		v.State, v.Reason, v.Detail = Held, ReasonHandAssigned,
 			"its source was set by hand after the pool assigned it; remove the annotation "+v1alpha1.AnnotationAssignment+" to give it back"
+		return v, nil
+	case !n.Assigned && n.Revision != "" && n.Revision != t.Revision && !settled(n.Status, n.Source):
+		v.State, v.Reason, v.Detail = InProgress, ReasonPreviousRevision,
+			"the pool assigned it revision "+n.Revision+", not yet proven: "+waitsFor(n, n.Source)
+		if !n.AssignedAt.IsZero() && now.Sub(n.AssignedAt) >= timeout {
+			// Recorded against the target: the failure must outlive the earlier revision to keep the node
+			// (stuck, maybe restarting) out of the rollout.
+			msg := fmt.Sprintf("in progress for %v, past nodeTimeout %v: %s: %s",
+				now.Sub(n.AssignedAt).Round(time.Second), timeout, v.Reason, v.Detail)
+			v.State, v.Reason, v.Detail = Failed, v1alpha1.FailureTimeout, msg
+			return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: v1alpha1.FailureTimeout, Error: msg,
+				Retry: retry, Time: metav1.Time{Time: now}}
+		}
 		return v, nil
 	case !n.Assigned || t.Revision == "":
 		v.State, v.Reason = Pending, ReasonNotAssigned
@@ -409,6 +434,28 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 			now.Sub(n.AssignedAt).Round(time.Second), timeout, v.Reason, v.Detail))
 	}
 	return v, nil
+}
+
+// settled says whether a node that the pool assigned source s is done with it: it runs s as
+// last-known-good (Ready or not: a Node not Ready is unavailable anyway, and a later outage is not s's
+// doing), or it refused s (then it runs its last-known-good and will not try s again).
+func settled(st corev1.NodeConfigStatus, s corev1.ConfigMapNodeConfigSource) bool {
+	if sameSource(st.Assigned, s) && st.Error != "" && !retried(nodeconfig.StatusError(st.Error)) {
+		return true
+	}
+	return sameSource(st.Active, s) && sameSource(st.LastKnownGood, s)
+}
+
+// waitsFor says what a node assigned s waits for, for a verdict's detail.
+func waitsFor(n Node, s corev1.ConfigMapNodeConfigSource) string {
+	switch {
+	case !sameSource(n.Status.Active, s):
+		return "the node does not run it yet"
+	case !n.Ready:
+		return "the node runs it and is not Ready"
+	default:
+		return "the node runs it, in its last-known-good trial"
+	}
 }
 
 // retried says whether a node's status error is one the sidecar or the service retries by itself, which

@@ -27,6 +27,7 @@ var (
 	r3 = Target{Revision: "r3", Source: corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "blue-r3", KubeletConfigKey: "kubelet"}}
 	on = resolved(r2.Source)
 	r1 = resolved(corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "blue-r1", KubeletConfigKey: "kubelet"})
+	r0 = resolved(corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "blue-r0", KubeletConfigKey: "kubelet"})
 )
 
 // resolved is a source as a node's status shows it: with UID and ResourceVersion.
@@ -47,6 +48,11 @@ func waiting(name string) Node {
 // assigned is a Ready node the pool assigned r2 a minute ago, whose status is st.
 func assigned(name string, st corev1.NodeConfigStatus) Node {
 	return Node{Name: name, Assigned: true, AssignedAt: t0.Add(-time.Minute), Ready: true, Status: st}
+}
+
+// onR1 is a Ready node the pool assigned r1 (before r2) a minute ago, coming from r0, whose status is st.
+func onR1(name string, st corev1.NodeConfigStatus) Node {
+	return Node{Name: name, Revision: "r1", Source: *r1.ConfigMap, AssignedAt: t0.Add(-time.Minute), Ready: true, Status: st}
 }
 
 func updated(name string) Node    { return assigned(name, status(on, on, on, "")) }
@@ -151,6 +157,20 @@ func TestNodeRules(t *testing.T) {
 			pool: mods(failedBefore("n1", "r1", 0)), state: Updated, reason: ReasonProven},
 		{name: "failure recorded, then assigned by hand: still failed", node: byHand(rolledBack("n1")),
 			pool: mods(failedBefore("n1", "r2", 0)), state: Failed, reason: v1alpha1.FailureRolledBack},
+		{name: "assigned the previous revision by the pool, restarting: in progress", node: onR1("n1", status(r1, r0, r0, "")),
+			state: InProgress, reason: ReasonPreviousRevision, wantUnavailable: true},
+		{name: "assigned the previous revision, restart failed, will retry: in progress", node: onR1("n1", status(r1, r0, r0, nodeconfig.RestartError)),
+			state: InProgress, reason: ReasonPreviousRevision, wantUnavailable: true},
+		{name: "assigned the previous revision, in its trial: in progress", node: onR1("n1", status(r1, r1, r0, "")),
+			state: InProgress, reason: ReasonPreviousRevision, wantUnavailable: true},
+		{name: "assigned the previous revision, runs it, not Ready: in progress", node: notReady(onR1("n1", status(r1, r1, r0, ""))),
+			state: InProgress, reason: ReasonPreviousRevision, wantUnavailable: true},
+		{name: "assigned the previous revision, proven: pending", node: onR1("n1", status(r1, r1, r1, "")),
+			state: Pending, reason: ReasonNotAssigned},
+		{name: "assigned the previous revision, refused it: pending", node: onR1("n1", status(r1, r0, r0, nodeconfig.HealthError)),
+			state: Pending, reason: ReasonNotAssigned},
+		{name: "assigned the previous revision, in progress for nodeTimeout: failed", node: since(30*time.Minute, onR1("n1", status(r1, r1, r0, ""))),
+			state: Failed, reason: v1alpha1.FailureTimeout},
 		{name: "another pool selects it too: held", node: others(waiting("n1"), "green"), state: Held, reason: ReasonSelectedByOtherPools},
 		{name: "another pool selects it, even on the revision: held", node: others(inTrial("n1"), "green"), state: Held, reason: ReasonSelectedByOtherPools},
 		{name: "source set by hand after the pool's assignment: held", node: byHand(waiting("n1")), state: Held, reason: ReasonHandAssigned},
@@ -286,6 +306,11 @@ func TestPoolRules(t *testing.T) {
 			nodes: []Node{updated("a"), waiting("b"), waiting("c")}, assign: "", counts: "3/1/1/0/0/0", requeue: 2 * time.Minute},
 		{name: "pause between batches: over, the next batch", pool: mods(pauseBetweenBatches(5*time.Minute), maxUnavailable(intstr.FromInt32(2)), batch(10*time.Minute, 6*time.Minute)),
 			nodes: []Node{updated("a"), waiting("b"), waiting("c")}, assign: "b,c", counts: "3/1/1/0/0/0"},
+		{name: "a node still restarting on the previous revision takes the only slot",
+			nodes: []Node{onR1("a", status(r1, r0, r0, "")), waiting("b")}, assign: "", counts: "2/0/0/1/0/0", requeue: 29 * time.Minute,
+			conds: map[string]string{"Updating": "True/RollingOut"}},
+		{name: "a node that proved the previous revision is assigned the target",
+			nodes: []Node{onR1("a", status(r1, r1, r1, "")), waiting("b")}, assign: "a", counts: "2/0/0/0/0/0"},
 		{name: "a node in progress: look again at its timeout",
 			nodes: []Node{since(29*time.Minute, inTrial("a")), waiting("b")}, assign: "", counts: "2/0/0/1/0/0", requeue: time.Minute},
 	} {
@@ -358,9 +383,11 @@ func TestRevisionsAndBookkeeping(t *testing.T) {
 }
 
 // TestInProgressNeverExceedsMaxUnavailable plays seeded rollouts: nodes move on by chance (sync, restart,
-// Ready, trial), some unrelated nodes go NotReady for a while, and the controller assigns what the plan
-// says. At every step the unavailable nodes, counting those assigned now, stay within maxUnavailable,
-// and every rollout completes.
+// Ready, trial) towards whatever revision they are assigned, some unrelated nodes go NotReady for a
+// while, the controller assigns what the plan says, and halfway through the config is edited (r2 becomes
+// r3) while nodes still restart on r2. At every step the nodes really unavailable (not Ready, or not yet
+// proven on the revision the pool assigned them — judged from the simulation, not from the plan), counting
+// those assigned now, stay within maxUnavailable, and every rollout completes.
 func TestInProgressNeverExceedsMaxUnavailable(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 1))
@@ -368,6 +395,7 @@ func TestInProgressNeverExceedsMaxUnavailable(t *testing.T) {
 		pl := pool(maxUnavailable(intstr.FromString("10%")))
 		nodes := names(size, waiting)
 		now := t0
+		target := r2
 		done := false
 		for step := 0; step < 2000 && !done; step++ {
 			for i := range nodes {
@@ -376,22 +404,29 @@ func TestInProgressNeverExceedsMaxUnavailable(t *testing.T) {
 				if n.Ready && rng.IntN(100) == 0 || !n.Ready && rng.IntN(2) == 0 {
 					n.Ready = !n.Ready
 				}
-				if !n.Assigned || rng.IntN(3) != 0 {
+				if n.Revision == "" || rng.IntN(3) != 0 {
 					continue
 				}
-				switch st := &n.Status; {
-				case !sameSource(st.Assigned, r2.Source):
-					st.Assigned = on
-				case !sameSource(st.Active, r2.Source):
-					st.Active = on
+				switch st, src := &n.Status, resolved(n.Source); {
+				case !sameSource(st.Assigned, n.Source):
+					st.Assigned = src
+				case !sameSource(st.Active, n.Source):
+					st.Active = src
 				default:
-					st.LastKnownGood = on
+					st.LastKnownGood = src
 				}
 			}
-			p := Decide(Input{Pool: pl, Target: r2, Nodes: nodes, Now: now})
+			// The in-place edit, once the first batches are in.
+			if target.Revision == "r2" && pl.Status.Nodes.Updated >= size/4 {
+				target = r3
+				for i := range nodes {
+					nodes[i].Assigned = false
+				}
+			}
+			p := Decide(Input{Pool: pl, Target: target, Nodes: nodes, Now: now})
 			unavailable := 0
-			for _, v := range p.Nodes {
-				if v.Unavailable() {
+			for _, n := range nodes {
+				if !n.Ready || n.Revision != "" && !(sameSource(n.Status.Active, n.Source) && sameSource(n.Status.LastKnownGood, n.Source)) {
 					unavailable++
 				}
 			}
@@ -404,9 +439,10 @@ func TestInProgressNeverExceedsMaxUnavailable(t *testing.T) {
 			for _, name := range p.Assign {
 				i := slices.IndexFunc(nodes, func(n Node) bool { return n.Name == name })
 				nodes[i].Assigned, nodes[i].AssignedAt = true, now
+				nodes[i].Revision, nodes[i].Source = target.Revision, target.Source
 			}
 			pl.Status = p.Status
-			done = p.Status.Nodes.Updated == size
+			done = target.Revision == "r3" && p.Status.Nodes.Updated == size
 			now = now.Add(10 * time.Second)
 		}
 		if !done {

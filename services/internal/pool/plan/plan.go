@@ -251,13 +251,13 @@ func Decide(in Input) Plan {
 	notAssigned := int(st.Nodes.Selected - st.Nodes.Updated - st.Nodes.InProgress - st.Nodes.Failed - st.Nodes.Held)
 
 	maxFailures := int(spec.MaxFailuresOrDefault())
-	counted := 0
+	var counted []v1alpha1.FailedNode
 	for _, f := range st.FailedNodes {
 		if f.Retry == spec.Retry {
-			counted++
+			counted = append(counted, f)
 		}
 	}
-	halted := counted >= maxFailures
+	halted := len(counted) >= maxFailures
 
 	p.MaxUnavailable = scaled(spec.MaxUnavailableOrDefault(), int(st.Nodes.Selected))
 	slots := p.MaxUnavailable - unavailable
@@ -323,11 +323,14 @@ func Decide(in Input) Plan {
 	} else {
 		setCondition(&st, pool, now, v1alpha1.ConditionConfigInvalid, metav1.ConditionFalse, v1alpha1.ReasonConfigValid, "")
 	}
-	budget := fmt.Sprintf("%d failures count against maxFailures %d", counted, maxFailures)
+	budget := fmt.Sprintf("%d failures count against maxFailures %d", len(counted), maxFailures)
+	if len(counted) == 1 {
+		budget = fmt.Sprintf("1 failure counts against maxFailures %d", maxFailures)
+	}
 	if halted {
 		setCondition(&st, pool, now, v1alpha1.ConditionHalted, metav1.ConditionTrue, v1alpha1.ReasonFailureBudgetExhausted,
 			fmt.Sprintf("%s of revision %s: %s; nothing more is assigned until the config changes or spec.retry does (kubectl dkc rollout retry)",
-				budget, target, failedList(st.FailedNodes, gone)))
+				budget, target, failedList(counted, gone)))
 	} else {
 		setCondition(&st, pool, now, v1alpha1.ConditionHalted, metav1.ConditionFalse, v1alpha1.ReasonWithinFailureBudget, budget)
 	}

@@ -30,6 +30,8 @@ const (
 	// Updated
 	ReasonAllNodesUpdated = "AllNodesUpdated"
 	ReasonNodesNotUpdated = "NodesNotUpdated"
+	// The selector matches no node: nothing is updated, and "all of none" would read as done.
+	ReasonNoNodesSelected = "NoNodesSelected"
 
 	// Updating (True)
 	ReasonRollingOut            = "RollingOut"

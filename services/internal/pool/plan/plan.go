@@ -349,10 +349,14 @@ func Decide(in Input) Plan {
 	default:
 		setCondition(&st, pool, now, v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAsExpected, "")
 	}
-	if target != "" && st.Nodes.Updated == st.Nodes.Selected {
+	switch {
+	case st.Nodes.Selected == 0:
+		setCondition(&st, pool, now, v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNoNodesSelected,
+			"the pool's nodeSelector matches no node")
+	case target != "" && st.Nodes.Updated == st.Nodes.Selected:
 		setCondition(&st, pool, now, v1alpha1.ConditionUpdated, metav1.ConditionTrue, v1alpha1.ReasonAllNodesUpdated,
 			fmt.Sprintf("all %d selected nodes run revision %s", st.Nodes.Selected, target))
-	} else {
+	default:
 		setCondition(&st, pool, now, v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNodesNotUpdated, progress)
 	}
 

@@ -28,15 +28,18 @@ const NameLength = 10
 // consonants and digits without vowels or look-alikes (0, 1, 3), so a name is a DNS label and never a word.
 const alphabet = "bcdfghjklmnpqrstvwxz2456789"
 
-// Name is the revision of a config: a hash of the kubelet config key and every data entry. Equal content
-// gives the same name on every replica and after every restart (so a snapshot is created once, and an
-// undo to earlier content finds the earlier snapshot); the ConfigMap's name, UID and ResourceVersion are
-// not part of it, so an edit that restores earlier content is the earlier revision. binaryData is left out,
+// Name is the revision of a config: a hash of the ConfigMap's namespace, the kubelet config key and every
+// data entry. Equal content gives the same name on every replica and after every restart (so a snapshot is
+// created once, and an undo to earlier content finds the earlier snapshot); the ConfigMap's name, UID and
+// ResourceVersion are not part of it, so an edit that restores earlier content is the earlier revision.
+// The namespace is, as the snapshot lives there: a pool moved to equal content in another namespace gets
+// a new revision with its own snapshot, instead of keeping the old revision's name (and its failures)
+// for a source that is not the one its nodes run. binaryData is left out,
 // as dkc leaves it out of what a node receives (resolve.Assignment).
 //
 // Ten characters of a 27-letter alphabet are 47 bits: a collision between two of one pool's revisions is
 // out of reach (a Deployment's pod-template-hash has 32).
-func Name(kubeletConfigKey string, data map[string]string) string {
+func Name(namespace, kubeletConfigKey string, data map[string]string) string {
 	h := sha256.New()
 	// Length prefixes keep ("ab","c") and ("a","bc") apart.
 	write := func(s string) {
@@ -45,6 +48,7 @@ func Name(kubeletConfigKey string, data map[string]string) string {
 		h.Write(n[:])
 		h.Write([]byte(s))
 	}
+	write(namespace)
 	write(kubeletConfigKey)
 	keys := make([]string, 0, len(data))
 	for k := range data {
@@ -84,7 +88,7 @@ func Source(pool *v1alpha1.KubeletConfigPool, revision string) corev1.ConfigMapN
 // OwnerReferencesPermissionEnforcement admission plugin runs, and nothing waits on a revision's
 // deletion.
 func Snapshot(pool *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap) (string, *corev1.ConfigMap) {
-	rev := Name(pool.Spec.ConfigMap.KubeletConfigKey, cm.Data)
+	rev := Name(cm.Namespace, pool.Spec.ConfigMap.KubeletConfigKey, cm.Data)
 	data := make(map[string]string, len(cm.Data))
 	for k, v := range cm.Data {
 		data[k] = v

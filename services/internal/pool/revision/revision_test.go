@@ -15,7 +15,7 @@ import (
 const kubelet = "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\nmaxPods: 90\n"
 
 func TestName(t *testing.T) {
-	base := Name("kubelet", map[string]string{"kubelet": kubelet, "notes": "x"})
+	base := Name("kube-system", "kubelet", map[string]string{"kubelet": kubelet, "notes": "x"})
 	// A revision names snapshots on every replica and after upgrades: its value is part of the contract
 	// (a change renames every pool's snapshots and reassigns every node).
 	if base != wantBase {
@@ -26,6 +26,7 @@ func TestName(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
+		ns   string // default kube-system
 		key  string
 		data map[string]string
 		same bool
@@ -35,10 +36,16 @@ func TestName(t *testing.T) {
 		{name: "another file edited", key: "kubelet", data: map[string]string{"kubelet": kubelet, "notes": "y"}},
 		{name: "a file added", key: "kubelet", data: map[string]string{"kubelet": kubelet, "notes": "x", "more": ""}},
 		{name: "another key is the config", key: "notes", data: map[string]string{"kubelet": kubelet, "notes": "x"}},
+		{name: "same content in another namespace", ns: "dkc-configs", key: "kubelet", data: map[string]string{"kubelet": kubelet, "notes": "x"}},
+		{name: "bytes moved from the namespace to the key", ns: "kube-systemk", key: "ubelet", data: map[string]string{"kubelet": kubelet, "notes": "x"}},
 		{name: "bytes moved from a value to a name", key: "kubelet", data: map[string]string{"kubelet": kubelet, "notesx": ""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := Name(tc.key, tc.data); (got == base) != tc.same {
+			ns := tc.ns
+			if ns == "" {
+				ns = "kube-system"
+			}
+			if got := Name(ns, tc.key, tc.data); (got == base) != tc.same {
 				t.Errorf("Name = %q, base %q: same = %v, want %v", got, base, got == base, tc.same)
 			}
 		})
@@ -46,7 +53,7 @@ func TestName(t *testing.T) {
 }
 
 // wantBase is TestName's base revision, pinned.
-const wantBase = "fcgwkfs655"
+const wantBase = "87qll5fm9r"
 
 func testPool() *v1alpha1.KubeletConfigPool {
 	return &v1alpha1.KubeletConfigPool{
@@ -66,7 +73,7 @@ func TestSnapshot(t *testing.T) {
 		BinaryData: map[string][]byte{"blob": {1}},
 	}
 	rev, snap := Snapshot(pool, cm)
-	if rev != Name("kubelet", cm.Data) {
+	if rev != Name("kube-system", "kubelet", cm.Data) {
 		t.Errorf("revision %q, want Name of the data", rev)
 	}
 	if snap.Namespace != "kube-system" || snap.Name != pool.Name+"-"+rev {

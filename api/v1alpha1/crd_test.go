@@ -59,8 +59,8 @@ func TestCRDNames(t *testing.T) {
 		t.Errorf("group %q plural %q kind %q scope %q; want %s, %s, KubeletConfigPool, Cluster",
 			crd.Spec.Group, crd.Spec.Names.Plural, crd.Spec.Names.Kind, crd.Spec.Scope, GroupVersion.Group, Resource)
 	}
-	if got := strings.Join(crd.Spec.Names.ShortNames, ","); got != "kcp" {
-		t.Errorf("short names %q, want kcp", got)
+	if got := strings.Join(crd.Spec.Names.ShortNames, ","); got != "kcpool" {
+		t.Errorf("short names %q, want kcpool", got)
 	}
 	var v *apiextensions.CustomResourceDefinitionVersion
 	for i := range crd.Spec.Versions {

@@ -14,7 +14,7 @@ import (
 // The name becomes a label value on the pool's revisions (LabelPool), hence at most 63 characters.
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,shortName=kcp,categories=dkc
+// +kubebuilder:resource:scope=Cluster,shortName=kcpool,categories=dkc
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Config",type=string,JSONPath=`.spec.configMap.name`,description="the ConfigMap rolled out"
 // +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.spec.configMap.namespace`,priority=1
@@ -178,10 +178,10 @@ type KubeletConfigPoolStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 
 	// failedNodes are the nodes that failed the current revision, with their status error. A node stays
-	// here until the revision changes or spec.retry does, even if it recovers, is deleted or leaves the
-	// pool: a node that rolled back runs its last-known-good config and is Ready again, counting it as
-	// available would push the bad config on, and so would forgetting a failed node that auto-repair
-	// replaced.
+	// here until the revision changes, even if it recovers, is deleted or leaves the pool: a node that
+	// rolled back runs its last-known-good config and is Ready again, counting it as available would push
+	// the bad config on, and so would forgetting a failed node that auto-repair replaced. A new spec.retry
+	// stops counting it against maxFailures (retry) and keeps it listed.
 	// +listType=map
 	// +listMapKey=name
 	// +optional

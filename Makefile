@@ -29,6 +29,7 @@ generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go
 	$(BUF) generate
 	go generate ./internal/configz
 	hack/flagdocs.sh
+	$(GO_TOOLS) controller-gen object crd paths=./api/... output:crd:artifacts:config=deploy/crds
 
 .PHONY: lint
 lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
@@ -44,8 +45,8 @@ lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
 
 .PHONY: verify-generated
 verify-generated: generate ## fail if generated code differs from what is committed
-	@git diff --exit-code -- proto/ internal/configz/defaults/ docs/reference/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@if [ -n "$$(git status --porcelain -- internal/configz/defaults/ docs/reference/)" ]; then git status --short -- internal/configz/defaults/ docs/reference/; echo "generated files added or removed: run make generate and commit"; exit 1; fi
+	@git diff --exit-code -- proto/ internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@if [ -n "$$(git status --porcelain -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/)" ]; then git status --short -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/; echo "generated files added or removed: run make generate and commit"; exit 1; fi
 
 # Static, path-free builds, as the images are built (hack/images): the binaries `make build` and the
 # integration tests run are the ones the images ship, and the three share one compile cache.

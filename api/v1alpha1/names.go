@@ -1,0 +1,144 @@
+package v1alpha1
+
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Condition types of a pool.
+const (
+	// ConditionUpdated is True when every selected node is updated to the current revision.
+	ConditionUpdated = "Updated"
+	// ConditionUpdating is True while the pool has nodes to roll out and nothing stops it.
+	ConditionUpdating = "Updating"
+	// ConditionDegraded is True when a node failed the current revision or another pool selects a node too.
+	ConditionDegraded = "Degraded"
+	// ConditionHalted is True when failures reached maxFailures: the pool assigns nothing more.
+	ConditionHalted = "Halted"
+	// ConditionPaused is True when spec.paused is.
+	ConditionPaused = "Paused"
+	// ConditionConfigInvalid is True when the pool's config cannot be rolled out at all (the ConfigMap or
+	// its key is missing, its namespace is not one dkc-server reads, or the kubelet's own validation
+	// refuses it): caught before any node is touched.
+	ConditionConfigInvalid = "ConfigInvalid"
+)
+
+// Condition reasons.
+const (
+	// Updated
+	ReasonAllNodesUpdated = "AllNodesUpdated"
+	ReasonNodesNotUpdated = "NodesNotUpdated"
+	// The selector matches no node: nothing is updated, and "all of none" would read as done.
+	ReasonNoNodesSelected = "NoNodesSelected"
+
+	// Updating (True)
+	ReasonRollingOut            = "RollingOut"
+	ReasonWaitingBetweenBatches = "WaitingBetweenBatches"
+	ReasonWaitingForAvailable   = "WaitingForAvailableNodes"
+	// Updating (False)
+	ReasonRolloutComplete = "RolloutComplete"
+	ReasonHalted          = "Halted"
+	ReasonPaused          = "Paused"
+	ReasonConfigInvalid   = "ConfigInvalid"
+	ReasonNothingToAssign = "NothingToAssign"
+
+	// Degraded
+	ReasonNodesFailed     = "NodesFailed"
+	ReasonSelectorOverlap = "SelectorOverlap"
+	ReasonAsExpected      = "AsExpected"
+
+	// Halted
+	ReasonFailureBudgetExhausted = "FailureBudgetExhausted"
+	ReasonWithinFailureBudget    = "WithinFailureBudget"
+
+	// Paused
+	ReasonPausedBySpec = "PausedBySpec"
+	ReasonNotPaused    = "NotPaused"
+
+	// ConfigInvalid (True reasons are the controller's: ConfigMapNotFound, KeyNotFound,
+	// NamespaceNotAllowed, ValidationFailed, ...)
+	ReasonConfigMapNotFound   = "ConfigMapNotFound"
+	ReasonKeyNotFound         = "KeyNotFound"
+	ReasonNamespaceNotAllowed = "NamespaceNotAllowed"
+	ReasonValidationFailed    = "ValidationFailed"
+	ReasonConfigValid         = "ConfigValid"
+)
+
+// Why a node failed a revision (FailedNode.Reason).
+const (
+	// FailureRolledBack: the node ran the revision and its kubelet did not come up healthy with it; the
+	// sidecar rolled it back to last-known-good (or local).
+	FailureRolledBack = "RolledBack"
+	// FailureConfigRefused: the node refused the revision before running it (it does not load, does not
+	// validate with the node kubelet's own code, is too large, ...).
+	FailureConfigRefused = "ConfigRefused"
+	// FailureTimeout: the node stayed in progress past nodeTimeout.
+	FailureTimeout = "Timeout"
+)
+
+// Names on the objects the pool's controller writes.
+const (
+	// LabelPool labels a pool's revision (snapshot ConfigMap) with the pool's name.
+	LabelPool = "dkc.dev/pool"
+	// LabelRevision labels a revision with its name (the content hash).
+	LabelRevision = "dkc.dev/revision"
+	// AnnotationAssignment on a Node records the pool's last assignment to it, as the JSON of an
+	// Assignment. A node whose source no longer names the revision recorded here was assigned by hand
+	// since: the pool holds it (leaves it alone) until the annotation is removed or the node is set back
+	// to the pool's current revision.
+	AnnotationAssignment = "dkc.dev/pool-assignment"
+)
+
+// Assignment is the value of AnnotationAssignment: which pool assigned the node which revision, and when
+// (the start of its nodeTimeout).
+type Assignment struct {
+	Pool     string      `json:"pool"`
+	Revision string      `json:"revision"`
+	Time     metav1.Time `json:"time"`
+}
+
+// The spec's getters apply the schema's defaults to pools that did not come from the apiserver.
+
+// MaxUnavailableOrDefault is spec.maxUnavailable, or its default.
+func (s *KubeletConfigPoolSpec) MaxUnavailableOrDefault() intstr.IntOrString {
+	if s.MaxUnavailable == nil {
+		return intstr.FromInt32(DefaultMaxUnavailable)
+	}
+	return *s.MaxUnavailable
+}
+
+// MaxFailuresOrDefault is spec.maxFailures, or its default; never below 1 (0 would halt before the first
+// assignment).
+func (s *KubeletConfigPoolSpec) MaxFailuresOrDefault() int32 {
+	if s.MaxFailures == nil || *s.MaxFailures < 1 {
+		return DefaultMaxFailures
+	}
+	return *s.MaxFailures
+}
+
+// NodeTimeoutOrDefault is spec.nodeTimeout, or its default.
+func (s *KubeletConfigPoolSpec) NodeTimeoutOrDefault() time.Duration {
+	if s.NodeTimeout == nil || s.NodeTimeout.Duration <= 0 {
+		d, _ := time.ParseDuration(DefaultNodeTimeout)
+		return d
+	}
+	return s.NodeTimeout.Duration
+}
+
+// PauseBetweenBatchesOrDefault is spec.pauseBetweenBatches, or 0.
+func (s *KubeletConfigPoolSpec) PauseBetweenBatchesOrDefault() time.Duration {
+	if s.PauseBetweenBatches == nil || s.PauseBetweenBatches.Duration < 0 {
+		return 0
+	}
+	return s.PauseBetweenBatches.Duration
+}
+
+// RevisionHistoryLimitOrDefault is spec.revisionHistoryLimit, or its default.
+func (s *KubeletConfigPoolSpec) RevisionHistoryLimitOrDefault() int32 {
+	if s.RevisionHistoryLimit == nil || *s.RevisionHistoryLimit < 0 {
+		return DefaultRevisionHistoryLimit
+	}
+	return *s.RevisionHistoryLimit
+}

@@ -1,0 +1,26 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupVersion is the API's group and version.
+var GroupVersion = schema.GroupVersion{Group: "dkc.dev", Version: "v1alpha1"}
+
+// Resource is the plural resource name kubectl and RBAC rules use.
+const Resource = "kubeletconfigpools"
+
+var (
+	// SchemeBuilder registers the API's types with a scheme.
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
+	// AddToScheme adds the API's types to a scheme (e.g. client-go's scheme.Scheme).
+	AddToScheme = SchemeBuilder.AddToScheme
+)
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion, &KubeletConfigPool{}, &KubeletConfigPoolList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

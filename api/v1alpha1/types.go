@@ -1,0 +1,235 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// KubeletConfigPool rolls one kubelet config out to the Nodes its selector picks: as immutable revisions
+// (snapshots of the ConfigMap's data, named by content hash), at most maxUnavailable nodes at a time, and
+// stopping (Halted) once maxFailures nodes failed the revision. It assigns nodes through the same
+// dkc.dev/config-source every node follows, so nothing below the assignment changes. docs/design.md,
+// "KubeletConfigPool", states the rules.
+//
+// The name becomes a label value on the pool's revisions (LabelPool), hence at most 63 characters.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=kcpool,categories=dkc
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Config",type=string,JSONPath=`.spec.configMap.name`,description="the ConfigMap rolled out"
+// +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.spec.configMap.namespace`,priority=1
+// +kubebuilder:printcolumn:name="Revision",type=string,JSONPath=`.status.currentRevision`
+// +kubebuilder:printcolumn:name="Selected",type=integer,JSONPath=`.status.nodes.selected`
+// +kubebuilder:printcolumn:name="Up-to-date",type=integer,JSONPath=`.status.nodes.updated`
+// +kubebuilder:printcolumn:name="In-progress",type=integer,JSONPath=`.status.nodes.inProgress`,priority=1
+// +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.nodes.failed`
+// +kubebuilder:printcolumn:name="Held",type=integer,JSONPath=`.status.nodes.held`,priority=1
+// +kubebuilder:printcolumn:name="Updated",type=string,JSONPath=`.status.conditions[?(@.type=="Updated")].status`
+// +kubebuilder:printcolumn:name="Halted",type=string,JSONPath=`.status.conditions[?(@.type=="Halted")].status`
+// +kubebuilder:printcolumn:name="Paused",type=boolean,JSONPath=`.spec.paused`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="the pool's name must be at most 63 characters: it labels the pool's revisions"
+type KubeletConfigPool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec KubeletConfigPoolSpec `json:"spec"`
+	// +optional
+	Status KubeletConfigPoolStatus `json:"status,omitempty"`
+}
+
+// KubeletConfigPoolList is a list of KubeletConfigPools.
+//
+// +kubebuilder:object:root=true
+type KubeletConfigPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []KubeletConfigPool `json:"items"`
+}
+
+// Defaults of the optional spec fields: the schema sets them on every stored pool; code reading a pool that
+// did not come from the apiserver (a test, a dry run) applies them through the spec's getters.
+const (
+	DefaultMaxUnavailable       = 1
+	DefaultMaxFailures          = 1
+	DefaultNodeTimeout          = "30m"
+	DefaultRevisionHistoryLimit = 10
+)
+
+// KubeletConfigPoolSpec is what the operator declares.
+type KubeletConfigPoolSpec struct {
+	// nodeSelector picks the pool's Nodes by label. An empty selector ({}) selects every Node. A Node that
+	// two pools select is touched by neither (the Degraded condition names both).
+	// +required
+	NodeSelector metav1.LabelSelector `json:"nodeSelector"`
+
+	// configMap is the kubelet config rolled out, with a Node's config source rules
+	// (docs/design.md, "Where a Node's config source is read"). Its data is snapshotted into an
+	// immutable revision; an edit of the ConfigMap's data is a new revision, rolled out as the first was.
+	// +required
+	ConfigMap ConfigMapReference `json:"configMap"`
+
+	// paused stops new assignments; nodes already assigned carry on (their sidecars finish what they
+	// started) and are still judged.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// maxUnavailable bounds the selected nodes that may be unavailable at once: in progress (assigned the
+	// current revision and not yet proven: not active, not Ready, or in its last-known-good trial) or not
+	// Ready for any other reason. A number (at least 1) or a percentage of the selected nodes, rounded down
+	// and at least 1. Default 1.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')",message="maxUnavailable must be a number of at least 1 or a percentage from 1% to 100%"
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+
+	// maxFailures is how many nodes may fail the current revision (roll it back, refuse it, or miss
+	// nodeTimeout) before the pool halts. A halted pool assigns nothing until the revision changes or
+	// retry changes. Default 1: dkc-sidecar blames a config only for config faults (its transient errors
+	// are not failures), so one failed node is evidence enough to stop pushing the config to the others.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MaxFailures *int32 `json:"maxFailures,omitempty"`
+
+	// nodeTimeout is how long a node may stay in progress, counted from its assignment, before it counts as
+	// failed. In progress includes the node's last-known-good trial, so it must exceed dkc-sidecar's
+	// --trial-duration (default 10m) plus a kubelet restart. Default 30m.
+	// +kubebuilder:default="30m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="nodeTimeout must be positive"
+	// +optional
+	NodeTimeout *metav1.Duration `json:"nodeTimeout,omitempty"`
+
+	// pauseBetweenBatches, when set, rolls out in batches: the pool assigns up to maxUnavailable nodes, waits
+	// until none is in progress, waits this long, then assigns the next batch. Unset or 0: a freed slot is
+	// filled at once.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="pauseBetweenBatches must not be negative"
+	// +optional
+	PauseBetweenBatches *metav1.Duration `json:"pauseBetweenBatches,omitempty"`
+
+	// revisionHistoryLimit is how many revisions besides the current and previous ones are kept for undo.
+	// A revision a selected node still runs is never removed. Default 10.
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	RevisionHistoryLimit *int32 `json:"revisionHistoryLimit,omitempty"`
+
+	// retry asks a halted pool to go on: failures recorded while retry had another value no longer count
+	// against maxFailures (the failed nodes stay listed and are not assigned again: they keep running their
+	// last-known-good config). Set it to a new value each time, e.g. one more than before
+	// (`kubectl dkc rollout retry` does).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Retry int64 `json:"retry,omitempty"`
+}
+
+// ConfigMapReference names the kubelet config: a core/v1 ConfigMapNodeConfigSource without uid and
+// resourceVersion, which are the result of resolving a source, never part of one. The patterns are the
+// apiserver's rules for Node.spec.configSource (package resolve applies the same ones to the
+// dkc.dev/config-source annotation); fields this type lacks are refused by kubectl's strict field
+// validation and dropped by the apiserver otherwise.
+type ConfigMapReference struct {
+	// namespace of the ConfigMap: a DNS label; it must be one of dkc-server's --config-namespaces, and the
+	// pool's revisions are created there.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Namespace string `json:"namespace"`
+
+	// name of the ConfigMap: a DNS subdomain.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+
+	// kubeletConfigKey is the data key holding the KubeletConfiguration: a ConfigMap key.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +kubebuilder:validation:XValidation:rule="self != '.' && !self.startsWith('..')",message="kubeletConfigKey must not be '.' or start with '..'"
+	KubeletConfigKey string `json:"kubeletConfigKey"`
+}
+
+// KubeletConfigPoolStatus is what the controller observed and did.
+type KubeletConfigPoolStatus struct {
+	// observedGeneration is the spec generation this status reflects.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// currentRevision is the revision being rolled out (or rolled out): the content hash of the config.
+	// +optional
+	CurrentRevision string `json:"currentRevision,omitempty"`
+	// previousRevision is the revision before it: what an undo assigns.
+	// +optional
+	PreviousRevision string `json:"previousRevision,omitempty"`
+
+	// nodes counts the selected nodes by state.
+	// +optional
+	Nodes NodeCounts `json:"nodes,omitempty"`
+
+	// conditions: Updated, Updating, Degraded, Halted, Paused, ConfigInvalid (the Condition* constants).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// failedNodes are the nodes that failed the current revision, with their status error. A node stays
+	// here until the revision changes, even if it recovers, is deleted or leaves the pool: a node that
+	// rolled back runs its last-known-good config and is Ready again, counting it as available would push
+	// the bad config on, and so would forgetting a failed node that auto-repair replaced. A new spec.retry
+	// stops counting it against maxFailures (retry) and keeps it listed.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	FailedNodes []FailedNode `json:"failedNodes,omitempty"`
+
+	// lastAssignmentTime is when the pool last assigned nodes.
+	// +optional
+	LastAssignmentTime *metav1.Time `json:"lastAssignmentTime,omitempty"`
+	// batchCompletionTime is when the pool first saw no node in progress after its last assignment: the
+	// start of pauseBetweenBatches.
+	// +optional
+	BatchCompletionTime *metav1.Time `json:"batchCompletionTime,omitempty"`
+}
+
+// NodeCounts counts the selected nodes. Every selected node is in exactly one of updated, inProgress,
+// failed, held, or none of them (not yet assigned the current revision); ready is the updated nodes that
+// are Ready.
+type NodeCounts struct {
+	// selected: the nodes the nodeSelector picks.
+	Selected int32 `json:"selected"`
+	// updated: the nodes that run the current revision and have it as last-known-good.
+	Updated int32 `json:"updated"`
+	// ready: the updated nodes that are Ready.
+	Ready int32 `json:"ready"`
+	// inProgress: the nodes assigned the current revision and not yet proven.
+	InProgress int32 `json:"inProgress"`
+	// failed: the nodes in failedNodes.
+	Failed int32 `json:"failed"`
+	// held: the nodes the pool leaves alone: assigned by hand, or selected by another pool too.
+	Held int32 `json:"held"`
+}
+
+// FailedNode is a node that failed the current revision.
+type FailedNode struct {
+	// name of the Node.
+	Name string `json:"name"`
+	// revision it failed.
+	Revision string `json:"revision"`
+	// reason: RolledBack, ConfigRefused or Timeout (the Failure* constants).
+	Reason string `json:"reason"`
+	// error: the node's status error (its dkc.dev/config-status), or what the node was waiting for at
+	// the timeout.
+	// +optional
+	Error string `json:"error,omitempty"`
+	// retry is spec.retry when the failure was recorded: it counts against maxFailures only while
+	// spec.retry keeps this value.
+	// +optional
+	Retry int64 `json:"retry,omitempty"`
+	// time the failure was recorded.
+	Time metav1.Time `json:"time"`
+}

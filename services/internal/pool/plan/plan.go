@@ -1,0 +1,561 @@
+// Package plan decides a KubeletConfigPool's next step: given the pool, the revision to roll out, the
+// selected Nodes as the controller sees them, and the time, which nodes to assign now, what state each
+// node is in and why, and the pool's new status (counts, conditions, failed nodes). It is pure — no
+// client, no clock — so every rule is a table row in plan_test.go, and docs/design.md's
+// "KubeletConfigPool" table is that test's table.
+//
+// The caller plans on a view that includes its own earlier assignments (a ReplicaSet controller's
+// "expectations"): a node assigned a moment ago and not yet seen so in the informer cache would look
+// unassigned and free a slot it does not free.
+package plan
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+)
+
+// Target is the revision the pool rolls out.
+type Target struct {
+	// Revision is its name (revision.Name); "" while the pool has none (its config never was valid).
+	Revision string
+	// Source is what a node assigned the revision has as its source: the snapshot (revision.Source). Node
+	// statuses are compared with it by namespace, name and key (a snapshot is immutable, and a resolved
+	// status source adds UID and ResourceVersion).
+	Source corev1.ConfigMapNodeConfigSource
+}
+
+// Invalid says why the pool's newest config cannot be rolled out; nothing is assigned while it is set.
+// Reason is a ConfigInvalid reason (v1alpha1.ReasonConfigMapNotFound, ...).
+type Invalid struct {
+	Reason  string
+	Message string
+}
+
+// Node is a selected Node as the controller sees it.
+type Node struct {
+	Name string
+	// Assigned: the node's source (resolve.NodeSource) is the target's snapshot.
+	Assigned bool
+	// AssignedAt is when the pool assigned it (v1alpha1.Assignment.Time) the target, or Revision when it
+	// is not assigned the target; zero when unknown, and then no timeout is judged.
+	AssignedAt time.Time
+	// Revision is the pool revision the node's source names: v1alpha1.Assignment.Revision of its
+	// v1alpha1.AnnotationAssignment while its source is still what the pool assigned; "" when the pool
+	// never assigned it or it was changed by hand since.
+	Revision string
+	// Source is Revision's snapshot, the node's source (resolve.NodeSource), when Revision is set.
+	Source corev1.ConfigMapNodeConfigSource
+	// Status is the node's dkc.dev/config-status (zero: nothing reported yet).
+	Status corev1.NodeConfigStatus
+	// Ready is the Node's Ready condition.
+	Ready bool
+	// OtherPools are the other pools whose selector picks the node.
+	OtherPools []string
+	// HandAssigned: the pool assigned the node (its v1alpha1.AnnotationAssignment) and its source has
+	// named something else since.
+	HandAssigned bool
+}
+
+// Input is everything a decision depends on.
+type Input struct {
+	Pool   *v1alpha1.KubeletConfigPool
+	Target Target
+	// Invalid, when set, stops new assignments; Target is then the last valid revision, if any, and the
+	// nodes are still judged against it.
+	Invalid *Invalid
+	Nodes   []Node
+	Now     time.Time
+}
+
+// State is where a node stands with the target revision.
+type State string
+
+const (
+	// Pending: not assigned the target yet.
+	Pending State = "Pending"
+	// InProgress: assigned the target, not yet proven.
+	InProgress State = "InProgress"
+	// Updated: runs the target and has it as last-known-good.
+	Updated State = "Updated"
+	// Failed: failed the target (v1alpha1.Failure* says how).
+	Failed State = "Failed"
+	// Held: the pool leaves it alone.
+	Held State = "Held"
+)
+
+// Why a node is in its state (Failed nodes use the v1alpha1.Failure* reasons).
+const (
+	// Pending
+	ReasonNotAssigned = "NotAssigned"
+	// InProgress
+	ReasonNotActive = "NotActive" // the node does not run it yet: syncing, checking, restarting
+	ReasonRetrying  = "Retrying"  // the node reports an error it retries (not the config's fault)
+	ReasonNotReady  = "NotReady"  // the node runs it, the Node is not Ready
+	ReasonInTrial   = "InTrial"   // runs it, Ready, not yet last-known-good
+	// the pool assigned the node an earlier revision (an in-place edit or an undo since), not yet proven
+	ReasonPreviousRevision = "PreviousRevision"
+	// Updated
+	ReasonProven = "Proven"
+	// Held
+	ReasonHandAssigned         = "HandAssigned"
+	ReasonSelectedByOtherPools = "SelectedByOtherPools"
+)
+
+// Verdict is one node's state.
+type Verdict struct {
+	Name   string
+	State  State
+	Reason string
+	// Detail is for humans: the status error, what an in-progress node waits for, the other pools.
+	Detail string
+	// Ready is the Node's Ready condition; a node that is not Ready, or in progress, is unavailable.
+	Ready bool
+}
+
+// Unavailable says whether the node takes one of maxUnavailable's slots.
+func (v Verdict) Unavailable() bool { return v.State == InProgress || !v.Ready }
+
+// Plan is a decision.
+type Plan struct {
+	// Assign are the nodes to assign the target now, by name.
+	Assign []string
+	// Nodes are the verdicts, by name.
+	Nodes []Verdict
+	// Status is the pool's new status.
+	Status v1alpha1.KubeletConfigPoolStatus
+	// MaxUnavailable is spec.maxUnavailable scaled to the selected nodes.
+	MaxUnavailable int
+	// RequeueAfter is when to decide again though nothing changes (a node's timeout, the end of a pause
+	// between batches); 0: only when something changes.
+	RequeueAfter time.Duration
+}
+
+// Decide plans the pool's next step. The rules, in the order they apply to a node:
+//
+//  1. A failure recorded for the target revision stays (status.failedNodes), whatever the node shows now,
+//     and even once the node is gone (deleted, or no longer selected).
+//  2. A node another pool also selects is held, and so is one assigned by hand.
+//  3. A node the pool assigned an earlier revision (the config changed mid-rollout) that has not proven it
+//     yet — not active, not Ready or in its trial — is in progress: it restarts or may roll back, so it
+//     takes a slot, and failed once so for nodeTimeout since that assignment. One that refused it is not
+//     in progress any more.
+//  4. Any other node not assigned the target is pending.
+//  5. A node whose status shows an error about the target is failed, unless the error is one the sidecar
+//     retries (not the config's fault): then it is in progress.
+//  6. A node that runs the target and has it as last-known-good is updated (ready if Ready).
+//  7. Otherwise it is in progress — not active, not Ready, or in its trial — and failed once in progress
+//     for nodeTimeout since its assignment.
+//
+// Then the pool: halted when the failures counted (recorded under the current spec.retry) reach
+// maxFailures; nothing is assigned while the config is invalid, the pool is halted or paused, or a batch
+// runs or pauses (pauseBetweenBatches); otherwise Ready pending nodes fill the free slots of
+// maxUnavailable, which every unavailable selected node takes (in progress, or not Ready).
+func Decide(in Input) Plan {
+	pool := in.Pool
+	spec := &pool.Spec
+	old := &pool.Status
+	now := in.Now
+	target := in.Target.Revision
+
+	st := v1alpha1.KubeletConfigPoolStatus{
+		ObservedGeneration:  pool.Generation,
+		CurrentRevision:     old.CurrentRevision,
+		PreviousRevision:    old.PreviousRevision,
+		Conditions:          slices.Clone(old.Conditions),
+		LastAssignmentTime:  old.LastAssignmentTime.DeepCopy(),
+		BatchCompletionTime: old.BatchCompletionTime.DeepCopy(),
+	}
+	if target != "" && target != old.CurrentRevision {
+		if old.CurrentRevision != "" {
+			st.PreviousRevision = old.CurrentRevision
+		}
+		st.CurrentRevision = target
+	}
+
+	// Rule 1's record: failures of other revisions are forgotten with them.
+	recorded := map[string]v1alpha1.FailedNode{}
+	for _, f := range old.FailedNodes {
+		if target != "" && f.Revision == target {
+			recorded[f.Name] = f
+		}
+	}
+
+	nodes := slices.Clone(in.Nodes)
+	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
+
+	timeout := spec.NodeTimeoutOrDefault()
+	p := Plan{}
+	var requeue []time.Duration
+	var overlaps []string
+	for _, n := range nodes {
+		v, failure := judge(n, pool.Name, in.Target, recorded, timeout, spec.Retry, now)
+		if v.State == InProgress && !n.AssignedAt.IsZero() {
+			requeue = append(requeue, n.AssignedAt.Add(timeout).Sub(now))
+		}
+		if failure != nil {
+			st.FailedNodes = append(st.FailedNodes, *failure)
+		}
+		if v.Reason == ReasonSelectedByOtherPools {
+			overlaps = append(overlaps, v.Detail)
+		}
+		p.Nodes = append(p.Nodes, v)
+		delete(recorded, n.Name)
+	}
+	// Failures of nodes no longer selected (deleted, relabelled) stay too: node auto-repair replaces
+	// exactly the failed nodes, and dropping their failures would lift the halt and push the bad revision
+	// on with no operator action. Only a new revision or spec.retry forgives them.
+	gone := map[string]bool{}
+	for _, name := range slices.Sorted(maps.Keys(recorded)) {
+		st.FailedNodes = append(st.FailedNodes, recorded[name])
+		gone[name] = true
+	}
+	slices.SortFunc(st.FailedNodes, func(a, b v1alpha1.FailedNode) int { return strings.Compare(a.Name, b.Name) })
+
+	var pending []string
+	unavailable := 0
+	for _, v := range p.Nodes {
+		st.Nodes.Selected++
+		switch v.State {
+		case Updated:
+			st.Nodes.Updated++
+			if v.Ready {
+				st.Nodes.Ready++
+			}
+		case InProgress:
+			st.Nodes.InProgress++
+		case Failed:
+			st.Nodes.Failed++
+		case Held:
+			st.Nodes.Held++
+		case Pending:
+			if v.Ready {
+				pending = append(pending, v.Name)
+			}
+		}
+		if v.Unavailable() {
+			unavailable++
+		}
+	}
+	notAssigned := int(st.Nodes.Selected - st.Nodes.Updated - st.Nodes.InProgress - st.Nodes.Failed - st.Nodes.Held)
+
+	maxFailures := int(spec.MaxFailuresOrDefault())
+	var counted []v1alpha1.FailedNode
+	for _, f := range st.FailedNodes {
+		if f.Retry == spec.Retry {
+			counted = append(counted, f)
+		}
+	}
+	halted := len(counted) >= maxFailures
+
+	p.MaxUnavailable = scaled(spec.MaxUnavailableOrDefault(), int(st.Nodes.Selected))
+	slots := p.MaxUnavailable - unavailable
+
+	// A batch is complete the first time the pool sees nothing in progress after its last assignment.
+	if st.Nodes.InProgress == 0 && st.LastAssignmentTime != nil &&
+		(st.BatchCompletionTime == nil || !st.BatchCompletionTime.After(st.LastAssignmentTime.Time)) {
+		st.BatchCompletionTime = &metav1.Time{Time: now}
+	}
+	pause := spec.PauseBetweenBatchesOrDefault()
+
+	// Updating, and what is assigned: the first rule that holds decides.
+	updating := func(status metav1.ConditionStatus, reason, msg string) {
+		setCondition(&st, pool, now, v1alpha1.ConditionUpdating, status, reason, msg)
+	}
+	progress := fmt.Sprintf("%d of %d nodes updated, %d in progress", st.Nodes.Updated, st.Nodes.Selected, st.Nodes.InProgress)
+	switch {
+	case in.Invalid != nil:
+		updating(metav1.ConditionFalse, v1alpha1.ReasonConfigInvalid, "the config cannot be rolled out: "+in.Invalid.Message)
+	case target == "":
+		updating(metav1.ConditionFalse, v1alpha1.ReasonConfigInvalid, "the pool has no revision to roll out yet")
+	case halted:
+		updating(metav1.ConditionFalse, v1alpha1.ReasonHalted, "the pool is halted: "+progress)
+	case spec.Paused:
+		updating(metav1.ConditionFalse, v1alpha1.ReasonPaused, "spec.paused: "+progress)
+	case notAssigned == 0 && st.Nodes.InProgress == 0:
+		if st.Nodes.Updated == st.Nodes.Selected {
+			updating(metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete, progress)
+		} else {
+			updating(metav1.ConditionFalse, v1alpha1.ReasonNothingToAssign,
+				fmt.Sprintf("%s; the others are failed (%d) or held (%d)", progress, st.Nodes.Failed, st.Nodes.Held))
+		}
+	case notAssigned == 0:
+		updating(metav1.ConditionTrue, v1alpha1.ReasonRollingOut, progress)
+	case pause > 0 && st.Nodes.InProgress > 0:
+		updating(metav1.ConditionTrue, v1alpha1.ReasonRollingOut, progress+"; the next batch starts when none is")
+	case pause > 0 && st.BatchCompletionTime != nil && now.Before(st.BatchCompletionTime.Add(pause)):
+		wait := st.BatchCompletionTime.Add(pause).Sub(now)
+		requeue = append(requeue, wait)
+		updating(metav1.ConditionTrue, v1alpha1.ReasonWaitingBetweenBatches,
+			fmt.Sprintf("%s; the next batch starts at %s (pauseBetweenBatches %v)",
+				progress, st.BatchCompletionTime.Add(pause).UTC().Format(time.RFC3339), pause))
+	case slots <= 0 || len(pending) == 0:
+		if st.Nodes.InProgress > 0 {
+			updating(metav1.ConditionTrue, v1alpha1.ReasonRollingOut, progress)
+		} else {
+			updating(metav1.ConditionTrue, v1alpha1.ReasonWaitingForAvailable,
+				fmt.Sprintf("%s; %d selected nodes are not Ready (maxUnavailable %d): nothing is assigned until one is",
+					progress, unavailable, p.MaxUnavailable))
+		}
+	default:
+		p.Assign = pending[:min(slots, len(pending))]
+		st.LastAssignmentTime = &metav1.Time{Time: now}
+		updating(metav1.ConditionTrue, v1alpha1.ReasonRollingOut,
+			fmt.Sprintf("%s; assigning %d: %s", progress, len(p.Assign), joinCapped(p.Assign, ", ")))
+	}
+
+	// The other conditions.
+	setCondition(&st, pool, now, v1alpha1.ConditionPaused, boolStatus(spec.Paused),
+		pick(spec.Paused, v1alpha1.ReasonPausedBySpec, v1alpha1.ReasonNotPaused), "")
+	if in.Invalid != nil {
+		setCondition(&st, pool, now, v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, in.Invalid.Reason, in.Invalid.Message)
+	} else {
+		setCondition(&st, pool, now, v1alpha1.ConditionConfigInvalid, metav1.ConditionFalse, v1alpha1.ReasonConfigValid, "")
+	}
+	budget := fmt.Sprintf("%d failures count against maxFailures %d", len(counted), maxFailures)
+	if len(counted) == 1 {
+		budget = fmt.Sprintf("1 failure counts against maxFailures %d", maxFailures)
+	}
+	if halted {
+		setCondition(&st, pool, now, v1alpha1.ConditionHalted, metav1.ConditionTrue, v1alpha1.ReasonFailureBudgetExhausted,
+			fmt.Sprintf("%s of revision %s: %s; nothing more is assigned until the config changes or spec.retry does (kubectl dkc rollout retry)",
+				budget, target, failedList(counted, gone)))
+	} else {
+		setCondition(&st, pool, now, v1alpha1.ConditionHalted, metav1.ConditionFalse, v1alpha1.ReasonWithinFailureBudget, budget)
+	}
+	var degraded []string
+	if len(st.FailedNodes) > 0 {
+		degraded = append(degraded, "failed revision "+target+": "+failedList(st.FailedNodes, gone))
+	}
+	if len(overlaps) > 0 {
+		degraded = append(degraded, "nodes selected by more than one pool, which none of them touches: "+joinCapped(overlaps, "; "))
+	}
+	switch {
+	case len(st.FailedNodes) > 0:
+		setCondition(&st, pool, now, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonNodesFailed, strings.Join(degraded, "; "))
+	case len(overlaps) > 0:
+		setCondition(&st, pool, now, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonSelectorOverlap, strings.Join(degraded, "; "))
+	default:
+		setCondition(&st, pool, now, v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAsExpected, "")
+	}
+	switch {
+	case st.Nodes.Selected == 0:
+		setCondition(&st, pool, now, v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNoNodesSelected,
+			"the pool's nodeSelector matches no node")
+	case target != "" && st.Nodes.Updated == st.Nodes.Selected:
+		setCondition(&st, pool, now, v1alpha1.ConditionUpdated, metav1.ConditionTrue, v1alpha1.ReasonAllNodesUpdated,
+			fmt.Sprintf("all %d selected nodes run revision %s", st.Nodes.Selected, target))
+	default:
+		setCondition(&st, pool, now, v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNodesNotUpdated, progress)
+	}
+
+	p.Status = st
+	for _, d := range requeue {
+		if d > 0 && (p.RequeueAfter == 0 || d < p.RequeueAfter) {
+			p.RequeueAfter = d
+		}
+	}
+	return p
+}
+
+// judge applies the node rules (Decide's 1–7). It returns the failure to record, if the node failed.
+func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNode, timeout time.Duration, retry int64, now time.Time) (Verdict, *v1alpha1.FailedNode) {
+	v := Verdict{Name: n.Name, Ready: n.Ready}
+	if f, ok := recorded[n.Name]; ok {
+		v.State, v.Reason, v.Detail = Failed, f.Reason, f.Error
+		return v, &f
+	}
+	switch {
+	case len(n.OtherPools) > 0:
+		pools := append([]string{pool}, n.OtherPools...)
+		slices.Sort(pools)
+		v.State, v.Reason = Held, ReasonSelectedByOtherPools
+		v.Detail = fmt.Sprintf("node %s is selected by pools %s", n.Name, strings.Join(slices.Compact(pools), ", "))
+		return v, nil
+	case n.HandAssigned:
+		v.State, v.Reason, v.Detail = Held, ReasonHandAssigned,
+			"its source was set by hand after the pool assigned it; remove the annotation "+v1alpha1.AnnotationAssignment+" to give it back"
+		return v, nil
+	case !n.Assigned && n.Revision != "" && n.Revision != t.Revision && !settled(n.Status, n.Source):
+		v.State, v.Reason, v.Detail = InProgress, ReasonPreviousRevision,
+			"the pool assigned it revision "+n.Revision+", not yet proven: "+waitsFor(n, n.Source)
+		if !n.AssignedAt.IsZero() && now.Sub(n.AssignedAt) >= timeout {
+			// Recorded against the target: the failure must outlive the earlier revision to keep the node
+			// (stuck, maybe restarting) out of the rollout.
+			msg := fmt.Sprintf("in progress for %v, past nodeTimeout %v: %s: %s",
+				now.Sub(n.AssignedAt).Round(time.Second), timeout, v.Reason, v.Detail)
+			v.State, v.Reason, v.Detail = Failed, v1alpha1.FailureTimeout, msg
+			return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: v1alpha1.FailureTimeout, Error: msg,
+				Retry: retry, Time: metav1.Time{Time: now}}
+		}
+		return v, nil
+	case !n.Assigned || t.Revision == "":
+		v.State, v.Reason = Pending, ReasonNotAssigned
+		if !n.Ready {
+			v.Detail = "not Ready: assigned once it is"
+		}
+		return v, nil
+	}
+
+	st := n.Status
+	fail := func(reason, msg string) (Verdict, *v1alpha1.FailedNode) {
+		v.State, v.Reason, v.Detail = Failed, reason, msg
+		return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: reason, Error: msg, Retry: retry, Time: metav1.Time{Time: now}}
+	}
+	aboutTarget := sameSource(st.Assigned, t.Source)
+	if aboutTarget && st.Error != "" && !retried(nodeconfig.StatusError(st.Error)) {
+		if st.Error == string(nodeconfig.HealthError) {
+			return fail(v1alpha1.FailureRolledBack, st.Error)
+		}
+		return fail(v1alpha1.FailureConfigRefused, st.Error)
+	}
+	if sameSource(st.Active, t.Source) && sameSource(st.LastKnownGood, t.Source) {
+		v.State, v.Reason = Updated, ReasonProven
+		return v, nil
+	}
+
+	v.State = InProgress
+	switch {
+	case !sameSource(st.Active, t.Source) && aboutTarget && st.Error != "":
+		v.Reason, v.Detail = ReasonRetrying, st.Error
+	case !sameSource(st.Active, t.Source):
+		v.Reason, v.Detail = ReasonNotActive, "the node does not run it yet"
+	case !n.Ready:
+		v.Reason, v.Detail = ReasonNotReady, "the node runs it and is not Ready"
+	default:
+		v.Reason, v.Detail = ReasonInTrial, "the node runs it, in its last-known-good trial"
+	}
+	if !n.AssignedAt.IsZero() && now.Sub(n.AssignedAt) >= timeout {
+		return fail(v1alpha1.FailureTimeout, fmt.Sprintf("in progress for %v, past nodeTimeout %v: %s: %s",
+			now.Sub(n.AssignedAt).Round(time.Second), timeout, v.Reason, v.Detail))
+	}
+	return v, nil
+}
+
+// settled says whether a node that the pool assigned source s is done with it: it runs s as
+// last-known-good (Ready or not: a Node not Ready is unavailable anyway, and a later outage is not s's
+// doing), or it refused s (then it runs its last-known-good and will not try s again).
+func settled(st corev1.NodeConfigStatus, s corev1.ConfigMapNodeConfigSource) bool {
+	if sameSource(st.Assigned, s) && st.Error != "" && !retried(nodeconfig.StatusError(st.Error)) {
+		return true
+	}
+	return sameSource(st.Active, s) && sameSource(st.LastKnownGood, s)
+}
+
+// waitsFor says what a node assigned s waits for, for a verdict's detail.
+func waitsFor(n Node, s corev1.ConfigMapNodeConfigSource) string {
+	switch {
+	case !sameSource(n.Status.Active, s):
+		return "the node does not run it yet"
+	case !n.Ready:
+		return "the node runs it and is not Ready"
+	default:
+		return "the node runs it, in its last-known-good trial"
+	}
+}
+
+// retried says whether a node's status error is one the sidecar or the service retries by itself, which
+// does not blame the config (docs/design.md, "Where status is written"); every other error about the
+// target fails the node. An error dkc does not know yet fails it too: halting on a new kind of failure is
+// safer than pushing through it.
+func retried(e nodeconfig.StatusError) bool {
+	switch e {
+	case nodeconfig.RestartError, nodeconfig.VerifyError, nodeconfig.VerifyTimeoutError,
+		nodeconfig.InternalError, nodeconfig.SyncInternalError, nodeconfig.DownloadError:
+		return true
+	}
+	return false
+}
+
+// sameSource says whether a status source (resolved: with UID and ResourceVersion) is the target's
+// snapshot. Name, namespace and key are enough: a snapshot is immutable and named by its content.
+func sameSource(s *corev1.NodeConfigSource, t corev1.ConfigMapNodeConfigSource) bool {
+	if s == nil || s.ConfigMap == nil {
+		return false
+	}
+	c := s.ConfigMap
+	return c.Namespace == t.Namespace && c.Name == t.Name && c.KubeletConfigKey == t.KubeletConfigKey
+}
+
+// scaled is maxUnavailable of selected nodes: a percentage rounds down, as a Deployment's maxUnavailable
+// and `kubectl dkc rollout --max-unavailable` do, and the result is at least 1 (a pool has no surge to
+// make progress with 0).
+func scaled(v intstr.IntOrString, selected int) int {
+	n, err := intstr.GetScaledValueFromIntOrPercent(&v, selected, false)
+	if err != nil {
+		// The schema refuses such a value; a pool built in code gets the safest reading.
+		return 1
+	}
+	return max(n, 1)
+}
+
+// maxListed bounds the nodes a condition message names; failedNodes has them all.
+const maxListed = 10
+
+// failedList names the failures fs; gone are the nodes no longer selected.
+func failedList(fs []v1alpha1.FailedNode, gone map[string]bool) string {
+	items := make([]string, 0, len(fs))
+	for _, f := range fs {
+		name := f.Name
+		if gone[f.Name] {
+			name += " (node gone)"
+		}
+		items = append(items, fmt.Sprintf("node %s: %s: %s", name, f.Reason, f.Error))
+	}
+	return joinCapped(items, "; ")
+}
+
+func joinCapped(items []string, sep string) string {
+	if len(items) <= maxListed {
+		return strings.Join(items, sep)
+	}
+	return strings.Join(items[:maxListed], sep) + fmt.Sprintf("%sand %d more", sep, len(items)-maxListed)
+}
+
+// maxMessage is metav1.Condition's limit on a message (the CRD's schema refuses a longer one).
+const maxMessage = 32768
+
+func truncate(msg string) string {
+	if len(msg) <= maxMessage {
+		return msg
+	}
+	const tail = " …"
+	cut := maxMessage - len(tail)
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + tail
+}
+
+func setCondition(st *v1alpha1.KubeletConfigPoolStatus, pool *v1alpha1.KubeletConfigPool, now time.Time,
+	typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+		Type: typ, Status: status, Reason: reason, Message: truncate(msg),
+		ObservedGeneration: pool.Generation, LastTransitionTime: metav1.Time{Time: now},
+	})
+}
+
+func boolStatus(b bool) metav1.ConditionStatus {
+	if b {
+		return metav1.ConditionTrue
+	}
+	return metav1.ConditionFalse
+}
+
+func pick(b bool, yes, no string) string {
+	if b {
+		return yes
+	}
+	return no
+}

@@ -1,0 +1,148 @@
+// Package revision names a KubeletConfigPool's config revisions and builds their snapshots: a revision is
+// the content of the pool's ConfigMap at one moment, copied into an immutable ConfigMap the pool owns and
+// nodes are assigned, the way a Deployment's ReplicaSets freeze its pod template. An edit of the pool's
+// ConfigMap is then a new revision that reaches nodes batch by batch, instead of an in-place change every
+// node using the ConfigMap would pick up at once; undo is the assignment of an earlier snapshot.
+//
+// Everything here is pure: the controller creates, lists and deletes the objects.
+package revision
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+)
+
+// NameLength is the length of a revision's name.
+const NameLength = 10
+
+// alphabet is the one Kubernetes uses for generated names (k8s.io/apimachinery/pkg/util/rand): lower-case
+// consonants and digits without vowels or look-alikes (0, 1, 3), so a name is a DNS label and never a word.
+const alphabet = "bcdfghjklmnpqrstvwxz2456789"
+
+// Name is the revision of a config: a hash of the ConfigMap's namespace, the kubelet config key and every
+// data entry. Equal content gives the same name on every replica and after every restart (so a snapshot is
+// created once, and an undo to earlier content finds the earlier snapshot); the ConfigMap's name, UID and
+// ResourceVersion are not part of it, so an edit that restores earlier content is the earlier revision.
+// The namespace is, as the snapshot lives there: a pool moved to equal content in another namespace gets
+// a new revision with its own snapshot, instead of keeping the old revision's name (and its failures)
+// for a source that is not the one its nodes run. binaryData is left out,
+// as dkc leaves it out of what a node receives (resolve.Assignment).
+//
+// Ten characters of a 27-letter alphabet are 47 bits: a collision between two of one pool's revisions is
+// out of reach (a Deployment's pod-template-hash has 32).
+func Name(namespace, kubeletConfigKey string, data map[string]string) string {
+	h := sha256.New()
+	// Length prefixes keep ("ab","c") and ("a","bc") apart.
+	write := func(s string) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	write(namespace)
+	write(kubeletConfigKey)
+	keys := make([]string, 0, len(data))
+	for k := range data {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		write(k)
+		write(data[k])
+	}
+	sum := h.Sum(nil)
+	var b strings.Builder
+	for _, c := range sum[:NameLength] {
+		b.WriteByte(alphabet[int(c)%len(alphabet)])
+	}
+	return b.String()
+}
+
+// SnapshotName is the name of pool's snapshot ConfigMap of revision: "<pool>-<revision>". A pool's name
+// is at most 63 characters (the CRD's rule), so this is a valid ConfigMap name of at most 74.
+func SnapshotName(pool, revision string) string { return pool + "-" + revision }
+
+// Source is the config source a node is assigned for pool's revision: the snapshot, with the pool's key.
+func Source(pool *v1alpha1.KubeletConfigPool, revision string) corev1.ConfigMapNodeConfigSource {
+	return corev1.ConfigMapNodeConfigSource{
+		Namespace:        pool.Spec.ConfigMap.Namespace,
+		Name:             SnapshotName(pool.Name, revision),
+		KubeletConfigKey: pool.Spec.ConfigMap.KubeletConfigKey,
+	}
+}
+
+// Snapshot returns the revision of cm (the pool's ConfigMap) and the immutable ConfigMap that freezes it:
+// in cm's namespace (one of dkc-server's --config-namespaces, so the service can read it), owned by the
+// pool (deleted with it by the garbage collector), labelled with the pool and the revision.
+//
+// blockOwnerDeletion is left unset: setting it requires update on the pool's finalizers wherever the
+// OwnerReferencesPermissionEnforcement admission plugin runs, and nothing waits on a revision's
+// deletion.
+func Snapshot(pool *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap) (string, *corev1.ConfigMap) {
+	rev := Name(cm.Namespace, pool.Spec.ConfigMap.KubeletConfigKey, cm.Data)
+	data := make(map[string]string, len(cm.Data))
+	for k, v := range cm.Data {
+		data[k] = v
+	}
+	immutable := true
+	controller := true
+	return rev, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: cm.Namespace,
+			Name:      SnapshotName(pool.Name, rev),
+			Labels:    map[string]string{v1alpha1.LabelPool: pool.Name, v1alpha1.LabelRevision: rev},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: v1alpha1.GroupVersion.String(),
+				Kind:       "KubeletConfigPool",
+				Name:       pool.Name,
+				UID:        pool.UID,
+				Controller: &controller,
+			}},
+		},
+		Immutable: &immutable,
+		Data:      data,
+	}
+}
+
+// Kept is a pool's revision snapshot as the controller lists it.
+type Kept struct {
+	Revision string
+	Created  time.Time
+}
+
+// Prune returns the revisions to delete: all but the newest limit, never the current or previous revision
+// nor one a node still uses (inUse: a node's source names it, or its status shows it active or
+// last-known-good). Those do not count against the limit: undo always finds the previous revision, and
+// dkc-server never loses the ConfigMap a node's source names (it would report "failed to download").
+func Prune(kept []Kept, current, previous string, inUse map[string]bool, limit int) []string {
+	var candidates []Kept
+	for _, k := range kept {
+		if k.Revision == current || k.Revision == previous || inUse[k.Revision] {
+			continue
+		}
+		candidates = append(candidates, k)
+	}
+	// Newest first; equal times by name, so every replica prunes the same ones.
+	slices.SortFunc(candidates, func(a, b Kept) int {
+		if c := b.Created.Compare(a.Created); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Revision, b.Revision)
+	})
+	var drop []string
+	for i, k := range candidates {
+		if i >= max(limit, 0) {
+			drop = append(drop, k.Revision)
+		}
+	}
+	return drop
+}

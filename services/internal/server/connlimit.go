@@ -45,6 +45,7 @@ type connLimiter struct {
 	unauth      atomic.Int64
 	perAddress  int           // unauthenticated connections from one IP address; 0: no limit of its own
 	authTimeout time.Duration // 0: none
+	userTimeout time.Duration // TCP_USER_TIMEOUT of accepted connections; 0: the kernel's
 	fixedCap    bool          // --max-connections set: the Node count does not resize it
 
 	refused       prometheus.Counter
@@ -60,11 +61,13 @@ type connLimiter struct {
 type connLimits struct {
 	max, maxUnauthenticated, maxUnauthenticatedPerAddress int
 	authTimeout                                           time.Duration
+	// tcpUserTimeout is what grpc-go would set on an unwrapped connection: the keepalive timeout (0: none).
+	tcpUserTimeout time.Duration
 }
 
 func newConnLimiter(lim connLimits, reg prometheus.Registerer) *connLimiter {
 	c := &connLimiter{fixedCap: lim.max > 0, unauthLimit: int64(lim.maxUnauthenticated), perAddress: lim.maxUnauthenticatedPerAddress,
-		authTimeout: lim.authTimeout, conns: map[string]*countedConn{}, byAddr: map[string]int{},
+		authTimeout: lim.authTimeout, userTimeout: lim.tcpUserTimeout, conns: map[string]*countedConn{}, byAddr: map[string]int{},
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "connections_refused_total",
 			Help: "gRPC connections closed at accept because --max-connections were open."}),
 		unauthRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "unauthenticated_connections_refused_total",
@@ -110,6 +113,9 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 			c.refused.Inc()
 			_ = conn.Close()
 			continue
+		}
+		if tc, ok := conn.(*net.TCPConn); ok && c.userTimeout > 0 {
+			_ = setTCPUserTimeout(tc, c.userTimeout) // as grpc-go does: best effort
 		}
 		cc := &countedConn{Conn: conn, c: c, key: connKey(conn.RemoteAddr(), conn.LocalAddr()), addr: addrKey(conn.RemoteAddr())}
 		if !c.admit(cc) {

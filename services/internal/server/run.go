@@ -147,7 +147,8 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	s.health = health.NewServer()
 	s.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
 	s.conns = newConnLimiter(connLimits{max: cfg.MaxConnections, maxUnauthenticated: cfg.MaxUnauthenticatedConnections,
-		maxUnauthenticatedPerAddress: cfg.MaxUnauthenticatedConnectionsPerAddress, authTimeout: cfg.AuthenticationTimeout}, s.reg)
+		maxUnauthenticatedPerAddress: cfg.MaxUnauthenticatedConnectionsPerAddress, authTimeout: cfg.AuthenticationTimeout,
+		tcpUserTimeout: cfg.KeepaliveTimeout}, s.reg)
 	s.grpc = newGRPCServer(cfg, log, grpcParts{creds: creds, authn: authn, svc: s.svc, health: s.health, conns: s.conns})
 	return s, nil
 }

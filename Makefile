@@ -136,6 +136,21 @@ bench: build ## the scale benchmark: prints a table, writes _output/bench/result
 	@$(BIN)/dkc-dev -dir $(BENCH_DIR)/cluster down >/dev/null
 	$(BIN)/bench -dir $(BENCH_DIR) -bin $(BIN) $(BENCH_FLAGS)
 
+# Release: `make release` cross-builds kubectl-dkc for PLATFORMS (static, -trimpath, -s -w, as `make images`) and,
+# for linux only, the dkc-kubelet-check-<minor> helpers `kubectl dkc diff` runs (they run the kubelet's Linux
+# code: docs/development.md, "Releasing"), and writes into $(OUT)/release one kubectl-dkc_<version>_<os>_<arch>.tar.gz
+# per platform (reproducible: times from SOURCE_DATE_EPOCH, else HEAD's commit), their SHA-256 sums
+# (kubectl-dkc_<version>_checksums.txt, sha256sum -c) and the krew manifest dkc.yaml generated from the archives,
+# whose URIs are $(RELEASE_URL)/<archive>. VERSION must be v<semver> (krew's rule); by default git describe, or
+# v0.0.0-g<commit> before the first tag. RELEASE_URL defaults to the GitHub release of VERSION. E.g.
+#   make release VERSION=v0.2.0 RELEASE_URL=https://github.com/dkc-dev/dkc/releases/download/v0.2.0
+RELEASE_URL ?=
+PLATFORMS   ?= linux/amd64,linux/arm64,darwin/amd64,darwin/arm64
+
+.PHONY: release
+release: ## kubectl-dkc archives (+ kubelet-check helpers on linux), checksums and krew manifest into _output/release (VERSION, RELEASE_URL, PLATFORMS)
+	go run ./hack/release -out $(OUT)/release -platforms '$(PLATFORMS)' $(if $(VERSION),-version '$(VERSION)') $(if $(RELEASE_URL),-release-url '$(RELEASE_URL)')
+
 .PHONY: clean
 clean: down ## stop the cluster and remove _output
 	rm -rf $(OUT)

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"debug/elf"
+	"debug/macho"
+	"testing"
+	"time"
+)
+
+func TestShipsKubeletChecks(t *testing.T) {
+	for _, p := range supportedPlatforms {
+		if got, want := shipsKubeletChecks(p), p.os == "linux"; got != want {
+			t.Errorf("shipsKubeletChecks(%s) = %v, want %v", p, got, want)
+		}
+	}
+}
+
+// TestCrossBuildKubectlDKC — SLOW (compiles): about 1 minute per platform from a cold build cache, seconds
+// warm; skipped with -short. It cross-builds kubectl-dkc as `make release` does for the two arm64
+// platforms, which nothing here can run, and reads each binary's headers: the architecture is arm64, the
+// linux one is static (no program interpreter) and both are stripped (-s -w). The helpers are left out:
+// each links a kubelet and would take minutes.
+func TestCrossBuildKubectlDKC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cross-compiles kubectl-dkc twice (-short)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+
+	start := time.Now()
+	bin, err := buildCLI(ctx, dir+"/linux", platform{"linux", "arm64"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("linux/arm64 built in %s", time.Since(start).Round(time.Second))
+	ef, err := elf.Open(bin)
+	if err != nil {
+		t.Fatalf("linux/arm64 kubectl-dkc is no ELF file: %v", err)
+	}
+	defer ef.Close()
+	if ef.Machine != elf.EM_AARCH64 || ef.Class != elf.ELFCLASS64 {
+		t.Errorf("linux/arm64 kubectl-dkc: machine %v class %v, want EM_AARCH64 ELFCLASS64", ef.Machine, ef.Class)
+	}
+	for _, p := range ef.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Error("linux/arm64 kubectl-dkc has a program interpreter: not static (CGO_ENABLED=0)")
+		}
+	}
+	if ef.Section(".symtab") != nil {
+		t.Error("linux/arm64 kubectl-dkc has a symbol table: not stripped (-s)")
+	}
+
+	start = time.Now()
+	bin, err = buildCLI(ctx, dir+"/darwin", platform{"darwin", "arm64"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("darwin/arm64 built in %s", time.Since(start).Round(time.Second))
+	mf, err := macho.Open(bin)
+	if err != nil {
+		t.Fatalf("darwin/arm64 kubectl-dkc is no Mach-O file: %v", err)
+	}
+	defer mf.Close()
+	if mf.Cpu != macho.CpuArm64 || mf.Type != macho.TypeExec {
+		t.Errorf("darwin/arm64 kubectl-dkc: cpu %v type %v, want CpuArm64 executable", mf.Cpu, mf.Type)
+	}
+	if mf.Section("__debug_info") != nil || mf.Section("__zdebug_info") != nil {
+		t.Error("darwin/arm64 kubectl-dkc has DWARF: not stripped (-w)")
+	}
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// licenseNames are the license files an archive carries when the repository has one: krew-index's
+// validate-krew-manifest wants one of them installed with every plugin.
+var licenseNames = []string{"LICENSE", "LICENSE.txt", "LICENSE.md", "COPYING"}
+
+// source is what a release is built from.
+type source struct {
+	root    string    // the repository's top directory
+	version string    // v<semver>
+	created time.Time // every time in the archives
+}
+
+func run(ctx context.Context, c config, out io.Writer) error {
+	start := time.Now()
+	src, err := readSource(ctx, c.version)
+	if err != nil {
+		return err
+	}
+	baseURL := c.releaseURL
+	if baseURL == "" {
+		baseURL = releaseURLBase + src.version
+	}
+	if err := os.MkdirAll(c.out, 0o755); err != nil {
+		return fmt.Errorf("create output directory: %w", err)
+	}
+	// A release directory holds one release: archives, sums and manifest of an earlier version would sit
+	// beside this one's unlisted, and be uploaded with it.
+	stale, _ := filepath.Glob(filepath.Join(c.out, cliBin+"_*"))
+	for _, f := range append(stale, filepath.Join(c.out, manifestFile)) {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove the previous release's %s: %w", f, err)
+		}
+	}
+	license, err := findLicense(src.root)
+	if err != nil {
+		return err
+	}
+
+	var published []publishedArchive
+	var paths []string
+	for _, p := range c.platforms {
+		entries, err := buildPlatform(ctx, src.root, filepath.Join(c.out, "bin", p.os+"_"+p.arch), p)
+		if err != nil {
+			return err
+		}
+		if license != "" {
+			entries = append(entries, entry{name: filepath.Base(license), mode: 0o644, source: license})
+		}
+		a := publishedArchive{platform: p, name: archiveName(src.version, p)}
+		path := filepath.Join(c.out, a.name)
+		if err := writeArchive(path, entries, src.created); err != nil {
+			return err
+		}
+		if a.files, err = readArchive(path); err != nil {
+			return err
+		}
+		if a.sha256, err = sha256File(path); err != nil {
+			return err
+		}
+		published, paths = append(published, a), append(paths, path)
+	}
+	sums := filepath.Join(c.out, checksumsName(src.version))
+	if err := writeChecksums(sums, paths); err != nil {
+		return err
+	}
+	m, err := krewManifest(src.version, baseURL, published)
+	if err != nil {
+		return err
+	}
+	if err := validateManifest(pluginName, m); err != nil {
+		return fmt.Errorf("krew manifest: %w", err)
+	}
+	y, err := marshalManifest(m)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(c.out, manifestFile), y, 0o644); err != nil {
+		return fmt.Errorf("krew manifest: %w", err)
+	}
+
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	for _, a := range published {
+		st, err := os.Stat(filepath.Join(c.out, a.name))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "%s\t%.1f MiB\t%d files\tsha256:%s\n", a.name, float64(st.Size())/(1<<20), len(a.files), a.sha256)
+	}
+	fmt.Fprintf(tw, "%s\tkrew manifest, URIs under %s\n", manifestFile, baseURL)
+	fmt.Fprintf(tw, "%s\t(sha256sum -c)\n", filepath.Base(sums))
+	lic := "none in the repository"
+	if license != "" {
+		lic = filepath.Base(license)
+	}
+	fmt.Fprintf(tw, "# %s, version %s, created %s, license %s; %s\n", filepath.Clean(c.out), src.version,
+		src.created.Format(time.RFC3339), lic, time.Since(start).Round(100*time.Millisecond))
+	return tw.Flush()
+}
+
+// buildPlatform builds what p's archive holds and returns it as archive entries.
+func buildPlatform(ctx context.Context, root, dir string, p platform) ([]entry, error) {
+	bin, err := buildCLI(ctx, dir, p)
+	if err != nil {
+		return nil, err
+	}
+	entries := []entry{{name: cliBin, mode: 0o755, source: bin}}
+	if !shipsKubeletChecks(p) {
+		return entries, nil
+	}
+	checks, err := buildKubeletChecks(ctx, root, dir, p)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range checks {
+		entries = append(entries, entry{name: filepath.Base(c), mode: 0o755, source: c})
+	}
+	return entries, nil
+}
+
+// findLicense returns the repository's license file, or "" when it has none.
+func findLicense(root string) (string, error) {
+	for _, n := range licenseNames {
+		p := filepath.Join(root, n)
+		st, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("license: %w", err)
+		}
+		if st.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	return "", nil
+}
+
+// readSource reads the release's provenance from git, as hack/images does: the top directory, the version
+// (unless given: git describe, made a semver by releaseVersion) and the timestamp (SOURCE_DATE_EPOCH, else
+// HEAD's commit time), so rebuilding a commit gives the same archives.
+func readSource(ctx context.Context, version string) (source, error) {
+	s := source{version: version}
+	var err error
+	if s.root, err = git(ctx, "rev-parse", "--show-toplevel"); err != nil {
+		return s, err
+	}
+	if s.version == "" {
+		describe, err := git(ctx, "describe", "--tags", "--always", "--dirty")
+		if err != nil {
+			return s, err
+		}
+		s.version = releaseVersion(describe)
+	}
+	if err := checkVersion(s.version); err != nil {
+		return s, fmt.Errorf("release version: %w", err)
+	}
+	epoch := os.Getenv("SOURCE_DATE_EPOCH")
+	if epoch == "" {
+		if epoch, err = git(ctx, "log", "-1", "--format=%ct", "HEAD"); err != nil {
+			return s, err
+		}
+	}
+	sec, err := strconv.ParseInt(epoch, 10, 64)
+	if err != nil {
+		return s, fmt.Errorf("timestamp %q (SOURCE_DATE_EPOCH or HEAD's commit time): %w", epoch, err)
+	}
+	s.created = time.Unix(sec, 0).UTC()
+	return s, nil
+}
+
+func git(ctx context.Context, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, "git", args...).Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ": " + strings.TrimSpace(string(ee.Stderr))
+		}
+		return "", fmt.Errorf("git %s: %w%s", strings.Join(args, " "), err, stderr)
+	}
+	return strings.TrimSpace(string(out)), nil
+}

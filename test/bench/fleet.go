@@ -363,16 +363,36 @@ func (l apiserverLoad) record(res *Results, prefix string) {
 	res.note(prefix+"_apf_dkc_node_status_rejected", l.apfRejected)
 }
 
+// fleetWrites counts dkc-server's Node status patches and kubelet-restart Events.
+type fleetWrites struct{ patches, events int }
+
+func (w fleetWrites) minus(o fleetWrites) fleetWrites {
+	return fleetWrites{patches: w.patches - o.patches, events: w.events - o.events}
+}
+
+// serverWrites reads dkc-server's counts of status patches written and restart Events created.
+func (r *run) serverWrites(ctx context.Context) (fleetWrites, error) {
+	fams, err := serverMetrics(ctx, r.cluster.MetricsAddress())
+	if err != nil {
+		return fleetWrites{}, fmt.Errorf("dkc-server's write counts: %w", err)
+	}
+	return fleetWrites{
+		patches: int(metricSum(fams, "dkc_server_node_status_writes_total", map[string]string{"result": "written"})),
+		events:  int(metricSum(fams, "dkc_server_restart_events_total", map[string]string{"result": "created"})),
+	}, nil
+}
+
 // bareWorkers is how many writes the bare client keeps in flight: more than dkc-server's bound
 // (--max-inline-status-writes + --status-workers), so that the apiserver, not the client, is the limit.
 const bareWorkers = 384
 
-// bareClient makes, for each of nodes, what dkc makes for a node taking a config: an Event, then a
-// strategic-merge patch of the Node's status of the same shape as dkc's (an annotation holding a status
-// JSON, a condition, status.config), at full speed: no client-side limit, bareWorkers at a time. It runs
+// bareClient makes the writes dkc made (want: at least one of each per node): Events and strategic-merge
+// patches of the Nodes' status of the same shape as dkc's (an annotation holding a status JSON, a
+// condition, status.config), going round the nodes, each round's patch another content; per node an Event,
+// then its patch, as dkc writes them. At full speed: no client-side limit, bareWorkers at a time. It runs
 // as dkc-server does (its kubeconfig: the same identity, so the same FlowSchema, and protobuf), and returns
 // how long the writes took.
-func (r *run) bareClient(ctx context.Context, nodes []string, gen int) (time.Duration, error) {
+func (r *run) bareClient(ctx context.Context, nodes []string, gen int, want fleetWrites) (time.Duration, error) {
 	// The dev cluster writes dkc-server's kubeconfig beside its admin one (devcluster's startService).
 	rc, err := clientcmd.BuildConfigFromFlags("", filepath.Join(filepath.Dir(r.cluster.KubeconfigPath()), "dkc-server.kubeconfig"))
 	if err != nil {
@@ -390,12 +410,23 @@ func (r *run) bareClient(ctx context.Context, nodes []string, gen int) (time.Dur
 	if !ok {
 		return 0, errors.New("no REST client")
 	}
-	status := fmt.Sprintf(`{"assigned":{"configMap":{"namespace":"kube-system","name":"bench-bare","uid":"00000000-0000-0000-0000-%012d","resourceVersion":"%d","kubeletConfigKey":"kubelet"}},"active":{"configMap":{"namespace":"kube-system","name":"bench-bare","uid":"00000000-0000-0000-0000-%012d","resourceVersion":"%d","kubeletConfigKey":"kubelet"}}}`, gen, gen, gen, gen)
+	// Round k of the nodes writes the k-th patch (and Event) of each: a node's next write comes a whole
+	// round of the nodes later, as dkc's next write of a node comes with its next report.
+	n := max(want.patches, want.events, len(nodes))
+	writes := make([]string, n)
+	for i := range writes {
+		writes[i] = nodes[i%len(nodes)]
+	}
 	start := time.Now()
-	err = parallel(ctx, nodes, bareWorkers, func(ctx context.Context, _ int, node string) error {
+	err = parallel(ctx, writes, bareWorkers, func(ctx context.Context, i int, node string) error {
+		round := gen*1000 + i/len(nodes)
+		status := fmt.Sprintf(`{"assigned":{"configMap":{"namespace":"kube-system","name":"bench-bare","uid":"00000000-0000-0000-0000-%012d","resourceVersion":"%d","kubeletConfigKey":"kubelet"}},"active":{"configMap":{"namespace":"kube-system","name":"bench-bare","uid":"00000000-0000-0000-0000-%012d","resourceVersion":"%d","kubeletConfigKey":"kubelet"}}}`, round, round, round, round)
 		now := metav1.NewTime(time.Now())
+		if i >= max(want.events, len(nodes)) {
+			return r.barePatch(ctx, restClient, node, status, round, now)
+		}
 		ev := &corev1.Event{
-			ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.bare%d", node, gen), Namespace: metav1.NamespaceDefault},
+			ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.bare%d", node, round), Namespace: metav1.NamespaceDefault},
 			InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)},
 			Reason:         "BenchBareClient", Message: "Kubelet restarting to use /api/v1/namespaces/kube-system/configmaps/bench-bare, UID: 0, ResourceVersion: 0, KubeletConfigKey: kubelet",
 			Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "dkc-bench", Host: node},
@@ -404,23 +435,31 @@ func (r *run) bareClient(ctx context.Context, nodes []string, gen int) (time.Dur
 		if _, err := client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("bare client: create event for node %s: %w", node, err)
 		}
-		patch, err := json.Marshal(map[string]any{
-			"metadata": map[string]any{"annotations": map[string]string{"dkc.dev/bench-bare-status": status}},
-			"status": map[string]any{
-				"config": map[string]any{"error": nil},
-				"conditions": []corev1.NodeCondition{{Type: "BenchBareClient", Status: corev1.ConditionTrue, Reason: "UsingCurrent",
-					Message: fmt.Sprintf("using current (UID: 00000000-0000-0000-0000-%012d)", gen), LastHeartbeatTime: now, LastTransitionTime: now}},
-			},
-		})
-		if err != nil {
-			return err
+		if i >= max(want.patches, len(nodes)) {
+			return nil
 		}
-		opts := metav1.PatchOptions{FieldManager: "dkc-bench-bare-client"}
-		if err := restClient.Patch(types.StrategicMergePatchType).Resource("nodes").Name(node).SubResource("status").
-			VersionedParams(&opts, scheme.ParameterCodec).Body(patch).Do(ctx).Error(); err != nil {
-			return fmt.Errorf("bare client: patch status of node %s: %w", node, err)
-		}
-		return nil
+		return r.barePatch(ctx, restClient, node, status, round, now)
 	})
 	return time.Since(start), err
+}
+
+// barePatch patches node's status as dkc does, with status as its annotation.
+func (r *run) barePatch(ctx context.Context, restClient *rest.RESTClient, node, status string, round int, now metav1.Time) error {
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{"dkc.dev/bench-bare-status": status}},
+		"status": map[string]any{
+			"config": map[string]any{"error": nil},
+			"conditions": []corev1.NodeCondition{{Type: "BenchBareClient", Status: corev1.ConditionTrue, Reason: "UsingCurrent",
+				Message: fmt.Sprintf("using current (UID: 00000000-0000-0000-0000-%012d)", round), LastHeartbeatTime: now, LastTransitionTime: now}},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	opts := metav1.PatchOptions{FieldManager: "dkc-bench-bare-client"}
+	if err := restClient.Patch(types.StrategicMergePatchType).Resource("nodes").Name(node).SubResource("status").
+		VersionedParams(&opts, scheme.ParameterCodec).Body(patch).Do(ctx).Error(); err != nil {
+		return fmt.Errorf("bare client: patch status of node %s: %w", node, err)
+	}
+	return nil
 }

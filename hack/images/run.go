@@ -9,10 +9,11 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/dkc-dev/dkc/hack/internal/gitsource"
 
 	"github.com/google/go-containerregistry/pkg/name"
 
@@ -179,41 +180,21 @@ func compileKubeletChecks(ctx context.Context, dir, arch string) ([]string, erro
 func source(ctx context.Context, version string) (ociimage.Source, error) {
 	s := ociimage.Source{Repository: sourceRepository, Version: version}
 	var err error
-	if s.Revision, err = git(ctx, "rev-parse", "HEAD"); err != nil {
+	if s.Revision, err = gitsource.Git(ctx, "rev-parse", "HEAD"); err != nil {
 		return s, err
 	}
-	status, err := git(ctx, "status", "--porcelain", "--untracked-files=normal")
+	status, err := gitsource.Git(ctx, "status", "--porcelain", "--untracked-files=normal")
 	if err != nil {
 		return s, err
 	}
 	s.Dirty = status != ""
 	if s.Version == "" {
-		if s.Version, err = git(ctx, "describe", "--tags", "--always", "--dirty"); err != nil {
+		if s.Version, err = gitsource.Git(ctx, "describe", "--tags", "--always", "--dirty"); err != nil {
 			return s, err
 		}
 	}
-	epoch := os.Getenv("SOURCE_DATE_EPOCH")
-	if epoch == "" {
-		if epoch, err = git(ctx, "log", "-1", "--format=%ct", "HEAD"); err != nil {
-			return s, err
-		}
+	if s.Created, err = gitsource.Created(ctx); err != nil {
+		return s, err
 	}
-	sec, err := strconv.ParseInt(epoch, 10, 64)
-	if err != nil {
-		return s, fmt.Errorf("timestamp %q (SOURCE_DATE_EPOCH or HEAD's commit time): %w", epoch, err)
-	}
-	s.Created = time.Unix(sec, 0).UTC()
 	return s, nil
-}
-
-func git(ctx context.Context, args ...string) (string, error) {
-	out, err := exec.CommandContext(ctx, "git", args...).Output()
-	if err != nil {
-		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ": " + strings.TrimSpace(string(ee.Stderr))
-		}
-		return "", fmt.Errorf("git %s: %w%s", strings.Join(args, " "), err, stderr)
-	}
-	return strings.TrimSpace(string(out)), nil
 }

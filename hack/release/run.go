@@ -7,12 +7,11 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/dkc-dev/dkc/hack/internal/gitsource"
 )
 
 // licenseNames are the license files an archive carries when the repository has one: krew-index's
@@ -157,11 +156,11 @@ func findLicense(root string) (string, error) {
 func readSource(ctx context.Context, version string) (source, error) {
 	s := source{version: version}
 	var err error
-	if s.root, err = git(ctx, "rev-parse", "--show-toplevel"); err != nil {
+	if s.root, err = gitsource.Git(ctx, "rev-parse", "--show-toplevel"); err != nil {
 		return s, err
 	}
 	if s.version == "" {
-		describe, err := git(ctx, "describe", "--tags", "--always", "--dirty")
+		describe, err := gitsource.Git(ctx, "describe", "--tags", "--always", "--dirty")
 		if err != nil {
 			return s, err
 		}
@@ -170,28 +169,8 @@ func readSource(ctx context.Context, version string) (source, error) {
 	if err := checkVersion(s.version); err != nil {
 		return s, fmt.Errorf("release version: %w", err)
 	}
-	epoch := os.Getenv("SOURCE_DATE_EPOCH")
-	if epoch == "" {
-		if epoch, err = git(ctx, "log", "-1", "--format=%ct", "HEAD"); err != nil {
-			return s, err
-		}
+	if s.created, err = gitsource.Created(ctx); err != nil {
+		return s, err
 	}
-	sec, err := strconv.ParseInt(epoch, 10, 64)
-	if err != nil {
-		return s, fmt.Errorf("timestamp %q (SOURCE_DATE_EPOCH or HEAD's commit time): %w", epoch, err)
-	}
-	s.created = time.Unix(sec, 0).UTC()
 	return s, nil
-}
-
-func git(ctx context.Context, args ...string) (string, error) {
-	out, err := exec.CommandContext(ctx, "git", args...).Output()
-	if err != nil {
-		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ": " + strings.TrimSpace(string(ee.Stderr))
-		}
-		return "", fmt.Errorf("git %s: %w%s", strings.Join(args, " "), err, stderr)
-	}
-	return strings.TrimSpace(string(out)), nil
 }

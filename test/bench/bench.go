@@ -144,6 +144,9 @@ const (
 	cmA       = "bench-a"
 	cmB       = "bench-b"
 	cmShared  = "bench-shared"
+	// fleetProfile is how long dkc-server's CPU profile of the fleet update runs (dkc-server-fleet.cpu.pprof):
+	// about as long as the update takes to show on every Node here.
+	fleetProfile = 45 * time.Second
 )
 
 type run struct {
@@ -888,8 +891,11 @@ func (r *run) apiserverCost(ctx context.Context, pid int) (apiserverCost, error)
 }
 
 // profile takes a CPU profile of dkc-server for d in the background into <Dir>/dkc-server-<name>.cpu.pprof;
-// the returned func waits for it.
+// the returned func waits for it. No name: no profile.
 func (r *run) profile(ctx context.Context, name string, d time.Duration) func() {
+	if name == "" {
+		return func() {}
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -1117,7 +1123,10 @@ func (r *run) maxNodes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	f, err := r.updateShared(ctx, nodes, "fanout-max", active)
+	cpuBefore := r.cpuTimes()
+	profiled := r.profile(ctx, "fleet", fleetProfile)
+	// dkc-server's profile of this update is the fleet one (a second CPU profile cannot run beside it).
+	f, err := r.updateShared(ctx, nodes, "", active)
 	if err != nil {
 		return fmt.Errorf("fan-out to %d nodes: %w", len(nodes), err)
 	}
@@ -1127,8 +1136,11 @@ func (r *run) maxNodes(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fan-out to %d nodes: %w", len(nodes), err)
 	}
+	fleetCPU := r.cpuTimes().minus(cpuBefore)
 	r.explainTail(active, nodes, f.start)
 	dkcTook := lastActive.Sub(f.start)
+	r.progress("max: CPU used until every Node showed it active: %s", fleetCPU.record(r.res, "fleet_dkc"))
+	profiled()
 	apiAfter, err := r.apiserverMetrics(ctx)
 	if err != nil {
 		return err
@@ -1192,10 +1204,12 @@ func (r *run) maxNodes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	cpuBefore = r.cpuTimes()
 	bareTook, err := r.bareClient(ctx, nodes, f.gen, fleetWrites)
 	if err != nil {
 		return err
 	}
+	r.progress("max: CPU used by the bare client's writes: %s", r.cpuTimes().minus(cpuBefore).record(r.res, "fleet_bare"))
 	apiAfter, err = r.apiserverMetrics(ctx)
 	if err != nil {
 		return err

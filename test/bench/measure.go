@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -447,4 +448,100 @@ func longestSince(before, after *metrics.Float64Histogram) float64 {
 		}
 	}
 	return 0
+}
+
+// cpuProcesses are the cluster processes whose CPU time the fleet phase accounts, beside the benchmark's own
+// (the simulated nodes and the bare client) and the machine's idle time: on a small machine they share its
+// cores, and which one took them says whether dkc or the simulation held the apiserver back.
+var cpuProcesses = []string{"kube-apiserver", "etcd", "dkc-server"}
+
+// cpuTimes is CPU seconds used so far, by process name, with "bench" this process and "idle" the machine's
+// idle time summed over its cores.
+type cpuTimes map[string]float64
+
+func (r *run) cpuTimes() cpuTimes {
+	t := cpuTimes{}
+	for _, name := range cpuProcesses {
+		if pid, err := r.cluster.PID(name); err == nil && pid > 0 {
+			if s, err := processCPU(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+				t[name] = s
+			}
+		}
+	}
+	if s, err := processCPU("/proc/self/stat"); err == nil {
+		t["bench"] = s
+	}
+	if s, err := machineIdle("/proc/stat"); err == nil {
+		t["idle"] = s
+	}
+	return t
+}
+
+// minus is the CPU seconds used between o and t, by name.
+func (t cpuTimes) minus(o cpuTimes) cpuTimes {
+	d := cpuTimes{}
+	for k, v := range t {
+		if ov, ok := o[k]; ok {
+			d[k] = v - ov
+		}
+	}
+	return d
+}
+
+// record notes the CPU seconds of a window under <prefix>_cpu_seconds_<name> and returns them as one line.
+func (t cpuTimes) record(res *Results, prefix string) string {
+	names := slices.Sorted(maps.Keys(t))
+	var b strings.Builder
+	for _, k := range names {
+		res.note(prefix+"_cpu_seconds_"+strings.ReplaceAll(k, "-", "_"), t[k])
+		fmt.Fprintf(&b, " %s %.1f s", k, t[k])
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// processCPU is the user + system CPU seconds of the process whose /proc/<pid>/stat is at path.
+func processCPU(path string) (float64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces and parentheses: fields are counted after its last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("%s: no command name", path)
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%s: %d fields", path, len(f)+2)
+	}
+	user, err1 := strconv.ParseFloat(f[11], 64)
+	sys, err2 := strconv.ParseFloat(f[12], 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return (user + sys) / clockTicks, nil
+}
+
+// machineIdle is the idle + iowait seconds of every core together, from /proc/stat's "cpu" line.
+func machineIdle(path string) (float64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return 0, fmt.Errorf("%s: no cpu line", path)
+	}
+	idle, err1 := strconv.ParseFloat(f[4], 64)
+	iowait, err2 := strconv.ParseFloat(f[5], 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return (idle + iowait) / clockTicks, nil
 }

@@ -346,6 +346,36 @@ func TestTrialPromotesAndLastKnownGoodIsTheFallback(t *testing.T) {
 	n.expect("local", "local", "local", "", 3)
 }
 
+// The trial ends at its duration to the nanosecond, before and after a sidecar restart: CheckTrial's
+// in-memory shortcut (it runs every second on every node) must never delay or advance a promotion.
+func TestTrialEndsAtItsDuration(t *testing.T) {
+	n := newNode(t)
+	// stepTo sets the clock to d after the recorded trial start (the restart's health wait moved it on).
+	stepTo := func(d time.Duration) {
+		t.Helper()
+		start := n.agent.state.trialStart(n.agent.active)
+		if start.IsZero() {
+			t.Fatal("no trial recorded for the active config")
+		}
+		n.clock.SetTime(start.Add(d))
+		n.agent.CheckTrial(context.Background())
+	}
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+	stepTo(10*time.Minute - time.Nanosecond)
+	n.expect("1", "1", "local", "", 1)
+	stepTo(10 * time.Minute)
+	n.expect("1", "1", "1", "", 1)
+
+	n.apply(assignment("u", "2", cfgHeader+"eventRecordQPS: 8\n"), "")
+	n.expect("2", "2", "1", "", 2)
+	n.start()
+	stepTo(10*time.Minute - time.Nanosecond)
+	n.expect("2", "2", "1", "", 2)
+	stepTo(10 * time.Minute)
+	n.expect("2", "2", "2", "", 2)
+}
+
 func TestRefusedPayload(t *testing.T) {
 	n := newNode(t)
 	bad := assignment("u", "1", cfgHeader)

@@ -13,6 +13,12 @@ import (
 // CheckTrial promotes the assigned config to last-known-good once it has run healthy for the trial
 // duration. No restart is needed: the kubelet already runs it.
 func (a *Agent) CheckTrial(ctx context.Context) {
+	// Every node asks every second: memory answers first. trialOver needs the kubelet proven on the assigned
+	// config with that config's trial recorded d ago; without such a trial of what runs, it is false
+	// whatever the store holds.
+	if start := a.state.trialStart(a.active); !a.activeKnown || start.IsZero() || a.clock.Now().Sub(start) < a.cfg.TrialDuration {
+		return
+	}
 	assigned, err := a.store.Assigned()
 	if err != nil {
 		return

@@ -46,22 +46,26 @@ var ErrRefused = errors.New("refuse payload")
 // what it last read or wrote of them in memory, because the agent consults them on every decision and
 // every trial check (decoding YAML from disk each time was most of an idle node's work).
 type Store struct {
-	dir string
+	dir                   string
+	assignedFile, lkgFile string // meta/assigned, meta/last-known-good: asked for every second (CheckTrial)
 
 	mu      sync.Mutex
 	records map[string]*corev1.NodeConfigSource // path → record; absent: read from disk
 }
 
 // New returns the store rooted at dir (the --dynamic-config-dir).
-func New(dir string) *Store { return &Store{dir: dir, records: map[string]*corev1.NodeConfigSource{}} }
+func New(dir string) *Store {
+	return &Store{dir: dir, records: map[string]*corev1.NodeConfigSource{},
+		assignedFile: filepath.Join(dir, "meta", "assigned"), lkgFile: filepath.Join(dir, "meta", "last-known-good")}
+}
 
 // Dir is the store's root.
 func (s *Store) Dir() string { return s.dir }
 
 func (s *Store) metaDir() string        { return filepath.Join(s.dir, "meta") }
 func (s *Store) checkpointsDir() string { return filepath.Join(s.dir, "checkpoints") }
-func (s *Store) assignedPath() string   { return filepath.Join(s.metaDir(), "assigned") }
-func (s *Store) lkgPath() string        { return filepath.Join(s.metaDir(), "last-known-good") }
+func (s *Store) assignedPath() string   { return s.assignedFile }
+func (s *Store) lkgPath() string        { return s.lkgFile }
 
 // Initialize creates the layout where missing (empty meta files mean local config) and removes leftovers of
 // interrupted writes. It returns what it removed.

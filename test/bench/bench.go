@@ -1123,8 +1123,14 @@ func (r *run) maxNodes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	unpin, err := r.pinCPUs()
+	if err != nil {
+		return err
+	}
+	defer unpin()
 	cpuBefore := r.cpuTimes()
 	profiled := r.profile(ctx, "fleet", fleetProfile)
+	stopSelf := r.profileSelf("fleet")
 	// dkc-server's profile of this update is the fleet one (a second CPU profile cannot run beside it).
 	f, err := r.updateShared(ctx, nodes, "", active)
 	if err != nil {
@@ -1137,6 +1143,7 @@ func (r *run) maxNodes(ctx context.Context) error {
 		return fmt.Errorf("fan-out to %d nodes: %w", len(nodes), err)
 	}
 	fleetCPU := r.cpuTimes().minus(cpuBefore)
+	stopSelf()
 	r.explainTail(active, nodes, f.start)
 	dkcTook := lastActive.Sub(f.start)
 	r.progress("max: CPU used until every Node showed it active: %s", fleetCPU.record(r.res, "fleet_dkc"))
@@ -1205,7 +1212,9 @@ func (r *run) maxNodes(ctx context.Context) error {
 		return err
 	}
 	cpuBefore = r.cpuTimes()
+	stopSelf = r.profileSelf("bare")
 	bareTook, err := r.bareClient(ctx, nodes, f.gen, fleetWrites)
+	stopSelf()
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,9 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -544,4 +546,26 @@ func machineIdle(path string) (float64, error) {
 		return 0, fmt.Errorf("%s: %w", path, err)
 	}
 	return (idle + iowait) / clockTicks, nil
+}
+
+// profileSelf takes this process's CPU profile (the simulated nodes, or the bare client) into
+// <Dir>/bench-<name>.cpu.pprof until the returned func is called; a no-op while -cpuprofile profiles the
+// whole run (a process has one CPU profile at a time).
+func (r *run) profileSelf(name string) (stop func()) {
+	f, err := os.Create(filepath.Join(r.cfg.Dir, "bench-"+name+".cpu.pprof"))
+	if err != nil {
+		r.progress("profile %s: %v", name, err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		_ = os.Remove(f.Name())
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			r.progress("profile %s: %v", name, err)
+		}
+	}
 }

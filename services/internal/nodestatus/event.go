@@ -57,7 +57,8 @@ func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.Kubele
 		return fmt.Errorf("create %s event %s for node %s: %w", nodeconfig.EventReason, ev.Name, node, err)
 	}
 	w.metrics.event("created")
-	w.log.Info("kubelet restart recorded", zap.String("node", node), zap.String("message", msg))
+	// Per restart and node: debug. The Event is the record; "node status written" says what came of it.
+	w.log.Debug("kubelet restart recorded", zap.String("node", node), zap.String("message", msg))
 	return nil
 }
 

@@ -307,7 +307,8 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 		return nil, err
 	}
 	s.metrics.pushed(st.Changed)
-	ws.log().Info("pushed config", zap.String("contentHash", st.Assignment.GetContentHash()),
+	// Per push and node: debug. The assignment's own line is the controller's "node assigned config".
+	ws.log().Debug("pushed config", zap.String("contentHash", st.Assignment.GetContentHash()),
 		zap.Bool("local", st.Assignment != nil && st.Assignment.GetSource().GetConfigMap() == nil),
 		zap.String("syncError", st.SyncError))
 	ws.known, ws.sentSyncError, ws.nodeUID, ws.kubeletVersion = true, st.SyncError, st.NodeUID, st.KubeletVersion

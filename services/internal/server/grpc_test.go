@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -141,6 +142,34 @@ func TestWatchRefusalsAreLogged(t *testing.T) {
 			}
 			if got := logs.FilterMessage("node watch refused").Len(); got != tc.wantLogs {
 				t.Errorf("%d refusal logs, want %d", got, tc.wantLogs)
+			}
+		})
+	}
+}
+
+// TestFinishedCallLevels: a call that succeeded (every node's status report) is not logged at info level;
+// failures are, at go-grpc-middleware's levels, with their fields.
+func TestFinishedCallLevels(t *testing.T) {
+	for _, tc := range []struct {
+		code codes.Code
+		want zapcore.Level // zapcore.InvalidLevel: no line at info level
+	}{
+		{codes.OK, zapcore.InvalidLevel},
+		{codes.Unauthenticated, zapcore.InfoLevel},
+		{codes.ResourceExhausted, zapcore.WarnLevel},
+		{codes.Internal, zapcore.ErrorLevel},
+	} {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			interceptorLogger(zap.New(core)).Log(context.Background(), callLevel(tc.code), "finished call", "grpc.code", tc.code.String())
+			if tc.want == zapcore.InvalidLevel {
+				if logs.Len() != 0 {
+					t.Errorf("%s logged at info level: %v", tc.code, logs.All())
+				}
+				return
+			}
+			if logs.Len() != 1 || logs.All()[0].Level != tc.want || logs.All()[0].ContextMap()["grpc.code"] != tc.code.String() {
+				t.Errorf("%s: got %v, want one %s line with its code", tc.code, logs.All(), tc.want)
 			}
 		})
 	}

@@ -1,0 +1,347 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/services/internal/pool/plan"
+	"github.com/dkc-dev/dkc/services/internal/pool/revision"
+	"github.com/dkc-dev/dkc/services/internal/resolve"
+)
+
+const goodConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 42\n"
+
+func configMap(data map[string]string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "blue-config", UID: "cm-uid", ResourceVersion: "1"}, Data: data}
+}
+
+func TestCheckConfig(t *testing.T) {
+	allowed := resolve.NewNamespaces("kube-system")
+	ref := v1alpha1.ConfigMapReference{Namespace: "kube-system", Name: "blue-config", KubeletConfigKey: "kubelet"}
+	for _, tc := range []struct {
+		name   string
+		ref    v1alpha1.ConfigMapReference
+		cm     *corev1.ConfigMap
+		reason string // "" valid
+	}{
+		{"a KubeletConfiguration", ref, configMap(map[string]string{"kubelet": goodConfig}), ""},
+		{"as JSON", ref, configMap(map[string]string{"kubelet": `{"apiVersion":"kubelet.config.k8s.io/v1beta1","kind":"KubeletConfiguration"}`}), ""},
+		{"namespace dkc-server does not read", v1alpha1.ConfigMapReference{Namespace: "default", Name: "x", KubeletConfigKey: "kubelet"},
+			configMap(map[string]string{"kubelet": goodConfig}), v1alpha1.ReasonNamespaceNotAllowed},
+		{"no ConfigMap", ref, nil, v1alpha1.ReasonConfigMapNotFound},
+		{"no key", ref, configMap(map[string]string{"other": goodConfig}), v1alpha1.ReasonKeyNotFound},
+		{"empty", ref, configMap(map[string]string{"kubelet": ""}), v1alpha1.ReasonValidationFailed},
+		{"not YAML", ref, configMap(map[string]string{"kubelet": "{: ["}), v1alpha1.ReasonValidationFailed},
+		{"another kind", ref, configMap(map[string]string{"kubelet": "apiVersion: v1\nkind: ConfigMap\n"}), v1alpha1.ReasonValidationFailed},
+		{"another version", ref, configMap(map[string]string{"kubelet": "apiVersion: kubelet.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n"}), v1alpha1.ReasonValidationFailed},
+		{"too large", ref, configMap(map[string]string{"kubelet": goodConfig, "big": strings.Repeat("x", 3<<20)}), v1alpha1.ReasonValidationFailed},
+	} {
+		got := checkConfig(tc.ref, allowed, tc.cm)
+		switch {
+		case tc.reason == "" && got != nil:
+			t.Errorf("%s: invalid (%s: %s), want valid", tc.name, got.Reason, got.Message)
+		case tc.reason != "" && (got == nil || got.Reason != tc.reason):
+			t.Errorf("%s: %+v, want reason %s", tc.name, got, tc.reason)
+		}
+	}
+}
+
+func testPool() *v1alpha1.KubeletConfigPool {
+	mu := intstr.FromInt32(1)
+	return &v1alpha1.KubeletConfigPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "blue", UID: "pool-uid", Generation: 1, Finalizers: []string{Finalizer}},
+		Spec: v1alpha1.KubeletConfigPoolSpec{
+			NodeSelector:   metav1.LabelSelector{MatchLabels: map[string]string{"pool": "blue"}},
+			ConfigMap:      v1alpha1.ConfigMapReference{Namespace: "kube-system", Name: "blue-config", KubeletConfigKey: "kubelet"},
+			MaxUnavailable: &mu,
+		},
+	}
+}
+
+func sourceJSON(s corev1.ConfigMapNodeConfigSource) string {
+	b, _ := json.Marshal(corev1.NodeConfigSource{ConfigMap: &s})
+	return string(b)
+}
+
+func assignmentJSON(a v1alpha1.Assignment) string {
+	b, _ := json.Marshal(a)
+	return string(b)
+}
+
+func node(name string, annotations map[string]string, lbls map[string]string) *corev1.Node {
+	if lbls == nil {
+		lbls = map[string]string{"pool": "blue"}
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name + "-uid"), Labels: lbls, Annotations: annotations},
+		Status:     corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}},
+	}
+}
+
+func TestView(t *testing.T) {
+	pool := testPool()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	target := plan.Target{Revision: "r2", Source: revision.Source(pool, "r2")}
+	r1 := revision.Source(pool, "r1")
+	green, _ := metav1.LabelSelectorAsSelector(&metav1.LabelSelector{MatchLabels: map[string]string{"tier": "green"}})
+	blue, _ := metav1.LabelSelectorAsSelector(&pool.Spec.NodeSelector)
+	others := []selector{{pool: "blue", sel: blue}, {pool: "green", sel: green}}
+	allowed := resolve.NewNamespaces("kube-system")
+	for _, tc := range []struct {
+		name string
+		node *corev1.Node
+		want plan.Node
+	}{
+		{"never assigned", node("a", nil, nil), plan.Node{Name: "a", Ready: true}},
+		{"assigned the target by the pool", node("a", map[string]string{
+			nodeconfig.SourceAnnotation:   sourceJSON(target.Source),
+			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r2", Time: metav1.Time{Time: t0}}),
+		}, nil), plan.Node{Name: "a", Ready: true, Assigned: true, Revision: "r2", Source: target.Source, AssignedAt: t0}},
+		{"on the previous revision the pool assigned", node("a", map[string]string{
+			nodeconfig.SourceAnnotation:   sourceJSON(r1),
+			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r1", Time: metav1.Time{Time: t0}}),
+		}, nil), plan.Node{Name: "a", Ready: true, Revision: "r1", Source: r1, AssignedAt: t0}},
+		{"source changed by hand since", node("a", map[string]string{
+			nodeconfig.SourceAnnotation:   sourceJSON(corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "debug", KubeletConfigKey: "kubelet"}),
+			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r1", Time: metav1.Time{Time: t0}}),
+		}, nil), plan.Node{Name: "a", Ready: true, HandAssigned: true}},
+		{"set back to the target by hand", node("a", map[string]string{
+			nodeconfig.SourceAnnotation:   sourceJSON(target.Source),
+			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r1", Time: metav1.Time{Time: t0}}),
+		}, nil), plan.Node{Name: "a", Ready: true, Assigned: true}},
+		{"assigned by another pool: selecting it is the operator's word", node("a", map[string]string{
+			nodeconfig.SourceAnnotation:   sourceJSON(corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "green-x", KubeletConfigKey: "kubelet"}),
+			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "green", Revision: "x", Time: metav1.Time{Time: t0}}),
+		}, nil), plan.Node{Name: "a", Ready: true}},
+		{"selected by another pool too", node("a", nil, map[string]string{"pool": "blue", "tier": "green"}),
+			plan.Node{Name: "a", Ready: true, OtherPools: []string{"green"}}},
+		{"not Ready, with a status", func() *corev1.Node {
+			n := node("a", map[string]string{nodeconfig.StatusAnnotation: `{"error":"boom"}`}, nil)
+			n.Status.Conditions[0].Status = corev1.ConditionFalse
+			return n
+		}(), plan.Node{Name: "a", Status: corev1.NodeConfigStatus{Error: "boom"}}},
+	} {
+		got := view(tc.node, pool, target, others, allowed)
+		if !equalNode(got, tc.want) {
+			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func equalNode(a, b plan.Node) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+// fakePools is Pools over a map; UpdateStatus stores the status.
+type fakePools struct{ updates []*v1alpha1.KubeletConfigPool }
+
+func (f *fakePools) List(context.Context, metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error) {
+	return &v1alpha1.KubeletConfigPoolList{}, nil
+}
+func (f *fakePools) Watch(context.Context, metav1.ListOptions) (watch.Interface, error) {
+	return watch.NewFake(), nil
+}
+func (f *fakePools) UpdateStatus(_ context.Context, p *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
+	f.updates = append(f.updates, p.DeepCopy())
+	return p, nil
+}
+func (f *fakePools) Patch(context.Context, string, types.PatchType, []byte) (*v1alpha1.KubeletConfigPool, error) {
+	return &v1alpha1.KubeletConfigPool{}, nil
+}
+
+// fakeConfigMaps is a synced tracker holding one ConfigMap.
+type fakeConfigMaps struct{ cm *corev1.ConfigMap }
+
+func (f *fakeConfigMaps) Track(string, string) {}
+func (f *fakeConfigMaps) Get(string) (*corev1.ConfigMap, bool, error) {
+	return f.cm, true, nil
+}
+func (f *fakeConfigMaps) Nodes(string) []string         { return nil }
+func (f *fakeConfigMaps) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+
+type harness struct {
+	c        *Controller
+	client   *fake.Clientset
+	pools    *fakePools
+	recorder *record.FakeRecorder
+	clock    *clocktesting.FakeClock
+	nodes    cache.Indexer
+}
+
+// newHarness builds a controller whose caches are filled by hand and never follow its writes: the
+// stalest cache there can be.
+func newHarness(t *testing.T, pool *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap, nodes ...*corev1.Node) *harness {
+	t.Helper()
+	client := fake.NewClientset()
+	for _, n := range nodes {
+		if _, err := client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodeInformer := informers.NewSharedInformerFactory(client, 0).Core().V1().Nodes()
+	for _, n := range nodes {
+		if err := nodeInformer.Informer().GetIndexer().Add(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &harness{nodes: nodeInformer.Informer().GetIndexer(), client: client, pools: &fakePools{}, recorder: record.NewFakeRecorder(100),
+		clock: clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
+	h.c = New(Config{Log: zap.NewNop(), Client: client, Pools: h.pools, Nodes: nodeInformer, Namespaces: resolve.NewNamespaces("kube-system"),
+		Recorder: h.recorder, Clock: h.clock, ConfigMaps: func(func(string)) ConfigMaps { return &fakeConfigMaps{cm: cm} }})
+	if err := h.c.pools.GetStore().Add(pool); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// assigned are the nodes patched with a config source so far.
+func (h *harness) assigned() []string {
+	var out []string
+	for _, a := range h.client.Actions() {
+		if p, ok := a.(k8stesting.PatchAction); ok && a.GetResource().Resource == "nodes" &&
+			strings.Contains(string(p.GetPatch()), v1alpha1.AnnotationAssignment) {
+			out = append(out, p.GetName())
+		}
+	}
+	return out
+}
+
+// TestStaleCacheNeverExceedsMaxUnavailable: the Node cache does not show the controller's assignment yet;
+// a second sync must count the assigned node as in progress, not assign another. (Without expectations
+// the second sync assigns b.)
+func TestStaleCacheNeverExceedsMaxUnavailable(t *testing.T) {
+	pool := testPool()
+	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil), node("b", nil, nil), node("c", nil, nil))
+	for i := range 3 {
+		if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+			t.Fatalf("sync %d: %v", i, err)
+		}
+		h.clock.Step(time.Second)
+	}
+	if got := h.assigned(); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("assigned %v over three syncs on a stale cache, want [a] (maxUnavailable 1)", got)
+	}
+	last := h.pools.updates[len(h.pools.updates)-1]
+	if last.Status.Nodes.InProgress != 1 || last.Status.CurrentRevision == "" {
+		t.Errorf("status nodes %+v revision %q, want 1 in progress and a revision", last.Status.Nodes, last.Status.CurrentRevision)
+	}
+	// The snapshot was created, owned by the pool and immutable.
+	snap, err := h.client.CoreV1().ConfigMaps("kube-system").Get(context.Background(), revision.SnapshotName("blue", last.Status.CurrentRevision), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if snap.Immutable == nil || !*snap.Immutable || !ownedBy(snap, pool.UID) || snap.Labels[v1alpha1.LabelPool] != "blue" {
+		t.Errorf("snapshot %s: immutable %v, owners %v, labels %v", snap.Name, snap.Immutable, snap.OwnerReferences, snap.Labels)
+	}
+	// What the node got is the snapshot, with the assignment record the planner reads back.
+	n, err := h.client.CoreV1().Nodes().Get(context.Background(), "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, _, err := resolve.NodeSource(n, resolve.NewNamespaces("kube-system"))
+	if err != nil || !names(src, revision.Source(pool, last.Status.CurrentRevision)) {
+		t.Errorf("node a source %+v (%v), want the snapshot", src, err)
+	}
+	if a, ok := assignmentOf(n); !ok || a.Pool != "blue" || a.Revision != last.Status.CurrentRevision {
+		t.Errorf("node a assignment %+v, want pool blue revision %s", a, last.Status.CurrentRevision)
+	}
+}
+
+// TestExpectationConfirmedByCache: once the cache shows the assignment, the expectation goes, and the
+// node's own status decides (here: proven, so the next node is assigned).
+func TestExpectationConfirmedByCache(t *testing.T) {
+	pool := testPool()
+	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil), node("b", nil, nil))
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	n, _ := h.client.CoreV1().Nodes().Get(context.Background(), "a", metav1.GetOptions{})
+	src, _, _ := resolve.NodeSource(n, resolve.NewNamespaces("kube-system"))
+	st, _ := json.Marshal(corev1.NodeConfigStatus{Assigned: src, Active: src, LastKnownGood: src})
+	n.Annotations[nodeconfig.StatusAnnotation] = string(st)
+	if err := h.nodes.Update(n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.assigned(); len(got) != 2 || got[1] != "b" {
+		t.Fatalf("assigned %v, want [a b]", got)
+	}
+	if h.c.exp.pending("blue") != 1 {
+		t.Errorf("%d expectations pending, want 1 (b's; a's confirmed)", h.c.exp.pending("blue"))
+	}
+}
+
+// TestInvalidConfigTouchesNoNode: a config that is not a KubeletConfiguration sets ConfigInvalid, records
+// an Event, creates no revision and patches no Node.
+func TestInvalidConfigTouchesNoNode(t *testing.T) {
+	h := newHarness(t, testPool(), configMap(map[string]string{"kubelet": "kind: Pod\n"}), node("a", nil, nil))
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.assigned(); len(got) != 0 {
+		t.Errorf("assigned %v with an invalid config", got)
+	}
+	for _, a := range h.client.Actions() {
+		if a.GetVerb() == "create" && a.GetResource().Resource == "configmaps" {
+			t.Errorf("created a revision of an invalid config")
+		}
+	}
+	last := h.pools.updates[len(h.pools.updates)-1]
+	if c := meta.FindStatusCondition(last.Status.Conditions, v1alpha1.ConditionConfigInvalid); c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonValidationFailed {
+		t.Errorf("ConfigInvalid %+v, want True ValidationFailed", c)
+	}
+	select {
+	case e := <-h.recorder.Events:
+		if !strings.Contains(e, EventConfigInvalid) {
+			t.Errorf("event %q, want %s", e, EventConfigInvalid)
+		}
+	default:
+		t.Error("no event")
+	}
+}
+
+// TestUnchangedStatusIsNotWritten: a second sync that changes nothing writes nothing (kubectl apply of an
+// unchanged pool, a resync).
+func TestUnchangedStatusIsNotWritten(t *testing.T) {
+	pool := testPool()
+	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}))
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.pools.updates) != 1 {
+		t.Fatalf("%d status writes, want 1", len(h.pools.updates))
+	}
+	if err := h.c.pools.GetStore().Update(h.pools.updates[0]); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Step(time.Minute)
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.pools.updates) != 1 {
+		t.Errorf("%d status writes, want still 1: nothing changed", len(h.pools.updates))
+	}
+}

@@ -9,8 +9,8 @@ import (
 )
 
 // The dev cluster grants its dkc-server what deploy/base/server-rbac.yaml grants, no more: no ClusterRole
-// rule on ConfigMaps or Events, ConfigMaps only in kube-system, Events only in default, to the User
-// dkc-server.
+// rule on ConfigMaps, Events or Leases, ConfigMaps and the leader election's Lease only in kube-system,
+// Events only in default, to the User dkc-server.
 func TestServerRBACFileAsTheDevClusterApplies(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("..", "..", ServerRBACFile))
 	if err != nil {
@@ -24,13 +24,13 @@ func TestServerRBACFileAsTheDevClusterApplies(t *testing.T) {
 	for _, cr := range r.clusterRoles {
 		for _, rule := range cr.Rules {
 			for _, res := range rule.Resources {
-				if res == "configmaps" || res == "events" {
+				if res == "configmaps" || res == "events" || res == "leases" {
 					t.Errorf("ClusterRole %s grants %v on %s cluster-wide", cr.Name, rule.Verbs, res)
 				}
 			}
 		}
 	}
-	want := map[string]string{"dkc-server-configs": "kube-system", "dkc-server-events": "default"}
+	want := map[string]string{"dkc-server-configs": "kube-system", "dkc-server-events": "default", "dkc-server-leader-election": "kube-system"}
 	for _, role := range r.roles {
 		if ns, ok := want[role.Name]; !ok || role.Namespace != ns {
 			t.Errorf("Role %s/%s; want only %v", role.Namespace, role.Name, want)

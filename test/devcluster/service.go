@@ -77,6 +77,10 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 	if err := c.applyServerRBAC(ctx, client); err != nil {
 		return err
 	}
+	// deploy/crds, as deploy/base installs them: the pool controller then finds its API at start.
+	if err := c.applyCRDs(ctx); err != nil {
+		return err
+	}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: SidecarServiceAccount, Namespace: SidecarNamespace}}
 	if _, err := client.CoreV1().ServiceAccounts(SidecarNamespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create service account %s/%s: %w", SidecarNamespace, SidecarServiceAccount, err)

@@ -13,6 +13,7 @@ import (
 
 	flag "github.com/spf13/pflag"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+	"k8s.io/client-go/tools/leaderelection"
 
 	"github.com/dkc-dev/dkc/internal/payload"
 	"github.com/dkc-dev/dkc/services/internal/auth"
@@ -322,9 +323,13 @@ func (c Config) Validate() error {
 	if err := c.checkNamespace(); err != nil {
 		errs = append(errs, err)
 	}
+	// client-go's own rules (leaderelection.NewLeaderElector), checked here so that a bad value stops
+	// dkc-server at start with the flags' names.
 	if c.LeaderElect && (c.LeaderElectionID == "" || c.LeaderElectionRetryPeriod <= 0 ||
-		c.LeaderElectionRenewDeadline <= c.LeaderElectionRetryPeriod || c.LeaderElectionLeaseDuration <= c.LeaderElectionRenewDeadline) {
-		errs = append(errs, errors.New("--leader-election-id must be set and 0 < --leader-election-retry-period < --leader-election-renew-deadline < --leader-election-lease-duration"))
+		c.LeaderElectionRenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(c.LeaderElectionRetryPeriod)) ||
+		c.LeaderElectionLeaseDuration <= c.LeaderElectionRenewDeadline) {
+		errs = append(errs, fmt.Errorf("--leader-election-id must be set, and 0 < %g x --leader-election-retry-period < --leader-election-renew-deadline < --leader-election-lease-duration",
+			leaderelection.JitterFactor))
 	}
 	if c.PoolWorkers < 1 {
 		errs = append(errs, errors.New("--pool-workers must be at least 1"))

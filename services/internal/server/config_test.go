@@ -155,6 +155,9 @@ func TestLeaderElectionFlags(t *testing.T) {
 		{"defaults", func(*Config) {}, true},
 		{"renew deadline not below the lease duration", func(c *Config) { c.LeaderElectionRenewDeadline = c.LeaderElectionLeaseDuration }, false},
 		{"retry period not below the renew deadline", func(c *Config) { c.LeaderElectionRetryPeriod = c.LeaderElectionRenewDeadline }, false},
+		{"renew deadline within client-go's jitter of the retry period", func(c *Config) {
+			c.LeaderElectionRetryPeriod, c.LeaderElectionRenewDeadline = 9*time.Second, 10*time.Second
+		}, false},
 		{"no lease name", func(c *Config) { c.LeaderElectionID = "" }, false},
 		{"timings unchecked without election", func(c *Config) { c.LeaderElect, c.LeaderElectionRetryPeriod = false, 0 }, true},
 		{"no pool worker", func(c *Config) { c.PoolWorkers = 0 }, false},

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/informers"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
+	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
@@ -206,16 +207,24 @@ func (s *server) runPools(ctx context.Context) error {
 	if !cfg.LeaderElect {
 		return s.newPools().Run(ctx)
 	}
-	id := cfg.LeaderElectionID
 	identity := hostname() + "_" + string(uuid.NewUUID())
+	return elect(ctx, s.client.CoordinationV1(), cfg, identity, s.log.Named("leader-election"), func(ctx context.Context) error {
+		return s.newPools().Run(ctx)
+	})
+}
+
+// elect runs lead while identity holds the Lease cfg names, competing again after each term, until ctx
+// ends; it returns once the last term's lead has returned. Terms never overlap in this process: a term's
+// lead may still be stopping (its workers finishing a sync) when the next term begins, which then waits.
+func elect(ctx context.Context, leases coordinationv1.CoordinationV1Interface, cfg Config, identity string, log *zap.Logger,
+	lead func(context.Context) error) error {
+	id := cfg.LeaderElectionID
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.LeaseNamespace(), Name: id},
-		Client:     s.client.CoordinationV1(),
+		Client:     leases,
 		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
 	}
-	log := s.log.Named("leader-election").With(zap.String("lease", cfg.LeaseNamespace()+"/"+id), zap.String("identity", identity))
-	// One controller at a time in this process: a term's controller may still be stopping when the next
-	// term begins.
+	log = log.With(zap.String("lease", cfg.LeaseNamespace()+"/"+id), zap.String("identity", identity))
 	var term sync.Mutex
 	for ctx.Err() == nil {
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
@@ -229,7 +238,7 @@ func (s *server) runPools(ctx context.Context) error {
 						return
 					}
 					log.Info("leading: running the kubeletconfigpool controller")
-					if err := s.newPools().Run(lctx); err != nil {
+					if err := lead(lctx); err != nil {
 						log.Error("kubeletconfigpool controller stopped", zap.Error(err))
 					}
 				},
@@ -242,7 +251,7 @@ func (s *server) runPools(ctx context.Context) error {
 		}
 		le.Run(ctx)
 	}
-	term.Lock() // the last term's controller has stopped
+	term.Lock() // the last term's lead has returned
 	term.Unlock()
 	return nil
 }

@@ -4,13 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
@@ -153,10 +157,19 @@ func equalNode(a, b plan.Node) bool {
 	return string(ja) == string(jb)
 }
 
-// fakePools is Pools over a map; UpdateStatus stores the status.
-type fakePools struct{ updates []*v1alpha1.KubeletConfigPool }
+// fakePools records UpdateStatus and Patch; List fails with listErr when set (the CRD not installed).
+type fakePools struct {
+	updates []*v1alpha1.KubeletConfigPool
+	patches []string
+	listErr error
+	lists   atomic.Int32
+}
 
 func (f *fakePools) List(context.Context, metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error) {
+	f.lists.Add(1)
+	if f.listErr != nil {
+		return nil, f.listErr
+	}
 	return &v1alpha1.KubeletConfigPoolList{}, nil
 }
 func (f *fakePools) Watch(context.Context, metav1.ListOptions) (watch.Interface, error) {
@@ -166,7 +179,8 @@ func (f *fakePools) UpdateStatus(_ context.Context, p *v1alpha1.KubeletConfigPoo
 	f.updates = append(f.updates, p.DeepCopy())
 	return p, nil
 }
-func (f *fakePools) Patch(context.Context, string, types.PatchType, []byte) (*v1alpha1.KubeletConfigPool, error) {
+func (f *fakePools) Patch(_ context.Context, _ string, _ types.PatchType, data []byte) (*v1alpha1.KubeletConfigPool, error) {
+	f.patches = append(f.patches, string(data))
 	return &v1alpha1.KubeletConfigPool{}, nil
 }
 
@@ -343,5 +357,84 @@ func TestUnchangedStatusIsNotWritten(t *testing.T) {
 	}
 	if len(h.pools.updates) != 1 {
 		t.Errorf("%d status writes, want still 1: nothing changed", len(h.pools.updates))
+	}
+}
+
+// TestRunWithoutTheCRDLogsOnce: dkc-server without the CRD (the benchmark's cluster) keeps running; the
+// controller says so once, however often it looks again. (Without the once, every poll logs.)
+func TestRunWithoutTheCRDLogsOnce(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	pools := &fakePools{listErr: apierrors.NewNotFound(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.Resource}, "")}
+	client := fake.NewClientset()
+	c := New(Config{Log: zap.New(core), Client: client, Pools: pools, Nodes: informers.NewSharedInformerFactory(client, 0).Core().V1().Nodes(),
+		Namespaces: resolve.NewNamespaces("kube-system"), CRDPollInterval: 5 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := c.Run(ctx); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := pools.lists.Load(); n < 5 {
+		t.Fatalf("looked for the API %d times in 200ms, want it polled", n)
+	}
+	if n := logs.Len(); n != 1 {
+		t.Errorf("%d log lines, want 1; the first: %v", n, logs.All()[0].Message)
+	}
+}
+
+// TestDeletedPoolKeepsRevisionsInUse: a deleted pool's snapshot a node still runs loses its owner
+// reference (the garbage collector would delete it, and the node would report a download failure); one
+// no node uses keeps it (deleted with the pool); then the finalizer goes.
+func TestDeletedPoolKeepsRevisionsInUse(t *testing.T) {
+	pool := testPool()
+	now := metav1.Now()
+	pool.DeletionTimestamp = &now
+	_, used := revision.Snapshot(pool, configMap(map[string]string{"kubelet": goodConfig}))
+	_, unused := revision.Snapshot(pool, configMap(map[string]string{"kubelet": goodConfig + "eventRecordQPS: 3\n"}))
+	src := corev1.ConfigMapNodeConfigSource{Namespace: used.Namespace, Name: used.Name, KubeletConfigKey: "kubelet"}
+	h := newHarness(t, pool, nil, node("a", map[string]string{nodeconfig.SourceAnnotation: sourceJSON(src)}, nil))
+	for _, cm := range []*corev1.ConfigMap{used, unused} {
+		if _, err := h.client.CoreV1().ConfigMaps(cm.Namespace).Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.c.snapshots["kube-system"].GetStore().Add(cm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cm    *corev1.ConfigMap
+		owned bool
+	}{{used, false}, {unused, true}} {
+		got, err := h.client.CoreV1().ConfigMaps(tc.cm.Namespace).Get(context.Background(), tc.cm.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ownedBy(got, pool.UID) != tc.owned {
+			t.Errorf("snapshot %s owned by the pool: %v, want %v", got.Name, !tc.owned, tc.owned)
+		}
+	}
+	if len(h.pools.patches) != 1 || !strings.Contains(h.pools.patches[0], `"finalizers":[]`) {
+		t.Errorf("pool patches %v, want the finalizer removed", h.pools.patches)
+	}
+	if len(h.assigned()) != 0 || len(h.pools.updates) != 0 {
+		t.Errorf("a deleted pool assigned %v and wrote %d statuses", h.assigned(), len(h.pools.updates))
+	}
+}
+
+// TestFinalizerFirst: a pool without the finalizer gets it before anything else happens.
+func TestFinalizerFirst(t *testing.T) {
+	pool := testPool()
+	pool.Finalizers = nil
+	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil))
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.pools.patches) != 1 || !strings.Contains(h.pools.patches[0], Finalizer) {
+		t.Errorf("pool patches %v, want the finalizer added", h.pools.patches)
+	}
+	if len(h.assigned()) != 0 {
+		t.Errorf("assigned %v before the finalizer was in place", h.assigned())
 	}
 }

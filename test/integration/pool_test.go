@@ -106,23 +106,24 @@ func applyPool(t *testing.T, manifest string) string {
 }
 
 // simsOn are the simulated nodes whose source is the ConfigMap name, and of them those that run it as
-// last-known-good (proven).
+// last-known-good (proven), from one List: one consistent view, so a node proven and the next one
+// assigned between two reads never look like two in progress.
 func simsOn(t *testing.T, cm string) (assigned, proven []string) {
 	t.Helper()
-	for _, s := range sims() {
-		n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+	nodes, err := adminClient(t).CoreV1().Nodes().List(testContext(t), metav1.ListOptions{LabelSelector: simSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := func(s *corev1.NodeConfigSource) bool { return s != nil && s.ConfigMap != nil && s.ConfigMap.Name == cm }
+	for _, n := range nodes.Items {
 		var src corev1.NodeConfigSource
-		if raw := n.Annotations[nodeconfig.SourceAnnotation]; raw == "" || json.Unmarshal([]byte(raw), &src) != nil || src.ConfigMap == nil || src.ConfigMap.Name != cm {
+		if raw := n.Annotations[nodeconfig.SourceAnnotation]; raw == "" || json.Unmarshal([]byte(raw), &src) != nil || !named(&src) {
 			continue
 		}
-		assigned = append(assigned, s)
-		st := nodeStatus(t, s)
-		if st.LastKnownGood != nil && st.LastKnownGood.ConfigMap != nil && st.LastKnownGood.ConfigMap.Name == cm &&
-			st.Active != nil && st.Active.ConfigMap != nil && st.Active.ConfigMap.Name == cm {
-			proven = append(proven, s)
+		assigned = append(assigned, n.Name)
+		var st corev1.NodeConfigStatus
+		if raw := n.Annotations[nodeconfig.StatusAnnotation]; raw != "" && json.Unmarshal([]byte(raw), &st) == nil && named(st.Active) && named(st.LastKnownGood) {
+			proven = append(proven, n.Name)
 		}
 	}
 	return assigned, proven

@@ -111,6 +111,11 @@ type Controller struct {
 	nodes     corelisters.NodeLister
 	cms       ConfigMaps
 	exp       *expectations
+	// assignedAt is when the controller last assigned nodes of each pool, until the stored status shows
+	// it: a status write that failed after the assignments (a Conflict) must not lose the time, which
+	// starts pauseBetweenBatches' batch.
+	mu         sync.Mutex
+	assignedAt map[string]metav1.Time
 }
 
 // New builds a controller; it does nothing until Run.
@@ -131,7 +136,7 @@ func New(cfg Config) *Controller {
 		cfg: cfg, log: cfg.Log, clock: cfg.Clock, nodes: cfg.Nodes.Lister(), exp: newExpectations(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools"}),
-		snapshots: map[string]cache.SharedIndexInformer{},
+		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
 	}
 	c.pools = cache.NewSharedIndexInformer(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -343,6 +348,9 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		return 0, err
 	}
 	if !exists {
+		c.mu.Lock()
+		delete(c.assignedAt, name)
+		c.mu.Unlock()
 		c.exp.forget(name)
 		c.cms.Track(name, "")
 		c.cfg.Metrics.forget(name)
@@ -409,7 +417,7 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		byName[n.Name] = n
 		views = append(views, c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now))
 	}
-	p := plan.Decide(plan.Input{Pool: pool, Target: target, Invalid: invalid, Nodes: views, Now: now})
+	p := plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views, Now: now})
 
 	for _, node := range p.Assign {
 		a := v1alpha1.Assignment{Pool: pool.Name, Revision: target.Revision, Time: metav1.Time{Time: now}}
@@ -421,6 +429,11 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		c.log.Info("assigned node", zap.String("pool", pool.Name), zap.String("node", node), zap.String("revision", target.Revision))
 		c.cfg.Recorder.Eventf(pool, corev1.EventTypeNormal, EventAssigned, "assigned node %s revision %s (%s/%s)",
 			node, target.Revision, target.Source.Namespace, target.Source.Name)
+	}
+	if len(p.Assign) > 0 {
+		c.mu.Lock()
+		c.assignedAt[pool.Name] = metav1.Time{Time: now}
+		c.mu.Unlock()
 	}
 	c.events(pool, p.Status)
 	c.cfg.Metrics.observe(pool.Name, p.Status.Nodes)
@@ -442,6 +455,24 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		requeue = expectationTTL + time.Second
 	}
 	return requeue, nil
+}
+
+// withAssignmentTime is the pool as the planner must see it: with the time of the controller's last
+// assignment even when the status write that recorded it failed. The cached pool is never modified.
+func (c *Controller) withAssignmentTime(pool *v1alpha1.KubeletConfigPool) *v1alpha1.KubeletConfigPool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.assignedAt[pool.Name]
+	if !ok {
+		return pool
+	}
+	if stored := pool.Status.LastAssignmentTime; stored != nil && !stored.Before(&t) {
+		delete(c.assignedAt, pool.Name)
+		return pool
+	}
+	pool = pool.DeepCopy()
+	pool.Status.LastAssignmentTime = &t
+	return pool
 }
 
 // events records on the pool what changed for an operator: a node newly failed, the pool newly halted or

@@ -163,6 +163,8 @@ type fakePools struct {
 	patches []string
 	listErr error
 	lists   atomic.Int32
+	// statusErrs fail the next UpdateStatus calls, one each.
+	statusErrs []error
 }
 
 func (f *fakePools) List(context.Context, metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error) {
@@ -176,6 +178,11 @@ func (f *fakePools) Watch(context.Context, metav1.ListOptions) (watch.Interface,
 	return watch.NewFake(), nil
 }
 func (f *fakePools) UpdateStatus(_ context.Context, p *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
+	if len(f.statusErrs) > 0 {
+		err := f.statusErrs[0]
+		f.statusErrs = f.statusErrs[1:]
+		return nil, err
+	}
 	f.updates = append(f.updates, p.DeepCopy())
 	return p, nil
 }
@@ -436,5 +443,29 @@ func TestFinalizerFirst(t *testing.T) {
 	}
 	if len(h.assigned()) != 0 {
 		t.Errorf("assigned %v before the finalizer was in place", h.assigned())
+	}
+}
+
+// TestAssignmentTimeSurvivesAFailedStatusWrite: the status write after an assignment conflicts; the next
+// sync (no assignment: the node is expected in progress) still records when the batch was assigned, which
+// pauseBetweenBatches counts from. (Without it, lastAssignmentTime stays unset.)
+func TestAssignmentTimeSurvivesAFailedStatusWrite(t *testing.T) {
+	pool := testPool()
+	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil), node("b", nil, nil))
+	h.pools.statusErrs = []error{apierrors.NewConflict(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.Resource}, "blue", nil)}
+	assignedAt := h.clock.Now()
+	if _, err := h.c.sync(context.Background(), "blue"); !apierrors.IsConflict(err) {
+		t.Fatalf("sync: %v, want the Conflict", err)
+	}
+	h.clock.Step(3 * time.Second)
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.assigned(); len(got) != 1 {
+		t.Fatalf("assigned %v, want one node", got)
+	}
+	st := h.pools.updates[len(h.pools.updates)-1].Status
+	if st.LastAssignmentTime == nil || !st.LastAssignmentTime.Time.Equal(assignedAt) {
+		t.Errorf("lastAssignmentTime %v, want %v", st.LastAssignmentTime, assignedAt)
 	}
 }

@@ -138,14 +138,16 @@ func New(cfg Config) *Controller {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools"}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
 	}
-	c.pools = cache.NewSharedIndexInformer(&cache.ListWatch{
+	// ToListWatcherWithWatchListSemantics lets a Pools that cannot stream a watch list (a test's fake)
+	// say so; the REST client can, and the reflector falls back to a list where the apiserver cannot.
+	c.pools = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return cfg.Pools.List(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			return cfg.Pools.Watch(ctx, o)
 		},
-	}, &v1alpha1.KubeletConfigPool{}, 0, cache.Indexers{})
+	}, cfg.Pools), &v1alpha1.KubeletConfigPool{}, 0, cache.Indexers{})
 	_, _ = c.pools.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: func(_, n any) { c.enqueue(n) },
@@ -198,8 +200,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !c.waitForAPI(ctx) {
 		return nil
 	}
+	// Deferred in this order, they run in reverse: the queue shuts down (workers return), everything
+	// started here is told to stop, then waited for — on every return path.
+	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer cancel()
+	defer c.queue.ShutDown()
 	run := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 	run(func() { c.pools.RunWithContext(ctx) })
 	synced := []cache.InformerSynced{c.pools.HasSynced, c.cfg.Nodes.Informer().HasSynced}
@@ -233,7 +240,6 @@ func (c *Controller) Run(ctx context.Context) error {
 		run(func() { wait.UntilWithContext(ctx, c.worker, time.Second) })
 	}
 	<-ctx.Done()
-	c.queue.ShutDown()
 	c.cfg.Metrics.reset()
 	return nil
 }

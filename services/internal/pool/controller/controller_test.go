@@ -165,14 +165,19 @@ type fakePools struct {
 	lists   atomic.Int32
 	// statusErrs fail the next UpdateStatus calls, one each.
 	statusErrs []error
+	items      []v1alpha1.KubeletConfigPool
 }
+
+// IsWatchListSemanticsUnSupported: Watch is a silent fake, which cannot stream a watch list's initial
+// events.
+func (f *fakePools) IsWatchListSemanticsUnSupported() bool { return true }
 
 func (f *fakePools) List(context.Context, metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error) {
 	f.lists.Add(1)
 	if f.listErr != nil {
 		return nil, f.listErr
 	}
-	return &v1alpha1.KubeletConfigPoolList{}, nil
+	return &v1alpha1.KubeletConfigPoolList{Items: f.items}, nil
 }
 func (f *fakePools) Watch(context.Context, metav1.ListOptions) (watch.Interface, error) {
 	return watch.NewFake(), nil
@@ -468,4 +473,43 @@ func TestAssignmentTimeSurvivesAFailedStatusWrite(t *testing.T) {
 	if st.LastAssignmentTime == nil || !st.LastAssignmentTime.Time.Equal(assignedAt) {
 		t.Errorf("lastAssignmentTime %v, want %v", st.LastAssignmentTime, assignedAt)
 	}
+}
+
+// TestRunAssignsThenStops: Run wires the informers, the shared Node informer's handler and the workers:
+// a pool of two nodes gets one assigned (the Node's update comes back through the informer, and no
+// second node follows it), and Run returns promptly when its context ends.
+func TestRunAssignsThenStops(t *testing.T) {
+	client := fake.NewClientset(node("a", nil, nil), node("b", nil, nil))
+	factory := informers.NewSharedInformerFactory(client, 0)
+	nodes := factory.Core().V1().Nodes()
+	nodes.Informer()
+	pools := &fakePools{items: []v1alpha1.KubeletConfigPool{*testPool()}}
+	c := New(Config{Log: zap.NewNop(), Client: client, Pools: pools, Nodes: nodes, Namespaces: resolve.NewNamespaces("kube-system"),
+		ConfigMaps: func(func(string)) ConfigMaps {
+			return &fakeConfigMaps{cm: configMap(map[string]string{"kubelet": goodConfig})}
+		}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	factory.Start(ctx.Done())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	h := &harness{client: client}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(h.assigned()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // room for a wrong second assignment
+	if got := h.assigned(); len(got) != 1 {
+		t.Errorf("assigned %v, want one node", got)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within 5s of its context ending")
+	}
+	factory.Shutdown()
 }

@@ -39,6 +39,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
@@ -161,7 +162,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// stream within the TTL instead of at the connection's max age.
 	s.svc = rpc.New(rpc.Config{Log: log.Named("rpc"), Table: table, Status: s.writer, Metrics: rpc.NewMetrics(s.reg), Streams: streams, Reauth: authn})
 	s.registerGauges(table)
-	if err := s.buildPools(restCfg, client, nodeInformer); err != nil {
+	if err := s.buildPools(restCfg, client, nodeInformer, queueMetrics); err != nil {
 		return nil, err
 	}
 
@@ -176,7 +177,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 
 // buildPools prepares the KubeletConfigPool controller, which runs only while this replica leads
 // (runPools): its client (JSON: CRDs speak no protobuf), metrics and event recorder are made once.
-func (s *server) buildPools(restCfg *rest.Config, client kubernetes.Interface, nodes coreinformers.NodeInformer) error {
+func (s *server) buildPools(restCfg *rest.Config, client kubernetes.Interface, nodes coreinformers.NodeInformer, queueMetrics workqueue.MetricsProvider) error {
 	s.client = client
 	pools, err := poolcontroller.NewPools(restCfg)
 	if err != nil {
@@ -191,7 +192,7 @@ func (s *server) buildPools(restCfg *rest.Config, client kubernetes.Interface, n
 	metrics := poolcontroller.NewMetrics(s.reg)
 	s.newPools = func() *poolcontroller.Controller {
 		return poolcontroller.New(poolcontroller.Config{Log: s.log.Named("pools"), Client: client, Pools: pools, Nodes: nodes,
-			Namespaces: s.namespaces, Recorder: recorder, Metrics: metrics, Workers: s.cfg.PoolWorkers})
+			Namespaces: s.namespaces, Recorder: recorder, Metrics: metrics, Workers: s.cfg.PoolWorkers, QueueMetrics: queueMetrics})
 	}
 	return nil
 }

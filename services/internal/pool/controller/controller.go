@@ -94,6 +94,8 @@ type Config struct {
 	Clock clock.Clock
 	// ConfigMaps, if not nil, builds the tracker of the pools' ConfigMaps (tests); default configmaps.New.
 	ConfigMaps func(onChange func(key string)) ConfigMaps
+	// QueueMetrics, if not nil, receives the pool queue's metrics (queue name "pools").
+	QueueMetrics workqueue.MetricsProvider
 	// CRDPollInterval is how often Run looks for the KubeletConfigPool API while it is not installed;
 	// default 30s.
 	CRDPollInterval time.Duration
@@ -135,7 +137,7 @@ func New(cfg Config) *Controller {
 	c := &Controller{
 		cfg: cfg, log: cfg.Log, clock: cfg.Clock, nodes: cfg.Nodes.Lister(), exp: newExpectations(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
 	}
 	// ToListWatcherWithWatchListSemantics lets a Pools that cannot stream a watch list (a test's fake)

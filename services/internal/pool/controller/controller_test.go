@@ -513,3 +513,41 @@ func TestRunAssignsThenStops(t *testing.T) {
 	}
 	factory.Shutdown()
 }
+
+// TestHeldNodesAreNotTouched: a node the pool assigned and someone changed by hand since, and a node
+// another pool selects too, are held (counted, never patched); the free node is assigned. (Without the
+// holds, maxUnavailable 3 would patch all three.)
+func TestHeldNodesAreNotTouched(t *testing.T) {
+	pool := testPool()
+	three := intstr.FromInt32(3)
+	pool.Spec.MaxUnavailable = &three
+	green := testPool()
+	green.Name, green.UID = "green", "green-uid"
+	green.Spec.NodeSelector = metav1.LabelSelector{MatchLabels: map[string]string{"tier": "green"}}
+	debug := corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "debug", KubeletConfigKey: "kubelet"}
+	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}),
+		node("hand", map[string]string{
+			nodeconfig.SourceAnnotation:   sourceJSON(debug),
+			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "old", Time: metav1.Time{Time: h0}}),
+		}, nil),
+		node("shared", nil, map[string]string{"pool": "blue", "tier": "green"}),
+		node("free", nil, nil))
+	if err := h.c.pools.GetStore().Add(green); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.assigned(); len(got) != 1 || got[0] != "free" {
+		t.Errorf("assigned %v, want [free]", got)
+	}
+	st := h.pools.updates[len(h.pools.updates)-1].Status
+	if st.Nodes.Held != 2 {
+		t.Errorf("held %d, want 2 (hand, shared)", st.Nodes.Held)
+	}
+	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDegraded); c == nil || c.Reason != v1alpha1.ReasonSelectorOverlap || !strings.Contains(c.Message, "blue, green") {
+		t.Errorf("Degraded %+v, want SelectorOverlap naming blue, green", c)
+	}
+}
+
+var h0 = time.Date(2025, 12, 31, 0, 0, 0, 0, time.UTC)

@@ -293,3 +293,47 @@ func TestPoolWithInvalidConfigTouchesNoNode(t *testing.T) {
 		t.Errorf("revisions of an invalid config: %d (%v)", len(revs.Items), err)
 	}
 }
+
+// TestPoolRollsOutAnInPlaceEdit: editing the pool's ConfigMap in place is a new revision, rolled out
+// maxUnavailable (2) nodes at a time like the first, never all at once; the first revision stays as the
+// previous one (what an undo assigns).
+func TestPoolRollsOutAnInPlaceEdit(t *testing.T) {
+	createConfigMap(t, "pool-edit", map[string]string{"kubelet": poolHeader + "eventRecordQPS: 39\n"})
+	applyPool(t, poolManifest("pool-edit", "pool-edit", "2"))
+	updated := func(p *v1alpha1.KubeletConfigPool) bool {
+		return p.Status.ObservedGeneration == p.Generation && condition(p, v1alpha1.ConditionUpdated).Status == metav1.ConditionTrue
+	}
+	first := waitPool(t, "pool-edit", 5*time.Minute, nil, updated).Status.CurrentRevision
+
+	cm, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Get(testContext(t), "pool-edit", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["kubelet"] = poolHeader + "eventRecordQPS: 40\n"
+	if _, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Update(testContext(t), cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	maxInProgress, maxUnproven := int32(0), 0
+	p := waitPool(t, "pool-edit", 5*time.Minute, func(p *v1alpha1.KubeletConfigPool) {
+		if p.Status.CurrentRevision == first {
+			return
+		}
+		maxInProgress = max(maxInProgress, p.Status.Nodes.InProgress)
+		assigned, proven := simsOn(t, "pool-edit-"+p.Status.CurrentRevision)
+		maxUnproven = max(maxUnproven, len(assigned)-len(proven))
+	}, func(p *v1alpha1.KubeletConfigPool) bool { return p.Status.CurrentRevision != first && updated(p) })
+	if p.Status.PreviousRevision != first {
+		t.Errorf("previous revision %q, want the first, %q", p.Status.PreviousRevision, first)
+	}
+	if maxInProgress > 2 || maxUnproven > 2 {
+		t.Errorf("in progress at once: %d by the pool's status, %d by the Nodes; want at most 2", maxInProgress, maxUnproven)
+	}
+	if maxUnproven == 0 {
+		t.Error("never saw a node in progress on the new revision: the sampling missed the rollout")
+	}
+	for _, rev := range []string{first, p.Status.CurrentRevision} {
+		if _, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Get(testContext(t), "pool-edit-"+rev, metav1.GetOptions{}); err != nil {
+			t.Errorf("revision %s: %v", rev, err)
+		}
+	}
+}

@@ -428,7 +428,8 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 	p := plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views, Now: now})
 
 	for _, node := range p.Assign {
-		a := v1alpha1.Assignment{Pool: pool.Name, Revision: target.Revision, Time: metav1.Time{Time: now}}
+		a := v1alpha1.Assignment{Pool: pool.Name, Revision: target.Revision, Namespace: target.Source.Namespace,
+			KubeletConfigKey: target.Source.KubeletConfigKey, Time: metav1.Time{Time: now}}
 		c.exp.expect(pool.Name, node, a, now)
 		if err := c.assign(ctx, byName[node], target.Source, a); err != nil {
 			c.exp.drop(pool.Name, node)

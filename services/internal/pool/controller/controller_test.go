@@ -109,42 +109,62 @@ func TestView(t *testing.T) {
 	green, _ := metav1.LabelSelectorAsSelector(&metav1.LabelSelector{MatchLabels: map[string]string{"tier": "green"}})
 	blue, _ := metav1.LabelSelectorAsSelector(&pool.Spec.NodeSelector)
 	others := []selector{{pool: "blue", sel: blue}, {pool: "green", sel: green}}
-	allowed := resolve.NewNamespaces("kube-system")
+	allowed := resolve.NewNamespaces("kube-system", "pools")
+	// The pool after its spec moved the config to namespace "pools" and key "config": what it assigned
+	// before is still its own (recorded in the assignment), not a hand assignment.
+	moved := testPool()
+	moved.Spec.ConfigMap.Namespace, moved.Spec.ConfigMap.KubeletConfigKey = "pools", "config"
+	movedTarget := plan.Target{Revision: "r3", Source: revision.Source(moved, "r3")}
 	for _, tc := range []struct {
 		name string
 		node *corev1.Node
 		want plan.Node
+		// moved: the pool and target are moved's
+		moved bool
 	}{
-		{"never assigned", node("a", nil, nil), plan.Node{Name: "a", Ready: true}},
+		{"never assigned", node("a", nil, nil), plan.Node{Name: "a", Ready: true}, false},
 		{"assigned the target by the pool", node("a", map[string]string{
 			nodeconfig.SourceAnnotation:   sourceJSON(target.Source),
 			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r2", Time: metav1.Time{Time: t0}}),
-		}, nil), plan.Node{Name: "a", Ready: true, Assigned: true, Revision: "r2", Source: target.Source, AssignedAt: t0}},
+		}, nil), plan.Node{Name: "a", Ready: true, Assigned: true, Revision: "r2", Source: target.Source, AssignedAt: t0}, false},
 		{"on the previous revision the pool assigned", node("a", map[string]string{
 			nodeconfig.SourceAnnotation:   sourceJSON(r1),
 			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r1", Time: metav1.Time{Time: t0}}),
-		}, nil), plan.Node{Name: "a", Ready: true, Revision: "r1", Source: r1, AssignedAt: t0}},
+		}, nil), plan.Node{Name: "a", Ready: true, Revision: "r1", Source: r1, AssignedAt: t0}, false},
 		{"source changed by hand since", node("a", map[string]string{
 			nodeconfig.SourceAnnotation:   sourceJSON(corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "debug", KubeletConfigKey: "kubelet"}),
 			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r1", Time: metav1.Time{Time: t0}}),
-		}, nil), plan.Node{Name: "a", Ready: true, HandAssigned: true}},
+		}, nil), plan.Node{Name: "a", Ready: true, HandAssigned: true}, false},
 		{"set back to the target by hand", node("a", map[string]string{
 			nodeconfig.SourceAnnotation:   sourceJSON(target.Source),
 			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r1", Time: metav1.Time{Time: t0}}),
-		}, nil), plan.Node{Name: "a", Ready: true, Assigned: true}},
+		}, nil), plan.Node{Name: "a", Ready: true, Assigned: true}, false},
 		{"assigned by another pool: selecting it is the operator's word", node("a", map[string]string{
 			nodeconfig.SourceAnnotation:   sourceJSON(corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "green-x", KubeletConfigKey: "kubelet"}),
 			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "green", Revision: "x", Time: metav1.Time{Time: t0}}),
-		}, nil), plan.Node{Name: "a", Ready: true}},
+		}, nil), plan.Node{Name: "a", Ready: true}, false},
 		{"selected by another pool too", node("a", nil, map[string]string{"pool": "blue", "tier": "green"}),
-			plan.Node{Name: "a", Ready: true, OtherPools: []string{"green"}}},
+			plan.Node{Name: "a", Ready: true, OtherPools: []string{"green"}}, false},
 		{"not Ready, with a status", func() *corev1.Node {
 			n := node("a", map[string]string{nodeconfig.StatusAnnotation: `{"error":"boom"}`}, nil)
 			n.Status.Conditions[0].Status = corev1.ConditionFalse
 			return n
-		}(), plan.Node{Name: "a", Status: corev1.NodeConfigStatus{Error: "boom"}}},
+		}(), plan.Node{Name: "a", Status: corev1.NodeConfigStatus{Error: "boom"}}, false},
+		{"assigned before the pool's namespace and key changed", node("a", map[string]string{
+			nodeconfig.SourceAnnotation: sourceJSON(r1),
+			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r1",
+				Namespace: "kube-system", KubeletConfigKey: "kubelet", Time: metav1.Time{Time: t0}}),
+		}, nil), plan.Node{Name: "a", Ready: true, Revision: "r1", Source: r1, AssignedAt: t0}, true},
+		{"a record without namespace and key is read with the spec's", node("a", map[string]string{
+			nodeconfig.SourceAnnotation:   sourceJSON(revision.Source(moved, "r1")),
+			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r1", Time: metav1.Time{Time: t0}}),
+		}, nil), plan.Node{Name: "a", Ready: true, Revision: "r1", Source: revision.Source(moved, "r1"), AssignedAt: t0}, true},
 	} {
-		got := view(tc.node, pool, target, others, allowed)
+		p, tg := pool, target
+		if tc.moved {
+			p, tg = moved, movedTarget
+		}
+		got := view(tc.node, p, tg, others, allowed)
 		if !equalNode(got, tc.want) {
 			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)
 		}

@@ -76,7 +76,7 @@ func view(n *corev1.Node, pool *v1alpha1.KubeletConfigPool, target plan.Target, 
 	v := plan.Node{Name: n.Name, Status: statusOf(n), Ready: ready(n)}
 	v.Assigned = target.Revision != "" && names(src, target.Source)
 	if a, ok := assignmentOf(n); ok && a.Pool == pool.Name {
-		assigned := revision.Source(pool, a.Revision)
+		assigned := revision.AssignedSource(pool, a)
 		switch {
 		case names(src, assigned):
 			// The source is still what the pool assigned.
@@ -157,7 +157,7 @@ func (e *expectations) apply(pool *v1alpha1.KubeletConfigPool, n *corev1.Node, v
 		delete(e.m[pool.Name], n.Name)
 		return v
 	}
-	v.Revision, v.Source, v.AssignedAt, v.HandAssigned = x.a.Revision, revision.Source(pool, x.a.Revision), x.a.Time.Time, false
+	v.Revision, v.Source, v.AssignedAt, v.HandAssigned = x.a.Revision, revision.AssignedSource(pool, x.a), x.a.Time.Time, false
 	v.Assigned = x.a.Revision == target.Revision
 	return v
 }

@@ -80,6 +80,20 @@ func Source(pool *v1alpha1.KubeletConfigPool, revision string) corev1.ConfigMapN
 	}
 }
 
+// AssignedSource is the source the pool's assignment a named: its revision's snapshot in the namespace
+// and with the key recorded in a, which the pool's spec may no longer name. A record written before
+// Assignment had them is read with the spec's.
+func AssignedSource(pool *v1alpha1.KubeletConfigPool, a v1alpha1.Assignment) corev1.ConfigMapNodeConfigSource {
+	s := Source(pool, a.Revision)
+	if a.Namespace != "" {
+		s.Namespace = a.Namespace
+	}
+	if a.KubeletConfigKey != "" {
+		s.KubeletConfigKey = a.KubeletConfigKey
+	}
+	return s
+}
+
 // Snapshot returns the revision of cm (the pool's ConfigMap) and the immutable ConfigMap that freezes it:
 // in cm's namespace (one of dkc-server's --config-namespaces, so the service can read it), owned by the
 // pool (deleted with it by the garbage collector), labelled with the pool and the revision.

@@ -85,8 +85,7 @@ func applyPool(t *testing.T, manifest string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		_ = poolClient(t).Delete(ctx, name, metav1.DeleteOptions{})
-		// The finalizer orphans the revisions in use and lets go; wait for it, so that no later test
-		// meets this pool.
+		// Pools have no finalizer; wait until it is gone all the same, so that no later test meets it.
 		for ctx.Err() == nil {
 			if _, err := poolClient(t).Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 				break
@@ -98,7 +97,8 @@ func applyPool(t *testing.T, manifest string) string {
 			_, _ = adminClient(t).CoreV1().Nodes().Patch(ctx, s, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		}
 		_, _, _ = kubectlDKC(t, "reset", "-l", simSelector)
-		// The revisions the nodes used were orphaned, not deleted: a later run starts without them.
+		// The controller keeps the revisions the nodes used until they use none: a later run starts
+		// without them.
 		_ = adminClient(t).CoreV1().ConfigMaps("kube-system").DeleteCollection(ctx, metav1.DeleteOptions{},
 			metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + name})
 	})

@@ -7,7 +7,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 
@@ -21,8 +20,6 @@ type Pools interface {
 	// UpdateStatus is PUT .../kubeletconfigpools/NAME/status: it fails with a Conflict when the pool
 	// changed since it was read.
 	UpdateStatus(ctx context.Context, pool *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error)
-	// Patch is PATCH .../kubeletconfigpools/NAME (metadata: the finalizer).
-	Patch(ctx context.Context, name string, pt types.PatchType, data []byte) (*v1alpha1.KubeletConfigPool, error)
 }
 
 // restPools is Pools over a REST client of dkc.dev/v1alpha1: a few lines instead of a generated
@@ -64,12 +61,5 @@ func (p restPools) UpdateStatus(ctx context.Context, pool *v1alpha1.KubeletConfi
 	out := &v1alpha1.KubeletConfigPool{}
 	err := p.rc.Put().Resource(v1alpha1.Resource).Name(pool.Name).SubResource("status").
 		VersionedParams(&metav1.UpdateOptions{FieldManager: FieldManager}, metav1.ParameterCodec).Body(pool).Do(ctx).Into(out)
-	return out, err
-}
-
-func (p restPools) Patch(ctx context.Context, name string, pt types.PatchType, data []byte) (*v1alpha1.KubeletConfigPool, error) {
-	out := &v1alpha1.KubeletConfigPool{}
-	err := p.rc.Patch(pt).Resource(v1alpha1.Resource).Name(name).
-		VersionedParams(&metav1.PatchOptions{FieldManager: FieldManager}, metav1.ParameterCodec).Body(data).Do(ctx).Into(out)
 	return out, err
 }

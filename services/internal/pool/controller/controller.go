@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -51,12 +50,6 @@ import (
 // FieldManager names the controller's writes (Node assignments, pool status, snapshots).
 const FieldManager = "dkc-pool-controller"
 
-// Finalizer holds a deleted pool until the snapshots its nodes still use are orphaned (their owner
-// reference dropped): the garbage collector would delete them, and a node whose source names a deleted
-// ConfigMap reports "failed to sync: failed to download config" forever, though it keeps running its
-// config. Deleting a pool leaves every node on its current config, quietly.
-const Finalizer = "dkc.dev/revisions-in-use"
-
 // Event reasons on a pool.
 const (
 	EventAssigned      = "Assigned"
@@ -64,6 +57,10 @@ const (
 	EventHalted        = "Halted"
 	EventConfigInvalid = "ConfigInvalid"
 )
+
+// sweepInterval is how often the controller looks for snapshots of deleted pools (sweep); the first look
+// is when it starts leading.
+const sweepInterval = 10 * time.Minute
 
 // indexPool indexes snapshots by their dkc.dev/pool label.
 const indexPool = "pool"
@@ -241,6 +238,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	for range c.cfg.Workers {
 		run(func() { wait.UntilWithContext(ctx, c.worker, time.Second) })
 	}
+	run(func() { wait.UntilWithContext(ctx, c.sweep, sweepInterval) })
 	<-ctx.Done()
 	c.cfg.Metrics.reset()
 	return nil
@@ -359,19 +357,15 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		c.mu.Lock()
 		delete(c.assignedAt, name)
 		c.mu.Unlock()
-		c.exp.forget(name)
 		c.cms.Track(name, "")
 		c.cfg.Metrics.forget(name)
-		return 0, nil
+		return c.collect(ctx, name)
 	}
 	pool := obj.(*v1alpha1.KubeletConfigPool) // shared with the cache: never modified
 	if pool.DeletionTimestamp != nil {
+		// Someone else's finalizer holds it: it assigns nothing more; its snapshots go once it is gone.
 		c.cms.Track(name, "")
-		return 0, c.finalize(ctx, pool)
-	}
-	if !slices.Contains(pool.Finalizers, Finalizer) {
-		// The update's event syncs the pool again.
-		return 0, c.patchFinalizers(ctx, pool, append(slices.Clone(pool.Finalizers), Finalizer))
+		return 0, nil
 	}
 	now := c.clock.Now().Truncate(time.Second) // what the annotation's and the status's times keep
 
@@ -547,7 +541,7 @@ func (c *Controller) assign(ctx context.Context, n *corev1.Node, src corev1.Conf
 }
 
 // ensureSnapshot creates the revision's immutable snapshot unless it exists. One that exists is used as
-// it is, owned by the pool or not (orphaned by an earlier pool of the same name): its name is its content.
+// it is (left by an earlier pool of the same name, still used by a node): its name is its content.
 func (c *Controller) ensureSnapshot(ctx context.Context, snap *corev1.ConfigMap) error {
 	if inf, ok := c.snapshots[snap.Namespace]; ok {
 		if _, exists, _ := inf.GetStore().GetByKey(snap.Namespace + "/" + snap.Name); exists {
@@ -631,61 +625,47 @@ func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool
 	return nil
 }
 
-// finalize orphans the deleted pool's snapshots that nodes still use, then lets the pool go; the garbage
-// collector deletes the others with it.
-func (c *Controller) finalize(ctx context.Context, pool *v1alpha1.KubeletConfigPool) error {
-	c.exp.forget(pool.Name)
-	c.cfg.Metrics.forget(pool.Name)
-	if !slices.Contains(pool.Finalizers, Finalizer) {
-		return nil
+// collect deletes the snapshots of a pool that no longer exists which no Node uses: snapshots carry no
+// owner reference (a finalizer to orphan the ones in use would wedge the CRD's deletion whenever
+// dkc-server is gone), so this is their garbage collector. A snapshot a Node still uses stays until it
+// does not (sweep looks again); so does every snapshot while an assignment the pool made just before its
+// deletion may not be in the Node cache yet.
+func (c *Controller) collect(ctx context.Context, pool string) (time.Duration, error) {
+	if d := c.exp.unconfirmed(pool, c.clock.Now()); d > 0 {
+		return d, nil
+	}
+	c.exp.forget(pool)
+	snaps := c.snapshotsOf(pool)
+	if len(snaps) == 0 {
+		return 0, nil
 	}
 	all, err := c.nodes.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("list nodes: %w", err)
+		return 0, fmt.Errorf("list nodes: %w", err)
 	}
 	used := usedConfigMaps(all, c.cfg.Namespaces)
-	for _, s := range c.snapshotsOf(pool.Name) {
-		if !used[s.Namespace+"/"+s.Name] || !ownedBy(s, pool.UID) {
+	for _, s := range snaps {
+		if used[s.Namespace+"/"+s.Name] {
 			continue
 		}
-		var refs []metav1.OwnerReference
-		for _, r := range s.OwnerReferences {
-			if r.UID != pool.UID {
-				refs = append(refs, r)
+		err := c.cfg.Client.CoreV1().ConfigMaps(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return 0, fmt.Errorf("delete revision %s/%s of deleted pool %s: %w", s.Namespace, s.Name, pool, err)
+		}
+		c.log.Info("deleted revision of a deleted pool", zap.String("pool", pool), zap.String("configmap", s.Namespace+"/"+s.Name))
+	}
+	return 0, nil
+}
+
+// sweep queues every pool that has snapshots and no longer exists: pools deleted while this replica did
+// not lead (or dkc-server was down), and snapshots of deleted pools that Nodes used until lately (a Node
+// event does not always name the deleted pool).
+func (c *Controller) sweep(context.Context) {
+	for _, inf := range c.snapshots {
+		for _, pool := range inf.GetIndexer().ListIndexFuncValues(indexPool) {
+			if _, exists, _ := c.pools.GetStore().GetByKey(pool); !exists {
+				c.queue.Add(pool)
 			}
 		}
-		data, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": s.ResourceVersion, "ownerReferences": refs}})
-		if err != nil {
-			return err
-		}
-		if _, err := c.cfg.Client.CoreV1().ConfigMaps(s.Namespace).Patch(ctx, s.Name, types.MergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("orphan revision %s/%s of deleted pool %s: %w", s.Namespace, s.Name, pool.Name, err)
-		}
-		c.log.Info("kept revision in use past its pool's deletion", zap.String("pool", pool.Name), zap.String("configmap", s.Namespace+"/"+s.Name))
 	}
-	return c.patchFinalizers(ctx, pool, slices.DeleteFunc(slices.Clone(pool.Finalizers), func(f string) bool { return f == Finalizer }))
-}
-
-func ownedBy(o metav1.Object, uid types.UID) bool {
-	for _, r := range o.GetOwnerReferences() {
-		if r.UID == uid {
-			return true
-		}
-	}
-	return false
-}
-
-// patchFinalizers sets the pool's finalizers, if the pool is still the version the cache holds.
-func (c *Controller) patchFinalizers(ctx context.Context, pool *v1alpha1.KubeletConfigPool, finalizers []string) error {
-	if finalizers == nil {
-		finalizers = []string{}
-	}
-	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": pool.ResourceVersion, "finalizers": finalizers}})
-	if err != nil {
-		return err
-	}
-	if _, err := c.cfg.Pools.Patch(ctx, pool.Name, types.MergePatchType, data); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("set finalizers of kubeletconfigpool %s: %w", pool.Name, err)
-	}
-	return nil
 }

@@ -72,7 +72,7 @@ func TestCheckConfig(t *testing.T) {
 func testPool() *v1alpha1.KubeletConfigPool {
 	mu := intstr.FromInt32(1)
 	return &v1alpha1.KubeletConfigPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "blue", UID: "pool-uid", Generation: 1, Finalizers: []string{Finalizer}},
+		ObjectMeta: metav1.ObjectMeta{Name: "blue", UID: "pool-uid", Generation: 1},
 		Spec: v1alpha1.KubeletConfigPoolSpec{
 			NodeSelector:   metav1.LabelSelector{MatchLabels: map[string]string{"pool": "blue"}},
 			ConfigMap:      v1alpha1.ConfigMapReference{Namespace: "kube-system", Name: "blue-config", KubeletConfigKey: "kubelet"},
@@ -177,10 +177,9 @@ func equalNode(a, b plan.Node) bool {
 	return string(ja) == string(jb)
 }
 
-// fakePools records UpdateStatus and Patch; List fails with listErr when set (the CRD not installed).
+// fakePools records UpdateStatus; List fails with listErr when set (the CRD not installed).
 type fakePools struct {
 	updates []*v1alpha1.KubeletConfigPool
-	patches []string
 	listErr error
 	lists   atomic.Int32
 	// statusErrs fail the next UpdateStatus calls, one each.
@@ -210,10 +209,6 @@ func (f *fakePools) UpdateStatus(_ context.Context, p *v1alpha1.KubeletConfigPoo
 	}
 	f.updates = append(f.updates, p.DeepCopy())
 	return p, nil
-}
-func (f *fakePools) Patch(_ context.Context, _ string, _ types.PatchType, data []byte) (*v1alpha1.KubeletConfigPool, error) {
-	f.patches = append(f.patches, string(data))
-	return &v1alpha1.KubeletConfigPool{}, nil
 }
 
 // fakeConfigMaps is a synced tracker holding one ConfigMap.
@@ -292,13 +287,13 @@ func TestStaleCacheNeverExceedsMaxUnavailable(t *testing.T) {
 	if last.Status.Nodes.InProgress != 1 || last.Status.CurrentRevision == "" {
 		t.Errorf("status nodes %+v revision %q, want 1 in progress and a revision", last.Status.Nodes, last.Status.CurrentRevision)
 	}
-	// The snapshot was created, owned by the pool and immutable.
+	// The snapshot was created, labelled with the pool and immutable.
 	snap, err := h.client.CoreV1().ConfigMaps("kube-system").Get(context.Background(), revision.SnapshotName("blue", last.Status.CurrentRevision), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
-	if snap.Immutable == nil || !*snap.Immutable || !ownedBy(snap, pool.UID) || snap.Labels[v1alpha1.LabelPool] != "blue" {
-		t.Errorf("snapshot %s: immutable %v, owners %v, labels %v", snap.Name, snap.Immutable, snap.OwnerReferences, snap.Labels)
+	if snap.Immutable == nil || !*snap.Immutable || snap.Labels[v1alpha1.LabelPool] != "blue" {
+		t.Errorf("snapshot %s: immutable %v, labels %v", snap.Name, snap.Immutable, snap.Labels)
 	}
 	// What the node got is the snapshot, with the assignment record the planner reads back.
 	n, err := h.client.CoreV1().Nodes().Get(context.Background(), "a", metav1.GetOptions{})
@@ -413,17 +408,18 @@ func TestRunWithoutTheCRDLogsOnce(t *testing.T) {
 	}
 }
 
-// TestDeletedPoolKeepsRevisionsInUse: a deleted pool's snapshot a node still runs loses its owner
-// reference (the garbage collector would delete it, and the node would report a download failure); one
-// no node uses keeps it (deleted with the pool); then the finalizer goes.
-func TestDeletedPoolKeepsRevisionsInUse(t *testing.T) {
+// deletedPoolHarness is a harness whose pool is gone from the cache, with two of its snapshots: used,
+// which node a runs, and unused.
+func deletedPoolHarness(t *testing.T) (h *harness, used, unused *corev1.ConfigMap) {
+	t.Helper()
 	pool := testPool()
-	now := metav1.Now()
-	pool.DeletionTimestamp = &now
-	_, used := revision.Snapshot(pool, configMap(map[string]string{"kubelet": goodConfig}))
-	_, unused := revision.Snapshot(pool, configMap(map[string]string{"kubelet": goodConfig + "eventRecordQPS: 3\n"}))
+	_, used = revision.Snapshot(pool, configMap(map[string]string{"kubelet": goodConfig}))
+	_, unused = revision.Snapshot(pool, configMap(map[string]string{"kubelet": goodConfig + "eventRecordQPS: 3\n"}))
 	src := corev1.ConfigMapNodeConfigSource{Namespace: used.Namespace, Name: used.Name, KubeletConfigKey: "kubelet"}
-	h := newHarness(t, pool, nil, node("a", map[string]string{nodeconfig.SourceAnnotation: sourceJSON(src)}, nil))
+	h = newHarness(t, pool, nil, node("a", map[string]string{nodeconfig.SourceAnnotation: sourceJSON(src)}, nil))
+	if err := h.c.pools.GetStore().Delete(pool); err != nil {
+		t.Fatal(err)
+	}
 	for _, cm := range []*corev1.ConfigMap{used, unused} {
 		if _, err := h.client.CoreV1().ConfigMaps(cm.Namespace).Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -432,42 +428,74 @@ func TestDeletedPoolKeepsRevisionsInUse(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return h, used, unused
+}
+
+func (h *harness) exists(t *testing.T, cm *corev1.ConfigMap) bool {
+	t.Helper()
+	_, err := h.client.CoreV1().ConfigMaps(cm.Namespace).Get(context.Background(), cm.Name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+// TestDeletedPoolRevisionsAreCollected: once a pool is gone, its snapshot no node uses is deleted and
+// the one a node still runs is kept (deleting it, the node would report a download failure forever);
+// no pool is written (no finalizer to remove).
+func TestDeletedPoolRevisionsAreCollected(t *testing.T) {
+	h, used, unused := deletedPoolHarness(t)
 	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		cm    *corev1.ConfigMap
-		owned bool
-	}{{used, false}, {unused, true}} {
-		got, err := h.client.CoreV1().ConfigMaps(tc.cm.Namespace).Get(context.Background(), tc.cm.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ownedBy(got, pool.UID) != tc.owned {
-			t.Errorf("snapshot %s owned by the pool: %v, want %v", got.Name, !tc.owned, tc.owned)
-		}
-	}
-	if len(h.pools.patches) != 1 || !strings.Contains(h.pools.patches[0], `"finalizers":[]`) {
-		t.Errorf("pool patches %v, want the finalizer removed", h.pools.patches)
+	if !h.exists(t, used) || h.exists(t, unused) {
+		t.Errorf("after sync: used snapshot exists %v (want true), unused %v (want false)", h.exists(t, used), h.exists(t, unused))
 	}
 	if len(h.assigned()) != 0 || len(h.pools.updates) != 0 {
 		t.Errorf("a deleted pool assigned %v and wrote %d statuses", h.assigned(), len(h.pools.updates))
 	}
 }
 
-// TestFinalizerFirst: a pool without the finalizer gets it before anything else happens.
-func TestFinalizerFirst(t *testing.T) {
-	pool := testPool()
-	pool.Finalizers = nil
-	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil))
+// TestDeletedPoolWaitsForItsLastAssignments: an assignment the pool made just before its deletion may not
+// be in the Node cache yet; its snapshots stay until the expectation expires.
+func TestDeletedPoolWaitsForItsLastAssignments(t *testing.T) {
+	h, _, unused := deletedPoolHarness(t)
+	h.c.exp.expect("blue", "b", v1alpha1.Assignment{Pool: "blue", Revision: unused.Labels[v1alpha1.LabelRevision]}, h.clock.Now())
+	requeue, err := h.c.sync(context.Background(), "blue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.exists(t, unused) || requeue <= 0 || requeue > expectationTTL {
+		t.Errorf("with an unconfirmed assignment: snapshot kept %v (want true), requeue %v (want within %v)", h.exists(t, unused), requeue, expectationTTL)
+	}
+	h.clock.Step(expectationTTL + time.Second)
 	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
 		t.Fatal(err)
 	}
-	if len(h.pools.patches) != 1 || !strings.Contains(h.pools.patches[0], Finalizer) {
-		t.Errorf("pool patches %v, want the finalizer added", h.pools.patches)
+	if h.exists(t, unused) {
+		t.Error("snapshot kept after the expectation expired")
 	}
-	if len(h.assigned()) != 0 {
-		t.Errorf("assigned %v before the finalizer was in place", h.assigned())
+}
+
+// TestSweepQueuesDeletedPools: a pool deleted while dkc-server was down or another replica led leaves
+// snapshots and no event; the sweep queues it, and only it.
+func TestSweepQueuesDeletedPools(t *testing.T) {
+	pool := testPool()
+	h := newHarness(t, pool, nil)
+	gone := testPool()
+	gone.Name = "gone"
+	for _, p := range []*v1alpha1.KubeletConfigPool{pool, gone} {
+		_, snap := revision.Snapshot(p, configMap(map[string]string{"kubelet": goodConfig}))
+		if err := h.c.snapshots["kube-system"].GetStore().Add(snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.c.sweep(context.Background())
+	if n := h.c.queue.Len(); n != 1 {
+		t.Fatalf("%d pools queued, want 1", n)
+	}
+	if got, _ := h.c.queue.Get(); got != "gone" {
+		t.Errorf("queued %q, want gone", got)
 	}
 }
 

@@ -162,6 +162,19 @@ func (e *expectations) apply(pool *v1alpha1.KubeletConfigPool, n *corev1.Node, v
 	return v
 }
 
+// unconfirmed is how long until the pool's unconfirmed assignments expire, 0 when it has none left.
+func (e *expectations) unconfirmed(pool string, now time.Time) time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var wait time.Duration
+	for _, x := range e.m[pool] {
+		if d := x.made.Add(expectationTTL).Sub(now); d > wait {
+			wait = d
+		}
+	}
+	return wait
+}
+
 // pending counts a pool's unconfirmed assignments (for tests and logs).
 func (e *expectations) pending(pool string) int {
 	e.mu.Lock()

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -421,24 +422,27 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 	}
 	p := plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views, Now: now})
 
+	// Assigned: the nodes patched so far. The assignment time is recorded with the first of them, so
+	// that a batch cut short by a failed patch still starts pauseBetweenBatches' clock.
+	var assigned []string
 	for _, node := range p.Assign {
 		a := v1alpha1.Assignment{Pool: pool.Name, Revision: target.Revision, Namespace: target.Source.Namespace,
 			KubeletConfigKey: target.Source.KubeletConfigKey, Time: metav1.Time{Time: now}}
 		c.exp.expect(pool.Name, node, a, now)
 		if err := c.assign(ctx, byName[node], target.Source, a); err != nil {
 			c.exp.drop(pool.Name, node)
+			c.assignedEvent(pool, target, assigned)
 			return 0, err
 		}
+		if len(assigned) == 0 {
+			c.mu.Lock()
+			c.assignedAt[pool.Name] = metav1.Time{Time: now}
+			c.mu.Unlock()
+		}
+		assigned = append(assigned, node)
 		c.log.Info("assigned node", zap.String("pool", pool.Name), zap.String("node", node), zap.String("revision", target.Revision))
-		c.cfg.Recorder.Eventf(pool, corev1.EventTypeNormal, EventAssigned, "assigned node %s revision %s (%s/%s)",
-			node, target.Revision, target.Source.Namespace, target.Source.Name)
 	}
-	if len(p.Assign) > 0 {
-		c.mu.Lock()
-		c.assignedAt[pool.Name] = metav1.Time{Time: now}
-		c.mu.Unlock()
-	}
-	c.events(pool, p.Status)
+	c.assignedEvent(pool, target, assigned)
 	c.cfg.Metrics.observe(pool.Name, p.Status.Nodes)
 	if !apiequality.Semantic.DeepEqual(pool.Status, p.Status) {
 		up := pool.DeepCopy()
@@ -446,6 +450,9 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		if _, err := c.cfg.Pools.UpdateStatus(ctx, up); err != nil {
 			return 0, fmt.Errorf("update status of kubeletconfigpool %s: %w", pool.Name, err)
 		}
+		// Only now: a transition is one once stored. A Conflict, or a sync on a cache that does not show
+		// the write yet (whose own write then conflicts), must not repeat the Events or count a halt twice.
+		c.events(pool, p.Status)
 	}
 	if target.Revision != "" {
 		if err := c.prune(ctx, pool, p.Status, all); err != nil {
@@ -478,18 +485,13 @@ func (c *Controller) withAssignmentTime(pool *v1alpha1.KubeletConfigPool) *v1alp
 	return pool
 }
 
-// events records on the pool what changed for an operator: a node newly failed, the pool newly halted or
-// its config newly invalid.
+// maxFailedEvents bounds the NodeFailed Events of one sync: past it, one Event sums the failures up (a
+// config every node refuses fails them all at once; failedNodes lists each).
+const maxFailedEvents = 3
+
+// events records on the pool what its stored status newly shows, for an operator: the pool halted, nodes
+// failed, the config became invalid — Halted first, as it is what to act on.
 func (c *Controller) events(pool *v1alpha1.KubeletConfigPool, st v1alpha1.KubeletConfigPoolStatus) {
-	old := map[string]bool{}
-	for _, f := range pool.Status.FailedNodes {
-		old[f.Name+"/"+f.Revision] = true
-	}
-	for _, f := range st.FailedNodes {
-		if !old[f.Name+"/"+f.Revision] {
-			c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventNodeFailed, "node %s failed revision %s: %s: %s", f.Name, f.Revision, f.Reason, f.Error)
-		}
-	}
 	became := func(typ string) *metav1.Condition {
 		n := meta.FindStatusCondition(st.Conditions, typ)
 		if n == nil || n.Status != metav1.ConditionTrue || meta.IsStatusConditionTrue(pool.Status.Conditions, typ) {
@@ -502,9 +504,50 @@ func (c *Controller) events(pool *v1alpha1.KubeletConfigPool, st v1alpha1.Kubele
 		c.log.Warn("pool halted", zap.String("pool", pool.Name), zap.String("message", cond.Message))
 		c.cfg.Recorder.Event(pool, corev1.EventTypeWarning, EventHalted, cond.Message)
 	}
+	old := map[string]bool{}
+	for _, f := range pool.Status.FailedNodes {
+		old[f.Name+"/"+f.Revision] = true
+	}
+	var failed []v1alpha1.FailedNode
+	for _, f := range st.FailedNodes {
+		if !old[f.Name+"/"+f.Revision] {
+			failed = append(failed, f)
+		}
+	}
+	if len(failed) <= maxFailedEvents {
+		for _, f := range failed {
+			c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventNodeFailed, "node %s failed revision %s: %s: %s", f.Name, f.Revision, f.Reason, f.Error)
+		}
+	} else {
+		items := make([]string, 0, len(failed))
+		for _, f := range failed {
+			items = append(items, f.Name+" ("+f.Reason+")")
+		}
+		c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventNodeFailed, "%d nodes failed revision %s: %s; status.failedNodes has their errors",
+			len(failed), failed[0].Revision, capped(items))
+	}
 	if cond := became(v1alpha1.ConditionConfigInvalid); cond != nil {
 		c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventConfigInvalid, "%s: %s; no node is touched", cond.Reason, cond.Message)
 	}
+}
+
+// assignedEvent records one Event for the nodes a sync assigned (a batch), not one per node.
+func (c *Controller) assignedEvent(pool *v1alpha1.KubeletConfigPool, target plan.Target, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	c.cfg.Recorder.Eventf(pool, corev1.EventTypeNormal, EventAssigned, "assigned revision %s (%s/%s) to %d node(s): %s",
+		target.Revision, target.Source.Namespace, target.Source.Name, len(nodes), capped(nodes))
+}
+
+// maxListed bounds the names an Event lists.
+const maxListed = 10
+
+func capped(items []string) string {
+	if len(items) <= maxListed {
+		return strings.Join(items, ", ")
+	}
+	return strings.Join(items[:maxListed], ", ") + fmt.Sprintf(" and %d more", len(items)-maxListed)
 }
 
 // assign points the node at the snapshot: the dkc.dev/config-source annotation (and spec.configSource

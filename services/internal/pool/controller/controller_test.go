@@ -8,12 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -599,3 +602,111 @@ func TestHeldNodesAreNotTouched(t *testing.T) {
 }
 
 var h0 = time.Date(2025, 12, 31, 0, 0, 0, 0, time.UTC)
+
+// refusingNode is a node assigned pool's revision of cm that refused it (a config fault: not retried).
+func refusingNode(name string, pool *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap) *corev1.Node {
+	rev, _ := revision.Snapshot(pool, cm)
+	src := revision.Source(pool, rev)
+	st, _ := json.Marshal(corev1.NodeConfigStatus{Assigned: &corev1.NodeConfigSource{ConfigMap: &src}, Error: "failed to validate config"})
+	return node(name, map[string]string{
+		nodeconfig.SourceAnnotation:   sourceJSON(src),
+		nodeconfig.StatusAnnotation:   string(st),
+		v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: pool.Name, Revision: rev}),
+	}, nil)
+}
+
+func drain(r *record.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-r.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+// TestEventsOnlyAfterTheStatusWrite: a status write that conflicts records no Event and counts no halt
+// (the retry would repeat them); the write that succeeds records Halted, then NodeFailed, once.
+func TestEventsOnlyAfterTheStatusWrite(t *testing.T) {
+	pool := testPool()
+	cm := configMap(map[string]string{"kubelet": goodConfig})
+	h := newHarness(t, pool, cm, refusingNode("a", pool, cm))
+	h.c.cfg.Metrics = NewMetrics(prometheus.NewRegistry())
+	h.pools.statusErrs = []error{apierrors.NewConflict(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.Resource}, "blue", nil)}
+	if _, err := h.c.sync(context.Background(), "blue"); !apierrors.IsConflict(err) {
+		t.Fatalf("sync: %v, want the Conflict", err)
+	}
+	if got := drain(h.recorder); len(got) != 0 {
+		t.Errorf("events before the status was stored: %q", got)
+	}
+	if n := testutil.ToFloat64(h.c.cfg.Metrics.halts.WithLabelValues("blue")); n != 0 {
+		t.Errorf("halts_total %v before the status was stored", n)
+	}
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	got := drain(h.recorder)
+	if len(got) != 2 || !strings.Contains(got[0], EventHalted) || !strings.Contains(got[1], EventNodeFailed) {
+		t.Errorf("events %q, want Halted then NodeFailed", got)
+	}
+	if n := testutil.ToFloat64(h.c.cfg.Metrics.halts.WithLabelValues("blue")); n != 1 {
+		t.Errorf("halts_total %v, want 1", n)
+	}
+}
+
+// TestEventsPerBatch: many nodes failing at once make one NodeFailed Event, and a batch of assignments
+// one Assigned Event, not one per node.
+func TestEventsPerBatch(t *testing.T) {
+	pool := testPool()
+	many := int32(100)
+	pool.Spec.MaxFailures = &many
+	cm := configMap(map[string]string{"kubelet": goodConfig})
+	var nodes []*corev1.Node
+	for _, n := range []string{"a", "b", "c", "d", "e"} {
+		nodes = append(nodes, refusingNode(n, pool, cm))
+	}
+	h := newHarness(t, pool, cm, nodes...)
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if got := drain(h.recorder); len(got) != 1 || !strings.Contains(got[0], EventNodeFailed) || !strings.Contains(got[0], "5 nodes failed") {
+		t.Errorf("events %q, want one NodeFailed summing up 5 nodes", got)
+	}
+
+	pool = testPool()
+	three := intstr.FromInt32(3)
+	pool.Spec.MaxUnavailable = &three
+	h = newHarness(t, pool, cm, node("a", nil, nil), node("b", nil, nil), node("c", nil, nil))
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if got := drain(h.recorder); len(got) != 1 || !strings.Contains(got[0], EventAssigned) || !strings.Contains(got[0], "3 node(s): a, b, c") {
+		t.Errorf("events %q, want one Assigned naming a, b, c", got)
+	}
+}
+
+// TestPartialBatchKeepsItsAssignmentTime: a patch that fails mid-batch still leaves the time of the
+// assignments made before it, which starts pauseBetweenBatches.
+func TestPartialBatchKeepsItsAssignmentTime(t *testing.T) {
+	pool := testPool()
+	two := intstr.FromInt32(2)
+	pool.Spec.MaxUnavailable = &two
+	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil), node("b", nil, nil))
+	h.client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.PatchAction).GetName() == "b" {
+			return true, nil, apierrors.NewServiceUnavailable("down")
+		}
+		return false, nil, nil
+	})
+	if _, err := h.c.sync(context.Background(), "blue"); err == nil {
+		t.Fatal("sync succeeded though a patch failed")
+	}
+	if got := h.c.withAssignmentTime(pool).Status.LastAssignmentTime; got == nil || !got.Time.Equal(h.clock.Now()) {
+		t.Errorf("assignment time %v after a cut-short batch, want %v", got, h.clock.Now())
+	}
+	if got := drain(h.recorder); len(got) != 1 || !strings.Contains(got[0], "1 node(s): a") {
+		t.Errorf("events %q, want one Assigned naming a", got)
+	}
+}

@@ -217,6 +217,10 @@ func (s *server) runPools(ctx context.Context) error {
 // elect runs lead while identity holds the Lease cfg names, competing again after each term, until ctx
 // ends; it returns once the last term's lead has returned. Terms never overlap in this process: a term's
 // lead may still be stopping (its workers finishing a sync) when the next term begins, which then waits.
+//
+// The elector runs on a context of its own, which ends only once the lead has returned: ReleaseOnCancel
+// releases the Lease as soon as the elector's context ends, and a lead still finishing a Node patch would
+// then overlap the next leader's first sync. Not leading, the elector stops with ctx.
 func elect(ctx context.Context, leases coordinationv1.CoordinationV1Interface, cfg Config, identity string, log *zap.Logger,
 	lead func(context.Context) error) error {
 	id := cfg.LeaderElectionID
@@ -228,6 +232,16 @@ func elect(ctx context.Context, leases coordinationv1.CoordinationV1Interface, c
 	log = log.With(zap.String("lease", cfg.LeaseNamespace()+"/"+id), zap.String("identity", identity))
 	var term sync.Mutex
 	for ctx.Err() == nil {
+		electCtx, stopElector := context.WithCancel(context.WithoutCancel(ctx))
+		var mu sync.Mutex // guards leading, against ctx's end
+		leading, led := false, false
+		stopWithCtx := context.AfterFunc(ctx, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if !leading {
+				stopElector()
+			}
+		})
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock: lock, Name: id, ReleaseOnCancel: true,
 			LeaseDuration: cfg.LeaderElectionLeaseDuration, RenewDeadline: cfg.LeaderElectionRenewDeadline, RetryPeriod: cfg.LeaderElectionRetryPeriod,
@@ -235,22 +249,47 @@ func elect(ctx context.Context, leases coordinationv1.CoordinationV1Interface, c
 				OnStartedLeading: func(lctx context.Context) {
 					term.Lock()
 					defer term.Unlock()
-					if lctx.Err() != nil {
+					mu.Lock()
+					if lctx.Err() != nil || ctx.Err() != nil {
+						mu.Unlock()
 						return
 					}
+					leading, led = true, true
+					mu.Unlock()
+					defer func() {
+						mu.Lock()
+						defer mu.Unlock()
+						leading = false
+						if ctx.Err() != nil {
+							stopElector() // releases the Lease, now that nothing of this term writes
+						}
+					}()
+					runCtx, cancel := context.WithCancel(lctx)
+					defer cancel()
+					defer context.AfterFunc(ctx, cancel)()
 					log.Info("leading: running the kubeletconfigpool controller")
-					if err := lead(lctx); err != nil {
+					if err := lead(runCtx); err != nil {
 						log.Error("kubeletconfigpool controller stopped", zap.Error(err))
 					}
 				},
-				OnStoppedLeading: func() { log.Info("not leading: kubeletconfigpool controller stopped") },
-				OnNewLeader:      func(leader string) { log.Info("kubeletconfigpool leader", zap.String("leader", leader)) },
+				OnStoppedLeading: func() {
+					mu.Lock()
+					defer mu.Unlock()
+					if led {
+						log.Info("not leading: kubeletconfigpool controller stopped")
+					}
+				},
+				OnNewLeader: func(leader string) { log.Info("kubeletconfigpool leader", zap.String("leader", leader)) },
 			},
 		})
 		if err != nil {
+			stopWithCtx()
+			stopElector()
 			return fmt.Errorf("leader election: %w", err)
 		}
-		le.Run(ctx)
+		le.Run(electCtx)
+		stopWithCtx()
+		stopElector()
 	}
 	term.Lock() // the last term's lead has returned
 	term.Unlock()

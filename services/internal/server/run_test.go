@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 )
@@ -112,5 +113,77 @@ func waitStarted(t *testing.T, started <-chan string) string {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no replica leads within 5s")
 		return ""
+	}
+}
+
+// TestElectKeepsTheLeaseUntilTheLeadReturns: on shutdown the lead may still be finishing a Node patch;
+// the Lease is released only after it returned, or the next leader would sync alongside it. Then it is
+// released (the other replica need not wait out the lease duration). A replica that never led does not
+// log that its controller stopped.
+func TestElectKeepsTheLeaseUntilTheLeadReturns(t *testing.T) {
+	client := fake.NewClientset()
+	cfg := DefaultConfig()
+	cfg.Namespace = "dkc"
+	cfg.LeaderElectionLeaseDuration, cfg.LeaderElectionRenewDeadline, cfg.LeaderElectionRetryPeriod = 10*time.Second, 500*time.Millisecond, 100*time.Millisecond
+	holder := func() string {
+		l, err := client.CoordinationV1().Leases("dkc").Get(context.Background(), cfg.LeaderElectionID, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	started := make(chan struct{})
+	var heldWhileStopping atomic.Bool
+	lead := func(ctx context.Context) error {
+		close(started)
+		<-ctx.Done()
+		// In flight: a patch that takes a while; the Lease must stay held meanwhile.
+		held := true
+		for range 5 {
+			time.Sleep(50 * time.Millisecond)
+			held = held && holder() == "a"
+		}
+		heldWhileStopping.Store(held)
+		return nil
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- elect(ctx, client.CoordinationV1(), cfg, "a", zap.NewNop(), lead) }()
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a never leads")
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !heldWhileStopping.Load() {
+		t.Error("the Lease was released while the lead was still stopping")
+	}
+	if h := holder(); h != "" {
+		t.Errorf("lease held by %q after elect returned, want released", h)
+	}
+
+	// A replica that never leads (the Lease is held by someone else) logs no "controller stopped".
+	other := "z"
+	lease, err := client.CoordinationV1().Leases("dkc").Get(context.Background(), cfg.LeaderElectionID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.NewMicroTime(time.Now())
+	secs := int32(600)
+	lease.Spec.HolderIdentity, lease.Spec.AcquireTime, lease.Spec.RenewTime, lease.Spec.LeaseDurationSeconds = &other, &now, &now, &secs
+	if _, err := client.CoordinationV1().Leases("dkc").Update(context.Background(), lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	ctx, stop = context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer stop()
+	if err := elect(ctx, client.CoordinationV1(), cfg, "b", zap.New(core), func(context.Context) error { t.Error("b leads"); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n := logs.FilterMessage("not leading: kubeletconfigpool controller stopped").Len(); n != 0 {
+		t.Errorf("a replica that never led logged %d times that its controller stopped", n)
 	}
 }

@@ -201,9 +201,11 @@ func (c *Controller) Run(ctx context.Context) error {
 		return nil
 	}
 	// Deferred in this order, they run in reverse: the queue shuts down (workers return), everything
-	// started here is told to stop, then waited for — on every return path.
+	// started here is told to stop, then waited for, and last the gauges are cleared — after the
+	// workers, or a sync in flight would set them again on a replica that no longer leads.
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	defer c.cfg.Metrics.reset()
 	defer wg.Wait()
 	defer cancel()
 	defer c.queue.ShutDown()
@@ -241,7 +243,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	run(func() { wait.UntilWithContext(ctx, c.sweep, sweepInterval) })
 	<-ctx.Done()
-	c.cfg.Metrics.reset()
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -407,7 +408,11 @@ func TestRunWithoutTheCRDLogsOnce(t *testing.T) {
 		t.Fatalf("looked for the API %d times in 200ms, want it polled", n)
 	}
 	if n := logs.Len(); n != 1 {
-		t.Errorf("%d log lines, want 1; the first: %v", n, logs.All()[0].Message)
+		var msgs []string
+		for _, e := range logs.All() {
+			msgs = append(msgs, e.Message)
+		}
+		t.Errorf("%d log lines, want 1: %q", n, msgs)
 	}
 }
 
@@ -708,5 +713,53 @@ func TestPartialBatchKeepsItsAssignmentTime(t *testing.T) {
 	}
 	if got := drain(h.recorder); len(got) != 1 || !strings.Contains(got[0], "1 node(s): a") {
 		t.Errorf("events %q, want one Assigned naming a", got)
+	}
+}
+
+// blockingConfigMaps holds a sync in Get until release is closed: a sync in flight when Run's context ends.
+type blockingConfigMaps struct {
+	fakeConfigMaps
+	entered chan struct{}
+	once    sync.Once
+	release chan struct{}
+}
+
+func (b *blockingConfigMaps) Get(key string) (*corev1.ConfigMap, bool, error) {
+	b.once.Do(func() { close(b.entered) })
+	<-b.release
+	return b.fakeConfigMaps.Get(key)
+}
+
+// TestRunResetsMetricsLast: a sync still running when the term ends sets the pool's gauges on its way
+// out; Run clears them only after its workers returned, so a replica that no longer leads exports none.
+func TestRunResetsMetricsLast(t *testing.T) {
+	client := fake.NewClientset(node("a", nil, nil))
+	factory := informers.NewSharedInformerFactory(client, 0)
+	nodes := factory.Core().V1().Nodes()
+	nodes.Informer()
+	cms := &blockingConfigMaps{fakeConfigMaps: fakeConfigMaps{cm: configMap(map[string]string{"kubelet": goodConfig})},
+		entered: make(chan struct{}), release: make(chan struct{})}
+	metrics := NewMetrics(prometheus.NewRegistry())
+	c := New(Config{Log: zap.NewNop(), Client: client, Pools: &fakePools{items: []v1alpha1.KubeletConfigPool{*testPool()}}, Nodes: nodes,
+		Namespaces: resolve.NewNamespaces("kube-system"), Metrics: metrics, ConfigMaps: func(func(string)) ConfigMaps { return cms }})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	select {
+	case <-cms.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no sync within 10s")
+	}
+	cancel()
+	time.Sleep(100 * time.Millisecond) // Run sees its context end while the sync is in flight
+	close(cms.release)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := testutil.CollectAndCount(metrics.nodes); n != 0 {
+		t.Errorf("%d dkc_pool_nodes series after Run returned, want none", n)
 	}
 }

@@ -440,8 +440,15 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 			c.assignedAt[pool.Name] = metav1.Time{Time: now}
 			c.mu.Unlock()
 		}
+		if was := c.replaced(byName[node], pool); was != "" {
+			// The operator learns what was overwritten, to put it back elsewhere if it mattered.
+			c.log.Info("assigned node, replacing a source the pool had not assigned", zap.String("pool", pool.Name), zap.String("node", node),
+				zap.String("revision", target.Revision), zap.String("replaced", was))
+			node += " (replacing " + was + ")"
+		} else {
+			c.log.Info("assigned node", zap.String("pool", pool.Name), zap.String("node", node), zap.String("revision", target.Revision))
+		}
 		assigned = append(assigned, node)
-		c.log.Info("assigned node", zap.String("pool", pool.Name), zap.String("node", node), zap.String("revision", target.Revision))
 	}
 	c.assignedEvent(pool, target, assigned)
 	c.cfg.Metrics.observe(pool.Name, p.Status.Nodes)
@@ -539,6 +546,24 @@ func (c *Controller) assignedEvent(pool *v1alpha1.KubeletConfigPool, target plan
 	}
 	c.cfg.Recorder.Eventf(pool, corev1.EventTypeNormal, EventAssigned, "assigned revision %s (%s/%s) to %d node(s): %s",
 		target.Revision, target.Source.Namespace, target.Source.Name, len(nodes), capped(nodes))
+}
+
+// replaced names the source an assignment overwrites when the pool did not set it (by hand, another
+// tool, another pool): "" for the local config or the pool's own earlier assignment. A node the pool
+// assigned and someone changed since is held, never overwritten; one it never assigned is the pool's to
+// assign, as selecting it is the operator's word (docs/design.md §11).
+func (c *Controller) replaced(n *corev1.Node, pool *v1alpha1.KubeletConfigPool) string {
+	src, _, err := resolve.NodeSource(n, c.cfg.Namespaces)
+	if err != nil {
+		return "an unusable source"
+	}
+	if src == nil || src.ConfigMap == nil {
+		return ""
+	}
+	if a, ok := assignmentOf(n); ok && a.Pool == pool.Name && names(src, revision.AssignedSource(pool, a)) {
+		return ""
+	}
+	return src.ConfigMap.Namespace + "/" + src.ConfigMap.Name
 }
 
 // maxListed bounds the names an Event lists.

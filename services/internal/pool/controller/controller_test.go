@@ -763,3 +763,21 @@ func TestRunResetsMetricsLast(t *testing.T) {
 		t.Errorf("%d dkc_pool_nodes series after Run returned, want none", n)
 	}
 }
+
+// TestAssignedEventNamesAReplacedSource: a selected node whose source the pool never set (by hand, by
+// another tool) is assigned, and the Event names what was replaced; a node on the local config is not
+// said to replace anything.
+func TestAssignedEventNamesAReplacedSource(t *testing.T) {
+	pool := testPool()
+	two := intstr.FromInt32(2)
+	pool.Spec.MaxUnavailable = &two
+	debug := corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "debug", KubeletConfigKey: "kubelet"}
+	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}),
+		node("a", map[string]string{nodeconfig.SourceAnnotation: sourceJSON(debug)}, nil), node("b", nil, nil))
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if got := drain(h.recorder); len(got) != 1 || !strings.Contains(got[0], "a (replacing kube-system/debug), b") {
+		t.Errorf("events %q, want one naming a's replaced source", got)
+	}
+}

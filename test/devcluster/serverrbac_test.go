@@ -158,7 +158,7 @@ var serverUsers = []string{"system:serviceaccount:kube-system:dkc-server", Servi
 
 // TestServerMayChangeOnlyItsNodeFields: RBAC lets dkc-server patch Nodes (pool assignments); the Node
 // admission policy lets it change only the source, the assignment record and spec.configSource through the
-// Node, and leaves its status writes and everybody else's writes alone.
+// Node, only its status report and the status through nodes/status, and leaves everybody else alone.
 func TestServerMayChangeOnlyItsNodeFields(t *testing.T) {
 	base := func() *corev1.Node {
 		return &corev1.Node{
@@ -193,6 +193,15 @@ func TestServerMayChangeOnlyItsNodeFields(t *testing.T) {
 			n.Status.Conditions = []corev1.NodeCondition{{Type: "ConfigOK", Status: corev1.ConditionTrue}}
 			n.Status.Config = &corev1.NodeConfigStatus{Error: "e"}
 		}), true},
+		// The status strategy resets spec, not metadata: through status only dkc.dev/config-status may change.
+		{"label via status", "status", edit(func(n *corev1.Node) { n.Labels["node-role.kubernetes.io/control-plane"] = "" }), false},
+		{"other annotation via status", "status", edit(func(n *corev1.Node) { n.Annotations["other"] = "y" }), false},
+		{"other annotation added via status", "status", edit(func(n *corev1.Node) { n.Annotations["new"] = "" }), false},
+		{"assignment via status", "status", edit(func(n *corev1.Node) { n.Annotations["dkc.dev/pool-assignment"] = "{}" }), false},
+		{"finalizer via status", "status", edit(func(n *corev1.Node) { n.Finalizers = []string{"x"} }), false},
+		{"owner via status", "status", edit(func(n *corev1.Node) {
+			n.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p", UID: "u"}}
+		}), false},
 	} {
 		for _, user := range serverUsers {
 			msg := evalPolicy(t, AdmissionPolicyFile, admission.Update, "nodes", tc.sub, user, tc.obj, base())

@@ -186,7 +186,8 @@ func TestServerIdentityIsConfinedToConfigNamespaces(t *testing.T) {
 
 // What RBAC grants dkc-server on ConfigMaps and Nodes, the admission policies narrow: it creates and
 // deletes only ConfigMaps labelled dkc.dev/pool (not coredns, kube-proxy, ...), and through a Node changes
-// only its source and pool assignment record — no label, taint or unschedulable. Dry runs: admission runs,
+// only its source and pool assignment record — no label, taint or unschedulable — and through its status only
+// its status report. Dry runs: admission runs,
 // nothing is written.
 func TestServerWritesAreNarrowedByAdmission(t *testing.T) {
 	ctx := testContext(t)
@@ -240,6 +241,15 @@ func TestServerWritesAreNarrowedByAdmission(t *testing.T) {
 		v1alpha1.AnnotationAssignment, `{"pool":"probe","revision":"x","time":"2026-01-01T00:00:00Z"}`)
 	if _, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(assign), metav1.PatchOptions{DryRun: dry}); err != nil {
 		t.Errorf("dkc-server assigns a node: %v", err)
+	}
+	// The Node status strategy resets spec, not metadata: through status, too, dkc-server changes no label or
+	// other annotation.
+	for _, patch := range []string{
+		`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`,
+		`{"metadata":{"annotations":{"other":"x"}}}`,
+	} {
+		_, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{DryRun: dry}, "status")
+		wantRefusal(t, "dkc-server patches status with "+patch, err, "dkc-server may change only a Node's annotation dkc.dev/config-status")
 	}
 	status := fmt.Sprintf(`{"metadata":{"annotations":{%q:"{}"}}}`, nodeconfig.StatusAnnotation)
 	if _, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(status), metav1.PatchOptions{DryRun: dry}, "status"); err != nil {

@@ -223,13 +223,19 @@ func TestServerMayChangeOnlyItsNodeFields(t *testing.T) {
 }
 
 // TestServerMayWriteOnlySnapshotConfigMaps: RBAC lets dkc-server create and delete ConfigMaps in its config
-// namespaces; the policy confines that to ConfigMaps labelled dkc.dev/pool, so coredns or kube-proxy stay out
-// of its reach, and nobody else is narrowed.
+// namespaces; the policy confines that to revision snapshots (labelled, named for their revision, immutable),
+// so coredns, kube-proxy or a user's ConfigMap labelled dkc.dev/pool stay out of its reach, and nobody else
+// is narrowed.
 func TestServerMayWriteOnlySnapshotConfigMaps(t *testing.T) {
 	cm := func(name string, lbls map[string]string) *corev1.ConfigMap {
 		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name, Labels: lbls}, Data: map[string]string{"k": "v"}}
 	}
-	snapshot := cm("blue-x", map[string]string{"dkc.dev/pool": "blue", "dkc.dev/revision": "x"})
+	immutable := func(c *corev1.ConfigMap) *corev1.ConfigMap { yes := true; c.Immutable = &yes; return c }
+	snapshot := immutable(cm("blue-x", map[string]string{"dkc.dev/pool": "blue", "dkc.dev/revision": "x"}))
+	// Labelled for pool blue, but no snapshot: a user's (the pool's source, say), misnamed, mutable.
+	source := immutable(cm("blue-config", map[string]string{"dkc.dev/pool": "blue"}))
+	misnamed := immutable(cm("coredns", map[string]string{"dkc.dev/pool": "blue", "dkc.dev/revision": "x"}))
+	mutable := cm("blue-x", map[string]string{"dkc.dev/pool": "blue", "dkc.dev/revision": "x"})
 	coredns := cm("coredns", map[string]string{"k8s-app": "kube-dns"})
 	changed := cm("coredns", map[string]string{"k8s-app": "kube-dns"})
 	changed.Data["k"] = "evil"
@@ -245,6 +251,12 @@ func TestServerMayWriteOnlySnapshotConfigMaps(t *testing.T) {
 		{"create another ConfigMap", admission.Create, coredns, none, false},
 		{"delete a snapshot", admission.Delete, none, snapshot, true},
 		{"delete another ConfigMap", admission.Delete, none, coredns, false},
+		{"create a labelled ConfigMap without a revision", admission.Create, source, none, false},
+		{"create a labelled ConfigMap under another name", admission.Create, misnamed, none, false},
+		{"create a mutable snapshot", admission.Create, mutable, none, false},
+		{"delete a labelled ConfigMap without a revision", admission.Delete, none, source, false},
+		{"delete a labelled ConfigMap under another name", admission.Delete, none, misnamed, false},
+		{"delete a mutable snapshot", admission.Delete, none, mutable, false},
 		{"update another ConfigMap's data", admission.Update, changed, coredns, false},
 		{"label another ConfigMap as a snapshot", admission.Update, relabelled, coredns, false},
 	} {

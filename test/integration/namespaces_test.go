@@ -185,7 +185,7 @@ func TestServerIdentityIsConfinedToConfigNamespaces(t *testing.T) {
 }
 
 // What RBAC grants dkc-server on ConfigMaps and Nodes, the admission policies narrow: it creates and
-// deletes only ConfigMaps labelled dkc.dev/pool (not coredns, kube-proxy, ...), and through a Node changes
+// deletes only revision snapshots (not coredns, kube-proxy, a user's ConfigMap labelled dkc.dev/pool...), and through a Node changes
 // only its source and pool assignment record — no label, taint or unschedulable — and through its status only
 // its status report. Dry runs: admission runs,
 // nothing is written.
@@ -214,11 +214,24 @@ func TestServerWritesAreNarrowedByAdmission(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("dkc-server creates an unlabelled ConfigMap: err %v, want Forbidden by the policy", last)
 	}
-	wantRefusal(t, "create an unlabelled ConfigMap", last, "dkc-server may create only ConfigMaps labelled dkc.dev/pool")
+	const createRule, deleteRule = "dkc-server may create only revision snapshots", "dkc-server may delete only revision snapshots"
+	wantRefusal(t, "create an unlabelled ConfigMap", last, createRule)
 	err = server.CoreV1().ConfigMaps("kube-system").Delete(ctx, other.Name, metav1.DeleteOptions{DryRun: dry})
-	wantRefusal(t, "delete a ConfigMap that is no snapshot", err, "dkc-server may delete only ConfigMaps labelled dkc.dev/pool")
-	snapshot := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "server-probe", Namespace: "kube-system",
+	wantRefusal(t, "delete a ConfigMap that is no snapshot", err, deleteRule)
+	// A user's ConfigMap labelled dkc.dev/pool (a pool's source, say) is no snapshot either.
+	labelled := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "server-probe", Namespace: "kube-system",
 		Labels: map[string]string{v1alpha1.LabelPool: "probe"}}}
+	_, err = server.CoreV1().ConfigMaps("kube-system").Create(ctx, labelled, metav1.CreateOptions{DryRun: dry})
+	wantRefusal(t, "create a labelled ConfigMap that is no snapshot", err, createRule)
+	mark := fmt.Sprintf(`{"metadata":{"labels":{%q:"probe"}}}`, v1alpha1.LabelPool)
+	if _, err := admin.CoreV1().ConfigMaps("kube-system").Patch(ctx, other.Name, types.MergePatchType, []byte(mark), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = server.CoreV1().ConfigMaps("kube-system").Delete(ctx, other.Name, metav1.DeleteOptions{DryRun: dry})
+	wantRefusal(t, "delete a labelled ConfigMap that is no snapshot", err, deleteRule)
+	immutable := true
+	snapshot := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "probe-x", Namespace: "kube-system",
+		Labels: map[string]string{v1alpha1.LabelPool: "probe", v1alpha1.LabelRevision: "x"}}, Immutable: &immutable}
 	if _, err := server.CoreV1().ConfigMaps("kube-system").Create(ctx, snapshot, metav1.CreateOptions{DryRun: dry}); err != nil {
 		t.Errorf("dkc-server creates a snapshot: %v", err)
 	}

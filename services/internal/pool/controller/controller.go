@@ -627,18 +627,29 @@ func (c *Controller) ensureSnapshot(ctx context.Context, snap *corev1.ConfigMap)
 	return nil
 }
 
-// snapshotsOf are the pool's snapshots in every watched namespace.
+// snapshotsOf are the pool's snapshots in every watched namespace: only what isSnapshot accepts, as prune
+// and collect delete what this returns.
 func (c *Controller) snapshotsOf(pool string) []*corev1.ConfigMap {
 	var out []*corev1.ConfigMap
 	for _, inf := range c.snapshots {
 		objs, _ := inf.GetIndexer().ByIndex(indexPool, pool)
 		for _, o := range objs {
-			if cm, ok := o.(*corev1.ConfigMap); ok {
+			if cm, ok := o.(*corev1.ConfigMap); ok && isSnapshot(cm, pool) {
 				out = append(out, cm)
 			}
 		}
 	}
 	return out
+}
+
+// isSnapshot tells the pool's revision snapshot (revision.Snapshot: labelled with its revision, named for
+// it, immutable) from another ConfigMap a user labelled dkc.dev/pool — the pool's own source ConfigMap,
+// say — which the controller must never delete. The admission policy dkc-server-configmaps holds dkc-server
+// to the same shape.
+func isSnapshot(cm *corev1.ConfigMap, pool string) bool {
+	rev := cm.Labels[v1alpha1.LabelRevision]
+	return rev != "" && cm.Labels[v1alpha1.LabelPool] == pool && cm.Name == revision.SnapshotName(pool, rev) &&
+		cm.Immutable != nil && *cm.Immutable
 }
 
 // usedConfigMaps are the ConfigMaps ("namespace/name") some Node's source names or its status shows
@@ -674,9 +685,6 @@ func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool
 	byRev := map[string]*corev1.ConfigMap{}
 	for _, s := range snaps {
 		rev := s.Labels[v1alpha1.LabelRevision]
-		if rev == "" {
-			continue
-		}
 		if used[s.Namespace+"/"+s.Name] {
 			inUse[rev] = true
 		}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -462,6 +463,76 @@ func TestDeletedPoolRevisionsAreCollected(t *testing.T) {
 	if len(h.assigned()) != 0 || len(h.pools.updates) != 0 {
 		t.Errorf("a deleted pool assigned %v and wrote %d statuses", h.assigned(), len(h.pools.updates))
 	}
+}
+
+// lookalikes are ConfigMaps labelled for pool blue that are not its snapshots: a user's, unlabelled with a
+// revision (the pool's source ConfigMap, say); one whose name is not its revision's; a mutable one.
+func lookalikes() []*corev1.ConfigMap {
+	immutable := true
+	cms := []*corev1.ConfigMap{
+		{ObjectMeta: metav1.ObjectMeta{Name: "blue-config", Labels: map[string]string{v1alpha1.LabelPool: "blue"}}, Immutable: &immutable},
+		{ObjectMeta: metav1.ObjectMeta{Name: "mine", Labels: map[string]string{v1alpha1.LabelPool: "blue", v1alpha1.LabelRevision: "r1"}}, Immutable: &immutable},
+		{ObjectMeta: metav1.ObjectMeta{Name: "blue-r2", Labels: map[string]string{v1alpha1.LabelPool: "blue", v1alpha1.LabelRevision: "r2"}}},
+	}
+	for _, cm := range cms {
+		cm.Namespace, cm.UID = "kube-system", types.UID("uid-"+cm.Name)
+	}
+	return cms
+}
+
+// TestOnlySnapshotsAreDeleted: collect (a deleted pool) and prune (past the history limit) delete the pool's
+// snapshots and never another ConfigMap carrying its label.
+func TestOnlySnapshotsAreDeleted(t *testing.T) {
+	add := func(t *testing.T, h *harness, cms []*corev1.ConfigMap) {
+		t.Helper()
+		for _, cm := range cms {
+			if _, err := h.client.CoreV1().ConfigMaps(cm.Namespace).Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.c.snapshots["kube-system"].GetStore().Add(cm); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Run("collect", func(t *testing.T) {
+		h, _, unused := deletedPoolHarness(t)
+		add(t, h, lookalikes())
+		if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+			t.Fatal(err)
+		}
+		if h.exists(t, unused) {
+			t.Error("the unused snapshot was kept")
+		}
+		for _, cm := range lookalikes() {
+			if !h.exists(t, cm) {
+				t.Errorf("collect deleted %s, no snapshot", cm.Name)
+			}
+		}
+	})
+	t.Run("prune", func(t *testing.T) {
+		pool := testPool()
+		limit := int32(0)
+		pool.Spec.RevisionHistoryLimit = &limit
+		h := newHarness(t, pool, nil)
+		var snaps []*corev1.ConfigMap
+		for i := range 3 {
+			_, snap := revision.Snapshot(pool, configMap(map[string]string{"kubelet": fmt.Sprintf("%seventRecordQPS: %d\n", goodConfig, i+1)}))
+			snaps = append(snaps, snap)
+		}
+		add(t, h, append(snaps, lookalikes()...))
+		st := v1alpha1.KubeletConfigPoolStatus{CurrentRevision: snaps[0].Labels[v1alpha1.LabelRevision], PreviousRevision: snaps[1].Labels[v1alpha1.LabelRevision]}
+		if err := h.c.prune(context.Background(), pool, st, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !h.exists(t, snaps[0]) || !h.exists(t, snaps[1]) || h.exists(t, snaps[2]) {
+			t.Errorf("current, previous, third snapshot exist: %v %v %v, want true true false", h.exists(t, snaps[0]), h.exists(t, snaps[1]), h.exists(t, snaps[2]))
+		}
+		for _, cm := range lookalikes() {
+			if !h.exists(t, cm) {
+				t.Errorf("prune deleted %s, no snapshot", cm.Name)
+			}
+		}
+	})
 }
 
 // TestDeletedPoolWaitsForItsLastAssignments: an assignment the pool made just before its deletion may not

@@ -116,6 +116,10 @@ type Controller struct {
 	// starts pauseBetweenBatches' batch.
 	mu         sync.Mutex
 	assignedAt map[string]metav1.Time
+	// deleted are the snapshots ("namespace/name") this controller deleted this term: a pool re-created
+	// under its name may need one again while the snapshot cache still shows it, and ensureSnapshot must
+	// not take that for the snapshot existing.
+	deleted map[string]bool
 }
 
 // New builds a controller; it does nothing until Run.
@@ -137,6 +141,7 @@ func New(cfg Config) *Controller {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
+		deleted: map[string]bool{},
 	}
 	// ToListWatcherWithWatchListSemantics lets a Pools that cannot stream a watch list (a test's fake)
 	// say so; the REST client can, and the reflector falls back to a list where the apiserver cannot.
@@ -612,8 +617,12 @@ func (c *Controller) assign(ctx context.Context, n *corev1.Node, src corev1.Conf
 // ensureSnapshot creates the revision's immutable snapshot unless it exists. One that exists is used as
 // it is (left by an earlier pool of the same name, still used by a node): its name is its content.
 func (c *Controller) ensureSnapshot(ctx context.Context, snap *corev1.ConfigMap) error {
-	if inf, ok := c.snapshots[snap.Namespace]; ok {
-		if _, exists, _ := inf.GetStore().GetByKey(snap.Namespace + "/" + snap.Name); exists {
+	key := snap.Namespace + "/" + snap.Name
+	c.mu.Lock()
+	deleted := c.deleted[key]
+	c.mu.Unlock()
+	if inf, ok := c.snapshots[snap.Namespace]; ok && !deleted {
+		if _, exists, _ := inf.GetStore().GetByKey(key); exists {
 			return nil
 		}
 	}
@@ -621,10 +630,21 @@ func (c *Controller) ensureSnapshot(ctx context.Context, snap *corev1.ConfigMap)
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create snapshot configmap %s/%s: %w", snap.Namespace, snap.Name, err)
 	}
+	// It exists again: from here the cache answers, once it has caught up.
+	c.mu.Lock()
+	delete(c.deleted, key)
+	c.mu.Unlock()
 	if err == nil {
 		c.log.Info("created revision", zap.String("pool", snap.Labels[v1alpha1.LabelPool]), zap.String("revision", snap.Labels[v1alpha1.LabelRevision]))
 	}
 	return nil
+}
+
+// deletedSnapshot records that s is gone (or was already), until ensureSnapshot creates it again.
+func (c *Controller) deletedSnapshot(s *corev1.ConfigMap) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deleted[s.Namespace+"/"+s.Name] = true
 }
 
 // snapshotsOf are the pool's snapshots in every watched namespace: only what isSnapshot accepts, as prune
@@ -697,6 +717,7 @@ func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("prune revision %s/%s: %w", s.Namespace, s.Name, err)
 		}
+		c.deletedSnapshot(s)
 		c.log.Info("pruned revision", zap.String("pool", pool.Name), zap.String("revision", rev))
 	}
 	return nil
@@ -729,6 +750,7 @@ func (c *Controller) collect(ctx context.Context, pool string) (time.Duration, e
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return 0, fmt.Errorf("delete revision %s/%s of deleted pool %s: %w", s.Namespace, s.Name, pool, err)
 		}
+		c.deletedSnapshot(s)
 		c.log.Info("deleted revision of a deleted pool", zap.String("pool", pool), zap.String("configmap", s.Namespace+"/"+s.Name))
 	}
 	return 0, nil

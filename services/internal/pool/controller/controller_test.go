@@ -535,6 +535,53 @@ func TestOnlySnapshotsAreDeleted(t *testing.T) {
 	})
 }
 
+// TestRecreatedPoolRecreatesItsSnapshot: a pool deleted and re-created under its name with the same config
+// needs the snapshot collect just deleted; the snapshot cache, not yet showing the deletion, must not
+// make the controller assign nodes to a ConfigMap that is gone.
+func TestRecreatedPoolRecreatesItsSnapshot(t *testing.T) {
+	pool := testPool()
+	cm := configMap(map[string]string{"kubelet": goodConfig})
+	_, snap := revision.Snapshot(pool, cm)
+	h := newHarness(t, pool, cm)
+	if _, err := h.client.CoreV1().ConfigMaps(snap.Namespace).Create(context.Background(), snap, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.snapshots["kube-system"].GetStore().Add(snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.pools.GetStore().Delete(pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if h.exists(t, snap) {
+		t.Fatal("the deleted pool's unused snapshot was not collected")
+	}
+	if err := h.c.pools.GetStore().Add(pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if !h.exists(t, snap) {
+		t.Error("the re-created pool's snapshot was not created again (the stale cache still shows it)")
+	}
+	// Created again, it is the cache's to answer for: no second Create.
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	creates := 0
+	for _, a := range h.client.Actions() {
+		if a.GetVerb() == "create" && a.GetResource().Resource == "configmaps" {
+			creates++
+		}
+	}
+	if creates != 2 {
+		t.Errorf("%d ConfigMap creates, want 2 (the test's, the re-creation)", creates)
+	}
+}
+
 // TestDeletedPoolWaitsForItsLastAssignments: an assignment the pool made just before its deletion may not
 // be in the Node cache yet; its snapshots stay until the expectation expires.
 func TestDeletedPoolWaitsForItsLastAssignments(t *testing.T) {

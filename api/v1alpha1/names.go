@@ -94,9 +94,15 @@ const (
 // Assignment is the value of AnnotationAssignment: which pool assigned the node which revision, and when
 // (the start of its nodeTimeout).
 type Assignment struct {
-	Pool     string      `json:"pool"`
-	Revision string      `json:"revision"`
-	Time     metav1.Time `json:"time"`
+	Pool     string `json:"pool"`
+	Revision string `json:"revision"`
+	// Namespace and KubeletConfigKey are those of the source assigned (the pool's spec.configMap then):
+	// a pool whose spec later names another namespace or key must still recognise what it assigned, or
+	// its earlier nodes would look assigned by hand and be held forever. Empty in records written before
+	// they existed: the pool's current spec is then assumed.
+	Namespace        string      `json:"namespace,omitempty"`
+	KubeletConfigKey string      `json:"kubeletConfigKey,omitempty"`
+	Time             metav1.Time `json:"time"`
 }
 
 // The spec's getters apply the schema's defaults to pools that did not come from the apiserver.

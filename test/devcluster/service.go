@@ -77,6 +77,10 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 	if err := c.applyServerRBAC(ctx, client); err != nil {
 		return err
 	}
+	// deploy/crds, as deploy/base installs them: the pool controller then finds its API at start.
+	if err := c.applyCRDs(ctx); err != nil {
+		return err
+	}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: SidecarServiceAccount, Namespace: SidecarNamespace}}
 	if _, err := client.CoreV1().ServiceAccounts(SidecarNamespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create service account %s/%s: %w", SidecarNamespace, SidecarServiceAccount, err)
@@ -128,6 +132,9 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 	if err := c.installAdmissionPolicy(ctx, client); err != nil {
 		return err
 	}
+	if err := installPolicy(ctx, client, filepath.Join(c.cfg.RepoRoot, ServerConfigMapPolicyFile)); err != nil {
+		return err
+	}
 	return c.registerWebhook(ctx, client)
 }
 
@@ -141,6 +148,11 @@ const AdmissionSkipLabel = "node-restriction.kubernetes.io/dkc-admission"
 // that decide who may change a Node's dkc.dev/config-source. The dev cluster installs this very file, so that
 // tests exercise what users install from deploy/.
 const AdmissionPolicyFile = "deploy/base/config-source-policy.yaml"
+
+// ServerConfigMapPolicyFile, relative to the repository root, holds the ValidatingAdmissionPolicy and its
+// binding that confine dkc-server's ConfigMap writes to its revision snapshots (label dkc.dev/pool). The dev
+// cluster installs this very file, as it does AdmissionPolicyFile.
+const ServerConfigMapPolicyFile = "deploy/base/server-configmap-policy.yaml"
 
 // decodeAdmissionPolicy decodes AdmissionPolicyFile's content: exactly one ValidatingAdmissionPolicy and one
 // binding of it, admissionregistration.k8s.io/v1, no unknown fields.
@@ -185,20 +197,16 @@ func decodeAdmissionPolicy(data []byte) (*admissionregistrationv1.ValidatingAdmi
 // both, and tests may write Nodes right after Start returns.
 func (c *Cluster) installAdmissionPolicy(ctx context.Context, client kubernetes.Interface) error {
 	file := filepath.Join(c.cfg.RepoRoot, AdmissionPolicyFile)
+	if err := installPolicy(ctx, client, file); err != nil {
+		return err
+	}
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return fmt.Errorf("read admission policy: %w", err)
 	}
-	policy, binding, err := decodeAdmissionPolicy(data)
+	policy, _, err := decodeAdmissionPolicy(data)
 	if err != nil {
 		return fmt.Errorf("decode admission policy %s: %w", file, err)
-	}
-	vaps := client.AdmissionregistrationV1()
-	if _, err := vaps.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create validating admission policy %s: %w", policy.Name, err)
-	}
-	if _, err := vaps.ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create validating admission policy binding %s: %w", binding.Name, err)
 	}
 	if len(c.state.Nodes) == 0 {
 		return nil
@@ -213,6 +221,44 @@ func (c *Cluster) installAdmissionPolicy(ctx context.Context, client kubernetes.
 	})
 	if err != nil {
 		return fmt.Errorf("admission policy %s not enforced (last probe of node %s: %v): %w", policy.Name, node, last, err)
+	}
+	return nil
+}
+
+// installPolicy creates the ValidatingAdmissionPolicy and binding of file (decodeAdmissionPolicy's form).
+// It does not wait for the apiserver to enforce them; tests of the policy poll for its refusal.
+func installPolicy(ctx context.Context, client kubernetes.Interface, file string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("read admission policy: %w", err)
+	}
+	policy, binding, err := decodeAdmissionPolicy(data)
+	if err != nil {
+		return fmt.Errorf("decode admission policy %s: %w", file, err)
+	}
+	// A cluster started again keeps its etcd: what it holds is replaced by the file's current content.
+	vaps := client.AdmissionregistrationV1()
+	_, err = vaps.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		var old *admissionregistrationv1.ValidatingAdmissionPolicy
+		if old, err = vaps.ValidatingAdmissionPolicies().Get(ctx, policy.Name, metav1.GetOptions{}); err == nil {
+			policy.ResourceVersion = old.ResourceVersion
+			_, err = vaps.ValidatingAdmissionPolicies().Update(ctx, policy, metav1.UpdateOptions{})
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("install validating admission policy %s: %w", policy.Name, err)
+	}
+	_, err = vaps.ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		var old *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+		if old, err = vaps.ValidatingAdmissionPolicyBindings().Get(ctx, binding.Name, metav1.GetOptions{}); err == nil {
+			binding.ResourceVersion = old.ResourceVersion
+			_, err = vaps.ValidatingAdmissionPolicyBindings().Update(ctx, binding, metav1.UpdateOptions{})
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("install validating admission policy binding %s: %w", binding.Name, err)
 	}
 	return nil
 }

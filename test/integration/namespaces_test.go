@@ -16,9 +16,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/test/devcluster"
 )
@@ -99,8 +102,9 @@ func TestConfigOutsideConfigNamespacesIsRefused(t *testing.T) {
 
 func nowProto() *timestamppb.Timestamp { return timestamppb.Now() }
 
-// dkc-server's own identity (the dev cluster grants it deploy/base/server-rbac.yaml) reads ConfigMaps only
-// in kube-system, writes Events only in default, and holds no verb its code does not call.
+// dkc-server's own identity (the dev cluster grants it deploy/base/server-rbac.yaml) reads and writes
+// ConfigMaps only in kube-system, writes Events only in default, gets and updates only its own Lease, and
+// holds no verb its code does not call.
 func TestServerIdentityIsConfinedToConfigNamespaces(t *testing.T) {
 	ctx := testContext(t)
 	otherNamespace(t, adminClient(t))
@@ -121,33 +125,147 @@ func TestServerIdentityIsConfinedToConfigNamespaces(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		ns, verb, resource, sub string
-		allowed                 bool
+		ns, verb, group, resource, sub, name string
+		allowed                              bool
 	}{
-		{"kube-system", "list", "configmaps", "", true},
-		{"kube-system", "watch", "configmaps", "", true},
-		{"other", "watch", "configmaps", "", false},
-		{"", "watch", "configmaps", "", false},
-		{"kube-system", "get", "configmaps", "", false}, // informers list and watch; nothing gets one by name
-		{"default", "create", "events", "", true},
-		{"default", "patch", "events", "", false},
-		{"kube-system", "create", "events", "", false},
-		{"", "list", "nodes", "", true},
-		{"", "watch", "nodes", "", true},
-		{"", "get", "nodes", "", false},
-		{"", "patch", "nodes", "", false},
-		{"", "patch", "nodes", "status", true},
-		{"kube-system", "get", "secrets", "", false},
+		{"kube-system", "list", "", "configmaps", "", "", true},
+		{"kube-system", "watch", "", "configmaps", "", "", true},
+		{"other", "watch", "", "configmaps", "", "", false},
+		{"", "watch", "", "configmaps", "", "", false},
+		{"kube-system", "get", "", "configmaps", "", "", false}, // informers list and watch; nothing gets one by name
+		// The pools' revision snapshots; the admission policy confines these to ConfigMaps labelled
+		// dkc.dev/pool (below). Snapshots are immutable: no update or patch.
+		{"kube-system", "create", "", "configmaps", "", "", true},
+		{"kube-system", "delete", "", "configmaps", "", "", true},
+		{"kube-system", "update", "", "configmaps", "", "", false},
+		{"kube-system", "patch", "", "configmaps", "", "", false},
+		{"kube-system", "deletecollection", "", "configmaps", "", "", false},
+		{"other", "create", "", "configmaps", "", "", false},
+		{"default", "create", "", "events", "", "", true},
+		{"default", "patch", "", "events", "", "", true}, // the event recorder counts repeats
+		{"kube-system", "create", "", "events", "", "", false},
+		{"", "list", "", "nodes", "", "", true},
+		{"", "watch", "", "nodes", "", "", true},
+		{"", "get", "", "nodes", "", "", false},
+		{"", "patch", "", "nodes", "", "", true}, // pool assignments; the Node policy narrows the fields (below)
+		{"", "update", "", "nodes", "", "", false},
+		{"", "delete", "", "nodes", "", "", false},
+		{"", "patch", "", "nodes", "status", "", true},
+		{"kube-system", "get", "", "secrets", "", "", false},
+		// Leader election: its one Lease by name; create cannot be limited by name.
+		{"kube-system", "create", "coordination.k8s.io", "leases", "", "", true},
+		{"kube-system", "get", "coordination.k8s.io", "leases", "", "dkc-server-pools", true},
+		{"kube-system", "update", "coordination.k8s.io", "leases", "", "dkc-server-pools", true},
+		{"kube-system", "get", "coordination.k8s.io", "leases", "", "kube-controller-manager", false},
+		{"kube-system", "update", "coordination.k8s.io", "leases", "", "kube-scheduler", false},
+		{"kube-system", "list", "coordination.k8s.io", "leases", "", "", false},
+		{"kube-system", "delete", "coordination.k8s.io", "leases", "", "dkc-server-pools", false},
+		{"default", "create", "coordination.k8s.io", "leases", "", "", false},
+		{"", "list", "dkc.dev", "kubeletconfigpools", "", "", true},
+		{"", "watch", "dkc.dev", "kubeletconfigpools", "", "", true},
+		{"", "get", "dkc.dev", "kubeletconfigpools", "", "", false},
+		{"", "patch", "dkc.dev", "kubeletconfigpools", "", "", false}, // no finalizer to set
+		{"", "update", "dkc.dev", "kubeletconfigpools", "", "", false},
+		{"", "create", "dkc.dev", "kubeletconfigpools", "", "", false},
+		{"", "delete", "dkc.dev", "kubeletconfigpools", "", "", false},
+		{"", "update", "dkc.dev", "kubeletconfigpools", "status", "", true},
+		{"", "patch", "dkc.dev", "kubeletconfigpools", "status", "", false},
 	} {
 		ssar, err := server.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
 			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Namespace: tc.ns, Verb: tc.verb, Resource: tc.resource, Subresource: tc.sub}},
+				Namespace: tc.ns, Verb: tc.verb, Group: tc.group, Resource: tc.resource, Subresource: tc.sub, Name: tc.name}},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if ssar.Status.Allowed != tc.allowed {
-			t.Errorf("dkc-server may %s %s/%s in %q: %v, want %v (%s)", tc.verb, tc.resource, tc.sub, tc.ns, ssar.Status.Allowed, tc.allowed, ssar.Status.Reason)
+			t.Errorf("dkc-server may %s %s/%s %q in %q: %v, want %v (%s)", tc.verb, tc.resource, tc.sub, tc.name, tc.ns, ssar.Status.Allowed, tc.allowed, ssar.Status.Reason)
 		}
+	}
+}
+
+// What RBAC grants dkc-server on ConfigMaps and Nodes, the admission policies narrow: it creates and
+// deletes only revision snapshots (not coredns, kube-proxy, a user's ConfigMap labelled dkc.dev/pool...), and through a Node changes
+// only its source and pool assignment record — no label, taint or unschedulable — and through its status only
+// its status report. Dry runs: admission runs,
+// nothing is written.
+func TestServerWritesAreNarrowedByAdmission(t *testing.T) {
+	ctx := testContext(t)
+	admin := adminClient(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(cluster.Dir(), "dkc-server.kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dry := []string{metav1.DryRunAll}
+	other := createConfigMap(t, "not-a-snapshot", map[string]string{"kubelet": "a"})
+	const node = "sim-server-rights"
+	simNode(t, node)
+
+	// The policy takes effect once the apiserver has seen it: poll for the first refusal.
+	unlabelled := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "server-probe", Namespace: "kube-system"}}
+	var last error
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, last = server.CoreV1().ConfigMaps("kube-system").Create(ctx, unlabelled, metav1.CreateOptions{DryRun: dry})
+		return apierrors.IsForbidden(last), nil
+	}); err != nil {
+		t.Fatalf("dkc-server creates an unlabelled ConfigMap: err %v, want Forbidden by the policy", last)
+	}
+	const createRule, deleteRule = "dkc-server may create only revision snapshots", "dkc-server may delete only revision snapshots"
+	wantRefusal(t, "create an unlabelled ConfigMap", last, createRule)
+	err = server.CoreV1().ConfigMaps("kube-system").Delete(ctx, other.Name, metav1.DeleteOptions{DryRun: dry})
+	wantRefusal(t, "delete a ConfigMap that is no snapshot", err, deleteRule)
+	// A user's ConfigMap labelled dkc.dev/pool (a pool's source, say) is no snapshot either.
+	labelled := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "server-probe", Namespace: "kube-system",
+		Labels: map[string]string{v1alpha1.LabelPool: "probe"}}}
+	_, err = server.CoreV1().ConfigMaps("kube-system").Create(ctx, labelled, metav1.CreateOptions{DryRun: dry})
+	wantRefusal(t, "create a labelled ConfigMap that is no snapshot", err, createRule)
+	mark := fmt.Sprintf(`{"metadata":{"labels":{%q:"probe"}}}`, v1alpha1.LabelPool)
+	if _, err := admin.CoreV1().ConfigMaps("kube-system").Patch(ctx, other.Name, types.MergePatchType, []byte(mark), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = server.CoreV1().ConfigMaps("kube-system").Delete(ctx, other.Name, metav1.DeleteOptions{DryRun: dry})
+	wantRefusal(t, "delete a labelled ConfigMap that is no snapshot", err, deleteRule)
+	immutable := true
+	snapshot := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "probe-x", Namespace: "kube-system",
+		Labels: map[string]string{v1alpha1.LabelPool: "probe", v1alpha1.LabelRevision: "x"}}, Immutable: &immutable}
+	if _, err := server.CoreV1().ConfigMaps("kube-system").Create(ctx, snapshot, metav1.CreateOptions{DryRun: dry}); err != nil {
+		t.Errorf("dkc-server creates a snapshot: %v", err)
+	}
+
+	const nodeRule = "dkc-server may change only a Node's annotations"
+	for _, patch := range []string{
+		`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`,
+		`{"metadata":{"annotations":{"other":"x"}}}`,
+		`{"spec":{"unschedulable":true}}`,
+		`{"spec":{"taints":[{"key":"k","effect":"NoSchedule"}]}}`,
+	} {
+		_, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{DryRun: dry})
+		wantRefusal(t, "dkc-server patches "+patch, err, nodeRule)
+		// An administrator is not narrowed by it.
+		if _, err := admin.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{DryRun: dry}); err != nil {
+			t.Errorf("admin patches %s: %v", patch, err)
+		}
+	}
+	assign := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:%q}}}`, nodeconfig.SourceAnnotation, cmSource(other.Name),
+		v1alpha1.AnnotationAssignment, `{"pool":"probe","revision":"x","time":"2026-01-01T00:00:00Z"}`)
+	if _, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(assign), metav1.PatchOptions{DryRun: dry}); err != nil {
+		t.Errorf("dkc-server assigns a node: %v", err)
+	}
+	// The Node status strategy resets spec, not metadata: through status, too, dkc-server changes no label or
+	// other annotation.
+	for _, patch := range []string{
+		`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`,
+		`{"metadata":{"annotations":{"other":"x"}}}`,
+	} {
+		_, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{DryRun: dry}, "status")
+		wantRefusal(t, "dkc-server patches status with "+patch, err, "dkc-server may change only a Node's annotation dkc.dev/config-status")
+	}
+	status := fmt.Sprintf(`{"metadata":{"annotations":{%q:"{}"}}}`, nodeconfig.StatusAnnotation)
+	if _, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(status), metav1.PatchOptions{DryRun: dry}, "status"); err != nil {
+		t.Errorf("dkc-server writes a node's status: %v", err)
 	}
 }

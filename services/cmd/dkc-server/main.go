@@ -1,6 +1,6 @@
 // Command dkc-server is the dkc config service (a Deployment): it resolves every Node's kubelet config
 // source, streams the result to the node's sidecar over gRPC, and writes what the nodes report back onto
-// their Nodes. See `dkc-server --help`.
+// their Nodes; its leader replica rolls KubeletConfigPools out. See `dkc-server --help`.
 package main
 
 import (
@@ -26,7 +26,8 @@ func parse(fs *flag.FlagSet, args []string) (server.Config, error) {
 		fmt.Fprintf(fs.Output(), `dkc-server resolves each Node's kubelet config source (spec.configSource or the
 dkc.dev/config-source annotation) to a ConfigMap version, streams it to the node's dkc-sidecar over gRPC
 (dkc.v1.ConfigService), and writes the reported status onto the Node (annotation dkc.dev/config-status,
-condition ConfigOK, status.config where kept, KubeletConfigChanged events).
+condition ConfigOK, status.config where kept, KubeletConfigChanged events). The replica holding the
+Lease --leader-election-id also rolls KubeletConfigPools (dkc.dev/v1alpha1) out to the Nodes they select.
 
 Usage: dkc-server [flags]
 

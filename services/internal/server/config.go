@@ -13,6 +13,7 @@ import (
 
 	flag "github.com/spf13/pflag"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+	"k8s.io/client-go/tools/leaderelection"
 
 	"github.com/dkc-dev/dkc/internal/payload"
 	"github.com/dkc-dev/dkc/services/internal/auth"
@@ -85,6 +86,17 @@ type Config struct {
 	// Validate refuses flags that name another one for the sidecars' ServiceAccount, and newServer a
 	// serving certificate issued for another namespace's Service (a kustomize `namespace:` override).
 	Namespace string
+
+	// Leader election for the KubeletConfigPool controller, the one part that must run on one replica at
+	// a time (two would each assign up to maxUnavailable nodes). Everything else runs on every replica.
+	LeaderElect                 bool
+	LeaderElectionID            string
+	LeaderElectionNamespace     string // "" is Namespace, else kube-system
+	LeaderElectionLeaseDuration time.Duration
+	LeaderElectionRenewDeadline time.Duration
+	LeaderElectionRetryPeriod   time.Duration
+	// PoolWorkers are the pools synced in parallel.
+	PoolWorkers int
 }
 
 // Client-side limits sized to the node count (scale): the defaults of --kube-api-qps/-burst and
@@ -154,6 +166,14 @@ func DefaultConfig() Config {
 		MaxConnectionIdle:     5 * time.Minute,
 		MaxRecvMsgSizeKiB:     32,
 		Namespace:             os.Getenv("POD_NAMESPACE"),
+		// kube-controller-manager's defaults: a new leader within ~15 s of a crash, at one Lease write per
+		// 2 s from the leader.
+		LeaderElect:                 true,
+		LeaderElectionID:            "dkc-server-pools",
+		LeaderElectionLeaseDuration: 15 * time.Second,
+		LeaderElectionRenewDeadline: 10 * time.Second,
+		LeaderElectionRetryPeriod:   2 * time.Second,
+		PoolWorkers:                 2,
 	}
 }
 
@@ -220,6 +240,13 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", c.HandshakeTimeout, "time a new connection gets to complete its TLS handshake and HTTP/2 preface; a connection that has not is closed (grpc-go's default is 120s)")
 	fs.DurationVar(&c.MaxConnectionIdle, "max-connection-idle", c.MaxConnectionIdle, "close a connection that has had no call open this long (a caller whose calls were all refused, a tool that went quiet). A sidecar's config stream is always open, so its connection is never idle; grpc-go's default is never")
 	fs.IntVar(&c.MaxRecvMsgSizeKiB, "max-recv-msg-size-kib", c.MaxRecvMsgSizeKiB, "largest request message, in KiB. grpc-go reads a unary request whole before the auth interceptor runs, so this is what each open call of an unauthenticated caller may cost. The largest request dkc's sidecars send is a status report: three config sources (under 1 KiB each), an error and its detail (the kubelet's validation message)")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", c.LeaderElect, "run the KubeletConfigPool controller only on the replica holding a Lease (coordination.k8s.io); the rest of dkc-server runs on every replica. false runs it on every replica: only with one replica")
+	fs.StringVar(&c.LeaderElectionID, "leader-election-id", c.LeaderElectionID, "name of the Lease the replicas elect the KubeletConfigPool controller's leader with; deploy/base/server-rbac.yaml grants get and update of this name only")
+	fs.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", c.LeaderElectionNamespace, "namespace of the Lease; empty is --namespace, or kube-system when that is empty too")
+	fs.DurationVar(&c.LeaderElectionLeaseDuration, "leader-election-lease-duration", c.LeaderElectionLeaseDuration, "how long the other replicas wait after the leader's last renewal before taking the Lease (a crashed leader's pools wait this long)")
+	fs.DurationVar(&c.LeaderElectionRenewDeadline, "leader-election-renew-deadline", c.LeaderElectionRenewDeadline, "how long the leader keeps trying to renew before it stops the controller; less than the lease duration")
+	fs.DurationVar(&c.LeaderElectionRetryPeriod, "leader-election-retry-period", c.LeaderElectionRetryPeriod, "how often the replicas try to acquire or renew the Lease")
+	fs.IntVar(&c.PoolWorkers, "pool-workers", c.PoolWorkers, "KubeletConfigPools synced in parallel (on the leader)")
 	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "the namespace dkc-server runs in (default $POD_NAMESPACE, which deploy/ sets from the downward API). When set, dkc-server refuses to start if --allowed-service-accounts names no ServiceAccount in it, or if its serving certificate names a Service of another namespace (NAME.NAMESPACE.svc) and none of this one: what a kustomize namespace: override that missed those leaves behind. Empty skips both checks")
 }
 
@@ -296,6 +323,17 @@ func (c Config) Validate() error {
 	if err := c.checkNamespace(); err != nil {
 		errs = append(errs, err)
 	}
+	// client-go's own rules (leaderelection.NewLeaderElector), checked here so that a bad value stops
+	// dkc-server at start with the flags' names.
+	if c.LeaderElect && (c.LeaderElectionID == "" || c.LeaderElectionRetryPeriod <= 0 ||
+		c.LeaderElectionRenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(c.LeaderElectionRetryPeriod)) ||
+		c.LeaderElectionLeaseDuration <= c.LeaderElectionRenewDeadline) {
+		errs = append(errs, fmt.Errorf("--leader-election-id must be set, and 0 < %g x --leader-election-retry-period < --leader-election-renew-deadline < --leader-election-lease-duration",
+			leaderelection.JitterFactor))
+	}
+	if c.PoolWorkers < 1 {
+		errs = append(errs, errors.New("--pool-workers must be at least 1"))
+	}
 	if c.MaxConcurrentStreams < 2 {
 		errs = append(errs, errors.New("--max-concurrent-streams must be at least 2 (a sidecar's config stream and its status report)"))
 	}
@@ -305,6 +343,17 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// LeaseNamespace is where the leader election's Lease lives.
+func (c Config) LeaseNamespace() string {
+	switch {
+	case c.LeaderElectionNamespace != "":
+		return c.LeaderElectionNamespace
+	case c.Namespace != "":
+		return c.Namespace
+	}
+	return "kube-system"
 }
 
 // minRecvMsgSizeKiB is the smallest --max-recv-msg-size-kib: a status report's three sources take up to

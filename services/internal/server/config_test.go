@@ -143,3 +143,40 @@ func certFor(t *testing.T, dnsNames []string) *tls.Certificate {
 	}
 	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// TestLeaderElectionFlags: the Lease's timing must let a leader renew before others may take it, and the
+// Lease lives in dkc-server's namespace unless told otherwise.
+func TestLeaderElectionFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		ok     bool
+	}{
+		{"defaults", func(*Config) {}, true},
+		{"renew deadline not below the lease duration", func(c *Config) { c.LeaderElectionRenewDeadline = c.LeaderElectionLeaseDuration }, false},
+		{"retry period not below the renew deadline", func(c *Config) { c.LeaderElectionRetryPeriod = c.LeaderElectionRenewDeadline }, false},
+		{"renew deadline within client-go's jitter of the retry period", func(c *Config) {
+			c.LeaderElectionRetryPeriod, c.LeaderElectionRenewDeadline = 9*time.Second, 10*time.Second
+		}, false},
+		{"no lease name", func(c *Config) { c.LeaderElectionID = "" }, false},
+		{"timings unchecked without election", func(c *Config) { c.LeaderElect, c.LeaderElectionRetryPeriod = false, 0 }, true},
+		{"no pool worker", func(c *Config) { c.PoolWorkers = 0 }, false},
+	} {
+		c := DefaultConfig()
+		c.Insecure = true
+		tc.mutate(&c)
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%s: Validate() = %v, want ok=%v", tc.name, err, tc.ok)
+		}
+	}
+	for _, tc := range []struct{ namespace, flag, want string }{
+		{"dkc", "", "dkc"},
+		{"dkc", "leases", "leases"},
+		{"", "", "kube-system"},
+	} {
+		c := Config{Namespace: tc.namespace, LeaderElectionNamespace: tc.flag}
+		if got := c.LeaseNamespace(); got != tc.want {
+			t.Errorf("LeaseNamespace() with --namespace=%q --leader-election-namespace=%q = %q, want %q", tc.namespace, tc.flag, got, tc.want)
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"sync"
 	"time"
 
 	"github.com/go-logr/zapr"
@@ -22,14 +24,25 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
+	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
+	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/httpserve"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/admission"
@@ -38,6 +51,7 @@ import (
 	"github.com/dkc-dev/dkc/services/internal/configmaps"
 	"github.com/dkc-dev/dkc/services/internal/controller"
 	"github.com/dkc-dev/dkc/services/internal/nodestatus"
+	poolcontroller "github.com/dkc-dev/dkc/services/internal/pool/controller"
 	"github.com/dkc-dev/dkc/services/internal/queuemetrics"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
 	"github.com/dkc-dev/dkc/services/internal/rpc"
@@ -60,6 +74,10 @@ type server struct {
 	// The client-side limits of the apiserver client and the TokenReview client, sized to the Node cache.
 	apiLimiter, reviewLimiter *scaledLimiter
 	nodes                     corelisters.NodeLister
+	client                    kubernetes.Interface
+	// newPools builds the KubeletConfigPool controller for one term as leader; events records on pools.
+	newPools func() *poolcontroller.Controller
+	events   record.EventBroadcaster
 }
 
 // Run runs the config service until ctx ends, then shuts down gracefully: health turns NOT_SERVING, gRPC
@@ -67,7 +85,8 @@ type server struct {
 //
 // Several replicas may run at once: each resolves every node independently (the result is a function of the
 // cluster), serves whichever nodes connect to it, and writes only the status of nodes that reported to it,
-// skipping writes the Node already shows — so no leader election is needed.
+// skipping writes the Node already shows — so no leader election is needed for any of that. The one
+// exception is the KubeletConfigPool controller (runPools): it runs on the replica holding a Lease.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	// gRPC's and client-go's own logs go through zap too.
 	grpclog.SetLoggerV2(zapgrpc.NewLogger(log.Named("grpc-go").WithOptions(zap.IncreaseLevel(zap.WarnLevel))))
@@ -143,6 +162,9 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// stream within the TTL instead of at the connection's max age.
 	s.svc = rpc.New(rpc.Config{Log: log.Named("rpc"), Table: table, Status: s.writer, Metrics: rpc.NewMetrics(s.reg), Streams: streams, Reauth: authn})
 	s.registerGauges(table)
+	if err := s.buildPools(restCfg, client, nodeInformer, queueMetrics); err != nil {
+		return nil, err
+	}
 
 	s.health = health.NewServer()
 	s.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
@@ -151,6 +173,135 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 		tcpUserTimeout: cfg.KeepaliveTimeout}, s.reg)
 	s.grpc = newGRPCServer(cfg, log, grpcParts{creds: creds, authn: authn, svc: s.svc, health: s.health, conns: s.conns})
 	return s, nil
+}
+
+// buildPools prepares the KubeletConfigPool controller, which runs only while this replica leads
+// (runPools): its client (JSON: CRDs speak no protobuf), metrics and event recorder are made once.
+func (s *server) buildPools(restCfg *rest.Config, client kubernetes.Interface, nodes coreinformers.NodeInformer, queueMetrics workqueue.MetricsProvider) error {
+	s.client = client
+	pools, err := poolcontroller.NewPools(restCfg)
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("register %s: %w", v1alpha1.GroupVersion, err)
+	}
+	s.events = record.NewBroadcaster()
+	recorder := s.events.NewRecorder(scheme, corev1.EventSource{Component: "dkc-server"})
+	metrics := poolcontroller.NewMetrics(s.reg)
+	s.newPools = func() *poolcontroller.Controller {
+		return poolcontroller.New(poolcontroller.Config{Log: s.log.Named("pools"), Client: client, Pools: pools, Nodes: nodes,
+			Namespaces: s.namespaces, Recorder: recorder, Metrics: metrics, Workers: s.cfg.PoolWorkers, QueueMetrics: queueMetrics})
+	}
+	return nil
+}
+
+// runPools runs the KubeletConfigPool controller while this replica holds the Lease (or always, without
+// --leader-elect), until ctx ends. A replica that loses the Lease stops its controller and competes
+// again; on shutdown the leader releases the Lease (ReleaseOnCancel), so the other replica takes over
+// within a retry period instead of a lease duration.
+func (s *server) runPools(ctx context.Context) error {
+	s.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.client.CoreV1().Events("")})
+	defer s.events.Shutdown()
+	cfg := s.cfg
+	if !cfg.LeaderElect {
+		return s.newPools().Run(ctx)
+	}
+	identity := hostname() + "_" + string(uuid.NewUUID())
+	return elect(ctx, s.client.CoordinationV1(), cfg, identity, s.log.Named("leader-election"), func(ctx context.Context) error {
+		return s.newPools().Run(ctx)
+	})
+}
+
+// elect runs lead while identity holds the Lease cfg names, competing again after each term, until ctx
+// ends; it returns once the last term's lead has returned. Terms never overlap in this process: a term's
+// lead may still be stopping (its workers finishing a sync) when the next term begins, which then waits.
+//
+// The elector runs on a context of its own, which ends only once the lead has returned: ReleaseOnCancel
+// releases the Lease as soon as the elector's context ends, and a lead still finishing a Node patch would
+// then overlap the next leader's first sync. Not leading, the elector stops with ctx.
+func elect(ctx context.Context, leases coordinationv1.CoordinationV1Interface, cfg Config, identity string, log *zap.Logger,
+	lead func(context.Context) error) error {
+	id := cfg.LeaderElectionID
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.LeaseNamespace(), Name: id},
+		Client:     leases,
+		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
+	}
+	log = log.With(zap.String("lease", cfg.LeaseNamespace()+"/"+id), zap.String("identity", identity))
+	var term sync.Mutex
+	for ctx.Err() == nil {
+		electCtx, stopElector := context.WithCancel(context.WithoutCancel(ctx))
+		var mu sync.Mutex // guards leading, against ctx's end
+		leading, led := false, false
+		stopWithCtx := context.AfterFunc(ctx, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if !leading {
+				stopElector()
+			}
+		})
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock: lock, Name: id, ReleaseOnCancel: true,
+			LeaseDuration: cfg.LeaderElectionLeaseDuration, RenewDeadline: cfg.LeaderElectionRenewDeadline, RetryPeriod: cfg.LeaderElectionRetryPeriod,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(lctx context.Context) {
+					term.Lock()
+					defer term.Unlock()
+					mu.Lock()
+					if lctx.Err() != nil || ctx.Err() != nil {
+						mu.Unlock()
+						return
+					}
+					leading, led = true, true
+					mu.Unlock()
+					defer func() {
+						mu.Lock()
+						defer mu.Unlock()
+						leading = false
+						if ctx.Err() != nil {
+							stopElector() // releases the Lease, now that nothing of this term writes
+						}
+					}()
+					runCtx, cancel := context.WithCancel(lctx)
+					defer cancel()
+					defer context.AfterFunc(ctx, cancel)()
+					log.Info("leading: running the kubeletconfigpool controller")
+					if err := lead(runCtx); err != nil {
+						log.Error("kubeletconfigpool controller stopped", zap.Error(err))
+					}
+				},
+				OnStoppedLeading: func() {
+					mu.Lock()
+					defer mu.Unlock()
+					if led {
+						log.Info("not leading: kubeletconfigpool controller stopped")
+					}
+				},
+				OnNewLeader: func(leader string) { log.Info("kubeletconfigpool leader", zap.String("leader", leader)) },
+			},
+		})
+		if err != nil {
+			stopWithCtx()
+			stopElector()
+			return fmt.Errorf("leader election: %w", err)
+		}
+		le.Run(electCtx)
+		stopWithCtx()
+		stopElector()
+	}
+	term.Lock() // the last term's lead has returned
+	term.Unlock()
+	return nil
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "dkc-server"
+	}
+	return h
 }
 
 func (s *server) registerGauges(table *assignment.Table) {
@@ -185,6 +336,7 @@ func (s *server) run(ctx context.Context) error {
 	s.factory.Start(gctx.Done())
 	g.Go(func() error { return s.ctrl.Run(gctx, cfg.Workers) })
 	g.Go(func() error { return s.writer.Run(gctx, cfg.StatusWorkers, cfg.ShutdownGrace) })
+	g.Go(func() error { return s.runPools(gctx) })
 	for _, l := range []*scaledLimiter{s.apiLimiter, s.reviewLimiter} {
 		g.Go(func() error { l.run(gctx, s.nodes, limitResizeInterval); return nil })
 	}

@@ -1,11 +1,17 @@
 package server
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // TestNewServerBuildsEveryPartWithoutContactingAnything: construction is pure wiring, in dependency order;
@@ -41,5 +47,143 @@ current-context: c
 	}
 	if s.svc.Serving("n1") {
 		t.Error("a node is served before any stream opened")
+	}
+}
+
+// TestElectRunsOneLeadAtATime: two replicas compete for one Lease (a fake clientset's); only one runs its
+// lead, and when it shuts down (ReleaseOnCancel) the other takes over well within a lease duration.
+func TestElectRunsOneLeadAtATime(t *testing.T) {
+	client := fake.NewClientset()
+	cfg := DefaultConfig()
+	cfg.Namespace = "dkc"
+	cfg.LeaderElectionLeaseDuration, cfg.LeaderElectionRenewDeadline, cfg.LeaderElectionRetryPeriod = 10*time.Second, 500*time.Millisecond, 100*time.Millisecond
+	var running, maxRunning atomic.Int32
+	started := make(chan string, 2)
+	lead := func(name string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			n := running.Add(1)
+			for m := maxRunning.Load(); n > m && !maxRunning.CompareAndSwap(m, n); m = maxRunning.Load() {
+			}
+			started <- name
+			<-ctx.Done()
+			running.Add(-1)
+			return nil
+		}
+	}
+	ctxA, stopA := context.WithCancel(context.Background())
+	ctxB, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	doneA, doneB := make(chan error, 1), make(chan error, 1)
+	go func() { doneA <- elect(ctxA, client.CoordinationV1(), cfg, "a", zap.NewNop(), lead("a")) }()
+	if got := waitStarted(t, started); got != "a" {
+		t.Fatalf("%s leads, want a (alone)", got)
+	}
+	go func() { doneB <- elect(ctxB, client.CoordinationV1(), cfg, "b", zap.NewNop(), lead("b")) }()
+	select {
+	case got := <-started:
+		t.Fatalf("%s leads while a holds the Lease", got)
+	case <-time.After(time.Second):
+	}
+	stopA()
+	if err := <-doneA; err != nil {
+		t.Fatalf("a: %v", err)
+	}
+	// Released on cancel: b need not wait out a's 10s lease.
+	if got := waitStarted(t, started); got != "b" {
+		t.Fatalf("%s leads after a stopped, want b", got)
+	}
+	if m := maxRunning.Load(); m != 1 {
+		t.Errorf("%d leads ran at once, want 1", m)
+	}
+	lease, err := client.CoordinationV1().Leases("dkc").Get(context.Background(), cfg.LeaderElectionID, metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "b" {
+		t.Errorf("lease dkc/%s: %+v (%v), want held by b", cfg.LeaderElectionID, lease.Spec, err)
+	}
+	stopB()
+	if err := <-doneB; err != nil {
+		t.Fatalf("b: %v", err)
+	}
+}
+
+func waitStarted(t *testing.T, started <-chan string) string {
+	t.Helper()
+	select {
+	case name := <-started:
+		return name
+	case <-time.After(5 * time.Second):
+		t.Fatal("no replica leads within 5s")
+		return ""
+	}
+}
+
+// TestElectKeepsTheLeaseUntilTheLeadReturns: on shutdown the lead may still be finishing a Node patch;
+// the Lease is released only after it returned, or the next leader would sync alongside it. Then it is
+// released (the other replica need not wait out the lease duration). A replica that never led does not
+// log that its controller stopped.
+func TestElectKeepsTheLeaseUntilTheLeadReturns(t *testing.T) {
+	client := fake.NewClientset()
+	cfg := DefaultConfig()
+	cfg.Namespace = "dkc"
+	cfg.LeaderElectionLeaseDuration, cfg.LeaderElectionRenewDeadline, cfg.LeaderElectionRetryPeriod = 10*time.Second, 500*time.Millisecond, 100*time.Millisecond
+	holder := func() string {
+		l, err := client.CoordinationV1().Leases("dkc").Get(context.Background(), cfg.LeaderElectionID, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	started := make(chan struct{})
+	var heldWhileStopping atomic.Bool
+	lead := func(ctx context.Context) error {
+		close(started)
+		<-ctx.Done()
+		// In flight: a patch that takes a while; the Lease must stay held meanwhile.
+		held := true
+		for range 5 {
+			time.Sleep(50 * time.Millisecond)
+			held = held && holder() == "a"
+		}
+		heldWhileStopping.Store(held)
+		return nil
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- elect(ctx, client.CoordinationV1(), cfg, "a", zap.NewNop(), lead) }()
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a never leads")
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !heldWhileStopping.Load() {
+		t.Error("the Lease was released while the lead was still stopping")
+	}
+	if h := holder(); h != "" {
+		t.Errorf("lease held by %q after elect returned, want released", h)
+	}
+
+	// A replica that never leads (the Lease is held by someone else) logs no "controller stopped".
+	other := "z"
+	lease, err := client.CoordinationV1().Leases("dkc").Get(context.Background(), cfg.LeaderElectionID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.NewMicroTime(time.Now())
+	secs := int32(600)
+	lease.Spec.HolderIdentity, lease.Spec.AcquireTime, lease.Spec.RenewTime, lease.Spec.LeaseDurationSeconds = &other, &now, &now, &secs
+	if _, err := client.CoordinationV1().Leases("dkc").Update(context.Background(), lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	ctx, stop = context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer stop()
+	if err := elect(ctx, client.CoordinationV1(), cfg, "b", zap.New(core), func(context.Context) error { t.Error("b leads"); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n := logs.FilterMessage("not leading: kubeletconfigpool controller stopped").Len(); n != 0 {
+		t.Errorf("a replica that never led logged %d times that its controller stopped", n)
 	}
 }

@@ -122,10 +122,13 @@ type Verdict struct {
 	Detail string
 	// Ready is the Node's Ready condition; a node that is not Ready, or in progress, is unavailable.
 	Ready bool
+	// Changing: a held node whose own config is not settled (syncing, restarting, in its trial): the pool
+	// did not start it, but the node may restart or roll back all the same, so it takes a slot.
+	Changing bool
 }
 
 // Unavailable says whether the node takes one of maxUnavailable's slots.
-func (v Verdict) Unavailable() bool { return v.State == InProgress || !v.Ready }
+func (v Verdict) Unavailable() bool { return v.State == InProgress || v.Changing || !v.Ready }
 
 // Plan is a decision.
 type Plan struct {
@@ -146,7 +149,9 @@ type Plan struct {
 //
 //  1. A failure recorded for the target revision stays (status.failedNodes), whatever the node shows now,
 //     and even once the node is gone (deleted, or no longer selected).
-//  2. A node another pool also selects is held, and so is one assigned by hand.
+//  2. A node another pool also selects is held, and so is one assigned by hand. A held node whose own
+//     config is not settled (not running what it was assigned, or in its trial, unless it refused it) is
+//     unavailable: it may restart or roll back whoever assigned it.
 //  3. A node the pool assigned an earlier revision (the config changed mid-rollout) that has not proven it
 //     yet — not active, not Ready or in its trial — is in progress: it restarts or may roll back, so it
 //     takes a slot, and failed once so for nodeTimeout since that assignment. One that refused it is not
@@ -161,7 +166,7 @@ type Plan struct {
 // Then the pool: halted when the failures counted (recorded under the current spec.retry) reach
 // maxFailures; nothing is assigned while the config is invalid, the pool is halted or paused, or a batch
 // runs or pauses (pauseBetweenBatches); otherwise Ready pending nodes fill the free slots of
-// maxUnavailable, which every unavailable selected node takes (in progress, or not Ready).
+// maxUnavailable, which every unavailable selected node takes (in progress, held and changing, or not Ready).
 func Decide(in Input) Plan {
 	pool := in.Pool
 	spec := &pool.Spec
@@ -382,10 +387,12 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 		slices.Sort(pools)
 		v.State, v.Reason = Held, ReasonSelectedByOtherPools
 		v.Detail = fmt.Sprintf("node %s is selected by pools %s", n.Name, strings.Join(slices.Compact(pools), ", "))
+		v.Changing = changing(n.Status)
 		return v, nil
 	case n.HandAssigned:
 		v.State, v.Reason, v.Detail = Held, ReasonHandAssigned,
 			"its source was set by hand after the pool assigned it; remove the annotation "+v1alpha1.AnnotationAssignment+" to give it back"
+		v.Changing = changing(n.Status)
 		return v, nil
 	case !n.Assigned && n.Revision != "" && n.Revision != t.Revision && !settled(n.Status, n.Source):
 		v.State, v.Reason, v.Detail = InProgress, ReasonPreviousRevision,
@@ -451,6 +458,25 @@ func settled(st corev1.NodeConfigStatus, s corev1.ConfigMapNodeConfigSource) boo
 		return true
 	}
 	return sameSource(st.Active, s) && sameSource(st.LastKnownGood, s)
+}
+
+// changing says whether a node's own config is not settled, whatever its source: it does not run what it
+// was assigned (syncing, restarting; unless it refused it for good, and then it runs its last-known-good),
+// or runs it in its last-known-good trial.
+func changing(st corev1.NodeConfigStatus) bool {
+	if !equalSource(st.Assigned, st.Active) {
+		return st.Error == "" || retried(nodeconfig.StatusError(st.Error))
+	}
+	return !equalSource(st.Active, st.LastKnownGood)
+}
+
+// equalSource compares two status sources by namespace, name and key; nil (or no ConfigMap) is the local
+// config.
+func equalSource(a, b *corev1.NodeConfigSource) bool {
+	if a == nil || a.ConfigMap == nil || b == nil || b.ConfigMap == nil {
+		return (a == nil || a.ConfigMap == nil) == (b == nil || b.ConfigMap == nil)
+	}
+	return sameSource(a, *b.ConfigMap)
 }
 
 // waitsFor says what a node assigned s waits for, for a verdict's detail.

@@ -172,8 +172,16 @@ func TestNodeRules(t *testing.T) {
 		{name: "assigned the previous revision, in progress for nodeTimeout: failed", node: since(30*time.Minute, onR1("n1", status(r1, r1, r0, ""))),
 			state: Failed, reason: v1alpha1.FailureTimeout},
 		{name: "another pool selects it too: held", node: others(waiting("n1"), "green"), state: Held, reason: ReasonSelectedByOtherPools},
-		{name: "another pool selects it, even on the revision: held", node: others(inTrial("n1"), "green"), state: Held, reason: ReasonSelectedByOtherPools},
+		{name: "another pool selects it, even on the revision, in its trial: held, unavailable", node: others(inTrial("n1"), "green"),
+			state: Held, reason: ReasonSelectedByOtherPools, wantUnavailable: true},
+		{name: "another pool selects it, settled: held", node: others(updated("n1"), "green"), state: Held, reason: ReasonSelectedByOtherPools},
 		{name: "source set by hand after the pool's assignment: held", node: byHand(waiting("n1")), state: Held, reason: ReasonHandAssigned},
+		{name: "set by hand, restarting onto it: held, unavailable", node: byHand(Node{Name: "n1", Ready: true, Status: status(on, r1, r1, "")}),
+			state: Held, reason: ReasonHandAssigned, wantUnavailable: true},
+		{name: "set by hand, restart failed, will retry: held, unavailable", node: byHand(Node{Name: "n1", Ready: true, Status: status(on, r1, r1, nodeconfig.RestartError)}),
+			state: Held, reason: ReasonHandAssigned, wantUnavailable: true},
+		{name: "set by hand, refused it: held", node: byHand(Node{Name: "n1", Ready: true, Status: status(on, r1, r1, nodeconfig.ValidateError)}),
+			state: Held, reason: ReasonHandAssigned},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := Decide(Input{Pool: pool(tc.pool...), Target: r2, Nodes: []Node{tc.node}, Now: t0})

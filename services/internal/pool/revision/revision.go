@@ -1,5 +1,5 @@
 // Package revision names a KubeletConfigPool's config revisions and builds their snapshots: a revision is
-// the content of the pool's ConfigMap at one moment, copied into an immutable ConfigMap the pool owns and
+// the content of the pool's ConfigMap at one moment, copied into an immutable ConfigMap labelled with the pool and
 // nodes are assigned, the way a Deployment's ReplicaSets freeze its pod template. An edit of the pool's
 // ConfigMap is then a new revision that reaches nodes batch by batch, instead of an in-place change every
 // node using the ConfigMap would pick up at once; undo is the assignment of an earlier snapshot.
@@ -80,13 +80,28 @@ func Source(pool *v1alpha1.KubeletConfigPool, revision string) corev1.ConfigMapN
 	}
 }
 
+// AssignedSource is the source the pool's assignment a named: its revision's snapshot in the namespace
+// and with the key recorded in a, which the pool's spec may no longer name. A record written before
+// Assignment had them is read with the spec's.
+func AssignedSource(pool *v1alpha1.KubeletConfigPool, a v1alpha1.Assignment) corev1.ConfigMapNodeConfigSource {
+	s := Source(pool, a.Revision)
+	if a.Namespace != "" {
+		s.Namespace = a.Namespace
+	}
+	if a.KubeletConfigKey != "" {
+		s.KubeletConfigKey = a.KubeletConfigKey
+	}
+	return s
+}
+
 // Snapshot returns the revision of cm (the pool's ConfigMap) and the immutable ConfigMap that freezes it:
-// in cm's namespace (one of dkc-server's --config-namespaces, so the service can read it), owned by the
-// pool (deleted with it by the garbage collector), labelled with the pool and the revision.
+// in cm's namespace (one of dkc-server's --config-namespaces, so the service can read it), labelled with
+// the pool and the revision.
 //
-// blockOwnerDeletion is left unset: setting it requires update on the pool's finalizers wherever the
-// OwnerReferencesPermissionEnforcement admission plugin runs, and nothing waits on a revision's
-// deletion.
+// It has no owner reference: the garbage collector would delete a deleted pool's snapshot that a Node
+// still runs (the node would report "failed to download config" forever), and keeping those would need a
+// finalizer on the pool, which wedges the CRD's deletion whenever dkc-server is gone. The controller
+// deletes a deleted pool's snapshots itself once no Node uses them (docs/design.md, §11).
 func Snapshot(pool *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap) (string, *corev1.ConfigMap) {
 	rev := Name(cm.Namespace, pool.Spec.ConfigMap.KubeletConfigKey, cm.Data)
 	data := make(map[string]string, len(cm.Data))
@@ -94,19 +109,11 @@ func Snapshot(pool *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap) (string, *
 		data[k] = v
 	}
 	immutable := true
-	controller := true
 	return rev, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: cm.Namespace,
 			Name:      SnapshotName(pool.Name, rev),
 			Labels:    map[string]string{v1alpha1.LabelPool: pool.Name, v1alpha1.LabelRevision: rev},
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: v1alpha1.GroupVersion.String(),
-				Kind:       "KubeletConfigPool",
-				Name:       pool.Name,
-				UID:        pool.UID,
-				Controller: &controller,
-			}},
 		},
 		Immutable: &immutable,
 		Data:      data,

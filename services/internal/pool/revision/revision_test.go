@@ -93,13 +93,9 @@ func TestSnapshot(t *testing.T) {
 			t.Errorf("label value %q: %v", v, errs)
 		}
 	}
-	if len(snap.OwnerReferences) != 1 {
-		t.Fatalf("owner references %v, want the pool", snap.OwnerReferences)
-	}
-	o := snap.OwnerReferences[0]
-	if o.APIVersion != "dkc.dev/v1alpha1" || o.Kind != "KubeletConfigPool" || o.Name != pool.Name || o.UID != "pool-uid" ||
-		o.Controller == nil || !*o.Controller {
-		t.Errorf("owner reference %+v, want the pool as controller", o)
+	if len(snap.OwnerReferences) != 0 || len(snap.Finalizers) != 0 {
+		t.Errorf("owner references %v, finalizers %v: the controller, not the garbage collector, deletes snapshots",
+			snap.OwnerReferences, snap.Finalizers)
 	}
 	if len(snap.BinaryData) != 0 || snap.Data["kubelet"] != kubelet || len(snap.Data) != 1 {
 		t.Errorf("data %v binaryData %v, want the data only", snap.Data, snap.BinaryData)

@@ -1,0 +1,770 @@
+// Package controller is the KubeletConfigPool controller (docs/design.md, "KubeletConfigPool"): for each
+// pool it checks the pool's ConfigMap, freezes it into a revision (package revision), judges the selected
+// Nodes and picks the next ones (package plan), assigns them through the same dkc.dev/config-source the
+// sidecars follow, writes the pool's status and prunes old revisions. It runs in dkc-server on the leader
+// only (leader election is the server's); the shape is sample-controller's: informers feed a rate-limited
+// workqueue keyed by pool name, workers never modify cached objects.
+//
+// It watches KubeletConfigPools (its own informer, over a small typed REST client), the snapshots (one
+// informer per --config-namespaces namespace, filtered to the dkc.dev/pool label), the pools' ConfigMaps
+// (a configmaps.Tracker of its own: one watch per ConfigMap) and Nodes through dkc-server's one shared
+// Node informer (an event handler added while it leads, removed after).
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/services/internal/configmaps"
+	"github.com/dkc-dev/dkc/services/internal/pool/plan"
+	"github.com/dkc-dev/dkc/services/internal/pool/revision"
+	"github.com/dkc-dev/dkc/services/internal/resolve"
+)
+
+// FieldManager names the controller's writes (Node assignments, pool status, snapshots).
+const FieldManager = "dkc-pool-controller"
+
+// Event reasons on a pool.
+const (
+	EventAssigned      = "Assigned"
+	EventNodeFailed    = "NodeFailed"
+	EventHalted        = "Halted"
+	EventConfigInvalid = "ConfigInvalid"
+)
+
+// sweepInterval is how often the controller looks for snapshots of deleted pools (sweep); the first look
+// is when it starts leading.
+const sweepInterval = 10 * time.Minute
+
+// indexPool indexes snapshots by their dkc.dev/pool label.
+const indexPool = "pool"
+
+// ConfigMaps is what the controller needs of a ConfigMap tracker (configmaps.Tracker): here the tracked
+// parties are pools, not nodes.
+type ConfigMaps interface {
+	Track(pool, key string)
+	Get(key string) (*corev1.ConfigMap, bool, error)
+	Nodes(key string) []string
+	Run(ctx context.Context) error
+}
+
+// Config of a Controller.
+type Config struct {
+	Log    *zap.Logger
+	Client kubernetes.Interface
+	Pools  Pools
+	// Nodes is dkc-server's shared Node informer; the controller adds a handler, never a second watch.
+	Nodes coreinformers.NodeInformer
+	// Namespaces are --config-namespaces: a pool's ConfigMap must be in one, and snapshots are watched there.
+	Namespaces resolve.Namespaces
+	Recorder   record.EventRecorder
+	// Metrics, if not nil, receives the pools' counts and halts.
+	Metrics *Metrics
+	Workers int
+	// Clock defaults to the real one.
+	Clock clock.Clock
+	// ConfigMaps, if not nil, builds the tracker of the pools' ConfigMaps (tests); default configmaps.New.
+	ConfigMaps func(onChange func(key string)) ConfigMaps
+	// QueueMetrics, if not nil, receives the pool queue's metrics (queue name "pools").
+	QueueMetrics workqueue.MetricsProvider
+	// CRDPollInterval is how often Run looks for the KubeletConfigPool API while it is not installed;
+	// default 30s.
+	CRDPollInterval time.Duration
+}
+
+// Controller rolls KubeletConfigPools out. Build one with New for each term as leader: Run ends with its
+// context, and its queue with it.
+type Controller struct {
+	cfg       Config
+	log       *zap.Logger
+	clock     clock.Clock
+	queue     workqueue.TypedRateLimitingInterface[string]
+	pools     cache.SharedIndexInformer
+	snapshots map[string]cache.SharedIndexInformer // by namespace
+	nodes     corelisters.NodeLister
+	cms       ConfigMaps
+	exp       *expectations
+	// assignedAt is when the controller last assigned nodes of each pool, until the stored status shows
+	// it: a status write that failed after the assignments (a Conflict) must not lose the time, which
+	// starts pauseBetweenBatches' batch.
+	mu         sync.Mutex
+	assignedAt map[string]metav1.Time
+	// deleted are the snapshots ("namespace/name") this controller deleted this term: a pool re-created
+	// under its name may need one again while the snapshot cache still shows it, and ensureSnapshot must
+	// not take that for the snapshot existing.
+	deleted map[string]bool
+}
+
+// New builds a controller; it does nothing until Run.
+func New(cfg Config) *Controller {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Workers < 1 {
+		cfg.Workers = 1
+	}
+	if cfg.CRDPollInterval <= 0 {
+		cfg.CRDPollInterval = 30 * time.Second
+	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = &record.FakeRecorder{}
+	}
+	c := &Controller{
+		cfg: cfg, log: cfg.Log, clock: cfg.Clock, nodes: cfg.Nodes.Lister(), exp: newExpectations(),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
+		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
+		deleted: map[string]bool{},
+	}
+	// ToListWatcherWithWatchListSemantics lets a Pools that cannot stream a watch list (a test's fake)
+	// say so; the REST client can, and the reflector falls back to a list where the apiserver cannot.
+	c.pools = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return cfg.Pools.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cfg.Pools.Watch(ctx, o)
+		},
+	}, cfg.Pools), &v1alpha1.KubeletConfigPool{}, 0, cache.Indexers{})
+	_, _ = c.pools.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, n any) { c.enqueue(n) },
+		DeleteFunc: c.enqueue,
+	})
+	for _, ns := range cfg.Namespaces.List() {
+		inf := coreinformers.NewFilteredConfigMapInformer(cfg.Client, ns, 0, cache.Indexers{indexPool: func(obj any) ([]string, error) {
+			if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Labels[v1alpha1.LabelPool] != "" {
+				return []string{cm.Labels[v1alpha1.LabelPool]}, nil
+			}
+			return nil, nil
+		}}, func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelPool })
+		onSnapshot := func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Labels[v1alpha1.LabelPool] != "" {
+				c.queue.Add(cm.Labels[v1alpha1.LabelPool])
+			}
+		}
+		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onSnapshot, UpdateFunc: func(_, n any) { onSnapshot(n) }, DeleteFunc: onSnapshot})
+		c.snapshots[ns] = inf
+	}
+	onChange := func(key string) {
+		for _, p := range c.cms.Nodes(key) {
+			c.queue.Add(p)
+		}
+	}
+	if cfg.ConfigMaps != nil {
+		c.cms = cfg.ConfigMaps(onChange)
+	} else {
+		c.cms = configmaps.New(configmaps.Config{Log: cfg.Log.Named("configmaps"), Client: cfg.Client, Namespaces: cfg.Namespaces, OnChange: onChange})
+	}
+	return c
+}
+
+func (c *Controller) enqueue(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	c.queue.Add(key)
+}
+
+// Run waits for the KubeletConfigPool API (logging once while it is not installed), starts the
+// informers, waits for their caches, then runs workers until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	defer c.queue.ShutDown()
+	if !c.waitForAPI(ctx) {
+		return nil
+	}
+	// Deferred in this order, they run in reverse: the queue shuts down (workers return), everything
+	// started here is told to stop, then waited for, and last the gauges are cleared — after the
+	// workers, or a sync in flight would set them again on a replica that no longer leads.
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer c.cfg.Metrics.reset()
+	defer wg.Wait()
+	defer cancel()
+	defer c.queue.ShutDown()
+	run := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
+	run(func() { c.pools.RunWithContext(ctx) })
+	synced := []cache.InformerSynced{c.pools.HasSynced, c.cfg.Nodes.Informer().HasSynced}
+	for _, inf := range c.snapshots {
+		run(func() { inf.RunWithContext(ctx) })
+		synced = append(synced, inf.HasSynced)
+	}
+	run(func() { _ = c.cms.Run(ctx) })
+	reg, err := c.cfg.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { c.enqueueForNode(obj) },
+		UpdateFunc: func(o, n any) {
+			on, ok1 := o.(*corev1.Node)
+			nn, ok2 := n.(*corev1.Node)
+			if !ok1 || !ok2 || nodeChanged(on, nn) {
+				c.enqueueForNode(o)
+				c.enqueueForNode(n)
+			}
+		},
+		DeleteFunc: func(obj any) { c.enqueueForNode(obj) },
+	})
+	if err != nil {
+		return fmt.Errorf("watch nodes for pools: %w", err)
+	}
+	defer func() { _ = c.cfg.Nodes.Informer().RemoveEventHandler(reg) }()
+	synced = append(synced, reg.HasSynced)
+	if !cache.WaitForNamedCacheSync("kubeletconfigpools", ctx.Done(), synced...) {
+		return nil
+	}
+	c.log.Info("rolling out kubeletconfigpools", zap.Int("workers", c.cfg.Workers))
+	for range c.cfg.Workers {
+		run(func() { wait.UntilWithContext(ctx, c.worker, time.Second) })
+	}
+	run(func() { wait.UntilWithContext(ctx, c.sweep, sweepInterval) })
+	<-ctx.Done()
+	return nil
+}
+
+// waitForAPI returns once the apiserver serves KubeletConfigPools, false if ctx ends first. A cluster
+// without the CRD (deploy/crds not applied, the benchmark's) gets one log line, not one per poll.
+func (c *Controller) waitForAPI(ctx context.Context) bool {
+	logged := false
+	for {
+		_, err := c.cfg.Pools.List(ctx, metav1.ListOptions{Limit: 1})
+		switch {
+		case err == nil:
+			if logged {
+				c.log.Info("kubeletconfigpool API installed")
+			}
+			return true
+		case ctx.Err() != nil:
+			return false
+		case !logged:
+			if apierrors.IsNotFound(err) {
+				c.log.Info("kubeletconfigpool API not installed (apply deploy/crds); pools are rolled out once it is",
+					zap.Duration("pollInterval", c.cfg.CRDPollInterval))
+			} else {
+				c.log.Warn("cannot list kubeletconfigpools; retrying quietly", zap.Error(err), zap.Duration("pollInterval", c.cfg.CRDPollInterval))
+			}
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(c.cfg.CRDPollInterval):
+		}
+	}
+}
+
+// nodeChanged says whether a Node update can change what a pool sees of it: heartbeats cannot.
+func nodeChanged(o, n *corev1.Node) bool {
+	for _, a := range []string{nodeconfig.SourceAnnotation, nodeconfig.StatusAnnotation, v1alpha1.AnnotationAssignment} {
+		if o.Annotations[a] != n.Annotations[a] {
+			return true
+		}
+	}
+	return o.UID != n.UID || ready(o) != ready(n) || !labels.Equals(o.Labels, n.Labels) ||
+		!apiequality.Semantic.DeepEqual(o.Spec.ConfigSource, n.Spec.ConfigSource)
+}
+
+// enqueueForNode queues the pools whose selector picks the node, and the pool that last assigned it.
+func (c *Controller) enqueueForNode(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	if a, ok := assignmentOf(n); ok {
+		c.queue.Add(a.Pool)
+	}
+	set := labels.Set(n.Labels)
+	for _, s := range c.selectors() {
+		if s.sel.Matches(set) {
+			c.queue.Add(s.pool)
+		}
+	}
+}
+
+// selectors are every pool's parsed nodeSelector (a pool being deleted still selects: its nodes stay
+// held by an overlapping pool until it is gone). A selector that does not parse selects nothing.
+func (c *Controller) selectors() []selector {
+	var out []selector
+	for _, obj := range c.pools.GetStore().List() {
+		p, ok := obj.(*v1alpha1.KubeletConfigPool)
+		if !ok {
+			continue
+		}
+		if sel, err := metav1.LabelSelectorAsSelector(&p.Spec.NodeSelector); err == nil {
+			out = append(out, selector{pool: p.Name, sel: sel})
+		}
+	}
+	return out
+}
+
+func (c *Controller) worker(ctx context.Context) {
+	for {
+		name, shutdown := c.queue.Get()
+		if shutdown {
+			return
+		}
+		requeue, err := c.sync(ctx, name)
+		switch {
+		case err != nil:
+			if apierrors.IsConflict(err) {
+				c.log.Debug("pool or node changed meanwhile; syncing again", zap.String("pool", name), zap.Error(err))
+			} else {
+				c.log.Error("sync kubeletconfigpool", zap.String("pool", name), zap.Error(err))
+			}
+			c.queue.AddRateLimited(name)
+		default:
+			c.queue.Forget(name)
+			if requeue > 0 {
+				c.queue.AddAfter(name, requeue)
+			}
+		}
+		c.queue.Done(name)
+	}
+}
+
+// sync brings one pool a step on; it returns when to look again though nothing changes.
+func (c *Controller) sync(ctx context.Context, name string) (time.Duration, error) {
+	obj, exists, err := c.pools.GetStore().GetByKey(name)
+	if err != nil {
+		return 0, err
+	}
+	if !exists {
+		c.mu.Lock()
+		delete(c.assignedAt, name)
+		c.mu.Unlock()
+		c.cms.Track(name, "")
+		c.cfg.Metrics.forget(name)
+		return c.collect(ctx, name)
+	}
+	pool := obj.(*v1alpha1.KubeletConfigPool) // shared with the cache: never modified
+	if pool.DeletionTimestamp != nil {
+		// Someone else's finalizer holds it: it assigns nothing more; its snapshots go once it is gone.
+		c.cms.Track(name, "")
+		return 0, nil
+	}
+	now := c.clock.Now().Truncate(time.Second) // what the annotation's and the status's times keep
+
+	// The config: checked, then frozen into a revision.
+	ref := pool.Spec.ConfigMap
+	var cm *corev1.ConfigMap
+	if c.cfg.Namespaces.Allows(ref.Namespace) {
+		key := configmaps.Key(ref.Namespace, ref.Name)
+		c.cms.Track(name, key)
+		got, synced, err := c.cms.Get(key)
+		if err != nil {
+			return 0, fmt.Errorf("read configmap %s: %w", key, err)
+		}
+		if !synced {
+			return 0, nil // the tracker calls back once its informer has listed
+		}
+		cm = got
+	} else {
+		c.cms.Track(name, "")
+	}
+	invalid := checkConfig(ref, c.cfg.Namespaces, cm)
+	var target plan.Target
+	if invalid == nil {
+		rev, snap := revision.Snapshot(pool, cm)
+		if err := c.ensureSnapshot(ctx, snap); err != nil {
+			return 0, err
+		}
+		target = plan.Target{Revision: rev, Source: revision.Source(pool, rev)}
+	} else if cur := pool.Status.CurrentRevision; cur != "" {
+		// Nodes are judged against the last valid revision meanwhile.
+		target = plan.Target{Revision: cur, Source: revision.Source(pool, cur)}
+	}
+	mine, err := metav1.LabelSelectorAsSelector(&pool.Spec.NodeSelector)
+	if err != nil {
+		invalid = &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: "spec.nodeSelector: " + err.Error()}
+		mine = labels.Nothing()
+	}
+
+	// The selected nodes, with the assignments this controller made that its cache does not show yet.
+	all, err := c.nodes.List(labels.Everything())
+	if err != nil {
+		return 0, fmt.Errorf("list nodes: %w", err)
+	}
+	others := c.selectors()
+	byName := map[string]*corev1.Node{}
+	var views []plan.Node
+	for _, n := range all {
+		if !mine.Matches(labels.Set(n.Labels)) {
+			continue
+		}
+		byName[n.Name] = n
+		views = append(views, c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now))
+	}
+	p := plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views, Now: now})
+
+	// Assigned: the nodes patched so far. The assignment time is recorded with the first of them, so
+	// that a batch cut short by a failed patch still starts pauseBetweenBatches' clock.
+	var assigned []string
+	for _, node := range p.Assign {
+		a := v1alpha1.Assignment{Pool: pool.Name, Revision: target.Revision, Namespace: target.Source.Namespace,
+			KubeletConfigKey: target.Source.KubeletConfigKey, Time: metav1.Time{Time: now}}
+		c.exp.expect(pool.Name, node, a, now)
+		if err := c.assign(ctx, byName[node], target.Source, a); err != nil {
+			c.exp.drop(pool.Name, node)
+			c.assignedEvent(pool, target, assigned)
+			return 0, err
+		}
+		if len(assigned) == 0 {
+			c.mu.Lock()
+			c.assignedAt[pool.Name] = metav1.Time{Time: now}
+			c.mu.Unlock()
+		}
+		if was := c.replaced(byName[node], pool); was != "" {
+			// The operator learns what was overwritten, to put it back elsewhere if it mattered.
+			c.log.Info("assigned node, replacing a source the pool had not assigned", zap.String("pool", pool.Name), zap.String("node", node),
+				zap.String("revision", target.Revision), zap.String("replaced", was))
+			node += " (replacing " + was + ")"
+		} else {
+			c.log.Info("assigned node", zap.String("pool", pool.Name), zap.String("node", node), zap.String("revision", target.Revision))
+		}
+		assigned = append(assigned, node)
+	}
+	c.assignedEvent(pool, target, assigned)
+	c.cfg.Metrics.observe(pool.Name, p.Status.Nodes)
+	if !apiequality.Semantic.DeepEqual(pool.Status, p.Status) {
+		up := pool.DeepCopy()
+		up.Status = p.Status
+		if _, err := c.cfg.Pools.UpdateStatus(ctx, up); err != nil {
+			return 0, fmt.Errorf("update status of kubeletconfigpool %s: %w", pool.Name, err)
+		}
+		// Only now: a transition is one once stored. A Conflict, or a sync on a cache that does not show
+		// the write yet (whose own write then conflicts), must not repeat the Events or count a halt twice.
+		c.events(pool, p.Status)
+	}
+	if target.Revision != "" {
+		if err := c.prune(ctx, pool, p.Status, all); err != nil {
+			return 0, err
+		}
+	}
+	requeue := p.RequeueAfter
+	if c.exp.pending(pool.Name) > 0 && (requeue == 0 || requeue > expectationTTL) {
+		// An expectation the cache never confirms expires; look again then.
+		requeue = expectationTTL + time.Second
+	}
+	return requeue, nil
+}
+
+// withAssignmentTime is the pool as the planner must see it: with the time of the controller's last
+// assignment even when the status write that recorded it failed. The cached pool is never modified.
+func (c *Controller) withAssignmentTime(pool *v1alpha1.KubeletConfigPool) *v1alpha1.KubeletConfigPool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.assignedAt[pool.Name]
+	if !ok {
+		return pool
+	}
+	if stored := pool.Status.LastAssignmentTime; stored != nil && !stored.Before(&t) {
+		delete(c.assignedAt, pool.Name)
+		return pool
+	}
+	pool = pool.DeepCopy()
+	pool.Status.LastAssignmentTime = &t
+	return pool
+}
+
+// maxFailedEvents bounds the NodeFailed Events of one sync: past it, one Event sums the failures up (a
+// config every node refuses fails them all at once; failedNodes lists each).
+const maxFailedEvents = 3
+
+// events records on the pool what its stored status newly shows, for an operator: the pool halted, nodes
+// failed, the config became invalid — Halted first, as it is what to act on.
+func (c *Controller) events(pool *v1alpha1.KubeletConfigPool, st v1alpha1.KubeletConfigPoolStatus) {
+	became := func(typ string) *metav1.Condition {
+		n := meta.FindStatusCondition(st.Conditions, typ)
+		if n == nil || n.Status != metav1.ConditionTrue || meta.IsStatusConditionTrue(pool.Status.Conditions, typ) {
+			return nil
+		}
+		return n
+	}
+	if cond := became(v1alpha1.ConditionHalted); cond != nil {
+		c.cfg.Metrics.halted(pool.Name)
+		c.log.Warn("pool halted", zap.String("pool", pool.Name), zap.String("message", cond.Message))
+		c.cfg.Recorder.Event(pool, corev1.EventTypeWarning, EventHalted, cond.Message)
+	}
+	old := map[string]bool{}
+	for _, f := range pool.Status.FailedNodes {
+		old[f.Name+"/"+f.Revision] = true
+	}
+	var failed []v1alpha1.FailedNode
+	for _, f := range st.FailedNodes {
+		if !old[f.Name+"/"+f.Revision] {
+			failed = append(failed, f)
+		}
+	}
+	if len(failed) <= maxFailedEvents {
+		for _, f := range failed {
+			c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventNodeFailed, "node %s failed revision %s: %s: %s", f.Name, f.Revision, f.Reason, f.Error)
+		}
+	} else {
+		items := make([]string, 0, len(failed))
+		for _, f := range failed {
+			items = append(items, f.Name+" ("+f.Reason+")")
+		}
+		c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventNodeFailed, "%d nodes failed revision %s: %s; status.failedNodes has their errors",
+			len(failed), failed[0].Revision, capped(items))
+	}
+	if cond := became(v1alpha1.ConditionConfigInvalid); cond != nil {
+		c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventConfigInvalid, "%s: %s; no node is touched", cond.Reason, cond.Message)
+	}
+}
+
+// assignedEvent records one Event for the nodes a sync assigned (a batch), not one per node.
+func (c *Controller) assignedEvent(pool *v1alpha1.KubeletConfigPool, target plan.Target, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	c.cfg.Recorder.Eventf(pool, corev1.EventTypeNormal, EventAssigned, "assigned revision %s (%s/%s) to %d node(s): %s",
+		target.Revision, target.Source.Namespace, target.Source.Name, len(nodes), capped(nodes))
+}
+
+// replaced names the source an assignment overwrites when the pool did not set it (by hand, another
+// tool, another pool): "" for the local config or the pool's own earlier assignment. A node the pool
+// assigned and someone changed since is held, never overwritten; one it never assigned is the pool's to
+// assign, as selecting it is the operator's word (docs/design.md §11).
+func (c *Controller) replaced(n *corev1.Node, pool *v1alpha1.KubeletConfigPool) string {
+	src, _, err := resolve.NodeSource(n, c.cfg.Namespaces)
+	if err != nil {
+		return "an unusable source"
+	}
+	if src == nil || src.ConfigMap == nil {
+		return ""
+	}
+	if a, ok := assignmentOf(n); ok && a.Pool == pool.Name && names(src, revision.AssignedSource(pool, a)) {
+		return ""
+	}
+	return src.ConfigMap.Namespace + "/" + src.ConfigMap.Name
+}
+
+// maxListed bounds the names an Event lists.
+const maxListed = 10
+
+func capped(items []string) string {
+	if len(items) <= maxListed {
+		return strings.Join(items, ", ")
+	}
+	return strings.Join(items[:maxListed], ", ") + fmt.Sprintf(" and %d more", len(items)-maxListed)
+}
+
+// assign points the node at the snapshot: the dkc.dev/config-source annotation (and spec.configSource
+// where the apiserver keeps it and the node has one, as resolve reads it first), with the assignment
+// record beside it. The patch carries the cached resourceVersion: a node changed since the plan was made
+// (assigned by hand meanwhile) is a Conflict, and the pool plans again.
+func (c *Controller) assign(ctx context.Context, n *corev1.Node, src corev1.ConfigMapNodeConfigSource, a v1alpha1.Assignment) error {
+	if n == nil {
+		return errors.New("assign: node not in the cache")
+	}
+	source, err := json.Marshal(corev1.NodeConfigSource{ConfigMap: &src})
+	if err != nil {
+		return err
+	}
+	record, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	patch := map[string]any{"metadata": map[string]any{
+		"resourceVersion": n.ResourceVersion,
+		"annotations":     map[string]string{nodeconfig.SourceAnnotation: string(source), v1alpha1.AnnotationAssignment: string(record)},
+	}}
+	if n.Spec.ConfigSource != nil {
+		patch["spec"] = map[string]any{"configSource": corev1.NodeConfigSource{ConfigMap: &src}}
+	}
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	if _, err := c.cfg.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+		return fmt.Errorf("assign node %s revision %s of pool %s: %w", n.Name, a.Revision, a.Pool, err)
+	}
+	return nil
+}
+
+// ensureSnapshot creates the revision's immutable snapshot unless it exists. One that exists is used as
+// it is (left by an earlier pool of the same name, still used by a node): its name is its content.
+func (c *Controller) ensureSnapshot(ctx context.Context, snap *corev1.ConfigMap) error {
+	key := snap.Namespace + "/" + snap.Name
+	c.mu.Lock()
+	deleted := c.deleted[key]
+	c.mu.Unlock()
+	if inf, ok := c.snapshots[snap.Namespace]; ok && !deleted {
+		if _, exists, _ := inf.GetStore().GetByKey(key); exists {
+			return nil
+		}
+	}
+	_, err := c.cfg.Client.CoreV1().ConfigMaps(snap.Namespace).Create(ctx, snap, metav1.CreateOptions{FieldManager: FieldManager})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create snapshot configmap %s/%s: %w", snap.Namespace, snap.Name, err)
+	}
+	// It exists again: from here the cache answers, once it has caught up.
+	c.mu.Lock()
+	delete(c.deleted, key)
+	c.mu.Unlock()
+	if err == nil {
+		c.log.Info("created revision", zap.String("pool", snap.Labels[v1alpha1.LabelPool]), zap.String("revision", snap.Labels[v1alpha1.LabelRevision]))
+	}
+	return nil
+}
+
+// deletedSnapshot records that s is gone (or was already), until ensureSnapshot creates it again.
+func (c *Controller) deletedSnapshot(s *corev1.ConfigMap) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deleted[s.Namespace+"/"+s.Name] = true
+}
+
+// snapshotsOf are the pool's snapshots in every watched namespace: only what isSnapshot accepts, as prune
+// and collect delete what this returns.
+func (c *Controller) snapshotsOf(pool string) []*corev1.ConfigMap {
+	var out []*corev1.ConfigMap
+	for _, inf := range c.snapshots {
+		objs, _ := inf.GetIndexer().ByIndex(indexPool, pool)
+		for _, o := range objs {
+			if cm, ok := o.(*corev1.ConfigMap); ok && isSnapshot(cm, pool) {
+				out = append(out, cm)
+			}
+		}
+	}
+	return out
+}
+
+// isSnapshot tells the pool's revision snapshot (revision.Snapshot: labelled with its revision, named for
+// it, immutable) from another ConfigMap a user labelled dkc.dev/pool — the pool's own source ConfigMap,
+// say — which the controller must never delete. The admission policy dkc-server-configmaps holds dkc-server
+// to the same shape.
+func isSnapshot(cm *corev1.ConfigMap, pool string) bool {
+	rev := cm.Labels[v1alpha1.LabelRevision]
+	return rev != "" && cm.Labels[v1alpha1.LabelPool] == pool && cm.Name == revision.SnapshotName(pool, rev) &&
+		cm.Immutable != nil && *cm.Immutable
+}
+
+// usedConfigMaps are the ConfigMaps ("namespace/name") some Node's source names or its status shows
+// active or last-known-good: a snapshot among them is never deleted.
+func usedConfigMaps(nodes []*corev1.Node, allowed resolve.Namespaces) map[string]bool {
+	used := map[string]bool{}
+	add := func(s *corev1.NodeConfigSource) {
+		if s != nil && s.ConfigMap != nil {
+			used[s.ConfigMap.Namespace+"/"+s.ConfigMap.Name] = true
+		}
+	}
+	for _, n := range nodes {
+		if src, _, err := resolve.NodeSource(n, allowed); err == nil {
+			add(src)
+		}
+		st := statusOf(n)
+		add(st.Active)
+		add(st.LastKnownGood)
+		add(st.Assigned)
+	}
+	return used
+}
+
+// prune deletes the pool's revisions past its history limit that no node uses.
+func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool, st v1alpha1.KubeletConfigPoolStatus, nodes []*corev1.Node) error {
+	snaps := c.snapshotsOf(pool.Name)
+	if len(snaps) <= 2 {
+		return nil
+	}
+	used := usedConfigMaps(nodes, c.cfg.Namespaces)
+	inUse := map[string]bool{}
+	var kept []revision.Kept
+	byRev := map[string]*corev1.ConfigMap{}
+	for _, s := range snaps {
+		rev := s.Labels[v1alpha1.LabelRevision]
+		if used[s.Namespace+"/"+s.Name] {
+			inUse[rev] = true
+		}
+		kept = append(kept, revision.Kept{Revision: rev, Created: s.CreationTimestamp.Time})
+		byRev[rev] = s
+	}
+	for _, rev := range revision.Prune(kept, st.CurrentRevision, st.PreviousRevision, inUse, int(pool.Spec.RevisionHistoryLimitOrDefault())) {
+		s := byRev[rev]
+		err := c.cfg.Client.CoreV1().ConfigMaps(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("prune revision %s/%s: %w", s.Namespace, s.Name, err)
+		}
+		c.deletedSnapshot(s)
+		c.log.Info("pruned revision", zap.String("pool", pool.Name), zap.String("revision", rev))
+	}
+	return nil
+}
+
+// collect deletes the snapshots of a pool that no longer exists which no Node uses: snapshots carry no
+// owner reference (a finalizer to orphan the ones in use would wedge the CRD's deletion whenever
+// dkc-server is gone), so this is their garbage collector. A snapshot a Node still uses stays until it
+// does not (sweep looks again); so does every snapshot while an assignment the pool made just before its
+// deletion may not be in the Node cache yet.
+func (c *Controller) collect(ctx context.Context, pool string) (time.Duration, error) {
+	if d := c.exp.unconfirmed(pool, c.clock.Now()); d > 0 {
+		return d, nil
+	}
+	c.exp.forget(pool)
+	snaps := c.snapshotsOf(pool)
+	if len(snaps) == 0 {
+		return 0, nil
+	}
+	all, err := c.nodes.List(labels.Everything())
+	if err != nil {
+		return 0, fmt.Errorf("list nodes: %w", err)
+	}
+	used := usedConfigMaps(all, c.cfg.Namespaces)
+	for _, s := range snaps {
+		if used[s.Namespace+"/"+s.Name] {
+			continue
+		}
+		err := c.cfg.Client.CoreV1().ConfigMaps(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return 0, fmt.Errorf("delete revision %s/%s of deleted pool %s: %w", s.Namespace, s.Name, pool, err)
+		}
+		c.deletedSnapshot(s)
+		c.log.Info("deleted revision of a deleted pool", zap.String("pool", pool), zap.String("configmap", s.Namespace+"/"+s.Name))
+	}
+	return 0, nil
+}
+
+// sweep queues every pool that has snapshots and no longer exists: pools deleted while this replica did
+// not lead (or dkc-server was down), and snapshots of deleted pools that Nodes used until lately (a Node
+// event does not always name the deleted pool).
+func (c *Controller) sweep(context.Context) {
+	for _, inf := range c.snapshots {
+		for _, pool := range inf.GetIndexer().ListIndexFuncValues(indexPool) {
+			if _, exists, _ := c.pools.GetStore().GetByKey(pool); !exists {
+				c.queue.Add(pool)
+			}
+		}
+	}
+}

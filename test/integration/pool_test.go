@@ -1,0 +1,339 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+)
+
+// KubeletConfigPools on the simulated nodes (docs/design.md, "KubeletConfigPool"): dkc-server's pool
+// controller, which the process form runs under leader election with the CRD from deploy/crds, rolls a
+// pool out, halts it and leaves it alone when nothing changed.
+
+const simSelector = "dkc.dev/simulated=true"
+
+var poolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.Resource}
+
+// poolHeader is what every simulated node's kubelet accepts (the CLI rollout tests' configs).
+const poolHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
+
+func poolManifest(name, configMap string, maxUnavailable string) string {
+	return fmt.Sprintf(`apiVersion: dkc.dev/v1alpha1
+kind: KubeletConfigPool
+metadata:
+  name: %s
+spec:
+  nodeSelector: {matchLabels: {dkc.dev/simulated: "true"}}
+  configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
+  maxUnavailable: %s
+  maxFailures: 1
+  nodeTimeout: 5m
+`, name, configMap, maxUnavailable)
+}
+
+func poolClient(t *testing.T) dynamic.NamespaceableResourceInterface {
+	t.Helper()
+	rc, err := cluster.RESTConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn.Resource(poolResource)
+}
+
+func getPool(t *testing.T, name string) *v1alpha1.KubeletConfigPool {
+	t.Helper()
+	u, err := poolClient(t).Get(testContext(t), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get kubeletconfigpool %s: %v", name, err)
+	}
+	var p v1alpha1.KubeletConfigPool
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+// applyPool applies the pool with kubectl (what a GitOps tool does) and, at the test's end, deletes it
+// and puts the simulated nodes back on their local config, without the pool's assignment record or its
+// revisions.
+func applyPool(t *testing.T, manifest string) string {
+	t.Helper()
+	out := kubectl(t, manifest, "apply", "-f", "-")
+	name := strings.Fields(strings.SplitN(manifest, "name: ", 2)[1])[0]
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = poolClient(t).Delete(ctx, name, metav1.DeleteOptions{})
+		// Pools have no finalizer; wait until it is gone all the same, so that no later test meets it.
+		for ctx.Err() == nil {
+			if _, err := poolClient(t).Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		for _, s := range sims() {
+			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, v1alpha1.AnnotationAssignment)
+			_, _ = adminClient(t).CoreV1().Nodes().Patch(ctx, s, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		}
+		_, _, _ = kubectlDKC(t, "reset", "-l", simSelector)
+		// The controller keeps the revisions the nodes used until they use none: a later run starts
+		// without them.
+		_ = adminClient(t).CoreV1().ConfigMaps("kube-system").DeleteCollection(ctx, metav1.DeleteOptions{},
+			metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + name})
+	})
+	return out
+}
+
+// simsOn are the simulated nodes whose source is the ConfigMap name, and of them those that run it as
+// last-known-good (proven), from one List: one consistent view, so a node proven and the next one
+// assigned between two reads never look like two in progress.
+func simsOn(t *testing.T, cm string) (assigned, proven []string) {
+	t.Helper()
+	nodes, err := adminClient(t).CoreV1().Nodes().List(testContext(t), metav1.ListOptions{LabelSelector: simSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := func(s *corev1.NodeConfigSource) bool { return s != nil && s.ConfigMap != nil && s.ConfigMap.Name == cm }
+	for _, n := range nodes.Items {
+		var src corev1.NodeConfigSource
+		if raw := n.Annotations[nodeconfig.SourceAnnotation]; raw == "" || json.Unmarshal([]byte(raw), &src) != nil || !named(&src) {
+			continue
+		}
+		assigned = append(assigned, n.Name)
+		var st corev1.NodeConfigStatus
+		if raw := n.Annotations[nodeconfig.StatusAnnotation]; raw != "" && json.Unmarshal([]byte(raw), &st) == nil && named(st.Active) && named(st.LastKnownGood) {
+			proven = append(proven, n.Name)
+		}
+	}
+	return assigned, proven
+}
+
+func condition(p *v1alpha1.KubeletConfigPool, typ string) metav1.Condition {
+	if c := meta.FindStatusCondition(p.Status.Conditions, typ); c != nil {
+		return *c
+	}
+	return metav1.Condition{Type: typ, Status: metav1.ConditionUnknown}
+}
+
+// waitPool polls the pool until done says so, calling sample on each observation; it fails the test at
+// the limit.
+func waitPool(t *testing.T, name string, limit time.Duration, sample func(*v1alpha1.KubeletConfigPool), done func(*v1alpha1.KubeletConfigPool) bool) *v1alpha1.KubeletConfigPool {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		p := getPool(t, name)
+		if sample != nil {
+			sample(p)
+		}
+		if done(p) {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool %s after %v: generation %d observed %d, revision %q, nodes %+v, conditions %+v",
+				name, limit, p.Generation, p.Status.ObservedGeneration, p.Status.CurrentRevision, p.Status.Nodes, p.Status.Conditions)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// TestPoolRollsOutOneNodeAtATime: a pool of the simulated nodes with maxUnavailable 1 rolls out to every
+// node, and never has two in progress — sampled from the pool's status and, independently, from the
+// Nodes (assigned the revision and not yet proven). Then `kubectl apply` of the unchanged pool changes
+// nothing: not the pool (no status write), not a node, no new revision.
+func TestPoolRollsOutOneNodeAtATime(t *testing.T) {
+	createConfigMap(t, "pool-roll", map[string]string{"kubelet": poolHeader + "eventRecordQPS: 37\n"})
+	manifest := poolManifest("pool-roll", "pool-roll", "1")
+	applyPool(t, manifest)
+
+	maxInProgress, maxUnproven := int32(0), 0
+	start := time.Now()
+	p := waitPool(t, "pool-roll", 5*time.Minute, func(p *v1alpha1.KubeletConfigPool) {
+		maxInProgress = max(maxInProgress, p.Status.Nodes.InProgress)
+		if p.Status.CurrentRevision != "" {
+			assigned, proven := simsOn(t, "pool-roll-"+p.Status.CurrentRevision)
+			maxUnproven = max(maxUnproven, len(assigned)-len(proven))
+		}
+	}, func(p *v1alpha1.KubeletConfigPool) bool {
+		return p.Status.ObservedGeneration == p.Generation && condition(p, v1alpha1.ConditionUpdated).Status == metav1.ConditionTrue
+	})
+	t.Logf("rolled out to %d nodes in %v", p.Status.Nodes.Updated, time.Since(start).Round(time.Second))
+	if p.Status.Nodes.Selected != int32(len(sims())) || p.Status.Nodes.Updated != p.Status.Nodes.Selected {
+		t.Errorf("nodes %+v, want all %d selected and updated", p.Status.Nodes, len(sims()))
+	}
+	if maxInProgress > 1 || maxUnproven > 1 {
+		t.Errorf("in progress at once: %d by the pool's status, %d by the Nodes; want at most 1 (maxUnavailable 1)", maxInProgress, maxUnproven)
+	}
+	if maxInProgress == 0 || maxUnproven == 0 {
+		t.Errorf("never saw a node in progress (status %d, nodes %d): the sampling missed the rollout", maxInProgress, maxUnproven)
+	}
+	snapshot := "pool-roll-" + p.Status.CurrentRevision
+	cm, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Get(testContext(t), snapshot, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("revision snapshot: %v", err)
+	}
+	if cm.Immutable == nil || !*cm.Immutable || cm.Labels[v1alpha1.LabelPool] != "pool-roll" {
+		t.Errorf("snapshot %s: immutable %v, labels %v", snapshot, cm.Immutable, cm.Labels)
+	}
+
+	// GitOps: applying the same manifest again changes nothing.
+	nodeRVs := map[string]string{}
+	for _, s := range sims() {
+		n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeRVs[s] = n.Annotations[nodeconfig.SourceAnnotation] + n.Annotations[v1alpha1.AnnotationAssignment]
+	}
+	before := getPool(t, "pool-roll")
+	out := kubectl(t, manifest, "apply", "-f", "-")
+	if !strings.Contains(out, "unchanged") {
+		t.Errorf("kubectl apply of the unchanged pool: %s", out)
+	}
+	time.Sleep(5 * time.Second) // a controller that rewrote anything would have done it by now
+	after := getPool(t, "pool-roll")
+	if after.ResourceVersion != before.ResourceVersion || after.Generation != before.Generation {
+		t.Errorf("pool changed: resourceVersion %s → %s, generation %d → %d", before.ResourceVersion, after.ResourceVersion, before.Generation, after.Generation)
+	}
+	for _, s := range sims() {
+		n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := n.Annotations[nodeconfig.SourceAnnotation] + n.Annotations[v1alpha1.AnnotationAssignment]; got != nodeRVs[s] {
+			t.Errorf("node %s reassigned by an unchanged pool: %s", s, got)
+		}
+	}
+	revs, err := adminClient(t).CoreV1().ConfigMaps("kube-system").List(testContext(t), metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=pool-roll"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(revs.Items) != 1 {
+		t.Errorf("%d revisions of pool-roll, want 1", len(revs.Items))
+	}
+}
+
+// TestPoolHaltsAfterMaxFailures: a config the simulated kubelet's validation refuses (eventRecordQPS < 0,
+// which dkc-server's own check cannot see: it is the kubelet's ValidateKubeletConfiguration) fails the
+// first node; with maxFailures 1 the pool halts, names the node and its error, and the other nodes are
+// never assigned.
+func TestPoolHaltsAfterMaxFailures(t *testing.T) {
+	createConfigMap(t, "pool-bad", map[string]string{"kubelet": poolHeader + "eventRecordQPS: -3\n"})
+	applyPool(t, poolManifest("pool-bad", "pool-bad", "1"))
+	p := waitPool(t, "pool-bad", 3*time.Minute, nil, func(p *v1alpha1.KubeletConfigPool) bool {
+		return condition(p, v1alpha1.ConditionHalted).Status == metav1.ConditionTrue
+	})
+	halted := condition(p, v1alpha1.ConditionHalted)
+	if halted.Reason != v1alpha1.ReasonFailureBudgetExhausted || !strings.Contains(halted.Message, string(nodeconfig.ValidateError)) {
+		t.Errorf("Halted %s: %s; want %s naming the node's validation error", halted.Reason, halted.Message, v1alpha1.ReasonFailureBudgetExhausted)
+	}
+	if len(p.Status.FailedNodes) != 1 || p.Status.FailedNodes[0].Reason != v1alpha1.FailureConfigRefused {
+		t.Fatalf("failed nodes %+v, want one ConfigRefused", p.Status.FailedNodes)
+	}
+	failed := p.Status.FailedNodes[0].Name
+	// Halted stays: nothing else is assigned, however long we look.
+	time.Sleep(10 * time.Second)
+	assigned, _ := simsOn(t, "pool-bad-"+p.Status.CurrentRevision)
+	if len(assigned) != 1 || assigned[0] != failed {
+		t.Errorf("nodes assigned the bad revision: %v; want only %s", assigned, failed)
+	}
+	if p = getPool(t, "pool-bad"); condition(p, v1alpha1.ConditionHalted).Status != metav1.ConditionTrue || p.Status.Nodes.InProgress != 0 {
+		t.Errorf("pool no longer halted, or in progress: %+v %+v", p.Status.Nodes, p.Status.Conditions)
+	}
+	evs, err := adminClient(t).CoreV1().Events("default").List(testContext(t), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=pool-bad,reason=Halted"})
+	if err != nil || len(evs.Items) == 0 {
+		t.Errorf("no Halted Event on the pool (%v)", err)
+	}
+}
+
+// TestPoolWithInvalidConfigTouchesNoNode: a ConfigMap that is not a KubeletConfiguration is refused
+// before any node: ConfigInvalid, no revision, no node assigned.
+func TestPoolWithInvalidConfigTouchesNoNode(t *testing.T) {
+	createConfigMap(t, "pool-invalid", map[string]string{"kubelet": "apiVersion: v1\nkind: Pod\n"})
+	applyPool(t, poolManifest("pool-invalid", "pool-invalid", "100%"))
+	p := waitPool(t, "pool-invalid", time.Minute, nil, func(p *v1alpha1.KubeletConfigPool) bool {
+		return condition(p, v1alpha1.ConditionConfigInvalid).Status == metav1.ConditionTrue
+	})
+	if c := condition(p, v1alpha1.ConditionConfigInvalid); c.Reason != v1alpha1.ReasonValidationFailed {
+		t.Errorf("ConfigInvalid %s: %s; want %s", c.Reason, c.Message, v1alpha1.ReasonValidationFailed)
+	}
+	time.Sleep(5 * time.Second)
+	for _, s := range sims() {
+		n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a, ok := n.Annotations[v1alpha1.AnnotationAssignment]; ok {
+			t.Errorf("node %s assigned by a pool with an invalid config: %s", s, a)
+		}
+	}
+	revs, err := adminClient(t).CoreV1().ConfigMaps("kube-system").List(testContext(t), metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=pool-invalid"})
+	if err != nil || len(revs.Items) != 0 {
+		t.Errorf("revisions of an invalid config: %d (%v)", len(revs.Items), err)
+	}
+}
+
+// TestPoolRollsOutAnInPlaceEdit: editing the pool's ConfigMap in place is a new revision, rolled out
+// maxUnavailable (2) nodes at a time like the first, never all at once; the first revision stays as the
+// previous one (what an undo assigns).
+func TestPoolRollsOutAnInPlaceEdit(t *testing.T) {
+	createConfigMap(t, "pool-edit", map[string]string{"kubelet": poolHeader + "eventRecordQPS: 39\n"})
+	applyPool(t, poolManifest("pool-edit", "pool-edit", "2"))
+	updated := func(p *v1alpha1.KubeletConfigPool) bool {
+		return p.Status.ObservedGeneration == p.Generation && condition(p, v1alpha1.ConditionUpdated).Status == metav1.ConditionTrue
+	}
+	first := waitPool(t, "pool-edit", 5*time.Minute, nil, updated).Status.CurrentRevision
+
+	cm, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Get(testContext(t), "pool-edit", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["kubelet"] = poolHeader + "eventRecordQPS: 40\n"
+	if _, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Update(testContext(t), cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	maxInProgress, maxUnproven := int32(0), 0
+	p := waitPool(t, "pool-edit", 5*time.Minute, func(p *v1alpha1.KubeletConfigPool) {
+		if p.Status.CurrentRevision == first {
+			return
+		}
+		maxInProgress = max(maxInProgress, p.Status.Nodes.InProgress)
+		assigned, proven := simsOn(t, "pool-edit-"+p.Status.CurrentRevision)
+		maxUnproven = max(maxUnproven, len(assigned)-len(proven))
+	}, func(p *v1alpha1.KubeletConfigPool) bool { return p.Status.CurrentRevision != first && updated(p) })
+	if p.Status.PreviousRevision != first {
+		t.Errorf("previous revision %q, want the first, %q", p.Status.PreviousRevision, first)
+	}
+	if maxInProgress > 2 || maxUnproven > 2 {
+		t.Errorf("in progress at once: %d by the pool's status, %d by the Nodes; want at most 2", maxInProgress, maxUnproven)
+	}
+	if maxUnproven == 0 {
+		t.Error("never saw a node in progress on the new revision: the sampling missed the rollout")
+	}
+	for _, rev := range []string{first, p.Status.CurrentRevision} {
+		if _, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Get(testContext(t), "pool-edit-"+rev, metav1.GetOptions{}); err != nil {
+			t.Errorf("revision %s: %v", rev, err)
+		}
+	}
+}

@@ -443,10 +443,13 @@ func (r *run) bareClient(ctx context.Context, nodes []string, gen int, want flee
 	return time.Since(start), err
 }
 
-// barePatch patches node's status as dkc does, with status as its annotation.
+// barePatch patches node's status as dkc does, with status as its annotation. It writes dkc's own status
+// annotation: the admission policy lets dkc-server's identity change no other annotation through
+// nodes/status (deploy/base/config-source-policy.yaml), and nothing reads the Nodes' status after this,
+// the benchmark's last window (dkc-server writes a node's status on its reports, never on a Node update).
 func (r *run) barePatch(ctx context.Context, restClient *rest.RESTClient, node, status string, round int, now metav1.Time) error {
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{"dkc.dev/bench-bare-status": status}},
+		"metadata": map[string]any{"annotations": map[string]string{nodeconfig.StatusAnnotation: status}},
 		"status": map[string]any{
 			"config": map[string]any{"error": nil},
 			"conditions": []corev1.NodeCondition{{Type: "BenchBareClient", Status: corev1.ConditionTrue, Reason: "UsingCurrent",

@@ -489,7 +489,7 @@ func (c *Cluster) allocate() error {
 		KubeVersion:   c.cfg.KubeVersion,
 		EtcdPort:      ports[0],
 		APIServerPort: ports[1],
-		RuntimeDir:    filepath.Join("/var/lib/dkc-dev", id),
+		RuntimeDir:    filepath.Join(runtimeRoot, id),
 		// Interface names are limited to 15 bytes.
 		Network:   Network{Bridge: "dkcbr" + id[:8], GatewayIP: fmt.Sprintf("198.18.%d.1", k), PrefixLen: 24},
 		Installed: c.cfg.Installed,

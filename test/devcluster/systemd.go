@@ -307,3 +307,44 @@ func writeFiles(dir string, files map[string]string) (map[string]string, error) 
 	}
 	return paths, nil
 }
+
+// runtimeRoot holds every dev cluster's runtime dir (kubelet and containerd state), one per cluster dir.
+const runtimeRoot = "/var/lib/dkc-dev"
+
+// LiveRuntimeDirs lists the runtime dirs under /var/lib/dkc-dev whose real nodes have a process running:
+// some process sits in one of their node cgroups. A dir whose cluster was killed rather than stopped (a test
+// binary or CI job cut off at its deadline) stays behind with nothing in it alive; it is not listed, so that
+// the leftover of a killed run does not count as a cluster that host-wide changes would break.
+func LiveRuntimeDirs() ([]string, error) { return liveRuntimeDirs(runtimeRoot, "/proc") }
+
+func liveRuntimeDirs(root, proc string) ([]string, error) {
+	entries, err := os.ReadDir(root)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list dev cluster runtime dirs in %s: %w", root, err)
+	}
+	procs, err := filepath.Glob(filepath.Join(proc, "[0-9]*", "cgroup"))
+	if err != nil {
+		return nil, err
+	}
+	var cgroups strings.Builder
+	for _, p := range procs {
+		// A process may exit between the glob and the read: skip it.
+		if b, err := os.ReadFile(p); err == nil {
+			cgroups.Write(b)
+		}
+	}
+	var live []string
+	for _, e := range entries {
+		if !e.IsDir() || len(e.Name()) < 8 {
+			continue
+		}
+		// A node's cgroup is nodeCgroup: "dkc-" + its netns, "dkc-<id[:8]>-<node>".
+		if strings.Contains(cgroups.String(), "/dkc-dkc-"+e.Name()[:8]+"-") {
+			live = append(live, filepath.Join(root, e.Name()))
+		}
+	}
+	return live, nil
+}

@@ -110,11 +110,14 @@ var freshKernel = map[string]int{"vm/overcommit_memory": 0, "vm/panic_on_oom": 0
 func TestRealNodeOnFreshKernel(t *testing.T) {
 	// The settings are the host's: lowering them breaks the next kubelet restart of any other dev cluster on
 	// this machine (a developer's make up, another test binary). Only this package's own cluster may run.
-	if entries, err := os.ReadDir("/var/lib/dkc-dev"); err == nil {
-		for _, e := range entries {
-			if e.Name() != filepath.Base(cluster.State().RuntimeDir) {
-				ciskip.Skipf(t, "another dev cluster runs on this host (/var/lib/dkc-dev/%s): resetting the host's kernel settings would break its kubelet", e.Name())
-			}
+	// A runtime dir left by a killed run has nothing alive in it and does not count.
+	live, err := devcluster.LiveRuntimeDirs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range live {
+		if d != cluster.State().RuntimeDir {
+			ciskip.Skipf(t, "another dev cluster runs on this host (%s): resetting the host's kernel settings would break its kubelet", d)
 		}
 	}
 	sys := sysctl.New()

@@ -19,24 +19,11 @@ import (
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
-// TestStopLeavesNothingBehind starts a second complete cluster next to the shared one (as `make up` does
-// while tests run): a real node under systemd-nspawn with its sidecar, the service and a simulated node. It
-// stops it from a fresh handle opened from its directory — what `make down` does — and checks that no
-// recorded process, mount, network namespace, interface, cgroup or runtime directory survives.
-func TestStopLeavesNothingBehind(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	dir := clusterDir(t, "integration-stop")
-	c, err := startSecondCluster(ctx, t, dir, "stop-1", 1, nil)
-	if err != nil {
-		t.Fatalf("start second cluster: %v", err)
-	}
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			_ = c.Stop(context.Background())
-		}
-	})
+// stopLeavesNothingBehind stops the kubeadm-style node's cluster (a second complete cluster next to the
+// shared one, as `make up` runs while tests run: a real node under systemd-nspawn with its sidecar, the
+// service and a simulated node) from a fresh handle opened from its directory — what `make down` does — and
+// checks that no recorded process, mount, network namespace, interface, cgroup or runtime directory survives.
+func stopLeavesNothingBehind(ctx context.Context, t *testing.T, dir string, c *devcluster.Cluster, node string) {
 	state := c.State()
 	if state.Network.Bridge == cluster.State().Network.Bridge || state.Network.GatewayIP == cluster.State().Network.GatewayIP {
 		t.Fatalf("two clusters share a network: %+v and %+v", state.Network, cluster.State().Network)
@@ -45,11 +32,11 @@ func TestStopLeavesNothingBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/stop-1/proxy/configz").DoRaw(ctx); err != nil {
+	if _, err := client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node + "/proxy/configz").DoRaw(ctx); err != nil {
 		t.Fatalf("configz of the second cluster's node: %v", err)
 	}
 	pids := recordedPIDs(t, filepath.Join(dir, "run"))
-	for _, want := range []string{"etcd", "kube-apiserver", "containerd-stop-1", "node-stop-1", "dkc-server", "kubelet-sim-1", "dkc-sidecar-sim-1"} {
+	for _, want := range []string{"etcd", "kube-apiserver", "containerd-" + node, "node-" + node, "dkc-server", "kubelet-sim-1", "dkc-sidecar-sim-1"} {
 		if pids[want] == "" {
 			t.Errorf("no recorded process %s in %v", want, pids)
 		}
@@ -62,7 +49,6 @@ func TestStopLeavesNothingBehind(t *testing.T) {
 	if err := reopened.Stop(ctx); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	stopped = true
 
 	for name, pid := range pids {
 		if data, err := os.ReadFile(filepath.Join("/proc", pid, "stat")); err == nil && !strings.Contains(string(data), ") Z ") {
@@ -212,26 +198,6 @@ func startSecondCluster(ctx context.Context, t *testing.T, dir, node string, sim
 		o(&cfg)
 	}
 	return devcluster.Start(ctx, cfg)
-}
-
-// useSecondCluster starts a cluster of its own for one test (see startSecondCluster), stops it when the test
-// ends, and points the package's helpers at it meanwhile: they talk to the package's cluster, and tests run
-// one at a time.
-func useSecondCluster(ctx context.Context, t *testing.T, name, node string, opts ...func(*devcluster.Config)) *devcluster.Cluster {
-	t.Helper()
-	c, err := startSecondCluster(ctx, t, clusterDir(t, name), node, 0, nil, opts...)
-	if err != nil {
-		t.Fatalf("start cluster %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(context.Background()); err != nil {
-			t.Errorf("stop cluster %s: %v", name, err)
-		}
-	})
-	shared := cluster
-	cluster = c
-	t.Cleanup(func() { cluster = shared })
-	return c
 }
 
 func recordedPIDs(t *testing.T, runDir string) map[string]string {

@@ -17,7 +17,7 @@ import (
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
-// The real node's kubelet --config-dir in TestKubeletConfigDirDropIns: two drop-ins set the same nested key
+// The kubeadm-style node's kubelet --config-dir (TestKubeadmStyleNode): two drop-ins set the same nested key
 // of the node's local config (authentication, which the file sets), the later one in lexical order winning,
 // one sets a key the assignment below sets too, and a file not named *.conf is no drop-in at all (the kubelet
 // ignores it, unparsable as it is).
@@ -34,23 +34,14 @@ var testDropIns = map[string]string{
 	"README": "only *.conf files are drop-ins {{{ not yaml",
 }
 
-// TestKubeletConfigDirDropIns runs a real node whose kubelet merges --config-dir drop-ins over its config,
-// in a cluster of its own, as the kubelet (1.34 and later) does and kubeadm's and distributions' units use it. The sidecar
-// must validate and compare what the kubelet really runs (file, then drop-ins, then flags): it used to
-// compare the file alone with /configz, found the drop-in's value, restarted the kubelet and gave up on the
-// node's own config with a health error at every start. Now the sidecar starts without touching the kubelet,
-// an assignment becomes active with one restart, /configz shows the drop-ins' values over the assignment's,
-// and a sidecar restart leaves the kubelet alone.
-func TestKubeletConfigDirDropIns(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	const node = "dropin-1"
-	// A kubelet whose --config-dir holds drop-ins.
-	c := useSecondCluster(ctx, t, "integration-dropin", node, func(cfg *devcluster.Config) {
-		cfg.KubeletDropIns = testDropIns
-		cfg.HealthTimeout = devclustertest.HealthTimeout
-	})
-
+// configDirDropIns: the kubeadm-style node's kubelet merges --config-dir drop-ins over its config, as the
+// kubelet (1.34 and later) does and kubeadm's and distributions' units use it. The sidecar must validate and
+// compare what the kubelet really runs (file, then drop-ins, then flags): it used to compare the file alone
+// with /configz, found the drop-in's value, restarted the kubelet and gave up on the node's own config with a
+// health error at every start. Now the sidecar starts without touching the kubelet, an assignment becomes
+// active with one restart, /configz shows the drop-ins' values over the assignment's, and a sidecar restart
+// leaves the kubelet alone. It runs first on the node: it counts every kubelet restart since the node started.
+func configDirDropIns(ctx context.Context, t *testing.T, c *devcluster.Cluster, node string) {
 	// The sidecar's first start: the kubelet runs the node's local config with the drop-ins merged, which
 	// the sidecar proves through /configz without restarting it.
 	waitNodeStatus(t, node, "local", "local", "local", "", time.Minute)

@@ -27,7 +27,14 @@ import (
 // controller, which the process form runs under leader election with the CRD from deploy/crds, rolls a
 // pool out, halts it and leaves it alone when nothing changed.
 
-const simSelector = "dkc.dev/simulated=true"
+// The pools select three of the simulated nodes, labelled for the test by applyPool: enough for two batches
+// and a node never assigned after a halt, and each node a pool rolls out to one at a time costs a trial.
+const (
+	poolLabel    = "dkc.dev/pool-test"
+	poolSelector = poolLabel + "=true"
+)
+
+func poolSims() []string { return sims()[:3] }
 
 var poolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.Resource}
 
@@ -40,7 +47,7 @@ kind: KubeletConfigPool
 metadata:
   name: %s
 spec:
-  nodeSelector: {matchLabels: {dkc.dev/simulated: "true"}}
+  nodeSelector: {matchLabels: {dkc.dev/pool-test: "true"}}
   configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
   maxUnavailable: %s
   maxFailures: 1
@@ -74,11 +81,17 @@ func getPool(t *testing.T, name string) *v1alpha1.KubeletConfigPool {
 	return &p
 }
 
-// applyPool applies the pool with kubectl (what a GitOps tool does) and, at the test's end, deletes it
-// and puts the simulated nodes back on their local config, without the pool's assignment record or its
-// revisions.
+// applyPool labels the pool's simulated nodes and applies the pool with kubectl (what a GitOps tool does);
+// at the test's end it deletes it and puts the nodes back on their local config, without the pool's label,
+// assignment record or revisions.
 func applyPool(t *testing.T, manifest string) string {
 	t.Helper()
+	for _, s := range poolSims() {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, poolLabel)
+		if _, err := adminClient(t).CoreV1().Nodes().Patch(testContext(t), s, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("label %s for the pool: %v", s, err)
+		}
+	}
 	out := kubectl(t, manifest, "apply", "-f", "-")
 	name := strings.Fields(strings.SplitN(manifest, "name: ", 2)[1])[0]
 	t.Cleanup(func() {
@@ -92,11 +105,11 @@ func applyPool(t *testing.T, manifest string) string {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		for _, s := range sims() {
-			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, v1alpha1.AnnotationAssignment)
+		_, _, _ = kubectlDKC(t, "reset", "-l", poolSelector)
+		for _, s := range poolSims() {
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null},"annotations":{%q:null}}}`, poolLabel, v1alpha1.AnnotationAssignment)
 			_, _ = adminClient(t).CoreV1().Nodes().Patch(ctx, s, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		}
-		_, _, _ = kubectlDKC(t, "reset", "-l", simSelector)
 		// The controller keeps the revisions the nodes used until they use none: a later run starts
 		// without them.
 		_ = adminClient(t).CoreV1().ConfigMaps("kube-system").DeleteCollection(ctx, metav1.DeleteOptions{},
@@ -105,12 +118,12 @@ func applyPool(t *testing.T, manifest string) string {
 	return out
 }
 
-// simsOn are the simulated nodes whose source is the ConfigMap name, and of them those that run it as
+// simsOn are the pool's simulated nodes whose source is the ConfigMap name, and of them those that run it as
 // last-known-good (proven), from one List: one consistent view, so a node proven and the next one
 // assigned between two reads never look like two in progress.
 func simsOn(t *testing.T, cm string) (assigned, proven []string) {
 	t.Helper()
-	nodes, err := adminClient(t).CoreV1().Nodes().List(testContext(t), metav1.ListOptions{LabelSelector: simSelector})
+	nodes, err := adminClient(t).CoreV1().Nodes().List(testContext(t), metav1.ListOptions{LabelSelector: poolSelector})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +170,7 @@ func waitPool(t *testing.T, name string, limit time.Duration, sample func(*v1alp
 	}
 }
 
-// TestPoolRollsOutOneNodeAtATime: a pool of the simulated nodes with maxUnavailable 1 rolls out to every
+// TestPoolRollsOutOneNodeAtATime: a pool of three simulated nodes with maxUnavailable 1 rolls out to every
 // node, and never has two in progress — sampled from the pool's status and, independently, from the
 // Nodes (assigned the revision and not yet proven). Then `kubectl apply` of the unchanged pool changes
 // nothing: not the pool (no status write), not a node, no new revision.
@@ -178,8 +191,8 @@ func TestPoolRollsOutOneNodeAtATime(t *testing.T) {
 		return p.Status.ObservedGeneration == p.Generation && condition(p, v1alpha1.ConditionUpdated).Status == metav1.ConditionTrue
 	})
 	t.Logf("rolled out to %d nodes in %v", p.Status.Nodes.Updated, time.Since(start).Round(time.Second))
-	if p.Status.Nodes.Selected != int32(len(sims())) || p.Status.Nodes.Updated != p.Status.Nodes.Selected {
-		t.Errorf("nodes %+v, want all %d selected and updated", p.Status.Nodes, len(sims()))
+	if p.Status.Nodes.Selected != int32(len(poolSims())) || p.Status.Nodes.Updated != p.Status.Nodes.Selected {
+		t.Errorf("nodes %+v, want all %d selected and updated", p.Status.Nodes, len(poolSims()))
 	}
 	if maxInProgress > 1 || maxUnproven > 1 {
 		t.Errorf("in progress at once: %d by the pool's status, %d by the Nodes; want at most 1 (maxUnavailable 1)", maxInProgress, maxUnproven)
@@ -198,7 +211,7 @@ func TestPoolRollsOutOneNodeAtATime(t *testing.T) {
 
 	// GitOps: applying the same manifest again changes nothing.
 	nodeRVs := map[string]string{}
-	for _, s := range sims() {
+	for _, s := range poolSims() {
 		n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -215,7 +228,7 @@ func TestPoolRollsOutOneNodeAtATime(t *testing.T) {
 	if after.ResourceVersion != before.ResourceVersion || after.Generation != before.Generation {
 		t.Errorf("pool changed: resourceVersion %s → %s, generation %d → %d", before.ResourceVersion, after.ResourceVersion, before.Generation, after.Generation)
 	}
-	for _, s := range sims() {
+	for _, s := range poolSims() {
 		n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -279,7 +292,7 @@ func TestPoolWithInvalidConfigTouchesNoNode(t *testing.T) {
 		t.Errorf("ConfigInvalid %s: %s; want %s", c.Reason, c.Message, v1alpha1.ReasonValidationFailed)
 	}
 	time.Sleep(5 * time.Second)
-	for _, s := range sims() {
+	for _, s := range poolSims() {
 		n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -295,15 +308,20 @@ func TestPoolWithInvalidConfigTouchesNoNode(t *testing.T) {
 }
 
 // TestPoolRollsOutAnInPlaceEdit: editing the pool's ConfigMap in place is a new revision, rolled out
-// maxUnavailable (2) nodes at a time like the first, never all at once; the first revision stays as the
-// previous one (what an undo assigns).
+// maxUnavailable (2) nodes at a time, never all three at once; the first revision, rolled out to all at once
+// (100%), stays as the previous one (what an undo assigns).
 func TestPoolRollsOutAnInPlaceEdit(t *testing.T) {
 	createConfigMap(t, "pool-edit", map[string]string{"kubelet": poolHeader + "eventRecordQPS: 39\n"})
-	applyPool(t, poolManifest("pool-edit", "pool-edit", "2"))
+	applyPool(t, poolManifest("pool-edit", "pool-edit", "100%"))
 	updated := func(p *v1alpha1.KubeletConfigPool) bool {
 		return p.Status.ObservedGeneration == p.Generation && condition(p, v1alpha1.ConditionUpdated).Status == metav1.ConditionTrue
 	}
 	first := waitPool(t, "pool-edit", 5*time.Minute, nil, updated).Status.CurrentRevision
+	// A new maxUnavailable is a new generation, not a new revision: nothing is rolled out.
+	kubectl(t, poolManifest("pool-edit", "pool-edit", "2"), "apply", "-f", "-")
+	if p := waitPool(t, "pool-edit", time.Minute, nil, updated); p.Status.CurrentRevision != first {
+		t.Fatalf("maxUnavailable 100%% → 2 made revision %s from %s", p.Status.CurrentRevision, first)
+	}
 
 	cm, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Get(testContext(t), "pool-edit", metav1.GetOptions{})
 	if err != nil {

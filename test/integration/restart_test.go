@@ -12,8 +12,6 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // TestBurstOfReassignmentsKeepsTheKubeletAlive is the burst a new user tried on the real node: twenty
@@ -35,18 +33,6 @@ func TestBurstOfReassignmentsKeepsTheKubeletAlive(t *testing.T) {
 			break
 		}
 	}
-}
-
-// TestBurstOnAKubeadmStyleUnit runs the same burst on a real node whose kubelet.service has no start limit
-// (kubeadm's unit sets StartLimitIntervalSec=0), in a cluster of its own: nothing is paced there, and the
-// outcome is the same.
-func TestBurstOnAKubeadmStyleUnit(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	const node = "nolimit-1"
-	useSecondCluster(ctx, t, "integration-no-start-limit", node, func(cfg *devcluster.Config) { cfg.NoKubeletStartLimit = true })
-	times := burst(t, node)
-	t.Logf("restarts without a start limit: %v", times)
 }
 
 // burst makes twenty reassignments of node, alternating between two good ConfigMaps 300 ms apart, and

@@ -30,10 +30,14 @@ page() { # page PROGRAM: the header of docs/reference/PROGRAM.md
 {
 	page kubectl-dkc
 	section "kubectl dkc" kubectl-dkc
-	# Each command of `kubectl dkc` but cobra's own (completion, help).
-	for cmd in $(help kubectl-dkc | awk '/^Available Commands:/ {on=1; next} on && /^$/ {on=0} on {print $1}'); do
+	# Each command of `kubectl dkc` but cobra's own (completion, help), and each of its subcommands.
+	commands() { help "$@" | awk '/^Available Commands:/ {on=1; next} on && /^$/ {on=0} on {print $1}'; }
+	for cmd in $(commands kubectl-dkc); do
 		case $cmd in completion|help) continue ;; esac
 		section "kubectl dkc $cmd" kubectl-dkc "$cmd"
+		for sub in $(commands kubectl-dkc "$cmd"); do
+			section "kubectl dkc $cmd $sub" kubectl-dkc "$cmd" "$sub"
+		done
 	done
 } > "$out/kubectl-dkc.md.tmp"
 for f in dkc-server dkc-sidecar kubectl-dkc; do mv "$out/$f.md.tmp" "$out/$f.md"; done

@@ -1,6 +1,6 @@
 // Package plugin is `kubectl dkc`, the operator's CLI: assign and reset config sources, read status, dump a
-// node's running config, diff it against a ConfigMap with per-field safety advice, and roll a ConfigMap out
-// over many nodes in batches. It uses the usual kubectl flags (cli-runtime) and writes the annotation
+// node's running config, diff it against a ConfigMap with per-field safety advice, and roll a config out
+// over many nodes through a KubeletConfigPool (rollout.go), which dkc-server paces. It uses the usual kubectl flags (cli-runtime) and writes the annotation
 // dkc.dev/config-source, or spec.configSource on Nodes where the apiserver keeps it.
 package plugin
 
@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
@@ -34,6 +35,7 @@ type Options struct {
 	flags  *genericclioptions.ConfigFlags
 	io     genericiooptions.IOStreams
 	client kubernetes.Interface
+	dyn    dynamic.Interface // KubeletConfigPools
 	output string
 }
 
@@ -51,7 +53,10 @@ point Nodes at a ConfigMap holding a KubeletConfiguration, watch them apply it, 
 			if err != nil {
 				return err
 			}
-			o.client, err = kubernetes.NewForConfig(cfg)
+			if o.client, err = kubernetes.NewForConfig(cfg); err != nil {
+				return err
+			}
+			o.dyn, err = dynamic.NewForConfig(cfg)
 			return err
 		},
 	}

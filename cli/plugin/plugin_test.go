@@ -1,14 +1,18 @@
 package plugin
 
 import (
+	"errors"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
@@ -89,82 +93,133 @@ func TestStatusOf(t *testing.T) {
 	}
 }
 
-func TestNodeDone(t *testing.T) {
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "c", UID: types.UID("u"), ResourceVersion: "7"}}
-	src := func(uid, rv string) string {
-		return `{"configMap":{"namespace":"kube-system","name":"c","uid":"` + uid + `","resourceVersion":"` + rv + `","kubeletConfigKey":"kubelet"}}`
+func TestApplyPoolFlags(t *testing.T) {
+	given := func(flags ...string) func(string) bool {
+		return func(f string) bool { return slices.Contains(flags, f) }
 	}
-	st := func(assigned, active, errText string) map[string]string {
-		return map[string]string{nodeconfig.StatusAnnotation: `{"assigned":` + assigned + `,"active":` + active + `,"error":"` + errText + `"}`}
+	base := func() poolFlags {
+		return poolFlags{configMap: "kube-system/c", key: "kubelet", selector: "pool=blue", maxUnavailable: "1", maxFailures: 1, nodeTimeout: 30 * time.Minute}
 	}
-	configOK := corev1.NodeCondition{Type: nodeconfig.ConditionType, Status: corev1.ConditionTrue}
-	configBad := corev1.NodeCondition{Type: nodeconfig.ConditionType, Status: corev1.ConditionFalse, Message: "using last-known-good"}
-	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue}
-	notReady := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionFalse}
-	for _, tc := range []struct {
-		name       string
-		n          *corev1.Node
-		done       bool
-		failedText string
-	}{
-		{"not reported yet", node(nil, ready), false, ""},
-		{"running it, ConfigOK, Ready", node(st(src("u", "7"), src("u", "7"), ""), configOK, ready), true, ""},
-		{"running it but not Ready", node(st(src("u", "7"), src("u", "7"), ""), configOK, notReady), false, ""},
-		{"running an older version", node(st(src("u", "6"), src("u", "6"), ""), configOK, ready), false, ""},
-		{"a ConfigMap of the same name, re-created", node(st(src("u2", "7"), src("u2", "7"), ""), configOK, ready), false, ""},
-		{"refused it", node(st(src("u", "7"), src("u", "6"), "failed to validate config"), configBad, ready), false, "failed to validate config: using last-known-good"},
-		{"an error about an older assignment is not this rollout's failure", node(st(src("u", "6"), src("u", "5"), "failed to validate config"), configBad, ready), false, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			done, failed := nodeDone(tc.n, cm, "kubelet")
-			if done != tc.done || failed != tc.failedText {
-				t.Errorf("nodeDone = %v, %q; want %v, %q", done, failed, tc.done, tc.failedText)
-			}
-		})
+	existing := func() v1alpha1.KubeletConfigPoolSpec {
+		mu, mf := intstr.FromString("10%"), int32(3)
+		return v1alpha1.KubeletConfigPoolSpec{NodeSelector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "green"}},
+			ConfigMap: v1alpha1.ConfigMapReference{Namespace: "dkc-configs", Name: "old", KubeletConfigKey: "config"}, MaxUnavailable: &mu, MaxFailures: &mf}
 	}
-}
-
-func TestBatchSize(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		max      intstr.IntOrString
-		selected int
-		size     int
-		wantErr  bool
+		flags    func(*poolFlags)
+		changed  []string
+		creating bool
+		spec     v1alpha1.KubeletConfigPoolSpec
+		check    func(t *testing.T, s v1alpha1.KubeletConfigPoolSpec)
+		wantErr  string
 	}{
-		{"a number", intstr.FromInt32(3), 10, 3, false},
-		{"a percentage rounds down", intstr.FromString("25%"), 10, 2, false},
-		{"never less than one", intstr.FromString("10%"), 5, 1, false},
-		{"zero means one", intstr.FromInt32(0), 5, 1, false},
-		{"not a number or percentage", intstr.FromString("many"), 5, 0, true},
+		{name: "creating sets every field", creating: true, changed: []string{"selector"},
+			check: func(t *testing.T, s v1alpha1.KubeletConfigPoolSpec) {
+				if s.ConfigMap != (v1alpha1.ConfigMapReference{Namespace: "kube-system", Name: "c", KubeletConfigKey: "kubelet"}) ||
+					s.NodeSelector.MatchLabels["pool"] != "blue" || s.MaxUnavailable.String() != "1" || *s.MaxFailures != 1 ||
+					s.NodeTimeout.Duration != 30*time.Minute || s.PauseBetweenBatches != nil {
+					t.Errorf("spec %+v", s)
+				}
+			}},
+		{name: "an update changes only the flags given", spec: existing(), flags: func(f *poolFlags) { f.configMap = ""; f.maxUnavailable = "25%" },
+			changed: []string{"max-unavailable"},
+			check: func(t *testing.T, s v1alpha1.KubeletConfigPoolSpec) {
+				if s.ConfigMap.Name != "old" || s.NodeSelector.MatchLabels["pool"] != "green" || s.MaxUnavailable.String() != "25%" || *s.MaxFailures != 3 || s.NodeTimeout != nil {
+					t.Errorf("spec %+v", s)
+				}
+			}},
+		{name: "a new ConfigMap keeps the key unless --key is given", spec: existing(), flags: func(f *poolFlags) { f.configMap = "kube-system/new" },
+			check: func(t *testing.T, s v1alpha1.KubeletConfigPoolSpec) {
+				if s.ConfigMap != (v1alpha1.ConfigMapReference{Namespace: "kube-system", Name: "new", KubeletConfigKey: "config"}) {
+					t.Errorf("configMap %+v", s.ConfigMap)
+				}
+			}},
+		{name: "--key alone changes the key of the same ConfigMap", spec: existing(), flags: func(f *poolFlags) { f.configMap = ""; f.key = "other" },
+			changed: []string{"key"},
+			check: func(t *testing.T, s v1alpha1.KubeletConfigPoolSpec) {
+				if s.ConfigMap != (v1alpha1.ConfigMapReference{Namespace: "dkc-configs", Name: "old", KubeletConfigKey: "other"}) {
+					t.Errorf("configMap %+v", s.ConfigMap)
+				}
+			}},
+		{name: "-l '' selects every node", creating: true, flags: func(f *poolFlags) { f.selector = "" }, changed: []string{"selector"},
+			check: func(t *testing.T, s v1alpha1.KubeletConfigPoolSpec) {
+				if len(s.NodeSelector.MatchLabels)+len(s.NodeSelector.MatchExpressions) != 0 {
+					t.Errorf("selector %+v", s.NodeSelector)
+				}
+			}},
+		{name: "a bad selector", creating: true, flags: func(f *poolFlags) { f.selector = "a in (" }, wantErr: "-l"},
+		{name: "a bad maxUnavailable", creating: true, flags: func(f *poolFlags) { f.maxUnavailable = "many" }, wantErr: "--max-unavailable"},
+		{name: "a bad ConfigMap reference", creating: true, flags: func(f *poolFlags) { f.configMap = "c" }, wantErr: "NAMESPACE/NAME"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			size, err := batchSize(tc.max, tc.selected)
-			if (err != nil) != tc.wantErr || size != tc.size {
-				t.Errorf("batchSize(%v, %d) = %d, %v; want %d (error %v)", tc.max.String(), tc.selected, size, err, tc.size, tc.wantErr)
+			f := base()
+			if tc.flags != nil {
+				tc.flags(&f)
 			}
+			f.changed = given(tc.changed...)
+			spec := tc.spec
+			err := applyPoolFlags(&spec, f, tc.creating)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one about %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, spec)
 		})
 	}
 }
 
-func TestBatches(t *testing.T) {
-	nodes := []string{"a", "b", "c", "d", "e"}
-	for _, tc := range []struct {
-		size int
-		want [][]string
-	}{
-		{1, [][]string{{"a"}, {"b"}, {"c"}, {"d"}, {"e"}}},
-		{2, [][]string{{"a", "b"}, {"c", "d"}, {"e"}}},
-		{5, [][]string{{"a", "b", "c", "d", "e"}}},
-		{9, [][]string{{"a", "b", "c", "d", "e"}}},
-		{0, [][]string{{"a"}, {"b"}, {"c"}, {"d"}, {"e"}}},
-	} {
-		if got := batches(nodes, tc.size); !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("batches(size %d) = %v, want %v", tc.size, got, tc.want)
-		}
+func TestVerdict(t *testing.T) {
+	cond := func(typ string, status metav1.ConditionStatus, reason string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: status, Reason: reason, Message: reason + " message"}
 	}
-	if got := batches([]string{}, 3); len(got) != 0 {
-		t.Errorf("batches of nothing = %v, want none", got)
+	pool := func(observed int64, rev string, paused bool, conds ...metav1.Condition) *v1alpha1.KubeletConfigPool {
+		return &v1alpha1.KubeletConfigPool{ObjectMeta: metav1.ObjectMeta{Name: "blue", Generation: 2}, Spec: v1alpha1.KubeletConfigPoolSpec{Paused: paused},
+			Status: v1alpha1.KubeletConfigPoolStatus{ObservedGeneration: observed, CurrentRevision: rev, Conditions: conds,
+				Nodes: v1alpha1.NodeCounts{Selected: 5, Updated: 2, InProgress: 1}}}
+	}
+	updated := cond(v1alpha1.ConditionUpdated, metav1.ConditionTrue, v1alpha1.ReasonAllNodesUpdated)
+	halted := cond(v1alpha1.ConditionHalted, metav1.ConditionTrue, v1alpha1.ReasonFailureBudgetExhausted)
+	invalid := cond(v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, v1alpha1.ReasonConfigMapNotFound)
+	for _, tc := range []struct {
+		name     string
+		p        *v1alpha1.KubeletConfigPool
+		revision string
+		done     bool
+		stopped  string // the ErrRolloutStopped reason
+		lineHas  string
+	}{
+		{name: "generation not yet observed: an earlier Updated does not count", p: pool(1, "r1", false, updated), done: false, lineHas: "generation 2"},
+		{name: "rolling out", p: pool(2, "r1", false), lineHas: "2 of 5 nodes updated, 1 in progress"},
+		{name: "complete", p: pool(2, "r1", false, updated), done: true, lineHas: "rollout complete"},
+		{name: "an in-place edit not yet taken: the old revision's Updated does not count", p: pool(2, "r1", false, updated), revision: "r2", lineHas: "revision r2"},
+		{name: "the edit taken and complete", p: pool(2, "r2", false, updated), revision: "r2", done: true, lineHas: "rollout complete"},
+		{name: "halted", p: pool(2, "r1", false, halted), done: true, stopped: v1alpha1.ReasonFailureBudgetExhausted},
+		{name: "config invalid ends it whatever the revision", p: pool(2, "r1", false, invalid), revision: "r2", done: true, stopped: v1alpha1.ReasonConfigMapNotFound},
+		{name: "paused", p: pool(2, "r1", true), done: true, lineHas: "paused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			line, done, err := verdict(tc.p, 2, tc.revision)
+			if done != tc.done {
+				t.Errorf("done = %v, want %v (%s)", done, tc.done, line)
+			}
+			var stopped *ErrRolloutStopped
+			if tc.stopped != "" {
+				if !errors.As(err, &stopped) || stopped.Reason != tc.stopped || stopped.Pool != "blue" {
+					t.Errorf("error %v, want the pool stopped for %s", err, tc.stopped)
+				}
+			} else if err != nil {
+				t.Errorf("error %v, want none", err)
+			}
+			if !strings.Contains(line, tc.lineHas) {
+				t.Errorf("line %q lacks %q", line, tc.lineHas)
+			}
+		})
 	}
 }
 

@@ -2,180 +2,589 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
+	"sort"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
 )
 
-// ErrPaused is returned when a rollout stopped at a failing batch.
-type ErrPaused struct{ Message string }
+// `kubectl dkc rollout` is a front end to KubeletConfigPools (api/v1alpha1): it writes the pool and follows
+// dkc-server's pool controller rolling it out. Nothing here assigns a node: the rollout goes on in the
+// cluster when kubectl-dkc exits, and `kubectl apply` of a pool manifest is the same rollout.
 
-func (e *ErrPaused) Error() string { return e.Message }
+var poolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.Resource}
 
-// nodeDone reports whether node runs cm's current version healthily; failed carries the node's error once
-// the node has taken the assignment and refused or rolled it back.
-func nodeDone(n *corev1.Node, cm *corev1.ConfigMap, key string) (done bool, failed string) {
-	st := StatusOf(n)
-	if !st.Reported {
-		return false, ""
-	}
-	matches := func(s *corev1.NodeConfigSource) bool {
-		return s != nil && s.ConfigMap != nil && s.ConfigMap.UID == cm.UID && s.ConfigMap.ResourceVersion == cm.ResourceVersion &&
-			s.ConfigMap.KubeletConfigKey == key
-	}
-	if matches(st.Status.Assigned) && st.Status.Error != "" {
-		return false, st.Status.Error + ": " + st.Message
-	}
-	ready := false
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-			ready = true
-		}
-	}
-	return matches(st.Status.Active) && st.ConfigOK == string(corev1.ConditionTrue) && ready, ""
+// ErrRolloutStopped is returned when a followed rollout ended short of every node updated: the pool halted
+// after maxFailures nodes failed its revision, or its config cannot be rolled out.
+type ErrRolloutStopped struct {
+	Pool    string
+	Reason  string // the condition's: ReasonFailureBudgetExhausted, or ConfigInvalid's reason
+	Message string
+}
+
+func (e *ErrRolloutStopped) Error() string {
+	return fmt.Sprintf("kubeletconfigpool %s: %s: %s", e.Pool, e.Reason, e.Message)
+}
+
+// poolFlags are the spec fields `kubectl dkc rollout` sets; a flag not given leaves the field alone.
+type poolFlags struct {
+	configMap, key, selector  string
+	maxUnavailable            string
+	maxFailures               int32
+	nodeTimeout, pauseBetween time.Duration
+	wait                      bool
+	timeout, poll             time.Duration
+	changed                   func(flag string) bool
 }
 
 func (o *Options) rolloutCommand() *cobra.Command {
-	var selector, cm, key, maxUnavailable string
-	var timeout, poll time.Duration
+	var f poolFlags
 	cmd := &cobra.Command{
-		Use:   "rollout --configmap NAMESPACE/NAME -l SELECTOR [--max-unavailable N|P%]",
-		Short: "Assign a ConfigMap to many nodes in batches, pausing at the first failure",
-		Long: `rollout assigns the ConfigMap's current version to the selected nodes, --max-unavailable at a time.
-A batch is done when every node in it reports that version active with ConfigOK True and the Node Ready.
-At the first failure (a node reports an error for it, or --timeout passes) the rollout stops and says
-which node failed and how to resume or roll back. Nodes already running the version are skipped, so the
-same command resumes a paused rollout.`,
-		Example: `  kubectl dkc rollout --configmap kube-system/my-node-config-gkt4c2m4b2 -l pool=blue --max-unavailable 10%`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ns, name, err := parseConfigMap(cm)
-			if err != nil {
-				return err
-			}
-			if selector == "" {
-				return fmt.Errorf("select the nodes with -l")
-			}
-			return o.rollout(cmd.Context(), ns, name, key, selector, intstr.Parse(maxUnavailable), timeout, poll)
+		Use:   "rollout POOL [--configmap NAMESPACE/NAME] [-l SELECTOR] [--max-unavailable N|P%] [flags]",
+		Short: "Roll a kubelet config out to many nodes through a KubeletConfigPool, and follow it",
+		Long: `rollout creates the KubeletConfigPool POOL, or updates the fields whose flags are given, and follows
+dkc-server rolling it out: at most --max-unavailable nodes in progress at a time, halting once
+--max-failures nodes failed the config (they fall back to their last-known-good config; nodes not yet
+assigned are not touched). The pool is declarative: the rollout goes on in the cluster when this command
+exits, and kubectl apply of a KubeletConfigPool manifest does the same.
+
+It returns when every selected node runs the pool's revision (exit 0), when the pool halts or its config
+cannot be rolled out (exit 1, naming the failed nodes and what to do), when the pool is paused, or at
+--timeout. --wait=false returns once the pool is written.
+
+An edit of the pool's ConfigMap in place is rolled out by itself, as a new revision; run rollout POOL
+(or rollout status POOL) to follow it.`,
+		Example: `  # create or update the pool "blue" and follow it
+  kubectl dkc rollout blue --configmap kube-system/my-node-config -l pool=blue --max-unavailable 10%
+
+  kubectl dkc rollout status blue       # follow it again, or another rollout
+  kubectl dkc rollout undo blue         # back to the previous revision
+  kubectl dkc rollout retry blue        # a halted pool goes on
+  kubectl dkc rollout pause blue; kubectl dkc rollout resume blue
+  kubectl dkc rollout history blue`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f.changed = cmd.Flags().Changed
+			return o.rollout(cmd.Context(), args[0], f)
 		},
 	}
-	cmd.Flags().StringVarP(&selector, "selector", "l", "", "label selector of the nodes")
-	cmd.Flags().StringVar(&cm, "configmap", "", "the ConfigMap, NAMESPACE/NAME")
-	cmd.Flags().StringVar(&key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
-	cmd.Flags().StringVar(&maxUnavailable, "max-unavailable", "1", "nodes changed at once: a number or a percentage of the selected nodes")
-	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "time a batch may take")
-	cmd.Flags().DurationVar(&poll, "poll", time.Second, "how often node status is read")
-	_ = cmd.MarkFlagRequired("configmap")
+	cmd.Flags().StringVar(&f.configMap, "configmap", "", "the ConfigMap holding the KubeletConfiguration, NAMESPACE/NAME (required to create a pool)")
+	cmd.Flags().StringVar(&f.key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
+	cmd.Flags().StringVarP(&f.selector, "selector", "l", "", "label selector of the pool's nodes (required to create a pool; -l '' selects every node)")
+	cmd.Flags().StringVar(&f.maxUnavailable, "max-unavailable", "1", "nodes in progress at once: a number, or a percentage of the selected nodes (rounded down, at least 1)")
+	cmd.Flags().Int32Var(&f.maxFailures, "max-failures", v1alpha1.DefaultMaxFailures, "nodes that may fail the config before the pool halts")
+	cmd.Flags().DurationVar(&f.nodeTimeout, "node-timeout", 30*time.Minute, "how long a node may stay in progress (its trial included) before it counts as failed")
+	cmd.Flags().DurationVar(&f.pauseBetween, "pause-between-batches", 0, "wait this long after each batch is done before the next (0: fill a free slot at once)")
+	addFollowFlags(cmd, &f)
+	cmd.AddCommand(o.rolloutStatusCommand(), o.rolloutPauseCommand(true), o.rolloutPauseCommand(false),
+		o.rolloutRetryCommand(), o.rolloutUndoCommand(), o.rolloutHistoryCommand())
 	return cmd
 }
 
-func (o *Options) rollout(ctx context.Context, ns, name, key, selector string, maxUnavailable intstr.IntOrString, timeout, poll time.Duration) error {
-	target, err := o.client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("configmap %s/%s: %w", ns, name, err)
-	}
-	nodes, err := o.selectNodes(ctx, nil, selector)
-	if err != nil {
+func addFollowFlags(cmd *cobra.Command, f *poolFlags) {
+	cmd.Flags().BoolVar(&f.wait, "wait", true, "follow the rollout until it is done, halts or is paused")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", time.Hour, "give up following after this long (the rollout goes on)")
+	cmd.Flags().DurationVar(&f.poll, "poll", 2*time.Second, "how often the pool's status is read")
+}
+
+func (o *Options) rollout(ctx context.Context, name string, f poolFlags) error {
+	pool, err := o.getPool(ctx, name)
+	creating := apierrors.IsNotFound(err)
+	if err != nil && !creating {
 		return err
 	}
-	size, err := batchSize(maxUnavailable, len(nodes))
-	if err != nil {
-		return err
-	}
-	var todo []corev1.Node
-	for i := range nodes {
-		if done, _ := nodeDone(&nodes[i], target, key); !done {
-			todo = append(todo, nodes[i])
+	if creating {
+		if f.configMap == "" || !f.changed("selector") {
+			return fmt.Errorf("kubeletconfigpool %s does not exist: create it with --configmap and -l", name)
 		}
+		pool = &v1alpha1.KubeletConfigPool{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "KubeletConfigPool"},
+			ObjectMeta: metav1.ObjectMeta{Name: name}}
 	}
-	fmt.Fprintf(o.io.Out, "rolling out %s/%s (UID %s, ResourceVersion %s) to %d of %d nodes, %d at a time\n",
-		ns, name, target.UID, target.ResourceVersion, len(todo), len(nodes), size)
-	var updated []string
-	for b, batch := range batches(todo, size) {
-		var names []string
-		for i := range batch {
-			src := &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: ns, Name: name, KubeletConfigKey: key}}
-			if _, err := o.setSource(ctx, &batch[i], src); err != nil {
-				return fmt.Errorf("assign node %s: %w", batch[i].Name, err)
+	if err := applyPoolFlags(&pool.Spec, f, creating); err != nil {
+		return err
+	}
+	// The ConfigMap is read here too, so that a typo fails now rather than as the pool's ConfigInvalid.
+	ref := pool.Spec.ConfigMap
+	cm, err := o.client.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("configmap %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	if _, ok := cm.Data[ref.KubeletConfigKey]; !ok {
+		return fmt.Errorf("configmap %s/%s has no key %q", ref.Namespace, ref.Name, ref.KubeletConfigKey)
+	}
+	want := v1alpha1.RevisionName(ref.Namespace, ref.KubeletConfigKey, cm.Data)
+	if creating {
+		pool, err = o.createPool(ctx, pool)
+	} else {
+		pool, err = o.modifyPool(ctx, name, func(p *v1alpha1.KubeletConfigPool) error { return applyPoolFlags(&p.Spec, f, false) })
+	}
+	if err != nil {
+		return err
+	}
+	verb := "updated"
+	if creating {
+		verb = "created"
+	}
+	fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s %s: %s/%s key %s, revision %s\n", name, verb, ref.Namespace, ref.Name, ref.KubeletConfigKey, want)
+	if !f.wait {
+		return nil
+	}
+	return o.follow(ctx, name, pool.Generation, want, f.timeout, f.poll)
+}
+
+// applyPoolFlags sets the spec fields whose flags were given (every field when creating).
+func applyPoolFlags(spec *v1alpha1.KubeletConfigPoolSpec, f poolFlags, creating bool) error {
+	set := func(flag string) bool { return creating || f.changed(flag) }
+	if f.configMap != "" || set("key") {
+		ns, name := spec.ConfigMap.Namespace, spec.ConfigMap.Name
+		if f.configMap != "" {
+			var err error
+			if ns, name, err = parseConfigMap(f.configMap); err != nil {
+				return err
 			}
-			names = append(names, batch[i].Name)
 		}
-		fmt.Fprintf(o.io.Out, "batch %d: %s\n", b+1, strings.Join(names, ", "))
-		if node, why := o.waitBatch(ctx, names, target, key, timeout, poll); node != "" {
-			msg := fmt.Sprintf(`rollout paused at batch %d: node %s: %s
-nodes on the new config: %s
-to resume after fixing the ConfigMap or the node, run the same command again (done nodes are skipped);
-to roll the batch back: kubectl dkc assign %s --configmap <previous NAMESPACE/NAME>, or kubectl dkc reset %s`,
-				b+1, node, why, strings.Join(updated, ", "), strings.Join(names, " "), strings.Join(names, " "))
-			fmt.Fprintln(o.io.ErrOut, msg)
-			return &ErrPaused{Message: fmt.Sprintf("rollout paused at batch %d: node %s: %s", b+1, node, why)}
+		key := spec.ConfigMap.KubeletConfigKey
+		if set("key") || key == "" {
+			key = f.key
 		}
-		updated = append(updated, names...)
-		fmt.Fprintf(o.io.Out, "batch %d done\n", b+1)
+		spec.ConfigMap = v1alpha1.ConfigMapReference{Namespace: ns, Name: name, KubeletConfigKey: key}
 	}
-	fmt.Fprintf(o.io.Out, "rollout complete: %d nodes run %s/%s@%s\n", len(nodes), ns, name, target.ResourceVersion)
+	if set("selector") {
+		sel, err := metav1.ParseToLabelSelector(f.selector)
+		if err != nil {
+			return fmt.Errorf("-l %q: %w", f.selector, err)
+		}
+		spec.NodeSelector = *sel
+	}
+	if set("max-unavailable") {
+		mu := intstr.Parse(f.maxUnavailable)
+		if _, err := intstr.GetScaledValueFromIntOrPercent(&mu, 100, false); err != nil {
+			return fmt.Errorf("--max-unavailable: %w", err)
+		}
+		spec.MaxUnavailable = &mu
+	}
+	if set("max-failures") {
+		spec.MaxFailures = &f.maxFailures
+	}
+	if set("node-timeout") {
+		spec.NodeTimeout = &metav1.Duration{Duration: f.nodeTimeout}
+	}
+	if set("pause-between-batches") && (f.pauseBetween > 0 || spec.PauseBetweenBatches != nil) {
+		spec.PauseBetweenBatches = &metav1.Duration{Duration: f.pauseBetween}
+	}
 	return nil
 }
 
-// batchSize is how many nodes change at once: --max-unavailable of the selected nodes (a percentage rounds
-// down, as a Deployment's maxUnavailable does), at least one.
-func batchSize(maxUnavailable intstr.IntOrString, selected int) (int, error) {
-	size, err := intstr.GetScaledValueFromIntOrPercent(&maxUnavailable, selected, false)
-	if err != nil {
-		return 0, fmt.Errorf("--max-unavailable: %w", err)
+// verdict is what a followed rollout's pool says: done (err nil: complete or paused; err set: stopped),
+// or not yet, with a line describing where it is.
+func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (line string, done bool, err error) {
+	n := p.Status.Nodes
+	rev := p.Status.CurrentRevision
+	if rev == "" {
+		rev = "<none>"
 	}
-	return max(size, 1), nil
+	line = fmt.Sprintf("revision %s: %d of %d nodes updated, %d in progress, %d failed, %d held", rev, n.Updated, n.Selected, n.InProgress, n.Failed, n.Held)
+	if p.Status.ObservedGeneration < generation {
+		return "waiting for dkc-server to see the pool's generation " + fmt.Sprint(generation), false, nil
+	}
+	cond := func(t string) *metav1.Condition { return meta.FindStatusCondition(p.Status.Conditions, t) }
+	if c := cond(v1alpha1.ConditionConfigInvalid); c != nil && c.Status == metav1.ConditionTrue {
+		return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: c.Reason, Message: c.Message}
+	}
+	if revision != "" && p.Status.CurrentRevision != revision {
+		// An in-place edit is seen by the controller after the ConfigMap's watch event, not with a generation.
+		return fmt.Sprintf("waiting for dkc-server to take revision %s (current %s)", revision, rev), false, nil
+	}
+	if c := cond(v1alpha1.ConditionHalted); c != nil && c.Status == metav1.ConditionTrue {
+		return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: c.Reason, Message: c.Message}
+	}
+	if c := cond(v1alpha1.ConditionUpdated); c != nil && c.Status == metav1.ConditionTrue {
+		return fmt.Sprintf("rollout complete: %d nodes run revision %s", n.Updated, rev), true, nil
+	}
+	if p.Spec.Paused {
+		return line + "; paused (kubectl dkc rollout resume " + p.Name + ")", true, nil
+	}
+	if c := cond(v1alpha1.ConditionUpdating); c != nil && c.Status == metav1.ConditionTrue && c.Reason != v1alpha1.ReasonRollingOut {
+		line += " (" + c.Reason + ")"
+	}
+	if c := cond(v1alpha1.ConditionDegraded); c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonSelectorOverlap {
+		line += "; " + c.Message
+	}
+	return line, false, nil
 }
 
-// batches splits items, in order, into batches of size (the last may be smaller; size < 1 counts as 1).
-func batches[T any](items []T, size int) [][]T {
-	size = max(size, 1)
-	var out [][]T
-	for i := 0; i < len(items); i += size {
-		out = append(out, items[i:min(i+size, len(items))])
-	}
-	return out
-}
-
-// waitBatch returns "" when every node is done, else the first failing node and why.
-func (o *Options) waitBatch(ctx context.Context, names []string, cm *corev1.ConfigMap, key string, timeout, poll time.Duration) (string, string) {
-	deadline := time.Now().Add(timeout)
+// follow prints the pool's progress as it changes until verdict says done, or timeout.
+func (o *Options) follow(ctx context.Context, name string, generation int64, revision string, timeout, poll time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	last := ""
 	for {
-		pending, why := "", ""
-		for _, n := range names {
-			node, err := o.client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
-			if err != nil {
-				// An apiserver restart or a network blip is not the node failing: keep waiting.
-				if pending == "" {
-					pending, why = n, err.Error()
+		p, err := o.getPool(ctx, name)
+		switch {
+		case err == nil:
+			line, done, verr := verdict(p, generation, revision)
+			if line != last {
+				fmt.Fprintf(o.io.Out, "%s %s\n", time.Now().Format(time.TimeOnly), line)
+				last = line
+			}
+			if done {
+				if verr != nil {
+					o.explainStop(p)
 				}
-				continue
+				return verr
 			}
-			done, failed := nodeDone(node, cm, key)
-			if failed != "" {
-				return n, failed
-			}
-			if !done && pending == "" {
-				pending = n
-			}
-		}
-		if pending == "" {
-			return "", ""
-		}
-		if time.Now().After(deadline) {
-			if why != "" {
-				return pending, why
-			}
-			return pending, fmt.Sprintf("not active with ConfigOK and Ready after %v", timeout)
+		case apierrors.IsNotFound(err):
+			return fmt.Errorf("kubeletconfigpool %s was deleted", name)
+		case !transient(err) && ctx.Err() == nil:
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return pending, ctx.Err().Error()
+			return fmt.Errorf("kubeletconfigpool %s: not done after %v (the rollout goes on; follow it with kubectl dkc rollout status %s): %s",
+				name, timeout, name, last)
 		case <-time.After(poll):
 		}
 	}
+}
+
+// explainStop writes, for a pool that stopped, which nodes failed and what the operator can do.
+func (o *Options) explainStop(p *v1alpha1.KubeletConfigPool) {
+	w := o.io.ErrOut
+	for _, f := range p.Status.FailedNodes {
+		fmt.Fprintf(w, "  node %s failed revision %s (%s): %s\n", f.Name, f.Revision, f.Reason, f.Error)
+	}
+	if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionConfigInvalid); c != nil && c.Status == metav1.ConditionTrue {
+		fmt.Fprintf(w, "no node was touched for this config; fix the ConfigMap (or point the pool at another) and run kubectl dkc rollout %s again\n", p.Name)
+		return
+	}
+	fmt.Fprintln(w, "failed nodes run their last-known-good config; nodes not yet assigned were not touched.")
+	if p.Status.PreviousRevision != "" {
+		fmt.Fprintf(w, "to roll back:   kubectl dkc rollout undo %s   (revision %s)\n", p.Name, p.Status.PreviousRevision)
+	}
+	fmt.Fprintf(w, "to go on:       kubectl dkc rollout retry %s   (failures so far stop counting)\n", p.Name)
+	fmt.Fprintf(w, "to fix forward: edit the ConfigMap, or kubectl dkc rollout %s --configmap NAMESPACE/NAME\n", p.Name)
+}
+
+func (o *Options) rolloutStatusCommand() *cobra.Command {
+	var f poolFlags
+	cmd := &cobra.Command{
+		Use:   "status POOL",
+		Short: "Show a pool's rollout, and follow it until it is done, halts or is paused",
+		Long: `status prints the pool's revision, node counts and conditions, and the nodes that failed. With --wait
+(the default) it then follows the rollout like rollout POOL does: exit 0 when every selected node runs the
+current revision or the pool is paused, 1 when the pool halted or its config cannot be rolled out.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := o.getPool(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if o.output != "table" && o.output != "" {
+				return o.print(o.io.Out, p)
+			}
+			o.describePool(p)
+			if !f.wait {
+				return nil
+			}
+			return o.follow(cmd.Context(), p.Name, p.Generation, "", f.timeout, f.poll)
+		},
+	}
+	addFollowFlags(cmd, &f)
+	return cmd
+}
+
+// describePool prints the pool as status shows it.
+func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
+	w := tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
+	ref := p.Spec.ConfigMap
+	sel, _ := metav1.LabelSelectorAsSelector(&p.Spec.NodeSelector)
+	fmt.Fprintf(w, "Pool:\t%s\n", p.Name)
+	fmt.Fprintf(w, "Config:\t%s/%s key %s\n", ref.Namespace, ref.Name, ref.KubeletConfigKey)
+	fmt.Fprintf(w, "Nodes:\t%s\n", sel)
+	mu := p.Spec.MaxUnavailableOrDefault()
+	fmt.Fprintf(w, "Max unavailable:\t%s\tmax failures: %d\tnode timeout: %v\tpaused: %v\n", mu.String(), p.Spec.MaxFailuresOrDefault(), p.Spec.NodeTimeoutOrDefault(), p.Spec.Paused)
+	fmt.Fprintf(w, "Revision:\t%s\tprevious: %s\n", orNone(p.Status.CurrentRevision), orNone(p.Status.PreviousRevision))
+	n := p.Status.Nodes
+	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d in progress\t%d failed\t%d held\n", n.Selected, n.Updated, n.Ready, n.InProgress, n.Failed, n.Held)
+	_ = w.Flush()
+	w = tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CONDITION\tSTATUS\tREASON\tAGE\tMESSAGE")
+	for _, c := range p.Status.Conditions {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Type, c.Status, c.Reason, duration.HumanDuration(time.Since(c.LastTransitionTime.Time)), c.Message)
+	}
+	_ = w.Flush()
+	if len(p.Status.FailedNodes) > 0 {
+		w = tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "FAILED NODE\tREVISION\tREASON\tCOUNTS\tERROR")
+		for _, f := range p.Status.FailedNodes {
+			counts := "yes"
+			if f.Retry != p.Spec.Retry {
+				counts = "no (retried)"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", f.Name, f.Revision, f.Reason, counts, f.Error)
+		}
+		_ = w.Flush()
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "<none>"
+	}
+	return s
+}
+
+func (o *Options) rolloutPauseCommand(pause bool) *cobra.Command {
+	use, short := "resume POOL", "Let a paused pool assign nodes again"
+	if pause {
+		use, short = "pause POOL", "Stop a pool assigning nodes; nodes already assigned carry on and are still judged"
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			patch := fmt.Sprintf(`{"spec":{"paused":%t}}`, pause)
+			if _, err := o.patchPool(cmd.Context(), args[0], []byte(patch)); err != nil {
+				return err
+			}
+			verb := "resumed"
+			if pause {
+				verb = "paused"
+			}
+			fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s %s\n", args[0], verb)
+			return nil
+		},
+	}
+}
+
+func (o *Options) rolloutRetryCommand() *cobra.Command {
+	var f poolFlags
+	cmd := &cobra.Command{
+		Use:   "retry POOL",
+		Short: "Let a halted pool go on: the failures so far stop counting against maxFailures",
+		Long: `retry sets the pool's spec.retry to one more. The nodes that failed stay listed and are not assigned
+again (they run their last-known-good config); the others are rolled out to, until maxFailures new
+failures halt the pool again.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := o.modifyPool(cmd.Context(), args[0], func(p *v1alpha1.KubeletConfigPool) error {
+				p.Spec.Retry++
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s retried (retry %d)\n", p.Name, p.Spec.Retry)
+			if !f.wait {
+				return nil
+			}
+			return o.follow(cmd.Context(), p.Name, p.Generation, "", f.timeout, f.poll)
+		},
+	}
+	addFollowFlags(cmd, &f)
+	return cmd
+}
+
+func (o *Options) rolloutUndoCommand() *cobra.Command {
+	var f poolFlags
+	var to string
+	cmd := &cobra.Command{
+		Use:   "undo POOL [--to-revision REVISION]",
+		Short: "Roll a pool back to its previous revision (or another kept one)",
+		Long: `undo points the pool's spec.configMap at the snapshot of its previous revision (or of --to-revision;
+kubectl dkc rollout history lists them), which is rolled out like any revision, and follows it. A halted
+pool goes on with it: failures of another revision do not count.
+
+The pool's spec then names the snapshot, not your ConfigMap: point it back with rollout POOL --configmap
+once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the change in Git instead.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			var rev string
+			var from v1alpha1.ConfigMapReference
+			var snap *corev1.ConfigMap
+			p, err := o.modifyPool(ctx, args[0], func(p *v1alpha1.KubeletConfigPool) error {
+				if rev = to; rev == "" {
+					if rev = p.Status.PreviousRevision; rev == "" {
+						return fmt.Errorf("kubeletconfigpool %s has no previous revision to go back to", p.Name)
+					}
+				}
+				var err error
+				if snap, err = o.snapshot(ctx, p.Name, rev); err != nil {
+					return err
+				}
+				if _, ok := snap.Data[p.Spec.ConfigMap.KubeletConfigKey]; !ok {
+					return fmt.Errorf("revision %s (%s/%s) has no key %q", rev, snap.Namespace, snap.Name, p.Spec.ConfigMap.KubeletConfigKey)
+				}
+				from = p.Spec.ConfigMap
+				p.Spec.ConfigMap = v1alpha1.ConfigMapReference{Namespace: snap.Namespace, Name: snap.Name, KubeletConfigKey: from.KubeletConfigKey}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s rolled back to revision %s: configMap %s/%s → %s/%s\n", p.Name, rev, from.Namespace, from.Name, snap.Namespace, snap.Name)
+			if !f.wait {
+				return nil
+			}
+			return o.follow(ctx, p.Name, p.Generation, rev, f.timeout, f.poll)
+		},
+	}
+	cmd.Flags().StringVar(&to, "to-revision", "", "the revision to go back to (default: the previous one)")
+	addFollowFlags(cmd, &f)
+	return cmd
+}
+
+// snapshot finds the snapshot ConfigMap of the pool's revision, in whichever namespace it was taken.
+func (o *Options) snapshot(ctx context.Context, pool, rev string) (*corev1.ConfigMap, error) {
+	list, err := o.client.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		LabelSelector: v1alpha1.LabelPool + "=" + pool + "," + v1alpha1.LabelRevision + "=" + rev})
+	if err != nil {
+		return nil, fmt.Errorf("list the revisions of kubeletconfigpool %s: %w", pool, err)
+	}
+	for i := range list.Items {
+		if cm := &list.Items[i]; cm.Name == v1alpha1.SnapshotName(pool, rev) {
+			return cm, nil
+		}
+	}
+	return nil, fmt.Errorf("kubeletconfigpool %s has no revision %s (kubectl dkc rollout history %s lists those kept)", pool, rev, pool)
+}
+
+func (o *Options) rolloutHistoryCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "history POOL",
+		Short: "List a pool's kept revisions, newest first",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			p, err := o.getPool(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			list, err := o.client.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + p.Name})
+			if err != nil {
+				return fmt.Errorf("list the revisions of kubeletconfigpool %s: %w", p.Name, err)
+			}
+			revs := list.Items
+			sort.Slice(revs, func(i, j int) bool { return revs[j].CreationTimestamp.Before(&revs[i].CreationTimestamp) })
+			w := tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "REVISION\tSNAPSHOT\tCREATED\tSTATE")
+			for _, cm := range revs {
+				rev := cm.Labels[v1alpha1.LabelRevision]
+				state := ""
+				switch rev {
+				case p.Status.CurrentRevision:
+					state = "current"
+				case p.Status.PreviousRevision:
+					state = "previous"
+				}
+				fmt.Fprintf(w, "%s\t%s/%s\t%s\t%s\n", rev, cm.Namespace, cm.Name, duration.HumanDuration(time.Since(cm.CreationTimestamp.Time))+" ago", state)
+			}
+			return w.Flush()
+		},
+	}
+}
+
+// The pool's REST calls, over the dynamic client (one resource does not need a generated clientset).
+
+func (o *Options) getPool(ctx context.Context, name string) (*v1alpha1.KubeletConfigPool, error) {
+	u, err := o.dyn.Resource(poolResource).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, poolError(name, err)
+	}
+	return fromUnstructured(u)
+}
+
+func (o *Options) createPool(ctx context.Context, p *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
+	u, err := toUnstructured(p)
+	if err != nil {
+		return nil, err
+	}
+	if u, err = o.dyn.Resource(poolResource).Create(ctx, u, metav1.CreateOptions{FieldManager: fieldManager}); err != nil {
+		return nil, fmt.Errorf("create kubeletconfigpool %s: %w", p.Name, err)
+	}
+	return fromUnstructured(u)
+}
+
+// modifyPool reads the pool, lets change edit it and writes it back, again on a Conflict: the controller's
+// status writes change the pool's resourceVersion all through a rollout.
+func (o *Options) modifyPool(ctx context.Context, name string, change func(*v1alpha1.KubeletConfigPool) error) (*v1alpha1.KubeletConfigPool, error) {
+	var out *v1alpha1.KubeletConfigPool
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p, err := o.getPool(ctx, name)
+		if err != nil {
+			return err
+		}
+		if err := change(p); err != nil {
+			return err
+		}
+		u, err := toUnstructured(p)
+		if err != nil {
+			return err
+		}
+		if u, err = o.dyn.Resource(poolResource).Update(ctx, u, metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
+			return fmt.Errorf("update kubeletconfigpool %s: %w", name, err) // a Conflict stays one (errors.As)
+		}
+		out, err = fromUnstructured(u)
+		return err
+	})
+	return out, err
+}
+
+func (o *Options) patchPool(ctx context.Context, name string, patch []byte) (*v1alpha1.KubeletConfigPool, error) {
+	u, err := o.dyn.Resource(poolResource).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
+	if err != nil {
+		return nil, poolError(name, err)
+	}
+	return fromUnstructured(u)
+}
+
+// fieldManager names kubectl-dkc's writes.
+const fieldManager = "kubectl-dkc"
+
+// poolError says what is missing when the CRD is not installed, rather than "the server could not find
+// the requested resource".
+func poolError(name string, err error) error {
+	var status apierrors.APIStatus
+	if apierrors.IsNotFound(err) && errors.As(err, &status) && (status.Status().Details == nil || status.Status().Details.Name == "") {
+		return fmt.Errorf("kubeletconfigpools are not served by this cluster (is dkc's CRD installed? kubectl apply -k deploy/crds): %w", err)
+	}
+	return fmt.Errorf("kubeletconfigpool %s: %w", name, err)
+}
+
+func toUnstructured(p *v1alpha1.KubeletConfigPool) (*unstructured.Unstructured, error) {
+	p.APIVersion, p.Kind = v1alpha1.GroupVersion.String(), "KubeletConfigPool"
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
+	if err != nil {
+		return nil, fmt.Errorf("encode kubeletconfigpool %s: %w", p.Name, err)
+	}
+	// status is the controller's: an update through the main resource ignores it, and leaving it out keeps
+	// the request small.
+	delete(m, "status")
+	return &unstructured.Unstructured{Object: m}, nil
+}
+
+func fromUnstructured(u *unstructured.Unstructured) (*v1alpha1.KubeletConfigPool, error) {
+	var p v1alpha1.KubeletConfigPool
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
+		return nil, fmt.Errorf("decode kubeletconfigpool %s: %w", u.GetName(), err)
+	}
+	return &p, nil
 }

@@ -1,6 +1,8 @@
 // Command demo walks the seed document's workflow ("Reconfigure a Node's Kubelet in a Live Cluster") on the
-// dev cluster's real node, printing each step, and exits non-zero at the first deviation. `make demo` starts
-// a fresh cluster (a 20s last-known-good trial, so the fallback can be shown), runs this and stops it.
+// dev cluster's real node, then, as its last act, the declarative workflow over every node: a
+// KubeletConfigPool rolled out, a bad revision halted at the first node, and undone, through the kubectl-dkc
+// built beside it. It prints each step and exits non-zero at the first deviation. `make demo` starts a fresh
+// cluster (a 20s last-known-good trial, so the fallback can be shown), runs this and stops it.
 package main
 
 import (
@@ -10,7 +12,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -28,10 +32,12 @@ import (
 )
 
 type demo struct {
-	client kubernetes.Interface
-	node   string
-	start  time.Time
-	step   int
+	client     kubernetes.Interface
+	node       string
+	kubeconfig string
+	kubectlDKC string // the plugin binary
+	start      time.Time
+	step       int
 }
 
 func (d *demo) say(format string, args ...any) {
@@ -46,6 +52,7 @@ func (d *demo) title(format string, args ...any) {
 func main() {
 	kubeconfig := flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "admin kubeconfig of the dev cluster")
 	node := flag.String("node", "node-1", "the real node to reconfigure")
+	plugin := flag.String("kubectl-dkc", besideMe("kubectl-dkc"), "the kubectl-dkc binary the last act runs")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -54,14 +61,17 @@ func main() {
 		var client kubernetes.Interface
 		client, err = kubernetes.NewForConfig(cfg)
 		if err == nil {
-			err = (&demo{client: client, node: *node, start: time.Now()}).run(ctx)
+			d := &demo{client: client, node: *node, kubeconfig: *kubeconfig, kubectlDKC: *plugin, start: time.Now()}
+			if err = d.run(ctx); err == nil {
+				err = d.pool(ctx)
+			}
 		}
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "\nDEMO FAILED: %v\n", err)
 		os.Exit(1)
 	}
-	fmt.Println("\nDemo complete: every step behaved as the seed document describes.")
+	fmt.Println("\nDemo complete: every step behaved as the seed document describes, and the pool as docs/pools.md does.")
 }
 
 func (d *demo) run(ctx context.Context) error {
@@ -300,4 +310,125 @@ func (d *demo) showEvent(ctx context.Context, cm *corev1.ConfigMap) error {
 		}
 	}
 	return fmt.Errorf("no KubeletConfigChanged event for %s", cm.Name)
+}
+
+// besideMe is the path of name in this binary's directory (make build puts the binaries together).
+func besideMe(name string) string {
+	self, err := os.Executable()
+	if err != nil {
+		return name
+	}
+	return filepath.Join(filepath.Dir(self), name)
+}
+
+// dkc runs kubectl-dkc with args, printing the command and its output; wantFail says it must exit non-zero.
+func (d *demo) dkc(ctx context.Context, wantFail bool, args ...string) (string, error) {
+	d.say("$ kubectl dkc %s", strings.Join(args, " "))
+	out, err := exec.CommandContext(ctx, d.kubectlDKC, append([]string{"--kubeconfig", d.kubeconfig}, args...)...).CombinedOutput()
+	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		d.say("  %s", line)
+	}
+	var exit *exec.ExitError
+	switch {
+	case err != nil && !errors.As(err, &exit):
+		return "", fmt.Errorf("run %s: %w", d.kubectlDKC, err)
+	case wantFail && err == nil:
+		return "", fmt.Errorf("kubectl dkc %s succeeded, want it to fail", strings.Join(args, " "))
+	case !wantFail && err != nil:
+		return "", fmt.Errorf("kubectl dkc %s: %w", strings.Join(args, " "), err)
+	}
+	return string(out), nil
+}
+
+// pool is the last act: the declarative workflow over every node (docs/pools.md). A KubeletConfigPool rolls
+// a config out one node at a time; an in-place edit to a config the kubelets refuse halts at the first node,
+// the others untouched; undo rolls the pool back. The pool is then deleted and the nodes reset.
+func (d *demo) pool(ctx context.Context) error {
+	const pool, sel = "demo-pool", "kubernetes.io/os=linux"
+	running, err := d.configz(ctx)
+	if err != nil {
+		return err
+	}
+	node, err := d.client.CoreV1().Nodes().Get(ctx, d.node, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	kubelet := node.Status.NodeInfo.KubeletVersion
+	config := func(qps int) (string, error) {
+		c, err := configz.Config(kubelet, running, map[string]any{"eventRecordQPS": qps})
+		if err != nil {
+			return "", err
+		}
+		y, err := configz.YAML(c)
+		return string(y), err
+	}
+
+	d.title("Declare a KubeletConfigPool over every node (%s), rolled out one node at a time by dkc-server", sel)
+	good, err := config(7)
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "demo-pool-config", Namespace: "kube-system"}, Data: map[string]string{"kubelet": good}}
+	if cm, err = d.client.CoreV1().ConfigMaps("kube-system").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create configmap demo-pool-config: %w", err)
+	}
+	d.say("created kube-system/demo-pool-config (eventRecordQPS 7)")
+	if _, err := d.dkc(ctx, false, "rollout", pool, "--configmap", "kube-system/demo-pool-config", "-l", sel, "--max-unavailable", "1", "--timeout", "5m"); err != nil {
+		return err
+	}
+	if err := d.expectQPS(ctx, 7); err != nil {
+		return err
+	}
+
+	d.title("Edit the ConfigMap in place to a config the kubelets refuse (eventRecordQPS -1): the pool halts at the first node")
+	bad, err := config(-1)
+	if err != nil {
+		return err
+	}
+	if cm, err = d.client.CoreV1().ConfigMaps("kube-system").Get(ctx, cm.Name, metav1.GetOptions{}); err != nil {
+		return err
+	}
+	cm.Data["kubelet"] = bad
+	if _, err := d.client.CoreV1().ConfigMaps("kube-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update configmap demo-pool-config: %w", err)
+	}
+	out, err := d.dkc(ctx, true, "rollout", pool, "--timeout", "3m")
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(out, "FailureBudgetExhausted") {
+		return fmt.Errorf("the rollout did not halt on the failure budget")
+	}
+	if _, err := d.dkc(ctx, false, "rollout", "status", pool, "--wait=false"); err != nil {
+		return err
+	}
+	if _, err := d.dkc(ctx, false, "status", "-l", sel); err != nil {
+		return err
+	}
+
+	d.title("Undo: back to the previous revision on every node")
+	if _, err := d.dkc(ctx, false, "rollout", "undo", pool, "--timeout", "3m"); err != nil {
+		return err
+	}
+	if _, err := d.dkc(ctx, false, "rollout", "history", pool); err != nil {
+		return err
+	}
+	if err := d.expectQPS(ctx, 7); err != nil {
+		return err
+	}
+
+	d.title("Delete the pool (the nodes keep their config), then reset the nodes to their local config")
+	d.say("$ kubectl delete kubeletconfigpool %s", pool)
+	if err := d.client.CoreV1().RESTClient().Delete().AbsPath("/apis/dkc.dev/v1alpha1/kubeletconfigpools/" + pool).Do(ctx).Error(); err != nil {
+		return fmt.Errorf("delete kubeletconfigpool %s: %w", pool, err)
+	}
+	if _, err := d.dkc(ctx, false, "reset", "-l", sel); err != nil {
+		return err
+	}
+	if _, err := d.waitStatus(ctx, "the local config again", func(s corev1.NodeConfigStatus) bool {
+		return s.Assigned == nil && s.Active == nil && s.Error == ""
+	}); err != nil {
+		return err
+	}
+	return nil
 }

@@ -41,41 +41,6 @@ func kubectlDKC(ctx context.Context, args ...string) (string, error) {
 	return out.String(), err
 }
 
-// TestRolloutCompletesThroughServerRolloutRestart: `kubectl rollout restart deployment/dkc-server` while
-// `kubectl dkc rollout` moves the nodes one at a time; the rollout completes and each kubelet restarts once.
-func TestRolloutCompletesThroughServerRolloutRestart(t *testing.T) {
-	resetAfter(t)
-	before := map[string]int{}
-	for _, n := range nodes {
-		before[n] = kubeletStarts(t, n)
-	}
-	cm := createConfig(t, "installed-rollout", "node-1", 41)
-	type result struct {
-		out string
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		out, err := kubectlDKC(ctxFor(t), "rollout", "--configmap", "kube-system/installed-rollout", "-l", "kubernetes.io/os=linux", "--max-unavailable", "1", "--timeout", "4m")
-		done <- result{out, err}
-	}()
-	time.Sleep(time.Second)
-	if out, err := kubectl(t, "-n", "kube-system", "rollout", "restart", "deployment/dkc-server"); err != nil {
-		t.Fatalf("rollout restart: %v\n%s", err, out)
-	}
-	r := <-done
-	if r.err != nil || !strings.Contains(r.out, "rollout complete") {
-		t.Fatalf("kubectl dkc rollout: %v\n%s", r.err, r.out)
-	}
-	waitRolledOut(t, "deployment/dkc-server")
-	for _, n := range nodes {
-		waitRunning(t, n, cm, time.Minute)
-		if d := kubeletStarts(t, n) - before[n]; d != 1 {
-			t.Errorf("%s: kubelet started %d times, want 1", n, d)
-		}
-	}
-}
-
 // TestSidecarRollingUpdate: a new sidecar image rolls over the DaemonSet while both nodes run assigned
 // configs and node-1's sidecar is in its post-restart health wait for a new one. The wait is held open by
 // dropping the node's loopback traffic to the kubelet's /healthz and /configz (a kubelet that takes long to

@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/cli/plugin"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
@@ -118,46 +120,115 @@ func simConfigFor(t *testing.T, node, extra string) string {
 	return string(local) + extra
 }
 
-// TestKubectlDKCRolloutAcrossSimulatedNodes rolls one ConfigMap over the simulated nodes one at a time, then
-// rolls out a bad one: the rollout pauses at the first node, which falls back, and leaves the rest alone.
-func TestKubectlDKCRolloutAcrossSimulatedNodes(t *testing.T) {
-	const sel = "dkc.dev/simulated=true"
-	t.Cleanup(func() { _, _, _ = kubectlDKC(t, "reset", "-l", sel) })
-	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
-	good := createConfigMap(t, "cli-rollout-good", map[string]string{"kubelet": header + "eventRecordQPS: 33\n"})
-	g := "cli-rollout-good@" + good.ResourceVersion
+// snapshotOf is "name@resourceVersion" of the pool's revision snapshot, as a node's status names it.
+func snapshotOf(t *testing.T, pool, rev string) string {
+	t.Helper()
+	name := v1alpha1.SnapshotName(pool, rev)
+	return name + "@" + mustRV(t, name)
+}
 
-	out, errOut, err := kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-good", "-l", sel, "--max-unavailable", "40%", "--timeout", "1m")
-	if err != nil {
-		t.Fatalf("rollout: %v\n%s\n%s", err, out, errOut)
+// TestKubectlDKCRolloutDrivesAPool is the operator's workflow on three simulated nodes, every step through
+// `kubectl dkc rollout`, which writes a KubeletConfigPool and follows dkc-server rolling it out: a good
+// config to every node; an in-place edit to a config the nodes' kubelets refuse, one node at a time, which
+// halts at the first node with the node and its error named and the others untouched; retry, which goes on
+// to the next node and halts again; undo, back to the good revision on every node; pause, under which a new
+// config assigns nothing, and resume, which rolls it out; and history.
+func TestKubectlDKCRolloutDrivesAPool(t *testing.T) {
+	const pool = "cli-pool"
+	usePool(t, pool)
+	cm := createConfigMap(t, "cli-rollout", map[string]string{"kubelet": poolHeader + "eventRecordQPS: 33\n"})
+
+	out, errOut, err := kubectlDKC(t, "rollout", pool, "--configmap", "kube-system/cli-rollout", "-l", poolSelector, "--max-unavailable", "100%", "--timeout", "2m")
+	if err != nil || !strings.Contains(out, "kubeletconfigpool/"+pool+" created") || !strings.Contains(out, "rollout complete: 3 nodes run revision") {
+		t.Fatalf("rollout of a good config: %v\n%s\n%s", err, out, errOut)
 	}
-	for _, want := range []string{"to 5 of 5 nodes, 2 at a time", "batch 1: sim-1, sim-2", "batch 3: sim-5", "rollout complete"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("rollout output lacks %q:\n%s", want, out)
+	good := getPool(t, pool).Status.CurrentRevision
+	g := snapshotOf(t, pool, good)
+	for _, s := range poolSims() {
+		waitNodeStatus(t, s, g, g, g, "", 10*time.Second)
+	}
+
+	// One node at a time from now on; then the edit, followed by `rollout POOL` with no flags (it waits for
+	// the ConfigMap's new revision, not the one the pool had).
+	if out, errOut, err := kubectlDKC(t, "rollout", pool, "--max-unavailable", "1", "--wait=false"); err != nil {
+		t.Fatalf("rollout --max-unavailable 1: %v\n%s\n%s", err, out, errOut)
+	}
+	cm.Data["kubelet"] = poolHeader + "eventRecordQPS: -3\n"
+	if _, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Update(testContext(t), cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err = kubectlDKC(t, "rollout", pool, "--timeout", "2m")
+	var stopped *plugin.ErrRolloutStopped
+	if !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonFailureBudgetExhausted {
+		t.Fatalf("rollout of a config the kubelets refuse: err %v, want the pool halted\n%s\n%s", err, out, errOut)
+	}
+	p := getPool(t, pool)
+	if len(p.Status.FailedNodes) != 1 {
+		t.Fatalf("failed nodes %+v, want one", p.Status.FailedNodes)
+	}
+	first := p.Status.FailedNodes[0].Name
+	for _, want := range []string{"node " + first + " failed revision " + p.Status.CurrentRevision, string(nodeconfig.ValidateError),
+		"kubectl dkc rollout undo " + pool, "kubectl dkc rollout retry " + pool} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("the halt does not say %q:\n%s", want, errOut)
 		}
 	}
-	for _, n := range []string{"sim-1", "sim-2", "sim-3", "sim-4", "sim-5"} {
-		waitNodeStatus(t, n, g, g, "*", "", 10*time.Second)
+	for _, s := range poolSims() {
+		if s != first {
+			waitNodeStatus(t, s, g, g, g, "", 5*time.Second) // untouched
+		}
 	}
-	// Running it again resumes nothing: every node is done.
-	if out, _, err = kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-good", "-l", sel); err != nil || !strings.Contains(out, "to 0 of 5 nodes") {
-		t.Errorf("re-run: %v\n%s", err, out)
+	out, _, _ = kubectlDKC(t, "rollout", "status", pool, "--wait=false")
+	for _, want := range []string{"FAILED NODE", first, "Halted", v1alpha1.ReasonFailureBudgetExhausted, "previous: " + good} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rollout status lacks %q:\n%s", want, out)
+		}
 	}
 
-	// Let the good config pass its trial on sim-1: it is then what sim-1 falls back to.
-	waitNodeStatus(t, "sim-1", g, g, g, "", 2*time.Minute)
-	createConfigMap(t, "cli-rollout-bad", map[string]string{"kubelet": header + "eventRecordQPS: -3\n"})
-	out, errOut, err = kubectlDKC(t, "rollout", "--configmap", "kube-system/cli-rollout-bad", "-l", sel, "--max-unavailable", "1", "--timeout", "1m")
-	var paused *plugin.ErrPaused
-	if !errors.As(err, &paused) || !strings.Contains(paused.Message, "node sim-1") || !strings.Contains(paused.Message, string(nodeconfig.ValidateError)) {
-		t.Fatalf("bad rollout: err %v\n%s\n%s", err, out, errOut)
+	// retry: the first failure stops counting; the next node fails, and the pool halts again.
+	out, errOut, err = kubectlDKC(t, "rollout", "retry", pool, "--timeout", "2m")
+	if !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonFailureBudgetExhausted || !strings.Contains(out, "retried (retry 1)") {
+		t.Fatalf("retry: err %v, want the pool halted again\n%s\n%s", err, out, errOut)
 	}
-	if !strings.Contains(errOut, "to resume") || !strings.Contains(errOut, "kubectl dkc reset sim-1") {
-		t.Errorf("pause message does not say how to resume or roll back:\n%s", errOut)
+	if p = getPool(t, pool); len(p.Status.FailedNodes) != 2 {
+		t.Errorf("failed nodes after a retry %+v, want two", p.Status.FailedNodes)
 	}
-	// sim-1 keeps running the good config (its last-known-good); the other nodes were never touched.
-	waitNodeStatus(t, "sim-1", "cli-rollout-bad@"+mustRV(t, "cli-rollout-bad"), g, "*", string(nodeconfig.ValidateError), 30*time.Second)
-	for _, n := range []string{"sim-2", "sim-3", "sim-4", "sim-5"} {
-		waitNodeStatus(t, n, g, g, "*", "", 5*time.Second)
+
+	// undo: back to the good revision, everywhere.
+	out, errOut, err = kubectlDKC(t, "rollout", "undo", pool, "--timeout", "2m")
+	if err != nil || !strings.Contains(out, "rolled back to revision "+good) || !strings.Contains(out, "rollout complete") {
+		t.Fatalf("undo: %v\n%s\n%s", err, out, errOut)
+	}
+	if p = getPool(t, pool); p.Status.CurrentRevision != good || condition(p, v1alpha1.ConditionHalted).Status == metav1.ConditionTrue {
+		t.Errorf("after undo: revision %s (want %s), conditions %+v", p.Status.CurrentRevision, good, p.Status.Conditions)
+	}
+	for _, s := range poolSims() {
+		waitNodeStatus(t, s, g, g, g, "", 30*time.Second)
+	}
+
+	// pause: a new config assigns nothing; resume rolls it out.
+	if out, errOut, err := kubectlDKC(t, "rollout", "pause", pool); err != nil || !strings.Contains(out, "paused") {
+		t.Fatalf("pause: %v\n%s\n%s", err, out, errOut)
+	}
+	createConfigMap(t, "cli-rollout-next", map[string]string{"kubelet": poolHeader + "eventRecordQPS: 34\n"})
+	out, errOut, err = kubectlDKC(t, "rollout", pool, "--configmap", "kube-system/cli-rollout-next", "--max-unavailable", "100%", "--timeout", "1m")
+	if err != nil || !strings.Contains(out, "paused") {
+		t.Fatalf("rollout while paused: %v, want it to return saying so\n%s\n%s", err, out, errOut)
+	}
+	time.Sleep(3 * time.Second)
+	next := getPool(t, pool).Status.CurrentRevision
+	if assigned, _ := simsOn(t, v1alpha1.SnapshotName(pool, next)); len(assigned) != 0 {
+		t.Errorf("a paused pool assigned %v", assigned)
+	}
+	if out, errOut, err := kubectlDKC(t, "rollout", "resume", pool); err != nil || !strings.Contains(out, "resumed") {
+		t.Fatalf("resume: %v\n%s\n%s", err, out, errOut)
+	}
+	if out, errOut, err := kubectlDKC(t, "rollout", "status", pool, "--timeout", "2m"); err != nil || !strings.Contains(out, "rollout complete: 3 nodes run revision "+next) {
+		t.Fatalf("rollout status after resume: %v\n%s\n%s", err, out, errOut)
+	}
+
+	out, _, err = kubectlDKC(t, "rollout", "history", pool)
+	if err != nil || !strings.Contains(out, next+"  ") || !strings.Contains(out, "current") || !strings.Contains(out, good) {
+		t.Errorf("history: %v\n%s", err, out)
 	}
 }

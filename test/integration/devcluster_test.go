@@ -185,15 +185,14 @@ func clusterDir(t *testing.T, name string) string {
 }
 
 // startSecondCluster starts a complete cluster in dir next to the shared one, as `make up` does while tests
-// run: one real node under systemd-nspawn with its sidecar, the service, and simNodes simulated nodes.
+// run: one real node under systemd-nspawn with its sidecar, the service, and simNodes simulated nodes. It
+// runs the shared cluster's binaries, built from this checkout when the package started (a build of its
+// own, the kubelet checkers' included, cost most of a minute).
 func startSecondCluster(ctx context.Context, t *testing.T, dir, node string, simNodes int, progress io.Writer, opts ...func(*devcluster.Config)) (*devcluster.Cluster, error) {
 	t.Helper()
-	bins, err := devclustertest.Build(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := devcluster.Config{Dir: dir, RealNodes: []string{node}, ServiceBinary: bins["dkc-server"],
-		SidecarBinary: bins["dkc-sidecar"], FakeKubeletBinary: bins["fake-kubelet"], SimNodes: simNodes, Progress: progress}
+	bin := cluster.State().KubeletCheckDir // the shared cluster's sidecar's directory: every binary is there
+	cfg := devcluster.Config{Dir: dir, RealNodes: []string{node}, ServiceBinary: filepath.Join(bin, "dkc-server"),
+		SidecarBinary: filepath.Join(bin, "dkc-sidecar"), FakeKubeletBinary: filepath.Join(bin, "fake-kubelet"), SimNodes: simNodes, Progress: progress}
 	for _, o := range opts {
 		o(&cfg)
 	}

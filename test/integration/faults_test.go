@@ -4,9 +4,11 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +16,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/cli/plugin"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
@@ -62,24 +66,34 @@ func waitConnected(t *testing.T, limit time.Duration) time.Duration {
 	return time.Since(start)
 }
 
-// TestFaultsDuringRollouts restarts etcd, the apiserver and the config service, partitions the service,
-// and lets a ConfigMap vanish in the middle of rollouts over the simulated nodes. Invariants: every Node's
-// final status is right, no kubelet restarts without an assignment change, sidecars reconnect within 5s of
-// the service coming back, and no status update is lost.
+// TestFaultsDuringRollouts restarts etcd, the apiserver and the config service (whose pool controller
+// drives the rollouts), partitions the service, and lets a pool's ConfigMap vanish in the middle of rollouts
+// of a KubeletConfigPool over the simulated nodes. Invariants: every Node's final status is right, no
+// kubelet restarts without an assignment change, sidecars reconnect within 5s of the service coming back,
+// and no status update is lost.
 func TestFaultsDuringRollouts(t *testing.T) {
-	const sel = "dkc.dev/simulated=true"
+	const pool = "faults"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		_ = cluster.Signal("dkc-server", syscall.SIGCONT)
-		_, _, _ = kubectlDKC(t, "reset", "-l", sel)
-	})
-	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
-	a := createConfigMap(t, "faults-a", map[string]string{"kubelet": header + "eventRecordQPS: 41\n"})
-	if out, errOut, err := kubectlDKC(t, "rollout", "--configmap", "kube-system/faults-a", "-l", sel, "--max-unavailable", "100%"); err != nil {
-		t.Fatalf("baseline rollout: %v\n%s\n%s", err, out, errOut)
+	t.Cleanup(func() { _ = cluster.Signal("dkc-server", syscall.SIGCONT) })
+	usePoolOn(t, pool, sims())
+	rollout := func(cm, maxUnavailable string) error {
+		out, errOut, err := kubectlDKC(t, "rollout", pool, "--configmap", "kube-system/"+cm, "-l", poolSelector, "--max-unavailable", maxUnavailable, "--timeout", "3m")
+		if err != nil {
+			return fmt.Errorf("%w\n%s\n%s", err, out, errOut)
+		}
+		return nil
 	}
-	an := "faults-a@" + a.ResourceVersion
+	current := func() string {
+		rev := getPool(t, pool).Status.CurrentRevision
+		return snapshotOf(t, pool, rev)
+	}
+	header := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
+	createConfigMap(t, "faults-a", map[string]string{"kubelet": header + "eventRecordQPS: 41\n"})
+	if err := rollout("faults-a", "100%"); err != nil {
+		t.Fatalf("baseline rollout: %v", err)
+	}
+	an := current()
 	pids, events := simKubeletPIDs(t), restartEventCounts(t)
 	faults := 0
 
@@ -108,15 +122,11 @@ func TestFaultsDuringRollouts(t *testing.T) {
 		t.Errorf("kubelets restarted without an assignment change: %v → %v", pids, got)
 	}
 
-	// 2. A rollout of b while the service and the apiserver restart under it: it completes, each kubelet
-	// restarted exactly once.
-	b := createConfigMap(t, "faults-b", map[string]string{"kubelet": header + "eventRecordQPS: 42\n"})
-	bn := "faults-b@" + b.ResourceVersion
+	// 2. A rollout of b, two nodes at a time, while the service (and its pool controller) and the apiserver
+	// restart under it: it completes, each kubelet restarted exactly once.
+	createConfigMap(t, "faults-b", map[string]string{"kubelet": header + "eventRecordQPS: 42\n"})
 	done := make(chan error, 1)
-	go func() {
-		_, _, err := kubectlDKC(t, "rollout", "--configmap", "kube-system/faults-b", "-l", sel, "--max-unavailable", "1", "--timeout", "3m")
-		done <- err
-	}()
+	go func() { done <- rollout("faults-b", "2") }()
 	time.Sleep(1500 * time.Millisecond)
 	for _, p := range []string{"dkc-server", "kube-apiserver"} {
 		if err := cluster.Restart(ctx, p); err != nil {
@@ -127,6 +137,7 @@ func TestFaultsDuringRollouts(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("rollout through restarts: %v", err)
 	}
+	bn := current()
 	for _, s := range sims() {
 		waitNodeStatus(t, s, bn, bn, "*", "", time.Minute)
 	}
@@ -137,48 +148,57 @@ func TestFaultsDuringRollouts(t *testing.T) {
 		}
 	}
 
-	// 3. The ConfigMap of a rollout vanishes after its first batch: the rollout pauses; nodes that got it
-	// keep running it; the others keep b and say they cannot download.
-	c := createConfigMap(t, "faults-c", map[string]string{"kubelet": header + "eventRecordQPS: 43\n"})
-	cn := "faults-c@" + c.ResourceVersion
-	go func() {
-		_, _, err := kubectlDKC(t, "rollout", "--configmap", "kube-system/faults-c", "-l", sel, "--max-unavailable", "2", "--timeout", "1m")
-		done <- err
-	}()
-	waitNodeStatus(t, "sim-1", cn, cn, "*", "", time.Minute)
-	waitNodeStatus(t, "sim-2", cn, cn, "*", "", time.Minute)
+	// 3. The pool's ConfigMap vanishes while its first batch is in its trial: the pool stops (ConfigInvalid,
+	// ConfigMapNotFound) before the next batch. The nodes keep what they run, with no error: those that got
+	// c run its revision's snapshot, which the pool made and which did not vanish; the others keep b.
+	createConfigMap(t, "faults-c", map[string]string{"kubelet": header + "eventRecordQPS: 43\n"})
+	go func() { done <- rollout("faults-c", "2") }()
+	var cn string
+	for deadline := time.Now().Add(time.Minute); ; {
+		if p := getPool(t, pool); p.Status.CurrentRevision != "" {
+			if cn = snapshotOf(t, pool, p.Status.CurrentRevision); cn != bn && len(runningOn(t, cn)) >= 2 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first batch of c never ran it: %+v", getPool(t, pool).Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	if err := adminClient(t).CoreV1().ConfigMaps("kube-system").Delete(ctx, "faults-c", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	faults++
-	if err := <-done; err == nil || !strings.Contains(err.Error(), "failed to sync: failed to download config") {
-		t.Errorf("rollout with a vanished ConfigMap: %v, want a pause on the download error", err)
+	var stopped *plugin.ErrRolloutStopped
+	if err := <-done; !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonConfigMapNotFound {
+		t.Errorf("rollout whose ConfigMap vanished: %v, want the pool stopped with %s", err, v1alpha1.ReasonConfigMapNotFound)
 	}
-	const download = "failed to sync: failed to download config, see Kubelet log for details"
-	for _, s := range []string{"sim-1", "sim-2"} {
-		waitNodeStatus(t, s, cn, cn, "*", download, time.Minute)
+	// The nodes assigned c now stay the only ones: a pool that went on would assign more.
+	assigned, _ := simsOn(t, strings.Split(cn, "@")[0])
+	time.Sleep(5 * time.Second)
+	if later, _ := simsOn(t, strings.Split(cn, "@")[0]); len(later) != len(assigned) || len(assigned) < 2 {
+		t.Errorf("nodes assigned c: %v when the pool stopped, %v later; want the first batch's, unchanged", assigned, later)
 	}
-	// Whether the rollout reached a later batch before the ConfigMap vanished depends on timing: a node it
-	// did not reach runs b with no error; a node it reached after the deletion keeps b and says it cannot
-	// download; a node it reached just before the deletion (under load, the second batch can start while
-	// the test deletes) was assigned c and may already run it, and also says it cannot download.
-	for _, s := range []string{"sim-3", "sim-4", "sim-5"} {
-		deadline := time.Now().Add(time.Minute)
-		for {
-			st := nodeStatus(t, s)
-			keptB := srcName(st.Assigned) == bn && srcName(st.Active) == bn && (st.Error == "" || st.Error == download)
-			gotC := srcName(st.Assigned) == cn && (srcName(st.Active) == bn || srcName(st.Active) == cn) && st.Error == download
-			if keptB || gotC {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: assigned=%s active=%s error=%q; want b with no error or the download error, or c assigned with the download error",
-					s, srcName(st.Assigned), srcName(st.Active), st.Error)
-			}
-			time.Sleep(300 * time.Millisecond)
+	for _, s := range sims() {
+		want := bn
+		if slices.Contains(assigned, s) {
+			want = cn
 		}
+		waitNodeStatus(t, s, want, want, "*", "", time.Minute)
 	}
 	t.Logf("faults injected: %d; every node's final status checked; kubelet restarts matched assignment changes", faults)
+}
+
+// runningOn are the simulated nodes whose active config is name ("cm@rv").
+func runningOn(t *testing.T, name string) []string {
+	t.Helper()
+	var out []string
+	for _, s := range sims() {
+		if srcName(nodeStatus(t, s).Active) == name {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // TestNetworkCutOfTheRealNode takes the real node's link down (the veth of its network namespace, which we

@@ -81,19 +81,27 @@ func getPool(t *testing.T, name string) *v1alpha1.KubeletConfigPool {
 	return &p
 }
 
-// applyPool labels the pool's simulated nodes and applies the pool with kubectl (what a GitOps tool does);
-// at the test's end it deletes it and puts the nodes back on their local config, without the pool's label,
-// assignment record or revisions.
+// applyPool applies the pool with kubectl (what a GitOps tool does) on the nodes usePool labels.
 func applyPool(t *testing.T, manifest string) string {
 	t.Helper()
-	for _, s := range poolSims() {
+	usePool(t, strings.Fields(strings.SplitN(manifest, "name: ", 2)[1])[0])
+	return kubectl(t, manifest, "apply", "-f", "-")
+}
+
+// usePool labels the pool tests' simulated nodes (poolSelector) and, at the test's end, deletes the pool
+// name and puts the nodes back on their local config, without the label, the pool's assignment record or
+// its revisions.
+func usePool(t *testing.T, name string) { usePoolOn(t, name, poolSims()) }
+
+// usePoolOn is usePool on the given simulated nodes.
+func usePoolOn(t *testing.T, name string, nodes []string) {
+	t.Helper()
+	for _, s := range nodes {
 		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, poolLabel)
 		if _, err := adminClient(t).CoreV1().Nodes().Patch(testContext(t), s, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			t.Fatalf("label %s for the pool: %v", s, err)
 		}
 	}
-	out := kubectl(t, manifest, "apply", "-f", "-")
-	name := strings.Fields(strings.SplitN(manifest, "name: ", 2)[1])[0]
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -106,7 +114,7 @@ func applyPool(t *testing.T, manifest string) string {
 			time.Sleep(200 * time.Millisecond)
 		}
 		_, _, _ = kubectlDKC(t, "reset", "-l", poolSelector)
-		for _, s := range poolSims() {
+		for _, s := range nodes {
 			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null},"annotations":{%q:null}}}`, poolLabel, v1alpha1.AnnotationAssignment)
 			_, _ = adminClient(t).CoreV1().Nodes().Patch(ctx, s, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		}
@@ -115,7 +123,6 @@ func applyPool(t *testing.T, manifest string) string {
 		_ = adminClient(t).CoreV1().ConfigMaps("kube-system").DeleteCollection(ctx, metav1.DeleteOptions{},
 			metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + name})
 	})
-	return out
 }
 
 // simsOn are the pool's simulated nodes whose source is the ConfigMap name, and of them those that run it as

@@ -128,6 +128,8 @@ func TestInProgressCounter(t *testing.T) {
 		{forget: "n3", want: counts{1, 0, 2, 1, 1, 1}},
 		{forget: "n2", want: counts{1, 0, 2, 0, 0, 1}},
 		{forget: "gone", want: counts{1, 0, 2, 0, 0, 1}},
+		// A node assigned later, one in progress: the most stays what it was.
+		{node: poolNode("n4", snapA, shared, shared, true), want: counts{2, 1, 2, 0, 0, 1}},
 	} {
 		if step.node != nil {
 			counter.observe(step.node, t0.Add(time.Duration(i)*time.Second))
@@ -146,7 +148,7 @@ func TestInProgressCounter(t *testing.T) {
 	if got, want := counter.summary(b).first, t0.Add(9*time.Second); !got.Equal(want) {
 		t.Errorf("b first assigned at %v, want %v (step 9)", got, want)
 	}
-	if got := counter.eventCount(); got != 13 {
-		t.Errorf("%d events, want 13", got)
+	if got := counter.eventCount(); got != 14 {
+		t.Errorf("%d events, want 14", got)
 	}
 }

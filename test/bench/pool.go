@@ -23,6 +23,7 @@ import (
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // The pool phase is issue 27's figure: a KubeletConfigPool with maxUnavailable 10% rolled out by
@@ -103,6 +104,9 @@ func (r *run) pool(ctx context.Context) error {
 	if err := r.createConfigMaps(ctx, []string{poolConfig}, kubeletConfig); err != nil {
 		return err
 	}
+	if err := r.waitPoolLeader(ctx); err != nil {
+		return err
+	}
 	counter := newInProgressCounter()
 	stopWatching, err := r.watchPoolNodes(ctx, counter)
 	if err != nil {
@@ -179,6 +183,14 @@ func (r *run) followPool(ctx context.Context, pools dynamic.ResourceInterface, c
 				return f, fmt.Errorf("kubeletconfigpool %s halted after %v: %s (failed nodes %s)%s", poolName,
 					time.Since(created).Round(time.Second), c.Message, failedNodes(p), r.rec.failure())
 			}
+			if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionConfigInvalid); c != nil && c.Status == metav1.ConditionTrue {
+				return f, fmt.Errorf("kubeletconfigpool %s: its config is invalid: %s: %s", poolName, c.Reason, c.Message)
+			}
+			if p.Status.ObservedGeneration == 0 && time.Since(created) > 2*time.Minute {
+				// The leader was seen before the pool was created: a controller that syncs nothing is broken.
+				return f, fmt.Errorf("kubeletconfigpool %s has no status %v after its creation: dkc-server's pool controller did not sync it (see dkc-server's log)",
+					poolName, time.Since(created).Round(time.Second))
+			}
 			if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionUpdated); c != nil && c.Status == metav1.ConditionTrue &&
 				p.Status.ObservedGeneration == p.Generation {
 				f.updated = time.Now()
@@ -234,7 +246,9 @@ func conditions(p *v1alpha1.KubeletConfigPool) string {
 	return "[" + strings.Join(out, "; ") + "]"
 }
 
-// poolFigures records the rollout's figures. The Nodes' count is the counter's most on the revision's
+// poolFigures records the rollout's figures: its time is from the pool's creation to the first sample that
+// shows it Updated (at most poolSample late), the first assignment's from the creation to the Node watch
+// showing a node assigned the revision. The Nodes' count is the counter's most on the revision's
 // snapshot; it is waited for (briefly) to show every node proven, as the pool's status already does, so
 // that a watch that fell behind or a counter that misjudges nodes shows here rather than as a figure.
 func (r *run) poolFigures(ctx context.Context, counter *inProgressCounter, f poolFollowed, created time.Time, n, limit int) error {
@@ -248,33 +262,74 @@ func (r *run) poolFigures(ctx context.Context, counter *inProgressCounter, f poo
 	r.res.note("pool_trial_seconds", r.cfg.Trial.Seconds())
 	r.res.note("pool_status_samples", float64(f.samples))
 	r.res.note("pool_status_read_failures", float64(f.getFailures))
+	var settled error
 	if p.Status.Nodes.Selected != int32(n) || p.Status.Nodes.Updated != int32(n) {
-		return fmt.Errorf("kubeletconfigpool %s is Updated with nodes %+v, want all %d selected and updated", poolName, p.Status.Nodes, n)
+		settled = fmt.Errorf("kubeletconfigpool %s is Updated with nodes %+v, want all %d selected and updated", poolName, p.Status.Nodes, n)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		s := counter.summary(snapshot)
-		if s.assigned == n && s.inProgress == 0 {
+		if settled != nil || s.assigned == n && s.inProgress == 0 {
 			break
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("the pool is Updated, but its Nodes show %d of %d assigned %s and %d of those not yet proven", s.assigned, n, snapshot, s.inProgress)
+			settled = fmt.Errorf("the pool is Updated, but its Nodes show %d of %d assigned %s and %d of those not yet proven", s.assigned, n, snapshot, s.inProgress)
+			break
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
 	s := counter.summary(snapshot)
 	r.res.set("pool_max_in_progress_by_nodes", float64(s.max))
 	r.res.setGoal("pool_max_in_progress", goal{Op: "<=", Value: float64(limit)})
 	r.res.set("pool_max_in_progress", float64(max(int(f.maxStatus), s.max)))
-	r.res.note("pool_first_assignment_seconds", s.first.Sub(created).Seconds())
+	if !s.first.IsZero() {
+		r.res.note("pool_first_assignment_seconds", s.first.Sub(created).Seconds())
+	}
 	r.res.note("pool_node_events", float64(counter.eventCount()))
 	r.progress("pool: %d nodes updated in %.1f s (first assigned after %.1f s); at most %d in progress by the pool's status, %d by the Nodes; maxUnavailable %d",
 		n, f.updated.Sub(created).Seconds(), s.first.Sub(created).Seconds(), f.maxStatus, s.max, limit)
+	if settled != nil {
+		return settled
+	}
 	if s.max == 0 || f.maxStatus == 0 {
 		// Nothing ever in progress would make the goal vacuous: the counting is broken, not the pool.
 		return fmt.Errorf("no node was ever seen in progress (%d by the pool's status, %d by the Nodes)", f.maxStatus, s.max)
 	}
 	return nil
+}
+
+// waitPoolLeader waits until a dkc-server holds the pool controller's Lease (docs/design.md, "Leader
+// election"): the bench's dkc-server runs with the Deployment's flags, which leave leader election on, and a
+// dkc-server restarted by an earlier phase leads again once the Lease is released or expires (15 s). Lease
+// name and namespace are dkc-server's defaults as devcluster starts it (--namespace), unless the flags say
+// otherwise; with --leader-elect=false there is nothing to wait for.
+func (r *run) waitPoolLeader(ctx context.Context) error {
+	id, ns := "dkc-server-pools", devcluster.SidecarNamespace
+	for _, a := range r.res.ServiceArgs {
+		switch {
+		case a == "--leader-elect=false":
+			return nil
+		case strings.HasPrefix(a, "--leader-election-id="):
+			id = strings.TrimPrefix(a, "--leader-election-id=")
+		case strings.HasPrefix(a, "--leader-election-namespace="):
+			ns = strings.TrimPrefix(a, "--leader-election-namespace=")
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		l, err := r.client.CoordinationV1().Leases(ns).Get(ctx, id, metav1.GetOptions{})
+		if err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" && l.Spec.RenewTime != nil &&
+			l.Spec.LeaseDurationSeconds != nil && time.Since(l.Spec.RenewTime.Time) < time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
+			r.progress("pool: the pool controller leads as %s (Lease %s/%s)", *l.Spec.HolderIdentity, ns, id)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			state := "no holder, or not renewed"
+			if err != nil {
+				state = err.Error()
+			}
+			return fmt.Errorf("no dkc-server leads the pool controller a minute on: Lease %s/%s: %s (see dkc-server's log)", ns, id, state)
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // markPoolNodes labels nodes for the pool's selector and marks them Ready, as a healthy node's kubelet

@@ -13,7 +13,10 @@
 //     heap and stacks apart) and the control plane's in total; Node writes per node per assignment; one
 //     real sidecar's idle RSS as deployed (metrics on, a config assigned and active);
 //   - the most nodes on one replica (10,000): its memory against the Deployment's limit, propagation and
-//     fan-out at that size.
+//     fan-out at that size;
+//   - a KubeletConfigPool (issue 27) rolled out to 2,000 nodes with maxUnavailable 10% by dkc-server's pool
+//     controller: how long it takes, and the most nodes in progress at once, by the pool's status and by
+//     the Nodes, against maxUnavailable.
 //
 // The simulated nodes' fsyncs cost what this machine's disk costs one node (see DiskSimulated). Figures are
 // printed as a table and written to results.json with the git revision; goals are reported, never asserted.
@@ -68,6 +71,8 @@ type Config struct {
 	// PropagationNodes (1000), FanoutNodes (2000), ScaleNodes (5000) and MaxNodes (10,000): connected
 	// nodes in each phase.
 	PropagationNodes, FanoutNodes, ScaleNodes, MaxNodes int
+	// PoolNodes (2000, at most MaxNodes): the nodes the pool phase's KubeletConfigPool selects.
+	PoolNodes int
 	// Repetitions of the propagation measurement in one run (3); the goal is held on the worst.
 	Repetitions int
 	// Disk is where the simulated nodes' durable writes go: DiskSimulated (default) or DiskShared.
@@ -88,8 +93,8 @@ type Config struct {
 	// DiskWriters bounds concurrent durable writes of all simulated nodes together: 0 is 64 with DiskShared
 	// and unbounded with DiskSimulated (each node has its own disk); negative is unbounded.
 	DiskWriters int
-	// Phases to run, by short name: idle, propagation, fanout, watches, scale, max (default all); setup always
-	// runs.
+	// Phases to run, by short name: idle, propagation, fanout, watches, scale, max, pool (default all); setup
+	// always runs.
 	Phases   []string
 	Progress io.Writer
 }
@@ -106,6 +111,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxNodes == 0 {
 		c.MaxNodes = 10000
+	}
+	if c.PoolNodes == 0 {
+		c.PoolNodes = 2000
 	}
 	if c.Repetitions == 0 {
 		c.Repetitions = 3
@@ -186,6 +194,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	if cfg.MaxNodes < cfg.ScaleNodes || cfg.ScaleNodes < cfg.FanoutNodes || cfg.FanoutNodes < cfg.PropagationNodes {
 		return nil, errors.New("want PropagationNodes <= FanoutNodes <= ScaleNodes <= MaxNodes")
+	}
+	if cfg.PoolNodes > cfg.MaxNodes {
+		return nil, errors.New("want PoolNodes <= MaxNodes")
 	}
 	if cfg.Disk != DiskSimulated && cfg.Disk != DiskShared {
 		return nil, fmt.Errorf("disk %q: want %s or %s", cfg.Disk, DiskSimulated, DiskShared)
@@ -281,6 +292,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		{"watches and apiserver cost: dkc, then the per-node-watch design; one shared ConfigMap, then one per node", "watches", r.watches},
 		{"scale: dkc-server's memory per node", "scale", r.scale},
 		{"max: the most nodes on one replica", "max", r.maxNodes},
+		{"pool: a KubeletConfigPool rolled out by dkc-server's controller", "pool", r.pool},
 	} {
 		if phase.short != "setup" && len(cfg.Phases) > 0 && !slices.Contains(cfg.Phases, phase.short) {
 			continue

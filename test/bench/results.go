@@ -58,6 +58,9 @@ var goals = map[string]goal{
 	// After a fan-out to every node of one replica, until every Node shows the new config active: dkc with
 	// the Deployment's flags against a bare client making the same writes at full speed.
 	"fleet_status_ratio_dkc_over_bare_client_at_10000": {Op: "<=", Value: 1.5},
+	// Issue 27: a pool's nodes in progress at once, by its status and by the Nodes, never above its
+	// maxUnavailable: 10% of the pool's nodes (Config.PoolNodes), set at run time.
+	"pool_max_in_progress": {Op: "<=", Value: 200},
 }
 
 // peakGoal is the most RSS one replica may reach with 10,000 nodes, fan-out included.

@@ -34,7 +34,8 @@ func main() {
 	fs.IntVar(&cfg.PropagationRate, "propagation-rate", 25, "Node source changes per second in the propagation phase")
 	fs.DurationVar(&cfg.Trial, "trial", 0, "simulated nodes' trial duration before last-known-good (default 5s)")
 	cpuProfile := fs.String("cpuprofile", "", "write the benchmark process's own CPU profile (the simulated nodes) to this file")
-	phases := fs.String("phases", "", "comma-separated phases to run: idle, propagation, fanout, watches, scale, max (default all; setup always runs)")
+	fs.IntVar(&cfg.PoolNodes, "pool-nodes", 2000, "nodes the pool phase's KubeletConfigPool selects (at most -max-nodes)")
+	phases := fs.String("phases", "", "comma-separated phases to run: idle, propagation, fanout, watches, scale, max, pool (default all; setup always runs)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: bench [flags]\n\nRuns dkc's scale benchmark against a real local etcd, kube-apiserver and dkc-server,\nwith thousands of simulated nodes in this process, and prints the figures with their goals.")
 		fs.PrintDefaults()

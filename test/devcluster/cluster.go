@@ -66,6 +66,9 @@ type Config struct {
 	FakeKubeletBinary string
 	// TrialDuration is the sidecars' --trial-duration (DKC_TRIAL_DURATION); default 10m.
 	TrialDuration time.Duration
+	// SimTrialDuration is the simulated nodes' --trial-duration; default TrialDuration. Rollouts over many
+	// simulated nodes wait out a trial per batch.
+	SimTrialDuration time.Duration
 	// HealthTimeout is the sidecars' --health-timeout; default 60s.
 	HealthTimeout time.Duration
 	// NoKubeletStartLimit gives the real nodes' kubelet.service kubeadm's StartLimitIntervalSec=0 (no start

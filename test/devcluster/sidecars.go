@@ -31,6 +31,13 @@ func (c *Cluster) trialDuration() string {
 	return "10m0s"
 }
 
+func (c *Cluster) simTrialDuration() string {
+	if c.cfg.SimTrialDuration > 0 {
+		return c.cfg.SimTrialDuration.String()
+	}
+	return c.trialDuration()
+}
+
 func (c *Cluster) healthTimeout() string {
 	if c.cfg.HealthTimeout > 0 {
 		return c.cfg.HealthTimeout.String()

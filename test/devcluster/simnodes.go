@@ -147,7 +147,7 @@ done`, env, app.KubeletConfigVariable, c.KubeletConfigPath(s.Name), pidFile, c.c
 			"--restart-mode=signal",
 			"--kubelet-pid-file="+pidFile,
 			"--kubelet-host=127.0.0.1",
-			"--trial-duration="+c.trialDuration(),
+			"--trial-duration="+c.simTrialDuration(),
 			"--health-timeout=30s",
 			"--metrics-address=",
 		)

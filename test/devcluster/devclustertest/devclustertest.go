@@ -63,7 +63,8 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 	}
 	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, KubeVersion: os.Getenv("KUBE_VERSION"), KubeletVersions: versions,
 		ServiceBinary: bins["dkc-server"], SidecarBinary: bins["dkc-sidecar"],
-		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: SimNodes, TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
+		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: SimNodes, TrialDuration: TrialDuration, SimTrialDuration: SimTrialDuration,
+		HealthTimeout: HealthTimeout, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster: %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
 		return 1
@@ -218,6 +219,10 @@ const SimNodes = 5
 
 // TrialDuration is the sidecars' trial in test clusters: short, so that promotion can be tested.
 const TrialDuration = 20 * time.Second
+
+// SimTrialDuration is the simulated nodes' trial: shorter still, as the pool tests roll out over them and
+// wait a trial per batch; a stand-in kubelet starts in milliseconds.
+const SimTrialDuration = 10 * time.Second
 
 // HealthTimeout is the sidecars' health timeout in test clusters (a dev kubelet is healthy in ~2s).
 const HealthTimeout = 20 * time.Second

@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
@@ -42,8 +41,6 @@ const (
 	// poolSample is how often the pool's status is read.
 	poolSample = 250 * time.Millisecond
 )
-
-var poolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.Resource}
 
 // poolLimitOf is maxUnavailable resolved on n selected nodes as the planner resolves it: a percentage
 // rounds down, at least 1 (docs/design.md, "KubeletConfigPool").
@@ -117,7 +114,7 @@ func (r *run) pool(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create dynamic client: %w", err)
 	}
-	pools := dyn.Resource(poolResource)
+	pools := dyn.Resource(devcluster.PoolResource)
 
 	maxFailures := int32(1)
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&v1alpha1.KubeletConfigPool{

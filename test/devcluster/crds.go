@@ -10,10 +10,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
 )
 
 // CRDDir, relative to the repository root, holds dkc's CRDs as controller-gen writes them (make generate);
@@ -109,4 +112,38 @@ func waitEstablished(ctx context.Context, dyn dynamic.Interface, name string) er
 		return fmt.Errorf("CRD %s not established: %w", name, err)
 	}
 	return nil
+}
+
+// PoolResource is the REST resource of KubeletConfigPools.
+var PoolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.Resource}
+
+// Pools is a client of the cluster's KubeletConfigPools, for tests and the benchmark that write and follow
+// pools (a dynamic client: a generated clientset for one resource is not worth its code generator).
+func (c *Cluster) Pools() (dynamic.ResourceInterface, error) {
+	rc, err := c.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("create dynamic client: %w", err)
+	}
+	return dyn.Resource(PoolResource), nil
+}
+
+// KubeletConfigPool reads the pool name.
+func (c *Cluster) KubeletConfigPool(ctx context.Context, name string) (*v1alpha1.KubeletConfigPool, error) {
+	pools, err := c.Pools()
+	if err != nil {
+		return nil, err
+	}
+	u, err := pools.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get kubeletconfigpool %s: %w", name, err)
+	}
+	var p v1alpha1.KubeletConfigPool
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
+		return nil, fmt.Errorf("decode kubeletconfigpool %s: %w", name, err)
+	}
+	return &p, nil
 }

@@ -17,8 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
@@ -28,32 +26,22 @@ import (
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
-var poolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.Resource}
-
 func pools(t *testing.T) dynamic.ResourceInterface {
 	t.Helper()
-	rc, err := cluster.RESTConfig()
+	p, err := cluster.Pools()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dyn.Resource(poolResource)
+	return p
 }
 
 func getPool(t *testing.T, name string) *v1alpha1.KubeletConfigPool {
 	t.Helper()
-	u, err := pools(t).Get(ctxFor(t), name, metav1.GetOptions{})
+	p, err := cluster.KubeletConfigPool(ctxFor(t), name)
 	if err != nil {
-		t.Fatalf("get kubeletconfigpool %s: %v", name, err)
-	}
-	var p v1alpha1.KubeletConfigPool
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
 		t.Fatal(err)
 	}
-	return &p
+	return p
 }
 
 // deletePoolAtEnd deletes the pool when t ends, before resetAfter's reset (register it after): the pool

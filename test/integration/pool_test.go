@@ -14,8 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
@@ -36,8 +34,6 @@ const (
 
 func poolSims() []string { return sims()[:3] }
 
-var poolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.Resource}
-
 // poolHeader is what every simulated node's kubelet accepts (the CLI rollout tests' configs).
 const poolHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
 
@@ -55,30 +51,22 @@ spec:
 `, name, configMap, maxUnavailable)
 }
 
-func poolClient(t *testing.T) dynamic.NamespaceableResourceInterface {
+func poolClient(t *testing.T) dynamic.ResourceInterface {
 	t.Helper()
-	rc, err := cluster.RESTConfig()
+	pools, err := cluster.Pools()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dyn.Resource(poolResource)
+	return pools
 }
 
 func getPool(t *testing.T, name string) *v1alpha1.KubeletConfigPool {
 	t.Helper()
-	u, err := poolClient(t).Get(testContext(t), name, metav1.GetOptions{})
+	p, err := cluster.KubeletConfigPool(testContext(t), name)
 	if err != nil {
-		t.Fatalf("get kubeletconfigpool %s: %v", name, err)
-	}
-	var p v1alpha1.KubeletConfigPool
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
 		t.Fatal(err)
 	}
-	return &p
+	return p
 }
 
 // applyPool applies the pool with kubectl (what a GitOps tool does) on the nodes usePool labels.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -116,6 +117,7 @@ func (o *Options) rollout(ctx context.Context, name string, f poolFlags) error {
 		pool = &v1alpha1.KubeletConfigPool{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "KubeletConfigPool"},
 			ObjectMeta: metav1.ObjectMeta{Name: name}}
 	}
+	before := pool.Spec.DeepCopy()
 	if err := applyPoolFlags(&pool.Spec, f, creating); err != nil {
 		return err
 	}
@@ -129,17 +131,17 @@ func (o *Options) rollout(ctx context.Context, name string, f poolFlags) error {
 		return fmt.Errorf("configmap %s/%s has no key %q", ref.Namespace, ref.Name, ref.KubeletConfigKey)
 	}
 	want := v1alpha1.RevisionName(ref.Namespace, ref.KubeletConfigKey, cm.Data)
-	if creating {
+	verb := "unchanged"
+	switch {
+	case creating:
+		verb = "created"
 		pool, err = o.createPool(ctx, pool)
-	} else {
+	case !apiequality.Semantic.DeepEqual(before, &pool.Spec):
+		verb = "updated"
 		pool, err = o.modifyPool(ctx, name, func(p *v1alpha1.KubeletConfigPool) error { return applyPoolFlags(&p.Spec, f, false) })
 	}
 	if err != nil {
 		return err
-	}
-	verb := "updated"
-	if creating {
-		verb = "created"
 	}
 	fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s %s: %s/%s key %s, revision %s\n", name, verb, ref.Namespace, ref.Name, ref.KubeletConfigKey, want)
 	if !f.wait {
@@ -316,7 +318,7 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 	sel, _ := metav1.LabelSelectorAsSelector(&p.Spec.NodeSelector)
 	fmt.Fprintf(w, "Pool:\t%s\n", p.Name)
 	fmt.Fprintf(w, "Config:\t%s/%s key %s\n", ref.Namespace, ref.Name, ref.KubeletConfigKey)
-	fmt.Fprintf(w, "Nodes:\t%s\n", sel)
+	fmt.Fprintf(w, "Selector:\t%s\n", sel)
 	mu := p.Spec.MaxUnavailableOrDefault()
 	fmt.Fprintf(w, "Max unavailable:\t%s\tmax failures: %d\tnode timeout: %v\tpaused: %v\n", mu.String(), p.Spec.MaxFailuresOrDefault(), p.Spec.NodeTimeoutOrDefault(), p.Spec.Paused)
 	fmt.Fprintf(w, "Revision:\t%s\tprevious: %s\n", orNone(p.Status.CurrentRevision), orNone(p.Status.PreviousRevision))

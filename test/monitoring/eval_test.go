@@ -107,6 +107,15 @@ func TestAlertsFire(t *testing.T) {
 			by: "pod", want: []string{"a"},
 		},
 		{
+			// The leader's series; the replica that led before reset its own when it stopped leading.
+			name: "a halted pool, not a pool that halted once", alert: "DkcPoolHalted",
+			load: `
+  dkc_pool_halted{` + serverA + `, pool="blue"} 1x20
+  dkc_pool_halted{` + serverA + `, pool="green"} 0x20
+  dkc_pool_halts_total{` + serverA + `, pool="green"} 1x20`,
+			by: "pool", want: []string{"blue"},
+		},
+		{
 			name: "unauthenticated connections refused", alert: "DkcServerUnauthenticatedConnectionsRefused",
 			load: `
   dkc_server_unauthenticated_connections_refused_total{` + serverA + `} 0+100x20

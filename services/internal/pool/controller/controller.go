@@ -456,7 +456,7 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		assigned = append(assigned, node)
 	}
 	c.assignedEvent(pool, target, assigned)
-	c.cfg.Metrics.observe(pool.Name, p.Status.Nodes)
+	c.cfg.Metrics.observe(pool.Name, p.Status)
 	if !apiequality.Semantic.DeepEqual(pool.Status, p.Status) {
 		up := pool.DeepCopy()
 		up.Status = p.Status
@@ -513,7 +513,7 @@ func (c *Controller) events(pool *v1alpha1.KubeletConfigPool, st v1alpha1.Kubele
 		return n
 	}
 	if cond := became(v1alpha1.ConditionHalted); cond != nil {
-		c.cfg.Metrics.halted(pool.Name)
+		c.cfg.Metrics.countHalt(pool.Name)
 		c.log.Warn("pool halted", zap.String("pool", pool.Name), zap.String("message", cond.Message))
 		c.cfg.Recorder.Event(pool, corev1.EventTypeWarning, EventHalted, cond.Message)
 	}

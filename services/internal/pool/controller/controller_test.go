@@ -777,6 +777,13 @@ func TestEventsOnlyAfterTheStatusWrite(t *testing.T) {
 	if n := testutil.ToFloat64(h.c.cfg.Metrics.halts.WithLabelValues("blue")); n != 1 {
 		t.Errorf("halts_total %v, want 1", n)
 	}
+	if v := testutil.ToFloat64(h.c.cfg.Metrics.halted.WithLabelValues("blue")); v != 1 {
+		t.Errorf("dkc_pool_halted %v, want 1", v)
+	}
+	h.c.cfg.Metrics.forget("blue")
+	if n := testutil.CollectAndCount(h.c.cfg.Metrics.halted); n != 0 {
+		t.Errorf("%d dkc_pool_halted series after the pool went, want none", n)
+	}
 }
 
 // TestEventsPerBatch: many nodes failing at once make one NodeFailed Event, and a batch of assignments

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -183,9 +184,22 @@ func TestVerdict(t *testing.T) {
 			Status: v1alpha1.KubeletConfigPoolStatus{ObservedGeneration: observed, CurrentRevision: rev, Conditions: conds,
 				Nodes: v1alpha1.NodeCounts{Selected: 5, Updated: 2, InProgress: 1}}}
 	}
+	// settled: nothing more to assign, with failed nodes recorded at retry failedAt (the spec's is 1) and held ones.
+	settled := func(failedAt []int64, held int32) *v1alpha1.KubeletConfigPool {
+		p := pool(2, "r1", false, cond(v1alpha1.ConditionUpdating, metav1.ConditionFalse, v1alpha1.ReasonNothingToAssign),
+			cond(v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNodesNotUpdated))
+		p.Spec.Retry = 1
+		for i, r := range failedAt {
+			p.Status.FailedNodes = append(p.Status.FailedNodes, v1alpha1.FailedNode{Name: fmt.Sprint("f", i), Revision: "r1", Retry: r})
+		}
+		failed := int32(len(failedAt))
+		p.Status.Nodes = v1alpha1.NodeCounts{Selected: 5, Updated: 5 - failed - held, Failed: failed, Held: held}
+		return p
+	}
 	updated := cond(v1alpha1.ConditionUpdated, metav1.ConditionTrue, v1alpha1.ReasonAllNodesUpdated)
 	halted := cond(v1alpha1.ConditionHalted, metav1.ConditionTrue, v1alpha1.ReasonFailureBudgetExhausted)
 	invalid := cond(v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, v1alpha1.ReasonConfigMapNotFound)
+	notValid := cond(v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, v1alpha1.ReasonValidationFailed)
 	for _, tc := range []struct {
 		name     string
 		p        *v1alpha1.KubeletConfigPool
@@ -200,7 +214,14 @@ func TestVerdict(t *testing.T) {
 		{name: "an in-place edit not yet taken: the old revision's Updated does not count", p: pool(2, "r1", false, updated), revision: "r2", lineHas: "revision r2"},
 		{name: "the edit taken and complete", p: pool(2, "r2", false, updated), revision: "r2", done: true, lineHas: "rollout complete"},
 		{name: "halted", p: pool(2, "r1", false, halted), done: true, stopped: v1alpha1.ReasonFailureBudgetExhausted},
-		{name: "config invalid ends it whatever the revision", p: pool(2, "r1", false, invalid), revision: "r2", done: true, stopped: v1alpha1.ReasonConfigMapNotFound},
+		{name: "config invalid ends it", p: pool(2, "r1", false, invalid), done: true, stopped: v1alpha1.ReasonConfigMapNotFound},
+		{name: "a config that does not validate ends it whatever the revision", p: pool(2, "r1", false, notValid), revision: "r2", done: true, stopped: v1alpha1.ReasonValidationFailed},
+		{name: "a ConfigMap found missing before the edit the caller just read: wait", p: pool(2, "r1", false, invalid), revision: "r2", lineHas: "revision r2"},
+		{name: "settled with a failed node within maxFailures", p: settled([]int64{1}, 0), done: true, stopped: v1alpha1.ReasonNothingToAssign},
+		{name: "settled with held nodes only", p: settled(nil, 2), done: true, lineHas: "held"},
+		{name: "settled after a retry: the forgiven failure is not a stop", p: settled([]int64{0}, 0), done: true, lineHas: "nothing more to assign"},
+		{name: "no node selected", p: pool(2, "r1", false, cond(v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNoNodesSelected)),
+			done: true, stopped: v1alpha1.ReasonNoNodesSelected},
 		{name: "paused", p: pool(2, "r1", true), done: true, lineHas: "paused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -70,7 +70,7 @@ cannot be rolled out (exit 1, naming the failed nodes and what to do), when the 
 --timeout. --wait=false returns once the pool is written.
 
 An edit of the pool's ConfigMap in place is rolled out by itself, as a new revision; run rollout POOL
-(or rollout status POOL) to follow it.`,
+to follow it (it waits for the edit's revision).`,
 		Example: `  # create or update the pool "blue" and follow it
   kubectl dkc rollout blue --configmap kube-system/my-node-config -l pool=blue --max-unavailable 10%
 
@@ -206,24 +206,49 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 		return "waiting for dkc-server to see the pool's generation " + fmt.Sprint(generation), false, nil
 	}
 	cond := func(t string) *metav1.Condition { return meta.FindStatusCondition(p.Status.Conditions, t) }
+	taken := revision == "" || p.Status.CurrentRevision == revision
 	if c := cond(v1alpha1.ConditionConfigInvalid); c != nil && c.Status == metav1.ConditionTrue {
-		return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: c.Reason, Message: c.Message}
+		// A ConfigMap or key the caller has just read is there: such a finding is from before an edit the
+		// controller has not seen yet.
+		stale := !taken && (c.Reason == v1alpha1.ReasonConfigMapNotFound || c.Reason == v1alpha1.ReasonKeyNotFound)
+		if !stale {
+			return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: c.Reason, Message: c.Message}
+		}
 	}
-	if revision != "" && p.Status.CurrentRevision != revision {
+	if !taken {
 		// An in-place edit is seen by the controller after the ConfigMap's watch event, not with a generation.
 		return fmt.Sprintf("waiting for dkc-server to take revision %s (current %s)", revision, rev), false, nil
 	}
 	if c := cond(v1alpha1.ConditionHalted); c != nil && c.Status == metav1.ConditionTrue {
 		return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: c.Reason, Message: c.Message}
 	}
-	if c := cond(v1alpha1.ConditionUpdated); c != nil && c.Status == metav1.ConditionTrue {
+	updated := cond(v1alpha1.ConditionUpdated)
+	if updated != nil && updated.Status == metav1.ConditionTrue {
 		return fmt.Sprintf("rollout complete: %d nodes run revision %s", n.Updated, rev), true, nil
+	}
+	if updated != nil && updated.Reason == v1alpha1.ReasonNoNodesSelected {
+		return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: updated.Reason, Message: "the pool's nodeSelector matches no node"}
 	}
 	if p.Spec.Paused {
 		return line + "; paused (kubectl dkc rollout resume " + p.Name + ")", true, nil
 	}
-	if c := cond(v1alpha1.ConditionUpdating); c != nil && c.Status == metav1.ConditionTrue && c.Reason != v1alpha1.ReasonRollingOut {
-		line += " (" + c.Reason + ")"
+	updating := cond(v1alpha1.ConditionUpdating)
+	if updating != nil && updating.Status == metav1.ConditionFalse && updating.Reason == v1alpha1.ReasonNothingToAssign {
+		// Settled short of every node: the rest failed within maxFailures or are held. Failures that still
+		// count need a look (exit 1); those a retry forgave, and held nodes, are someone's decision already.
+		counting := 0
+		for _, f := range p.Status.FailedNodes {
+			if f.Retry == p.Spec.Retry {
+				counting++
+			}
+		}
+		if counting > 0 {
+			return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: updating.Reason, Message: updating.Message}
+		}
+		return line + "; nothing more to assign: the others are held or failed before a retry (kubectl dkc rollout status " + p.Name + ")", true, nil
+	}
+	if updating != nil && updating.Status == metav1.ConditionTrue && updating.Reason != v1alpha1.ReasonRollingOut {
+		line += " (" + updating.Reason + ")"
 	}
 	if c := cond(v1alpha1.ConditionDegraded); c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonSelectorOverlap {
 		line += "; " + c.Message
@@ -233,6 +258,7 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 
 // follow prints the pool's progress as it changes until verdict says done, or timeout.
 func (o *Options) follow(ctx context.Context, name string, generation int64, revision string, timeout, poll time.Duration) error {
+	poll = max(poll, 100*time.Millisecond)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	last := ""
@@ -275,6 +301,13 @@ func (o *Options) explainStop(p *v1alpha1.KubeletConfigPool) {
 		fmt.Fprintf(w, "no node was touched for this config; fix the ConfigMap (or point the pool at another) and run kubectl dkc rollout %s again\n", p.Name)
 		return
 	}
+	if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionHalted); c == nil || c.Status != metav1.ConditionTrue {
+		if len(p.Status.FailedNodes) > 0 {
+			fmt.Fprintln(w, "failed nodes run their last-known-good config; every other node is updated or held.")
+			fmt.Fprintf(w, "to roll back: kubectl dkc rollout undo %s; to fix forward: edit the ConfigMap\n", p.Name)
+		}
+		return
+	}
 	fmt.Fprintln(w, "failed nodes run their last-known-good config; nodes not yet assigned were not touched.")
 	if p.Status.PreviousRevision != "" {
 		fmt.Fprintf(w, "to roll back:   kubectl dkc rollout undo %s   (revision %s)\n", p.Name, p.Status.PreviousRevision)
@@ -290,7 +323,9 @@ func (o *Options) rolloutStatusCommand() *cobra.Command {
 		Short: "Show a pool's rollout, and follow it until it is done, halts or is paused",
 		Long: `status prints the pool's revision, node counts and conditions, and the nodes that failed. With --wait
 (the default) it then follows the rollout like rollout POOL does: exit 0 when every selected node runs the
-current revision or the pool is paused, 1 when the pool halted or its config cannot be rolled out.`,
+current revision or the pool is paused, 1 when the pool halted or its config cannot be rolled out. Right
+after an in-place edit of the pool's ConfigMap, follow with rollout POOL instead: it waits for the edit's
+revision, where status may still see the previous one complete.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := o.getPool(cmd.Context(), args[0])
@@ -429,7 +464,7 @@ once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the ch
 					}
 				}
 				var err error
-				if snap, err = o.snapshot(ctx, p.Name, rev); err != nil {
+				if snap, err = o.snapshot(ctx, p, rev); err != nil {
 					return err
 				}
 				if _, ok := snap.Data[p.Spec.ConfigMap.KubeletConfigKey]; !ok {
@@ -442,11 +477,16 @@ once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the ch
 			if err != nil {
 				return err
 			}
+			// The revision hashes the key too: with the key the pool has now, the snapshot may be another one.
+			want := v1alpha1.RevisionName(snap.Namespace, from.KubeletConfigKey, snap.Data)
+			if want != rev {
+				fmt.Fprintf(o.io.ErrOut, "revision %s was taken with another kubeletConfigKey: with %q it is revision %s\n", rev, from.KubeletConfigKey, want)
+			}
 			fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s rolled back to revision %s: configMap %s/%s → %s/%s\n", p.Name, rev, from.Namespace, from.Name, snap.Namespace, snap.Name)
 			if !f.wait {
 				return nil
 			}
-			return o.follow(ctx, p.Name, p.Generation, rev, f.timeout, f.poll)
+			return o.follow(ctx, p.Name, p.Generation, want, f.timeout, f.poll)
 		},
 	}
 	cmd.Flags().StringVar(&to, "to-revision", "", "the revision to go back to (default: the previous one)")
@@ -454,8 +494,21 @@ once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the ch
 	return cmd
 }
 
-// snapshot finds the snapshot ConfigMap of the pool's revision, in whichever namespace it was taken.
-func (o *Options) snapshot(ctx context.Context, pool, rev string) (*corev1.ConfigMap, error) {
+// snapshot finds the snapshot ConfigMap of the pool's revision: in the pool's namespace (the one operator's
+// rights usually cover), else in whichever namespace it was taken.
+func (o *Options) snapshot(ctx context.Context, pool *v1alpha1.KubeletConfigPool, rev string) (*corev1.ConfigMap, error) {
+	name := v1alpha1.SnapshotName(pool.Name, rev)
+	cm, err := o.client.CoreV1().ConfigMaps(pool.Spec.ConfigMap.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err == nil && cm.Labels[v1alpha1.LabelRevision] == rev {
+		return cm, nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("configmap %s/%s: %w", pool.Spec.ConfigMap.Namespace, name, err)
+	}
+	return o.findSnapshot(ctx, pool.Name, rev)
+}
+
+func (o *Options) findSnapshot(ctx context.Context, pool, rev string) (*corev1.ConfigMap, error) {
 	list, err := o.client.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		LabelSelector: v1alpha1.LabelPool + "=" + pool + "," + v1alpha1.LabelRevision + "=" + rev})
 	if err != nil {

@@ -430,5 +430,6 @@ func (d *demo) pool(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	return nil
+	// dkc-server deletes the pool's snapshots now that no node uses them; the source ConfigMap is ours.
+	return d.client.CoreV1().ConfigMaps("kube-system").Delete(ctx, "demo-pool-config", metav1.DeleteOptions{})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -209,8 +210,10 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 	taken := revision == "" || p.Status.CurrentRevision == revision
 	if c := cond(v1alpha1.ConditionConfigInvalid); c != nil && c.Status == metav1.ConditionTrue {
 		// A ConfigMap or key the caller has just read is there: such a finding is from before an edit the
-		// controller has not seen yet.
-		stale := !taken && (c.Reason == v1alpha1.ReasonConfigMapNotFound || c.Reason == v1alpha1.ReasonKeyNotFound)
+		// controller has not seen yet. So is a finding on content that names another revision than the
+		// one the caller read (the controller's messages on content say "(revision R)").
+		stale := !taken && (c.Reason == v1alpha1.ReasonConfigMapNotFound || c.Reason == v1alpha1.ReasonKeyNotFound ||
+			(c.Reason == v1alpha1.ReasonValidationFailed && revision != "" && !strings.Contains(c.Message, "(revision "+revision+")")))
 		if !stale {
 			return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: c.Reason, Message: c.Message}
 		}

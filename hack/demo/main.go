@@ -341,8 +341,10 @@ func (d *demo) dkc(ctx context.Context, wantFail bool, args ...string) (string, 
 }
 
 // pool is the last act: the declarative workflow over every node (docs/pools.md). A KubeletConfigPool rolls
-// a config out one node at a time; an in-place edit to a config the kubelets refuse halts at the first node,
-// the others untouched; undo rolls the pool back. The pool is then deleted and the nodes reset.
+// a config out one node at a time; an in-place edit to a config the kubelet's validation refuses stops
+// before any node (dkc-server checks it with the kubelet's code); one that validates but keeps the kubelet
+// from starting halts at the first node, the others untouched; undo rolls the pool back. The pool is then
+// deleted and the nodes reset.
 func (d *demo) pool(ctx context.Context) error {
 	const pool, sel = "demo-pool", "kubernetes.io/os=linux"
 	running, err := d.configz(ctx)
@@ -380,20 +382,38 @@ func (d *demo) pool(ctx context.Context) error {
 		return err
 	}
 
-	d.title("Edit the ConfigMap in place to a config the kubelets refuse (eventRecordQPS -1): the pool halts at the first node")
+	d.title("Edit the ConfigMap in place to a config the kubelet's validation refuses (eventRecordQPS -1): no node is touched")
 	bad, err := config(-1)
 	if err != nil {
 		return err
 	}
-	if cm, err = d.client.CoreV1().ConfigMaps("kube-system").Get(ctx, cm.Name, metav1.GetOptions{}); err != nil {
+	if err := d.editConfigMap(ctx, cm.Name, bad); err != nil {
 		return err
 	}
-	cm.Data["kubelet"] = bad
-	if _, err := d.client.CoreV1().ConfigMaps("kube-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update configmap demo-pool-config: %w", err)
-	}
-	out, err := d.dkc(ctx, true, "rollout", pool, "--timeout", "3m")
+	out, err := d.dkc(ctx, true, "rollout", pool, "--timeout", "2m")
 	if err != nil {
+		return err
+	}
+	if !strings.Contains(out, "ValidationFailed") || !strings.Contains(out, "before any node is touched") {
+		return fmt.Errorf("the rollout did not stop on dkc-server's check with the kubelet's code")
+	}
+	if err := d.expectQPS(ctx, 7); err != nil {
+		return err
+	}
+	d.title("Fix it forward in place, to a config that validates but no kubelet starts with: the pool halts at the first node")
+	broken, err := configz.Config(kubelet, running, map[string]any{"eventRecordQPS": 8, "containerRuntimeEndpoint": "unix:///run/dkc-no-such-runtime.sock"})
+	if err != nil {
+		return err
+	}
+	brokenYAML, err := configz.YAML(broken)
+	if err != nil {
+		return err
+	}
+	d.say("containerRuntimeEndpoint: unix:///run/dkc-no-such-runtime.sock (no such socket: the kubelet exits; dkc rolls the node back)")
+	if err := d.editConfigMap(ctx, cm.Name, string(brokenYAML)); err != nil {
+		return err
+	}
+	if out, err = d.dkc(ctx, true, "rollout", pool, "--timeout", "5m"); err != nil {
 		return err
 	}
 	if !strings.Contains(out, "FailureBudgetExhausted") {
@@ -432,4 +452,17 @@ func (d *demo) pool(ctx context.Context) error {
 	}
 	// dkc-server deletes the pool's snapshots now that no node uses them; the source ConfigMap is ours.
 	return d.client.CoreV1().ConfigMaps("kube-system").Delete(ctx, "demo-pool-config", metav1.DeleteOptions{})
+}
+
+// editConfigMap replaces the kubelet key of a ConfigMap in kube-system, as an operator's in-place edit.
+func (d *demo) editConfigMap(ctx context.Context, name, kubelet string) error {
+	cm, err := d.client.CoreV1().ConfigMaps("kube-system").Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	cm.Data["kubelet"] = kubelet
+	if _, err := d.client.CoreV1().ConfigMaps("kube-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update configmap %s: %w", name, err)
+	}
+	return nil
 }

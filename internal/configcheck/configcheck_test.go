@@ -196,3 +196,39 @@ func TestHelpers(t *testing.T) {
 		t.Error("FindHelpers of an empty directory: no error")
 	}
 }
+
+// TestCheckData: a config handed over in memory (dkc-server's pool check) is checked as the same file
+// would be, also one larger than a pipe holds, and fails with the same kinds.
+func TestCheckData(t *testing.T) {
+	head := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
+	// ~300 KiB of comments: more than the 64 KiB a pipe buffers, so the helper must read while we write.
+	big := head + strings.Repeat("# padding to exceed a pipe's buffer\n", 8000) + "maxPods: 43\n"
+	for _, tc := range []struct {
+		name, data string
+		kind       error
+		wantErr    string
+		maxPods    float64
+	}{
+		{name: "valid", data: head + "maxPods: 42\n", maxPods: 42},
+		{name: "larger than a pipe", data: big, maxPods: 43},
+		{name: "invalid", data: head + "eventRecordQPS: -3\n", kind: configcheck.ErrValidate, wantErr: "eventRecordQPS"},
+		{name: "wrong kind", data: "apiVersion: v1\nkind: ConfigMap\n", kind: configcheck.ErrLoad},
+		{name: "not yaml", data: "{{{", kind: configcheck.ErrLoad},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := helper(t, "serve").CheckData(context.Background(), "", []byte(tc.data))
+			if tc.kind == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.Fields["maxPods"] != tc.maxPods {
+					t.Errorf("maxPods = %v, want %v", c.Fields["maxPods"], tc.maxPods)
+				}
+				return
+			}
+			if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("error %v, want %v with %q", err, tc.kind, tc.wantErr)
+			}
+		})
+	}
+}

@@ -27,6 +27,25 @@ type Exec struct {
 
 // Check implements Checker.
 func (e Exec) Check(ctx context.Context, req Request) (*Checked, error) {
+	return e.run(ctx, req, nil)
+}
+
+// dataFile is where a helper finds the config CheckData hands it: the read end of a pipe, its fd 3
+// (exec.Cmd.ExtraFiles). The kubelet's loader reads a path with os.ReadFile, which reads a pipe to its
+// end, so the config needs no file: dkc-server, which checks pool configs, has a read-only root and no
+// directory to write one to.
+const dataFile = "/dev/fd/3"
+
+// CheckData checks a config held in memory (a ConfigMap's key) as the kubelet of kubeletVersion would load
+// it from a file of its own, without any node's flags or --config-dir drop-ins, which a server does not
+// know: what fails here fails on every node whose kubelet has no flag or drop-in that sets the failing
+// field. Errors as Check's.
+func (e Exec) CheckData(ctx context.Context, kubeletVersion string, data []byte) (*Checked, error) {
+	return e.run(ctx, Request{File: dataFile, KubeletVersion: kubeletVersion}, data)
+}
+
+// run runs the helper on req; data, if not nil, is written to the helper's fd 3 (dataFile).
+func (e Exec) run(ctx context.Context, req Request, data []byte) (*Checked, error) {
 	timeout := e.Timeout
 	if timeout == 0 {
 		timeout = 30 * time.Second
@@ -40,7 +59,28 @@ func (e Exec) Check(ctx context.Context, req Request) (*Checked, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, e.Binary)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(in), &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	if data != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("pipe for %s: %w", e.Binary, err)
+		}
+		defer r.Close()
+		cmd.ExtraFiles = []*os.File{r}
+		if err := cmd.Start(); err != nil {
+			w.Close()
+			return nil, fmt.Errorf("run %s: %w", e.Binary, err)
+		}
+		r.Close() // the child has its own copy; ours would keep the pipe open for writing's EPIPE
+		// The pipe holds 64 KiB and a config may be 1 MiB: write while the helper reads. A helper that exits
+		// without reading all of it fails the write with EPIPE, which its own answer explains better.
+		go func() {
+			_, _ = w.Write(data)
+			w.Close()
+		}()
+		if err := cmd.Wait(); err != nil {
+			return nil, fmt.Errorf("run %s on %s: %w: %s", e.Binary, req.File, err, strings.TrimSpace(lastLine(stderr.String())))
+		}
+	} else if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("run %s on %s: %w: %s", e.Binary, req.File, err, strings.TrimSpace(lastLine(stderr.String())))
 	}
 	var resp checkapi.Response
@@ -99,15 +139,33 @@ func (h Helpers) Range() string {
 
 // Check implements Checker.
 func (h Helpers) Check(ctx context.Context, req Request) (*Checked, error) {
-	minor := checkapi.Minor(req.KubeletVersion)
+	e, err := h.helper(req.KubeletVersion)
+	if err != nil {
+		return nil, err
+	}
+	return e.Check(ctx, req)
+}
+
+// CheckData is Exec.CheckData with the helper of kubeletVersion's minor.
+func (h Helpers) CheckData(ctx context.Context, kubeletVersion string, data []byte) (*Checked, error) {
+	e, err := h.helper(kubeletVersion)
+	if err != nil {
+		return nil, err
+	}
+	return e.CheckData(ctx, kubeletVersion, data)
+}
+
+// helper is the Exec of kubeletVersion's minor.
+func (h Helpers) helper(kubeletVersion string) (Exec, error) {
+	minor := checkapi.Minor(kubeletVersion)
 	switch {
-	case req.KubeletVersion == "":
-		return nil, fmt.Errorf("%w: the kubelet's version is not known yet (the Node's status.nodeInfo.kubeletVersion, "+
+	case kubeletVersion == "":
+		return Exec{}, fmt.Errorf("%w: the kubelet's version is not known yet (the Node's status.nodeInfo.kubeletVersion, "+
 			"which dkc-server sends): not checked with a guess", ErrUnsupportedKubelet)
 	case !slices.Contains(h.Minors, minor):
-		return nil, fmt.Errorf("%w: kubelet %s is not supported by this dkc (kubelet minors %s)", ErrUnsupportedKubelet, req.KubeletVersion, h.Range())
+		return Exec{}, fmt.Errorf("%w: kubelet %s is not supported by this dkc (kubelet minors %s)", ErrUnsupportedKubelet, kubeletVersion, h.Range())
 	}
-	return Exec{Binary: filepath.Join(h.Dir, HelperPrefix+minor), Timeout: h.Timeout}.Check(ctx, req)
+	return Exec{Binary: filepath.Join(h.Dir, HelperPrefix+minor), Timeout: h.Timeout}, nil
 }
 
 func lastLine(s string) string {

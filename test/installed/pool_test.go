@@ -161,6 +161,8 @@ func editConfig(t *testing.T, cm *corev1.ConfigMap, data string) {
 //   - a rollout completes though the dkc-server replica leading the pool controller is deleted when the
 //     first node is assigned: the other replica takes over and finishes it; each kubelet starts once, the
 //     two starts at least a trial apart (never two kubelets restarting at once);
+//   - an in-place edit to a config the kubelet's validation refuses stops before any node is touched
+//     (ConfigInvalid: dkc-server checks it with the code of each node's kubelet minor);
 //   - an in-place edit to a config that validates but keeps the kubelet from starting fails the first node
 //     (rolled back to last-known-good) and halts the pool before the second is touched;
 //   - undo puts the pool back on the good revision, on both nodes;
@@ -215,20 +217,45 @@ func TestPoolOnRealNodes(t *testing.T) {
 	oneAtATime(t, since)
 	waitRolledOut(t, "deployment/dkc-server")
 
-	// 2. A config that fails at runtime, edited in place: the first node rolls back, the pool halts.
+	// 2. A config the kubelet's validation refuses, edited in place: dkc-server checks it with the code of
+	// both nodes' kubelet minors (1.34 and 1.37 here) and stops before any node is touched.
+	since = time.Now()
+	var refused map[string]any
+	if err := yaml.Unmarshal([]byte(nodeConfig(t, "node-1", 43)), &refused); err != nil {
+		t.Fatal(err)
+	}
+	refused["eventRecordQPS"] = -1
+	raw, err := yaml.Marshal(refused)
+	if err != nil {
+		t.Fatal(err)
+	}
+	editConfig(t, cm, string(raw))
+	out, err := kubectlDKC(ctx, "rollout", pool, "--timeout", "1m")
+	var stopped *plugin.ErrRolloutStopped
+	if !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonValidationFailed ||
+		!strings.Contains(stopped.Message, "before any node is touched") || !strings.Contains(stopped.Message, "eventRecordQPS") {
+		t.Fatalf("rollout of a config the kubelet's validation refuses: %v, want ConfigInvalid %s before any node\n%s", err, v1alpha1.ReasonValidationFailed, out)
+	}
+	t.Logf("refused before any node: %s", stopped.Message)
+	for _, n := range nodes {
+		if s := startsSince(t, n, since); len(s) != 0 {
+			t.Errorf("%s: kubelet started %v for a config dkc-server refused", n, s)
+		}
+		waitRunning(t, n, good, 10*time.Second)
+	}
+
+	// 3. A config that fails at runtime, edited in place: the first node rolls back, the pool halts.
 	since = time.Now()
 	var broken map[string]any
 	if err := yaml.Unmarshal([]byte(nodeConfig(t, "node-1", 43)), &broken); err != nil {
 		t.Fatal(err)
 	}
 	broken["containerRuntimeEndpoint"] = "unix:///run/dkc-no-such-runtime.sock"
-	raw, err := yaml.Marshal(broken)
-	if err != nil {
+	if raw, err = yaml.Marshal(broken); err != nil {
 		t.Fatal(err)
 	}
 	editConfig(t, cm, string(raw))
-	out, err := kubectlDKC(ctx, "rollout", pool, "--timeout", "4m")
-	var stopped *plugin.ErrRolloutStopped
+	out, err = kubectlDKC(ctx, "rollout", pool, "--timeout", "4m")
 	if !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonFailureBudgetExhausted {
 		t.Fatalf("rollout of a config that fails at runtime: %v, want the pool halted\n%s", err, out)
 	}
@@ -248,7 +275,7 @@ func TestPoolOnRealNodes(t *testing.T) {
 	}
 	t.Logf("halted: %s %s", failed, p.Status.FailedNodes[0].Error)
 
-	// 3. undo.
+	// 4. undo.
 	if out, err := kubectlDKC(ctx, "rollout", "undo", pool, "--timeout", "3m"); err != nil || !strings.Contains(out, "rollout complete") {
 		t.Fatalf("undo: %v\n%s", err, out)
 	}
@@ -259,7 +286,7 @@ func TestPoolOnRealNodes(t *testing.T) {
 		t.Errorf("still halted after undo: %+v", p.Status.Conditions)
 	}
 
-	// 4. Paused, an edit (back to the operator's ConfigMap, fixed) assigns nothing; resumed, it rolls out.
+	// 5. Paused, an edit (back to the operator's ConfigMap, fixed) assigns nothing; resumed, it rolls out.
 	if out, err := kubectlDKC(ctx, "rollout", "pause", pool); err != nil {
 		t.Fatalf("pause: %v\n%s", err, out)
 	}

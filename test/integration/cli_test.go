@@ -129,9 +129,11 @@ func snapshotOf(t *testing.T, pool, rev string) string {
 
 // TestKubectlDKCRolloutDrivesAPool is the operator's workflow on three simulated nodes, every step through
 // `kubectl dkc rollout`, which writes a KubeletConfigPool and follows dkc-server rolling it out: a good
-// config to every node; an in-place edit to a config the nodes' kubelets refuse, one node at a time, which
-// halts at the first node with the node and its error named and the others untouched; retry, which goes on
-// to the next node and halts again; undo, back to the good revision on every node; pause, under which a new
+// config to every node; an in-place edit to a config the kubelet's validation refuses, which stops before
+// any node is touched (ConfigInvalid, from dkc-server's check with the nodes' kubelet minor); an in-place
+// edit to a config that validates but keeps the kubelet from starting, one node at a time, which halts at
+// the first node with the node and its error named and the others untouched; retry, which goes on to the
+// next node and halts again; undo, back to the good revision on every node; pause, under which a new
 // config assigns nothing, and resume, which rolls it out; and history.
 func TestKubectlDKCRolloutDrivesAPool(t *testing.T) {
 	const pool = "cli-pool"
@@ -154,20 +156,43 @@ func TestKubectlDKCRolloutDrivesAPool(t *testing.T) {
 		t.Fatalf("rollout --max-unavailable 1: %v\n%s\n%s", err, out, errOut)
 	}
 	cm.Data["kubelet"] = poolHeader + "eventRecordQPS: -3\n"
+	if cm, err = adminClient(t).CoreV1().ConfigMaps("kube-system").Update(testContext(t), cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err = kubectlDKC(t, "rollout", pool, "--timeout", "1m")
+	var stopped *plugin.ErrRolloutStopped
+	if !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonValidationFailed {
+		t.Fatalf("rollout of a config the kubelet's validation refuses: err %v, want ConfigInvalid %s\n%s\n%s", err, v1alpha1.ReasonValidationFailed, out, errOut)
+	}
+	bad := v1alpha1.RevisionName("kube-system", "kubelet", cm.Data)
+	for _, want := range []string{"(revision " + bad + ")", "the kubelet " + simMinor(t) + " refuses it", "3 selected nodes run it", "eventRecordQPS", "before any node is touched"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, errOut)
+		}
+	}
+	if assigned, _ := simsOn(t, v1alpha1.SnapshotName(pool, bad)); len(assigned) != 0 {
+		t.Errorf("nodes assigned a revision the kubelet's validation refuses: %v", assigned)
+	}
+	for _, s := range poolSims() {
+		waitNodeStatus(t, s, g, g, g, "", 5*time.Second) // untouched
+	}
+
+	// Fixed forward in place, to a config that validates but that the nodes' kubelets do not start with:
+	// the rollout must not stop on the refusal of the content before.
+	cm.Data["kubelet"] = poolHeader + noKubeletStarts
 	if _, err := adminClient(t).CoreV1().ConfigMaps("kube-system").Update(testContext(t), cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	out, errOut, err = kubectlDKC(t, "rollout", pool, "--timeout", "2m")
-	var stopped *plugin.ErrRolloutStopped
 	if !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonFailureBudgetExhausted {
-		t.Fatalf("rollout of a config the kubelets refuse: err %v, want the pool halted\n%s\n%s", err, out, errOut)
+		t.Fatalf("rollout of a config no kubelet starts with: err %v, want the pool halted\n%s\n%s", err, out, errOut)
 	}
 	p := getPool(t, pool)
 	if len(p.Status.FailedNodes) != 1 {
 		t.Fatalf("failed nodes %+v, want one", p.Status.FailedNodes)
 	}
 	first := p.Status.FailedNodes[0].Name
-	for _, want := range []string{"node " + first + " failed revision " + p.Status.CurrentRevision, string(nodeconfig.ValidateError),
+	for _, want := range []string{"node " + first + " failed revision " + p.Status.CurrentRevision, string(nodeconfig.HealthError),
 		"kubectl dkc rollout undo " + pool, "kubectl dkc rollout retry " + pool} {
 		if !strings.Contains(errOut, want) {
 			t.Errorf("the halt does not say %q:\n%s", want, errOut)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // KubeletConfigPools on the simulated nodes (docs/design.md, "KubeletConfigPool"): dkc-server's pool
@@ -33,6 +34,27 @@ const (
 )
 
 func poolSims() []string { return sims()[:3] }
+
+// simMinor is the kubelet minor the simulated nodes report (status.nodeInfo.kubeletVersion), with whose
+// code dkc-server checks their pools' configs.
+func simMinor(t *testing.T) string {
+	t.Helper()
+	n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), poolSims()[0], metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	minor := checkapi.Minor(n.Status.NodeInfo.KubeletVersion)
+	if minor == "" {
+		t.Fatalf("node %s reports kubelet version %q", n.Name, n.Status.NodeInfo.KubeletVersion)
+	}
+	return minor
+}
+
+// noKubeletStarts is a config that validates but that the simulated nodes' stand-in kubelet does not
+// start with: serverTLSBootstrap, as it bootstraps no serving certificate (it exits, as a kubelet does
+// on a missing container runtime socket — the real nodes' pool tests use that, but the simulated nodes
+// set the socket by flag, which wins over any config). The sidecar rolls the node back.
+const noKubeletStarts = "serverTLSBootstrap: true\n"
 
 // poolHeader is what every simulated node's kubelet accepts (the CLI rollout tests' configs).
 const poolHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"
@@ -241,22 +263,21 @@ func TestPoolRollsOutOneNodeAtATime(t *testing.T) {
 	}
 }
 
-// TestPoolHaltsAfterMaxFailures: a config the simulated kubelet's validation refuses (eventRecordQPS < 0,
-// which dkc-server's own check cannot see: it is the kubelet's ValidateKubeletConfiguration) fails the
-// first node; with maxFailures 1 the pool halts, names the node and its error, and the other nodes are
-// never assigned.
+// TestPoolHaltsAfterMaxFailures: a config that validates but keeps the kubelet from starting fails the
+// first node (rolled back); with maxFailures 1 the pool halts, names the node and its error, and the other
+// nodes are never assigned.
 func TestPoolHaltsAfterMaxFailures(t *testing.T) {
-	createConfigMap(t, "pool-bad", map[string]string{"kubelet": poolHeader + "eventRecordQPS: -3\n"})
+	createConfigMap(t, "pool-bad", map[string]string{"kubelet": poolHeader + noKubeletStarts})
 	applyPool(t, poolManifest("pool-bad", "pool-bad", "1"))
 	p := waitPool(t, "pool-bad", 3*time.Minute, nil, func(p *v1alpha1.KubeletConfigPool) bool {
 		return condition(p, v1alpha1.ConditionHalted).Status == metav1.ConditionTrue
 	})
 	halted := condition(p, v1alpha1.ConditionHalted)
-	if halted.Reason != v1alpha1.ReasonFailureBudgetExhausted || !strings.Contains(halted.Message, string(nodeconfig.ValidateError)) {
-		t.Errorf("Halted %s: %s; want %s naming the node's validation error", halted.Reason, halted.Message, v1alpha1.ReasonFailureBudgetExhausted)
+	if halted.Reason != v1alpha1.ReasonFailureBudgetExhausted || !strings.Contains(halted.Message, string(nodeconfig.HealthError)) {
+		t.Errorf("Halted %s: %s; want %s naming the node's rollback", halted.Reason, halted.Message, v1alpha1.ReasonFailureBudgetExhausted)
 	}
-	if len(p.Status.FailedNodes) != 1 || p.Status.FailedNodes[0].Reason != v1alpha1.FailureConfigRefused {
-		t.Fatalf("failed nodes %+v, want one ConfigRefused", p.Status.FailedNodes)
+	if len(p.Status.FailedNodes) != 1 || p.Status.FailedNodes[0].Reason != v1alpha1.FailureRolledBack {
+		t.Fatalf("failed nodes %+v, want one RolledBack", p.Status.FailedNodes)
 	}
 	failed := p.Status.FailedNodes[0].Name
 	// Halted stays: nothing else is assigned, however long we look.
@@ -275,30 +296,53 @@ func TestPoolHaltsAfterMaxFailures(t *testing.T) {
 	}
 }
 
-// TestPoolWithInvalidConfigTouchesNoNode: a ConfigMap that is not a KubeletConfiguration is refused
-// before any node: ConfigInvalid, no revision, no node assigned.
+// TestPoolWithInvalidConfigTouchesNoNode: a ConfigMap that is not a KubeletConfiguration, and one the
+// kubelet's own validation refuses (dkc-server checks it with the code of the selected nodes' kubelet
+// minor), are refused before any node: ConfigInvalid naming what is wrong, no revision, no node assigned.
 func TestPoolWithInvalidConfigTouchesNoNode(t *testing.T) {
-	createConfigMap(t, "pool-invalid", map[string]string{"kubelet": "apiVersion: v1\nkind: Pod\n"})
-	applyPool(t, poolManifest("pool-invalid", "pool-invalid", "100%"))
-	p := waitPool(t, "pool-invalid", time.Minute, nil, func(p *v1alpha1.KubeletConfigPool) bool {
-		return condition(p, v1alpha1.ConditionConfigInvalid).Status == metav1.ConditionTrue
-	})
-	if c := condition(p, v1alpha1.ConditionConfigInvalid); c.Reason != v1alpha1.ReasonValidationFailed {
-		t.Errorf("ConfigInvalid %s: %s; want %s", c.Reason, c.Message, v1alpha1.ReasonValidationFailed)
-	}
-	time.Sleep(5 * time.Second)
-	for _, s := range poolSims() {
-		n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a, ok := n.Annotations[v1alpha1.AnnotationAssignment]; ok {
-			t.Errorf("node %s assigned by a pool with an invalid config: %s", s, a)
-		}
-	}
-	revs, err := adminClient(t).CoreV1().ConfigMaps("kube-system").List(testContext(t), metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=pool-invalid"})
-	if err != nil || len(revs.Items) != 0 {
-		t.Errorf("revisions of an invalid config: %d (%v)", len(revs.Items), err)
+	for _, tc := range []struct {
+		name, kubelet string
+		want          []string // in ConfigInvalid's message
+	}{
+		{name: "pool-invalid", kubelet: "apiVersion: v1\nkind: Pod\n", want: []string{`kind "Pod", not kubelet.config.k8s.io/v1beta1 KubeletConfiguration`}},
+		{name: "pool-refused", kubelet: poolHeader + "eventRecordQPS: -3\n",
+			want: []string{"the kubelet " + simMinor(t) + " refuses it", "3 selected nodes run it", "failed to validate config", "eventRecordQPS"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cm := createConfigMap(t, tc.name, map[string]string{"kubelet": tc.kubelet})
+			applyPool(t, poolManifest(tc.name, tc.name, "100%"))
+			p := waitPool(t, tc.name, time.Minute, nil, func(p *v1alpha1.KubeletConfigPool) bool {
+				return condition(p, v1alpha1.ConditionConfigInvalid).Status == metav1.ConditionTrue
+			})
+			c := condition(p, v1alpha1.ConditionConfigInvalid)
+			if c.Reason != v1alpha1.ReasonValidationFailed {
+				t.Errorf("ConfigInvalid %s: %s; want %s", c.Reason, c.Message, v1alpha1.ReasonValidationFailed)
+			}
+			for _, want := range append(tc.want, "(revision "+v1alpha1.RevisionName("kube-system", "kubelet", cm.Data)+")") {
+				if !strings.Contains(c.Message, want) {
+					t.Errorf("ConfigInvalid %q lacks %q", c.Message, want)
+				}
+			}
+			time.Sleep(5 * time.Second)
+			for _, s := range poolSims() {
+				n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a, ok := n.Annotations[v1alpha1.AnnotationAssignment]; ok && strings.Contains(a, tc.name) {
+					t.Errorf("node %s assigned by a pool with an invalid config: %s", s, a)
+				}
+			}
+			revs, err := adminClient(t).CoreV1().ConfigMaps("kube-system").List(testContext(t), metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + tc.name})
+			if err != nil || len(revs.Items) != 0 {
+				t.Errorf("revisions of an invalid config: %d (%v)", len(revs.Items), err)
+			}
+			evs, err := adminClient(t).CoreV1().Events("default").List(testContext(t), metav1.ListOptions{
+				FieldSelector: "involvedObject.name=" + tc.name + ",reason=ConfigInvalid"})
+			if err != nil || len(evs.Items) == 0 {
+				t.Errorf("no ConfigInvalid Event on the pool (%v)", err)
+			}
+		})
 	}
 }
 

@@ -97,6 +97,10 @@ type Config struct {
 	LeaderElectionRetryPeriod   time.Duration
 	// PoolWorkers are the pools synced in parallel.
 	PoolWorkers int
+	// KubeletConfigCheckers is the directory of the dkc-kubelet-check-<minor> helpers with which the pool
+	// controller checks a pool's config before any node gets it: "" is the directory of the dkc-server
+	// executable (where the image and `make build` put them), "none" checks nothing here (the nodes still do).
+	KubeletConfigCheckers string
 }
 
 // Client-side limits sized to the node count (scale): the defaults of --kube-api-qps/-burst and
@@ -247,6 +251,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaderElectionRenewDeadline, "leader-election-renew-deadline", c.LeaderElectionRenewDeadline, "how long the leader keeps trying to renew before it stops the controller; less than the lease duration")
 	fs.DurationVar(&c.LeaderElectionRetryPeriod, "leader-election-retry-period", c.LeaderElectionRetryPeriod, "how often the replicas try to acquire or renew the Lease")
 	fs.IntVar(&c.PoolWorkers, "pool-workers", c.PoolWorkers, "KubeletConfigPools synced in parallel (on the leader)")
+	fs.StringVar(&c.KubeletConfigCheckers, "kubelet-config-checkers", c.KubeletConfigCheckers, "directory of the dkc-kubelet-check-<minor> helpers (one per kubelet minor, as in the sidecar's image): a pool's config is checked with the kubelet's own loading and validation for every kubelet minor among the pool's nodes before any node gets it, and a refusal sets the pool's ConfigInvalid. Empty: the dkc-server executable's directory, where its image has them (without helpers there dkc-server logs a warning and leaves the check to the nodes); a directory named here must hold helpers; \"none\": no check here")
 	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "the namespace dkc-server runs in (default $POD_NAMESPACE, which deploy/ sets from the downward API). When set, dkc-server refuses to start if --allowed-service-accounts names no ServiceAccount in it, or if its serving certificate names a Service of another namespace (NAME.NAMESPACE.svc) and none of this one: what a kustomize namespace: override that missed those leaves behind. Empty skips both checks")
 }
 

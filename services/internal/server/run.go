@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -43,6 +44,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/httpserve"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/admission"
@@ -190,11 +192,45 @@ func (s *server) buildPools(restCfg *rest.Config, client kubernetes.Interface, n
 	s.events = record.NewBroadcaster()
 	recorder := s.events.NewRecorder(scheme, corev1.EventSource{Component: "dkc-server"})
 	metrics := poolcontroller.NewMetrics(s.reg)
+	kubelets, err := s.kubeletCheckers()
+	if err != nil {
+		return err
+	}
 	s.newPools = func() *poolcontroller.Controller {
 		return poolcontroller.New(poolcontroller.Config{Log: s.log.Named("pools"), Client: client, Pools: pools, Nodes: nodes,
-			Namespaces: s.namespaces, Recorder: recorder, Metrics: metrics, Workers: s.cfg.PoolWorkers, QueueMetrics: queueMetrics})
+			Namespaces: s.namespaces, Recorder: recorder, Metrics: metrics, Workers: s.cfg.PoolWorkers, QueueMetrics: queueMetrics,
+			Kubelets: kubelets})
 	}
 	return nil
+}
+
+// kubeletCheckers finds the helpers the pool controller checks configs with (--kubelet-config-checkers).
+// Missing from the default directory (a dkc-server built alone), they are logged and the nodes check
+// alone; missing from a directory the operator named, dkc-server does not start.
+func (s *server) kubeletCheckers() (poolcontroller.KubeletChecker, error) {
+	dir, named := s.cfg.KubeletConfigCheckers, true
+	switch dir {
+	case "none":
+		s.log.Info("pool configs are not checked with the kubelet's code before their rollout (--kubelet-config-checkers=none); each node checks them")
+		return nil, nil
+	case "":
+		exe, err := os.Executable()
+		if err != nil {
+			s.log.Warn("pool configs are not checked with the kubelet's code before their rollout; each node checks them", zap.Error(err))
+			return nil, nil
+		}
+		dir, named = filepath.Dir(exe), false
+	}
+	h, err := configcheck.FindHelpers(dir)
+	switch {
+	case err != nil && !named:
+		s.log.Warn("pool configs are not checked with the kubelet's code before their rollout; each node checks them", zap.Error(err))
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("--kubelet-config-checkers: %w", err)
+	}
+	s.log.Info("pool configs are checked with the kubelet's code before their rollout", zap.String("dir", dir), zap.String("kubeletMinors", h.Range()))
+	return h, nil
 }
 
 // runPools runs the KubeletConfigPool controller while this replica holds the Lease (or always, without

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/dkc-dev/dkc/internal/configcheck"
 )
 
 // TestNewServerBuildsEveryPartWithoutContactingAnything: construction is pure wiring, in dependency order;
@@ -185,5 +188,47 @@ func TestElectKeepsTheLeaseUntilTheLeadReturns(t *testing.T) {
 	}
 	if n := logs.FilterMessage("not leading: kubeletconfigpool controller stopped").Len(); n != 0 {
 		t.Errorf("a replica that never led logged %d times that its controller stopped", n)
+	}
+}
+
+// TestKubeletCheckers: --kubelet-config-checkers finds the helpers in the directory it names, fails on a
+// named directory without them, turns the check off with "none", and without a value looks beside the
+// executable (here the test binary, with no helpers beside it: a warning, no check).
+func TestKubeletCheckers(t *testing.T) {
+	withHelper := t.TempDir()
+	if err := os.WriteFile(filepath.Join(withHelper, configcheck.HelperPrefix+"1.37"), []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, dir string
+		check     bool   // a checker returned
+		wantErr   string // from a start that must fail
+		wantLog   string
+	}{
+		{name: "named directory with helpers", dir: withHelper, check: true, wantLog: "are checked"},
+		{name: "named directory without", dir: t.TempDir(), wantErr: "--kubelet-config-checkers: kubelet config checkers: no dkc-kubelet-check-<minor>"},
+		{name: "none", dir: "none", wantLog: "--kubelet-config-checkers=none"},
+		{name: "default, none beside the binary", dir: "", wantLog: "are not checked"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			s := &server{cfg: Config{KubeletConfigCheckers: tc.dir}, log: zap.New(core)}
+			c, err := s.kubeletCheckers()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (c != nil) != tc.check {
+				t.Errorf("checker %v, want one: %v", c, tc.check)
+			}
+			if logs.FilterMessageSnippet(tc.wantLog).Len() != 1 {
+				t.Errorf("no log line with %q: %v", tc.wantLog, logs.All())
+			}
+		})
 	}
 }

@@ -1,15 +1,24 @@
 package controller
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"sync"
+	"time"
 
+	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/payload"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
+	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // kubeletConfigAPIVersion and kubeletConfigKind are what the kubelet's config file loader accepts.
@@ -25,11 +34,7 @@ const (
 // dkc-server reads (the webhook would refuse the assignment otherwise), the key exists, the payload fits
 // what a node accepts (a node refuses more with "too large"), and the key holds a KubeletConfiguration
 // document (what the kubelet's loader refuses as "failed to load config" before anything else). The
-// kubelet's own validation (ValidateKubeletConfiguration) needs the node: its kubelet's minor, flags,
-// drop-ins and feature gates (sidecar/kubeletcheck). dkc-server does not link the kubelet's code (the
-// service links no sidecar code, services/cmd/dkc-server's deps test), so a config that loads but does
-// not validate is refused by the first node, which fails it (ConfigRefused), and maxFailures halts the
-// pool: with the default of 1, that one node is all it touches.
+// kubelet's own loading and validation follow, in kubeletChecks.
 func checkConfig(ref v1alpha1.ConfigMapReference, allowed resolve.Namespaces, cm *corev1.ConfigMap) *plan.Invalid {
 	if !allowed.Allows(ref.Namespace) {
 		return &plan.Invalid{Reason: v1alpha1.ReasonNamespaceNotAllowed,
@@ -43,8 +48,11 @@ func checkConfig(ref v1alpha1.ConfigMapReference, allowed resolve.Namespaces, cm
 		return &plan.Invalid{Reason: v1alpha1.ReasonKeyNotFound,
 			Message: fmt.Sprintf("configmap %s/%s has no key %q", ref.Namespace, ref.Name, ref.KubeletConfigKey)}
 	}
+	// Messages about the content name its revision: `kubectl dkc rollout` following an in-place edit
+	// tells by it whether a finding is about the edit or about the content before it.
+	rev := revision.Name(ref.Namespace, ref.KubeletConfigKey, cm.Data)
 	if err := payload.CheckSize(cm.Data); err != nil {
-		return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: fmt.Sprintf("configmap %s/%s: %v", ref.Namespace, ref.Name, err)}
+		return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: fmt.Sprintf("configmap %s/%s (revision %s): %v", ref.Namespace, ref.Name, rev, err)}
 	}
 	var doc struct {
 		APIVersion string `json:"apiVersion"`
@@ -52,12 +60,121 @@ func checkConfig(ref v1alpha1.ConfigMapReference, allowed resolve.Namespaces, cm
 	}
 	if err := sigsyaml.Unmarshal([]byte(content), &doc); err != nil {
 		return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed,
-			Message: fmt.Sprintf("configmap %s/%s key %q is not a YAML or JSON object: %v", ref.Namespace, ref.Name, ref.KubeletConfigKey, err)}
+			Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q is not a YAML or JSON object: %v", ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, err)}
 	}
 	if doc.APIVersion != kubeletConfigAPIVersion || doc.Kind != kubeletConfigKind {
 		return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed,
-			Message: fmt.Sprintf("configmap %s/%s key %q is apiVersion %q kind %q, not %s %s", ref.Namespace, ref.Name, ref.KubeletConfigKey,
+			Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q is apiVersion %q kind %q, not %s %s", ref.Namespace, ref.Name, rev, ref.KubeletConfigKey,
 				doc.APIVersion, doc.Kind, kubeletConfigAPIVersion, kubeletConfigKind)}
 	}
 	return nil
+}
+
+// KubeletChecker checks a kubelet config held in memory with the code of the kubelet of one version
+// (configcheck.Helpers: a dkc-kubelet-check-<minor> process per check; dkc-server links no kubelet code).
+type KubeletChecker interface {
+	CheckData(ctx context.Context, kubeletVersion string, data []byte) (*configcheck.Checked, error)
+}
+
+// kubeletCheckTimeout bounds one check; the helper takes well under a second.
+const kubeletCheckTimeout = 30 * time.Second
+
+// maxKubeletChecks bounds the outcomes kept; a revision is a content hash, so dropping them all only
+// costs a check again.
+const maxKubeletChecks = 512
+
+// kubeletChecks runs the kubelet's own loading and validation on a pool's config for every kubelet minor
+// among its selected nodes, before any node is assigned: the sidecar runs the same check on each node
+// (with that node's flags and drop-ins, which the server does not know), so what fails here would fail on
+// the nodes — the pool stops with ConfigInvalid instead of spending its failure budget on them.
+//
+// An outcome is kept per revision (a content hash) and minor: syncs are many, configs few. One check runs
+// at a time, as each is a process of ~50 MiB inside dkc-server's memory limit.
+type kubeletChecks struct {
+	checker KubeletChecker
+	log     *zap.Logger
+
+	mu       sync.Mutex
+	outcomes map[kubeletCheckKey]error // nil: passed, or could not be checked (logged once)
+}
+
+type kubeletCheckKey struct{ revision, minor string }
+
+// check returns why no kubelet of the selected nodes' minors would load or validate content, or nil.
+// versions maps each minor to one kubelet version of it and the count of selected nodes running it.
+// A check that cannot be made (a minor no helper speaks, a helper that crashed or timed out) is logged
+// and passes: each node still checks the config itself before its kubelet uses it.
+func (k *kubeletChecks) check(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte, versions map[string]minorNodes) *plan.Invalid {
+	if k == nil || k.checker == nil {
+		return nil
+	}
+	minors := make([]string, 0, len(versions))
+	for m := range versions {
+		minors = append(minors, m)
+	}
+	slices.SortFunc(minors, checkapi.CompareMinors)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, minor := range minors {
+		key := kubeletCheckKey{revision: rev, minor: minor}
+		err, done := k.outcomes[key]
+		if !done {
+			v := versions[minor]
+			cctx, cancel := context.WithTimeout(ctx, kubeletCheckTimeout)
+			_, err = k.checker.CheckData(cctx, v.version, content)
+			cancel()
+			if ctx.Err() != nil {
+				return nil // shutting down or no longer leading: nothing is kept or decided
+			}
+			if err != nil && !errors.Is(err, configcheck.ErrLoad) && !errors.Is(err, configcheck.ErrValidate) {
+				k.log.Warn("could not check a pool's config with the kubelet's code; its nodes check it themselves",
+					zap.String("configMap", ref.Namespace+"/"+ref.Name), zap.String("revision", rev), zap.String("kubelet", v.version), zap.Error(err))
+				err = nil
+			}
+			if len(k.outcomes) >= maxKubeletChecks {
+				clear(k.outcomes)
+			}
+			k.outcomes[key] = err
+		}
+		if err != nil {
+			v := versions[minor]
+			return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed,
+				Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet %s refuses it (%s; checked with kubelet %s's code, before any node is touched): %v",
+					ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, minor, plural(v.nodes, "selected node runs it", "selected nodes run it"), v.version, err)}
+		}
+	}
+	return nil
+}
+
+// minorNodes is one kubelet version of a minor and how many selected nodes run that minor.
+type minorNodes struct {
+	version string
+	nodes   int
+}
+
+// kubeletMinors groups nodes by their kubelet's minor (status.nodeInfo.kubeletVersion); nodes whose
+// version is not known yet are left out (they check the config themselves once it is).
+func kubeletMinors(nodes []*corev1.Node) map[string]minorNodes {
+	out := map[string]minorNodes{}
+	for _, n := range nodes {
+		v := n.Status.NodeInfo.KubeletVersion
+		minor := checkapi.Minor(v)
+		if minor == "" {
+			continue
+		}
+		m := out[minor]
+		if m.version == "" || v < m.version { // any of the minor will do; the least keeps messages stable
+			m.version = v
+		}
+		m.nodes++
+		out[minor] = m
+	}
+	return out
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

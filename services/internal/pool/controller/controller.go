@@ -97,6 +97,9 @@ type Config struct {
 	// CRDPollInterval is how often Run looks for the KubeletConfigPool API while it is not installed;
 	// default 30s.
 	CRDPollInterval time.Duration
+	// Kubelets, if not nil, checks each new revision with the kubelet's own code, for every kubelet minor
+	// among the pool's nodes, before any node is assigned it (kubeletChecks).
+	Kubelets KubeletChecker
 }
 
 // Controller rolls KubeletConfigPools out. Build one with New for each term as leader: Run ends with its
@@ -120,6 +123,8 @@ type Controller struct {
 	// under its name may need one again while the snapshot cache still shows it, and ensureSnapshot must
 	// not take that for the snapshot existing.
 	deleted map[string]bool
+	// kubelets checks configs with the kubelet's code (nil: not checked here).
+	kubelets *kubeletChecks
 }
 
 // New builds a controller; it does nothing until Run.
@@ -141,7 +146,8 @@ func New(cfg Config) *Controller {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
-		deleted: map[string]bool{},
+		deleted:  map[string]bool{},
+		kubelets: &kubeletChecks{checker: cfg.Kubelets, log: cfg.Log, outcomes: map[kubeletCheckKey]error{}},
 	}
 	// ToListWatcherWithWatchListSemantics lets a Pools that cannot stream a watch list (a test's fake)
 	// say so; the REST client can, and the reflector falls back to a list where the apiserver cannot.
@@ -393,36 +399,48 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 	} else {
 		c.cms.Track(name, "")
 	}
-	invalid := checkConfig(ref, c.cfg.Namespaces, cm)
-	var target plan.Target
-	if invalid == nil {
-		rev, snap := revision.Snapshot(pool, cm)
-		if err := c.ensureSnapshot(ctx, snap); err != nil {
-			return 0, err
-		}
-		target = plan.Target{Revision: rev, Source: revision.Source(pool, rev)}
-	} else if cur := pool.Status.CurrentRevision; cur != "" {
-		// Nodes are judged against the last valid revision meanwhile.
-		target = plan.Target{Revision: cur, Source: revision.Source(pool, cur)}
-	}
 	mine, err := metav1.LabelSelectorAsSelector(&pool.Spec.NodeSelector)
+	var selectorErr error
 	if err != nil {
-		invalid = &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: "spec.nodeSelector: " + err.Error()}
-		mine = labels.Nothing()
+		selectorErr, mine = err, labels.Nothing()
 	}
-
-	// The selected nodes, with the assignments this controller made that its cache does not show yet.
 	all, err := c.nodes.List(labels.Everything())
 	if err != nil {
 		return 0, fmt.Errorf("list nodes: %w", err)
 	}
+	var selected []*corev1.Node
+	for _, n := range all {
+		if mine.Matches(labels.Set(n.Labels)) {
+			selected = append(selected, n)
+		}
+	}
+
+	invalid := checkConfig(ref, c.cfg.Namespaces, cm)
+	var target plan.Target
+	if invalid == nil {
+		rev, snap := revision.Snapshot(pool, cm)
+		// The kubelet's own check, for the minors of the nodes it would reach, before the revision exists.
+		invalid = c.kubelets.check(ctx, ref, rev, []byte(cm.Data[ref.KubeletConfigKey]), kubeletMinors(selected))
+		if invalid == nil {
+			if err := c.ensureSnapshot(ctx, snap); err != nil {
+				return 0, err
+			}
+			target = plan.Target{Revision: rev, Source: revision.Source(pool, rev)}
+		}
+	}
+	if cur := pool.Status.CurrentRevision; invalid != nil && cur != "" {
+		// Nodes are judged against the last valid revision meanwhile.
+		target = plan.Target{Revision: cur, Source: revision.Source(pool, cur)}
+	}
+	if selectorErr != nil {
+		invalid = &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: "spec.nodeSelector: " + selectorErr.Error()}
+	}
+
+	// The selected nodes, with the assignments this controller made that its cache does not show yet.
 	others := c.selectors()
 	byName := map[string]*corev1.Node{}
 	var views []plan.Node
-	for _, n := range all {
-		if !mine.Matches(labels.Set(n.Labels)) {
-			continue
-		}
+	for _, n := range selected {
 		byName[n.Name] = n
 		views = append(views, c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now))
 	}

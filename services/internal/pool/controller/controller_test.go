@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -31,10 +32,12 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
+	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 const goodConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 42\n"
@@ -904,5 +907,84 @@ func TestAssignedEventNamesAReplacedSource(t *testing.T) {
 	}
 	if got := drain(h.recorder); len(got) != 1 || !strings.Contains(got[0], "a (replacing kube-system/debug), b") {
 		t.Errorf("events %q, want one naming a's replaced source", got)
+	}
+}
+
+// fakeKubelets answers CheckData per kubelet minor and records the calls.
+type fakeKubelets struct {
+	errs  map[string]error // by minor
+	calls []string         // kubelet versions asked
+}
+
+func (f *fakeKubelets) CheckData(_ context.Context, kubeletVersion string, data []byte) (*configcheck.Checked, error) {
+	f.calls = append(f.calls, kubeletVersion)
+	if string(data) != goodConfig {
+		return nil, fmt.Errorf("checked %q, want the ConfigMap key's content", data)
+	}
+	return &configcheck.Checked{}, f.errs[checkapi.Minor(kubeletVersion)]
+}
+
+// TestKubeletCheckBeforeAnyNode: the config is checked with the kubelet's code of every minor among the
+// selected nodes before any node is assigned; a refusal sets ConfigInvalid ValidationFailed naming the
+// minor and creates no revision, a check that cannot be made lets the nodes check it, and each outcome is
+// kept: a second sync checks nothing again.
+func TestKubeletCheckBeforeAnyNode(t *testing.T) {
+	withVersion := func(n *corev1.Node, v string) *corev1.Node { n.Status.NodeInfo.KubeletVersion = v; return n }
+	refused := fmt.Errorf("%w: invalid configuration: eventRecordQPS (--event-qps) -3 must not be a negative number", configcheck.ErrValidate)
+	for _, tc := range []struct {
+		name        string
+		errs        map[string]error
+		wantInvalid string // substring of ConfigInvalid's message; "" when the pool rolls out
+		wantCalls   string // kubelet versions checked over two syncs; default each minor once, oldest first
+	}{
+		{name: "every minor accepts"},
+		{name: "one minor refuses", errs: map[string]error{"1.37": refused},
+			wantInvalid: `key "kubelet": the kubelet 1.37 refuses it (2 selected nodes run it; checked with kubelet v1.37.1's code, before any node is touched): failed to validate config: invalid configuration: eventRecordQPS`},
+		{name: "not loadable", errs: map[string]error{"1.36": fmt.Errorf("%w: strict decoding error", configcheck.ErrLoad)},
+			wantInvalid: "the kubelet 1.36 refuses it (1 selected node runs it; checked with kubelet v1.36.4's code", wantCalls: "v1.36.4"},
+		{name: "no helper for a minor", errs: map[string]error{"1.36": fmt.Errorf("%w: kubelet v1.36.4 is not supported", configcheck.ErrUnsupportedKubelet)}},
+		{name: "helper crashed", errs: map[string]error{"1.37": errors.New("run dkc-kubelet-check-1.37: signal: killed")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, testPool(), configMap(map[string]string{"kubelet": goodConfig}),
+				withVersion(node("a", nil, nil), "v1.36.4"), withVersion(node("b", nil, nil), "v1.37.1"),
+				withVersion(node("c", nil, nil), "v1.37.2-eks-1"), node("d", nil, nil))
+			kubelets := &fakeKubelets{errs: tc.errs}
+			h.c.kubelets.checker = kubelets
+			for range 2 {
+				if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.wantCalls == "" {
+				tc.wantCalls = "v1.36.4 v1.37.1"
+			}
+			if got := strings.Join(kubelets.calls, " "); got != tc.wantCalls {
+				t.Errorf("checked with %q over two syncs, want %q (each minor once, oldest first, up to a refusal)", got, tc.wantCalls)
+			}
+			last := h.pools.updates[len(h.pools.updates)-1]
+			c := meta.FindStatusCondition(last.Status.Conditions, v1alpha1.ConditionConfigInvalid)
+			if tc.wantInvalid == "" {
+				if c == nil || c.Status != metav1.ConditionFalse || len(h.assigned()) == 0 {
+					t.Errorf("ConfigInvalid %+v, assigned %v; want False and a node assigned", c, h.assigned())
+				}
+				return
+			}
+			if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonValidationFailed || !strings.Contains(c.Message, tc.wantInvalid) {
+				t.Fatalf("ConfigInvalid %+v, want True ValidationFailed with %q", c, tc.wantInvalid)
+			}
+			// The content's revision, by which `kubectl dkc rollout` tells a finding on an edit from one before it.
+			if rev := revision.Name("kube-system", "kubelet", map[string]string{"kubelet": goodConfig}); !strings.Contains(c.Message, "(revision "+rev+")") {
+				t.Errorf("ConfigInvalid %q does not name revision %s", c.Message, rev)
+			}
+			if got := h.assigned(); len(got) != 0 {
+				t.Errorf("assigned %v a config the kubelet refuses", got)
+			}
+			for _, a := range h.client.Actions() {
+				if a.GetVerb() == "create" && a.GetResource().Resource == "configmaps" {
+					t.Error("created a revision of a config the kubelet refuses")
+				}
+			}
+		})
 	}
 }

@@ -2,7 +2,10 @@ package app
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
@@ -50,8 +53,7 @@ func (s *Sidecar) uninstallNode(ctx context.Context, log *zap.Logger) error {
 		Log: log.Named("uninstall"), Unit: unit, Kubelet: localHealthz{probe: p, config: cfg.KubeletConfig},
 		DynamicConfigDir: cfg.DynamicConfigDir, KubeletConfig: cfg.KubeletConfig, DropIn: cfg.KubeletDropIn, ProcDir: cfg.HostProc,
 		HealthTimeout: cfg.HealthTimeout,
-		// The lock goes last: only a sidecar of the normal mode waits on it, and none runs here any more.
-		Files: []string{agent.StateFileName, LockFileName},
+		Files:         []string{agent.StateFileName},
 	})
 	log.Info("dkc-sidecar uninstalling dkc from this node", zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("dropIn", cfg.KubeletDropIn), zap.String("kubeletConfig", cfg.KubeletConfig))
@@ -63,6 +65,16 @@ func (s *Sidecar) uninstallNode(ctx context.Context, log *zap.Logger) error {
 		})
 	}
 	err = g.Wait()
+	if ready, _ := c.Ready(); ready && !cfg.NoNodeLock {
+		// The lock file, dkc's last on the node, goes only now that this process serves nothing more and
+		// acts no more: a sidecar started meanwhile (dkc installed again) waits on it until this one exits,
+		// and one that comes after the removal finds the port free.
+		if rerr := os.Remove(filepath.Join(cfg.DynamicConfigDir, LockFileName)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			log.Warn("uninstall: remove the node's sidecar lock", zap.Error(rerr))
+		} else {
+			log.Info("uninstall: dkc-sidecar.lock", zap.String("result", "removed"))
+		}
+	}
 	log.Info("dkc-sidecar stopped")
 	return err
 }

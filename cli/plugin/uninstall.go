@@ -316,13 +316,26 @@ func (o *Options) cleanNodes(ctx context.Context, ns string, timeout time.Durati
 			fmt.Fprintf(o.io.Out, "  %s\n", progress)
 			last = progress
 		}
-		return done, progress, nil
+		if !done {
+			return false, progress, nil
+		}
+		// The DaemonSet's counts are per node; a replaced pod of the normal mode may still be terminating
+		// beside its successor, and would report status again. Done is when no such pod is left.
+		pending, err := o.uncleanNodes(ctx, ds)
+		if err != nil {
+			return false, "", err
+		}
+		return len(pending) == 0, strings.Join(pending, "; "), nil
 	})
 	if err == nil {
 		return nil
 	}
 	if ctx.Err() == nil {
-		if pending := o.uncleanNodes(ctx, ns); len(pending) > 0 {
+		ds, gerr := dsClient.Get(ctx, sidecarDaemonSet, metav1.GetOptions{})
+		if gerr != nil {
+			return err
+		}
+		if pending, _ := o.uncleanNodes(ctx, ds); len(pending) > 0 {
 			err = fmt.Errorf("%w\nnot clean yet:\n  %s\nits cleanup pod's log says why (kubectl -n %s logs <pod>); run this again to go on waiting",
 				err, strings.Join(pending, "\n  "), ns)
 		}
@@ -341,19 +354,16 @@ func rolledOut(ds *appsv1.DaemonSet) (bool, string) {
 	return s.UpdatedNumberScheduled == s.DesiredNumberScheduled && s.NumberReady == s.DesiredNumberScheduled, progress
 }
 
-// uncleanNodes names the nodes whose sidecar pod is not a ready cleanup pod, and why.
-func (o *Options) uncleanNodes(ctx context.Context, ns string) []string {
-	ds, err := o.client.AppsV1().DaemonSets(ns).Get(ctx, sidecarDaemonSet, metav1.GetOptions{})
-	if err != nil {
-		return nil
-	}
+// uncleanNodes names the nodes whose sidecar pod is not a ready cleanup pod (or that still have a pod of
+// the normal mode, terminating), and why.
+func (o *Options) uncleanNodes(ctx context.Context, ds *appsv1.DaemonSet) ([]string, error) {
 	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
 	if err != nil {
-		return nil
+		return nil, err
 	}
-	pods, err := o.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	pods, err := o.client.CoreV1().Pods(ds.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("list the pods of daemonset %s/%s: %w", ds.Namespace, ds.Name, err)
 	}
 	var out []string
 	for _, p := range pods.Items {
@@ -365,7 +375,7 @@ func (o *Options) uncleanNodes(ctx context.Context, ns string) []string {
 		}
 	}
 	sort.Strings(out)
-	return out
+	return out, nil
 }
 
 func podReady(p *corev1.Pod) bool {

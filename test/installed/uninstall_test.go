@@ -81,11 +81,11 @@ func TestUninstall(t *testing.T) {
 		if err := cluster.RestartUnit(ctx, n, "kubelet.service"); err != nil {
 			t.Fatalf("%s: systemctl restart kubelet: %v", n, err)
 		}
+		pid := waitKubeletServing(t, ctx, n)
+		time.Sleep(10 * time.Second)
 		if d := kubeletStarts(t, n) - starts; d != 1 {
 			t.Errorf("%s: kubelet started %d times for one systemctl restart, want 1", n, d)
 		}
-		pid := waitKubeletServing(t, ctx, n)
-		time.Sleep(10 * time.Second)
 		if state, result, err := cluster.KubeletUnitState(ctx, n); err != nil || state != "active" {
 			t.Errorf("%s: kubelet.service is %s (%s) 10s after its restart: %v", n, state, result, err)
 		}

@@ -196,7 +196,7 @@ func writePlan(w io.Writer, st *uninstallState) {
 		fmt.Fprintf(w, "  2. daemonset/%s: gone, and no Node carries dkc's marks: nothing to clean on the nodes\n", sidecarDaemonSet)
 	default:
 		verb := "switch daemonset/" + sidecarDaemonSet + " to its cleanup mode (dkc-sidecar --uninstall) and wait"
-		if cleanupMode(&st.daemonSet.Spec.Template) {
+		if cleanupMode(st.daemonSet.Spec.Template.Spec.Containers) {
 			verb = "daemonset/" + sidecarDaemonSet + " is in its cleanup mode already: wait"
 		}
 		fmt.Fprintf(w, "  2. %s until it is ready on every node (%d): there the kubelet drop-in, kubelet.env, the checkpoints and the sidecar's state\n"+
@@ -368,7 +368,7 @@ func (o *Options) uncleanNodes(ctx context.Context, ds *appsv1.DaemonSet) ([]str
 	var out []string
 	for _, p := range pods.Items {
 		switch {
-		case !cleanupMode(&p.Spec):
+		case !cleanupMode(p.Spec.Containers):
 			out = append(out, fmt.Sprintf("%s: pod %s still runs the sidecar's normal mode", p.Spec.NodeName, p.Name))
 		case !podReady(&p):
 			out = append(out, fmt.Sprintf("%s: pod %s has not finished the cleanup (not ready)", p.Spec.NodeName, p.Name))
@@ -387,21 +387,11 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// cleanupMode says whether the pod spec (a template's or a pod's) runs the sidecar with --uninstall.
-func cleanupMode(spec any) bool {
-	var containers []corev1.Container
-	switch s := spec.(type) {
-	case *corev1.PodTemplateSpec:
-		containers = s.Spec.Containers
-	case *corev1.PodSpec:
-		containers = s.Containers
-	}
-	for _, c := range containers {
-		if c.Name == sidecarContainer && slices.Contains(c.Args, "--uninstall") {
-			return true
-		}
-	}
-	return false
+// cleanupMode says whether the containers (a pod's or a template's) run the sidecar with --uninstall.
+func cleanupMode(containers []corev1.Container) bool {
+	return slices.ContainsFunc(containers, func(c corev1.Container) bool {
+		return c.Name == sidecarContainer && slices.Contains(c.Args, "--uninstall")
+	})
 }
 
 // toCleanupMode changes the sidecar's pod template into its cleanup mode, and says whether it changed:

@@ -83,7 +83,7 @@ func TestToCleanupMode(t *testing.T) {
 			if err != nil || !changed {
 				t.Fatalf("toCleanupMode: changed %v, %v", changed, err)
 			}
-			if !cleanupMode(&tpl) {
+			if !cleanupMode(tpl.Spec.Containers) {
 				t.Error("cleanupMode is false after the patch")
 			}
 			if len(tpl.Spec.InitContainers) != 0 {

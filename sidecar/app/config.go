@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dkc-dev/dkc/sidecar/internal/uninstall"
 	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
@@ -75,7 +76,11 @@ type Config struct {
 	PrintDropIn      bool
 	InstallDropIn    string
 	InstallOnly      bool
-	HostProc         string
+	// Uninstall is the cleanup mode (--uninstall): take dkc off the node and report it, nothing else.
+	Uninstall bool
+	// KubeletDropIn is dkc's kubelet drop-in, which --uninstall removes.
+	KubeletDropIn string
+	HostProc      string
 	// KubeletCheckDir holds the dkc-kubelet-check-<minor> helpers, one per kubelet minor; default: the
 	// directory of this executable.
 	KubeletCheckDir string
@@ -112,6 +117,7 @@ func DefaultConfig() Config {
 		MetricsAddress:   DefaultMetricsAddress,
 		HostProc:         "/proc",
 		LogLevel:         "info",
+		KubeletDropIn:    uninstall.DefaultDropIn,
 	}
 }
 
@@ -140,6 +146,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
 	fs.StringVar(&c.InstallDropIn, "install-kubelet-dropin", c.InstallDropIn, "with --restart-mode=systemd: write the kubelet drop-in to this path (e.g. /etc/systemd/system/kubelet.service.d/20-dkc.conf) if it differs, and daemon-reload")
 	fs.BoolVar(&c.InstallOnly, "install-only", c.InstallOnly, "with --install-kubelet-dropin: install the drop-in, reload systemd and exit. The DaemonSet's init container does this, so the long-running container has no write access to unit files")
+	fs.BoolVar(&c.Uninstall, "uninstall", c.Uninstall, "cleanup mode, for uninstalling dkc (kubectl dkc uninstall sets it on the DaemonSet): remove --kubelet-dropin, daemon-reload, remove <dynamic-config-dir>/kubelet.env, restart the kubelet if it runs a checkpoint and wait until it is healthy on --kubelet-config, then remove meta/, checkpoints/ and the sidecar's state; /readyz answers 200 once that is done. Talks to no dkc-server; never restores what it removed. Needs the drop-in's directory mounted read-write")
+	fs.StringVar(&c.KubeletDropIn, "kubelet-dropin", c.KubeletDropIn, "with --uninstall: dkc's kubelet drop-in, which it removes (where --install-kubelet-dropin put it)")
 	fs.StringVar(&c.HostProc, "host-proc", c.HostProc, "the node's /proc, where the kubelet's command line is read (<host-proc>/<MainPID>/cmdline); the DaemonSet mounts the host's /proc read-only at /host/proc instead of sharing the host's PID namespace")
 	fs.StringVar(&c.KubeletCheckDir, "kubelet-check-dir", c.KubeletCheckDir, "directory of the dkc-kubelet-check-<minor> helpers that load and validate configs with the kubelet's own code, one per supported kubelet minor (the image ships 1.34–1.37); the node kubelet's minor picks the helper, and a kubelet of another minor is refused. Default: the directory of this executable")
 	fs.StringVar(&c.KubeletVersion, "kubelet-version", c.KubeletVersion, "the node kubelet's version (e.g. v1.36.3), if it must override what the Node's status.nodeInfo.kubeletVersion says (dkc-server sends that); configs are validated with the code of its minor")
@@ -150,6 +158,24 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 func (c Config) Validate() error {
 	if c.PrintDropIn {
 		return nil
+	}
+	if c.Uninstall {
+		// Cleanup mode needs the node, the bus and the paths; nothing of the service.
+		var errs []error
+		if c.InstallOnly {
+			errs = append(errs, errors.New("--uninstall and --install-only exclude each other"))
+		}
+		if c.RestartMode != "systemd" {
+			errs = append(errs, errors.New("--uninstall needs --restart-mode=systemd: it removes dkc's drop-in from the kubelet's unit"))
+		}
+		if !strings.HasPrefix(c.DynamicConfigDir, "/") || !strings.HasPrefix(c.KubeletConfig, "/") || !strings.HasPrefix(c.HostProc, "/") ||
+			!strings.HasPrefix(c.KubeletDropIn, "/") {
+			errs = append(errs, errors.New("--uninstall needs absolute --dynamic-config-dir, --kubelet-config, --host-proc and --kubelet-dropin"))
+		}
+		if c.HealthTimeout <= 0 {
+			errs = append(errs, errors.New("--health-timeout must be positive"))
+		}
+		return errors.Join(errs...)
 	}
 	if c.InstallOnly {
 		// An init container: it needs the bus and the drop-in path, nothing of the service or the node.

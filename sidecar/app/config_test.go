@@ -26,6 +26,15 @@ func TestValidate(t *testing.T) {
 		{"install-only in signal mode", func(c *Config) {
 			c.InstallOnly, c.InstallDropIn, c.RestartMode = true, "/etc/systemd/system/kubelet.service.d/20-dkc.conf", "signal"
 		}, "--install-only needs"},
+		{"the uninstall mode, without the service's flags", func(c *Config) {
+			*c = DefaultConfig()
+			c.Uninstall, c.HostProc = true, "/host/proc"
+		}, ""},
+		{"uninstall in signal mode", func(c *Config) { c.Uninstall, c.RestartMode = true, "signal" }, "--uninstall needs --restart-mode=systemd"},
+		{"uninstall with a relative drop-in", func(c *Config) { c.Uninstall, c.KubeletDropIn = true, "20-dkc.conf" }, "--uninstall needs absolute"},
+		{"uninstall and install-only", func(c *Config) {
+			c.Uninstall, c.InstallOnly, c.InstallDropIn = true, true, "/etc/systemd/system/kubelet.service.d/20-dkc.conf"
+		}, "exclude each other"},
 		{"a relative --host-proc", func(c *Config) { c.HostProc = "host/proc" }, "--host-proc must be absolute"},
 		{"signal mode needs the host's PID namespace", func(c *Config) {
 			c.RestartMode, c.KubeletPIDFile, c.HostProc = "signal", "/run/kubelet.pid", "/host/proc"

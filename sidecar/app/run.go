@@ -34,6 +34,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if cfg.InstallOnly {
 		return installOnly(ctx, cfg, log)
 	}
+	if cfg.Uninstall {
+		return s.uninstallNode(ctx, log)
+	}
 	if !cfg.NoNodeLock {
 		release, err := lockNode(ctx, cfg.DynamicConfigDir, log)
 		if err != nil {

@@ -33,6 +33,10 @@ drop-in, see --print-kubelet-dropin), restarts the kubelet over D-Bus, waits for
 matching /configz, rolls back to last-known-good when that fails, and promotes a config to
 last-known-good after --trial-duration of healthy running.
 
+With --uninstall it takes dkc off the node instead (kubectl dkc uninstall sets it): it removes the
+drop-in and kubelet.env, restarts a kubelet that runs a checkpoint onto its local config, removes
+the checkpoints once that kubelet is healthy, and reports ready.
+
 Usage: dkc-sidecar [flags]
 
 Flags:

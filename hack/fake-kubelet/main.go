@@ -1,8 +1,10 @@
 // Command fake-kubelet is the stand-in kubelet of the dev cluster's simulated nodes. It takes the kubelet's
 // command line, loads --config with the kubelet's own loader, flag precedence and validation (exiting 1 on a
-// config the kubelet would refuse, as the kubelet does), fails to start when containerRuntimeEndpoint names a
-// unix socket that does not exist (as the kubelet does), and otherwise serves /healthz (HTTP) and /configz
-// (HTTPS) where the config says, until SIGTERM. $FAKE_KUBELET_PID_FILE receives its PID once it serves.
+// config the kubelet would refuse, as the kubelet does), exits when containerRuntimeEndpoint or
+// imageServiceEndpoint names a unix socket that does not exist (as the kubelet does, after its service
+// manager reported it started), and otherwise serves /healthz (HTTP) and /configz (HTTPS) where the config
+// says, until SIGTERM. $FAKE_KUBELET_PID_FILE receives its PID once its config is loaded: the start a
+// service manager would report.
 // Simulated nodes exercise the real sidecar code without a real kubelet each.
 //
 // It serves the certificate a kubelet would (servingCert): the config's tlsCertFile, or the self-signed
@@ -50,10 +52,22 @@ func run() error {
 		return fmt.Errorf("failed to load kubelet config file %s: %w", cfgFile, err)
 	}
 	kc := r.Config
-	if sock, ok := strings.CutPrefix(kc.ContainerRuntimeEndpoint, "unix://"); ok {
-		if _, err := os.Stat(sock); err != nil {
-			time.Sleep(200 * time.Millisecond)
-			return fmt.Errorf("validate service connection: %s: %w", kc.ContainerRuntimeEndpoint, err)
+	// Running, as a service manager would report it (systemd's Type=simple: the process exists): a kubelet
+	// that now fails to reach its runtime exits after its start was reported, and the sidecar sees a
+	// kubelet that never gets healthy (and rolls back), not one that was never started.
+	if f := os.Getenv("FAKE_KUBELET_PID_FILE"); f != "" {
+		if err := os.WriteFile(f, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+			return err
+		}
+	}
+	// The runtime and the image service (which defaults to the runtime's endpoint), as the kubelet's
+	// validateServiceConnection checks them.
+	for _, endpoint := range []string{kc.ContainerRuntimeEndpoint, kc.ImageServiceEndpoint} {
+		if sock, ok := strings.CutPrefix(endpoint, "unix://"); ok {
+			if _, err := os.Stat(sock); err != nil {
+				time.Sleep(200 * time.Millisecond)
+				return fmt.Errorf("validate service connection: %s: %w", endpoint, err)
+			}
 		}
 	}
 	kf, err := kubeletcheck.ParseKubeletFlags(flags)
@@ -87,11 +101,6 @@ func run() error {
 	}
 	go func() { _ = http.Serve(hl, health) }()
 	go func() { _ = http.Serve(al, api) }()
-	if f := os.Getenv("FAKE_KUBELET_PID_FILE"); f != "" {
-		if err := os.WriteFile(f, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-			return err
-		}
-	}
 	fmt.Printf("fake-kubelet serving config %s (eventRecordQPS %d)\n", cfgFile, kc.EventRecordQPS)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)

@@ -50,11 +50,11 @@ func simMinor(t *testing.T) string {
 	return minor
 }
 
-// noKubeletStarts is a config that validates but that the simulated nodes' stand-in kubelet does not
-// start with: serverTLSBootstrap, as it bootstraps no serving certificate (it exits, as a kubelet does
-// on a missing container runtime socket — the real nodes' pool tests use that, but the simulated nodes
-// set the socket by flag, which wins over any config). The sidecar rolls the node back.
-const noKubeletStarts = "serverTLSBootstrap: true\n"
+// noKubeletStarts is a config that validates but that no kubelet runs with: its image service's socket
+// does not exist, so the kubelet exits after it started (the stand-in kubelet as the kubelet does; the
+// real nodes' pool tests use a missing container runtime socket, which the simulated nodes set by flag,
+// and a flag wins over the config). The sidecar sees it never healthy and rolls the node back.
+const noKubeletStarts = "imageServiceEndpoint: unix:///run/dkc-no-such-image-service.sock\n"
 
 // poolHeader is what every simulated node's kubelet accepts (the CLI rollout tests' configs).
 const poolHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"

@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/google/go-containerregistry/pkg/v1/validate"
 )
 
 var testSource = Source{
@@ -343,5 +344,65 @@ func TestWrite(t *testing.T) {
 		if _, err := got.Image(d); err != nil {
 			t.Errorf("image %s not in the layout: %v", d, err)
 		}
+	}
+}
+
+// TestWriteLinksSharedLayers: a layer two images share is one file on disk, hard-linked into the second
+// image's layout, and both layouts read back whole.
+func TestWriteLinksSharedLayers(t *testing.T) {
+	shared, err := Layer([]File{{Path: "/usr/local/bin/helper-1", Mode: 0o755, Data: []byte("helper")}}, testSource.Created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var built []Built
+	for _, n := range []string{"one", "two"} {
+		var imgs []v1.Image
+		for _, arch := range []string{"amd64", "arm64"} {
+			spec := testSpec(t)
+			spec.Name, spec.Arch = n, arch
+			spec.Shared = []SharedLayer{{Layer: shared}}
+			img, err := Build(spec, testSource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			imgs = append(imgs, img)
+		}
+		idx, err := Index(imgs, testSource)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref, err := name.NewTag("dkc.local/" + n + ":dev")
+		if err != nil {
+			t.Fatal(err)
+		}
+		built = append(built, Built{Name: n, Ref: ref, Index: idx})
+	}
+	dir := t.TempDir()
+	if _, err := Write(dir, built); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := shared.Digest()
+	var st []os.FileInfo
+	for _, n := range []string{"one", "two"} {
+		fi, err := os.Stat(filepath.Join(dir, LayoutDir, n, "blobs", "sha256", d.Hex))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st = append(st, fi)
+		lp, err := layout.ImageIndexFromPath(filepath.Join(dir, LayoutDir, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		im, _ := lp.IndexManifest()
+		idx, err := lp.ImageIndex(im.Manifests[0].Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := validate.Index(idx); err != nil {
+			t.Errorf("layout %s: %v", n, err)
+		}
+	}
+	if !os.SameFile(st[0], st[1]) {
+		t.Error("the shared layer is two files")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -59,6 +60,9 @@ func Write(dir string, images []Built) ([]Written, error) {
 		return nil, fmt.Errorf("remove old OCI layouts %s: %w", layouts, err)
 	}
 	var out []Written
+	// Layer blobs already written into an earlier image's layout: a later layout gets a hard link, not a
+	// copy, of the layers images share (the base, the helpers), which the layout writer then skips.
+	written := map[v1.Hash]string{}
 	for _, b := range images {
 		digest, err := b.Index.Digest()
 		if err != nil {
@@ -68,6 +72,23 @@ func Write(dir string, images []Built) ([]Written, error) {
 		lp, err := layout.Write(w.Layout, empty.Index)
 		if err != nil {
 			return nil, fmt.Errorf("image %s: create OCI layout %s: %w", b.Name, w.Layout, err)
+		}
+		layers, err := indexLayers(b.Index)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", b.Name, err)
+		}
+		for _, d := range layers {
+			blob := filepath.Join(w.Layout, "blobs", d.Algorithm, d.Hex)
+			if src, ok := written[d]; ok {
+				if err := os.MkdirAll(filepath.Dir(blob), 0o755); err != nil {
+					return nil, fmt.Errorf("image %s: %w", b.Name, err)
+				}
+				if err := os.Link(src, blob); err != nil {
+					return nil, fmt.Errorf("image %s: link shared layer %s: %w", b.Name, d, err)
+				}
+				continue
+			}
+			written[d] = blob
 		}
 		err = lp.AppendIndex(b.Index, layout.WithAnnotations(map[string]string{
 			"org.opencontainers.image.ref.name": b.Ref.String(),
@@ -93,6 +114,32 @@ func Write(dir string, images []Built) ([]Written, error) {
 		}
 		w.Tarball, w.Size = file, st.Size()
 		out = append(out, w)
+	}
+	return out, nil
+}
+
+// indexLayers lists the (compressed) layer digests of the images in idx, each once: a layer can be in
+// several of them (the base, in every platform's).
+func indexLayers(idx v1.ImageIndex) ([]v1.Hash, error) {
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("read index: %w", err)
+	}
+	var out []v1.Hash
+	for _, desc := range im.Manifests {
+		img, err := idx.Image(desc.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("image %s of the index: %w", desc.Digest, err)
+		}
+		m, err := img.Manifest()
+		if err != nil {
+			return nil, fmt.Errorf("image %s of the index: %w", desc.Digest, err)
+		}
+		for _, l := range m.Layers {
+			if !slices.Contains(out, l.Digest) {
+				out = append(out, l.Digest)
+			}
+		}
 	}
 	return out, nil
 }

@@ -59,28 +59,42 @@ build: ## build the binaries into _output/bin (with one dkc-kubelet-check-<minor
 	$(KUBELETCHECK)/build.sh $(BIN)
 
 # Images: `make images` builds dkc-server, dkc-sidecar and pause from source (no daemon, no base image to pull)
-# into $(OUT)/images: <image>.tar per image (docker-archive: `ctr -n k8s.io images import` loads it) and the OCI
-# layout oci/. Timestamps come from SOURCE_DATE_EPOCH, else HEAD's commit time: a commit rebuilds to the same
-# digests. VERSION (default: git describe --tags --always --dirty) becomes org.opencontainers.image.version.
-# A release builds with its registry and tag and pushes the tarballs as built (crane does not rebuild them):
+# into $(OUT)/images, one image index per image over IMAGE_PLATFORMS (linux/amd64 and linux/arm64): the OCI
+# layout oci/<image> (the index, what push-images pushes), <image>.tar (docker-archive of the host's platform:
+# `ctr -n k8s.io images import` loads it), sbom/<image>_<os>_<arch>.spdx.json (also in each image, at
+# /usr/share/sbom/<image>.spdx.json), and the release overlay $(RELEASE_OVERLAY)/kustomization.yaml, which
+# installs RELEASE_BASE with dkc-server and dkc-sidecar pinned by their index digests. dkc-server and
+# dkc-sidecar carry the dkc-kubelet-check-<minor> helpers in one shared layer. Timestamps come from
+# SOURCE_DATE_EPOCH, else HEAD's commit time: a commit rebuilds to the same digests. VERSION (default: git
+# describe --tags --always --dirty) becomes org.opencontainers.image.version.
+# A release builds with its registry and tag, pushes the indexes as built, then installs the overlay:
 #   make images push-images IMAGE_REPO=ghcr.io/dkc-dev IMAGE_TAG=v0.2.0 VERSION=v0.2.0
-# which runs, per image, `crane push _output/images/dkc-server.tar ghcr.io/dkc-dev/dkc-server:v0.2.0`
-# (credentials from ~/.docker/config.json, e.g. `crane auth login ghcr.io`); then deploy/ takes the same
-# repo and tag through kustomize: `kustomize edit set image ghcr.io/dkc-dev/dkc-server=<repo>/dkc-server:<tag>`.
-IMAGE_REPO ?= dkc.local
-IMAGE_TAG  ?= dev
-VERSION    ?=
-IMAGES     := dkc-server dkc-sidecar pause
-CRANE      := $(GO_TOOLS) crane
+#   kubectl apply -k _output/release/deploy
+# push-images runs, per image, `crane push _output/images/oci/dkc-server ghcr.io/dkc-dev/dkc-server:v0.2.0`
+# (credentials from ~/.docker/config.json, e.g. `crane auth login ghcr.io`), with the IMAGE_REPO the overlay
+# pins. The local cluster (make up INSTALLED=1, make demo; test/devcluster runs hack/images itself) imports the
+# host's platform only and builds nothing else: those targets empty IMAGE_PLATFORMS, which hack/images takes as
+# the host's platform, and RELEASE_OVERLAY.
+IMAGE_REPO      ?= dkc.local
+IMAGE_TAG       ?= dev
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+RELEASE_OVERLAY ?= $(OUT)/release/deploy
+RELEASE_BASE    ?= deploy/overlays/self-signed
+VERSION         ?=
+IMAGES          := dkc-server dkc-sidecar pause
+CRANE           := $(GO_TOOLS) crane
+# Target-specific values hold for the images target these build as a prerequisite.
+up demo: IMAGE_PLATFORMS =
+up demo: RELEASE_OVERLAY =
 
 .PHONY: images
-images: ## build the OCI images (dkc-server, dkc-sidecar, pause) into _output/images (IMAGE_REPO, IMAGE_TAG, VERSION)
-	go run ./hack/images -repo $(IMAGE_REPO) -tag $(IMAGE_TAG) -out $(OUT)/images $(if $(VERSION),-version $(VERSION))
+images: ## build the OCI image indexes (dkc-server, dkc-sidecar, pause; IMAGE_PLATFORMS), SBOMs and the digest-pinned release overlay into _output (IMAGE_REPO, IMAGE_TAG, VERSION, RELEASE_BASE)
+	go run ./hack/images -repo $(IMAGE_REPO) -tag $(IMAGE_TAG) -out $(OUT)/images $(if $(IMAGE_PLATFORMS),-platforms '$(IMAGE_PLATFORMS)') $(if $(VERSION),-version $(VERSION)) $(if $(RELEASE_OVERLAY),-release-overlay $(RELEASE_OVERLAY) -release-base $(RELEASE_BASE))
 
 .PHONY: push-images
-push-images: ## push the tarballs `make images` wrote to $(IMAGE_REPO)/<image>:$(IMAGE_TAG) with crane
-	@for i in $(IMAGES); do echo "crane push $(OUT)/images/$$i.tar $(IMAGE_REPO)/$$i:$(IMAGE_TAG)"; \
-		$(CRANE) push $(OUT)/images/$$i.tar $(IMAGE_REPO)/$$i:$(IMAGE_TAG) || exit 1; done
+push-images: ## push the image indexes `make images` wrote (every platform) to $(IMAGE_REPO)/<image>:$(IMAGE_TAG) with crane
+	@for i in $(IMAGES); do echo "crane push $(OUT)/images/oci/$$i $(IMAGE_REPO)/$$i:$(IMAGE_TAG)"; \
+		$(CRANE) push $(OUT)/images/oci/$$i $(IMAGE_REPO)/$$i:$(IMAGE_TAG) || exit 1; done
 
 .PHONY: test
 test: test-unit test-fuzz test-integration ## run every test: unit, fuzzing (short), then integration against the real local cluster

@@ -1,6 +1,9 @@
 // Command images builds dkc's container images from source without a container daemon or registry:
-// dkc-server, dkc-sidecar (with the dkc-kubelet-check-<minor> helpers beside it) and the pause image a local cluster uses as
-// its sandbox image. `make images` runs it; see its --help.
+// dkc-server and dkc-sidecar (both with the dkc-kubelet-check-<minor> helpers, in one shared layer) and the
+// pause image a local cluster uses as its sandbox image, one image index per image over the platforms
+// asked for, with an SPDX SBOM per image and platform and, on request, the release overlay that pins the
+// indexes by digest. `make images` runs it for linux/amd64 and linux/arm64; its own default is the host's
+// platform, what a local cluster imports. See its --help.
 package main
 
 import (

@@ -44,13 +44,26 @@ type Spec struct {
 	User string
 	// Base adds BaseFiles as the first layer.
 	Base bool
-	// Files form the image's own layer on top of the base.
+	// Shared are layers built once (SharedLayer) and placed, in order, between the base and Files in every
+	// image that lists them. Such images store the layer once in a registry and, because containerd keys
+	// a node's unpacked layers by the chain of layers below them, once on a node too: the same base under
+	// the same shared layers gives the same chain.
+	Shared []SharedLayer
+	// Files form the image's own layer on top of the base and the shared layers.
 	Files []File
 	// Arch is a GOARCH; the OS is always linux.
 	Arch string
 }
 
-// Build assembles spec into an image: the base layer if asked for, one layer with spec.Files, and a config
+// SharedLayer is a layer several images carry byte for byte.
+type SharedLayer struct {
+	Layer v1.Layer
+	// What says what it holds, for the image's history.
+	What string
+}
+
+// Build assembles spec into an image: the base layer if asked for, the shared layers, one layer with
+// spec.Files, and a config
 // with the entrypoint, user and OCI labels. The manifest carries the same labels as annotations, because
 // registries and `crane manifest` show those without fetching the config.
 func Build(spec Spec, src Source) (v1.Image, error) {
@@ -58,23 +71,24 @@ func Build(spec Spec, src Source) (v1.Image, error) {
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 
-	var layers [][]File
+	var layers []SharedLayer
 	if spec.Base {
-		layers = append(layers, BaseFiles())
-	}
-	layers = append(layers, spec.Files)
-	for i, files := range layers {
-		layer, err := Layer(files, created)
+		base, err := Layer(BaseFiles(), created)
 		if err != nil {
-			return nil, fmt.Errorf("image %s layer %d: %w", spec.Name, i, err)
+			return nil, fmt.Errorf("image %s base layer: %w", spec.Name, err)
 		}
-		what := "files of " + spec.Name
-		if spec.Base && i == 0 {
-			what = "base: passwd, group, nsswitch.conf, /tmp"
-		}
+		layers = append(layers, SharedLayer{Layer: base, What: "base: passwd, group, nsswitch.conf, /tmp"})
+	}
+	layers = append(layers, spec.Shared...)
+	own, err := Layer(spec.Files, created)
+	if err != nil {
+		return nil, fmt.Errorf("image %s layer of its own files: %w", spec.Name, err)
+	}
+	layers = append(layers, SharedLayer{Layer: own, What: "files of " + spec.Name})
+	for i, l := range layers {
 		img, err = mutate.Append(img, mutate.Addendum{
-			Layer:   layer,
-			History: v1.History{Created: v1.Time{Time: created}, CreatedBy: "hack/images: " + what},
+			Layer:   l.Layer,
+			History: v1.History{Created: v1.Time{Time: created}, CreatedBy: "hack/images: " + l.What},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("image %s: append layer %d: %w", spec.Name, i, err)
@@ -101,6 +115,26 @@ func Build(spec Spec, src Source) (v1.Image, error) {
 		return nil, fmt.Errorf("image %s: set config: %w", spec.Name, err)
 	}
 	return mutate.Annotations(img, labels).(v1.Image), nil
+}
+
+// Index puts images, one per platform (each image's config says which), into an OCI image index that
+// carries the build's labels as annotations. A runtime pulling the index picks its own platform's image.
+func Index(images []v1.Image, src Source) (v1.ImageIndex, error) {
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	for i, img := range images {
+		cf, err := img.ConfigFile()
+		if err != nil {
+			return nil, fmt.Errorf("index entry %d: read config: %w", i, err)
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
+			Add: img,
+			Descriptor: v1.Descriptor{
+				MediaType: types.OCIManifestSchema1,
+				Platform:  &v1.Platform{OS: cf.OS, Architecture: cf.Architecture, Variant: cf.Variant},
+			},
+		})
+	}
+	return mutate.Annotations(idx, src.labels(src.Created.UTC().Truncate(time.Second))).(v1.ImageIndex), nil
 }
 
 func (s Source) labels(created time.Time) map[string]string {

@@ -15,6 +15,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/google/go-containerregistry/pkg/v1/validate"
 )
 
 var testSource = Source{
@@ -203,18 +205,99 @@ func TestLayerRejectsBadPaths(t *testing.T) {
 	}
 }
 
+// TestBuildSharedLayer: two images given the same shared layer carry it byte for byte at the same place,
+// above the same base, so that their chains of layers agree up to it; their own layers differ.
+func TestBuildSharedLayer(t *testing.T) {
+	shared, err := Layer([]File{{Path: "/usr/local/bin/helper-1", Mode: 0o755, Data: []byte("helper")}}, testSource.Created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var layers [][]v1.Layer
+	for _, name := range []string{"one", "two"} {
+		spec := testSpec(t)
+		spec.Name = name
+		spec.Files = append(spec.Files, File{Path: "/etc/" + name, Mode: 0o644, Data: []byte(name)})
+		spec.Shared = []SharedLayer{{Layer: shared, What: "helpers"}}
+		img, err := Build(spec, testSource)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, err := img.Layers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ls) != 3 {
+			t.Fatalf("image %s: %d layers, want base, shared, own", name, len(ls))
+		}
+		layers = append(layers, ls)
+	}
+	want, _ := shared.Digest()
+	for i, same := range []bool{true, true, false} {
+		d1, _ := layers[0][i].Digest()
+		d2, _ := layers[1][i].Digest()
+		if (d1 == d2) != same {
+			t.Errorf("layer %d: digests %s and %s, want same=%v", i, d1, d2, same)
+		}
+		if i == 1 && d1 != want {
+			t.Errorf("layer 1 is %s, want the shared layer %s", d1, want)
+		}
+	}
+}
+
+func TestIndex(t *testing.T) {
+	var imgs []v1.Image
+	for _, arch := range []string{"amd64", "arm64"} {
+		spec := testSpec(t)
+		spec.Arch = arch
+		img, err := Build(spec, testSource)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imgs = append(imgs, img)
+	}
+	idx, err := Index(imgs, testSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if im.MediaType != types.OCIImageIndex || im.Annotations[AnnotationRevision] != "0123abc" || len(im.Manifests) != 2 {
+		t.Fatalf("index = %+v", im)
+	}
+	for i, arch := range []string{"amd64", "arm64"} {
+		d, _ := imgs[i].Digest()
+		m := im.Manifests[i]
+		if m.Digest != d || m.MediaType != types.OCIManifestSchema1 || m.Platform == nil ||
+			m.Platform.OS != "linux" || m.Platform.Architecture != arch {
+			t.Errorf("entry %d = %+v, want linux/%s %s", i, m, arch, d)
+		}
+	}
+}
+
 func TestWrite(t *testing.T) {
-	img, err := Build(testSpec(t), testSource)
+	var imgs []v1.Image
+	for _, arch := range []string{"amd64", "arm64"} {
+		spec := testSpec(t)
+		spec.Arch = arch
+		img, err := Build(spec, testSource)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imgs = append(imgs, img)
+	}
+	idx, err := Index(imgs, testSource)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	ref := name.MustParseReference("dkc.local/tool:dev").(name.Tag)
-	written, err := Write(dir, []Built{{Name: "tool", Ref: ref, Image: img}})
+	written, err := Write(dir, []Built{{Name: "tool", Ref: ref, Index: idx, Local: imgs[1]}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := img.Digest()
+	want, _ := idx.Digest()
 	if len(written) != 1 || written[0].Digest != want || written[0].Size == 0 {
 		t.Fatalf("written = %+v", written)
 	}
@@ -226,25 +309,100 @@ func TestWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	gotID, _ := fromTar.ConfigName()
-	wantID, _ := img.ConfigName()
+	wantID, _ := imgs[1].ConfigName()
 	if gotID != wantID {
 		t.Errorf("tarball image config %s, want %s", gotID, wantID)
 	}
 
-	// Writing twice leaves one image in the layout, named by its reference.
-	if _, err := Write(dir, []Built{{Name: "tool", Ref: ref, Image: img}}); err != nil {
+	// Writing twice leaves one entry in the image's layout, the index, named by its reference; without a
+	// local image, the earlier tarball goes.
+	if _, err := Write(dir, []Built{{Name: "tool", Ref: ref, Index: idx}}); err != nil {
 		t.Fatal(err)
 	}
-	idx, err := layout.ImageIndexFromPath(filepath.Join(dir, LayoutDir))
+	if _, err := os.Stat(filepath.Join(dir, "tool.tar")); !os.IsNotExist(err) {
+		t.Errorf("tool.tar of the earlier build: %v, want it removed", err)
+	}
+	lp, err := layout.ImageIndexFromPath(filepath.Join(dir, LayoutDir, "tool"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	im, err := idx.IndexManifest()
+	im, err := lp.IndexManifest()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(im.Manifests) != 1 || im.Manifests[0].Digest != want ||
+	if len(im.Manifests) != 1 || im.Manifests[0].Digest != want || !im.Manifests[0].MediaType.IsIndex() ||
 		im.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != "dkc.local/tool:dev" {
 		t.Errorf("layout index = %+v", im.Manifests)
+	}
+	// What crane push reads from the layout is the index itself, every platform's image included.
+	got, err := lp.ImageIndex(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range imgs {
+		d, _ := img.Digest()
+		if _, err := got.Image(d); err != nil {
+			t.Errorf("image %s not in the layout: %v", d, err)
+		}
+	}
+}
+
+// TestWriteLinksSharedLayers: a layer two images share is one file on disk, hard-linked into the second
+// image's layout, and both layouts read back whole.
+func TestWriteLinksSharedLayers(t *testing.T) {
+	shared, err := Layer([]File{{Path: "/usr/local/bin/helper-1", Mode: 0o755, Data: []byte("helper")}}, testSource.Created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var built []Built
+	for _, n := range []string{"one", "two"} {
+		var imgs []v1.Image
+		for _, arch := range []string{"amd64", "arm64"} {
+			spec := testSpec(t)
+			spec.Name, spec.Arch = n, arch
+			spec.Shared = []SharedLayer{{Layer: shared}}
+			img, err := Build(spec, testSource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			imgs = append(imgs, img)
+		}
+		idx, err := Index(imgs, testSource)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref, err := name.NewTag("dkc.local/" + n + ":dev")
+		if err != nil {
+			t.Fatal(err)
+		}
+		built = append(built, Built{Name: n, Ref: ref, Index: idx})
+	}
+	dir := t.TempDir()
+	if _, err := Write(dir, built); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := shared.Digest()
+	var st []os.FileInfo
+	for _, n := range []string{"one", "two"} {
+		fi, err := os.Stat(filepath.Join(dir, LayoutDir, n, "blobs", "sha256", d.Hex))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st = append(st, fi)
+		lp, err := layout.ImageIndexFromPath(filepath.Join(dir, LayoutDir, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		im, _ := lp.IndexManifest()
+		idx, err := lp.ImageIndex(im.Manifests[0].Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := validate.Index(idx); err != nil {
+			t.Errorf("layout %s: %v", n, err)
+		}
+	}
+	if !os.SameFile(st[0], st[1]) {
+		t.Error("the shared layer is two files")
 	}
 }

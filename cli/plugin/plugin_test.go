@@ -200,8 +200,10 @@ func TestVerdict(t *testing.T) {
 	halted := cond(v1alpha1.ConditionHalted, metav1.ConditionTrue, v1alpha1.ReasonFailureBudgetExhausted)
 	invalid := cond(v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, v1alpha1.ReasonConfigMapNotFound)
 	notValid := cond(v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, v1alpha1.ReasonValidationFailed)
+	notValid.Message = `configmap kube-system/blue (revision r1) key "kubelet": the kubelet 1.37 refuses it`
 	notValidR2 := notValid
 	notValidR2.Message = `configmap kube-system/blue (revision r2) key "kubelet": the kubelet 1.37 refuses it`
+	notValidSelector := cond(v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, v1alpha1.ReasonValidationFailed) // names no revision
 	for _, tc := range []struct {
 		name     string
 		p        *v1alpha1.KubeletConfigPool
@@ -220,6 +222,7 @@ func TestVerdict(t *testing.T) {
 		{name: "the edit the caller read does not validate", p: pool(2, "r1", false, notValidR2), revision: "r2", done: true, stopped: v1alpha1.ReasonValidationFailed},
 		{name: "content before the edit did not validate: wait for the edit's verdict", p: pool(2, "r1", false, notValid), revision: "r2", lineHas: "revision r2"},
 		{name: "a spec change to a config that does not validate", p: pool(2, "r1", false, notValid), done: true, stopped: v1alpha1.ReasonValidationFailed},
+		{name: "a finding on the spec, not the content, ends it whatever the revision", p: pool(2, "r1", false, notValidSelector), revision: "r2", done: true, stopped: v1alpha1.ReasonValidationFailed},
 		{name: "a ConfigMap found missing before the edit the caller just read: wait", p: pool(2, "r1", false, invalid), revision: "r2", lineHas: "revision r2"},
 		{name: "settled with a failed node within maxFailures", p: settled([]int64{1}, 0), done: true, stopped: v1alpha1.ReasonNothingToAssign},
 		{name: "settled with held nodes only", p: settled(nil, 2), done: true, lineHas: "held"},

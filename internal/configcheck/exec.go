@@ -38,14 +38,19 @@ const dataFile = "/dev/fd/3"
 
 // CheckData checks a config held in memory (a ConfigMap's key) as the kubelet of kubeletVersion would load
 // it from a file of its own, without any node's flags or --config-dir drop-ins, which a server does not
-// know: what fails here fails on every node whose kubelet has no flag or drop-in that sets the failing
-// field. Errors as Check's.
+// know: what fails here fails on every node whose kubelet has no flag (a feature gate among them) or
+// drop-in that sets the failing field. Errors as Check's.
 func (e Exec) CheckData(ctx context.Context, kubeletVersion string, data []byte) (*Checked, error) {
-	return e.run(ctx, Request{File: dataFile, KubeletVersion: kubeletVersion}, data)
+	return e.run(ctx, Request{File: dataFile, KubeletVersion: kubeletVersion}, &data)
 }
 
+// helperMemoryLimit is the helpers' soft memory limit (GOMEMLIMIT) when CheckData runs them: they run inside
+// the caller's container (dkc-server's), whose own GOMEMLIMIT they would otherwise inherit. A 1 MiB
+// config peaks at ~85 MiB of RSS.
+const helperMemoryLimit = "96MiB"
+
 // run runs the helper on req; data, if not nil, is written to the helper's fd 3 (dataFile).
-func (e Exec) run(ctx context.Context, req Request, data []byte) (*Checked, error) {
+func (e Exec) run(ctx context.Context, req Request, data *[]byte) (*Checked, error) {
 	timeout := e.Timeout
 	if timeout == 0 {
 		timeout = 30 * time.Second
@@ -59,7 +64,13 @@ func (e Exec) run(ctx context.Context, req Request, data []byte) (*Checked, erro
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, e.Binary)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(in), &stdout, &stderr
+	// A helper is killed at the timeout; a child of its own holding its output open must not keep Wait
+	// beyond it.
+	cmd.WaitDelay = 5 * time.Second
+	what := req.File
 	if data != nil {
+		what = fmt.Sprintf("a config of %d bytes", len(*data))
+		cmd.Env = append(os.Environ(), "GOMEMLIMIT="+helperMemoryLimit)
 		r, w, err := os.Pipe()
 		if err != nil {
 			return nil, fmt.Errorf("pipe for %s: %w", e.Binary, err)
@@ -74,18 +85,18 @@ func (e Exec) run(ctx context.Context, req Request, data []byte) (*Checked, erro
 		// The pipe holds 64 KiB and a config may be 1 MiB: write while the helper reads. A helper that exits
 		// without reading all of it fails the write with EPIPE, which its own answer explains better.
 		go func() {
-			_, _ = w.Write(data)
+			_, _ = w.Write(*data)
 			w.Close()
 		}()
 		if err := cmd.Wait(); err != nil {
-			return nil, fmt.Errorf("run %s on %s: %w: %s", e.Binary, req.File, err, strings.TrimSpace(lastLine(stderr.String())))
+			return nil, fmt.Errorf("run %s on %s: %w: %s", e.Binary, what, err, strings.TrimSpace(lastLine(stderr.String())))
 		}
 	} else if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("run %s on %s: %w: %s", e.Binary, req.File, err, strings.TrimSpace(lastLine(stderr.String())))
+		return nil, fmt.Errorf("run %s on %s: %w: %s", e.Binary, what, err, strings.TrimSpace(lastLine(stderr.String())))
 	}
 	var resp checkapi.Response
 	if err := json.Unmarshal(stdout.Bytes(), &resp); err != nil {
-		return nil, fmt.Errorf("decode %s output for %s: %w", e.Binary, req.File, err)
+		return nil, fmt.Errorf("decode %s output for %s: %w", e.Binary, what, err)
 	}
 	if resp.Kind != "" {
 		kind, ok := checkapi.Kinds[resp.Kind]
@@ -95,7 +106,7 @@ func (e Exec) run(ctx context.Context, req Request, data []byte) (*Checked, erro
 		return nil, fmt.Errorf("%w: %s", kind, resp.Error)
 	}
 	if resp.Checked == nil {
-		return nil, fmt.Errorf("%s returned neither a config nor an error for %s", e.Binary, req.File)
+		return nil, fmt.Errorf("%s returned neither a config nor an error for %s", e.Binary, what)
 	}
 	return resp.Checked, nil
 }

@@ -129,7 +129,7 @@ done`, env, app.KubeletConfigVariable, c.KubeletConfigPath(s.Name), pidFile, c.c
 			return err
 		}
 		c.procs = append(c.procs, kp)
-		if err := kp.waitFor(ctx, "serving", func(context.Context) error {
+		if err := kp.waitFor(ctx, "started", func(context.Context) error {
 			_, err := os.Stat(pidFile)
 			return err
 		}); err != nil {

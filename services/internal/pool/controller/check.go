@@ -83,19 +83,27 @@ const kubeletCheckTimeout = 30 * time.Second
 // costs a check again.
 const maxKubeletChecks = 512
 
-// kubeletChecks runs the kubelet's own loading and validation on a pool's config for every kubelet minor
-// among its selected nodes, before any node is assigned: the sidecar runs the same check on each node
-// (with that node's flags and drop-ins, which the server does not know), so what fails here would fail on
-// the nodes — the pool stops with ConfigInvalid instead of spending its failure budget on them.
+// kubeletChecks runs the kubelet's own loading and validation on a pool's new revision for every kubelet
+// minor among its selected nodes, before the revision exists and any node is assigned it: the sidecar runs
+// the same check on each node (with that node's flags, feature gates and drop-ins, which the server does
+// not know), so what fails here fails on the nodes — the pool stops with ConfigInvalid instead of spending
+// its failure budget on them. The pool's current revision is not checked again (nodes of a minor that
+// joins later check it themselves): what it refuses, it refuses before any node has it.
 //
-// An outcome is kept per revision (a content hash) and minor: syncs are many, configs few. One check runs
-// at a time, as each is a process of ~50 MiB inside dkc-server's memory limit.
+// An outcome is kept per revision (a content hash) and minor: syncs are many, configs few. One helper
+// runs at a time (each is a process of up to ~85 MiB inside dkc-server's memory limit); a worker whose
+// outcome is kept never waits for another's helper.
 type kubeletChecks struct {
 	checker KubeletChecker
 	log     *zap.Logger
+	slot    chan struct{} // one helper at a time
 
 	mu       sync.Mutex
 	outcomes map[kubeletCheckKey]error // nil: passed, or could not be checked (logged once)
+}
+
+func newKubeletChecks(checker KubeletChecker, log *zap.Logger) *kubeletChecks {
+	return &kubeletChecks{checker: checker, log: log, slot: make(chan struct{}, 1), outcomes: map[kubeletCheckKey]error{}}
 }
 
 type kubeletCheckKey struct{ revision, minor string }
@@ -103,47 +111,73 @@ type kubeletCheckKey struct{ revision, minor string }
 // check returns why no kubelet of the selected nodes' minors would load or validate content, or nil.
 // versions maps each minor to one kubelet version of it and the count of selected nodes running it.
 // A check that cannot be made (a minor no helper speaks, a helper that crashed or timed out) is logged
-// and passes: each node still checks the config itself before its kubelet uses it.
-func (k *kubeletChecks) check(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte, versions map[string]minorNodes) *plan.Invalid {
+// and passes: each node still checks the config itself before its kubelet uses it. The error is ctx's:
+// the sync ends, deciding nothing.
+func (k *kubeletChecks) check(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte, versions map[string]minorNodes) (*plan.Invalid, error) {
 	if k == nil || k.checker == nil {
-		return nil
+		return nil, nil
 	}
 	minors := make([]string, 0, len(versions))
 	for m := range versions {
 		minors = append(minors, m)
 	}
 	slices.SortFunc(minors, checkapi.CompareMinors)
-	k.mu.Lock()
-	defer k.mu.Unlock()
 	for _, minor := range minors {
-		key := kubeletCheckKey{revision: rev, minor: minor}
-		err, done := k.outcomes[key]
-		if !done {
-			v := versions[minor]
-			cctx, cancel := context.WithTimeout(ctx, kubeletCheckTimeout)
-			_, err = k.checker.CheckData(cctx, v.version, content)
-			cancel()
-			if ctx.Err() != nil {
-				return nil // shutting down or no longer leading: nothing is kept or decided
-			}
-			if err != nil && !errors.Is(err, configcheck.ErrLoad) && !errors.Is(err, configcheck.ErrValidate) {
-				k.log.Warn("could not check a pool's config with the kubelet's code; its nodes check it themselves",
-					zap.String("configMap", ref.Namespace+"/"+ref.Name), zap.String("revision", rev), zap.String("kubelet", v.version), zap.Error(err))
-				err = nil
-			}
-			if len(k.outcomes) >= maxKubeletChecks {
-				clear(k.outcomes)
-			}
-			k.outcomes[key] = err
+		v := versions[minor]
+		err, err2 := k.outcome(ctx, ref, rev, content, minor, v.version)
+		if err2 != nil {
+			return nil, err2
 		}
 		if err != nil {
-			v := versions[minor]
 			return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed,
-				Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet %s refuses it (%s; checked with kubelet %s's code, before any node is touched): %v",
-					ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, minor, plural(v.nodes, "selected node runs it", "selected nodes run it"), v.version, err)}
+				Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet %s refuses it (%s; checked with kubelet %s's code "+
+					"before any node is touched, without the nodes' flags and drop-ins: a feature gate the nodes enable by flag must be "+
+					"in the config's featureGates too): %v",
+					ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, minor, plural(v.nodes, "selected node runs it", "selected nodes run it"), v.version, err)}, nil
 		}
 	}
-	return nil
+	return nil, nil
+}
+
+// outcome is the kept outcome of (rev, minor), or a new check's; the second error is ctx's.
+func (k *kubeletChecks) outcome(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte, minor, version string) (error, error) {
+	key := kubeletCheckKey{revision: rev, minor: minor}
+	k.mu.Lock()
+	err, done := k.outcomes[key]
+	k.mu.Unlock()
+	if done {
+		return err, nil
+	}
+	select {
+	case k.slot <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-k.slot }()
+	k.mu.Lock()
+	err, done = k.outcomes[key] // another worker may have checked it meanwhile
+	k.mu.Unlock()
+	if done {
+		return err, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, kubeletCheckTimeout)
+	_, err = k.checker.CheckData(cctx, version, content)
+	cancel()
+	if ctx.Err() != nil {
+		return nil, ctx.Err() // shutting down or no longer leading: nothing is kept or decided
+	}
+	if err != nil && !errors.Is(err, configcheck.ErrLoad) && !errors.Is(err, configcheck.ErrValidate) {
+		k.log.Warn("could not check a pool's config with the kubelet's code; its nodes check it themselves",
+			zap.String("configMap", ref.Namespace+"/"+ref.Name), zap.String("revision", rev), zap.String("kubelet", version), zap.Error(err))
+		err = nil
+	}
+	k.mu.Lock()
+	if len(k.outcomes) >= maxKubeletChecks {
+		clear(k.outcomes)
+	}
+	k.outcomes[key] = err
+	k.mu.Unlock()
+	return err, nil
 }
 
 // minorNodes is one kubelet version of a minor and how many selected nodes run that minor.
@@ -163,7 +197,7 @@ func kubeletMinors(nodes []*corev1.Node) map[string]minorNodes {
 			continue
 		}
 		m := out[minor]
-		if m.version == "" || v < m.version { // any of the minor will do; the least keeps messages stable
+		if m.version == "" || v < m.version { // any of the minor will do; the lexically least keeps messages stable
 			m.version = v
 		}
 		m.nodes++

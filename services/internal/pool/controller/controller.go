@@ -147,7 +147,7 @@ func New(cfg Config) *Controller {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
 		deleted:  map[string]bool{},
-		kubelets: &kubeletChecks{checker: cfg.Kubelets, log: cfg.Log, outcomes: map[kubeletCheckKey]error{}},
+		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log),
 	}
 	// ToListWatcherWithWatchListSemantics lets a Pools that cannot stream a watch list (a test's fake)
 	// say so; the REST client can, and the reflector falls back to a list where the apiserver cannot.
@@ -419,8 +419,12 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 	var target plan.Target
 	if invalid == nil {
 		rev, snap := revision.Snapshot(pool, cm)
-		// The kubelet's own check, for the minors of the nodes it would reach, before the revision exists.
-		invalid = c.kubelets.check(ctx, ref, rev, []byte(cm.Data[ref.KubeletConfigKey]), kubeletMinors(selected))
+		if rev != pool.Status.CurrentRevision && c.cfg.Kubelets != nil {
+			// The kubelet's own check, for the minors of the nodes it would reach, before the revision exists.
+			if invalid, err = c.kubelets.check(ctx, ref, rev, []byte(cm.Data[ref.KubeletConfigKey]), kubeletMinors(selected)); err != nil {
+				return 0, err
+			}
+		}
 		if invalid == nil {
 			if err := c.ensureSnapshot(ctx, snap); err != nil {
 				return 0, err

@@ -939,9 +939,11 @@ func TestKubeletCheckBeforeAnyNode(t *testing.T) {
 	}{
 		{name: "every minor accepts"},
 		{name: "one minor refuses", errs: map[string]error{"1.37": refused},
-			wantInvalid: `key "kubelet": the kubelet 1.37 refuses it (2 selected nodes run it; checked with kubelet v1.37.1's code, before any node is touched): failed to validate config: invalid configuration: eventRecordQPS`},
+			wantInvalid: `key "kubelet": the kubelet 1.37 refuses it (2 selected nodes run it; checked with kubelet v1.37.1's code before any node is touched, ` +
+				`without the nodes' flags and drop-ins: a feature gate the nodes enable by flag must be in the config's featureGates too): ` +
+				`failed to validate config: invalid configuration: eventRecordQPS`},
 		{name: "not loadable", errs: map[string]error{"1.36": fmt.Errorf("%w: strict decoding error", configcheck.ErrLoad)},
-			wantInvalid: "the kubelet 1.36 refuses it (1 selected node runs it; checked with kubelet v1.36.4's code", wantCalls: "v1.36.4"},
+			wantInvalid: "the kubelet 1.36 refuses it (1 selected node runs it; checked with kubelet v1.36.4's code before", wantCalls: "v1.36.4"},
 		{name: "no helper for a minor", errs: map[string]error{"1.36": fmt.Errorf("%w: kubelet v1.36.4 is not supported", configcheck.ErrUnsupportedKubelet)}},
 		{name: "helper crashed", errs: map[string]error{"1.37": errors.New("run dkc-kubelet-check-1.37: signal: killed")}},
 	} {
@@ -950,7 +952,7 @@ func TestKubeletCheckBeforeAnyNode(t *testing.T) {
 				withVersion(node("a", nil, nil), "v1.36.4"), withVersion(node("b", nil, nil), "v1.37.1"),
 				withVersion(node("c", nil, nil), "v1.37.2-eks-1"), node("d", nil, nil))
 			kubelets := &fakeKubelets{errs: tc.errs}
-			h.c.kubelets.checker = kubelets
+			h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop())
 			for range 2 {
 				if _, err := h.c.sync(context.Background(), "blue"); err != nil {
 					t.Fatal(err)
@@ -986,5 +988,37 @@ func TestKubeletCheckBeforeAnyNode(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestKubeletCheckOnlyForNewRevisions: the pool's current revision is not checked again (nodes of a minor
+// that joined later check it themselves), and a check cut short by the sync's context decides nothing and
+// keeps nothing.
+func TestKubeletCheckOnlyForNewRevisions(t *testing.T) {
+	cm := configMap(map[string]string{"kubelet": goodConfig})
+	n := node("a", nil, nil)
+	n.Status.NodeInfo.KubeletVersion = "v1.37.1"
+
+	pool := testPool()
+	pool.Status.CurrentRevision = revision.Name("kube-system", "kubelet", cm.Data)
+	h := newHarness(t, pool, cm, n)
+	kubelets := &fakeKubelets{errs: map[string]error{"1.37": fmt.Errorf("%w: refused", configcheck.ErrValidate)}}
+	h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop())
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if len(kubelets.calls) != 0 || len(h.assigned()) != 1 {
+		t.Errorf("current revision: checked with %v, assigned %v; want no check and node a assigned", kubelets.calls, h.assigned())
+	}
+
+	h = newHarness(t, testPool(), cm, n)
+	h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := h.c.sync(ctx, "blue"); !errors.Is(err, context.Canceled) {
+		t.Errorf("sync with a cancelled context: %v, want context.Canceled", err)
+	}
+	if len(h.assigned()) != 0 || len(h.pools.updates) != 0 || len(h.c.kubelets.outcomes) != 0 {
+		t.Errorf("a cancelled check assigned %v, wrote %d statuses, kept %v", h.assigned(), len(h.pools.updates), h.c.kubelets.outcomes)
 	}
 }

@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
 )
 
 // kubeletFlags returns the kubelet's command-line flags without --config.
@@ -21,29 +20,25 @@ func (a *Agent) kubeletFlags(ctx context.Context) ([]string, error) {
 	}
 	pid, err := a.svc.MainPID(ctx)
 	if err == nil && pid > 0 {
-		path := filepath.Join(a.procDir(), strconv.Itoa(pid), "cmdline")
-		raw, err := os.ReadFile(path)
+		args, err := kubeletunit.CommandLine(a.procDir(), pid)
 		if err != nil {
 			// E.g. a host /proc mounted with hidepid, which hides the kubelet (it holds capabilities this
 			// process lacks): say so; --kubelet-flags is the way out.
-			a.log.Warn("cannot read the kubelet's command line; using the flags seen last (--kubelet-flags gives them)", zap.String("path", path), zap.Error(err))
-		} else {
-			args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-			if len(args) > 0 {
-				config, rest := configcheck.ConfigFlag(args[1:])
-				if err := checkConfigFlag(config, a.cfg.LocalConfig, a.store.Dir()); err != nil {
-					return nil, err
-				}
-				if rest == nil {
-					rest = []string{}
-				}
-				if a.state.setFlags(rest) {
-					if err := a.state.save(); err != nil {
-						a.log.Warn("persist kubelet flags", zap.Error(err))
-					}
-				}
-				return rest, nil
+			a.log.Warn("cannot read the kubelet's command line; using the flags seen last (--kubelet-flags gives them)", zap.Int("pid", pid), zap.Error(err))
+		} else if len(args) > 0 {
+			config, rest := configcheck.ConfigFlag(args[1:])
+			if err := checkConfigFlag(config, a.cfg.LocalConfig, a.store.Dir()); err != nil {
+				return nil, err
 			}
+			if rest == nil {
+				rest = []string{}
+			}
+			if a.state.setFlags(rest) {
+				if err := a.state.save(); err != nil {
+					a.log.Warn("persist kubelet flags", zap.Error(err))
+				}
+			}
+			return rest, nil
 		}
 	}
 	if f := a.state.s.KubeletFlags; f != nil {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/dkc-dev/dkc/internal/durable"
@@ -124,4 +125,19 @@ func (e EnvFile) Get() (string, error) {
 		return "", fmt.Errorf("%s: %w", e.Path, err)
 	}
 	return path, nil
+}
+
+// CommandLine reads the arguments of process pid from procDir (the host's /proc as the sidecar mounts it):
+// how the sidecar learns the kubelet's flags and the --config it runs, which systemd does not tell. An
+// empty result with a nil error is a process that exited while being read.
+func CommandLine(procDir string, pid int) ([]string, error) {
+	raw, err := os.ReadFile(filepath.Join(procDir, strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return nil, err
+	}
+	raw = bytes.TrimRight(raw, "\x00")
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	return strings.Split(string(raw), "\x00"), nil
 }

@@ -1,9 +1,13 @@
 package kubeletunit
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -106,5 +110,35 @@ func TestGetRefuses(t *testing.T) {
 				t.Errorf("error %q does not name the file", err)
 			}
 		})
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	proc := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		raw  string
+		want []string
+	}{
+		{"flags", "/usr/bin/kubelet\x00--config=/var/lib/kubelet/config.yaml\x00--v=2\x00", []string{"/usr/bin/kubelet", "--config=/var/lib/kubelet/config.yaml", "--v=2"}},
+		{"empty argument kept", "/usr/bin/kubelet\x00\x00--v=2\x00", []string{"/usr/bin/kubelet", "", "--v=2"}},
+		{"exited", "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pid := len(tc.raw) + 100
+			if err := os.MkdirAll(filepath.Join(proc, strconv.Itoa(pid)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(proc, strconv.Itoa(pid), "cmdline"), []byte(tc.raw), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			got, err := CommandLine(proc, pid)
+			if err != nil || !slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
+				t.Errorf("CommandLine = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+	if _, err := CommandLine(proc, 1); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("no such process: %v, want ErrNotExist", err)
 	}
 }

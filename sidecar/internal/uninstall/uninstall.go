@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -264,13 +263,12 @@ func (c *Cleaner) runningConfig(ctx context.Context) (config string, known bool,
 	if pid <= 0 {
 		return "", false, nil
 	}
-	raw, err := os.ReadFile(filepath.Join(c.cfg.ProcDir, strconv.Itoa(pid), "cmdline"))
+	args, err := kubeletunit.CommandLine(c.cfg.ProcDir, pid)
 	if err != nil {
 		c.log.Warn("uninstall: cannot read the kubelet's command line", zap.Int("pid", pid), zap.Error(err))
 		return "", false, nil
 	}
-	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-	if len(args) == 0 || args[0] == "" {
+	if len(args) == 0 {
 		return "", false, nil // a process that just exited
 	}
 	config, _ = configcheck.ConfigFlag(args[1:])

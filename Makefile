@@ -10,8 +10,12 @@ GO_TOOLS   := go tool -modfile=hack/tools/go.mod
 BUF        := $(GO_TOOLS) buf
 # The branch `buf breaking` compares the API against; main itself compares with its previous commit.
 BUF_AGAINST ?= .git\#ref=HEAD~1
-# Integration test binaries each start a real cluster; run them one at a time.
-INTEGRATION_PKGS := ./test/integration/... ./test/installed/...
+# The cluster suites: each test binary starts a real cluster of its own, so they run side by side,
+# INTEGRATION_P at a time (most of their time is spent waiting for kubelets). test/freshkernel changes
+# host-wide kernel settings and requires that no other cluster runs: it runs first, alone.
+INTEGRATION_SOLO_PKGS := ./test/freshkernel/
+INTEGRATION_PKGS := ./test/integration/ ./test/installed/
+INTEGRATION_P ?= 2
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN).
@@ -35,7 +39,7 @@ generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go
 lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
-	go vet -tags integration $(INTEGRATION_PKGS)
+	go vet -tags integration $(INTEGRATION_SOLO_PKGS) $(INTEGRATION_PKGS)
 	cd $(KUBELETCHECK) && go vet ./...
 	cd test/monitoring && go vet ./...
 	$(BUF) lint
@@ -123,7 +127,8 @@ test-unit: ## unit tests (no cluster)
 
 .PHONY: test-integration
 test-integration: build ## integration tests against a real local cluster (root; builds binaries on first run)
-	@rc=0; go test -tags integration -count=1 -p 1 -timeout 30m -v $(TEST_FLAGS) $(INTEGRATION_PKGS) || rc=$$?; \
+	@rc=0; go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) $(INTEGRATION_SOLO_PKGS) || rc=1; \
+	go test -tags integration -count=1 -p $(INTEGRATION_P) -timeout 30m -v $(TEST_FLAGS) $(INTEGRATION_PKGS) || rc=1; \
 	for d in $(OUT)/test/*/; do [ -f "$$d/state.json" ] && $(BIN)/dkc-dev -dir "$$d" down; done; exit $$rc
 
 .PHONY: up

@@ -123,7 +123,8 @@ server:
   # dkc-server's image; a digest (sha256:...), when set, wins over the tag.
   image:
 %s
-  # dkc-server replicas: one serves every node, the others stand by (leader election) and take over.
+  # dkc-server replicas: every replica serves the sidecars connected to it (a node whose replica goes moves to
+  # another); one, elected, also runs the pool controller. 1 leaves nodes unserved while its pod restarts.
   replicas:%s
   # Where dkc-server may run, beside deploy/base's preference for control-plane nodes (affinity, kept).
   nodeSelector:%s

@@ -147,7 +147,7 @@ func sameObjects(t *testing.T, helmObjs, kustomizeObjs []object) {
 		case k[id] == "":
 			t.Errorf("%s: the chart renders it, kustomize does not", id)
 		case h[id] != k[id]:
-			t.Errorf("%s differs:\nchart:     %s\nkustomize: %s", id, h[id], k[id])
+			t.Errorf("%s differs, first at:\n%s", id, firstDifference(h[id], k[id]))
 		}
 	}
 }
@@ -309,4 +309,28 @@ func TestHelmLint(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm lint: %v\n%s", err, out)
 	}
+}
+
+// firstDifference shows where two JSON objects first differ, indented, with a line of context before.
+func firstDifference(chart, kust string) string {
+	indent := func(s string) []string {
+		var b bytes.Buffer
+		if err := json.Indent(&b, []byte(s), "", "  "); err != nil {
+			return []string{s}
+		}
+		return strings.Split(b.String(), "\n")
+	}
+	c, k := indent(chart), indent(kust)
+	for i := 0; i < max(len(c), len(k)); i++ {
+		if i >= len(c) || i >= len(k) || c[i] != k[i] {
+			line := func(l []string) string {
+				if i < len(l) {
+					return l[i]
+				}
+				return "(end)"
+			}
+			return "  " + c[max(i-1, 0)] + "\n  chart:     " + line(c) + "\n  kustomize: " + line(k)
+		}
+	}
+	return "(equal when indented)"
 }

@@ -66,6 +66,8 @@ const readme = `<!-- ` + Header + ` -->
 This chart is generated from ` + "`deploy/`" + ` (the kustomize manifests, which stay the source of truth) by
 ` + "`hack/helmchart`" + `: ` + "`make chart`" + ` regenerates it, and a unit test fails when it is stale. Do not
 edit it by hand: change ` + "`deploy/`" + ` or the generator.
+The templates hold the objects as kustomize renders them, without the manifests' comments: why each
+setting is what it is, is said in ` + "`deploy/`" + `.
 
     helm install dkc deploy/helm/dkc -n kube-system
 

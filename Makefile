@@ -173,3 +173,13 @@ release: ## kubectl-dkc archives (+ kubelet-check helpers on linux), checksums a
 .PHONY: clean
 clean: down ## stop the cluster and remove _output
 	rm -rf $(OUT)
+
+# The Helm chart deploy/helm/dkc is generated from deploy/ (docs/helm.md): never edit it, run make chart.
+# Helm is pinned in its own tool module (its k8s.io libraries stay off the other tools'). CHART_VERSION
+# sets Chart.yaml's version (kept by later runs without it); appVersion is dkc-server's image tag in deploy/base.
+HELM          := go tool -modfile=hack/tools/helm/go.mod helm
+CHART_VERSION ?=
+
+.PHONY: chart
+chart: ## regenerate the Helm chart deploy/helm/dkc from deploy/ (CHART_VERSION; check: go test -tags helm ./hack/helmchart/...)
+	go run ./hack/helmchart $(if $(CHART_VERSION),-version $(CHART_VERSION))

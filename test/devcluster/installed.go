@@ -410,6 +410,19 @@ func (c *Cluster) ImportImage(ctx context.Context, node, tarball string) error {
 	return nil
 }
 
+// ImportImages loads image tarballs into every node's containerd (ImportImage): images the cluster did not
+// start with, such as another release's for an upgrade, which pods on any node may then run.
+func (c *Cluster) ImportImages(ctx context.Context, tarballs ...string) error {
+	for _, n := range c.state.Nodes {
+		for _, tar := range tarballs {
+			if err := c.ImportImage(ctx, n.Name, tar); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 func waitPath(ctx context.Context, path string) error {
 	for {
 		if _, err := os.Stat(path); err == nil {

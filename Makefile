@@ -34,12 +34,14 @@ generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go
 	go generate ./internal/configz
 	hack/flagdocs.sh
 	$(GO_TOOLS) controller-gen object crd paths=./api/... output:crd:artifacts:config=deploy/crds
+	go run ./hack/helmchart
 
 .PHONY: lint
 lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go vet -tags integration $(INTEGRATION_SOLO_PKGS) $(INTEGRATION_PKGS)
+	go vet -tags helm ./hack/helmchart/...
 	cd $(KUBELETCHECK) && go vet ./...
 	cd test/monitoring && go vet ./...
 	$(BUF) lint
@@ -49,12 +51,14 @@ lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
 
 .PHONY: verify-generated
 verify-generated: generate ## fail if generated code differs from what is committed
-	@git diff --exit-code -- proto/ internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@if [ -n "$$(git status --porcelain -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/)" ]; then git status --short -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/; echo "generated files added or removed: run make generate and commit"; exit 1; fi
+	@git diff --exit-code -- proto/ internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/ deploy/helm/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@if [ -n "$$(git status --porcelain -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/ deploy/helm/)" ]; then git status --short -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/ deploy/helm/; echo "generated files added or removed: run make generate and commit"; exit 1; fi
 
 # Static, path-free builds, as the images are built (hack/images): the binaries `make build` and the
 # integration tests run are the ones the images ship, and the three share one compile cache.
-GO_BUILD := CGO_ENABLED=0 go build -trimpath -buildvcs=false
+# The version make build stamps into the binaries (internal/version): VERSION, else git describe.
+BUILD_VERSION := $(or $(VERSION),$(shell git describe --tags --always --dirty 2>/dev/null),devel)
+GO_BUILD := CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags '-X github.com/dkc-dev/dkc/internal/version.version=$(BUILD_VERSION)'
 
 .PHONY: build
 build: ## build the binaries into _output/bin (with one dkc-kubelet-check-<minor> per supported kubelet minor)
@@ -120,8 +124,9 @@ test-fuzz: ## run each fuzz target for its count of executions (about 10s each; 
 		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg || exit 1; done
 
 .PHONY: test-unit
-test-unit: ## unit tests (no cluster)
+test-unit: ## unit tests (no cluster; -tags helm: the chart rendered by the pinned helm)
 	go test -count=1 $(TEST_FLAGS) ./...
+	go test -count=1 -tags helm $(TEST_FLAGS) ./hack/helmchart/...
 	cd $(KUBELETCHECK) && go test -count=1 $(TEST_FLAGS) ./...
 	cd test/monitoring && go test -count=1 $(TEST_FLAGS) ./...
 

@@ -21,6 +21,7 @@ import (
 	"github.com/dkc-dev/dkc/hack/images/sbom"
 	"github.com/dkc-dev/dkc/hack/internal/gitsource"
 	"github.com/dkc-dev/dkc/internal/configcheck"
+	dkcversion "github.com/dkc-dev/dkc/internal/version"
 )
 
 const sourceRepository = "https://github.com/dkc-dev/dkc"
@@ -105,7 +106,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 		helpers = helpers || im.helpers
 	}
 	for _, p := range c.platforms {
-		if err := compile(ctx, binDir(c.out, p), p, pkgs); err != nil {
+		if err := compile(ctx, binDir(c.out, p), p, src.Version, pkgs); err != nil {
 			return err
 		}
 		if helpers {
@@ -356,8 +357,9 @@ func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // compile cross-builds static binaries into dir. -trimpath and -buildvcs=false keep the build directory and
 // the work tree's state out of the binary, so the same commit compiles to the same bytes anywhere; -s -w
-// drop the symbol table and DWARF, which stack traces do not need. dkc has no version variable to stamp.
-func compile(ctx context.Context, dir string, p platform, pkgs []string) error {
+// drop the symbol table and DWARF, which stack traces do not need. version is stamped into
+// internal/version (what --version, kubectl dkc version and dkc_build_info report).
+func compile(ctx context.Context, dir string, p platform, version string, pkgs []string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create binary directory: %w", err)
 	}
@@ -365,7 +367,7 @@ func compile(ctx context.Context, dir string, p platform, pkgs []string) error {
 	if err != nil {
 		return err
 	}
-	args := append([]string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", abs + "/"}, pkgs...)
+	args := append([]string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w " + dkcversion.LinkerFlag(version), "-o", abs + "/"}, pkgs...)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.os, "GOARCH="+p.arch)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr

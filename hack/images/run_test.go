@@ -34,7 +34,7 @@ func standins(t *testing.T, c config) {
 	t.Helper()
 	for _, p := range c.platforms {
 		dir := binDir(c.out, p)
-		if err := compile(context.Background(), dir, p, []string{"./testdata/standin"}); err != nil {
+		if err := compile(context.Background(), dir, p, "v0.0.0-test", []string{"./testdata/standin"}); err != nil {
 			t.Fatal(err)
 		}
 		b, err := os.ReadFile(filepath.Join(dir, "standin"))

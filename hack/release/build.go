@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
+	dkcversion "github.com/dkc-dev/dkc/internal/version"
 )
 
 const (
@@ -19,8 +20,7 @@ const (
 	kubeletCheckBuild = "sidecar/kubeletcheck/build.sh"
 )
 
-// ldflags: -s -w drop the symbol table and DWARF, which stack traces do not need. dkc has no version
-// variable to stamp with -X (cli/ has none), so the version is in the archive's name only.
+// ldflags: -s -w drop the symbol table and DWARF, which stack traces do not need.
 const ldflags = "-ldflags=-s -w"
 
 // shipsKubeletChecks says whether p's archive carries the dkc-kubelet-check-<minor> helpers. Only linux:
@@ -33,8 +33,9 @@ func shipsKubeletChecks(p platform) bool { return p.os == "linux" }
 
 // buildCLI cross-builds kubectl-dkc for p into dir, as `make build` and the images build (static,
 // -trimpath, -buildvcs=false: the checkout's path and state stay out of the binary, so a commit compiles
-// to the same bytes anywhere), and returns the binary's path.
-func buildCLI(ctx context.Context, dir string, p platform) (string, error) {
+// to the same bytes anywhere), stamped with version (what `kubectl dkc version` prints), and returns the
+// binary's path.
+func buildCLI(ctx context.Context, dir string, p platform, version string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("create binary directory: %w", err)
 	}
@@ -42,7 +43,7 @@ func buildCLI(ctx context.Context, dir string, p platform) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", ldflags, "-o", bin, cliPkg)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", ldflags+" "+dkcversion.LinkerFlag(version), "-o", bin, cliPkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.os, "GOARCH="+p.arch)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"debug/elf"
 	"debug/macho"
+	"os"
 	"testing"
 	"time"
 )
@@ -30,7 +32,7 @@ func TestCrossBuildKubectlDKC(t *testing.T) {
 	dir := t.TempDir()
 
 	start := time.Now()
-	bin, err := buildCLI(ctx, dir+"/linux", platform{"linux", "arm64"})
+	bin, err := buildCLI(ctx, dir+"/linux", platform{"linux", "arm64"}, "v0.2.0-stamped")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,9 +53,13 @@ func TestCrossBuildKubectlDKC(t *testing.T) {
 	if ef.Section(".symtab") != nil {
 		t.Error("linux/arm64 kubectl-dkc has a symbol table: not stripped (-s)")
 	}
+	// The linker ignores an -X that names no variable: the version must be in the binary.
+	if data, err := os.ReadFile(bin); err != nil || !bytes.Contains(data, []byte("v0.2.0-stamped")) {
+		t.Errorf("linux/arm64 kubectl-dkc does not carry its version v0.2.0-stamped (%v)", err)
+	}
 
 	start = time.Now()
-	bin, err = buildCLI(ctx, dir+"/darwin", platform{"darwin", "arm64"})
+	bin, err = buildCLI(ctx, dir+"/darwin", platform{"darwin", "arm64"}, "v0.2.0-stamped")
 	if err != nil {
 		t.Fatal(err)
 	}

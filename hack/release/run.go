@@ -54,7 +54,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	var published []publishedArchive
 	var paths []string
 	for _, p := range c.platforms {
-		entries, err := buildPlatform(ctx, src.root, filepath.Join(c.out, "bin", p.os+"_"+p.arch), p)
+		entries, err := buildPlatform(ctx, src.root, filepath.Join(c.out, "bin", p.os+"_"+p.arch), p, src.version)
 		if err != nil {
 			return err
 		}
@@ -113,8 +113,8 @@ func run(ctx context.Context, c config, out io.Writer) error {
 }
 
 // buildPlatform builds what p's archive holds and returns it as archive entries.
-func buildPlatform(ctx context.Context, root, dir string, p platform) ([]entry, error) {
-	bin, err := buildCLI(ctx, dir, p)
+func buildPlatform(ctx context.Context, root, dir string, p platform, version string) ([]entry, error) {
+	bin, err := buildCLI(ctx, dir, p, version)
 	if err != nil {
 		return nil, err
 	}

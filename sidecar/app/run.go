@@ -17,6 +17,7 @@ import (
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/durable"
 	"github.com/dkc-dev/dkc/internal/httpserve"
+	"github.com/dkc-dev/dkc/internal/version"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/internal/agent"
 	"github.com/dkc-dev/dkc/sidecar/internal/checkpoint"
@@ -91,7 +92,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	var metrics *agent.Metrics
 	if cfg.MetricsAddress != "" {
 		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.NewCollector())
 		metrics = agent.NewMetrics(reg)
 	}
 	flags := cfg.KubeletArgs
@@ -106,7 +107,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		TrialCheckInterval:     cfg.TrialCheckInterval, Checker: checker, Trace: cfg.Trace,
 	})
 
-	log.Info("dkc-sidecar starting", zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
+	log.Info("dkc-sidecar starting", zap.String("version", version.Get()), zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("restartMode", cfg.RestartMode), zap.Duration("trialDuration", cfg.TrialDuration), zap.Uint64("incarnation", incarnation))
 	if err := ag.Init(ctx); err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	flag "github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/dkc-dev/dkc/internal/version"
 	"github.com/dkc-dev/dkc/internal/zaplog"
 	"github.com/dkc-dev/dkc/services/internal/server"
 )
@@ -47,8 +48,13 @@ Flags:
 func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dkc-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	cfg, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if *showVersion {
+		fmt.Fprintf(os.Stdout, "dkc-server %s\n", version.String())
 		return 0
 	}
 	if err != nil {

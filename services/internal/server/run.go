@@ -46,6 +46,7 @@ import (
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/httpserve"
+	"github.com/dkc-dev/dkc/internal/version"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/admission"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
@@ -132,7 +133,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 		s.tlsConfig = serverTLSConfig(reloader.GetCertificate)
 		creds = credentials.NewTLS(s.tlsConfig.Clone())
 	}
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.NewCollector())
 
 	// One informer factory; cached Nodes are stripped of what dkc never reads, so 5,000 Nodes stay cheap.
 	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripNode))
@@ -365,7 +366,7 @@ func (s *server) run(ctx context.Context) error {
 		return fmt.Errorf("listen on %s: %w", cfg.ListenAddress, err)
 	}
 	lis := s.conns.wrap(tcp)
-	s.log.Info("config service starting", zap.String("address", lis.Addr().String()), zap.Bool("tls", !cfg.Insecure),
+	s.log.Info("config service starting", zap.String("version", version.Get()), zap.String("address", lis.Addr().String()), zap.Bool("tls", !cfg.Insecure),
 		zap.Strings("allowedServiceAccounts", cfg.AllowedServiceAccounts), zap.Stringer("configNamespaces", s.namespaces))
 
 	g, gctx := errgroup.WithContext(ctx)

@@ -60,6 +60,12 @@ verify-generated: generate ## fail if generated code differs from what is commit
 BUILD_VERSION := $(or $(VERSION),$(shell git describe --tags --always --dirty 2>/dev/null),devel)
 GO_BUILD := CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags '-X github.com/dkc-dev/dkc/internal/version.version=$(BUILD_VERSION)'
 
+# The pinned Helm (hack/tools/helm), which the chart's tests and the installed suite's TestHelmInstall run.
+HELM_BIN := $(BIN)/helm
+$(HELM_BIN): hack/tools/helm/go.mod hack/tools/helm/go.sum
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 go build -modfile=hack/tools/helm/go.mod -trimpath -o $@ helm.sh/helm/v4/cmd/helm
+
 .PHONY: build
 build: ## build the binaries into _output/bin (with one dkc-kubelet-check-<minor> per supported kubelet minor)
 	@mkdir -p $(BIN)
@@ -104,8 +110,21 @@ push-images: ## push the image indexes `make images` wrote (every platform) to $
 	@for i in $(IMAGES); do echo "crane push $(OUT)/images/oci/$$i $(IMAGE_REPO)/$$i:$(IMAGE_TAG)"; \
 		$(CRANE) push $(OUT)/images/oci/$$i $(IMAGE_REPO)/$$i:$(IMAGE_TAG) || exit 1; done
 
+# The cluster suites spend most of their time waiting on kubelets (a 2-core machine is ~70% idle meanwhile),
+# so the unit tests and fuzzing run beside them at a lower priority, their output printed at the end
+# (also in $(OUT)/test-unit.log). UNIT_BESIDE= runs them first, in the foreground.
+UNIT_BESIDE ?= 1
 .PHONY: test
+ifeq ($(UNIT_BESIDE),1)
+test: $(HELM_BIN) ## run every test: unit and fuzzing (short) beside integration against real local clusters
+	@mkdir -p $(OUT); rc=0; \
+	nice -n 10 $(MAKE) --no-print-directory test-unit test-fuzz >$(OUT)/test-unit.log 2>&1 & unit=$$!; \
+	$(MAKE) --no-print-directory test-integration || rc=1; \
+	wait $$unit || { rc=1; echo "== unit tests or fuzzing FAILED (log: $(OUT)/test-unit.log)"; }; \
+	echo "== unit tests and fuzzing ($(OUT)/test-unit.log):"; cat $(OUT)/test-unit.log; exit $$rc
+else
 test: test-unit test-fuzz test-integration ## run every test: unit, fuzzing (short), then integration against the real local cluster
+endif
 
 # Per target, a count of executions (about 10 s each on a 2-core machine), not a duration: with a duration,
 # Go's fuzz coordinator (before Go 1.27, go.dev/issue/75804) can fail a clean run with "context deadline
@@ -124,16 +143,16 @@ test-fuzz: ## run each fuzz target for its count of executions (about 10s each; 
 		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg || exit 1; done
 
 .PHONY: test-unit
-test-unit: ## unit tests (no cluster; -tags helm: the chart rendered by the pinned helm)
+test-unit: $(HELM_BIN) ## unit tests (no cluster; -tags helm: the chart rendered by the pinned helm)
 	go test -count=1 $(TEST_FLAGS) ./...
-	go test -count=1 -tags helm $(TEST_FLAGS) ./hack/helmchart/...
+	HELM=$(abspath $(HELM_BIN)) go test -count=1 -tags helm $(TEST_FLAGS) ./hack/helmchart/...
 	cd $(KUBELETCHECK) && go test -count=1 $(TEST_FLAGS) ./...
 	cd test/monitoring && go test -count=1 $(TEST_FLAGS) ./...
 
 .PHONY: test-integration
-test-integration: build ## integration tests against a real local cluster (root; builds binaries on first run)
+test-integration: build $(HELM_BIN) ## integration tests against a real local cluster (root; builds binaries on first run)
 	@rc=0; go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) $(INTEGRATION_SOLO_PKGS) || rc=1; \
-	go test -tags integration -count=1 -p $(INTEGRATION_P) -timeout 30m -v $(TEST_FLAGS) $(INTEGRATION_PKGS) || rc=1; \
+	HELM=$(abspath $(HELM_BIN)) go test -tags integration -count=1 -p $(INTEGRATION_P) -timeout 45m -v $(TEST_FLAGS) $(INTEGRATION_PKGS) || rc=1; \
 	for d in $(OUT)/test/*/; do [ -f "$$d/state.json" ] && $(BIN)/dkc-dev -dir "$$d" down; done; exit $$rc
 
 .PHONY: up
@@ -180,9 +199,9 @@ clean: down ## stop the cluster and remove _output
 	rm -rf $(OUT)
 
 # The Helm chart deploy/helm/dkc is generated from deploy/ (docs/helm.md): never edit it, run make chart.
-# Helm is pinned in its own tool module (its k8s.io libraries stay off the other tools'). CHART_VERSION
+# Helm is pinned in its own tool module (its k8s.io libraries stay off the other tools'); the chart's tests
+# run the binary $(HELM_BIN) (built once: minutes cold), passed to them as $$HELM. CHART_VERSION
 # sets Chart.yaml's version (kept by later runs without it); appVersion is dkc-server's image tag in deploy/base.
-HELM          := go tool -modfile=hack/tools/helm/go.mod helm
 CHART_VERSION ?=
 
 .PHONY: chart

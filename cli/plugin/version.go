@@ -38,7 +38,8 @@ func (o *Options) versionCommand() *cobra.Command {
 		Short: "Print kubectl-dkc's version and the images dkc runs in the cluster",
 		Long: `version prints the release kubectl-dkc was built as and, unless --client, the images of the dkc-server
 Deployment and the dkc-sidecar DaemonSet with how many of their pods run the current template (updated)
-and are ready: during an upgrade, updated < desired until the rollout is done.`,
+and are ready: during an upgrade, updated < desired until the rollout is done (0 right after an apply,
+until the workload's controller has seen the new template).`,
 		Args: cobra.NoArgs,
 		// Only the cluster part needs a client: --client works without a kubeconfig.
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -89,6 +90,9 @@ func (o *Options) clusterImages(ctx context.Context, ns string) (server, sidecar
 		}
 		server = &workloadImages{Workload: "deployment/" + serverDeployment, Images: images(d.Spec.Template.Spec.Containers),
 			Desired: desired, Updated: d.Status.UpdatedReplicas, Ready: d.Status.ReadyReplicas}
+		if d.Status.ObservedGeneration < d.Generation {
+			server.Updated = 0 // the counts are the previous template's until the controller sees the new one
+		}
 	}
 	ds, err := o.client.AppsV1().DaemonSets(ns).Get(ctx, sidecarDaemonSet, metav1.GetOptions{})
 	switch {
@@ -98,6 +102,9 @@ func (o *Options) clusterImages(ctx context.Context, ns string) (server, sidecar
 	default:
 		sidecar = &workloadImages{Workload: "daemonset/" + sidecarDaemonSet, Images: images(ds.Spec.Template.Spec.Containers),
 			Desired: ds.Status.DesiredNumberScheduled, Updated: ds.Status.UpdatedNumberScheduled, Ready: ds.Status.NumberReady}
+		if ds.Status.ObservedGeneration < ds.Generation {
+			sidecar.Updated = 0
+		}
 	}
 	return server, sidecar, nil
 }

@@ -28,6 +28,10 @@ func TestVersion(t *testing.T) {
 			InitContainers: []corev1.Container{{Name: "install", Image: "r/dkc-sidecar:v0.2.0"}},
 			Containers:     []corev1.Container{{Name: "dkc-sidecar", Image: "r/dkc-sidecar:v0.2.0"}}}}},
 		Status: appsv1.DaemonSetStatus{DesiredNumberScheduled: 3, UpdatedNumberScheduled: 3, NumberReady: 3}}
+	// The template changed (generation 3) but the controller has not seen it: its counts are the old one's.
+	applied := deploy.DeepCopy()
+	applied.Generation, applied.Status.ObservedGeneration, applied.Status.UpdatedReplicas = 3, 2, 2
+	applied.Spec.Template.Spec.Containers[0].Image = "r/dkc-server:v0.3.0"
 	for _, tc := range []struct {
 		name    string
 		objects []runtime.Object
@@ -40,6 +44,8 @@ func TestVersion(t *testing.T) {
 			"deployment/dkc-server: r/dkc-server:v0.2.0 (2 desired, 1 updated, 2 ready)",
 			"daemonset/dkc-sidecar: r/dkc-sidecar:v0.2.0 (3 desired, 3 updated, 3 ready)"}, []string{"not installed"}},
 		{"not installed", nil, nil, []string{"dkc is not installed in namespace kube-system"}, []string{"deployment/"}},
+		{"right after an apply", []runtime.Object{applied}, nil, []string{
+			"deployment/dkc-server: r/dkc-server:v0.3.0 (2 desired, 0 updated, 2 ready)"}, nil},
 		{"json", []runtime.Object{deploy}, []string{"-o", "json"}, []string{`"workload": "deployment/dkc-server"`, `"updated": 1`}, []string{`"sidecar"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

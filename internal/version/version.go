@@ -15,8 +15,8 @@ var version string
 // LinkerFlag is the -X flag that stamps v into a binary; the builds add it to their -ldflags.
 func LinkerFlag(v string) string { return "-X github.com/dkc-dev/dkc/internal/version.version=" + v }
 
-// Get returns the stamped version, else "devel" with the VCS revision the go command recorded (a build
-// from a checkout with -buildvcs, as `make build` does), e.g. "devel+3f2a1c9e0b7d-dirty".
+// Get returns the stamped version, else "devel" with the VCS revision the go command recorded (a plain
+// `go build` in a checkout; dkc's own builds use -buildvcs=false and stamp), e.g. "devel+3f2a1c9e0b7d-dirty".
 func Get() string {
 	if version != "" {
 		return version

@@ -123,9 +123,12 @@ func Files(c Config) (map[string][]byte, error) {
 
 // Names of the objects the chart templates beyond their images, as deploy/ names them.
 const (
-	serverName    = "dkc-server"
-	sidecarName   = "dkc-sidecar"
-	tlsSecret     = "dkc-server-tls"
+	serverName  = "dkc-server"
+	sidecarName = "dkc-sidecar"
+	tlsSecret   = "dkc-server-tls"
+	// caKeySecret is chart-only: the selfSigned CA's key, kept so that helm upgrade renews the serving
+	// certificate from the same CA (the kustomize overlay leaves the CA's key with gen-certs.sh's files).
+	caKeySecret   = "dkc-server-ca-key"
 	caConfigMap   = "dkc-server-ca"
 	webhookName   = "dkc-validate-nodes"
 	configsRole   = "dkc-server-configs"

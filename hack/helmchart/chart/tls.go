@@ -15,27 +15,58 @@ import (
 // they must sit in one file to see the same generated CA.
 const tlsPrelude = `{{- include "dkc.validate" . }}
 {{- $ca := "" }}
+{{- $caKey := "" }}
 {{- $crt := "" }}
 {{- $key := "" }}
 {{- if eq .Values.tls.mode "selfSigned" }}
-{{- /* Kept across upgrades (lookup; empty under helm template): a new CA would cut every sidecar off until
-its ConfigMap volume caught up, as deploy/overlays/self-signed/gen-certs.sh warns. */}}
-{{- $old := lookup "v1" "Secret" .Release.Namespace "dkc-server-tls" }}
-{{- if and $old (hasKey ($old.data | default dict) "ca.crt") }}
+{{- $ns := .Release.Namespace }}
+{{- /* The names gen-certs.sh gives: the Service's, and 127.0.0.1 for kubectl port-forward. */}}
+{{- $names := list "dkc-server" (printf "dkc-server.%s" $ns) (printf "dkc-server.%s.svc" $ns) (printf "dkc-server.%s.svc.cluster.local" $ns) }}
+{{- /* The CA is kept across upgrades (lookup; empty under helm template): a new CA would cut every sidecar
+off until its ConfigMap volume caught up, as deploy/overlays/self-signed/gen-certs.sh warns. Its key is kept
+too (` + "`" + caKeySecret + "`" + `, mounted nowhere), so that every install and upgrade signs a fresh 1-year serving
+certificate from it: helm upgrade renews it, and dkc-server reloads it without a restart. */}}
+{{- $kept := lookup "v1" "Secret" $ns "` + caKeySecret + `" }}
+{{- $old := lookup "v1" "Secret" $ns "dkc-server-tls" }}
+{{- if and $kept (hasKey ($kept.data | default dict) "tls.key") }}
+{{- $caPair := buildCustomCert (index $kept.data "tls.crt") (index $kept.data "tls.key") }}
+{{- $pair := genSignedCert "dkc-server" (list "127.0.0.1") $names 365 $caPair }}
+{{- $ca = index $kept.data "tls.crt" }}
+{{- $caKey = index $kept.data "tls.key" }}
+{{- $crt = $pair.Cert | b64enc }}
+{{- $key = $pair.Key | b64enc }}
+{{- else if and $old (hasKey ($old.data | default dict) "ca.crt") }}
+{{- /* Installed by a chart that did not keep the CA's key: kept as it is (docs/helm.md, renewing). */}}
 {{- $ca = index $old.data "ca.crt" }}
 {{- $crt = index $old.data "tls.crt" }}
 {{- $key = index $old.data "tls.key" }}
 {{- else }}
-{{- $ns := .Release.Namespace }}
 {{- $caPair := genCA "dkc-ca" 3650 }}
-{{- /* The names gen-certs.sh gives: the Service's, and 127.0.0.1 for kubectl port-forward. */}}
-{{- $pair := genSignedCert "dkc-server" (list "127.0.0.1") (list "dkc-server" (printf "dkc-server.%s" $ns) (printf "dkc-server.%s.svc" $ns) (printf "dkc-server.%s.svc.cluster.local" $ns)) 365 $caPair }}
+{{- $pair := genSignedCert "dkc-server" (list "127.0.0.1") $names 365 $caPair }}
 {{- $ca = $caPair.Cert | b64enc }}
+{{- $caKey = $caPair.Key | b64enc }}
 {{- $crt = $pair.Cert | b64enc }}
 {{- $key = $pair.Key | b64enc }}
 {{- end }}
 {{- else if eq .Values.tls.mode "existingSecret" }}
 {{- $ca = required "tls.existingSecret.caCert: the PEM CA certificate that signed the Secret's tls.crt" .Values.tls.existingSecret.caCert | b64enc }}
+{{- end }}`
+
+// caKeyDoc is the Secret holding the selfSigned CA (certificate and key): chart-only, read back by
+// tlsPrelude's lookup on upgrades; no pod mounts it.
+const caKeyDoc = `{{- if and (eq .Values.tls.mode "selfSigned") $caKey }}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: ` + caKeySecret + `
+  namespace: {{ .Release.Namespace }}
+  labels:
+    app.kubernetes.io/part-of: dkc
+type: kubernetes.io/tls
+data:
+  tls.crt: {{ $ca }}
+  tls.key: {{ $caKey }}
 {{- end }}`
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
@@ -156,7 +187,7 @@ func (g *generator) templateTLS(ss map[string]object, certManagerOnly []object, 
 		}
 		docs = append(docs, "{{- if "+d.cond+" }}\n---\n"+y+"\n{{- end }}")
 	}
-	g.add("tls.yaml", append([]string{tlsPrelude}, docs...)...)
+	g.add("tls.yaml", append(append([]string{tlsPrelude}, docs...), caKeyDoc)...)
 
 	cmDocs := []string{`{{- if eq .Values.tls.mode "certManager" }}`}
 	for _, o := range certManagerOnly {

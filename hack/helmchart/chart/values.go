@@ -36,7 +36,7 @@ const helpers = `{{- /* ` + Header + ` */ -}}
 
 // notes is templates/NOTES.txt, printed after install and upgrade.
 const notes = `{{- /* ` + Header + ` */ -}}
-dkc {{ .Chart.AppVersion }} is installed in {{ .Release.Namespace }} (TLS: {{ .Values.tls.mode }}; configs read from {{ join ", " .Values.configNamespaces }}).
+dkc (chart {{ .Chart.Version }}; images {{ .Values.server.image.repository }}:{{ .Values.server.image.tag }}, {{ .Values.sidecar.image.repository }}:{{ .Values.sidecar.image.tag }}) is installed in {{ .Release.Namespace }} (TLS: {{ .Values.tls.mode }}; configs read from {{ join ", " .Values.configNamespaces }}).
 
   kubectl -n {{ .Release.Namespace }} rollout status deployment/dkc-server
   kubectl -n {{ .Release.Namespace }} rollout status daemonset/dkc-sidecar
@@ -146,7 +146,8 @@ sidecar:
 # may change kubelet configs (deploy/components/config-namespace, docs/install.md).
 configNamespaces:%s
 # Create each config namespace other than kube-system (restricted Pod Security, as the component does).
-# helm uninstall then deletes it, with every config in it. false: the namespaces exist already.
+# They are the release's: helm uninstall, or an upgrade that drops one from configNamespaces or sets this
+# false, deletes it with every config in it. false: the namespaces exist already and stay yours.
 createConfigNamespaces: true
 
 tls:

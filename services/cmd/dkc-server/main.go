@@ -45,7 +45,7 @@ Flags:
 	return cfg, cfg.Validate()
 }
 
-func run(args []string, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dkc-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -54,7 +54,7 @@ func run(args []string, stderr io.Writer) int {
 		return 0
 	}
 	if *showVersion {
-		fmt.Fprintf(os.Stdout, "dkc-server %s\n", version.String())
+		fmt.Fprintf(stdout, "dkc-server %s\n", version.String())
 		return 0
 	}
 	if err != nil {
@@ -76,4 +76,4 @@ func run(args []string, stderr io.Writer) int {
 	return 0
 }
 
-func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

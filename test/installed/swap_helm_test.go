@@ -4,6 +4,8 @@ package installed
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,8 +50,9 @@ func runHelm(ctx context.Context, t *testing.T, args ...string) (string, error) 
 // a config assigned from dkc-configs, then it is uninstalled as docs/helm.md says (kubectl dkc uninstall
 // --yes, helm uninstall) and the suite's install (deploy/overlays/dev) is applied again, as found.
 //
-// Like TestUninstall it takes dkc away, and leaves it installed again; its file sorts before
-// uninstall_test.go.
+// Like TestUninstall it takes dkc away and installs it again (it swaps the install), so its file, swap_*,
+// sorts after the tests that only need dkc installed (a failed reinstall would break them) and before
+// uninstall_test.go; it leaves dkc installed as found.
 func TestHelmInstall(t *testing.T) {
 	diagnoseOnFailure(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
@@ -117,6 +120,41 @@ func TestHelmInstall(t *testing.T) {
 		t.Errorf("node-1: kubelet started %d times for one assignment, want 1", d)
 	}
 
+	// docs/helm.md's upgrade, with the values as they are: the serving certificate is signed anew from the
+	// CA the install kept (Secret dkc-server-ca-key), the CA itself stays, and the nodes notice nothing;
+	// dkc-server (which reloads the certificate) and the sidecars still talk: a new assignment goes through.
+	tlsBefore := serverTLS(t)
+	if out, err := runHelm(ctx, t, "upgrade", "dkc", "deploy/helm/dkc", "--namespace", "kube-system", "--reset-then-reuse-values", "--timeout=5m"); err != nil {
+		t.Fatalf("helm upgrade: %v\n%s", err, out)
+	}
+	tlsAfter := serverTLS(t)
+	if string(tlsAfter["ca.crt"]) != string(tlsBefore["ca.crt"]) {
+		t.Errorf("helm upgrade changed the CA: every sidecar would lose dkc-server until its ConfigMap caught up")
+	}
+	if string(tlsAfter["tls.crt"]) == string(tlsBefore["tls.crt"]) {
+		t.Errorf("helm upgrade kept the serving certificate: it is never renewed")
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(tlsAfter["ca.crt"]) {
+		t.Fatal("dkc-server-tls ca.crt holds no certificate")
+	}
+	if block, _ := pem.Decode(tlsAfter["tls.crt"]); block == nil {
+		t.Error("dkc-server-tls tls.crt holds no PEM after helm upgrade")
+	} else if crt, err := x509.ParseCertificate(block.Bytes); err != nil {
+		t.Error(err)
+	} else if _, err := crt.Verify(x509.VerifyOptions{Roots: roots, DNSName: "dkc-server.kube-system.svc"}); err != nil {
+		t.Errorf("the renewed serving certificate does not verify against the kept CA: %v", err)
+	}
+	cm2 := createConfigIn(t, "dkc-configs", "installed-helm-upgraded", nodeConfig(t, "node-1", 64))
+	assign(t, "node-1", cm2)
+	waitRunning(t, "node-1", cm2, 2*time.Minute)
+	if d := kubeletStarts(t, "node-1") - before["node-1"]; d != 2 {
+		t.Errorf("node-1: kubelet started %d times for two assignments around helm upgrade, want 2", d)
+	}
+	if d := kubeletStarts(t, "node-2") - before["node-2"]; d != 0 {
+		t.Errorf("node-2: kubelet started %d times, want 0", d)
+	}
+
 	// docs/helm.md's uninstall: nodes back to their local configs first, then the release.
 	if out, err := kubectlDKC(ctx, "uninstall", "--yes", "--timeout=5m"); err != nil {
 		t.Fatalf("kubectl dkc uninstall (helm install): %v\n%s", err, out)
@@ -164,4 +202,14 @@ func reinstallKustomize(t *testing.T, afterFailure bool) {
 	waitRolledOut(t, "daemonset/dkc-sidecar")
 	waitServerSettled(t)
 	resetAll(t)
+}
+
+// serverTLS is the data of dkc-server's serving Secret.
+func serverTLS(t *testing.T) map[string][]byte {
+	t.Helper()
+	sec, err := admin(t).CoreV1().Secrets("kube-system").Get(ctxFor(t), "dkc-server-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sec.Data
 }

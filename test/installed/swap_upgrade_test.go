@@ -39,8 +39,9 @@ const previousReleaseFile = "hack/release/previous-release"
 // apply; an object the previous release installs and this one no longer does (a rename) is reported, since
 // apply leaves it running.
 //
-// It takes dkc away and installs it again, as TestUninstall does, so its file sorts before
-// uninstall_test.go and after the tests that only need dkc installed; it leaves dkc installed as found.
+// It takes dkc away and installs it again (it swaps the install), as TestUninstall does, so its file, swap_*,
+// sorts after the tests that only need dkc installed (a failed reinstall would break them) and before
+// uninstall_test.go; it leaves dkc installed as found.
 // The previous release's images come from its own `make images` in a worktree of its commit: with a warm
 // Go build cache nearly everything is a cache hit (-trimpath builds do not depend on the directory).
 func TestUpgrade(t *testing.T) {
@@ -131,6 +132,20 @@ func TestUpgrade(t *testing.T) {
 		}
 	}
 	newPods := checkImages(t, devcluster.ImageTag)
+	// What an operator checks (docs/install.md, Upgrade): kubectl dkc version names the new images, every
+	// pod updated and ready.
+	if out, err := kubectlDKC(ctx, "version"); err != nil {
+		t.Errorf("kubectl dkc version: %v\n%s", err, out)
+	} else {
+		for _, want := range []string{
+			"deployment/dkc-server: " + devcluster.ImageRepo + "/dkc-server:" + devcluster.ImageTag + " (2 desired, 2 updated, 2 ready)",
+			"daemonset/dkc-sidecar: " + devcluster.ImageRepo + "/dkc-sidecar:" + devcluster.ImageTag + " (2 desired, 2 updated, 2 ready)",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("kubectl dkc version after the upgrade lacks %q:\n%s", want, out)
+			}
+		}
+	}
 	for name := range newPods {
 		if oldPods[name] {
 			t.Errorf("pod %s of %s still runs after the upgrade", name, prev.version)
@@ -212,6 +227,15 @@ func checkoutRelease(t *testing.T, ctx context.Context, root string, r release) 
 	if _, err := git("cat-file", "-e", r.commit+"^{commit}"); err != nil {
 		out, ferr := git("fetch", "--no-tags", "origin", r.commit)
 		if _, err := git("cat-file", "-e", r.commit+"^{commit}"); err != nil {
+			// A shallow clone whose origin will not serve the commit has no history to build a release
+			// from: that is the checkout's limit, not dkc's, so the test says so and skips rather than fail
+			// every other test's verdict with it (deliberately not ciskip). A full clone that lacks the
+			// commit is a wrong previous-release file: that fails.
+			if shallow, _ := git("rev-parse", "--is-shallow-repository"); shallow == "true" {
+				t.Skipf("the previous release %s is commit %s, which this shallow clone lacks and `git fetch origin %s` did not "+
+					"bring (%v: %s): the upgrade cannot be tested without history; clone with history (fetch-depth: 0)",
+					r.version, r.commit, r.commit, ferr, out)
+			}
 			t.Fatalf("the previous release %s (%s) is commit %s, which this checkout lacks, and `git fetch origin %s` did not "+
 				"bring it (%v: %s). The upgrade test builds that release's images and manifests from git history: check out "+
 				"with history (actions/checkout fetch-depth: 0), or fetch the commit before the test", r.version,
@@ -222,10 +246,17 @@ func checkoutRelease(t *testing.T, ctx context.Context, root string, r release) 
 	if out, err := git("worktree", "add", "--detach", dir, r.commit); err != nil {
 		t.Fatalf("git worktree add %s %s: %v\n%s", dir, r.commit, err, out)
 	}
+	// Not ctx: the test's deferred cancel has run by the time cleanups do.
 	t.Cleanup(func() {
+		git := func(args ...string) (string, error) {
+			out, err := exec.Command("git", append([]string{"-C", root}, args...)...).CombinedOutput()
+			return strings.TrimSpace(string(out)), err
+		}
 		if out, err := git("worktree", "remove", "--force", dir); err != nil {
 			t.Logf("git worktree remove %s: %v: %s", dir, err, out)
-			_, _ = git("worktree", "prune")
+			if out, err := git("worktree", "prune"); err != nil {
+				t.Errorf("git worktree prune: %v: %s", err, out)
+			}
 		}
 	})
 	return dir
@@ -402,11 +433,13 @@ func watchStatus(t *testing.T) func() map[string][]string {
 	client := admin(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	seen := map[string][]string{}
+	samples := 0
 	record := func() {
 		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return // the apiserver is not what is tested; a missed sample is made up by the next
 		}
+		samples++
 		for i := range list.Items {
 			n := &list.Items[i]
 			if s := statusOf(n); len(seen[n.Name]) == 0 || seen[n.Name][len(seen[n.Name])-1] != s {
@@ -427,9 +460,14 @@ func watchStatus(t *testing.T) func() map[string][]string {
 			}
 		}
 	}()
+	start := time.Now()
 	return func() map[string][]string {
 		cancel()
 		wg.Wait()
+		// A watch that saw (nearly) nothing proves nothing: one sample a second at least.
+		if want := int(time.Since(start).Seconds()); samples < want {
+			t.Errorf("the status watch read the Nodes %d times in %s, want %d at least: the no-change check is void", samples, time.Since(start).Round(time.Second), want)
+		}
 		return seen
 	}
 }

@@ -57,7 +57,11 @@ func TestSidecarRollingUpdate(t *testing.T) {
 		waitRunning(t, n, a, 2*time.Minute)
 	}
 	dir := t.TempDir()
-	if err := devclustertest.BuildImages(ctxFor(t), dir, "-tag", "update", "-images", "dkc-sidecar"); err != nil {
+	// Not ctxFor's 5 minutes: linking the image's binaries is disk-bound, and on a busy 2-core machine with a
+	// slow disk (CI, the other suite building beside this one) it took longer than that.
+	buildCtx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	if err := devclustertest.BuildImages(buildCtx, dir, "-tag", "update", "-images", "dkc-sidecar"); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {

@@ -10,14 +10,14 @@ GO_TOOLS   := go tool -modfile=hack/tools/go.mod
 BUF        := $(GO_TOOLS) buf
 # The branch `buf breaking` compares the API against; main itself compares with its previous commit.
 BUF_AGAINST ?= .git\#ref=HEAD~1
-# The cluster suites: each test binary starts a real cluster of its own. INTEGRATION_P=2 runs them side by
-# side (16-18 min instead of ~26 warm), but not by default: in one of three runs the integration cluster's
-# dkc-server found its chosen port taken ("bind: address already in use") while the installed cluster
-# started beside it; ports are picked free and bound later. test/freshkernel changes host-wide kernel
-# settings and requires that no other cluster runs: it runs first, alone.
+# The cluster suites: each test binary starts a real cluster of its own, and the two suites run side by side
+# (INTEGRATION_P=1 runs them one after the other). Each cluster leases a block of loopback ports below the
+# kernel's ephemeral range (test/devcluster/ports.go), so two clusters starting at once never pick the same
+# port. test/freshkernel changes host-wide kernel settings and requires that no other cluster runs: it runs
+# first, alone.
 INTEGRATION_SOLO_PKGS := ./test/freshkernel/
 INTEGRATION_PKGS := ./test/integration/ ./test/installed/
-INTEGRATION_P ?= 1
+INTEGRATION_P ?= 2
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN).

@@ -19,6 +19,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -112,6 +113,10 @@ type State struct {
 	// KubeletCheckDir holds the dkc-kubelet-check-<minor> helpers the nodes' sidecars run (see
 	// Cluster.KubeletCheckDir).
 	KubeletCheckDir string `json:"kubeletCheckDir,omitempty"`
+	// PortBlock is the first port of the block the cluster leased (ports.go); PortNext the next one to
+	// hand out. 0 in a state.json from before blocks.
+	PortBlock int `json:"portBlock,omitempty"`
+	PortNext  int `json:"portNext,omitempty"`
 }
 
 // NodeState describes one real node.
@@ -143,6 +148,8 @@ type Cluster struct {
 	state State
 	pki   *pki
 	procs []*process // in start order
+	// portMu guards the state's PortNext (freePorts).
+	portMu sync.Mutex
 }
 
 const processGrace = 15 * time.Second
@@ -377,6 +384,7 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	}
 	if len(errs) == 0 {
 		_ = os.Remove(filepath.Join(c.cfg.Dir, "state.json"))
+		releasePortBlock(c.cfg.Dir, c.state.PortBlock)
 	}
 	return errors.Join(errs...)
 }
@@ -477,10 +485,6 @@ func (c *Cluster) writeState() error {
 
 // allocate picks free loopback ports and the runtime directories.
 func (c *Cluster) allocate() error {
-	ports, err := freePorts(2 + 3*len(c.cfg.RealNodes))
-	if err != nil {
-		return err
-	}
 	// A short, per-cluster runtime dir: two clusters (make up and a test run) never share kubelet or
 	// containerd state, and socket paths stay far below the 108-byte limit.
 	id := shortHash(c.cfg.Dir)
@@ -488,7 +492,18 @@ func (c *Cluster) allocate() error {
 	if err != nil {
 		return err
 	}
+	block, err := leasePortBlock(c.cfg.Dir)
+	if err != nil {
+		return err
+	}
+	c.state = State{PortBlock: block}
+	ports, err := c.freePorts(2 + 3*len(c.cfg.RealNodes))
+	if err != nil {
+		return err
+	}
 	c.state = State{
+		PortBlock:     block,
+		PortNext:      c.state.PortNext,
 		KubeVersion:   c.cfg.KubeVersion,
 		EtcdPort:      ports[0],
 		APIServerPort: ports[1],
@@ -508,7 +523,7 @@ func (c *Cluster) allocate() error {
 		}
 	}
 	if c.cfg.ServiceBinary != "" {
-		sp, err := freePorts(3)
+		sp, err := c.freePorts(3)
 		if err != nil {
 			return err
 		}
@@ -581,7 +596,7 @@ func (c *Cluster) apiServerURL() string {
 
 func (c *Cluster) startEtcd(ctx context.Context, bin string) error {
 	fmt.Fprintf(c.cfg.Progress, "starting etcd on 127.0.0.1:%d\n", c.state.EtcdPort)
-	peer, err := freePorts(1)
+	peer, err := c.freePorts(1)
 	if err != nil {
 		return err
 	}
@@ -708,25 +723,6 @@ func httpOK(ctx context.Context, client *http.Client, url string) error {
 		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
 	}
 	return nil
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // EnvPath is the shell-sourceable file of docs/design.md, "Local cluster" (`. _output/dev/env`).

@@ -41,7 +41,7 @@ func (c *Cluster) StartServiceReplica(ctx context.Context, name string, args ...
 	if err := json.Unmarshal(data, &rec); err != nil {
 		return nil, fmt.Errorf("the cluster's dkc-server command line: %w", err)
 	}
-	ports, err := freePorts(2)
+	ports, err := c.freePorts(2)
 	if err != nil {
 		return nil, err
 	}

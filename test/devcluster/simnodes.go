@@ -65,7 +65,7 @@ func (c *Cluster) startSimNodes(ctx context.Context) error {
 		minor = f[0] + "." + f[1]
 	}
 	for i := 1; i <= c.cfg.SimNodes; i++ {
-		ports, err := freePorts(2)
+		ports, err := c.freePorts(2)
 		if err != nil {
 			return err
 		}

@@ -24,6 +24,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dkc-dev/dkc/internal/ciskip"
 	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
@@ -228,11 +229,11 @@ func checkoutRelease(t *testing.T, ctx context.Context, root string, r release) 
 		out, ferr := git("fetch", "--no-tags", "origin", r.commit)
 		if _, err := git("cat-file", "-e", r.commit+"^{commit}"); err != nil {
 			// A shallow clone whose origin will not serve the commit has no history to build a release
-			// from: that is the checkout's limit, not dkc's, so the test says so and skips rather than fail
-			// every other test's verdict with it (deliberately not ciskip). A full clone that lacks the
-			// commit is a wrong previous-release file: that fails.
+			// from. Outside CI that is the checkout's limit and the test skips; in CI the upgrade would go
+			// untested while the run stays green, so it fails (ciskip). A full clone that lacks the commit
+			// is a wrong previous-release file: that fails everywhere.
 			if shallow, _ := git("rev-parse", "--is-shallow-repository"); shallow == "true" {
-				t.Skipf("the previous release %s is commit %s, which this shallow clone lacks and `git fetch origin %s` did not "+
+				ciskip.Skipf(t, "the previous release %s is commit %s, which this shallow clone lacks and `git fetch origin %s` did not "+
 					"bring (%v: %s): the upgrade cannot be tested without history; clone with history (fetch-depth: 0)",
 					r.version, r.commit, r.commit, ferr, out)
 			}

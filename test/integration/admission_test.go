@@ -231,7 +231,7 @@ func TestAdmissionStatusWritersCannotChangeSources(t *testing.T) {
 	}
 
 	// An annotation of its own through nodes/status (dkc.dev/config-status is dkc-server's alone,
-	// TestNodeStatusCannotBeForged). Polled: RBAC takes a moment to see the new binding.
+	// test/installed TestNodeStatusCannotBeForged). Polled: RBAC takes a moment to see the new binding.
 	status := annotationPatch(statusWriterNote, "{}")
 	var last error
 	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	k8suser "k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/cel/environment"
 )
 
@@ -85,6 +86,14 @@ func TestServerRBACFileAsTheDevClusterApplies(t *testing.T) {
 // returns the denial's message, or "" when the request is admitted.
 func evalPolicy(t *testing.T, file string, op admission.Operation, resource, sub, user string, obj, old runtime.Object) string {
 	t.Helper()
+	return evalPolicyAs(t, file, op, resource, sub, &k8suser.DefaultInfo{Name: user}, nil, obj, old)
+}
+
+// evalPolicyAs is evalPolicy for a user with groups, and the authorizer the policy's expressions ask (nil
+// when they ask none).
+func evalPolicyAs(t *testing.T, file string, op admission.Operation, resource, sub string, user k8suser.Info,
+	authz authorizer.UnconditionalAuthorizer, obj, old runtime.Object) string {
+	t.Helper()
 	data, err := os.ReadFile(filepath.Join("..", "..", file))
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +141,7 @@ func evalPolicy(t *testing.T, file string, op admission.Operation, resource, sub
 		}
 	}
 	attr := &admission.VersionedAttributes{
-		Attributes:    admission.NewAttributesRecord(obj, old, gvk, ns, name, gvr, sub, op, nil, false, &k8suser.DefaultInfo{Name: user}),
+		Attributes:    admission.NewAttributesRecord(obj, old, gvk, ns, name, gvr, sub, op, nil, false, user),
 		VersionedKind: gvk,
 	}
 	if obj != nil && !reflect.ValueOf(obj).IsNil() {
@@ -141,7 +150,7 @@ func evalPolicy(t *testing.T, file string, op admission.Operation, resource, sub
 	if old != nil && !reflect.ValueOf(old).IsNil() {
 		attr.VersionedOldObject.Set(old)
 	}
-	res := validator.Validate(context.Background(), gvr, attr, nil, nil, celconfig.RuntimeCELCostBudget, nil)
+	res := validator.Validate(context.Background(), gvr, attr, nil, nil, celconfig.RuntimeCELCostBudget, authz)
 	for _, d := range res.Decisions {
 		if d.Evaluation == validating.EvalError {
 			t.Fatalf("%s: expression failed: %s", file, d.Message)

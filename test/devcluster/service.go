@@ -128,8 +128,14 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 	if err := c.waitReady(ctx, p); err != nil {
 		return err
 	}
-	// Admission: the policy decides who may change a source, the webhook whether it is well-formed.
-	if err := c.installAdmissionPolicy(ctx, client); err != nil {
+	// Admission: the policies decide who may change a source and who may write the status dkc acts on, the
+	// webhook whether a source is well-formed.
+	probe := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"probe"}}}`, nodeconfig.SourceAnnotation))
+	if err := c.installEnforcedPolicy(ctx, client, AdmissionPolicyFile, probe); err != nil {
+		return err
+	}
+	probe = []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"probe"}}}`, nodeconfig.StatusAnnotation))
+	if err := c.installEnforcedPolicy(ctx, client, NodeStatusPolicyFile, probe); err != nil {
 		return err
 	}
 	if err := installPolicy(ctx, client, filepath.Join(c.cfg.RepoRoot, ServerConfigMapPolicyFile)); err != nil {
@@ -148,6 +154,11 @@ const AdmissionSkipLabel = "node-restriction.kubernetes.io/dkc-admission"
 // that decide who may change a Node's dkc.dev/config-source. The dev cluster installs this very file, so that
 // tests exercise what users install from deploy/.
 const AdmissionPolicyFile = "deploy/base/config-source-policy.yaml"
+
+// NodeStatusPolicyFile, relative to the repository root, holds the ValidatingAdmissionPolicy and its binding
+// that keep the Node status dkc acts on (dkc.dev/config-status, dkc.dev/pool-assignment, the ConfigOK
+// condition) to dkc's own identities. The dev cluster installs this very file, as it does AdmissionPolicyFile.
+const NodeStatusPolicyFile = "deploy/base/node-status-policy.yaml"
 
 // ServerConfigMapPolicyFile, relative to the repository root, holds the ValidatingAdmissionPolicy and its
 // binding that confine dkc-server's ConfigMap writes to its revision snapshots (label dkc.dev/pool). The dev
@@ -192,11 +203,12 @@ func decodeAdmissionPolicy(data []byte) (*admissionregistrationv1.ValidatingAdmi
 	return policy, binding, nil
 }
 
-// installAdmissionPolicy creates the ValidatingAdmissionPolicy and binding of AdmissionPolicyFile and waits
-// until the apiserver enforces them: the policy takes effect only once the apiserver's informers have seen
-// both, and tests may write Nodes right after Start returns.
-func (c *Cluster) installAdmissionPolicy(ctx context.Context, client kubernetes.Interface) error {
-	file := filepath.Join(c.cfg.RepoRoot, AdmissionPolicyFile)
+// installEnforcedPolicy creates the ValidatingAdmissionPolicy and binding of file and waits until the
+// apiserver enforces them: a policy takes effect only once the apiserver's informers have seen both, and
+// tests may write Nodes right after Start returns. probe is a JSON merge patch of the first node's status
+// that the policy refuses whoever asks (the admin), sent with dryRun until it is refused.
+func (c *Cluster) installEnforcedPolicy(ctx context.Context, client kubernetes.Interface, file string, probe []byte) error {
+	file = filepath.Join(c.cfg.RepoRoot, file)
 	if err := installPolicy(ctx, client, file); err != nil {
 		return err
 	}
@@ -211,9 +223,7 @@ func (c *Cluster) installAdmissionPolicy(ctx context.Context, client kubernetes.
 	if len(c.state.Nodes) == 0 {
 		return nil
 	}
-	// Probe: a dry-run write of the source through nodes/status, which the policy refuses whoever asks.
 	node := c.state.Nodes[0].Name
-	probe := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"probe"}}}`, nodeconfig.SourceAnnotation))
 	var last error
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, last = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, probe, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
@@ -276,7 +286,7 @@ func refusedBy(policy *admissionregistrationv1.ValidatingAdmissionPolicy, err er
 
 // registerWebhook installs the validating webhook of the dkc service for Node writes that change the
 // dkc.dev/config-source annotation; it validates the value only (who may write it is the admission policy's
-// business, see installAdmissionPolicy). matchConditions keep every other Node write — heartbeats, labels —
+// business, see installEnforcedPolicy). matchConditions keep every other Node write — heartbeats, labels —
 // out of it, so failurePolicy Fail cannot block them.
 func (c *Cluster) registerWebhook(ctx context.Context, client kubernetes.Interface) error {
 	ca, err := os.ReadFile(c.CAFile())

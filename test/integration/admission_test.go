@@ -37,6 +37,9 @@ const (
 	malformedSource = `{}`
 )
 
+// statusWriterNote is an annotation a nodes/status writer other than dkc may write.
+const statusWriterNote = "example.com/status-writer-note"
+
 // annotationPatch is a JSON merge patch setting annotation key to value ("" removes it).
 func annotationPatch(key, value string) []byte {
 	var v any // nil: JSON null, which removes the key
@@ -176,7 +179,7 @@ func TestAdmissionNodeCannotSetItsOwnSourceThroughStatus(t *testing.T) {
 
 // Anyone else who may write nodes/status (CNI agents, node-problem-detector, cloud controllers) must not
 // reconfigure a node either; neither may the admin through that path. Status writes that leave the source
-// alone — dkc-server's dkc.dev/config-status — go through.
+// alone go through.
 func TestAdmissionStatusWritersCannotChangeSources(t *testing.T) {
 	ctx := testContext(t)
 	admin := adminClient(t)
@@ -227,15 +230,15 @@ func TestAdmissionStatusWritersCannotChangeSources(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// What dkc-server does: its status annotation through nodes/status. Polled: RBAC takes a moment to see
-	// the new binding.
-	status := annotationPatch("dkc.dev/config-status", "{}")
+	// An annotation of its own through nodes/status (dkc.dev/config-status is dkc-server's alone,
+	// test/installed TestNodeStatusCannotBeForged). Polled: RBAC takes a moment to see the new binding.
+	status := annotationPatch(statusWriterNote, "{}")
 	var last error
 	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, last = writer.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, status, metav1.PatchOptions{}, "status")
 		return last == nil, nil
 	}); err != nil {
-		t.Fatalf("status writer cannot write dkc.dev/config-status: %v", last)
+		t.Fatalf("status writer cannot write %s: %v", statusWriterNote, last)
 	}
 
 	wantRefusal(t, "status writer sets a source", patchSource(ctx, writer, node, validSource, false, "status"), viaStatusMsg)
@@ -248,7 +251,7 @@ func TestAdmissionStatusWritersCannotChangeSources(t *testing.T) {
 	wantRefusal(t, "admin changes a source through nodes/status", patchSource(ctx, admin, node, other, false, "status"), viaStatusMsg)
 
 	// With a source assigned, status writes that leave it alone still go through, and leave it as it was.
-	if _, err := writer.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, annotationPatch("dkc.dev/config-status", `{"error":"x"}`), metav1.PatchOptions{}, "status"); err != nil {
+	if _, err := writer.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, annotationPatch(statusWriterNote, `{"error":"x"}`), metav1.PatchOptions{}, "status"); err != nil {
 		t.Errorf("status write beside an assigned source: %v", err)
 	}
 	n, err := admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -333,19 +336,21 @@ func TestAdmissionPolicyTypeChecks(t *testing.T) {
 		}
 		return warnings
 	}
-	policy, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, "dkc-config-source", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range check(policy) {
-		t.Error(w)
-	}
-	// The check does see the Node's fields: a typo is reported.
-	broken := policy.DeepCopy()
-	for i, v := range broken.Spec.Variables {
-		broken.Spec.Variables[i].Expression = strings.ReplaceAll(v.Expression, "object.metadata.", "object.metadata.annotationz.")
-	}
-	if w := check(broken); len(w) == 0 || !strings.Contains(fmt.Sprint(w), "annotationz") {
-		t.Errorf("a misspelt field went unnoticed: %v", w)
+	for _, name := range []string{"dkc-config-source", "dkc-node-status-writers"} {
+		policy, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range check(policy) {
+			t.Errorf("%s: %s", name, w)
+		}
+		// The check does see the Node's fields: a typo is reported.
+		broken := policy.DeepCopy()
+		for i, v := range broken.Spec.Variables {
+			broken.Spec.Variables[i].Expression = strings.ReplaceAll(v.Expression, "object.metadata.", "object.metadata.annotationz.")
+		}
+		if w := check(broken); len(w) == 0 || !strings.Contains(fmt.Sprint(w), "annotationz") {
+			t.Errorf("%s: a misspelt field went unnoticed: %v", name, w)
+		}
 	}
 }

@@ -117,7 +117,17 @@ func TestAPIServerDropsDynamicConfigFields(t *testing.T) {
 				LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
 			}},
 		}})
-		if _, err := nodes.PatchStatus(ctx, node, patch); err != nil {
+		// As dkc-server: the admission policy dkc-node-status-writers lets nobody else write ConfigOK.
+		cfg, err := cluster.RESTConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Impersonate.UserName = devcluster.ServiceUser
+		server, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := server.CoreV1().Nodes().PatchStatus(ctx, node, patch); err != nil {
 			t.Fatalf("patch status: %v", err)
 		}
 		annotation := `{"configMap":{"namespace":"kube-system","name":"my-node-config","kubeletConfigKey":"kubelet"}}` // valid: the webhook admits it

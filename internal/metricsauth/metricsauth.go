@@ -115,7 +115,10 @@ func New(o Options, rc *rest.Config, log *zap.Logger) (*Guard, error) {
 		return g, nil
 	}
 	rc = rest.CopyConfig(rc)
-	rc.UserAgent = strings.TrimSuffix(rc.UserAgent+"/metrics-auth", "/")
+	rc.UserAgent = strings.TrimPrefix(rc.UserAgent+"/metrics-auth", "/")
+	// A limiter of its own (client-go's default, 5/s): scrapers' reviews, cached, never spend the budget of
+	// the caller's other requests, and a flood of forged tokens is bounded by it.
+	rc.RateLimiter, rc.QPS, rc.Burst = nil, 5, 10
 	authnClient, err := authenticationv1.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("metrics authentication: create TokenReview client: %w", err)
@@ -142,7 +145,9 @@ func New(o Options, rc *rest.Config, log *zap.Logger) (*Guard, error) {
 func (g *Guard) TLS() *tls.Config { return g.tls }
 
 // Handler is next behind the authentication and authorization of g.
-func (g *Guard) Handler(next http.Handler) http.Handler { return handler(g.authn, g.authz, g.log, next) }
+func (g *Guard) Handler(next http.Handler) http.Handler {
+	return handler(g.authn, g.authz, g.log, next)
+}
 
 // handler serves AlwaysAllowPaths to anyone and every other request only to a caller that authn knows and
 // authz allows the request's verb (the HTTP method, lower case: get) on its path — what the Kubernetes

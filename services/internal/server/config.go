@@ -212,7 +212,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, fmt.Sprintf("sustained requests per second to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g (a fan-out costs each node three requests; API Priority and Fairness, deploy/base/server-apf.yaml, is what protects the apiserver)", kubeAPIScale.qpsPerNode, kubeAPIScale.qps))
 	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, fmt.Sprintf("burst of requests to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g", kubeAPIScale.burstPerNode, kubeAPIScale.burst))
 	fs.StringVar(&c.ListenAddress, "listen-address", c.ListenAddress, "address of the gRPC API (dkc.v1.ConfigService, health, reflection)")
-	fs.StringVar(&c.MetricsAddr, "metrics-address", c.MetricsAddr, "address of the HTTPS endpoint for /metrics (with --metrics-auth, for callers allowed get on it: the ClusterRole dkc-metrics-reader), /healthz and /readyz (to anyone: the kubelet's probes); empty disables it")
+	fs.StringVar(&c.MetricsAddr, "metrics-address", c.MetricsAddr, "address of the endpoint for /metrics (with --metrics-auth: over HTTPS, for callers allowed get on it, the ClusterRole dkc-metrics-reader), /healthz and /readyz (to anyone: the kubelet's probes); empty disables it")
 	c.MetricsAuth.BindFlags(fs)
 	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "serve Go profiles at /debug/pprof/ on the metrics address (with --metrics-auth, for callers allowed get on /debug/pprof/*)")
 	fs.StringVar(&c.WebhookAddress, "webhook-address", c.WebhookAddress, "address of the HTTPS validating webhook for Node writes that change dkc.dev/config-source (path /validate-node); empty disables it, and so does --insecure")

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dkc-dev/dkc/internal/metricsauth"
 	"github.com/dkc-dev/dkc/sidecar/internal/uninstall"
 	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
@@ -71,11 +72,13 @@ type Config struct {
 	HealthTimeout    time.Duration
 	KeepCheckpoints  int
 	MetricsAddress   string
-	LogLevel         string
-	LogDevelopment   bool
-	PrintDropIn      bool
-	InstallDropIn    string
-	InstallOnly      bool
+	// MetricsAuth protects the metrics address (HTTPS, delegated authentication and authorization).
+	MetricsAuth    metricsauth.Options
+	LogLevel       string
+	LogDevelopment bool
+	PrintDropIn    bool
+	InstallDropIn  string
+	InstallOnly    bool
 	// Uninstall is the cleanup mode (--uninstall): take dkc off the node and report it, nothing else.
 	Uninstall bool
 	// KubeletDropIn is dkc's kubelet drop-in, which --uninstall removes.
@@ -115,6 +118,7 @@ func DefaultConfig() Config {
 		HealthTimeout:    2 * time.Minute,
 		KeepCheckpoints:  3,
 		MetricsAddress:   DefaultMetricsAddress,
+		MetricsAuth:      metricsauth.DefaultOptions(),
 		HostProc:         "/proc",
 		LogLevel:         "info",
 		KubeletDropIn:    uninstall.DefaultDropIn,
@@ -141,7 +145,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TrialDuration, "trial-duration", c.TrialDuration, "time a new config must run healthy before it becomes last-known-good")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout, "time the kubelet gets to come back healthy with a new config before it is rolled back")
 	fs.IntVar(&c.KeepCheckpoints, "keep-checkpoints", c.KeepCheckpoints, "unreferenced checkpoints kept besides assigned and last-known-good")
-	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address for /metrics, /healthz (liveness: the process serves HTTP) and /readyz (a config stream to dkc-server is open); empty disables. The default binds every address of the node (the DaemonSet shares the host's network) so that Prometheus can scrape the node's IP, on 10395, a port no well-known node agent uses (9091, the former default, is Calico Felix's metrics port; docs/dkc-sidecar.md lists the ports checked). The probes need it reachable on the node's IP")
+	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address for /metrics (with --metrics-auth: over HTTPS, for callers allowed get on it, the ClusterRole dkc-metrics-reader), /healthz (liveness: the process serves HTTP) and /readyz (a config stream to dkc-server is open) — these two to anyone (the kubelet's probes); empty disables. The default binds every address of the node (the DaemonSet shares the host's network) so that Prometheus can scrape the node's IP, on 10395, a port no well-known node agent uses (9091, the former default, is Calico Felix's metrics port; docs/dkc-sidecar.md lists the ports checked). The probes need it reachable on the node's IP")
+	c.MetricsAuth.BindFlags(fs)
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
 	fs.StringVar(&c.InstallDropIn, "install-kubelet-dropin", c.InstallDropIn, "with --restart-mode=systemd: write the kubelet drop-in to this path (e.g. /etc/systemd/system/kubelet.service.d/20-dkc.conf) if it differs, and daemon-reload")
@@ -217,6 +222,9 @@ func (c Config) Validate() error {
 	}
 	if c.TrialDuration <= 0 || c.HealthTimeout <= 0 || c.KeepCheckpoints < 0 {
 		errs = append(errs, errors.New("--trial-duration and --health-timeout must be positive, --keep-checkpoints not negative"))
+	}
+	if err := c.MetricsAuth.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

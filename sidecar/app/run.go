@@ -107,6 +107,16 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		TrialCheckInterval:     cfg.TrialCheckInterval, Checker: checker, Trace: cfg.Trace,
 	})
 
+	var metricsServer httpserve.Listener
+	if reg != nil {
+		if streams != nil {
+			registerConnected(reg, streams)
+		}
+		h := healthMux(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), streams)
+		if metricsServer, err = metricsListener("metrics", cfg, h, true, log); err != nil {
+			return err
+		}
+	}
 	log.Info("dkc-sidecar starting", zap.String("version", version.Get()), zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("restartMode", cfg.RestartMode), zap.Duration("trialDuration", cfg.TrialDuration), zap.Uint64("incarnation", incarnation))
 	if err := ag.Init(ctx); err != nil {
@@ -118,13 +128,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	g.Go(func() error { return cl.Watch(gctx, ag.Applied, updates) })
 	g.Go(func() error { return cl.RunReporter(gctx) })
 	if reg != nil {
-		if streams != nil {
-			registerConnected(reg, streams)
-		}
-		mux := healthMux(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), streams)
-		g.Go(func() error {
-			return httpserve.Serve(gctx, httpserve.Listener{Name: "metrics", Addr: cfg.MetricsAddress, Handler: mux, Grace: 5 * time.Second})
-		})
+		g.Go(func() error { return httpserve.Serve(gctx, metricsServer) })
 	}
 	err = g.Wait()
 	log.Info("dkc-sidecar stopped")

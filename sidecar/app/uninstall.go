@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
@@ -57,12 +56,16 @@ func (s *Sidecar) uninstallNode(ctx context.Context, log *zap.Logger) error {
 	})
 	log.Info("dkc-sidecar uninstalling dkc from this node", zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("dropIn", cfg.KubeletDropIn), zap.String("kubeletConfig", cfg.KubeletConfig))
+	var health httpserve.Listener
+	if cfg.MetricsAddress != "" {
+		if health, err = metricsListener("health", cfg, uninstallMux(c), false, log); err != nil {
+			return err
+		}
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return c.Run(gctx) })
 	if cfg.MetricsAddress != "" {
-		g.Go(func() error {
-			return httpserve.Serve(gctx, httpserve.Listener{Name: "health", Addr: cfg.MetricsAddress, Handler: uninstallMux(c), Grace: 5 * time.Second})
-		})
+		g.Go(func() error { return httpserve.Serve(gctx, health) })
 	}
 	err = g.Wait()
 	if ready, _ := c.Ready(); ready && !cfg.NoNodeLock {

@@ -108,6 +108,9 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 		"--kubeconfig=" + kubeconfig,
 		"--listen-address=" + c.ServiceAddress(),
 		"--metrics-address=" + c.MetricsAddress(),
+		// Plain HTTP on loopback, which the tests and the benchmark scrape without a token; the installed
+		// form serves metrics as deploy/ does, with --metrics-auth (test/installed checks who may read them).
+		"--metrics-auth=false",
 		"--tls-cert-file=" + c.pki.path("dkc-server.crt"),
 		"--tls-key-file=" + c.pki.path("dkc-server.key"),
 		"--allowed-service-accounts=" + SidecarNamespace + "/" + SidecarServiceAccount,

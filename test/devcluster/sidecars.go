@@ -58,6 +58,9 @@ func (c *Cluster) sidecarArgs(n NodeState) []string {
 		"--trial-duration=" + c.trialDuration(),
 		"--health-timeout=" + c.healthTimeout(),
 		"--metrics-address=" + n.IP + ":" + strconv.Itoa(n.SidecarMetricsPort),
+		// Plain HTTP, scraped by the tests without a token: this sidecar runs outside a pod, with no
+		// ServiceAccount to review tokens as. The installed form's sidecars serve as deploy/ says.
+		"--metrics-auth=false",
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -161,6 +162,7 @@ func TestComponentRenders(t *testing.T) {
 			if e.str("path") != "/metrics" {
 				t.Errorf("PodMonitor %s scrapes path %q, want /metrics", job, e.str("path"))
 			}
+			checkScrapesWithAToken(t, objs, pm, e)
 			if !setsNodeLabel(e) {
 				t.Errorf("PodMonitor %s, port %s: no relabeling sets node from __meta_kubernetes_pod_node_name; the rules join on it (%v)",
 					job, e.str("port"), e.field("relabelings"))
@@ -195,4 +197,63 @@ func TestComponentRenders(t *testing.T) {
 	if data["dkc.json"] != string(want) {
 		t.Error("ConfigMap dkc-grafana-dashboard: data dkc.json is not dashboard.json")
 	}
+}
+
+// checkScrapesWithAToken: dkc serves /metrics over HTTPS to callers allowed get on it (--metrics-auth), so
+// the endpoint scrapes https, accepts the self-signed certificate or names a CA, and sends the token of a
+// ServiceAccount-token Secret in the PodMonitor's namespace whose ServiceAccount is bound to a ClusterRole
+// granting get on /metrics.
+func checkScrapesWithAToken(t *testing.T, objs []object, pm, e object) {
+	t.Helper()
+	name, ns := pm.str("metadata", "name"), pm.str("metadata", "namespace")
+	if e.str("scheme") != "https" {
+		t.Errorf("PodMonitor %s scrapes %q, want https: dkc serves its metrics over HTTPS", name, e.str("scheme"))
+	}
+	if skip, _ := e.field("tlsConfig", "insecureSkipVerify").(bool); !skip && e.field("tlsConfig", "ca") == nil {
+		t.Errorf("PodMonitor %s: tlsConfig %v neither skips verification nor names a CA; the certificate is self-signed", name, e.field("tlsConfig"))
+	}
+	if e.str("authorization", "type") != "Bearer" {
+		t.Errorf("PodMonitor %s: authorization %v, want a Bearer token", name, e.field("authorization"))
+		return
+	}
+	secretName, key := e.str("authorization", "credentials", "name"), e.str("authorization", "credentials", "key")
+	var secret object
+	for _, o := range objs {
+		if o.str("kind") == "Secret" && o.str("metadata", "name") == secretName && o.str("metadata", "namespace") == ns {
+			secret = o
+		}
+	}
+	if secret == nil {
+		t.Errorf("PodMonitor %s sends the token of Secret %s/%s, which is not rendered", name, ns, secretName)
+		return
+	}
+	sa := secret.str("metadata", "annotations", "kubernetes.io/service-account.name")
+	if secret.str("type") != "kubernetes.io/service-account-token" || sa == "" || key != "token" {
+		t.Errorf("Secret %s/%s (key %q): type %q, ServiceAccount %q; want a ServiceAccount token, key token", ns, secretName, key,
+			secret.str("type"), sa)
+		return
+	}
+	find(t, objs, "ServiceAccount", sa)
+	for _, b := range objs {
+		if b.str("kind") != "ClusterRoleBinding" {
+			continue
+		}
+		subjects, _ := b.field("subjects").([]any)
+		for _, sub := range subjects {
+			s := object(sub.(map[string]any))
+			if s.str("kind") != "ServiceAccount" || s.str("name") != sa || s.str("namespace") != ns || b.str("roleRef", "kind") != "ClusterRole" {
+				continue
+			}
+			role := find(t, objs, "ClusterRole", b.str("roleRef", "name"))
+			rules, _ := role.field("rules").([]any)
+			for _, r := range rules {
+				urls, _ := r.(map[string]any)["nonResourceURLs"].([]any)
+				verbs, _ := r.(map[string]any)["verbs"].([]any)
+				if slices.Contains(urls, any("/metrics")) && slices.Contains(verbs, any("get")) {
+					return
+				}
+			}
+		}
+	}
+	t.Errorf("ServiceAccount %s/%s, whose token PodMonitor %s sends, is bound to no ClusterRole granting get on /metrics", ns, sa, name)
 }

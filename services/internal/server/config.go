@@ -15,6 +15,7 @@ import (
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	"k8s.io/client-go/tools/leaderelection"
 
+	"github.com/dkc-dev/dkc/internal/metricsauth"
 	"github.com/dkc-dev/dkc/internal/payload"
 	"github.com/dkc-dev/dkc/services/internal/auth"
 )
@@ -25,10 +26,12 @@ type Config struct {
 	Kubeconfig string
 	// KubeAPIQPS and KubeAPIBurst limit the requests to the apiserver; 0 sizes each to the node count
 	// (kubeAPIScale).
-	KubeAPIQPS     float64
-	KubeAPIBurst   int
-	ListenAddress  string
-	MetricsAddr    string
+	KubeAPIQPS    float64
+	KubeAPIBurst  int
+	ListenAddress string
+	MetricsAddr   string
+	// MetricsAuth protects the metrics address (HTTPS, delegated authentication and authorization).
+	MetricsAuth    metricsauth.Options
 	Profiling      bool
 	WebhookAddress string
 
@@ -122,6 +125,7 @@ func DefaultConfig() Config {
 	return Config{
 		ListenAddress:          ":9443",
 		MetricsAddr:            ":9090",
+		MetricsAuth:            metricsauth.DefaultOptions(),
 		WebhookAddress:         ":9444",
 		AllowedServiceAccounts: []string{"kube-system/dkc-sidecar"},
 		TokenCacheTTL:          time.Minute,
@@ -208,8 +212,9 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, fmt.Sprintf("sustained requests per second to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g (a fan-out costs each node three requests; API Priority and Fairness, deploy/base/server-apf.yaml, is what protects the apiserver)", kubeAPIScale.qpsPerNode, kubeAPIScale.qps))
 	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, fmt.Sprintf("burst of requests to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g", kubeAPIScale.burstPerNode, kubeAPIScale.burst))
 	fs.StringVar(&c.ListenAddress, "listen-address", c.ListenAddress, "address of the gRPC API (dkc.v1.ConfigService, health, reflection)")
-	fs.StringVar(&c.MetricsAddr, "metrics-address", c.MetricsAddr, "address of the HTTP endpoint for /metrics, /healthz and /readyz; empty disables it")
-	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "serve Go profiles at /debug/pprof/ on the metrics address")
+	fs.StringVar(&c.MetricsAddr, "metrics-address", c.MetricsAddr, "address of the endpoint for /metrics (with --metrics-auth: over HTTPS, for callers allowed get on it, the ClusterRole dkc-metrics-reader), /healthz and /readyz (to anyone: the kubelet's probes); empty disables it")
+	c.MetricsAuth.BindFlags(fs)
+	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "serve Go profiles at /debug/pprof/ on the metrics address (with --metrics-auth, for callers allowed get on /debug/pprof/*)")
 	fs.StringVar(&c.WebhookAddress, "webhook-address", c.WebhookAddress, "address of the HTTPS validating webhook for Node writes that change dkc.dev/config-source (path /validate-node); empty disables it, and so does --insecure")
 	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "serving certificate (PEM); reloaded when the file changes")
 	fs.StringVar(&c.TLSKeyFile, "tls-key-file", c.TLSKeyFile, "serving key (PEM); reloaded when the file changes")
@@ -260,6 +265,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.ListenAddress == "" {
 		errs = append(errs, errors.New("--listen-address is required"))
+	}
+	if err := c.MetricsAuth.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if !c.Insecure && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("--tls-cert-file and --tls-key-file are required (or --insecure, for tests only)"))

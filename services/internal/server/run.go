@@ -46,6 +46,7 @@ import (
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/httpserve"
+	"github.com/dkc-dev/dkc/internal/metricsauth"
 	"github.com/dkc-dev/dkc/internal/version"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/admission"
@@ -81,6 +82,9 @@ type server struct {
 	// newPools builds the KubeletConfigPool controller for one term as leader; events records on pools.
 	newPools func() *poolcontroller.Controller
 	events   record.EventBroadcaster
+
+	// metricsGuard protects the metrics address; nil with --metrics-auth=false.
+	metricsGuard *metricsauth.Guard
 }
 
 // Run runs the config service until ctx ends, then shuts down gracefully: health turns NOT_SERVING, gRPC
@@ -109,6 +113,13 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	restCfg, err := restConfig(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.MetricsAddr != "" && cfg.MetricsAuth.Auth {
+		if s.metricsGuard, err = metricsauth.New(cfg.MetricsAuth, restCfg, log.Named("metrics")); err != nil {
+			return nil, err
+		}
+	} else if cfg.MetricsAddr != "" {
+		log.Warn("SERVING METRICS OVER PLAIN HTTP TO ANYONE (--metrics-auth=false)", zap.String("address", cfg.MetricsAddr))
 	}
 	s.apiLimiter = newScaledLimiter(kubeAPIScale.fixed(cfg.KubeAPIQPS, cfg.KubeAPIBurst))
 	s.reviewLimiter = newScaledLimiter(tokenReviewScale.fixed(cfg.TokenReviewQPS, cfg.TokenReviewBurst))
@@ -398,10 +409,12 @@ func (s *server) run(ctx context.Context) error {
 		if cfg.Profiling {
 			writeTimeout = profileWriteTimeout
 		}
-		g.Go(func() error {
-			return httpserve.Serve(gctx, httpserve.Listener{Name: "metrics", Addr: cfg.MetricsAddr,
-				Handler: metricsMux(s.reg, s.ctrl.Synced, cfg.Profiling), Grace: cfg.ShutdownGrace, WriteTimeout: writeTimeout})
-		})
+		l := httpserve.Listener{Name: "metrics", Addr: cfg.MetricsAddr, Handler: metricsMux(s.reg, s.ctrl.Synced, cfg.Profiling),
+			Grace: cfg.ShutdownGrace, WriteTimeout: writeTimeout}
+		if s.metricsGuard != nil {
+			l.Handler, l.TLS = s.metricsGuard.Handler(l.Handler), s.metricsGuard.TLS()
+		}
+		g.Go(func() error { return httpserve.Serve(gctx, l) })
 	}
 	if cfg.WebhookAddress != "" && s.tlsConfig != nil {
 		mux := http.NewServeMux()

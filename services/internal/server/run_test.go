@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -230,5 +232,43 @@ func TestKubeletCheckers(t *testing.T) {
 				t.Errorf("no log line with %q: %v", tc.wantLog, logs.All())
 			}
 		})
+	}
+}
+
+// TestMetricsAddressGuarded: with the default --metrics-auth the metrics address serves /metrics and the
+// profiles to no caller without a token, and the probe paths to anyone; --metrics-auth=false builds no guard.
+func TestMetricsAddressGuarded(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+contexts: [{name: c, context: {cluster: c}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Kubeconfig, cfg.Insecure = kubeconfig, true
+	s, err := newServer(cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.metricsGuard == nil || s.metricsGuard.TLS() == nil {
+		t.Fatal("no guard (or no TLS) on the metrics address by default")
+	}
+	h := s.metricsGuard.Handler(metricsMux(s.reg, func() bool { return true }, true))
+	for path, want := range map[string]int{"/metrics": 401, "/debug/pprof/": 401, "/healthz": 200, "/readyz": 200} {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+		if w.Code != want {
+			t.Errorf("GET %s without a token: %d, want %d", path, w.Code, want)
+		}
+	}
+	cfg.MetricsAuth.Auth = false
+	if s, err = newServer(cfg, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	if s.metricsGuard != nil {
+		t.Error("--metrics-auth=false built a guard")
 	}
 }

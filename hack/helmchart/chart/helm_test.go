@@ -279,7 +279,8 @@ tls:
 		{"server image", js(items(d, "spec", "template", "spec", "containers")[0]["image"]), `"registry.example/dkc-server@sha256:0123"`},
 		{"sidecar image", js(items(ds, "spec", "template", "spec", "containers")[0]["image"]), `"registry.example/dkc-sidecar:v9"`},
 		{"sidecar init image", js(items(ds, "spec", "template", "spec", "initContainers")[0]["image"]), `"registry.example/dkc-sidecar:v9"`},
-		{"server nodeSelector", js(get(d, "spec", "template", "spec", "nodeSelector")), `{"pool":"system"}`},
+		// Helm merges maps: the default's kubernetes.io/os stays.
+		{"server nodeSelector", js(get(d, "spec", "template", "spec", "nodeSelector")), `{"kubernetes.io/os":"linux","pool":"system"}`},
 		{"server tolerations", js(get(d, "spec", "template", "spec", "tolerations")), `[{"effect":"NoSchedule","key":"dedicated","operator":"Equal","value":"system"}]`},
 		{"sidecar nodeSelector", js(get(ds, "spec", "template", "spec", "nodeSelector")), `{"dkc":"on","kubernetes.io/os":"linux"}`},
 		{"sidecar tolerations", js(get(ds, "spec", "template", "spec", "tolerations")), `null`},
@@ -322,7 +323,7 @@ func TestHelmTemplatePlacement(t *testing.T) {
 		{"default", "", "controlPlane",
 			`{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"node-role.kubernetes.io/control-plane","operator":"Exists"}]}]}}`,
 			`[{"effect":"NoSchedule","key":"node-role.kubernetes.io/control-plane","operator":"Exists"}]`},
-		{"dedicated, own keys", "placement: dedicated\ndedicatedPool: {label: example.com/dkc, taint: example.com/dkc-only}\nserver: {tolerations: []}\n",
+		{"dedicated-own-keys", "placement: dedicated\ndedicatedPool: {label: example.com/dkc, taint: example.com/dkc-only}\nserver: {tolerations: []}\n",
 			"dedicated",
 			`{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"example.com/dkc","operator":"Exists"}]}]}}`,
 			`[{"effect":"NoSchedule","key":"example.com/dkc-only","operator":"Exists"}]`},

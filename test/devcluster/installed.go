@@ -6,7 +6,10 @@ package devcluster
 // systemd, containerd, the kubelet and kube-proxy as units, with CNI pod networking and cluster DNS (CoreDNS).
 // dkc's images are imported into every node's containerd and dkc is applied with `kubectl apply -k` from a
 // copy of deploy/, so dkc-server runs as a Deployment and dkc-sidecar as a DaemonSet pod that reaches its
-// node's systemd through the hostPath D-Bus socket, exactly as on a production node.
+// node's systemd through the hostPath D-Bus socket, exactly as on a production node. The first node (node-1)
+// is registered as kubeadm registers a control-plane node (role label, NoSchedule taint), the others are
+// plain workers: dkc-server's required placement puts both replicas on node-1, and what a worker may reach
+// is what it may reach in production.
 //
 //	host netns: bridge 198.18.<k>.1/24, kube-apiserver, etcd, controller-manager, scheduler; routes to each
 //	            node's pod subnet via the node
@@ -31,6 +34,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/dkc-dev/dkc/hack/images/ociimage"
 )
@@ -261,7 +266,7 @@ StandardError=inherit
 
 // installedKubeletArgs are the kubelet's flags beside $KUBELET_CONFIG_ARGS (default root and cert dirs).
 func (c *Cluster) installedKubeletArgs(n NodeState) []string {
-	return []string{
+	args := []string{
 		"--kubeconfig=" + c.NodeKubeconfigPath(n.Name),
 		"--hostname-override=" + n.Name,
 		"--node-ip=" + n.IP,
@@ -270,6 +275,40 @@ func (c *Cluster) installedKubeletArgs(n NodeState) []string {
 		cgroupV1Flag,
 		"--v=1",
 	}
+	if c.isControlPlaneNode(n.Name) {
+		// As kubeadm registers a control-plane node: only pods that tolerate the taint run there.
+		args = append(args, "--register-with-taints="+controlPlaneRole+":NoSchedule")
+	}
+	return args
+}
+
+// controlPlaneRole is the label and taint key of a control-plane node, as kubeadm sets them.
+const controlPlaneRole = "node-role.kubernetes.io/control-plane"
+
+// isControlPlaneNode reports whether node is the installed form's control-plane node: the first real node
+// (node-1) is registered as kubeadm registers one, so that dkc-server's required placement puts it there and
+// every other node is a plain worker, as in production.
+func (c *Cluster) isControlPlaneNode(node string) bool {
+	return len(c.state.Nodes) > 0 && c.state.Nodes[0].Name == node
+}
+
+// ControlPlaneNode is the name of the installed form's control-plane node (isControlPlaneNode).
+func (c *Cluster) ControlPlaneNode() string {
+	if len(c.state.Nodes) == 0 {
+		return ""
+	}
+	return c.state.Nodes[0].Name
+}
+
+// labelControlPlane gives node the control-plane role label with admin credentials, as kubeadm does after
+// the kubelet registers it: the NodeRestriction admission plugin forbids a kubelet to set node-role labels
+// on itself, so --node-labels cannot.
+func labelControlPlane(ctx context.Context, client kubernetes.Interface, node string) error {
+	patch := []byte(`{"metadata":{"labels":{"` + controlPlaneRole + `":""}}}`)
+	if _, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("label node %s %s: %w", node, controlPlaneRole, err)
+	}
+	return nil
 }
 
 // installedNspawnArgs boots node n as a whole machine: containerd, runc and the CNI plugins from the host's
@@ -376,7 +415,7 @@ func (c *Cluster) startInstalledNode(ctx context.Context, n NodeState, bins Bina
 	if err != nil {
 		return err
 	}
-	return p.waitFor(bctx, "registered and Ready", func(ctx context.Context) error {
+	if err := p.waitFor(bctx, "registered and Ready", func(ctx context.Context) error {
 		node, err := client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -387,7 +426,14 @@ func (c *Cluster) startInstalledNode(ctx context.Context, n NodeState, bins Bina
 			}
 		}
 		return fmt.Errorf("node %s not Ready yet", n.Name)
-	})
+	}); err != nil {
+		return err
+	}
+	if c.isControlPlaneNode(n.Name) {
+		fmt.Fprintf(c.cfg.Progress, "node %s is the control-plane node: label and taint %s\n", n.Name, controlPlaneRole)
+		return labelControlPlane(bctx, client, n.Name)
+	}
+	return nil
 }
 
 // ContainerdAddress is node's containerd socket as the host sees it (for ctr).

@@ -190,6 +190,13 @@ func rulesEqual(a, b []rbacv1.PolicyRule) bool {
 // self-signed overlay's certificates from its gen-certs.sh (openssl), so that nothing lands in the checkout.
 func renderDev(t *testing.T) []object {
 	t.Helper()
+	return renderOverlay(t, "dev")
+}
+
+// renderOverlay renders deploy/overlays/<name> from a copy of deploy/ whose self-signed overlay has its
+// certificates (gen-certs.sh), as renderDev does.
+func renderOverlay(t *testing.T, name string) []object {
+	t.Helper()
 	tmp := t.TempDir()
 	if out, err := exec.Command("cp", "-r", filepath.Join(repoRoot(t), "deploy"), tmp).CombinedOutput(); err != nil {
 		t.Fatalf("copy deploy/: %v\n%s", err, out)
@@ -200,5 +207,5 @@ func renderDev(t *testing.T) []object {
 	if _, err := os.Stat(filepath.Join(tmp, "deploy/overlays/self-signed/tls.crt")); err != nil {
 		t.Fatal(err)
 	}
-	return render(t, filepath.Join(tmp, "deploy/overlays/dev"))
+	return render(t, filepath.Join(tmp, "deploy/overlays", name))
 }

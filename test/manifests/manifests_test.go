@@ -201,51 +201,138 @@ func TestCertManagerIssuersAreNamespaced(t *testing.T) {
 	}
 }
 
-// TestServerPlacement: dkc-server prefers control-plane nodes and tolerates their taint; the optional
-// component requires them. A worker hosting a replica can read its serving key (the Node authorizer).
+// TestServerPlacement: every install path requires control-plane nodes for dkc-server by default (base, each
+// overlay, the chart's default value), tolerating their taint; the two alternatives render as
+// docs/security.md says (a dedicated pool: its label required, its taint tolerated; anywhere: control-plane
+// nodes only preferred); each names its choice in the dkc.dev/placement annotation, on the Deployment and its
+// pods, and passes it to dkc-server; dkc-server runs on Linux nodes only.
 func TestServerPlacement(t *testing.T) {
-	controlPlane := func(terms []corev1.NodeSelectorTerm) bool {
+	const controlPlane, pool = "node-role.kubernetes.io/control-plane", "dkc.dev/server-pool"
+	has := func(terms []corev1.NodeSelectorTerm, key string) bool {
 		for _, term := range terms {
 			for _, e := range term.MatchExpressions {
-				if e.Key == "node-role.kubernetes.io/control-plane" && e.Operator == corev1.NodeSelectorOpExists {
+				if e.Key == key && e.Operator == corev1.NodeSelectorOpExists {
 					return true
 				}
 			}
 		}
 		return false
 	}
+	tolerates := func(tols []corev1.Toleration, key string) bool {
+		for _, tol := range tols {
+			if tol.Key == key && tol.Operator == corev1.TolerationOpExists && tol.Effect == corev1.TaintEffectNoSchedule {
+				return true
+			}
+		}
+		return false
+	}
 	for _, tc := range []struct {
-		name       string
-		components []string
-		required   bool
+		name          string
+		objs          func(t *testing.T) []object
+		placement     string // the annotation
+		required      string // the label key required of the node
+		preferred     string // the label key only preferred ("" none)
+		toleratedKeys []string
 	}{
-		{"base: preferred", nil, false},
-		{"server-on-control-plane: required", []string{"deploy/components/server-on-control-plane"}, true},
+		{"base", func(t *testing.T) []object { return renderWith(t, "deploy/base") },
+			"controlPlane", controlPlane, "", []string{controlPlane}},
+		{"overlays/self-signed", func(t *testing.T) []object { return renderOverlay(t, "self-signed") },
+			"controlPlane", controlPlane, "", []string{controlPlane}},
+		{"overlays/dev", func(t *testing.T) []object { return renderOverlay(t, "dev") },
+			"controlPlane", controlPlane, "", []string{controlPlane}},
+		{"overlays/cert-manager", func(t *testing.T) []object {
+			return render(t, filepath.Join(repoRoot(t), "deploy/overlays/cert-manager"))
+		},
+			"controlPlane", controlPlane, "", []string{controlPlane}},
+		// Overlays written before control-plane nodes were the default list it: it must still build.
+		{"server-on-control-plane (kept, changes nothing)", func(t *testing.T) []object {
+			return renderWith(t, "deploy/base", "deploy/components/server-on-control-plane")
+		}, "controlPlane", controlPlane, "", []string{controlPlane}},
+		{"server-dedicated-pool", func(t *testing.T) []object {
+			return renderWith(t, "deploy/base", "deploy/components/server-dedicated-pool")
+		}, "dedicated", pool, "", []string{pool, controlPlane}},
+		{"server-anywhere", func(t *testing.T) []object { return renderWith(t, "deploy/base", "deploy/components/server-anywhere") },
+			"anywhere", "", controlPlane, []string{controlPlane}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var d appsv1.Deployment
-			find(t, renderWith(t, "deploy/base", tc.components...), "Deployment", "dkc-server", &d)
+			find(t, tc.objs(t), "Deployment", "dkc-server", &d)
 			spec := d.Spec.Template.Spec
+			if got := d.Annotations["dkc.dev/placement"]; got != tc.placement {
+				t.Errorf("Deployment annotation dkc.dev/placement %q, want %q", got, tc.placement)
+			}
+			if got := d.Spec.Template.Annotations["dkc.dev/placement"]; got != tc.placement {
+				t.Errorf("pod annotation dkc.dev/placement %q, want %q (dkc-server logs it)", got, tc.placement)
+			}
 			if spec.Affinity == nil || spec.Affinity.NodeAffinity == nil {
 				t.Fatal("no node affinity")
 			}
 			na := spec.Affinity.NodeAffinity
-			var preferred []corev1.NodeSelectorTerm
+			var required, preferred []corev1.NodeSelectorTerm
+			if r := na.RequiredDuringSchedulingIgnoredDuringExecution; r != nil {
+				required = r.NodeSelectorTerms
+			}
 			for _, p := range na.PreferredDuringSchedulingIgnoredDuringExecution {
 				preferred = append(preferred, p.Preference)
 			}
-			required := na.RequiredDuringSchedulingIgnoredDuringExecution != nil && controlPlane(na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms)
-			if required != tc.required || (!tc.required && !controlPlane(preferred)) {
-				t.Errorf("control-plane nodes required %v, preferred %v; want required %v, else preferred", required, controlPlane(preferred), tc.required)
+			switch {
+			case tc.required != "" && (len(required) != 1 || !has(required, tc.required)):
+				t.Errorf("required node terms %+v: want the one term %s exists", required, tc.required)
+			case tc.required == "" && len(required) != 0:
+				t.Errorf("required node terms %+v: want none", required)
 			}
-			tolerates := false
-			for _, tol := range spec.Tolerations {
-				tolerates = tolerates || (tol.Key == "node-role.kubernetes.io/control-plane" && tol.Operator == corev1.TolerationOpExists && tol.Effect == corev1.TaintEffectNoSchedule)
+			if (tc.preferred != "") != has(preferred, tc.preferred) || (tc.preferred == "" && len(preferred) != 0) {
+				t.Errorf("preferred node terms %+v: want %q", preferred, tc.preferred)
 			}
-			if !tolerates {
-				t.Error("does not tolerate node-role.kubernetes.io/control-plane:NoSchedule: it could never run there")
+			for _, key := range tc.toleratedKeys {
+				if !tolerates(spec.Tolerations, key) {
+					t.Errorf("tolerations %+v: does not tolerate %s:NoSchedule, so it could never run there", spec.Tolerations, key)
+				}
+			}
+			if got := spec.NodeSelector["kubernetes.io/os"]; got != "linux" || len(spec.NodeSelector) != 1 {
+				t.Errorf("nodeSelector %v, want kubernetes.io/os: linux", spec.NodeSelector)
+			}
+			// One control-plane node must run both replicas: spreading them is a preference only.
+			if aa := spec.Affinity.PodAntiAffinity; aa != nil && len(aa.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+				t.Errorf("required pod anti-affinity %+v: one control-plane node could not run both replicas", aa)
+			}
+			for _, c := range spec.TopologySpreadConstraints {
+				if c.WhenUnsatisfiable != corev1.ScheduleAnyway {
+					t.Errorf("topology spread %+v: one control-plane node could not run both replicas", c)
+				}
+			}
+			env := map[string]string{}
+			for _, e := range spec.Containers[0].Env {
+				if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+					env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+				}
+			}
+			for name, path := range map[string]string{"NODE_NAME": "spec.nodeName", "DKC_PLACEMENT": "metadata.annotations['dkc.dev/placement']"} {
+				if env[name] != path {
+					t.Errorf("dkc-server env %s from %q, want %q", name, env[name], path)
+				}
+			}
+			if tc.placement == "dedicated" {
+				if got := d.Spec.Template.Annotations["dkc.dev/placement-pool-label"]; got != pool {
+					t.Errorf("pod annotation dkc.dev/placement-pool-label %q, want %q", got, pool)
+				}
 			}
 		})
+	}
+
+	// The chart installs what base does unless told otherwise (hack/helmchart's tests compare its renders).
+	values, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy/helm/dkc/values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Placement string `json:"placement"`
+	}
+	if err := sigsyaml.Unmarshal(values, &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.Placement != "controlPlane" {
+		t.Errorf("deploy/helm/dkc/values.yaml: placement %q, want controlPlane by default", v.Placement)
 	}
 }
 

@@ -114,8 +114,19 @@ func Files(c Config) (map[string][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	variants := map[string][]object{}
+	for _, p := range placements {
+		if variants[p.value], err = t.renderWith("overlays/self-signed", p.component); err != nil {
+			return nil, err
+		}
+	}
+	withPolicy, err := t.renderWith("overlays/self-signed", "components/network-policy")
+	if err != nil {
+		return nil, err
+	}
 	g := &generator{tpl: newTemplater(), files: map[string][]byte{}}
-	if err := g.generate(c, selfSigned, certManager, configNS); err != nil {
+	if err := g.generate(c, renders{selfSigned: selfSigned, certManager: certManager, configNS: configNS,
+		placements: variants, networkPolicy: withPolicy}); err != nil {
 		return nil, err
 	}
 	return g.files, nil
@@ -157,7 +168,17 @@ func byID(objs []object) map[string]object {
 	return m
 }
 
-func (g *generator) generate(c Config, selfSigned, certManager, configNS []object) error {
+// renders are what kustomize renders of deploy/ for the chart: the default install (self-signed), the
+// cert-manager overlay, base with the config namespace, the self-signed overlay with each placement
+// component (by placement value) and with the network-policy component.
+type renders struct {
+	selfSigned, certManager, configNS []object
+	placements                        map[string][]object
+	networkPolicy                     []object
+}
+
+func (g *generator) generate(c Config, r renders) error {
+	selfSigned, certManager, configNS := r.selfSigned, r.certManager, r.configNS
 	images, err := imagesOf(selfSigned)
 	if err != nil {
 		return err
@@ -169,8 +190,17 @@ func (g *generator) generate(c Config, selfSigned, certManager, configNS []objec
 	if err != nil {
 		return err
 	}
+	// Before templateWorkloads changes the default install's objects: the component must add to them only.
+	np, err := g.templateNetworkPolicy(selfSigned, r.networkPolicy)
+	if err != nil {
+		return err
+	}
 	placement, err := g.templateWorkloads(selfSigned)
 	if err != nil {
+		return err
+	}
+	serverTols, _ := placement.tolerations["server"].([]any)
+	if err := g.templatePlacement(selfSigned, r.placements, serverTols); err != nil {
 		return err
 	}
 
@@ -219,7 +249,7 @@ func (g *generator) generate(c Config, selfSigned, certManager, configNS []objec
 	g.files["templates/NOTES.txt"] = []byte(notes)
 	g.files["Chart.yaml"] = []byte(chartYAML(c))
 	g.files["README.md"] = []byte(readme)
-	v, err := valuesYAML(images, placement)
+	v, err := valuesYAML(images, placement, np)
 	if err != nil {
 		return err
 	}

@@ -81,17 +81,18 @@ func parseObjects(t *testing.T, out []byte) []object {
 	}
 }
 
-func kustomize(t *testing.T, dir string) []object {
+// kustomize renders dir (relative to deploy/) with components, as a user's overlay listing them would.
+func kustomize(t *testing.T, dir string, components ...string) []object {
 	t.Helper()
-	objs, err := Render(deployDir, dir)
+	tree, err := loadTree(deployDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([]object, len(objs))
-	for i, o := range objs {
-		out[i] = o
+	objs, err := tree.renderWith(dir, components...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return objs
 }
 
 // certs is the TLS material of a self-signed render: the Secret's ca.crt, tls.crt, tls.key, the CA
@@ -208,21 +209,27 @@ func TestHelmTemplateEqualsKustomize(t *testing.T) {
 	for _, tc := range []struct {
 		overlay, values string
 		selfSigned      bool
+		components      []string
 	}{
-		{"overlays/self-signed", "", true},
+		// Each placement value is the self-signed overlay with that placement's component.
+		{"overlays/self-signed", "placement: dedicated\n", true, []string{"components/server-dedicated-pool"}},
+		{"overlays/self-signed", "placement: anywhere\n", true, []string{"components/server-anywhere"}},
+		// The NetworkPolicy, its facts at the component's values.
+		{"overlays/self-signed", "networkPolicy: {enabled: true}\n", true, []string{"components/network-policy"}},
+		{"overlays/self-signed", "", true, nil},
 		{"overlays/dev", `
 server: {image: {repository: dkc.local/dkc-server, tag: dev}}
 sidecar: {image: {repository: dkc.local/dkc-sidecar, tag: dev}}
 configNamespaces: [kube-system, dkc-configs]
-`, true},
-		{"overlays/cert-manager", "tls: {mode: certManager}\n", false},
+`, true, nil},
+		{"overlays/cert-manager", "tls: {mode: certManager}\n", false, nil},
 	} {
-		t.Run(tc.overlay, func(t *testing.T) {
+		t.Run(strings.Join(append([]string{tc.overlay}, tc.components...), "+"), func(t *testing.T) {
 			got, err := helmTemplate(t, "kube-system", tc.values)
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := kustomize(t, tc.overlay)
+			want := kustomize(t, tc.overlay, tc.components...)
 			if tc.selfSigned {
 				checkSelfSigned(t, withoutCerts(t, got))
 				withoutCerts(t, want)
@@ -272,7 +279,8 @@ tls:
 		{"server image", js(items(d, "spec", "template", "spec", "containers")[0]["image"]), `"registry.example/dkc-server@sha256:0123"`},
 		{"sidecar image", js(items(ds, "spec", "template", "spec", "containers")[0]["image"]), `"registry.example/dkc-sidecar:v9"`},
 		{"sidecar init image", js(items(ds, "spec", "template", "spec", "initContainers")[0]["image"]), `"registry.example/dkc-sidecar:v9"`},
-		{"server nodeSelector", js(get(d, "spec", "template", "spec", "nodeSelector")), `{"pool":"system"}`},
+		// Helm merges maps: the default's kubernetes.io/os stays.
+		{"server nodeSelector", js(get(d, "spec", "template", "spec", "nodeSelector")), `{"kubernetes.io/os":"linux","pool":"system"}`},
 		{"server tolerations", js(get(d, "spec", "template", "spec", "tolerations")), `[{"effect":"NoSchedule","key":"dedicated","operator":"Equal","value":"system"}]`},
 		{"sidecar nodeSelector", js(get(ds, "spec", "template", "spec", "nodeSelector")), `{"dkc":"on","kubernetes.io/os":"linux"}`},
 		{"sidecar tolerations", js(get(ds, "spec", "template", "spec", "tolerations")), `null`},
@@ -305,6 +313,46 @@ tls:
 	}
 }
 
+// TestHelmTemplatePlacement: the default requires control-plane nodes; dedicated requires the label the
+// values name and tolerates their taint beside server.tolerations; each names its choice on the Deployment.
+func TestHelmTemplatePlacement(t *testing.T) {
+	js := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+	for _, tc := range []struct {
+		name, values, placement, affinity, tolerations string
+	}{
+		{"default", "", "controlPlane",
+			`{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"node-role.kubernetes.io/control-plane","operator":"Exists"}]}]}}`,
+			`[{"effect":"NoSchedule","key":"node-role.kubernetes.io/control-plane","operator":"Exists"}]`},
+		{"dedicated-own-keys", "placement: dedicated\ndedicatedPool: {label: example.com/dkc, taint: example.com/dkc-only}\nserver: {tolerations: []}\n",
+			"dedicated",
+			`{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"example.com/dkc","operator":"Exists"}]}]}}`,
+			`[{"effect":"NoSchedule","key":"example.com/dkc-only","operator":"Exists"}]`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs, err := helmTemplate(t, "kube-system", tc.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := byID(objs)["Deployment/kube-system/"+serverName]
+			if d == nil {
+				t.Fatal("no Deployment")
+			}
+			pod := get(d, "spec", "template", "spec").(map[string]any)
+			for _, c := range []struct{ what, got, want string }{
+				{"annotation", js(get(d, "metadata", "annotations", placementAnnotation)), js(tc.placement)},
+				{"pod annotation", js(get(d, "spec", "template", "metadata", "annotations", placementAnnotation)), js(tc.placement)},
+				{"node affinity", js(get(pod, "affinity", "nodeAffinity")), tc.affinity},
+				{"tolerations", js(pod["tolerations"]), tc.tolerations},
+				{"nodeSelector", js(pod["nodeSelector"]), `{"kubernetes.io/os":"linux"}`},
+			} {
+				if c.got != c.want {
+					t.Errorf("%s: %s, want %s", c.what, c.got, c.want)
+				}
+			}
+		})
+	}
+}
+
 // TestHelmTemplateRefuses: values the chart cannot install fail the render with a message that says why.
 func TestHelmTemplateRefuses(t *testing.T) {
 	for _, tc := range []struct{ name, namespace, values, want string }{
@@ -313,6 +361,8 @@ func TestHelmTemplateRefuses(t *testing.T) {
 		{"existingSecret without a name", "kube-system", "tls: {mode: existingSecret, existingSecret: {caCert: x}}\n", "tls.existingSecret.name"},
 		{"existingSecret without a CA", "kube-system", "tls: {mode: existingSecret, existingSecret: {name: x}}\n", "tls.existingSecret.caCert"},
 		{"no config namespace", "kube-system", "configNamespaces: []\n", "configNamespaces"},
+		{"unknown placement", "kube-system", "placement: workers\n", `placement "workers"`},
+		{"dedicated without a label", "kube-system", "placement: dedicated\ndedicatedPool: {label: \"\"}\n", "dedicatedPool.label"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := helmTemplate(t, tc.namespace, tc.values)

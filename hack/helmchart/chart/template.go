@@ -2,6 +2,7 @@ package chart
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	sigsyaml "sigs.k8s.io/yaml"
@@ -37,7 +38,11 @@ func (t *templater) scalar(expr string) string {
 	return tok
 }
 
-// block returns a token to set as a key's value: the key is rendered only when cond is non-empty.
+// indentMarker, in a literal block body, becomes the column the body is indented to (for nindent).
+const indentMarker = "helmchart-indent"
+
+// block returns a token to set as a key's value: the key is rendered only when cond is non-empty; with
+// cond "" always (a literal body that holds its own conditions).
 func (t *templater) block(cond, body string) string {
 	tok := t.token()
 	t.blocks[tok] = block{cond: cond, body: body}
@@ -89,7 +94,10 @@ func (t *templater) line(l string) (string, error) {
 		case "scalar":
 			body = key + " {{ . }}"
 		default:
-			body = key + "\n" + indentLines(b.body, indent+2)
+			body = key + "\n" + indentLines(strings.ReplaceAll(b.body, indentMarker, strconv.Itoa(indent+2)), indent+2)
+		}
+		if b.cond == "" {
+			return body, nil
 		}
 		verb := "with"
 		if b.body != "yaml" && b.body != "scalar" {

@@ -28,6 +28,12 @@ const helpers = `{{- /* ` + Header + ` */ -}}
 {{- if not (has .Values.tls.mode (list "selfSigned" "existingSecret" "certManager")) }}
 {{- fail (printf "tls.mode %q: want selfSigned, existingSecret or certManager" .Values.tls.mode) }}
 {{- end }}
+{{- if not (has .Values.placement (list "controlPlane" "dedicated" "anywhere")) }}
+{{- fail (printf "placement %q: want controlPlane, dedicated or anywhere" .Values.placement) }}
+{{- end }}
+{{- if and (eq .Values.placement "dedicated") (not (and .Values.dedicatedPool.label .Values.dedicatedPool.taint)) }}
+{{- fail "placement dedicated: set dedicatedPool.label and dedicatedPool.taint, the label and taint keys of the pool's nodes" }}
+{{- end }}
 {{- if not .Values.configNamespaces }}
 {{- fail "configNamespaces: list at least one namespace dkc-server reads configs from" }}
 {{- end }}
@@ -41,6 +47,19 @@ dkc (chart {{ .Chart.Version }}; images {{ .Values.server.image.repository }}:{{
   kubectl -n {{ .Release.Namespace }} rollout status deployment/dkc-server
   kubectl -n {{ .Release.Namespace }} rollout status daemonset/dkc-sidecar
   kubectl dkc status
+
+{{ if eq .Values.placement "controlPlane" -}}
+dkc-server runs on control-plane nodes only (placement: controlPlane). Where none accepts pods, its pods stay
+Pending: choose placement=dedicated (a node pool of its own) or, accepting the risk, placement=anywhere.
+{{- else if eq .Values.placement "dedicated" -}}
+dkc-server runs only on nodes labelled {{ .Values.dedicatedPool.label }} that may carry the taint
+{{ .Values.dedicatedPool.taint }}:NoSchedule (placement: dedicated). Whoever is root on one of them is root on
+every node: guard that pool as a control plane.
+{{- else -}}
+WARNING: dkc-server may run on any node (placement: anywhere). Root on a worker hosting a replica reaches
+every node: that worker holds dkc-server's serving key and the ServiceAccount that assigns configs to Nodes.
+{{- end }}
+(docs/security.md, "Where dkc-server runs".)
 
 Uninstall in two steps: first ` + "`kubectl dkc uninstall --yes`" + ` (nodes back to their local kubelet config),
 then ` + "`helm uninstall {{ .Release.Name }} -n {{ .Release.Namespace }}`" + `. docs/helm.md says why.
@@ -85,7 +104,7 @@ func toYAML(v any) (string, error) {
 
 // valuesYAML writes values.yaml: the defaults are what deploy/ renders, so the default install is the
 // self-signed overlay's.
-func valuesYAML(images map[string]image, p placement) (string, error) {
+func valuesYAML(images map[string]image, p placement, np networkPolicy) (string, error) {
 	f := func(v any, indent int) (string, error) {
 		y, err := toYAML(v)
 		if err != nil {
@@ -104,9 +123,11 @@ func valuesYAML(images map[string]image, p placement) (string, error) {
 		"server.tol":       orEmptyList(p.tolerations["server"]),
 		"sidecar.ns":       orEmptyMap(p.nodeSelector["sidecar"]),
 		"sidecar.tol":      orEmptyList(p.tolerations["sidecar"]),
+		"np.ipv4":          orEmptyList(np.ipv4PodCIDRs),
+		"np.ipv6":          orEmptyList(np.ipv6PodCIDRs),
 	} {
 		indent := 4
-		if key == "configNamespaces" {
+		if key == "configNamespaces" || strings.HasPrefix(key, "np.") {
 			indent = 2
 		}
 		y, err := f(v, indent)
@@ -128,9 +149,27 @@ server:
   # dkc-server replicas: every replica serves the sidecars connected to it (a node whose replica goes moves to
   # another); one, elected, also runs the pool controller. 1 leaves nodes unserved while its pod restarts.
   replicas:%s
-  # Where dkc-server may run, beside deploy/base's preference for control-plane nodes (affinity, kept).
+  # Further constraints on dkc-server's nodes, beside its placement (below). The control-plane taint's
+  # toleration lets it run there; dedicated adds the pool's taint's.
   nodeSelector:%s
   tolerations:%s
+
+# Where dkc-server runs (docs/security.md, "Where dkc-server runs"). A replica holds the serving key and the
+# ServiceAccount that creates revision snapshots and assigns Nodes: root on its node is root on every node.
+# controlPlane: control-plane nodes only (node-role.kubernetes.io/control-plane), tolerating their taint;
+#   where none accepts pods (most managed clusters) the pods stay Pending until you choose another.
+# dedicated: only nodes labelled dedicatedPool.label, tolerating the taint dedicatedPool.taint (NoSchedule)
+#   that only dkc-server should tolerate (deploy/components/server-dedicated-pool):
+#     kubectl label node <node> dkc.dev/server-pool=true
+#     kubectl taint node <node> dkc.dev/server-pool=true:NoSchedule
+# anywhere: any Linux node, control-plane nodes preferred (deploy/components/server-anywhere). ACCEPTS THE
+#   RISK that root on a worker hosting a replica reaches every node.
+placement: controlPlane
+dedicatedPool:
+  # The label key the pool's nodes carry (any value).
+  label: %s
+  # The key of the NoSchedule taint the pool's nodes carry (any value).
+  taint: %s
 
 sidecar:
   # dkc-sidecar's image, for its init container too.
@@ -163,8 +202,22 @@ tls:
     name: ""
     # PEM CA certificate (bundle) that signed tls.crt: the sidecars and the webhook trust it.
     caCert: ""
-`, Header, img(images["server"]), vals["replicas"], vals["server.ns"], vals["server.tol"],
-		img(images["sidecar"]), vals["sidecar.ns"], vals["sidecar.tol"], vals["configNamespaces"]), nil
+
+# deploy/components/network-policy's NetworkPolicy, which admits to dkc-server's pods only what must reach
+# them (docs/security.md, "NetworkPolicy"). It needs a network plugin that enforces NetworkPolicy, and two
+# facts about your cluster: set them when you enable it.
+networkPolicy:
+  enabled: false
+  # Your Pod CIDRs (--cluster-cidr), refused on the gRPC port: the sidecars run in the host's network,
+  # so pods are told from them by address.
+  ipv4PodCIDRs:%s
+  # On dual-stack clusters.
+  ipv6PodCIDRs:%s
+  # The namespace Prometheus runs in, admitted to the metrics port.
+  prometheusNamespace: %s
+`, Header, img(images["server"]), vals["replicas"], vals["server.ns"], vals["server.tol"], poolKey, poolKey,
+		img(images["sidecar"]), vals["sidecar.ns"], vals["sidecar.tol"], vals["configNamespaces"],
+		vals["np.ipv4"], vals["np.ipv6"], np.prometheusNamespace), nil
 }
 
 func orEmptyMap(v any) any {

@@ -395,6 +395,7 @@ func (s *server) run(ctx context.Context) error {
 			s.conns.resize(s.nodes)
 			s.setServing(healthpb.HealthCheckResponse_SERVING)
 			s.log.Info("caches synced; serving")
+			placementFromEnv().log(s.log, s.nodes)
 		}
 		return nil
 	})

@@ -18,6 +18,12 @@
 {{- if not (has .Values.tls.mode (list "selfSigned" "existingSecret" "certManager")) }}
 {{- fail (printf "tls.mode %q: want selfSigned, existingSecret or certManager" .Values.tls.mode) }}
 {{- end }}
+{{- if not (has .Values.placement (list "controlPlane" "dedicated" "anywhere")) }}
+{{- fail (printf "placement %q: want controlPlane, dedicated or anywhere" .Values.placement) }}
+{{- end }}
+{{- if and (eq .Values.placement "dedicated") (not (and .Values.dedicatedPool.label .Values.dedicatedPool.taint)) }}
+{{- fail "placement dedicated: set dedicatedPool.label and dedicatedPool.taint, the label and taint keys of the pool's nodes" }}
+{{- end }}
 {{- if not .Values.configNamespaces }}
 {{- fail "configNamespaces: list at least one namespace dkc-server reads configs from" }}
 {{- end }}

@@ -1,6 +1,7 @@
 // Package uninstall takes dkc off a node (`dkc-sidecar --uninstall`): it returns the kubelet to the node's
 // local config and removes what dkc wrote on the node — the kubelet drop-in, the env file it loads, the
-// checkpoints, meta/ and the sidecar's own state — and never puts any of it back.
+// checkpoints, meta/ and the sidecar's own state — and puts none of it back, except onto a kubelet that did
+// not come up healthy on its local config (below).
 //
 // The order is what makes it safe to interrupt anywhere and to run again: each step leaves a node whose
 // kubelet starts at its next restart and is never told to use a file that is gone.

@@ -327,6 +327,9 @@ func (o *Options) cleanNodes(ctx context.Context, ns string, timeout time.Durati
 		}
 		return len(pending) == 0, strings.Join(pending, "; "), nil
 	})
+	if errors.Is(err, errNodeRefused) {
+		return err
+	}
 	if err == nil {
 		return nil
 	}
@@ -371,11 +374,64 @@ func (o *Options) uncleanNodes(ctx context.Context, ds *appsv1.DaemonSet) ([]str
 		case !cleanupMode(p.Spec.Containers):
 			out = append(out, fmt.Sprintf("%s: pod %s still runs the sidecar's normal mode", p.Spec.NodeName, p.Name))
 		case !podReady(&p):
+			if why := o.refusal(ctx, &p); why != "" {
+				return nil, fmt.Errorf("%w: %s (pod %s): %s\nThe other nodes go on being cleaned. Fix what it says on %s, then run this "+
+					"again: its cleanup pod tries again by itself every 30s", errNodeRefused, p.Spec.NodeName, p.Name, why, p.Spec.NodeName)
+			}
 			out = append(out, fmt.Sprintf("%s: pod %s has not finished the cleanup (not ready)", p.Spec.NodeName, p.Name))
 		}
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// errNodeRefused: a node's cleanup refused to restart its kubelet onto its local config; it stays on its dkc
+// config.
+var errNodeRefused = errors.New("dkc was not removed from a node, which stays on its dkc config")
+
+// refusedMessage is the message a cleanup pod logs its refusal with, the reason in its "error" field
+// (uninstall.RefusedMessage, sidecar/internal/uninstall).
+const refusedMessage = "uninstall refused; the node stays on its dkc config"
+
+// refusal is why the cleanup pod p refused to take dkc off its node, from the end of its log; "" when it
+// did not (or its log cannot be read). Only a pod whose container has run a while is asked: a refusal comes
+// from its first pass, which takes seconds, and a rollout over many nodes polls every unready pod.
+func (o *Options) refusal(ctx context.Context, p *corev1.Pod) string {
+	started := time.Time{}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == sidecarContainer && cs.State.Running != nil {
+			started = cs.State.Running.StartedAt.Time
+		}
+	}
+	if started.IsZero() || time.Since(started) < 5*time.Second {
+		return ""
+	}
+	tail, limit := int64(20), int64(64<<10)
+	raw, err := o.client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: sidecarContainer, TailLines: &tail,
+		LimitBytes: &limit}).DoRaw(ctx)
+	if err != nil {
+		return ""
+	}
+	return refusalIn(string(raw))
+}
+
+// refusalIn is the reason of the last refusal in a cleanup pod's log lines (zap's JSON: the reason in
+// "error"; other formats: the whole line).
+func refusalIn(log string) string {
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if !strings.Contains(lines[i], refusedMessage) {
+			continue
+		}
+		var entry struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal([]byte(lines[i]), &entry) == nil && entry.Error != "" {
+			return entry.Error
+		}
+		return lines[i]
+	}
+	return ""
 }
 
 func podReady(p *corev1.Pod) bool {

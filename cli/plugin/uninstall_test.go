@@ -238,3 +238,18 @@ func TestWriteDeleteStep(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalIn: the reason of a cleanup pod's last refusal, from its JSON log lines.
+func TestRefusalIn(t *testing.T) {
+	for _, tc := range []struct{ log, want string }{
+		{`{"level":"info","msg":"uninstall: kubelet drop-in"}`, ""},
+		{`{"level":"error","msg":"` + refusedMessage + `","error":"uninstall refused: old"}` + "\n" +
+			`{"level":"error","msg":"` + refusedMessage + `","error":"uninstall refused: the local kubelet config x does not pass"}` + "\n" +
+			`{"level":"info","msg":"other"}`, "uninstall refused: the local kubelet config x does not pass"},
+		{"E " + refusedMessage + " because", "E " + refusedMessage + " because"},
+	} {
+		if got := refusalIn(tc.log); got != tc.want {
+			t.Errorf("refusalIn(%q) = %q, want %q", tc.log, got, tc.want)
+		}
+	}
+}

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -24,6 +27,17 @@ func TestMain(m *testing.M) {
 		if err := kubeletcheck.Serve(context.Background(), os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "helper:", err)
 			os.Exit(1)
+		}
+		if path := os.Getenv("DKC_TEST_HELPER_MEMORY"); path != "" {
+			// What the memory test measures: this process's peak RSS, and the limit it ran with.
+			status, err := os.ReadFile("/proc/self/status")
+			if err == nil {
+				err = os.WriteFile(path, fmt.Appendf(status, "GoMemLimit: %d\n", debug.SetMemoryLimit(-1)), 0o644)
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "helper:", err)
+				os.Exit(1)
+			}
 		}
 	case "crash":
 		fmt.Fprintln(os.Stderr, "panic: boom")
@@ -228,6 +242,81 @@ func TestCheckData(t *testing.T) {
 			}
 			if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Errorf("error %v, want %v with %q", err, tc.kind, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestHelperMemoryIsBounded runs the real helper code on the largest config a ConfigMap holds
+// (MaxConfigBytes) made of what costs the kubelet's decoder most per byte, a long list, and measures the
+// helper process's peak RSS: it stays under the bound its caller sizes its container by, with the GOMEMLIMIT
+// the caller gives it — the sidecar's (SidecarMemoryLimit) for a file, as the sidecar checks a checkpoint,
+// and the default (dkc-server's) for CheckData. A larger config, up to the payload limit
+// (checkpoint.MaxTotalBytes, 2 MiB, which only a forged payload reaches), is refused before any helper runs.
+func TestHelperMemoryIsBounded(t *testing.T) {
+	list := func(size int) string {
+		var b strings.Builder
+		b.WriteString("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\nclusterDNS:\n")
+		for b.Len() < size-12 {
+			b.WriteString("- 10.0.0.10\n")
+		}
+		return b.String()
+	}
+	config, forged := list(configcheck.MaxConfigBytes), list(2<<20)
+	dir := t.TempDir()
+	file, forgedFile := filepath.Join(dir, "kubelet"), filepath.Join(dir, "forged")
+	for p, c := range map[string]string{file: config, forgedFile: forged} {
+		if err := os.WriteFile(p, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name, limit string
+		maxRSS      int64 // bytes
+		check       func(e configcheck.Exec, file string, data []byte) error
+	}{
+		{"file, the sidecar's limit", configcheck.SidecarMemoryLimit, configcheck.SidecarHelperMaxRSS, func(e configcheck.Exec, file string, _ []byte) error {
+			_, err := e.Check(context.Background(), configcheck.Request{File: file, Flags: []string{}})
+			return err
+		}},
+		{"data, the default limit", "", 96 << 20, func(e configcheck.Exec, _ string, data []byte) error {
+			_, err := e.CheckData(context.Background(), "", data)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := helper(t, "serve")
+			e.MemoryLimit = tc.limit
+			report := filepath.Join(t.TempDir(), "memory")
+			t.Setenv("DKC_TEST_HELPER_MEMORY", report)
+			if err := tc.check(e, forgedFile, []byte(forged)); !errors.Is(err, configcheck.ErrLoad) || !strings.Contains(err.Error(), "more than a ConfigMap holds") {
+				t.Errorf("check of a %d-byte config: %v, want a load error", len(forged), err)
+			}
+			if _, err := os.Stat(report); err == nil {
+				t.Error("a helper ran for the config larger than a ConfigMap holds")
+			}
+			if err := tc.check(e, file, []byte(config)); err != nil && !errors.Is(err, configcheck.ErrValidate) {
+				t.Fatalf("check of a %d-byte config: %v", len(config), err)
+			}
+			raw, err := os.ReadFile(report)
+			if err != nil {
+				t.Fatal(err)
+			}
+			field := func(re string) int64 {
+				m := regexp.MustCompile(re).FindSubmatch(raw)
+				if m == nil {
+					t.Fatalf("no %s in %s", re, raw)
+				}
+				v, _ := strconv.ParseInt(string(m[1]), 10, 64)
+				return v
+			}
+			peak, limit := field(`VmHWM:\s+(\d+) kB`)<<10, field(`GoMemLimit: (\d+)`)
+			t.Logf("config of %d bytes: helper peak RSS %d MiB with GOMEMLIMIT %d MiB", len(config), peak>>20, limit>>20)
+			if want := tc.limit; want == "" && limit != 96<<20 || want != "" && limit == 96<<20 {
+				t.Errorf("helper ran with GOMEMLIMIT %d, want %q", limit, tc.limit)
+			}
+			if peak > tc.maxRSS {
+				t.Errorf("helper peak RSS %d MiB, more than %d MiB", peak>>20, tc.maxRSS>>20)
 			}
 		})
 	}

@@ -23,7 +23,48 @@ type Exec struct {
 	Binary string
 	// Timeout bounds one check; default 30s.
 	Timeout time.Duration
+	// MemoryLimit is the helper's soft memory limit (GOMEMLIMIT, e.g. "64MiB"); "": DefaultMemoryLimit. The
+	// helper runs inside its caller's container, under that container's memory limit, beside the caller:
+	// the caller sizes it against what the container leaves it. Without one it would inherit the caller's
+	// GOMEMLIMIT, or none, and its garbage collector would let the heap grow to twice what it holds live.
+	MemoryLimit string
 }
+
+// SidecarMemoryLimit is the helpers' GOMEMLIMIT in dkc-sidecar. Its container's 128Mi limit
+// (deploy/base/sidecar.yaml) holds the daemon, whose heap is a node's few checkpoints and one gRPC stream,
+// and one helper at a time. GOMEMLIMIT only makes the helper's garbage collector keep its heap near its
+// live size; what bounds that live size is MaxConfigBytes.
+const SidecarMemoryLimit = "64MiB"
+
+// SidecarHelperMaxRSS is the most a helper may take in dkc-sidecar's container: 128Mi less what the daemon
+// and the page cache charged to the container need (TestHelperMemoryIsBounded holds a helper on a config of
+// MaxConfigBytes under it).
+const SidecarHelperMaxRSS = 88 << 20
+
+// MaxConfigBytes is the largest config file a helper is given, half of what one ConfigMap holds in all (a
+// kubelet config is a few KiB). A larger one is refused as a load error before any helper runs, whatever
+// its source (a forged payload may be 2 MiB: checkpoint.MaxTotalBytes): the kubelet's decoder takes many
+// times a config's size in memory, which GOMEMLIMIT, a soft limit, cannot bound, and the helper must stay
+// within dkc-sidecar's container beside the daemon (SidecarHelperMaxRSS).
+const MaxConfigBytes = 512 << 10
+
+// checkSize refuses a config larger than MaxConfigBytes: data's, if not nil, else file's.
+func checkSize(file string, data *[]byte) error {
+	size := int64(0)
+	if data != nil {
+		size = int64(len(*data))
+	} else if st, err := os.Stat(file); err == nil {
+		size = st.Size()
+	}
+	if size > MaxConfigBytes {
+		return fmt.Errorf("%w: the config is %d bytes, more than a ConfigMap holds (%d): not checked", ErrLoad, size, MaxConfigBytes)
+	}
+	return nil
+}
+
+// DefaultMemoryLimit is the helpers' GOMEMLIMIT unless the caller sets one: dkc-server's, within its
+// container's limit. A config at the payload limit (2 MiB) peaks below it (TestHelperMemoryIsBounded).
+const DefaultMemoryLimit = "96MiB"
 
 // Check implements Checker.
 func (e Exec) Check(ctx context.Context, req Request) (*Checked, error) {
@@ -44,11 +85,6 @@ func (e Exec) CheckData(ctx context.Context, kubeletVersion string, data []byte)
 	return e.run(ctx, Request{File: dataFile, KubeletVersion: kubeletVersion}, &data)
 }
 
-// helperMemoryLimit is the helpers' soft memory limit (GOMEMLIMIT) when CheckData runs them: they run inside
-// the caller's container (dkc-server's), whose own GOMEMLIMIT they would otherwise inherit. A 1 MiB
-// config peaks at ~85 MiB of RSS.
-const helperMemoryLimit = "96MiB"
-
 // run runs the helper on req; data, if not nil, is written to the helper's fd 3 (dataFile).
 func (e Exec) run(ctx context.Context, req Request, data *[]byte) (*Checked, error) {
 	timeout := e.Timeout
@@ -67,10 +103,17 @@ func (e Exec) run(ctx context.Context, req Request, data *[]byte) (*Checked, err
 	// A helper is killed at the timeout; a child of its own holding its output open must not keep Wait
 	// beyond it.
 	cmd.WaitDelay = 5 * time.Second
+	if err := checkSize(req.File, data); err != nil {
+		return nil, err
+	}
+	limit := e.MemoryLimit
+	if limit == "" {
+		limit = DefaultMemoryLimit
+	}
+	cmd.Env = append(os.Environ(), "GOMEMLIMIT="+limit)
 	what := req.File
 	if data != nil {
 		what = fmt.Sprintf("a config of %d bytes", len(*data))
-		cmd.Env = append(os.Environ(), "GOMEMLIMIT="+helperMemoryLimit)
 		r, w, err := os.Pipe()
 		if err != nil {
 			return nil, fmt.Errorf("pipe for %s: %w", e.Binary, err)
@@ -119,6 +162,8 @@ type Helpers struct {
 	// Minors are the helpers found in Dir, oldest first.
 	Minors  []string
 	Timeout time.Duration
+	// MemoryLimit is each helper's GOMEMLIMIT (Exec.MemoryLimit).
+	MemoryLimit string
 }
 
 // FindHelpers lists the helpers in dir; it fails when there is none.
@@ -176,7 +221,7 @@ func (h Helpers) helper(kubeletVersion string) (Exec, error) {
 	case !slices.Contains(h.Minors, minor):
 		return Exec{}, fmt.Errorf("%w: kubelet %s is not supported by this dkc (kubelet minors %s)", ErrUnsupportedKubelet, kubeletVersion, h.Range())
 	}
-	return Exec{Binary: filepath.Join(h.Dir, HelperPrefix+minor), Timeout: h.Timeout}, nil
+	return Exec{Binary: filepath.Join(h.Dir, HelperPrefix+minor), Timeout: h.Timeout, MemoryLimit: h.MemoryLimit}, nil
 }
 
 func lastLine(s string) string {

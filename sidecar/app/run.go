@@ -221,6 +221,8 @@ func kubeletChecker(cfg Config, log *zap.Logger) (configcheck.Checker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (--kubelet-check-dir)", err)
 	}
+	// Sized against this container's memory limit, which the helper shares with the daemon.
+	h.MemoryLimit = configcheck.SidecarMemoryLimit
 	log.Info("kubelet config checkers", zap.String("dir", dir), zap.Strings("kubeletMinors", h.Minors))
 	return h, nil
 }

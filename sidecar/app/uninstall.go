@@ -48,11 +48,26 @@ func (s *Sidecar) uninstallNode(ctx context.Context, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The local config is validated with the code of the kubelet's minor before the kubelet is restarted onto
+	// it: the version the normal mode recorded (dkc-server sent it), unless --kubelet-version says.
+	checker := cfg.Checker
+	if checker == nil {
+		if checker, err = kubeletChecker(cfg, log); err != nil {
+			return err
+		}
+	}
+	version, flags, err := agent.Recorded(cfg.DynamicConfigDir)
+	if err != nil {
+		log.Warn("uninstall: the sidecar's state file is unreadable: the kubelet's version and flags are not known from it", zap.Error(err))
+	}
+	if cfg.KubeletVersion != "" {
+		version = cfg.KubeletVersion
+	}
 	c := uninstall.New(uninstall.Config{
-		Log: log.Named("uninstall"), Unit: unit, Kubelet: localHealthz{probe: p, config: cfg.KubeletConfig},
+		Log: log.Named("uninstall"), Unit: unit, Kubelet: configHealthz{probe: p},
 		DynamicConfigDir: cfg.DynamicConfigDir, KubeletConfig: cfg.KubeletConfig, DropIn: cfg.KubeletDropIn, ProcDir: cfg.HostProc,
-		HealthTimeout: cfg.HealthTimeout,
-		Files:         []string{agent.StateFileName},
+		HealthTimeout: cfg.HealthTimeout, Checker: checker, KubeletVersion: version, KubeletFlags: flags,
+		Files: []string{agent.StateFileName},
 	})
 	log.Info("dkc-sidecar uninstalling dkc from this node", zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("dropIn", cfg.KubeletDropIn), zap.String("kubeletConfig", cfg.KubeletConfig))
@@ -98,15 +113,14 @@ func uninstallMux(c *uninstall.Cleaner) *http.ServeMux {
 	return mux
 }
 
-// localHealthz asks the kubelet's /healthz where the node's local config makes it serve it (read at every
-// check: the file may have been fixed meanwhile).
-type localHealthz struct {
-	probe  *probe.Kubelet
-	config string
+// configHealthz asks the kubelet's /healthz where a config file makes it serve it (read at every check: the
+// file may have been fixed meanwhile).
+type configHealthz struct {
+	probe *probe.Kubelet
 }
 
-func (h localHealthz) Healthz(ctx context.Context) error {
-	kc, err := uninstall.HealthzEndpoint(h.config)
+func (h configHealthz) Healthz(ctx context.Context, config string) error {
+	kc, err := uninstall.HealthzEndpoint(config)
 	if err != nil {
 		return err
 	}

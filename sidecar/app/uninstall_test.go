@@ -22,7 +22,7 @@ func (cleanNode) Reload(context.Context) error                               { r
 func (cleanNode) Restart(context.Context) error                              { return nil }
 func (cleanNode) MainPID(context.Context) (int, error)                       { return 1, nil }
 func (cleanNode) LoadsEnvironmentFile(context.Context, string) (bool, error) { return false, nil }
-func (n cleanNode) Healthz(context.Context) error {
+func (n cleanNode) Healthz(context.Context, string) error {
 	if !n.healthy {
 		return errors.New("connection refused")
 	}

@@ -3,20 +3,29 @@
 package installed
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // TestSidecarPodsHoldOnlyWhatTheyNeed reads the running sidecar pods as the apiserver has them (what the
 // kubelet ran, after the dev overlay): the host's PID namespace is not shared (the kubelet's command line comes
 // from the host's /proc mounted read-only), the long-running container has no unit directory and no
 // writable host path but the checkpoint directory, the drop-in was installed by the init container, which
-// exited cleanly, and no container is privileged or keeps a capability. The assignment in
-// TestInstalledFormRunsAsPods shows the sidecar still reads the kubelet's flags and restarts it this way.
+// exited cleanly, and no container is privileged or keeps a capability. Of the kubelet's certificate
+// directory the long-running container sees the serving certificate kubelet.crt alone: no key of the
+// kubelet's, and not the client key its kubeconfig names, is reachable in it (looked at through the
+// running container's root). The assignment in TestInstalledFormRunsAsPods shows the sidecar still reads
+// the kubelet's flags and restarts it this way, and probes its /configz.
 func TestSidecarPodsHoldOnlyWhatTheyNeed(t *testing.T) {
 	diagnoseOnFailure(t)
 	pods, err := admin(t).CoreV1().Pods("kube-system").List(ctxFor(t), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dkc-sidecar"})
@@ -71,9 +80,96 @@ func TestSidecarPodsHoldOnlyWhatTheyNeed(t *testing.T) {
 				if host == "/proc" && (m.MountPath != "/host/proc" || !m.ReadOnly) {
 					t.Errorf("%s: container %s mounts the host's /proc at %s (read-only %v); want /host/proc, read-only", where, c.Name, m.MountPath, m.ReadOnly)
 				}
+				if rel, err := filepath.Rel(host, kubeletCertDir); err == nil && !strings.HasPrefix(rel, "..") {
+					t.Errorf("%s: container %s mounts %s, which holds the kubelet's keys in %s", where, c.Name, host, kubeletCertDir)
+				}
 			}
 		}
+		checkNoKubeletKeyInSidecar(t, p.Spec.NodeName)
 	}
+}
+
+// kubeletCertDir is the kubelet's --cert-dir on the nodes (kubeadm's): its serving certificate kubelet.crt,
+// its key, and on kubeadm nodes the client certificate and key kubelet-client-current.pem.
+const kubeletCertDir = "/var/lib/kubelet/pki"
+
+// checkNoKubeletKeyInSidecar looks into node's running dkc-sidecar container (through /proc/<pid>/root on the
+// host, which resolves paths in the container's mounts): of the kubelet's certificate directory only
+// kubelet.crt is there, and the client key the kubelet's kubeconfig names cannot be reached.
+func checkNoKubeletKeyInSidecar(t *testing.T, node string) {
+	t.Helper()
+	pid := sidecarPID(t, node)
+	root := filepath.Join("/proc", strconv.Itoa(pid), "root")
+	entries, err := os.ReadDir(filepath.Join(root, kubeletCertDir))
+	if err != nil {
+		t.Errorf("%s: the sidecar cannot list %s: %v", node, kubeletCertDir, err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "kubelet.crt" {
+		t.Errorf("%s: the sidecar container sees %v in %s; want kubelet.crt alone", node, names, kubeletCertDir)
+	}
+	// The key the kubelet authenticates to the apiserver with, wherever its kubeconfig keeps it.
+	kubelet, err := cluster.KubeletMainPID(ctxFor(t), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeletRoot := filepath.Join("/proc", strconv.Itoa(kubelet), "root")
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(kubelet), "cmdline"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := ""
+	for _, a := range strings.Split(string(raw), "\x00") {
+		if v, ok := strings.CutPrefix(a, "--kubeconfig="); ok {
+			kubeconfig = v
+		}
+	}
+	cfg, err := clientcmd.LoadFromFile(filepath.Join(kubeletRoot, kubeconfig))
+	if err != nil {
+		t.Fatalf("%s: the kubelet's kubeconfig %q: %v", node, kubeconfig, err)
+	}
+	keys := []string{filepath.Join(kubeletCertDir, "kubelet-client-current.pem"), filepath.Join(kubeletCertDir, "kubelet.key")}
+	for _, a := range cfg.AuthInfos {
+		if a.ClientKey != "" {
+			keys = append(keys, a.ClientKey)
+		}
+	}
+	if len(keys) == 2 {
+		t.Errorf("%s: the kubelet's kubeconfig %s names no client key file; the test cannot look for it", node, kubeconfig)
+	}
+	for _, k := range keys {
+		if _, err := os.Stat(filepath.Join(root, k)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: the kubelet's key %s is reachable in the sidecar container (stat: %v)", node, k, err)
+		}
+	}
+}
+
+// sidecarPID is the PID (on the host) of node's long-running dkc-sidecar process.
+func sidecarPID(t *testing.T, node string) int {
+	t.Helper()
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if len(args) > 1 && filepath.Base(args[0]) == "dkc-sidecar" && slices.Contains(args, "--node-name="+node) && !slices.Contains(args, "--install-only") {
+			return pid
+		}
+	}
+	t.Fatalf("%s: no dkc-sidecar process found in /proc", node)
+	return 0
 }
 
 func names(cs []corev1.Container) []string {

@@ -12,9 +12,88 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/dkc-dev/dkc/cli/plugin"
 )
+
+// TestUninstallRefusesABrokenLocalConfig: node-2 runs an assigned config and its local config no longer
+// validates (eventRecordQPS: -1, which no flag of the dev kubelets overrides): `kubectl dkc uninstall --yes`
+// fails naming node-2 and the validation error, and node-2's kubelet is not restarted — it stays Ready on
+// its dkc config, drop-in in place. With the local config restored and dkc installed again, the suite goes
+// on as before (TestUninstall, next, uninstalls for good).
+func TestUninstallRefusesABrokenLocalConfig(t *testing.T) {
+	diagnoseOnFailure(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	cm := createConfig(t, "installed-uninstall-broken-local", "node-2", 63)
+	assign(t, "node-2", cm)
+	waitRunning(t, "node-2", cm, 2*time.Minute)
+
+	local := cluster.KubeletConfigPath("node-2")
+	orig, err := os.ReadFile(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(orig, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["eventRecordQPS"] = -1
+	broken, err := yaml.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(local, broken, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			if err := os.WriteFile(local, orig, 0o644); err != nil {
+				t.Errorf("restore node-2's local config: %v", err)
+			}
+			restored = true
+		}
+	}
+	defer restore()
+	starts := kubeletStarts(t, "node-2")
+
+	out, err := kubectlDKC(ctx, "uninstall", "--yes", "--timeout=4m")
+	t.Logf("kubectl dkc uninstall --yes with node-2's local config broken:\n%s%v", out, err)
+	if err == nil || !strings.Contains(err.Error(), "node-2") || !strings.Contains(err.Error(), "does not pass the kubelet's validation") ||
+		!strings.Contains(err.Error(), "eventRecordQPS") {
+		t.Errorf("uninstall: %v; want a refusal naming node-2 and the validation error", err)
+	}
+	if d := kubeletStarts(t, "node-2") - starts; d != 0 {
+		t.Errorf("node-2: kubelet started %d times during the refused uninstall, want 0", d)
+	}
+	if got := configzQPS(t, "node-2"); got != 63 {
+		t.Errorf("node-2: configz eventRecordQPS = %v after the refused uninstall, want its dkc config's 63", got)
+	}
+	if _, err := os.Stat(filepath.Join(cluster.NodeDir("node-2"), "systemd/kubelet.service.d/20-dkc.conf")); err != nil {
+		t.Errorf("node-2's drop-in is gone after the refused uninstall: %v", err)
+	}
+	// Ready, and still Ready past the cleanup pod's next retry (every 30s), which must restart nothing.
+	waitNodesReady(t)
+	for end := time.Now().Add(40 * time.Second); time.Now().Before(end) && !t.Failed(); time.Sleep(time.Second) {
+		if n, err := admin(t).CoreV1().Nodes().Get(ctx, "node-2", metav1.GetOptions{}); err != nil || !nodeReady(n) {
+			t.Errorf("node-2 not Ready after the refused uninstall (%v)", err)
+		}
+		if d := kubeletStarts(t, "node-2") - starts; d != 0 {
+			t.Errorf("node-2: kubelet started %d times after the refused uninstall, want 0", d)
+		}
+	}
+
+	// Back as the suite found it: local config restored, dkc installed again (the DaemonSet's normal mode).
+	restore()
+	if out, err := runKubectl(ctx, "apply", "-k", cluster.InstallDir()); err != nil {
+		t.Fatalf("kubectl apply -k (reinstall): %v\n%s", err, out)
+	}
+	waitRolledOut(t, "daemonset/dkc-sidecar")
+	waitServerSettled(t)
+	resetAll(t)
+}
 
 // TestUninstall is docs/install.md's "Uninstall" on the installed form, with node-1 on an assigned config
 // and node-2 on its local one: `kubectl dkc uninstall --yes` restarts node-1's kubelet once, onto its local

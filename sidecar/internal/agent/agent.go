@@ -89,8 +89,12 @@ type Config struct {
 	Reporter Reporter
 	// Metrics records the node_config gauges, restarts and the phase; nil: no metrics.
 	Metrics *Metrics
-	// Clock is where the trial's times and ticks come from; nil: the real clock.
+	// Clock is the wall clock: times reported and recorded, ticks, waits; nil: the real clock.
 	Clock clock.WithTicker
+	// TrialClock measures how long a trial has run: only differences of its own readings within this
+	// process are used, which on the real clock are monotonic, so that no step of the wall clock shortens or
+	// extends a trial. nil: Clock.
+	TrialClock clock.PassiveClock
 
 	// LocalConfig is the node's own kubelet config file, used when nothing (valid) is assigned.
 	LocalConfig string
@@ -102,7 +106,9 @@ type Config struct {
 	// the node's processes).
 	ProcDir string
 	// TrialDuration a config must run healthy before it becomes last-known-good (0: promoted at the first
-	// trial check).
+	// trial check). It counts only while a sidecar runs on the node: time while none ran is not counted
+	// (nobody watched the kubelet), nor, after a crash, what the crashed one measured since its last save
+	// (at most trialSaveInterval).
 	TrialDuration time.Duration
 	// HealthTimeout bounds the wait for the kubelet to come back healthy with a new config.
 	HealthTimeout time.Duration
@@ -138,6 +144,7 @@ type Agent struct {
 	reporter Reporter
 	metrics  *Metrics
 	clock    clock.WithTicker
+	trial    clock.PassiveClock
 	state    *stateFile
 
 	// What the node knows now.
@@ -174,10 +181,13 @@ func New(cfg Config) *Agent {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
+	if cfg.TrialClock == nil {
+		cfg.TrialClock = cfg.Clock
+	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	return &Agent{
+	return &Agent{trial: cfg.TrialClock,
 		cfg: cfg, log: cfg.Log, store: cfg.Store, env: kubeletunit.New(cfg.Store.Dir()), svc: cfg.Service, kubelet: cfg.Kubelet,
 		reporter: cfg.Reporter, metrics: cfg.Metrics, clock: cfg.Clock, state: &stateFile{path: filepath.Join(cfg.Store.Dir(), StateFileName)},
 	}
@@ -206,6 +216,7 @@ func (a *Agent) Init(ctx context.Context) error {
 		a.log.Warn("sidecar state unreadable; starting fresh", zap.Error(err))
 		a.state.s = persisted{}
 	}
+	a.state.takeUpTrial(a.clock.Now(), a.trial.Now())
 	// Until this process proves what the kubelet runs (it may be stopped, its flags never seen), report what
 	// was last proven: the service has no "unknown" for active and writes an absent one as local, which
 	// would claim the node's local config while it runs an assigned one.
@@ -267,6 +278,7 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 	for {
 		select {
 		case <-ctx.Done():
+			a.saveTrial(true) // what this process measured of the trial survives a graceful stop
 			return nil
 		case u := <-updates:
 			if uid := u.GetNodeUid(); uid != "" && uid != a.nodeUID {
@@ -283,6 +295,12 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 				// Configs are checked with the code of this kubelet's minor from now on.
 				a.log.Info("kubelet version", zap.String("kubeletVersion", v), zap.String("was", a.kubeletVersion))
 				a.kubeletVersion = v
+				if a.state.s.KubeletVersion != v {
+					a.state.s.KubeletVersion = v
+					if err := a.state.save(); err != nil {
+						a.log.Warn("cannot record the kubelet's version; an uninstall would not validate the local config with it", zap.Error(err))
+					}
+				}
 			}
 			a.Apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError()})
 		case <-tick.C():

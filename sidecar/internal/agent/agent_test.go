@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -187,7 +188,10 @@ type node struct {
 	kubelet  *fakeKubelet
 	reporter *recordingReporter
 	clock    *clocktesting.FakeClock
-	agent    *Agent
+	// trial, if set, is the agent's TrialClock (the monotonic clock the trial is measured on), apart from
+	// clock (the wall clock); nil: clock is both.
+	trial *clocktesting.FakeClock
+	agent *Agent
 }
 
 // cfgHeader starts every config; failCgroupV1 is off because kubelets from 1.35 refuse a cgroup v1 host in
@@ -211,10 +215,14 @@ func newNode(t *testing.T) *node {
 func (n *node) start() {
 	n.t.Helper()
 	n.reporter = &recordingReporter{}
-	n.agent = New(Config{
+	cfg := Config{
 		Log: zap.NewNop(), Store: checkpoint.New(n.dir), Service: n.kubelet, Kubelet: n.kubelet, Reporter: n.reporter, Clock: n.clock,
 		LocalConfig: n.local, KubeletFlags: []string{}, Checker: kubeletcheck.InProcess{}, TrialDuration: 10 * time.Minute, HealthTimeout: time.Second,
-		KeepCheckpoints: 2, TrialCheckInterval: time.Second})
+		KeepCheckpoints: 2, TrialCheckInterval: time.Second}
+	if n.trial != nil {
+		cfg.TrialClock = n.trial
+	}
+	n.agent = New(cfg)
 	// The fake clock does not advance by itself: let the health wait's sleeps pass at once.
 	go func() {
 		for i := 0; i < 200; i++ {
@@ -346,18 +354,39 @@ func TestTrialPromotesAndLastKnownGoodIsTheFallback(t *testing.T) {
 	n.expect("local", "local", "local", "", 3)
 }
 
+// newNodeWithTrialClock is a node whose agent measures trials on a clock of their own (n.trial), as the
+// real clock's monotonic readings do, apart from the wall clock (n.clock).
+func newNodeWithTrialClock(t *testing.T) *node {
+	t.Helper()
+	root := t.TempDir()
+	n := &node{t: t, dir: filepath.Join(root, "dynamic-config"), local: filepath.Join(root, "config.yaml"),
+		clock: clocktesting.NewFakeClock(time.Now()), trial: clocktesting.NewFakeClock(time.Unix(1000, 0))}
+	if err := os.WriteFile(n.local, []byte(cfgHeader+"eventRecordQPS: 50\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.kubelet = &fakeKubelet{env: kubeletunit.New(n.dir), local: n.local, running: n.local}
+	n.start()
+	return n
+}
+
+// remaining is how much of the running config's trial is left.
+func (n *node) remaining() time.Duration {
+	n.t.Helper()
+	elapsed, ok := n.agent.state.trialElapsed(n.agent.active, n.agent.trial.Now())
+	if !ok {
+		n.t.Fatal("no trial recorded for the active config")
+	}
+	return n.agent.cfg.TrialDuration - elapsed
+}
+
 // The trial ends at its duration to the nanosecond, before and after a sidecar restart: CheckTrial's
 // in-memory shortcut (it runs every second on every node) must never delay or advance a promotion.
 func TestTrialEndsAtItsDuration(t *testing.T) {
-	n := newNode(t)
-	// stepTo sets the clock to d after the recorded trial start (the restart's health wait moved it on).
+	n := newNodeWithTrialClock(t)
+	// stepTo moves the trial clock on until the trial has run d.
 	stepTo := func(d time.Duration) {
 		t.Helper()
-		start := n.agent.state.trialStart(n.agent.active)
-		if start.IsZero() {
-			t.Fatal("no trial recorded for the active config")
-		}
-		n.clock.SetTime(start.Add(d))
+		n.trial.Step(d - (n.agent.cfg.TrialDuration - n.remaining()))
 		n.agent.CheckTrial(context.Background())
 	}
 	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
@@ -369,11 +398,114 @@ func TestTrialEndsAtItsDuration(t *testing.T) {
 
 	n.apply(assignment("u", "2", cfgHeader+"eventRecordQPS: 8\n"), "")
 	n.expect("2", "2", "1", "", 2)
+	stepTo(5 * time.Minute)
 	n.start()
 	stepTo(10*time.Minute - time.Nanosecond)
 	n.expect("2", "2", "1", "", 2)
 	stepTo(10 * time.Minute)
 	n.expect("2", "2", "2", "", 2)
+}
+
+// TestTrialIgnoresWallClockSteps: a step of the wall clock, forward or back, while the sidecar runs or
+// while it is down, leaves the trial's remaining duration as it was; a restarted sidecar continues the
+// trial from what was saved (all of it after a graceful stop, up to the last save after a crash), and the
+// time it was down does not count.
+func TestTrialIgnoresWallClockSteps(t *testing.T) {
+	n := newNodeWithTrialClock(t)
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+	want := 10 * time.Minute
+	check := func(when string) {
+		t.Helper()
+		n.agent.CheckTrial(context.Background())
+		if got := n.remaining(); got != want {
+			t.Errorf("%s: %v of the trial left, want %v", when, got, want)
+		}
+		n.expect("1", "1", "local", "", 1)
+	}
+	check("trial started")
+	n.trial.Step(4 * time.Minute)
+	want -= 4 * time.Minute
+	check("after 4 minutes")
+	n.clock.Step(time.Hour)
+	check("wall clock stepped 1h forward")
+	n.clock.Step(-2 * time.Hour)
+	check("wall clock stepped back to 1h before")
+
+	// A crash: the last save (at the check after 4 minutes) is what the next sidecar continues from.
+	n.trial.Step(30 * time.Second)
+	n.start()
+	n.clock.Step(time.Hour)
+	check("sidecar crashed, restarted, wall clock 1h forward")
+
+	// A graceful stop saves what was measured; the time the sidecar is down does not count.
+	n.trial.Step(50 * time.Second)
+	want -= 50 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := n.agent.Run(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	n.trial.Step(time.Hour) // down for an hour
+	n.clock.Step(-3 * time.Hour)
+	n.start()
+	check("sidecar stopped, down an hour, restarted, wall clock 2h back")
+
+	n.trial.Step(want - time.Nanosecond)
+	want = time.Nanosecond
+	check("a nanosecond before the end")
+	n.trial.Step(time.Nanosecond)
+	n.agent.CheckTrial(context.Background())
+	n.expect("1", "1", "1", "", 1)
+}
+
+// TestTrialOfAnOlderSidecarIsTakenUp: a state file that records the trial's wall-clock start only (an older
+// sidecar's) is continued: its elapsed time is taken from the wall clock once, then measured on the trial
+// clock, and saved in the new form.
+func TestTrialOfAnOlderSidecarIsTakenUp(t *testing.T) {
+	n := newNodeWithTrialClock(t)
+	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
+	n.expect("1", "1", "local", "", 1)
+	path := filepath.Join(n.dir, StateFileName)
+	var old map[string]any
+	data, err := os.ReadFile(path)
+	if err == nil {
+		err = json.Unmarshal(data, &old)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := old["trialElapsed"]; !ok {
+		t.Fatalf("the state file records no trialElapsed: %s", data)
+	}
+	delete(old, "trialElapsed")
+	started := n.clock.Now().Add(-4 * time.Minute)
+	old["trialStart"] = started
+	if data, err = json.Marshal(old); err == nil {
+		err = os.WriteFile(path, data, 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.start()
+	// The wall clock moves on by itself while the agent starts (the health wait's steps): read it after.
+	if got, most := n.remaining(), 6*time.Minute; got > most || got < most-n.clock.Since(started)+4*time.Minute {
+		t.Errorf("%v of the taken-up trial left, want %v less what the wall clock moved since", got, most)
+	}
+	left := n.remaining()
+	n.clock.Step(time.Hour)
+	n.trial.Step(time.Minute)
+	n.agent.CheckTrial(context.Background()) // saves: a minute unsaved
+	if got := n.remaining(); got != left-time.Minute {
+		t.Errorf("%v left after a minute and a wall clock step, want %v", got, left-time.Minute)
+	}
+	disk := &stateFile{path: path}
+	if err := disk.load(); err != nil || disk.s.TrialElapsed == nil || disk.s.TrialElapsed.Duration != 10*time.Minute-left+time.Minute {
+		t.Errorf("saved trial %+v (%v), want %v elapsed", disk.s.TrialElapsed, err, 10*time.Minute-left+time.Minute)
+	}
+	n.trial.Step(left - time.Minute)
+	n.agent.CheckTrial(context.Background())
+	n.expect("1", "1", "1", "", 1)
 }
 
 func TestRefusedPayload(t *testing.T) {

@@ -213,23 +213,21 @@ func TestTrialRules(t *testing.T) {
 		return &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: "ns", Name: name, UID: types.UID("u-" + name),
 			ResourceVersion: "1", KubeletConfigKey: "kubelet"}}
 	}
-	start := time.Unix(1000, 0)
 	a, l := src("a"), src("l")
 	for _, tc := range []struct {
 		name  string
 		trial trial
-		after time.Duration
 		want  bool
 	}{
-		{"ran the trial duration", trial{assigned: a, lkg: l, active: a, activeKnown: true, start: start}, 10 * time.Minute, true},
-		{"not yet", trial{assigned: a, lkg: l, active: a, activeKnown: true, start: start}, 9 * time.Minute, false},
-		{"already last-known-good", trial{assigned: a, lkg: a, active: a, activeKnown: true, start: start}, time.Hour, false},
-		{"runs something else (rolled back)", trial{assigned: a, lkg: l, active: l, activeKnown: true, start: start}, time.Hour, false},
-		{"not proven by this process", trial{assigned: a, lkg: l, active: a, start: start}, time.Hour, false},
-		{"no trial recorded", trial{assigned: a, lkg: l, active: a, activeKnown: true}, time.Hour, false},
-		{"nothing assigned", trial{lkg: l, activeKnown: true, start: start}, time.Hour, false},
+		{"ran the trial duration", trial{assigned: a, lkg: l, active: a, activeKnown: true, recorded: true, elapsed: 10 * time.Minute}, true},
+		{"not yet", trial{assigned: a, lkg: l, active: a, activeKnown: true, recorded: true, elapsed: 10*time.Minute - 1}, false},
+		{"already last-known-good", trial{assigned: a, lkg: a, active: a, activeKnown: true, recorded: true, elapsed: time.Hour}, false},
+		{"runs something else (rolled back)", trial{assigned: a, lkg: l, active: l, activeKnown: true, recorded: true, elapsed: time.Hour}, false},
+		{"not proven by this process", trial{assigned: a, lkg: l, active: a, recorded: true, elapsed: time.Hour}, false},
+		{"no trial recorded", trial{assigned: a, lkg: l, active: a, activeKnown: true}, false},
+		{"nothing assigned", trial{lkg: l, activeKnown: true, recorded: true, elapsed: time.Hour}, false},
 	} {
-		if got := trialOver(tc.trial, start.Add(tc.after), 10*time.Minute); got != tc.want {
+		if got := trialOver(tc.trial, 10*time.Minute); got != tc.want {
 			t.Errorf("%s: trialOver = %v, want %v", tc.name, got, tc.want)
 		}
 	}

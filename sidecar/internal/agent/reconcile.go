@@ -129,7 +129,7 @@ func (a *Agent) finish(r round, d decision) {
 		a.activeKnown = false // what runs now is unknown until a round proves it through /configz
 	}
 	if d.healthy && r.assigned != nil && d.slot != slotLocal && nodeconfig.SameSource(r.source(d.slot), r.assigned) {
-		if a.state.startTrial(r.assigned, a.clock.Now()) {
+		if a.state.startTrial(r.assigned, a.clock.Now(), a.trial.Now()) {
 			a.state.s.Phase = string(d.phase) // saved with the trial start: one write
 			if err := a.state.save(); err != nil {
 				a.log.Error("persist trial start", zap.Error(err))

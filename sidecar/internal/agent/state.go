@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dkc-dev/dkc/internal/durable"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
@@ -22,10 +23,19 @@ const StateFileName = "dkc-sidecar-state.json"
 type persisted struct {
 	// KubeletFlags last seen on the running kubelet, for when it is not running.
 	KubeletFlags []string `json:"kubeletFlags,omitempty"`
-	// TrialSource became active at TrialStart; it becomes last-known-good after the trial duration. The
-	// original used the mtime of meta/assigned, which every sync rewrote, so trials restarted at random.
+	// KubeletVersion is the node kubelet's version as the service last sent it. The agent never checks with
+	// it (it waits for the service's, which may be newer); the cleanup mode, which talks to no service,
+	// validates the local config with its minor's code.
+	KubeletVersion string `json:"kubeletVersion,omitempty"`
+	// TrialSource became active at TrialStart (wall clock: for people, and for older sidecars, which read
+	// it); it becomes last-known-good once its trial has run TrialElapsed of the trial duration. The original
+	// used the mtime of meta/assigned, which every sync rewrote, so trials restarted at random.
 	TrialSource *corev1.NodeConfigSource `json:"trialSource,omitempty"`
 	TrialStart  *time.Time               `json:"trialStart,omitempty"`
+	// TrialElapsed is how long the trial has run, as this node's sidecars measured it on the monotonic clock
+	// (see trialElapsed): a step of the wall clock neither shortens nor extends a trial. Absent with a
+	// TrialStart: an older sidecar's file, whose trial is taken up once from the wall clock.
+	TrialElapsed *metav1.Duration `json:"trialElapsed,omitempty"`
 	// Active is the config the kubelet was last proven (through /configz) to run; nil: never proven. A
 	// restarted sidecar reports it until it proves again, rather than "local" while it cannot tell.
 	Active *activeRecord `json:"active,omitempty"`
@@ -68,6 +78,16 @@ func NextIncarnation(dynamicConfigDir string, now time.Time) (uint64, error) {
 	return next, nil
 }
 
+// Recorded is what the sidecar last recorded in dynamicConfigDir of the node's kubelet: its version and its
+// flags (without --config); empty when never recorded, or the state file is unreadable (err says why).
+func Recorded(dynamicConfigDir string) (kubeletVersion string, kubeletFlags []string, err error) {
+	f := &stateFile{path: filepath.Join(dynamicConfigDir, StateFileName)}
+	if err := f.load(); err != nil {
+		return "", nil, err
+	}
+	return f.s.KubeletVersion, f.s.KubeletFlags, nil
+}
+
 // activeRecord wraps the active source so that local (nil Source) differs from unknown (no record).
 type activeRecord struct {
 	Source *corev1.NodeConfigSource `json:"source,omitempty"`
@@ -93,6 +113,10 @@ type failure struct {
 type stateFile struct {
 	path string
 	s    persisted
+	// trialMark is the trial clock's reading when s.TrialElapsed was last read or written: the trial has run
+	// s.TrialElapsed plus the time since. Taken from the real clock, it carries Go's monotonic reading, and
+	// the difference is measured on that.
+	trialMark time.Time
 }
 
 func (f *stateFile) load() error {
@@ -152,7 +176,7 @@ func (f *stateFile) clearAssigned(src, lkg *corev1.NodeConfigSource) error {
 	changed := false
 	promoted := lkg != nil && nodeconfig.SameSource(f.s.TrialSource, lkg) && !nodeconfig.SameSource(src, lkg)
 	if f.s.TrialStart != nil && !promoted {
-		next.TrialSource, next.TrialStart = nil, nil
+		next.TrialSource, next.TrialStart, next.TrialElapsed = nil, nil, nil
 		changed = true
 	}
 	next.Failed = nil
@@ -174,20 +198,63 @@ func (f *stateFile) clearAssigned(src, lkg *corev1.NodeConfigSource) error {
 	return nil
 }
 
-// startTrial records the trial start unless this source's trial already runs; it reports a change.
-func (f *stateFile) startTrial(src *corev1.NodeConfigSource, now time.Time) bool {
+// startTrial records the trial start unless this source's trial already runs; it reports a change. wall is
+// the wall clock's time (recorded for people), mono the trial clock's (the trial is measured on it).
+func (f *stateFile) startTrial(src *corev1.NodeConfigSource, wall, mono time.Time) bool {
 	if f.s.TrialStart != nil && nodeconfig.SameSource(f.s.TrialSource, src) {
 		return false
 	}
-	f.s.TrialSource, f.s.TrialStart = src, &now
+	f.s.TrialSource, f.s.TrialStart, f.s.TrialElapsed, f.trialMark = src, &wall, &metav1.Duration{}, mono
 	return true
 }
 
-func (f *stateFile) trialStart(src *corev1.NodeConfigSource) time.Time {
+// trialElapsed is how long src's trial has run at the trial clock's mono; ok is false when no trial is
+// recorded for src. Only the time this process measured counts besides what is on disk: time while no
+// sidecar ran is not counted (nobody watched the kubelet then), and neither is what the last sidecar
+// measured after its last save (at most trialSaveInterval, unless it stopped gracefully: Run saves then).
+func (f *stateFile) trialElapsed(src *corev1.NodeConfigSource, mono time.Time) (elapsed time.Duration, ok bool) {
 	if f.s.TrialStart == nil || !nodeconfig.SameSource(f.s.TrialSource, src) {
-		return time.Time{}
+		return 0, false
 	}
-	return *f.s.TrialStart
+	if f.s.TrialElapsed != nil {
+		elapsed = f.s.TrialElapsed.Duration
+	}
+	return elapsed + max(mono.Sub(f.trialMark), 0), true
+}
+
+// takeUpTrial starts measuring the recorded trial from the trial clock's mono, after the file was loaded. A
+// file of an older sidecar has the trial's wall-clock start only: its elapsed time is taken from the wall
+// clock this once (at least zero: a start in the future is a clock that stepped back), and measured on the
+// trial clock from then on.
+func (f *stateFile) takeUpTrial(wall, mono time.Time) {
+	f.trialMark = mono
+	if f.s.TrialStart != nil && f.s.TrialElapsed == nil {
+		f.s.TrialElapsed = &metav1.Duration{Duration: max(wall.Sub(*f.s.TrialStart), 0)}
+	}
+}
+
+// saveTrial writes the trial's elapsed time at mono (nothing when no trial is recorded). The state in
+// memory changes only once it is on disk; on error nothing changed.
+func (f *stateFile) saveTrial(mono time.Time) error {
+	elapsed, ok := f.trialElapsed(f.s.TrialSource, mono)
+	if !ok {
+		return nil
+	}
+	next := f.s
+	next.TrialElapsed = &metav1.Duration{Duration: elapsed}
+	if err := saveState(f.path, next); err != nil {
+		return err
+	}
+	f.s, f.trialMark = next, mono
+	return nil
+}
+
+// trialUnsaved is how much of the trial's elapsed time at mono is not on disk yet.
+func (f *stateFile) trialUnsaved(mono time.Time) time.Duration {
+	if f.s.TrialStart == nil {
+		return 0
+	}
+	return max(mono.Sub(f.trialMark), 0)
 }
 
 func (f *stateFile) setFlags(flags []string) bool {

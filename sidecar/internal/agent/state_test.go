@@ -104,7 +104,7 @@ func TestClearAssigned(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			f := &stateFile{path: filepath.Join(dir, StateFileName)}
-			f.startTrial(tc.trialOf, now)
+			f.startTrial(tc.trialOf, now, now)
 			if !tc.noFailures {
 				f.markFailed(lkg, "lkg failed")
 				f.markFailed(other, "other failed")
@@ -125,7 +125,7 @@ func TestClearAssigned(t *testing.T) {
 			if tc.wantFailed == 1 && f.failure(lkg) == "" {
 				t.Errorf("last-known-good's failure forgotten: %+v", f.s.Failed)
 			}
-			if got := !f.trialStart(tc.trialOf).IsZero(); got != tc.wantTrial {
+			if _, got := f.trialElapsed(tc.trialOf, now); got != tc.wantTrial {
 				t.Errorf("trial recorded = %v, want %v", got, tc.wantTrial)
 			}
 			if tc.wantErr || tc.unwritable {
@@ -135,7 +135,7 @@ func TestClearAssigned(t *testing.T) {
 			if err := disk.load(); err != nil {
 				t.Fatal(err)
 			}
-			if len(disk.s.Failed) != tc.wantFailed || !disk.trialStart(tc.trialOf).IsZero() != tc.wantTrial {
+			if _, trial := disk.trialElapsed(tc.trialOf, now); len(disk.s.Failed) != tc.wantFailed || trial != tc.wantTrial {
 				t.Errorf("on disk: %+v, want %d failures and the trial %v", disk.s, tc.wantFailed, tc.wantTrial)
 			}
 		})

@@ -1,6 +1,7 @@
 // Package uninstall takes dkc off a node (`dkc-sidecar --uninstall`): it returns the kubelet to the node's
 // local config and removes what dkc wrote on the node — the kubelet drop-in, the env file it loads, the
-// checkpoints, meta/ and the sidecar's own state — and never puts any of it back.
+// checkpoints, meta/ and the sidecar's own state — and puts none of it back, except onto a kubelet that did
+// not come up healthy on its local config (below).
 //
 // The order is what makes it safe to interrupt anywhere and to run again: each step leaves a node whose
 // kubelet starts at its next restart and is never told to use a file that is gone.
@@ -14,11 +15,20 @@
 //  4. only then do meta/ and checkpoints/ go: while the kubelet might still run a checkpoint they stay, and
 //     while the kubelet is not healthy on its local config they stay too, as the operator's way back.
 //
+// Before step 1, a node whose kubelet will be restarted has its local config validated with the kubelet's
+// code of the node's minor (the dkc-kubelet-check helper): a config that does not pass is refused, and the
+// node is left as it is, on its dkc config (ErrRefused). A kubelet that passes but does not come back
+// healthy on its local config is put back on the dkc config it ran (drop-in, env file, daemon-reload,
+// restart) and the cleanup is refused too; the local config is not tried again until its content changes
+// (failedLocalFile records which content failed), so the retries that follow restart nothing.
+//
 // The local config file is never touched, nor anything outside the dynamic config dir but the drop-in.
 package uninstall
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -50,11 +60,23 @@ type Unit interface {
 	LoadsEnvironmentFile(ctx context.Context, path string) (bool, error)
 }
 
-// Kubelet is the node's kubelet as its local config makes it serve.
+// Kubelet is the node's kubelet as a config file makes it serve.
 type Kubelet interface {
-	// Healthz is GET /healthz on the kubelet's healthz address and port of the local config.
-	Healthz(ctx context.Context) error
+	// Healthz is GET /healthz on the kubelet's healthz address and port of config (a config file's path).
+	Healthz(ctx context.Context, config string) error
 }
+
+// ErrRefused: the cleanup would leave the kubelet on a local config that does not validate, or did not run
+// healthy; the node stays on its dkc config, and the error says why and what to fix.
+var ErrRefused = errors.New("uninstall refused")
+
+// RefusedMessage is the message Run logs a refusal with (at error level, the reason in "error"): kubectl dkc
+// uninstall looks for it in the cleanup pod's log to say which node refused and why.
+const RefusedMessage = "uninstall refused; the node stays on its dkc config"
+
+// failedLocalFile, in the dynamic config dir, records the hash of the local config's content that did not
+// run healthy: the same content is not restarted into again.
+const failedLocalFile = "dkc-uninstall-failed-local-config"
 
 // Config of a Cleaner.
 type Config struct {
@@ -82,6 +104,15 @@ type Config struct {
 	// Files are more names in DynamicConfigDir that dkc owns and Clean removes last (the sidecar's state
 	// file and lock).
 	Files []string
+	// Checker validates the local config with the node kubelet's code before the kubelet is restarted onto
+	// it (the dkc-kubelet-check helpers); nil: not validated.
+	Checker configcheck.Checker
+	// KubeletVersion is the node kubelet's version, whose minor's code checks; "": the local config is not
+	// validated (logged), and only the health check after the restart guards the node.
+	KubeletVersion string
+	// KubeletFlags are the kubelet's flags (without --config) for when it runs no process whose command line
+	// can be read: the sidecar's record. A running kubelet's are read from its command line.
+	KubeletFlags []string
 }
 
 // Cleaner takes dkc off one node.
@@ -139,7 +170,11 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			return nil
 		}
 		c.setStatus(false, err.Error())
-		c.log.Error("uninstall failed; retrying", zap.Duration("retryIn", c.cfg.RetryInterval), zap.Error(err))
+		if errors.Is(err, ErrRefused) {
+			c.log.Error(RefusedMessage, zap.Duration("retryIn", c.cfg.RetryInterval), zap.Error(err))
+		} else {
+			c.log.Error("uninstall failed; retrying", zap.Duration("retryIn", c.cfg.RetryInterval), zap.Error(err))
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -154,6 +189,11 @@ func (c *Cleaner) Clean(ctx context.Context) error {
 	cfg := c.cfg
 	env := kubeletunit.New(cfg.DynamicConfigDir).Path
 	if err := c.checkLayout(); err != nil {
+		return err
+	}
+	// back is the dkc config the kubelet runs (or is set to run), put back if the local one does not run.
+	back, err := c.checkLocal(ctx)
+	if err != nil {
 		return err
 	}
 
@@ -192,6 +232,7 @@ func (c *Cleaner) Clean(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	restarted := !known || c.inDynamicConfigDir(running)
 	switch {
 	case !known:
 		c.log.Info("uninstall: the kubelet's config is unknown (not running, or its command line unreadable); restarting it onto its local config")
@@ -207,11 +248,14 @@ func (c *Cleaner) Clean(ctx context.Context) error {
 	}
 	start := time.Now()
 	if err := c.waitHealthy(ctx); err != nil {
+		if restarted && back != "" && ctx.Err() == nil {
+			return c.putBack(ctx, back, err)
+		}
 		return err
 	}
 	c.log.Info("uninstall: kubelet healthy on its local config", zap.String("config", cfg.KubeletConfig), zap.Duration("took", time.Since(start)))
 
-	for _, name := range append([]string{"meta", "checkpoints"}, cfg.Files...) {
+	for _, name := range append([]string{"meta", "checkpoints", failedLocalFile}, cfg.Files...) {
 		path := filepath.Join(cfg.DynamicConfigDir, name)
 		if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
 			c.step(name, path, false)
@@ -234,7 +278,7 @@ func (c *Cleaner) Clean(ctx context.Context) error {
 // checkLayout refuses a local config inside what Clean removes: it must never go.
 func (c *Cleaner) checkLayout() error {
 	local := filepath.Clean(c.cfg.KubeletConfig)
-	for _, name := range append([]string{"meta", "checkpoints", kubeletunit.EnvFileName}, c.cfg.Files...) {
+	for _, name := range append([]string{"meta", "checkpoints", failedLocalFile, kubeletunit.EnvFileName}, c.cfg.Files...) {
 		if within(filepath.Join(c.cfg.DynamicConfigDir, name), local) {
 			return fmt.Errorf("--kubelet-config %s is inside %s, which the uninstall removes: refusing to touch the node's local config", local, name)
 		}
@@ -316,10 +360,153 @@ func (c *Cleaner) healthy(ctx context.Context) error {
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := c.cfg.Kubelet.Healthz(hctx); err != nil {
+	if err := c.cfg.Kubelet.Healthz(hctx, c.cfg.KubeletConfig); err != nil {
 		return fmt.Errorf("healthz: %w", err)
 	}
 	return nil
+}
+
+// checkLocal decides, before anything is removed, whether the local config may be restarted into, when the
+// kubelet is to be restarted onto it: the kubelet runs (or its unit is set to run) a dkc config, or no
+// process can be read. It refuses (ErrRefused) a local config that does not validate with the kubelet's
+// code of the node's minor, or whose content did not run healthy before. It returns the dkc config to put
+// back if the restarted kubelet does not come up healthy ("": none to put back: the kubelet runs the local
+// config already, or dkc's config is not known).
+func (c *Cleaner) checkLocal(ctx context.Context) (back string, err error) {
+	running, known, err := c.runningConfig(ctx)
+	if err != nil {
+		return "", err
+	}
+	if known && !c.inDynamicConfigDir(running) {
+		return "", nil // no restart: the kubelet runs its local config (or none) already
+	}
+	back = running
+	if !known {
+		if set, err := kubeletunit.New(c.cfg.DynamicConfigDir).Get(); err == nil && c.inDynamicConfigDir(set) {
+			back = set
+		}
+	}
+	if back != "" {
+		if _, err := os.Stat(back); err != nil {
+			back = "" // gone already (an interrupted cleanup): nothing to put back
+		}
+	}
+	content, err := os.ReadFile(c.cfg.KubeletConfig)
+	if err != nil {
+		return "", fmt.Errorf("%w: read the local kubelet config: %w; the node stays on its dkc config", ErrRefused, err)
+	}
+	if failed, err := os.ReadFile(filepath.Join(c.cfg.DynamicConfigDir, failedLocalFile)); err == nil &&
+		strings.TrimSpace(string(failed)) == hash(content) {
+		return "", fmt.Errorf("%w: the kubelet did not run healthy on its local config %s before, which has not changed since; "+
+			"the node stays on its dkc config %s: fix the local config (journalctl -u kubelet said why), this then continues by itself",
+			ErrRefused, c.cfg.KubeletConfig, back)
+	}
+	if c.cfg.Checker == nil {
+		return back, nil
+	}
+	if c.cfg.KubeletVersion == "" {
+		c.log.Warn("uninstall: the kubelet's version was never recorded on this node: the local config is not validated, "+
+			"only the kubelet's health after the restart guards it", zap.String("local", c.cfg.KubeletConfig))
+		return back, nil
+	}
+	flags := c.cfg.KubeletFlags
+	if args, ok := c.commandLine(ctx); ok {
+		_, flags = configcheck.ConfigFlag(args[1:])
+	}
+	if flags == nil {
+		flags = []string{}
+	}
+	if _, err := c.cfg.Checker.Check(ctx, configcheck.Request{File: c.cfg.KubeletConfig, Flags: flags, KubeletVersion: c.cfg.KubeletVersion}); err != nil {
+		if errors.Is(err, configcheck.ErrLoad) || errors.Is(err, configcheck.ErrValidate) || errors.Is(err, configcheck.ErrFlags) {
+			return "", fmt.Errorf("%w: the local kubelet config %s does not pass the kubelet's validation (kubelet %s, its flags applied): %w; "+
+				"the node stays on its dkc config %s, not restarted: fix the local config, this then continues by itself",
+				ErrRefused, c.cfg.KubeletConfig, c.cfg.KubeletVersion, err, back)
+		}
+		return "", fmt.Errorf("validate the local kubelet config %s (kubelet %s): %w; the node stays on its dkc config, retried",
+			c.cfg.KubeletConfig, c.cfg.KubeletVersion, err)
+	}
+	c.log.Info("uninstall: local config validated", zap.String("local", c.cfg.KubeletConfig), zap.String("kubeletVersion", c.cfg.KubeletVersion))
+	return back, nil
+}
+
+// commandLine is the running kubelet's command line; ok is false when no process runs or it is unreadable.
+func (c *Cleaner) commandLine(ctx context.Context) (args []string, ok bool) {
+	pid, err := c.cfg.Unit.MainPID(ctx)
+	if err != nil || pid <= 0 {
+		return nil, false
+	}
+	args, err = kubeletunit.CommandLine(c.cfg.ProcDir, pid)
+	return args, err == nil && len(args) > 0
+}
+
+// putBack returns a kubelet that did not come up healthy on its local config (why) to the dkc config it
+// ran, back: env file, drop-in, daemon-reload, restart, health. It records the local config's content as
+// failed, so that the next passes restart nothing, and returns ErrRefused saying what happened.
+func (c *Cleaner) putBack(ctx context.Context, back string, why error) error {
+	cfg := c.cfg
+	c.log.Error("uninstall: the kubelet is not healthy on its local config; putting it back on its dkc config",
+		zap.String("local", cfg.KubeletConfig), zap.String("dkcConfig", back), zap.Error(why))
+	fail := func(err error) error {
+		return fmt.Errorf("%w: the kubelet did not come up healthy on its local config %s (%w), and putting it back on its dkc config %s "+
+			"failed: %w; the checkpoints stay in %s", ErrRefused, cfg.KubeletConfig, why, back, err, cfg.DynamicConfigDir)
+	}
+	if content, err := os.ReadFile(cfg.KubeletConfig); err == nil {
+		if err := durable.WriteFile(filepath.Join(cfg.DynamicConfigDir, failedLocalFile), []byte(hash(content)+"\n"), 0o644); err != nil {
+			c.log.Warn("uninstall: cannot record the local config that failed; the next pass may try it again", zap.Error(err))
+		}
+	}
+	if err := kubeletunit.New(cfg.DynamicConfigDir).Set(back); err != nil {
+		return fail(err)
+	}
+	if err := durable.MkdirAll(filepath.Dir(cfg.DropIn), 0o755); err != nil {
+		return fail(err)
+	}
+	if err := durable.WriteFile(cfg.DropIn, []byte(kubeletunit.DropIn(cfg.DynamicConfigDir)), 0o644); err != nil {
+		return fail(err)
+	}
+	if err := cfg.Unit.Reload(ctx); err != nil {
+		return fail(err)
+	}
+	if err := cfg.Unit.Restart(ctx); err != nil {
+		return fail(err)
+	}
+	deadline := time.Now().Add(cfg.HealthTimeout)
+	for {
+		err := c.runsHealthy(ctx, back)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fail(err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(cfg.PollInterval):
+		}
+	}
+	c.log.Info("uninstall: the kubelet is back on its dkc config, healthy", zap.String("dkcConfig", back))
+	return fmt.Errorf("%w: the kubelet did not come up healthy on its local config %s: %w; it was put back on its dkc config %s, "+
+		"healthy, and the local config is not tried again until it changes: fix it (journalctl -u kubelet says why), this then continues by itself",
+		ErrRefused, cfg.KubeletConfig, why, back)
+}
+
+// runsHealthy says whether the kubelet runs config (its command line's --config) and answers /healthz.
+func (c *Cleaner) runsHealthy(ctx context.Context, config string) error {
+	running, known, err := c.runningConfig(ctx)
+	switch {
+	case err != nil:
+		return err
+	case !known || filepath.Clean(running) != filepath.Clean(config):
+		return fmt.Errorf("the kubelet does not run %s yet", config)
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return c.cfg.Kubelet.Healthz(hctx, config)
+}
+
+func hash(content []byte) string {
+	sum := sha256.Sum256(content)
+	return hex.EncodeToString(sum[:])
 }
 
 // removeFile removes path durably (the directory fsynced, so the order of removals survives a crash) and

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
 )
 
@@ -25,6 +26,9 @@ type node struct {
 	otherDropIn                   bool // another drop-in loads it too, whatever dkc's does
 	pid                           int
 	healthy                       bool
+	localUnhealthy                bool // the kubelet is not healthy when it runs the local config
+	invalid                       bool // the local config does not validate
+	checked                       []configcheck.Request
 	calls                         []string
 	restarts                      int
 	interruptAt                   int // the nth call cancels the context and fails, as a SIGTERM there would
@@ -168,19 +172,29 @@ func (nd *node) LoadsEnvironmentFile(ctx context.Context, path string) (bool, er
 	return path == nd.env && nd.loaded, nil
 }
 
-func (nd *node) Healthz(ctx context.Context) error {
+func (nd *node) Healthz(ctx context.Context, config string) error {
 	if err := nd.call(ctx, "healthz"); err != nil {
 		return err
 	}
-	if !nd.healthy {
+	if running, _ := nd.running(); !nd.healthy || nd.localUnhealthy && running == nd.local {
 		return errors.New("connection refused")
 	}
 	return nil
 }
 
+// Check is the dkc-kubelet-check helper's validation of the local config.
+func (nd *node) Check(_ context.Context, req configcheck.Request) (*configcheck.Checked, error) {
+	nd.checked = append(nd.checked, req)
+	if nd.invalid {
+		return nil, fmt.Errorf("%w: eventRecordQPS: Invalid value: -1", configcheck.ErrValidate)
+	}
+	return &configcheck.Checked{}, nil
+}
+
 func (nd *node) cleaner() *Cleaner {
 	return New(Config{Unit: nd, Kubelet: nd, DynamicConfigDir: nd.dir, KubeletConfig: nd.local, DropIn: nd.dropIn, ProcDir: nd.proc,
-		HealthTimeout: 50 * time.Millisecond, PollInterval: time.Millisecond, Files: []string{"dkc-sidecar-state.json", "dkc-sidecar.lock"}})
+		HealthTimeout: 50 * time.Millisecond, PollInterval: time.Millisecond, Files: []string{"dkc-sidecar-state.json", "dkc-sidecar.lock"},
+		Checker: nd, KubeletVersion: "v1.37.0", KubeletFlags: []string{"--recorded"}})
 }
 
 func (nd *node) clean() error {
@@ -265,14 +279,44 @@ func TestClean(t *testing.T) {
 			wantReloads: 1, wantRestarts: 1,
 		},
 		{
-			name: "kubelet unhealthy after the restart: an error; nothing put back; checkpoints kept",
+			name: "kubelet unhealthy on its local config: put back on its dkc config, healthy; refused",
+			setup: func(nd *node) {
+				nd.installed(nd.checkpoint)
+				nd.localUnhealthy = true
+			},
+			wantReloads: 2, wantRestarts: 2,
+			wantErr: "put back on its dkc config",
+			wantLeft: []string{"drop-in", "checkpoints", "dkc-sidecar-state.json", "dkc-sidecar.lock", "dkc-uninstall-failed-local-config",
+				"kubelet.env", "meta"},
+		},
+		{
+			name: "kubelet unhealthy on any config: the put-back fails too; checkpoints kept",
 			setup: func(nd *node) {
 				nd.installed(nd.checkpoint)
 				nd.healthy = false
 			},
-			wantReloads: 1, wantRestarts: 1,
-			wantErr:  "not healthy on its local config",
-			wantLeft: []string{"checkpoints", "dkc-sidecar-state.json", "dkc-sidecar.lock", "meta"},
+			wantReloads: 2, wantRestarts: 2,
+			wantErr: "putting it back on its dkc config",
+			wantLeft: []string{"drop-in", "checkpoints", "dkc-sidecar-state.json", "dkc-sidecar.lock", "dkc-uninstall-failed-local-config",
+				"kubelet.env", "meta"},
+		},
+		{
+			name: "local config does not validate: refused before anything is removed or restarted",
+			setup: func(nd *node) {
+				nd.installed(nd.checkpoint)
+				nd.invalid = true
+			},
+			wantReloads: 0, wantRestarts: 0,
+			wantErr:  "does not pass the kubelet's validation",
+			wantLeft: []string{"drop-in", "checkpoints", "dkc-sidecar-state.json", "dkc-sidecar.lock", "kubelet.env", "meta"},
+		},
+		{
+			name: "local config invalid but the kubelet runs it already: not restarted so not checked",
+			setup: func(nd *node) {
+				nd.installed(nd.local)
+				nd.invalid = true
+			},
+			wantReloads: 1, wantRestarts: 0,
 		},
 		{
 			name: "another drop-in loads the env file: it stays; nothing restarted",
@@ -306,13 +350,13 @@ func TestClean(t *testing.T) {
 				t.Errorf("unsafe states:\n%s", strings.Join(nd.violations, "\n"))
 			}
 			if tc.wantErr != "" {
-				// A further pass restarts nothing again and still puts nothing back.
-				restarts := nd.restarts
+				// A further pass restarts nothing again and changes no file.
+				restarts, left := nd.restarts, nd.dkcFiles()
 				if err := nd.clean(); err == nil {
 					t.Error("second pass succeeded")
 				}
-				if nd.restarts != restarts || exists(nd.dropIn) {
-					t.Errorf("second pass: %d restarts more, drop-in back: %v", nd.restarts-restarts, exists(nd.dropIn))
+				if nd.restarts != restarts || strings.Join(nd.dkcFiles(), " ") != strings.Join(left, " ") {
+					t.Errorf("second pass: %d restarts more, files %v, were %v", nd.restarts-restarts, nd.dkcFiles(), left)
 				}
 			}
 		})
@@ -376,7 +420,7 @@ func TestRunReadyOnlyWhenClean(t *testing.T) {
 		if ready {
 			t.Fatal("ready while the kubelet is unhealthy")
 		}
-		if strings.Contains(msg, "not healthy") {
+		if strings.Contains(msg, "healthy on its local config") {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -387,6 +431,56 @@ func TestRunReadyOnlyWhenClean(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run after SIGTERM: %v", err)
+	}
+}
+
+// TestCleanValidatesTheLocalConfigWithTheKubeletsFlags: the check runs the node kubelet's version and its
+// flags (without --config) from its command line, or the recorded ones when no kubelet runs.
+func TestCleanValidatesTheLocalConfigWithTheKubeletsFlags(t *testing.T) {
+	nd := newNode(t)
+	nd.installed(nd.checkpoint)
+	nd.invalid = true
+	if err := nd.clean(); !errors.Is(err, ErrRefused) {
+		t.Fatalf("Clean: %v, want ErrRefused", err)
+	}
+	nd.pid = 0
+	_ = nd.clean()
+	want := []string{"--kubeconfig=/etc/kubernetes/kubelet.conf --v=2", "--recorded"}
+	if len(nd.checked) != 2 {
+		t.Fatalf("checked %d times, want 2", len(nd.checked))
+	}
+	for i, req := range nd.checked {
+		if req.File != nd.local || req.KubeletVersion != "v1.37.0" || strings.Join(req.Flags, " ") != want[i] {
+			t.Errorf("check %d: %+v, want the local config, v1.37.0, flags %q", i, req, want[i])
+		}
+	}
+}
+
+// TestCleanContinuesOnceTheLocalConfigIsFixed: a local config that did not run healthy is not tried again
+// while unchanged; once changed, it is, and the cleanup finishes.
+func TestCleanContinuesOnceTheLocalConfigIsFixed(t *testing.T) {
+	nd := newNode(t)
+	nd.installed(nd.checkpoint)
+	nd.localUnhealthy = true
+	if err := nd.clean(); !errors.Is(err, ErrRefused) {
+		t.Fatalf("Clean: %v, want ErrRefused", err)
+	}
+	if cfg, _ := nd.running(); cfg != nd.checkpoint || nd.restarts != 2 {
+		t.Fatalf("the kubelet runs %s after %d restarts, want %s after 2", cfg, nd.restarts, nd.checkpoint)
+	}
+	nd.localUnhealthy = false // fixed, but the file is the same: not tried again
+	if err := nd.clean(); err == nil || !strings.Contains(err.Error(), "has not changed") || nd.restarts != 2 {
+		t.Fatalf("Clean with the same local config: %v after %d restarts", err, nd.restarts)
+	}
+	nd.write(nd.local, "kind: KubeletConfiguration\neventRecordQPS: 5\n")
+	if err := nd.clean(); err != nil {
+		t.Fatalf("Clean with a changed local config: %v", err)
+	}
+	if cfg, _ := nd.running(); cfg != nd.local || nd.restarts != 3 || len(nd.dkcFiles()) != 0 {
+		t.Errorf("the kubelet runs %s after %d restarts, files left %v; want the local config, 3, none", cfg, nd.restarts, nd.dkcFiles())
+	}
+	if len(nd.violations) > 0 {
+		t.Errorf("unsafe states:\n%s", strings.Join(nd.violations, "\n"))
 	}
 }
 

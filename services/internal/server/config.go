@@ -69,7 +69,7 @@ type Config struct {
 	// SETTINGS_MAX_CONCURRENT_STREAMS; grpc-go's default is unlimited).
 	MaxConcurrentStreams int
 
-	// What a caller may hold before it authenticates (docs/security.md, "Unauthenticated callers"):
+	// What a caller may hold before it authenticates (docs/security.md, "Callers and their limits"):
 	// connections open at once (0: sized to the Node count, connCap), and of them not yet authenticated
 	// (0: no cap of their own), the time a connection gets to finish its TLS handshake and HTTP/2 preface,
 	// and to make its first authenticated call (0: no limit), how long a connection with no call open

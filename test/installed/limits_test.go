@@ -96,6 +96,7 @@ func TestFloodWithOneNodesTokenLeavesOtherNodesConnected(t *testing.T) {
 		restartServerWith(t, append(slices.Clone(args), fmt.Sprintf("--max-connections=%d", floodConnCap)))
 		waitServing(t, "node-1") // connected before its token is copied: what the flood may disturb is node-1's
 		waitServing(t, "node-2")
+		f.exhausted.Store(0)
 		// Status reports on one connection, as fast as they are answered: a request without a status, which
 		// the handler refuses unwritten, so that only the rate decides what else comes back.
 		limited := f.reports(t, 60)

@@ -36,6 +36,10 @@ var benchOnlyArgs = []string{
 	// Likewise the per-address cap on connections not yet authenticated: 10,000 simulated nodes connecting
 	// from one address would be let in 16 at a time.
 	"--max-unauthenticated-connections-per-address=0",
+	// And the per-address cap on connections and the rate of new ones: 10,000 simulated nodes hold 10,000
+	// connections from that one address, opened at once.
+	"--max-connections-per-address=0",
+	"--new-connections-per-address-qps=0",
 }
 
 // serviceArgs are the flags the benchmark runs dkc-server with: the Deployment's, less podOnlyFlags, plus

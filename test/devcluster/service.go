@@ -120,8 +120,9 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 		"--webhook-address=" + net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)),
 		// The simulated nodes and the tests' own clients all call from the host's addresses, as nodes behind
 		// one NAT would: the per-address TokenReview limit is sized for that, not for one node, and the
-		// per-address cap on unauthenticated connections is off.
+		// per-address caps on connections and on new connections are off.
 		"--token-review-per-peer-qps=50", "--token-review-per-peer-burst=500", "--max-unauthenticated-connections-per-address=0",
+		"--max-connections-per-address=0", "--new-connections-per-address-qps=0",
 	}, c.cfg.ServiceArgs...)
 	p, err := startProcess("dkc-server", c.runDir(), c.logFile("dkc-server"), nil, args...)
 	if err != nil {

@@ -3,8 +3,9 @@
 // TokenReview, requires an allowed ServiceAccount, and takes the node from the token's node claim
 // (authentication.kubernetes.io/node-name, carried by pod-bound tokens on apiservers ≥ 1.32 and by
 // node-bound tokens). Handlers then allow a caller to act only for its own node, as the Node authorizer does
-// for kubelets. Verified tokens are cached briefly (never past their exp) so that a reconnect storm does not
-// become a TokenReview storm, and what unauthenticated callers can make dkc-server spend is bounded: see
+// for kubelets. Verified tokens are cached briefly (never past their exp and ExpiryLeeway) so that a
+// reconnect storm does not become a TokenReview storm, and what unauthenticated callers can make dkc-server
+// spend is bounded: see
 // Authenticator, NewReviewClient and ServerOptions. A long-lived stream is not trusted on its opening alone:
 // its token is checked again whenever its verification lapses (Reauthenticate), so a revoked token loses its
 // stream within the cache TTL.
@@ -142,6 +143,18 @@ const (
 	ReviewTimeout = 10 * time.Second
 )
 
+// ExpiryLeeway is how long past its exp a token is still taken as valid: the kube-apiserver's own leeway
+// (go-jose's jwt.DefaultLeeway, with which it validates ServiceAccount tokens), so that dkc-server's clock
+// running ahead of the apiserver's, or a node's kubelet rotating its token late by its own clock, does not
+// make dkc refuse a token the apiserver accepts. Past it the apiserver refuses the token too, and dkc does
+// so without asking.
+const ExpiryLeeway = time.Minute
+
+// expired says whether a token whose exp claim is exp is past it and the leeway by a's clock (zero: no exp).
+func (a *Authenticator) expired(exp time.Time) bool {
+	return !exp.IsZero() && !a.clock.Now().Before(exp.Add(ExpiryLeeway))
+}
+
 // Config of an Authenticator.
 type Config struct {
 	// Client reviews tokens (TokenReview): NewReviewClient's, whose rate limit is its own. Required.
@@ -149,9 +162,9 @@ type Config struct {
 	// Allowed are the ServiceAccounts ("namespace/name") whose tokens are accepted
 	// (--allowed-service-accounts); none: every token is refused.
 	Allowed []string
-	// TTL is how long a verified token is cached (--token-cache-ttl), never past its exp, and so how often
-	// an open stream's token is checked again; refusals are cached a sixth of it. 0: nothing is cached,
-	// every call is reviewed.
+	// TTL is how long a verified token is cached (--token-cache-ttl), never past its exp and ExpiryLeeway,
+	// and so how often an open stream's token is checked again; refusals are cached a sixth of it. 0:
+	// nothing is cached, every call is reviewed.
 	TTL time.Duration
 	// PeerQPS and PeerBurst give each caller address a token bucket of PeerBurst reviews refilled at PeerQPS
 	// per second, for tokens without a cached answer (--token-review-per-peer-qps, -burst; the defaults are
@@ -222,8 +235,8 @@ func spreadTenth(ttl time.Duration) time.Duration {
 	return 0
 }
 
-// ErrTokenExpired: the stream's token reached its exp. Not a refusal: the stream ends so that the node opens
-// a new one with its current token.
+// ErrTokenExpired: the stream's token reached its exp and ExpiryLeeway. Not a refusal: the stream ends so
+// that the node opens a new one with its current token.
 var ErrTokenExpired = errors.New("the token the stream was opened with has expired")
 
 // Reauthenticate checks again the token the call of ctx was authenticated with (by AuthFunc), for a stream
@@ -244,10 +257,10 @@ func (a *Authenticator) Reauthenticate(ctx context.Context) (time.Time, error) {
 		a.metrics.reauthenticated(reauthRefused)
 		return time.Time{}, status.Error(codes.Unauthenticated, "no verified credential to check again")
 	}
-	if !c.exp.IsZero() && !a.clock.Now().Before(c.exp) {
+	if a.expired(c.exp) {
 		// Routine, not a revocation: the kubelet rotated the token file long before (at 80% of its life),
-		// and the node reconnects with the new token at once. The apiserver would still accept the old one
-		// for a minute (its leeway), checked every second: end the stream instead.
+		// and the node reconnects with the new token at once. The verification cached for the stream lasted
+		// until exp and the leeway, so this is the first check past them: no review is spent on it.
 		a.metrics.reauthenticated(reauthExpired)
 		return time.Time{}, ErrTokenExpired
 	}
@@ -280,7 +293,9 @@ func (a *Authenticator) authenticate(ctx context.Context, token string, limitPee
 	}
 	sum := sha256.Sum256([]byte(token))
 	key := string(sum[:])
-	if v, ok := a.verified.Get(key); ok {
+	// The cache keeps an entry up to and including the instant it expires: the token's own expiry is
+	// checked on a hit too.
+	if v, ok := a.verified.Get(key); ok && !a.expired(v.(verification).exp) {
 		return v.(verification), "", nil
 	}
 	if v, ok := a.refused.Get(key); ok {
@@ -292,10 +307,10 @@ func (a *Authenticator) authenticate(ctx context.Context, token string, limitPee
 		// Not cached: checking costs less than a cache entry, and each garbage token is new anyway.
 		return a.refuse(reasonMalformed, status.Errorf(codes.Unauthenticated, "token is not a ServiceAccount token: %v", err))
 	}
-	if !claims.exp.IsZero() && !a.clock.Now().Before(claims.exp) {
-		// The apiserver's leeway would accept it for another minute, one uncached review per call.
-		return a.refuse(reasonExpired, status.Errorf(codes.Unauthenticated, "token expired at %s; send the current one",
-			claims.exp.UTC().Format(time.RFC3339)))
+	if a.expired(claims.exp) {
+		// The apiserver would refuse it as well, and a review would tell nothing more.
+		return a.refuse(reasonExpired, status.Errorf(codes.Unauthenticated, "token expired at %s (%v of leeway passed); send the current one",
+			claims.exp.UTC().Format(time.RFC3339), ExpiryLeeway))
 	}
 	if limitPeer {
 		if addr := peerKey(ctx); !a.peers.allow(addr) {
@@ -353,14 +368,15 @@ func (a *Authenticator) reviewAndCache(ctx context.Context, key, token string, e
 		a.refused.Add(key, refusal{reason, err}, a.ttl/6)
 	default:
 		// The exp claim, now signed as far as the apiserver is concerned, only ever shortens the cache:
-		// a token is not served from it after the time it stops being valid.
+		// a token is not served from it after the time it stops being valid, its exp and the leeway, so
+		// that a token within the leeway costs one review, not one per call.
 		// Entries of tokens verified together lapse spread over the last tenth of the TTL, so that the
 		// streams of a reconnect storm do not come back for their re-checks together, TTL after TTL.
 		now := a.clock.Now()
 		ttl := a.ttl
 		ttl -= a.spread(ttl)
 		if !exp.IsZero() {
-			ttl = min(ttl, exp.Sub(now))
+			ttl = min(ttl, exp.Add(ExpiryLeeway).Sub(now))
 		}
 		if ttl <= 0 {
 			return verification{id: id, until: now, exp: exp}, "", nil

@@ -360,14 +360,17 @@ func TestVerifiedCacheBoundedByExpiry(t *testing.T) {
 		expiredAt time.Duration
 		neverKept bool
 	}{
-		{name: "exp sooner than the TTL", exp: epoch.Add(10 * time.Second).Unix(), cachedAt: 9 * time.Second, expiredAt: 11 * time.Second},
+		// A token stays valid for ExpiryLeeway past its exp, as the apiserver takes it (jwt.DefaultLeeway):
+		// reviewed, cached until exp and the leeway, then refused without a review.
+		{name: "exp within the TTL, with the leeway past it", exp: epoch.Add(10 * time.Second).Unix(), cachedAt: 59 * time.Second, reviewAt: 61 * time.Second},
 		{name: "exp later than the TTL", exp: epoch.Add(2 * time.Hour).Unix(), cachedAt: 59 * time.Second, reviewAt: 61 * time.Second},
 		{name: "no exp claim", exp: nil, cachedAt: 59 * time.Second, reviewAt: 61 * time.Second},
 		{name: "exp not a number", exp: "soon", cachedAt: 59 * time.Second, reviewAt: 61 * time.Second},
-		{name: "fractional exp", exp: float64(epoch.Unix()) + 10.5, cachedAt: 9 * time.Second, expiredAt: 10*time.Second + time.Millisecond}, // truncated, as the apiserver does
-		// The apiserver accepts a token up to a minute past exp (jwt.DefaultLeeway), one uncached review per
-		// call; dkc refuses it without asking.
-		{name: "exp already past", exp: epoch.Add(-30 * time.Second).Unix(), neverKept: true},
+		{name: "exp past, within the leeway", exp: epoch.Add(-30 * time.Second).Unix(), cachedAt: 30*time.Second - time.Millisecond, expiredAt: 30 * time.Second},
+		{name: "exp past, a second of leeway left", exp: epoch.Add(time.Second - ExpiryLeeway).Unix(), cachedAt: time.Second - time.Millisecond, expiredAt: time.Second},
+		{name: "fractional exp", exp: float64(epoch.Add(-ExpiryLeeway).Unix()) + 10.5, cachedAt: 9 * time.Second, expiredAt: 10*time.Second + time.Millisecond}, // truncated, as the apiserver does
+		{name: "exp past by the leeway", exp: epoch.Add(-ExpiryLeeway).Unix(), neverKept: true},
+		{name: "exp past by more than the leeway", exp: epoch.Add(-ExpiryLeeway - time.Hour).Unix(), neverKept: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,7 +11,7 @@ const (
 	reasonRejected    = "rejected"     // TokenReview: not authenticated, or not for audience dkc
 	reasonForbidden   = "forbidden"    // authenticated, but not an allowed ServiceAccount or no node claim
 	reasonUnavailable = "unavailable"  // the TokenReview failed or timed out
-	reasonExpired     = "expired"      // past its exp claim, not reviewed
+	reasonExpired     = "expired"      // past its exp claim and ExpiryLeeway, not reviewed
 )
 
 // Results of re-checking an open stream's token, the values of dkc_server_stream_reauth_total's result label.
@@ -36,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "token_refusals_total",
 			Help: "Calls refused by authentication, by reason: missing, too_large, malformed and rate_limited (refused without a TokenReview), " +
-				"expired (past its exp, not reviewed), rejected (not authenticated or not for audience dkc), forbidden (not an allowed service account, or no node claim), unavailable (the TokenReview failed).",
+				"expired (past its exp and a minute of leeway, not reviewed), rejected (not authenticated or not for audience dkc), forbidden (not an allowed service account, or no node claim), unavailable (the TokenReview failed).",
 		}, []string{"reason"}),
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "token_reviews_total",

@@ -105,22 +105,27 @@ func TestReauthenticate(t *testing.T) {
 }
 
 // TestExpiredTokenEndsItsStreamWithoutReviews: a stream outlives its token's exp as a matter of course (the
-// kubelet rotates the file at 80% of its life; streams live up to --max-connection-age). The apiserver would
-// accept the token a minute longer, uncached, one review per check a second; instead the re-check at exp
-// says ErrTokenExpired without a review, counted as expired, not refused.
+// kubelet rotates the file at 80% of its life; streams live up to --max-connection-age). Its verification is
+// cached until exp and ExpiryLeeway, the apiserver's own leeway; the re-check then says ErrTokenExpired
+// without a review, counted as expired, not refused. Within the leeway the stream is kept.
 func TestExpiredTokenEndsItsStreamWithoutReviews(t *testing.T) {
 	rv, cs := newReviewer()
 	clk := clocktesting.NewFakeClock(epoch)
 	m := NewMetrics(prometheus.NewPedanticRegistry())
 	a := newTestAuthenticator(t, Config{Client: cs, Clock: clk, PeerQPS: DefaultPeerQPS, PeerBurst: DefaultPeerBurst, Metrics: m})
-	tok := rv.valid(jwt(map[string]any{"iss": "k8s", "exp": epoch.Add(30 * time.Second).Unix()}), "n1", Audience)
+	exp := epoch.Add(-30 * time.Second) // past already, by a clock ahead of the apiserver's
+	tok := rv.valid(jwt(map[string]any{"iss": "k8s", "exp": exp.Unix()}), "n1", Audience)
 	ctx := authed(t, a, "10.0.0.1:1", tok)
-	if until, _ := VerifiedUntil(ctx); !until.Equal(epoch.Add(30 * time.Second)) {
-		t.Fatalf("VerifiedUntil = %v, want the token's exp %v", until, epoch.Add(30*time.Second))
+	if until, _ := VerifiedUntil(ctx); !until.Equal(exp.Add(ExpiryLeeway)) {
+		t.Fatalf("VerifiedUntil = %v, want the token's exp and the leeway %v", until, exp.Add(ExpiryLeeway))
+	}
+	clk.SetTime(exp.Add(ExpiryLeeway - time.Millisecond))
+	if _, err := a.Reauthenticate(ctx); err != nil {
+		t.Fatalf("within the leeway: %v; want the stream kept", err)
 	}
 	before := rv.count()
-	for _, at := range []time.Duration{30*time.Second + time.Millisecond, 31 * time.Second, 89 * time.Second} {
-		clk.SetTime(epoch.Add(at))
+	for _, at := range []time.Duration{0, time.Millisecond, time.Hour} {
+		clk.SetTime(exp.Add(ExpiryLeeway + at))
 		if _, err := a.Reauthenticate(ctx); !errors.Is(err, ErrTokenExpired) {
 			t.Fatalf("at +%v: %v; want ErrTokenExpired", at, err)
 		}

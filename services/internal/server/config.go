@@ -72,7 +72,7 @@ type Config struct {
 	// SETTINGS_MAX_CONCURRENT_STREAMS; grpc-go's default is unlimited).
 	MaxConcurrentStreams int
 
-	// What a caller may hold before it authenticates (docs/security.md, "Unauthenticated callers"):
+	// What a caller may hold before it authenticates (docs/security.md, "Callers and their limits"):
 	// connections open at once (0: sized to the Node count, connCap), and of them not yet authenticated
 	// (0: no cap of their own), the time a connection gets to finish its TLS handshake and HTTP/2 preface,
 	// and to make its first authenticated call (0: no limit), how long a connection with no call open
@@ -84,6 +84,17 @@ type Config struct {
 	AuthenticationTimeout                   time.Duration
 	MaxConnectionIdle                       time.Duration
 	MaxRecvMsgSizeKiB                       int
+
+	// What a caller may hold or spend with a valid token (docs/security.md, "Callers and their limits"):
+	// authenticated connections per node, connections per IP address authenticated or not, new
+	// connections per IP address and second (refused before the TLS handshake), and status reports per node
+	// and second. 0 turns each off (the per-address ones where many nodes share an address).
+	MaxConnectionsPerNode         int
+	MaxConnectionsPerAddress      int
+	NewConnectionsPerAddressQPS   float64
+	NewConnectionsPerAddressBurst int
+	StatusReportsPerNodeQPS       float64
+	StatusReportsPerNodeBurst     int
 
 	// Namespace is the namespace dkc-server runs in ($POD_NAMESPACE, from the downward API); when set,
 	// Validate refuses flags that name another one for the sidecars' ServiceAccount, and newServer a
@@ -173,7 +184,24 @@ func DefaultConfig() Config {
 		AuthenticationTimeout: time.Minute,
 		MaxConnectionIdle:     5 * time.Minute,
 		MaxRecvMsgSizeKiB:     32,
-		Namespace:             os.Getenv("POD_NAMESPACE"),
+		// A sidecar holds one connection; one more while a reconnect overlaps a connection not yet found
+		// dead (up to --keepalive-time + --keepalive-timeout), and room for grpcurl with the node's token.
+		MaxConnectionsPerNode: 4,
+		// A node's address holds its sidecar's connection or two, the replica's own probes do not come here
+		// (they use the metrics port), and a tool or two; --max-unauthenticated-connections-per-address and
+		// the per-node cap fit beneath it.
+		MaxConnectionsPerAddress: 32,
+		// A sidecar opens a connection when its stream ends (--max-connection-age, a drained replica) and,
+		// while refused, retries within 3 s; the burst covers grpcurl sessions and a few refused attempts in
+		// a row. Past it a connect/close loop from one address costs one TLS handshake a second.
+		NewConnectionsPerAddressQPS:   1,
+		NewConnectionsPerAddressBurst: 16,
+		// A sidecar reports when its status changes (two or three reports per assignment, a restart's
+		// outcome) and re-sends its latest after a reconnect, one at a time; the burst covers a day's worth
+		// of that at once.
+		StatusReportsPerNodeQPS:   1,
+		StatusReportsPerNodeBurst: 20,
+		Namespace:                 os.Getenv("POD_NAMESPACE"),
 		// kube-controller-manager's defaults: a new leader within ~15 s of a crash, at one Lease write per
 		// 2 s from the leader.
 		LeaderElect:                 true,
@@ -249,6 +277,12 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", c.HandshakeTimeout, "time a new connection gets to complete its TLS handshake and HTTP/2 preface; a connection that has not is closed (grpc-go's default is 120s)")
 	fs.DurationVar(&c.MaxConnectionIdle, "max-connection-idle", c.MaxConnectionIdle, "close a connection that has had no call open this long (a caller whose calls were all refused, a tool that went quiet). A sidecar's config stream is always open, so its connection is never idle; grpc-go's default is never")
 	fs.IntVar(&c.MaxRecvMsgSizeKiB, "max-recv-msg-size-kib", c.MaxRecvMsgSizeKiB, "largest request message, in KiB. grpc-go reads a unary request whole before the auth interceptor runs, so this is what each open call of an unauthenticated caller may cost. The largest request dkc's sidecars send is a status report: three config sources (under 1 KiB each), an error and its detail (the kubelet's validation message)")
+	fs.IntVar(&c.MaxConnectionsPerNode, "max-connections-per-node", c.MaxConnectionsPerNode, "authenticated gRPC connections one node may hold to this replica: a node's call that would take one more is refused with ResourceExhausted, and its connection is then treated as one without a token (--max-unauthenticated-connections-per-address, --authentication-timeout). A sidecar needs one, and two while a reconnect overlaps a connection not yet found dead; the rest is room for grpcurl. Bounds what a copy of one node's token can hold, so that it cannot fill --max-connections. 0: no limit")
+	fs.IntVar(&c.MaxConnectionsPerAddress, "max-connections-per-address", c.MaxConnectionsPerAddress, "gRPC connections one caller IP address may hold, authenticated or not (IPv6 addresses one by one); a connection past it is closed as soon as it is accepted. A node's sidecar needs one. 0: no limit, only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
+	fs.Float64Var(&c.NewConnectionsPerAddressQPS, "new-connections-per-address-qps", c.NewConnectionsPerAddressQPS, "new gRPC connections per second one caller IP address may open; a connection past it is closed as soon as it is accepted, before its TLS handshake, so a client that connects and closes in a loop costs dkc-server no handshakes past it. A sidecar connects when its stream ends and retries within 3s while refused. 0: no limit, only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
+	fs.IntVar(&c.NewConnectionsPerAddressBurst, "new-connections-per-address-burst", c.NewConnectionsPerAddressBurst, "new gRPC connections one caller IP address may open at once (grpcurl sessions, a sidecar's retries)")
+	fs.Float64Var(&c.StatusReportsPerNodeQPS, "status-reports-per-node-qps", c.StatusReportsPerNodeQPS, "ReportStatus calls per second one node may make; past it a call gets ResourceExhausted, which a sidecar retries after its backoff with its latest status. A report can cost a Node write, which every node's reports share (--kube-api-qps): one node's token must not spend it. A sidecar reports when its status changes, a few times per assignment. 0: no limit")
+	fs.IntVar(&c.StatusReportsPerNodeBurst, "status-reports-per-node-burst", c.StatusReportsPerNodeBurst, "ReportStatus calls one node may make at once")
 	fs.BoolVar(&c.LeaderElect, "leader-elect", c.LeaderElect, "run the KubeletConfigPool controller only on the replica holding a Lease (coordination.k8s.io); the rest of dkc-server runs on every replica. false runs it on every replica: only with one replica")
 	fs.StringVar(&c.LeaderElectionID, "leader-election-id", c.LeaderElectionID, "name of the Lease the replicas elect the KubeletConfigPool controller's leader with; deploy/base/server-rbac.yaml grants get and update of this name only")
 	fs.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", c.LeaderElectionNamespace, "namespace of the Lease; empty is --namespace, or kube-system when that is empty too")
@@ -323,6 +357,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxUnauthenticatedConnections < 0 || c.MaxUnauthenticatedConnectionsPerAddress < 0 || c.AuthenticationTimeout < 0 {
 		errs = append(errs, errors.New("--max-unauthenticated-connections, --max-unauthenticated-connections-per-address and --authentication-timeout must not be negative (0: no limit of their own)"))
+	}
+	if c.MaxConnectionsPerNode < 0 || c.MaxConnectionsPerAddress < 0 || c.NewConnectionsPerAddressQPS < 0 || c.StatusReportsPerNodeQPS < 0 {
+		errs = append(errs, errors.New("--max-connections-per-node, --max-connections-per-address, --new-connections-per-address-qps and --status-reports-per-node-qps must not be negative (0: no limit)"))
+	}
+	if c.NewConnectionsPerAddressBurst < 1 || c.StatusReportsPerNodeBurst < 1 {
+		errs = append(errs, errors.New("--new-connections-per-address-burst and --status-reports-per-node-burst must be at least 1"))
 	}
 	if c.AuthenticationTimeout > 0 && c.AuthenticationTimeout < c.HandshakeTimeout+auth.ReviewTimeout {
 		errs = append(errs, fmt.Errorf("--authentication-timeout must be 0 or at least --handshake-timeout plus %v (a TokenReview's longest wait): sidecars reconnecting together would be closed before their first call is answered", auth.ReviewTimeout))

@@ -40,7 +40,7 @@ import (
 // sent (the defaults: 4 calls, 32 KiB). The figures this test measured when it was written (amd64, Go
 // 1.26, grpc-go 1.82; heap and goroutine stacks, the test's own client side included): 10-11 KB and
 // 224-226 KB, a few hundred bytes apart from run to run. The budgets are those plus a margin;
-// docs/security.md ("Unauthenticated callers") turns them into what a pod needs.
+// docs/security.md ("Callers and their limits") turns them into what a pod needs.
 const (
 	silentConnBudget  = 16 << 10
 	holdingConnBudget = 256 << 10

@@ -35,6 +35,8 @@ type grpcParts struct {
 	svc    dkcv1.ConfigServiceServer
 	health *health.Server
 	conns  *connLimiter // nil: no connection marked authenticated (tests of the server alone)
+	// reports paces each node's status reports; nil: no limit.
+	reports *reportLimiter
 }
 
 // newGRPCServer builds the gRPC server. Interceptors run in this order, outermost first:
@@ -44,7 +46,9 @@ type grpcParts struct {
 //     auth through watchRefusals);
 //  2. auth     — only for dkc.v1.ConfigService: health and reflection stay open for probes and grpcurl; a
 //     call it lets through marks its connection authenticated (connLimiter);
-//  3. recovery — a panic in a handler becomes codes.Internal for that call instead of killing the service.
+//  3. reports  — a node's ReportStatus calls past its rate are refused (reportLimiter), after auth, which
+//     says which node the caller is;
+//  4. recovery — a panic in a handler becomes codes.Internal for that call instead of killing the service.
 func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 	creds, svc, healthSrv := p.creds, p.svc, p.health
 	authFunc := markAuthenticated(p.authn.AuthFunc, p.conns)
@@ -64,6 +68,7 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logger, logOpts...),
 			selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(authFunc), onlyConfigService),
+			p.reports.interceptor(),
 			recovery.UnaryServerInterceptor(recoveryOpts...),
 		),
 		grpc.ChainStreamInterceptor(
@@ -117,7 +122,8 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 	return s
 }
 
-// markAuthenticated tells conns of every call authFunc lets through. Like watchRefusals it returns before
+// markAuthenticated tells conns of every call authFunc lets through, and refuses the call when its node
+// holds its share of connections already (connLimiter.authenticated). Like watchRefusals it returns before
 // the handler runs: nothing is added to a stream's parked stack.
 func markAuthenticated(authFunc grpcauth.AuthFunc, conns *connLimiter) grpcauth.AuthFunc {
 	if conns == nil {
@@ -125,10 +131,14 @@ func markAuthenticated(authFunc grpcauth.AuthFunc, conns *connLimiter) grpcauth.
 	}
 	return func(ctx context.Context) (context.Context, error) {
 		out, err := authFunc(ctx)
-		if err == nil {
-			conns.authenticated(ctx)
+		if err != nil {
+			return out, err
 		}
-		return out, err
+		id, _ := auth.FromContext(out)
+		if err := conns.authenticated(ctx, id.Node); err != nil {
+			return nil, err
+		}
+		return out, nil
 	}
 }
 

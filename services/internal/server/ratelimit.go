@@ -5,10 +5,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/labels"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/util/flowcontrol"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/lru"
+
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
+	"github.com/dkc-dev/dkc/services/internal/auth"
 )
 
 // scale is a client-side rate limit that grows with the cluster: perNode requests a second per Node
@@ -100,3 +109,80 @@ func (s *scaledLimiter) QPS() float32 { return float32(s.l.Limit()) }
 
 // Wait waits for a token or ctx's end (flowcontrol.RateLimiter; what client-go's requests call).
 func (s *scaledLimiter) Wait(ctx context.Context) error { return s.l.Wait(ctx) }
+
+// keyedLimiter is a token bucket per key (a caller's IP address, a node), kept in a bounded LRU as auth's
+// per-address TokenReview limiter keeps its own: a key evicted comes back with a full bucket, so what the
+// buckets cost is bounded whatever the number of keys, and a key is never refused for another key's use.
+type keyedLimiter struct {
+	qps   rate.Limit
+	burst int
+	clock clock.PassiveClock
+
+	mu      sync.Mutex
+	buckets *lru.Cache // key -> *rate.Limiter
+}
+
+// maxLimiterKeys bounds a keyedLimiter's memory (about 200 bytes a key): every node of a 10,000-node
+// cluster with room to spare.
+const maxLimiterKeys = 16384
+
+// newKeyedLimiter returns nil (no limit) for qps <= 0.
+func newKeyedLimiter(qps float64, burst int) *keyedLimiter {
+	if qps <= 0 {
+		return nil
+	}
+	return &keyedLimiter{qps: rate.Limit(qps), burst: max(burst, 1), clock: clock.RealClock{}, buckets: lru.New(maxLimiterKeys)}
+}
+
+// allow takes a token from key's bucket.
+func (l *keyedLimiter) allow(key string) bool {
+	if l == nil {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v, ok := l.buckets.Get(key)
+	if !ok {
+		v = rate.NewLimiter(l.qps, l.burst)
+		l.buckets.Add(key, v)
+	}
+	return v.(*rate.Limiter).AllowN(l.clock.Now(), 1)
+}
+
+// reportLimiter paces each node's ReportStatus calls: a token bucket per authenticated node, whatever
+// node_name the call names (a call for another node is refused by the handler anyway). A report can cost a
+// Node write, and the writes of all nodes share one client limit (--kube-api-qps): without it one node's
+// token could spend that budget and hold every other node's status back. A sidecar sends one report at a
+// time, each when its status changes (two or three per assignment, a restart's outcome, the re-send after a
+// reconnect), and takes a refusal as any failed report: it keeps the report and retries after its backoff.
+type reportLimiter struct {
+	nodes   *keyedLimiter // nil: no limit
+	refused prometheus.Counter
+}
+
+func newReportLimiter(qps float64, burst int, reg prometheus.Registerer) *reportLimiter {
+	r := &reportLimiter{nodes: newKeyedLimiter(qps, burst),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "status_reports_rate_limited_total",
+			Help: "ReportStatus calls refused with ResourceExhausted because their node reported faster than --status-reports-per-node-qps (burst --status-reports-per-node-burst)."})}
+	if reg != nil {
+		reg.MustRegister(r.refused)
+	}
+	return r
+}
+
+// interceptor refuses a node's ReportStatus past its rate. It runs after auth, which put the caller's
+// identity in the context; a call without one is left to the handler.
+func (r *reportLimiter) interceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if r == nil || r.nodes == nil || info.FullMethod != dkcv1.ConfigService_ReportStatus_FullMethodName {
+			return handler(ctx, req)
+		}
+		if id, ok := auth.FromContext(ctx); ok && !r.nodes.allow(id.Node) {
+			r.refused.Inc()
+			return nil, status.Errorf(codes.ResourceExhausted,
+				"node %q reports status faster than %g a second (burst %d, --status-reports-per-node-qps): retry later",
+				id.Node, float64(r.nodes.qps), r.nodes.burst)
+		}
+		return handler(ctx, req)
+	}
+}

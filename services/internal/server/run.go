@@ -184,8 +184,11 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	s.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
 	s.conns = newConnLimiter(connLimits{max: cfg.MaxConnections, maxUnauthenticated: cfg.MaxUnauthenticatedConnections,
 		maxUnauthenticatedPerAddress: cfg.MaxUnauthenticatedConnectionsPerAddress, authTimeout: cfg.AuthenticationTimeout,
+		maxPerAddress: cfg.MaxConnectionsPerAddress, maxPerNode: cfg.MaxConnectionsPerNode,
+		newPerAddressQPS: cfg.NewConnectionsPerAddressQPS, newPerAddressBurst: cfg.NewConnectionsPerAddressBurst,
 		tcpUserTimeout: cfg.KeepaliveTimeout}, s.reg)
-	s.grpc = newGRPCServer(cfg, log, grpcParts{creds: creds, authn: authn, svc: s.svc, health: s.health, conns: s.conns})
+	s.grpc = newGRPCServer(cfg, log, grpcParts{creds: creds, authn: authn, svc: s.svc, health: s.health, conns: s.conns,
+		reports: newReportLimiter(cfg.StatusReportsPerNodeQPS, cfg.StatusReportsPerNodeBurst, s.reg)})
 	return s, nil
 }
 

@@ -36,6 +36,9 @@ var benchOnlyArgs = []string{
 	// Likewise the per-address cap on connections not yet authenticated: 10,000 simulated nodes connecting
 	// from one address would be let in 16 at a time.
 	"--max-unauthenticated-connections-per-address=0",
+	// The fan-out phase measures how fast one in-place edit reaches every node of a shared ConfigMap: the
+	// raw path, not the pace an operator sets for kubelet restarts.
+	"--max-direct-config-changes=0",
 }
 
 // serviceArgs are the flags the benchmark runs dkc-server with: the Deployment's, less podOnlyFlags, plus

@@ -4,6 +4,7 @@ package installed
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -19,8 +20,8 @@ import (
 // TestPoolOverANodeWithoutASidecarCompletes: a pool whose selector picks only nodes the sidecar DaemonSet
 // does not run on — a Windows Node, and a Node whose sidecar never reported (a Node object without the
 // os label, which the DaemonSet's nodeSelector skips) — settles at once with both held, assigns neither,
-// and `kubectl dkc rollout` exits 0. (Before, the pool assigned them, they never answered, and the rollout
-// waited for nodeTimeout and halted the pool.)
+// and `kubectl dkc rollout` exits 0. Both are Ready. (Before, the pool assigned them, they never answered,
+// and the rollout waited for nodeTimeout and halted the pool.)
 func TestPoolOverANodeWithoutASidecarCompletes(t *testing.T) {
 	const pool, label = "installed-nosidecar", "dkc.dev/test-nosidecar"
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -34,6 +35,15 @@ func TestPoolOverANodeWithoutASidecarCompletes(t *testing.T) {
 			t.Fatalf("create node %s: %v", name, err)
 		}
 		t.Cleanup(func() { _ = admin(t).CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		// Ready, as a healthy node is: a pool assigns only Ready nodes, and these must be held for having no
+		// sidecar, not skipped for being down.
+		now := metav1.Now()
+		ready, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", Message: "a Node object without a sidecar",
+			LastHeartbeatTime: now, LastTransitionTime: now}}}})
+		if _, err := admin(t).CoreV1().Nodes().PatchStatus(ctx, name, ready); err != nil {
+			t.Fatalf("mark node %s Ready: %v", name, err)
+		}
 	}
 	deletePoolAtEnd(t, pool)
 	createConfig(t, pool, "node-1", 44)

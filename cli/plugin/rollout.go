@@ -204,8 +204,8 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 	if rev == "" {
 		rev = "<none>"
 	}
-	line = fmt.Sprintf("revision %s: %d of %d nodes updated, %d in progress, %d failed, %s", rev, n.Updated, n.Selected, n.InProgress, n.Failed,
-		heldSummary(p.Status))
+	line = fmt.Sprintf("revision %s: %d of %d nodes updated, %d in progress, %d failed, %s",
+		rev, n.Updated, n.Selected, n.InProgress, n.Failed, heldSummary(p.Status))
 	if p.Status.ObservedGeneration < generation {
 		return "waiting for dkc-server to see the pool's generation " + fmt.Sprint(generation), false, nil
 	}
@@ -365,8 +365,8 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 	fmt.Fprintf(w, "Max unavailable:\t%s\tmax failures: %d\tnode timeout: %v\tpaused: %v\n", mu.String(), p.Spec.MaxFailuresOrDefault(), p.Spec.NodeTimeoutOrDefault(), p.Spec.Paused)
 	fmt.Fprintf(w, "Revision:\t%s\tprevious: %s\n", orNone(p.Status.CurrentRevision), orNone(p.Status.PreviousRevision))
 	n := p.Status.Nodes
-	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d in progress\t%d failed\t%s\n", n.Selected, n.Updated, n.Ready, n.InProgress, n.Failed,
-		heldSummary(p.Status))
+	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d in progress\t%d failed\t%s\n",
+		n.Selected, n.Updated, n.Ready, n.InProgress, n.Failed, heldSummary(p.Status))
 	_ = w.Flush()
 	w = tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CONDITION\tSTATUS\tREASON\tAGE\tMESSAGE")
@@ -391,10 +391,12 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 
 // heldReasons say, for an operator, what each held reason means and what gives the node back.
 var heldReasons = map[string]string{
-	"HandAssigned":         "its source was set by hand after the pool assigned it: remove its " + v1alpha1.AnnotationAssignment + " to give it back",
+	"HandAssigned": "its source was set by hand after the pool assigned it: remove its " +
+		v1alpha1.AnnotationAssignment + " to give it back",
 	"SelectedByOtherPools": "another pool selects it too: neither touches it",
-	"NoSidecar":            "the dkc sidecar does not run there (not Linux, or labelled dkc.dev/sidecar=disabled): nothing would apply it",
-	"NotReported":          "its sidecar has not reported a status yet: assigned once it has",
+	"NoSidecar": "the dkc sidecar does not run there (not Linux, or labelled dkc.dev/sidecar=disabled): " +
+		"nothing would apply it",
+	"NotReported": "its sidecar has not reported a status yet: assigned once it has",
 }
 
 // heldSummary is "N held", with the count of each reason status.heldNodes lists.

@@ -26,13 +26,15 @@ type Pacer interface {
 // version names a resolved ConfigMap version, as pacing tells versions apart.
 func version(a *dkcv1.Assignment) string {
 	c := a.GetSource().GetConfigMap()
-	return c.GetNamespace() + "/" + c.GetName() + "/" + c.GetKubeletConfigKey() + "@" + c.GetUid() + "/" + c.GetResourceVersion()
+	return c.GetNamespace() + "/" + c.GetName() + "/" + c.GetKubeletConfigKey() + "@" +
+		c.GetUid() + "/" + c.GetResourceVersion()
 }
 
 // isSnapshot says whether cm is a pool's revision snapshot: its pool paces the nodes it assigns, and a
 // snapshot is immutable, so no edit of it ever restarts anything.
 func isSnapshot(cm *corev1.ConfigMap) bool {
-	return cm.Labels[v1alpha1.LabelPool] != "" && cm.Labels[v1alpha1.LabelRevision] != "" && cm.Immutable != nil && *cm.Immutable
+	return cm.Labels[v1alpha1.LabelPool] != "" && cm.Labels[v1alpha1.LabelRevision] != "" &&
+		cm.Immutable != nil && *cm.Immutable
 }
 
 // reported reads the node's dkc.dev/config-status; ok is false when it has none (or an unreadable one).
@@ -48,9 +50,12 @@ func reported(n *corev1.Node) (corev1.NodeConfigStatus, bool) {
 // isVersion says whether a status source is exactly the assignment's ConfigMap version.
 func isVersion(s *corev1.NodeConfigSource, a *dkcv1.Assignment) bool {
 	c := a.GetSource().GetConfigMap()
-	return s != nil && s.ConfigMap != nil && c != nil && s.ConfigMap.Namespace == c.GetNamespace() && s.ConfigMap.Name == c.GetName() &&
-		s.ConfigMap.KubeletConfigKey == c.GetKubeletConfigKey() && string(s.ConfigMap.UID) == c.GetUid() &&
-		s.ConfigMap.ResourceVersion == c.GetResourceVersion()
+	if s == nil || s.ConfigMap == nil || c == nil {
+		return false
+	}
+	sc := s.ConfigMap
+	return sc.Namespace == c.GetNamespace() && sc.Name == c.GetName() && sc.KubeletConfigKey == c.GetKubeletConfigKey() &&
+		string(sc.UID) == c.GetUid() && sc.ResourceVersion == c.GetResourceVersion()
 }
 
 // ready is the Node's Ready condition.
@@ -68,7 +73,8 @@ func ready(n *corev1.Node) bool {
 // new version takes a slot until its status shows the outcome (it runs it, or reports an error about it).
 // Nodes that are not Ready are given it at once and take none: they are out of service already, and a
 // fix for what took them down must not wait behind healthy nodes.
-func (c *Controller) pace(n *corev1.Node, cm *corev1.ConfigMap, a *dkcv1.Assignment) (give *dkcv1.Assignment, held bool) {
+func (c *Controller) pace(n *corev1.Node, cm *corev1.ConfigMap, a *dkcv1.Assignment) (
+	give *dkcv1.Assignment, held bool) {
 	if c.pacer == nil {
 		return a, false
 	}

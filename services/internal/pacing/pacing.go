@@ -106,8 +106,8 @@ func (p *Pacer) Admit(node, version string) bool {
 	p.cfg.Metrics.set(changing, waiting)
 	if !admitted && !known {
 		p.cfg.Log.Info("node config change held: too many nodes are changing to a new direct config version",
-			zap.String("node", node), zap.String("version", version), zap.Int("changing", changing), zap.Int("limit", p.cfg.Limit),
-			zap.Int("waiting", waiting))
+			zap.String("node", node), zap.String("version", version), zap.Int("changing", changing),
+			zap.Int("limit", p.cfg.Limit), zap.Int("waiting", waiting))
 	}
 	return admitted
 }

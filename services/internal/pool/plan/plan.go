@@ -227,8 +227,9 @@ func Decide(in Input) Plan {
 	p := Plan{}
 	var requeue []time.Duration
 	var overlaps []string
+	clk := clock{timeout: timeout, termStart: in.TermStart, now: now}
 	for _, n := range nodes {
-		v, failure := judge(n, pool.Name, in.Target, recorded, clock{timeout: timeout, termStart: in.TermStart, now: now}, spec.Retry)
+		v, failure := judge(n, pool.Name, in.Target, recorded, clk, spec.Retry)
 		if v.State == InProgress && !n.AssignedAt.IsZero() && !n.NoStatus {
 			requeue = append(requeue, later(n.AssignedAt, in.TermStart).Add(timeout).Sub(now))
 		}
@@ -455,7 +456,7 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 			"its source was set by hand after the pool assigned it; remove the annotation "+v1alpha1.AnnotationAssignment+" to give it back"
 		v.Changing = changing(n.Status)
 		return v, nil
-	case n.NoSidecar != "" && !(n.Assigned && sameSource(n.Status.Active, t.Source) && sameSource(n.Status.LastKnownGood, t.Source)):
+	case n.NoSidecar != "" && !(n.Assigned && proven(n.Status, t.Source)):
 		// Nothing on the node applies an assignment: it keeps what it runs, so it is not changing either.
 		v.State, v.Reason, v.Detail = Held, ReasonNoSidecar, "the dkc sidecar does not run on it: "+n.NoSidecar
 		return v, nil
@@ -527,6 +528,11 @@ func settled(st corev1.NodeConfigStatus, s corev1.ConfigMapNodeConfigSource) boo
 	if sameSource(st.Assigned, s) && st.Error != "" && !retried(nodeconfig.StatusError(st.Error)) {
 		return true
 	}
+	return sameSource(st.Active, s) && sameSource(st.LastKnownGood, s)
+}
+
+// proven says whether a node runs s as its last-known-good.
+func proven(st corev1.NodeConfigStatus, s corev1.ConfigMapNodeConfigSource) bool {
 	return sameSource(st.Active, s) && sameSource(st.LastKnownGood, s)
 }
 

@@ -78,6 +78,10 @@ const (
 	FailureTimeout = "Timeout"
 )
 
+// MaxHeldNodesListed bounds status.heldNodes: a pool over thousands of nodes without a sidecar must not
+// grow its status past what the apiserver stores.
+const MaxHeldNodesListed = 100
+
 // Names on the objects the pool's controller writes.
 const (
 	// LabelPool labels a pool's revision (snapshot ConfigMap) with the pool's name.

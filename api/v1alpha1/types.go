@@ -187,6 +187,14 @@ type KubeletConfigPoolStatus struct {
 	// +optional
 	FailedNodes []FailedNode `json:"failedNodes,omitempty"`
 
+	// heldNodes are the held nodes, by name, with why the pool leaves each alone: at most the first 100
+	// (nodes.held counts them all).
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=100
+	// +optional
+	HeldNodes []HeldNode `json:"heldNodes,omitempty"`
+
 	// lastAssignmentTime is when the pool last assigned nodes.
 	// +optional
 	LastAssignmentTime *metav1.Time `json:"lastAssignmentTime,omitempty"`
@@ -210,8 +218,19 @@ type NodeCounts struct {
 	InProgress int32 `json:"inProgress"`
 	// failed: the nodes in failedNodes.
 	Failed int32 `json:"failed"`
-	// held: the nodes the pool leaves alone: assigned by hand, or selected by another pool too.
+	// held: the nodes the pool leaves alone: assigned by hand, selected by another pool too, not run by
+	// the dkc sidecar, or whose sidecar never reported (heldNodes says which).
 	Held int32 `json:"held"`
+}
+
+// HeldNode is a node the pool leaves alone.
+type HeldNode struct {
+	// name of the Node.
+	Name string `json:"name"`
+	// reason: HandAssigned (its source was set by hand after the pool assigned it), SelectedByOtherPools,
+	// NoSidecar (the sidecar DaemonSet does not run on it: not Linux, or labelled dkc.dev/sidecar=disabled)
+	// or NotReported (its sidecar never reported a status: assigned once it has).
+	Reason string `json:"reason"`
 }
 
 // FailedNode is a node that failed the current revision.

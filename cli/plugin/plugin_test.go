@@ -226,6 +226,11 @@ func TestVerdict(t *testing.T) {
 		{name: "a ConfigMap found missing before the edit the caller just read: wait", p: pool(2, "r1", false, invalid), revision: "r2", lineHas: "revision r2"},
 		{name: "settled with a failed node within maxFailures", p: settled([]int64{1}, 0), done: true, stopped: v1alpha1.ReasonNothingToAssign},
 		{name: "settled with held nodes only", p: settled(nil, 2), done: true, lineHas: "held"},
+		{name: "settled with nodes without a sidecar, reasons counted", p: func() *v1alpha1.KubeletConfigPool {
+			p := settled(nil, 3)
+			p.Status.HeldNodes = []v1alpha1.HeldNode{{Name: "a", Reason: "NoSidecar"}, {Name: "b", Reason: "NoSidecar"}, {Name: "c", Reason: "NotReported"}}
+			return p
+		}(), done: true, lineHas: "3 held (2 NoSidecar, 1 NotReported)"},
 		{name: "settled after a retry: the forgiven failure is not a stop", p: settled([]int64{0}, 0), done: true, lineHas: "nothing more to assign"},
 		{name: "no node selected", p: pool(2, "r1", false, cond(v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNoNodesSelected)),
 			done: true, stopped: v1alpha1.ReasonNoNodesSelected},

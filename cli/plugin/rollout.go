@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -202,7 +204,8 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 	if rev == "" {
 		rev = "<none>"
 	}
-	line = fmt.Sprintf("revision %s: %d of %d nodes updated, %d in progress, %d failed, %d held", rev, n.Updated, n.Selected, n.InProgress, n.Failed, n.Held)
+	line = fmt.Sprintf("revision %s: %d of %d nodes updated, %d in progress, %d failed, %s",
+		rev, n.Updated, n.Selected, n.InProgress, n.Failed, heldSummary(p.Status))
 	if p.Status.ObservedGeneration < generation {
 		return "waiting for dkc-server to see the pool's generation " + fmt.Sprint(generation), false, nil
 	}
@@ -362,7 +365,8 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 	fmt.Fprintf(w, "Max unavailable:\t%s\tmax failures: %d\tnode timeout: %v\tpaused: %v\n", mu.String(), p.Spec.MaxFailuresOrDefault(), p.Spec.NodeTimeoutOrDefault(), p.Spec.Paused)
 	fmt.Fprintf(w, "Revision:\t%s\tprevious: %s\n", orNone(p.Status.CurrentRevision), orNone(p.Status.PreviousRevision))
 	n := p.Status.Nodes
-	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d in progress\t%d failed\t%d held\n", n.Selected, n.Updated, n.Ready, n.InProgress, n.Failed, n.Held)
+	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d in progress\t%d failed\t%s\n",
+		n.Selected, n.Updated, n.Ready, n.InProgress, n.Failed, heldSummary(p.Status))
 	_ = w.Flush()
 	w = tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CONDITION\tSTATUS\tREASON\tAGE\tMESSAGE")
@@ -382,6 +386,53 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 		}
 		_ = w.Flush()
 	}
+	o.describeHeld(p.Status)
+}
+
+// heldReasons say, for an operator, what each held reason means and what gives the node back.
+var heldReasons = map[string]string{
+	"HandAssigned": "its source was set by hand after the pool assigned it: remove its " +
+		v1alpha1.AnnotationAssignment + " to give it back",
+	"SelectedByOtherPools": "another pool selects it too: neither touches it",
+	"NoSidecar": "the dkc sidecar does not run there (not Linux, or labelled dkc.dev/sidecar=disabled): " +
+		"nothing would apply it",
+	"NotReported": "its sidecar has not reported a status yet: assigned once it has",
+}
+
+// heldSummary is "N held", with the count of each reason status.heldNodes lists.
+func heldSummary(st v1alpha1.KubeletConfigPoolStatus) string {
+	out := fmt.Sprintf("%d held", st.Nodes.Held)
+	if len(st.HeldNodes) == 0 {
+		return out
+	}
+	counts := map[string]int{}
+	for _, h := range st.HeldNodes {
+		counts[h.Reason]++
+	}
+	var parts []string
+	for _, r := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%d %s", counts[r], r))
+	}
+	if more := int(st.Nodes.Held) - len(st.HeldNodes); more > 0 {
+		parts = append(parts, fmt.Sprintf("%d more", more))
+	}
+	return out + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// describeHeld prints the held nodes status lists, with what each reason means.
+func (o *Options) describeHeld(st v1alpha1.KubeletConfigPoolStatus) {
+	if len(st.HeldNodes) == 0 {
+		return
+	}
+	w := tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "HELD NODE\tREASON\tMEANING")
+	for _, h := range st.HeldNodes {
+		fmt.Fprintf(w, "%s\t%s\t%s\n", h.Name, h.Reason, heldReasons[h.Reason])
+	}
+	if more := int(st.Nodes.Held) - len(st.HeldNodes); more > 0 {
+		fmt.Fprintf(w, "(%d more)\t\t\n", more)
+	}
+	_ = w.Flush()
 }
 
 func orNone(s string) string {

@@ -40,6 +40,9 @@ var benchOnlyArgs = []string{
 	// connections from that one address, opened at once.
 	"--max-connections-per-address=0",
 	"--new-connections-per-address-qps=0",
+	// The fan-out phase measures how fast one in-place edit reaches every node of a shared ConfigMap: the
+	// raw path, not the pace an operator sets for kubelet restarts.
+	"--max-direct-config-changes=0",
 }
 
 // serviceArgs are the flags the benchmark runs dkc-server with: the Deployment's, less podOnlyFlags, plus

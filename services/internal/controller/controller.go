@@ -49,6 +49,7 @@ type Controller struct {
 	queue       workqueue.TypedRateLimitingInterface[string]
 	shared      *shared           // the resolved ConfigMap versions nodes are on
 	forget      func(node string) // drops what others hold of a deleted Node
+	pacer       Pacer             // nil: direct config changes are not paced
 }
 
 // Config of a Controller.
@@ -68,6 +69,9 @@ type Config struct {
 	Forget func(node string)
 	// QueueMetrics, if not nil, receives the node queue's metrics (queue name "nodes").
 	QueueMetrics workqueue.MetricsProvider
+	// Pacer, if not nil, bounds the nodes changing to a new direct config version at once; it is built
+	// with a wake function, which the controller gives through Wake.
+	Pacer Pacer
 }
 
 // New wires the controller to its Node informer and builds its ConfigMap tracker.
@@ -83,6 +87,7 @@ func New(cfg Config) *Controller {
 			workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodes", MetricsProvider: cfg.QueueMetrics}),
 		shared: newShared(),
+		pacer:  cfg.Pacer,
 	}
 	c.cms = cfg.ConfigMaps(c.onConfigMapChange)
 	_, _ = cfg.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -90,7 +95,7 @@ func New(cfg Config) *Controller {
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Node)
 			n, ok2 := newObj.(*corev1.Node)
-			if !ok1 || !ok2 || needsSync(o, n) {
+			if !ok1 || !ok2 || needsSync(o, n) || c.outcomeChanged(o, n) {
 				c.enqueue(newObj)
 			}
 		},
@@ -123,6 +128,9 @@ func (c *Controller) enqueue(obj any) {
 	}
 	c.queue.Add(key)
 }
+
+// Wake resolves node again: the pacer calls it when a slot frees for a node waiting for one.
+func (c *Controller) Wake(node string) { c.queue.Add(node) }
 
 // onConfigMapChange re-resolves every node that references the ConfigMap key.
 func (c *Controller) onConfigMapChange(key string) {
@@ -191,6 +199,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		c.cms.Track(name, "")
 		c.shared.use(name, "")
 		c.table.Delete(name)
+		c.paceDone(name)
 		if c.forget != nil {
 			c.forget(name)
 		}
@@ -206,6 +215,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if errors.As(err, &se) {
 		c.cms.Track(name, "")
 		c.shared.use(name, "")
+		c.paceDone(name)
 		if c.table.SetSyncError(name, uid, kubeletVersion, se.Status) {
 			c.log.Info("node config source invalid; node keeps its config", zap.String("node", name), zap.String("origin", string(origin)),
 				zap.Stringer("error", se.Status), zap.String("detail", se.Detail))
@@ -218,6 +228,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if src == nil {
 		c.cms.Track(name, "")
 		c.shared.use(name, "")
+		c.paceDone(name) // back to the local config: an escape hatch is never held back
 		if c.table.Set(name, assignment.State{Assignment: resolve.Local(), NodeUID: uid, KubeletVersion: kubeletVersion}) {
 			c.log.Info("node assigned local config", zap.String("node", name))
 		}
@@ -237,6 +248,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	}
 	if cm == nil {
 		c.shared.gone(sourceKey(ref))
+		c.paceDone(name)
 		if c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.DownloadError) {
 			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name), zap.String("configmap", key))
 		}
@@ -247,9 +259,16 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SyncInternalError)
 		return err
 	}
+	give, held := c.pace(node, cm, a)
+	if held {
+		c.logHeld(name, a)
+	}
 	prev, hadPrev, _ := c.table.Get(name)
-	next := assignment.State{Assignment: a, NodeUID: uid, KubeletVersion: kubeletVersion}
+	next := assignment.State{Assignment: give, NodeUID: uid, KubeletVersion: kubeletVersion}
 	if c.table.Set(name, next) {
+		if held {
+			return nil // the pacer logged that the node waits; what it runs did not change
+		}
 		// An in-place kubelet upgrade changes only the version the sidecar validates with: say so, rather than
 		// announce an assignment nobody made.
 		if hadPrev && prev.KubeletVersion != kubeletVersion && sameExceptVersion(prev, next) {
@@ -262,6 +281,13 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 			zap.String("kubeletConfigKey", ref.KubeletConfigKey), zap.String("kubeletVersion", kubeletVersion))
 	}
 	return nil
+}
+
+// paceDone frees node's pacing slot or place in line: its source is no direct ConfigMap version now.
+func (c *Controller) paceDone(node string) {
+	if c.pacer != nil {
+		c.pacer.Done(node)
+	}
 }
 
 // sameExceptVersion reports whether a and b differ at most in the kubelet version.

@@ -57,6 +57,8 @@ type Config struct {
 	MaxInlineStatusWrites int
 	// RestartingStatusDelay: see nodestatus.Config.RestartingDelay.
 	RestartingStatusDelay time.Duration
+	// MaxDirectConfigChanges: see pacing.Config.Limit.
+	MaxDirectConfigChanges int
 
 	KeepaliveTime     time.Duration
 	KeepaliveTimeout  time.Duration
@@ -210,6 +212,10 @@ func DefaultConfig() Config {
 		LeaderElectionRenewDeadline: 10 * time.Second,
 		LeaderElectionRetryPeriod:   2 * time.Second,
 		PoolWorkers:                 2,
+
+		// A tenth of a small cluster; a slow, steady pace for a large one (a kubelet restart proves
+		// healthy in about a minute: some 600 nodes an hour).
+		MaxDirectConfigChanges: 10,
 	}
 }
 
@@ -256,6 +262,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.TokenReviewPeerBurst, "token-review-per-peer-burst", c.TokenReviewPeerBurst, "TokenReviews one caller address may cause at once (nodes sharing an address that reconnect together)")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "nodes resolved in parallel")
 	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers, "node status writes in parallel from the status queue (sync errors, retries, held restarts and the reports past --max-inline-status-writes)")
+	fs.IntVar(&c.MaxDirectConfigChanges, "max-direct-config-changes", c.MaxDirectConfigChanges, "nodes at most that this replica sends a new version of a directly assigned ConfigMap (dkc.dev/config-source, not a pool's snapshot) before they report its outcome (running it, or an error): an in-place edit of a ConfigMap many Nodes name restarts this many kubelets at a time, and the others keep their config until a slot frees (first come, first served; a slot without an outcome frees after 10m). Nodes not Ready are not held back, nor pool nodes (their pool paces them), nor a return to the local config. Each replica paces alone: the bound is this times the replicas. 0: no bound")
 	fs.IntVar(&c.MaxInlineStatusWrites, "max-inline-status-writes", c.MaxInlineStatusWrites, "status reports written while their call waits, at most; past it a report is acknowledged as queued and written by the status workers (docs/design.md, \"What a status acknowledgement means\"): each waiting call holds a goroutine and its stack. 0: no bound")
 	fs.DurationVar(&c.RestartingStatusDelay, "restarting-status-delay", c.RestartingStatusDelay, "how long a node's \"config assigned, kubelet not yet running it\" status waits for the kubelet restart's outcome before it is written to the Node; an outcome reported in time is written instead, which saves a Node write per assignment (the original kubelet exited to restart before writing that step, too). 0 writes it at once")
 	fs.DurationVar(&c.KeepaliveTime, "keepalive-time", c.KeepaliveTime, "ping an idle connection after this long, to find dead nodes")
@@ -339,6 +346,9 @@ func (c Config) Validate() error {
 	}
 	if c.KubeAPIQPS < 0 || c.KubeAPIBurst < 0 {
 		errs = append(errs, errors.New("--kube-api-qps and --kube-api-burst must not be negative (0: sized to the node count)"))
+	}
+	if c.MaxDirectConfigChanges < 0 {
+		errs = append(errs, errors.New("--max-direct-config-changes must not be negative (0: no bound)"))
 	}
 	if c.MaxInlineStatusWrites < 0 {
 		errs = append(errs, errors.New("--max-inline-status-writes must not be negative"))

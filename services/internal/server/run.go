@@ -55,6 +55,7 @@ import (
 	"github.com/dkc-dev/dkc/services/internal/configmaps"
 	"github.com/dkc-dev/dkc/services/internal/controller"
 	"github.com/dkc-dev/dkc/services/internal/nodestatus"
+	"github.com/dkc-dev/dkc/services/internal/pacing"
 	poolcontroller "github.com/dkc-dev/dkc/services/internal/pool/controller"
 	"github.com/dkc-dev/dkc/services/internal/queuemetrics"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
@@ -70,6 +71,7 @@ type server struct {
 	factory    informers.SharedInformerFactory
 	namespaces resolve.Namespaces
 	ctrl       *controller.Controller
+	pacer      *pacing.Pacer
 	writer     *nodestatus.Writer
 	svc        *rpc.Service
 	health     *health.Server
@@ -155,11 +157,14 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	table := assignment.NewTable(pending.Add)
 	// A deleted Node leaves the table, the ConfigMap tracker and the resolved configs in the controller; its
 	// status report goes through the status queue.
+	// The pacer wakes waiting nodes through the controller, which asks it about each node it resolves.
+	s.pacer = pacing.New(pacing.Config{Log: log.Named("pacing"), Limit: cfg.MaxDirectConfigChanges, Metrics: pacing.NewMetrics(s.reg),
+		Wake: func(node string) { s.ctrl.Wake(node) }})
 	s.ctrl = controller.New(controller.Config{Log: log.Named("controller"), Nodes: nodeInformer, Table: table, Namespaces: s.namespaces,
 		ConfigMaps: func(onChange func(key string)) controller.ConfigMaps {
 			return configmaps.New(configmaps.Config{Log: log.Named("configmaps"), Client: client, Namespaces: s.namespaces, OnChange: onChange})
 		},
-		Forget: pending.Add, QueueMetrics: queueMetrics})
+		Forget: pending.Add, QueueMetrics: queueMetrics, Pacer: s.pacer})
 	// The writer writes unprompted (sync errors, retries) only for nodes streaming from this replica: a
 	// node that moved to another replica would otherwise get this replica's older report written back.
 	streams := rpc.NewStreams()
@@ -386,6 +391,7 @@ func (s *server) run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	s.factory.Start(gctx.Done())
 	g.Go(func() error { return s.ctrl.Run(gctx, cfg.Workers) })
+	g.Go(func() error { return s.pacer.Run(gctx) })
 	g.Go(func() error { return s.writer.Run(gctx, cfg.StatusWorkers, cfg.ShutdownGrace) })
 	g.Go(func() error { return s.runPools(gctx) })
 	for _, l := range []*scaledLimiter{s.apiLimiter, s.reviewLimiter} {

@@ -125,6 +125,9 @@ type Controller struct {
 	deleted map[string]bool
 	// kubelets checks configs with the kubelet's code (nil: not checked here).
 	kubelets *kubeletChecks
+	// termStart is when this term's workers started (set before they do, read-only after): no node's
+	// nodeTimeout counts time before it, when no leader watched.
+	termStart time.Time
 }
 
 // New builds a controller; it does nothing until Run.
@@ -248,7 +251,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForNamedCacheSync("kubeletconfigpools", ctx.Done(), synced...) {
 		return nil
 	}
-	c.log.Info("rolling out kubeletconfigpools", zap.Int("workers", c.cfg.Workers))
+	c.startTerm()
+	c.log.Info("rolling out kubeletconfigpools", zap.Int("workers", c.cfg.Workers), zap.Time("termStart", c.termStart))
 	for range c.cfg.Workers {
 		run(func() { wait.UntilWithContext(ctx, c.worker, time.Second) })
 	}
@@ -256,6 +260,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	<-ctx.Done()
 	return nil
 }
+
+// startTerm records when this term's work starts: the caches are synced and no worker runs yet.
+func (c *Controller) startTerm() { c.termStart = c.clock.Now() }
 
 // waitForAPI returns once the apiserver serves KubeletConfigPools, false if ctx ends first. A cluster
 // without the CRD (deploy/crds not applied, the benchmark's) gets one log line, not one per poll.
@@ -448,7 +455,8 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		byName[n.Name] = n
 		views = append(views, c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now))
 	}
-	p := plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views, Now: now})
+	p := plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views, Now: now,
+		TermStart: c.termStart})
 
 	// Assigned: the nodes patched so far. The assignment time is recorded with the first of them, so
 	// that a batch cut short by a failed patch still starts pauseBetweenBatches' clock.

@@ -99,14 +99,27 @@ func assignmentJSON(a v1alpha1.Assignment) string {
 	return string(b)
 }
 
+// node is a Ready Node whose sidecar reported (a status, "{}" unless annotations has one).
 func node(name string, annotations map[string]string, lbls map[string]string) *corev1.Node {
 	if lbls == nil {
 		lbls = map[string]string{"pool": "blue"}
+	}
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	if _, ok := annotations[nodeconfig.StatusAnnotation]; !ok {
+		annotations[nodeconfig.StatusAnnotation] = "{}"
 	}
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name + "-uid"), Labels: lbls, Annotations: annotations},
 		Status:     corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}},
 	}
+}
+
+// unreported is n without a status: its sidecar never reported.
+func unreported(n *corev1.Node) *corev1.Node {
+	delete(n.Annotations, nodeconfig.StatusAnnotation)
+	return n
 }
 
 func TestView(t *testing.T) {
@@ -131,6 +144,13 @@ func TestView(t *testing.T) {
 		moved bool
 	}{
 		{"never assigned", node("a", nil, nil), plan.Node{Name: "a", Ready: true}, false},
+		{"sidecar never reported", unreported(node("a", nil, nil)), plan.Node{Name: "a", Ready: true, NoStatus: true}, false},
+		{"a Windows node", node("a", nil, map[string]string{"pool": "blue", corev1.LabelOSStable: "windows"}),
+			plan.Node{Name: "a", Ready: true, NoSidecar: "kubernetes.io/os is windows"}, false},
+		{"a Linux node", node("a", nil, map[string]string{"pool": "blue", corev1.LabelOSStable: "linux"}),
+			plan.Node{Name: "a", Ready: true}, false},
+		{"sidecar disabled by label", node("a", nil, map[string]string{"pool": "blue", LabelSidecar: "disabled"}),
+			plan.Node{Name: "a", Ready: true, NoSidecar: "labelled dkc.dev/sidecar=disabled"}, false},
 		{"assigned the target by the pool", node("a", map[string]string{
 			nodeconfig.SourceAnnotation:   sourceJSON(target.Source),
 			v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: "blue", Revision: "r2", Time: metav1.Time{Time: t0}}),

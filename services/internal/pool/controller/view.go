@@ -35,6 +35,24 @@ func assignmentOf(n *corev1.Node) (v1alpha1.Assignment, bool) {
 	return a, true
 }
 
+// LabelSidecar set to "disabled" keeps the sidecar DaemonSet off a Node (deploy/base/sidecar.yaml).
+const LabelSidecar = "dkc.dev/sidecar"
+
+// noSidecar says why the sidecar DaemonSet does not run on n, "" when it may: the DaemonSet's own node
+// selection (deploy/base/sidecar.yaml: nodeSelector kubernetes.io/os: linux, and not labelled
+// dkc.dev/sidecar=disabled). A Node without the os label at all (a kubelet always sets it; only Node
+// objects made by hand lack it) is left to the status rule: a node whose sidecar never reported is held
+// too (plan.Node.NoStatus).
+func noSidecar(n *corev1.Node) string {
+	if os, ok := n.Labels[corev1.LabelOSStable]; ok && os != "linux" {
+		return corev1.LabelOSStable + " is " + os
+	}
+	if n.Labels[LabelSidecar] == "disabled" {
+		return "labelled " + LabelSidecar + "=disabled"
+	}
+	return ""
+}
+
 // statusOf reads a Node's dkc.dev/config-status; zero when absent or unreadable (nothing reported).
 func statusOf(n *corev1.Node) corev1.NodeConfigStatus {
 	var st corev1.NodeConfigStatus
@@ -73,7 +91,8 @@ func view(n *corev1.Node, pool *v1alpha1.KubeletConfigPool, target plan.Target, 
 	if err != nil {
 		src = nil
 	}
-	v := plan.Node{Name: n.Name, Status: statusOf(n), Ready: ready(n)}
+	_, reported := n.Annotations[nodeconfig.StatusAnnotation]
+	v := plan.Node{Name: n.Name, Status: statusOf(n), Ready: ready(n), NoSidecar: noSidecar(n), NoStatus: !reported}
 	v.Assigned = target.Revision != "" && names(src, target.Source)
 	if a, ok := assignmentOf(n); ok && a.Pool == pool.Name {
 		assigned := revision.AssignedSource(pool, a)

@@ -66,6 +66,14 @@ type Node struct {
 	// HandAssigned: the pool assigned the node (its v1alpha1.AnnotationAssignment) and its source has
 	// named something else since.
 	HandAssigned bool
+	// NoSidecar says why the dkc sidecar does not run on the node, "" when it may: the DaemonSet's own
+	// node selection leaves it out (not Linux, or labelled dkc.dev/sidecar=disabled). Nothing there
+	// would ever apply an assignment.
+	NoSidecar string
+	// NoStatus: the Node has no dkc.dev/config-status at all, so its sidecar never reported (not
+	// scheduled there, not started yet, never connected), or the annotation was lost. Status is then zero
+	// and says nothing.
+	NoStatus bool
 }
 
 // Input is everything a decision depends on.
@@ -77,6 +85,10 @@ type Input struct {
 	Invalid *Invalid
 	Nodes   []Node
 	Now     time.Time
+	// TermStart is when the current leader's term began (the controller's start as leader). Time before
+	// it, when no leader watched the nodes (dkc-server down, or a status annotation not written because
+	// no replica ran), counts towards no node's nodeTimeout. Zero: unknown, the assignment time alone.
+	TermStart time.Time
 }
 
 // State is where a node stands with the target revision.
@@ -111,6 +123,10 @@ const (
 	// Held
 	ReasonHandAssigned         = "HandAssigned"
 	ReasonSelectedByOtherPools = "SelectedByOtherPools"
+	ReasonNoSidecar            = "NoSidecar" // the sidecar DaemonSet does not run on it
+	// Held when not assigned: its sidecar never reported, so nothing shows it would apply an assignment.
+	// In progress when assigned: not timed out until a status shows where it stands.
+	ReasonNotReported = "NotReported"
 )
 
 // Verdict is one node's state.
@@ -151,7 +167,10 @@ type Plan struct {
 //     and even once the node is gone (deleted, or no longer selected).
 //  2. A node another pool also selects is held, and so is one assigned by hand. A held node whose own
 //     config is not settled (not running what it was assigned, or in its trial, unless it refused it) is
-//     unavailable: it may restart or roll back whoever assigned it.
+//     unavailable: it may restart or roll back whoever assigned it. A node the sidecar DaemonSet does not
+//     run on is held (unless it already proved the target), and so is one whose sidecar never reported a
+//     status and that the pool has not assigned anything: an assignment there would never be applied,
+//     and would only wait out nodeTimeout and halt the pool.
 //  3. A node the pool assigned an earlier revision (the config changed mid-rollout) that has not proven it
 //     yet — not active, not Ready or in its trial — is in progress: it restarts or may roll back, so it
 //     takes a slot, and failed once so for nodeTimeout since that assignment. One that refused it is not
@@ -162,6 +181,10 @@ type Plan struct {
 //  6. A node that runs the target and has it as last-known-good is updated (ready if Ready).
 //  7. Otherwise it is in progress — not active, not Ready, or in its trial — and failed once in progress
 //     for nodeTimeout since its assignment.
+//
+// nodeTimeout counts from the assignment or from the start of the current leader's term, whichever is
+// later (no time when no leader watched counts), and only fails a node that has a status to judge: one
+// whose status annotation is gone stays in progress (NotReported) until a status shows where it stands.
 //
 // Then the pool: halted when the failures counted (recorded under the current spec.retry) reach
 // maxFailures; nothing is assigned while the config is invalid, the pool is halted or paused, or a batch
@@ -204,10 +227,11 @@ func Decide(in Input) Plan {
 	p := Plan{}
 	var requeue []time.Duration
 	var overlaps []string
+	clk := clock{timeout: timeout, termStart: in.TermStart, now: now}
 	for _, n := range nodes {
-		v, failure := judge(n, pool.Name, in.Target, recorded, timeout, spec.Retry, now)
-		if v.State == InProgress && !n.AssignedAt.IsZero() {
-			requeue = append(requeue, n.AssignedAt.Add(timeout).Sub(now))
+		v, failure := judge(n, pool.Name, in.Target, recorded, clk, spec.Retry)
+		if v.State == InProgress && !n.AssignedAt.IsZero() && !n.NoStatus {
+			requeue = append(requeue, later(n.AssignedAt, in.TermStart).Add(timeout).Sub(now))
 		}
 		if failure != nil {
 			st.FailedNodes = append(st.FailedNodes, *failure)
@@ -244,6 +268,9 @@ func Decide(in Input) Plan {
 			st.Nodes.Failed++
 		case Held:
 			st.Nodes.Held++
+			if len(st.HeldNodes) < v1alpha1.MaxHeldNodesListed {
+				st.HeldNodes = append(st.HeldNodes, v1alpha1.HeldNode{Name: v.Name, Reason: v.Reason})
+			}
 		case Pending:
 			if v.Ready {
 				pending = append(pending, v.Name)
@@ -374,8 +401,43 @@ func Decide(in Input) Plan {
 	return p
 }
 
+// clock is what nodeTimeout is judged with.
+type clock struct {
+	timeout   time.Duration
+	termStart time.Time
+	now       time.Time
+}
+
+// later is the later of two times.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// timedOut says whether a node in progress since it was assigned at assignedAt has been so for nodeTimeout,
+// counting only the current term and only when the node has a status (noStatus false) to judge; and, for
+// the failure's message, for how long and from when.
+func (c clock) timedOut(assignedAt time.Time, noStatus bool) (bool, string) {
+	if assignedAt.IsZero() || noStatus {
+		return false, ""
+	}
+	start, since := assignedAt, ""
+	if c.termStart.After(assignedAt) {
+		start = c.termStart
+		since = " (counted from " + c.termStart.UTC().Format(time.RFC3339) + ", when this dkc-server became leader)"
+	}
+	in := c.now.Sub(start)
+	if in < c.timeout {
+		return false, ""
+	}
+	return true, fmt.Sprintf("in progress for %v, past nodeTimeout %v%s", in.Round(time.Second), c.timeout, since)
+}
+
 // judge applies the node rules (Decide's 1–7). It returns the failure to record, if the node failed.
-func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNode, timeout time.Duration, retry int64, now time.Time) (Verdict, *v1alpha1.FailedNode) {
+func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNode, c clock, retry int64) (Verdict, *v1alpha1.FailedNode) {
+	now := c.now
 	v := Verdict{Name: n.Name, Ready: n.Ready}
 	if f, ok := recorded[n.Name]; ok {
 		v.State, v.Reason, v.Detail = Failed, f.Reason, f.Error
@@ -394,14 +456,21 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 			"its source was set by hand after the pool assigned it; remove the annotation "+v1alpha1.AnnotationAssignment+" to give it back"
 		v.Changing = changing(n.Status)
 		return v, nil
+	case n.NoSidecar != "" && !(n.Assigned && proven(n.Status, t.Source)):
+		// Nothing on the node applies an assignment: it keeps what it runs, so it is not changing either.
+		v.State, v.Reason, v.Detail = Held, ReasonNoSidecar, "the dkc sidecar does not run on it: "+n.NoSidecar
+		return v, nil
+	case n.NoStatus && !n.Assigned && n.Revision == "":
+		v.State, v.Reason, v.Detail = Held, ReasonNotReported,
+			"its sidecar has not reported a status ("+nodeconfig.StatusAnnotation+"): assigned once it has"
+		return v, nil
 	case !n.Assigned && n.Revision != "" && n.Revision != t.Revision && !settled(n.Status, n.Source):
 		v.State, v.Reason, v.Detail = InProgress, ReasonPreviousRevision,
 			"the pool assigned it revision "+n.Revision+", not yet proven: "+waitsFor(n, n.Source)
-		if !n.AssignedAt.IsZero() && now.Sub(n.AssignedAt) >= timeout {
+		if out, why := c.timedOut(n.AssignedAt, n.NoStatus); out {
 			// Recorded against the target: the failure must outlive the earlier revision to keep the node
 			// (stuck, maybe restarting) out of the rollout.
-			msg := fmt.Sprintf("in progress for %v, past nodeTimeout %v: %s: %s",
-				now.Sub(n.AssignedAt).Round(time.Second), timeout, v.Reason, v.Detail)
+			msg := fmt.Sprintf("%s: %s: %s", why, v.Reason, v.Detail)
 			v.State, v.Reason, v.Detail = Failed, v1alpha1.FailureTimeout, msg
 			return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: v1alpha1.FailureTimeout, Error: msg,
 				Retry: retry, Time: metav1.Time{Time: now}}
@@ -434,6 +503,9 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 
 	v.State = InProgress
 	switch {
+	case n.NoStatus:
+		v.Reason, v.Detail = ReasonNotReported, "the node has no status ("+nodeconfig.StatusAnnotation+
+			"): its sidecar is not connected, or the annotation was lost; not timed out until it reports"
 	case !sameSource(st.Active, t.Source) && aboutTarget && st.Error != "":
 		v.Reason, v.Detail = ReasonRetrying, st.Error
 	case !sameSource(st.Active, t.Source):
@@ -443,9 +515,8 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 	default:
 		v.Reason, v.Detail = ReasonInTrial, "the node runs it, in its last-known-good trial"
 	}
-	if !n.AssignedAt.IsZero() && now.Sub(n.AssignedAt) >= timeout {
-		return fail(v1alpha1.FailureTimeout, fmt.Sprintf("in progress for %v, past nodeTimeout %v: %s: %s",
-			now.Sub(n.AssignedAt).Round(time.Second), timeout, v.Reason, v.Detail))
+	if out, why := c.timedOut(n.AssignedAt, n.NoStatus); out {
+		return fail(v1alpha1.FailureTimeout, fmt.Sprintf("%s: %s: %s", why, v.Reason, v.Detail))
 	}
 	return v, nil
 }
@@ -457,6 +528,11 @@ func settled(st corev1.NodeConfigStatus, s corev1.ConfigMapNodeConfigSource) boo
 	if sameSource(st.Assigned, s) && st.Error != "" && !retried(nodeconfig.StatusError(st.Error)) {
 		return true
 	}
+	return sameSource(st.Active, s) && sameSource(st.LastKnownGood, s)
+}
+
+// proven says whether a node runs s as its last-known-good.
+func proven(st corev1.NodeConfigStatus, s corev1.ConfigMapNodeConfigSource) bool {
 	return sameSource(st.Active, s) && sameSource(st.LastKnownGood, s)
 }
 

@@ -64,6 +64,10 @@ func since(d time.Duration, n Node) Node  { n.AssignedAt = t0.Add(-d); return n 
 func others(n Node, pools ...string) Node { n.OtherPools = pools; return n }
 func byHand(n Node) Node                  { n.HandAssigned = true; return n }
 func unknownTime(n Node) Node             { n.AssignedAt = time.Time{}; return n }
+func noStatus(n Node) Node                { n.NoStatus, n.Status = true, corev1.NodeConfigStatus{}; return n }
+
+// windows is a node the sidecar DaemonSet does not run on.
+func windows(n Node) Node { n.NoSidecar = "kubernetes.io/os is windows"; return n }
 
 // pool is "blue" at generation 3, rolling out r2 (after r1), with the schema's defaults; mods change it.
 func pool(mods ...func(*v1alpha1.KubeletConfigPool)) *v1alpha1.KubeletConfigPool {
@@ -128,6 +132,8 @@ func TestNodeRules(t *testing.T) {
 		state           State
 		reason          string
 		wantUnavailable bool
+		// leaderFor is how long the current leader has led (0: unknown).
+		leaderFor time.Duration
 	}{
 		{name: "not assigned the revision: pending", node: waiting("n1"), state: Pending, reason: ReasonNotAssigned},
 		{name: "not assigned and not Ready: pending, unavailable", node: notReady(waiting("n1")), state: Pending, reason: ReasonNotAssigned, wantUnavailable: true},
@@ -182,9 +188,31 @@ func TestNodeRules(t *testing.T) {
 			state: Held, reason: ReasonHandAssigned, wantUnavailable: true},
 		{name: "set by hand, refused it: held", node: byHand(Node{Name: "n1", Ready: true, Status: status(on, r1, r1, nodeconfig.ValidateError)}),
 			state: Held, reason: ReasonHandAssigned},
+		{name: "no sidecar runs on it: held", node: windows(waiting("n1")), state: Held, reason: ReasonNoSidecar},
+		{name: "no sidecar, not Ready: held, unavailable", node: notReady(windows(waiting("n1"))), state: Held, reason: ReasonNoSidecar, wantUnavailable: true},
+		{name: "no sidecar, assigned before, never applied it: held, not timed out", node: since(time.Hour, windows(assigned("n1", status(r1, r1, r1, "")))),
+			state: Held, reason: ReasonNoSidecar},
+		{name: "no sidecar any more, proved the revision before: updated", node: windows(updated("n1")), state: Updated, reason: ReasonProven},
+		{name: "sidecar never reported, not assigned: held", node: noStatus(waiting("n1")), state: Held, reason: ReasonNotReported},
+		{name: "status lost, assigned long ago: in progress, not timed out", node: since(2*time.Hour, noStatus(updated("n1"))),
+			state: InProgress, reason: ReasonNotReported, wantUnavailable: true},
+		{name: "status lost, assigned the previous revision long ago: in progress, not timed out", node: since(2*time.Hour, noStatus(onR1("n1", status(r1, r0, r0, "")))),
+			state: InProgress, reason: ReasonPreviousRevision, wantUnavailable: true},
+		{name: "assigned before a leaderless hour, leader for 10m: in progress", node: since(2*time.Hour, inTrial("n1")), leaderFor: 10 * time.Minute,
+			state: InProgress, reason: ReasonInTrial, wantUnavailable: true},
+		{name: "assigned before a leaderless hour, leader for nodeTimeout: failed", node: since(2*time.Hour, assigned("n1", status(r1, r1, r1, ""))), leaderFor: 30 * time.Minute,
+			state: Failed, reason: v1alpha1.FailureTimeout},
+		{name: "assigned 29m into the term, in progress for nodeTimeout: failed", node: since(30*time.Minute, inTrial("n1")), leaderFor: time.Hour,
+			state: Failed, reason: v1alpha1.FailureTimeout},
+		{name: "previous revision before a leaderless hour, leader for 10m: in progress", node: since(2*time.Hour, onR1("n1", status(r1, r0, r0, ""))),
+			leaderFor: 10 * time.Minute, state: InProgress, reason: ReasonPreviousRevision, wantUnavailable: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := Decide(Input{Pool: pool(tc.pool...), Target: r2, Nodes: []Node{tc.node}, Now: t0})
+			in := Input{Pool: pool(tc.pool...), Target: r2, Nodes: []Node{tc.node}, Now: t0}
+			if tc.leaderFor > 0 {
+				in.TermStart = t0.Add(-tc.leaderFor)
+			}
+			p := Decide(in)
 			if len(p.Nodes) != 1 {
 				t.Fatalf("%d verdicts, want 1", len(p.Nodes))
 			}
@@ -229,6 +257,9 @@ func TestPoolRules(t *testing.T) {
 		conds   map[string]string
 		message map[string]string // substrings of condition messages
 		requeue time.Duration
+		// leaderFor is how long the current leader has led (0: unknown).
+		leaderFor time.Duration
+		held      string // status.heldNodes as name:reason, comma-separated
 	}{
 		{name: "maxUnavailable 1: one node at a time, by name",
 			nodes: []Node{waiting("c"), waiting("a"), waiting("b")}, assign: "a", counts: "3/0/0/0/0/0",
@@ -325,13 +356,47 @@ func TestPoolRules(t *testing.T) {
 			nodes: []Node{onR1("a", status(r1, r1, r1, "")), waiting("b")}, assign: "a", counts: "2/0/0/0/0/0"},
 		{name: "a node in progress: look again at its timeout",
 			nodes: []Node{since(29*time.Minute, inTrial("a")), waiting("b")}, assign: "", counts: "2/0/0/1/0/0", requeue: time.Minute},
+		{name: "a pool over nodes without a sidecar only: nothing to do",
+			nodes: []Node{windows(waiting("a")), noStatus(waiting("b"))}, assign: "", counts: "2/0/0/0/0/2",
+			conds: map[string]string{"Updating": "False/NothingToAssign", "Halted": "False/WithinFailureBudget", "Degraded": "False/AsExpected"},
+			held:  "a:NoSidecar,b:NotReported"},
+		{name: "nodes without a sidecar take no slot",
+			nodes: []Node{windows(waiting("a")), noStatus(waiting("b")), waiting("c")}, assign: "c", counts: "3/0/0/0/0/2",
+			held: "a:NoSidecar,b:NotReported"},
+		{name: "a node whose status was lost waits, not timed out, and holds its slot",
+			nodes: []Node{since(2*time.Hour, noStatus(inTrial("a"))), waiting("b")}, assign: "", counts: "2/0/0/1/0/0",
+			conds: map[string]string{"Halted": "False/WithinFailureBudget", "Updating": "True/RollingOut"}},
+		{name: "after a leaderless hour: in progress nodes get nodeTimeout from the leader's start", leaderFor: time.Minute,
+			nodes: []Node{since(2*time.Hour, inTrial("a")), waiting("b")}, assign: "", counts: "2/0/0/1/0/0", requeue: 29 * time.Minute,
+			conds: map[string]string{"Halted": "False/WithinFailureBudget"}},
+		{name: "a leader's nodeTimeout over: failed, the message says from when", leaderFor: 31 * time.Minute,
+			nodes: []Node{since(2*time.Hour, assigned("a", status(on, r1, r1, ""))), waiting("b")}, assign: "", counts: "2/0/0/0/1/0",
+			conds:   map[string]string{"Halted": "True/FailureBudgetExhausted"},
+			message: map[string]string{"Degraded": "node a: Timeout: in progress for 31m0s, past nodeTimeout 30m0s (counted from 2026-11-26T11:29:00Z, when this dkc-server became leader): NotActive"}},
+		{name: "held nodes listed up to the bound", nodes: names(v1alpha1.MaxHeldNodesListed+5, func(n string) Node { return windows(waiting(n)) }),
+			assign: "", counts: fmt.Sprintf("%d/0/0/0/0/%d", v1alpha1.MaxHeldNodesListed+5, v1alpha1.MaxHeldNodesListed+5)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := r2
 			if tc.target != nil {
 				target = *tc.target
 			}
-			p := Decide(Input{Pool: pool(tc.pool...), Target: target, Invalid: tc.invalid, Nodes: tc.nodes, Now: t0})
+			in := Input{Pool: pool(tc.pool...), Target: target, Invalid: tc.invalid, Nodes: tc.nodes, Now: t0}
+			if tc.leaderFor > 0 {
+				in.TermStart = t0.Add(-tc.leaderFor)
+			}
+			p := Decide(in)
+			var held []string
+			for _, h := range p.Status.HeldNodes {
+				held = append(held, h.Name+":"+h.Reason)
+			}
+			if len(held) > v1alpha1.MaxHeldNodesListed {
+				t.Errorf("%d heldNodes, want at most %d", len(held), v1alpha1.MaxHeldNodesListed)
+			}
+			if got := strings.Join(held, ","); tc.held != "" && got != tc.held || tc.held == "" && int(p.Status.Nodes.Held) != len(held) &&
+				len(held) != v1alpha1.MaxHeldNodesListed {
+				t.Errorf("heldNodes %q, want %q (held %d)", got, tc.held, p.Status.Nodes.Held)
+			}
 			if got := strings.Join(p.Assign, ","); got != tc.assign {
 				t.Errorf("assign %q, want %q", got, tc.assign)
 			}

@@ -452,7 +452,9 @@ func (o *Options) rolloutUndoCommand() *cobra.Command {
 		Short: "Roll a pool back to its previous revision (or another kept one)",
 		Long: `undo points the pool's spec.configMap at the snapshot of its previous revision (or of --to-revision;
 kubectl dkc rollout history lists them), which is rolled out like any revision, and follows it. A halted
-pool goes on with it: failures of another revision do not count.
+pool goes on with it: failures of another revision do not count. The snapshot is taken only from where the
+pool records it (else its spec.configMap's namespace), and only if it is the revision's: data that hash to
+the revision, and the UID the pool records.
 
 The pool's spec then names the snapshot, not your ConfigMap: point it back with rollout POOL --configmap
 once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the change in Git instead.`,
@@ -567,7 +569,12 @@ func (o *Options) rolloutHistoryCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "history POOL",
 		Short: "List a pool's kept revisions, newest first",
-		Args:  cobra.ExactArgs(1),
+		Long: `history lists the pool's revision snapshots, newest first, with the current and previous revisions
+marked. It looks only where the pool's snapshots live: the namespace of its spec.configMap and those its
+status.revisionSnapshots records. A snapshot that is not its revision's (its data hash to another revision,
+or its UID is not the one the pool records) is marked REFUSED, with a warning naming what differs: undo
+never takes it, and dkc-server never serves it.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			p, err := o.getPool(ctx, args[0])

@@ -20,8 +20,8 @@ const (
 	// ConditionPaused is True when spec.paused is.
 	ConditionPaused = "Paused"
 	// ConditionConfigInvalid is True when the pool's config cannot be rolled out at all (the ConfigMap or
-	// its key is missing, its namespace is not one dkc-server reads, or the kubelet's own validation
-	// refuses it): caught before any node is touched.
+	// its key is missing, its namespace is not one dkc-server reads, the kubelet's own validation refuses
+	// it, or an object the pool did not create holds its snapshot's name): caught before any node is touched.
 	ConditionConfigInvalid = "ConfigInvalid"
 )
 
@@ -63,7 +63,9 @@ const (
 	ReasonKeyNotFound         = "KeyNotFound"
 	ReasonNamespaceNotAllowed = "NamespaceNotAllowed"
 	ReasonValidationFailed    = "ValidationFailed"
-	ReasonConfigValid         = "ConfigValid"
+	// An object with the snapshot's name that the pool did not create, or whose data is not its revision's.
+	ReasonSnapshotMismatch = "SnapshotMismatch"
+	ReasonConfigValid      = "ConfigValid"
 )
 
 // Why a node failed a revision (FailedNode.Reason).

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -202,6 +203,51 @@ type KubeletConfigPoolStatus struct {
 	// start of pauseBetweenBatches.
 	// +optional
 	BatchCompletionTime *metav1.Time `json:"batchCompletionTime,omitempty"`
+
+	// revisionSnapshots are the revision snapshots the pool's controller created, with their UIDs: the
+	// controller assigns a revision, and dkc-server serves its snapshot, only as recorded here. Absent in a
+	// status written by a dkc that did not record them: the controller then adopts, once, the snapshots
+	// whose data hash to their revision (docs/pools.md, "Revision snapshots").
+	// +optional
+	RevisionSnapshots *RevisionSnapshots `json:"revisionSnapshots,omitempty"`
+}
+
+// RevisionSnapshots are the snapshots a pool's controller created. It is a pointer in the status, so that
+// a pool that records none (yet) is told from one whose status predates the record.
+type RevisionSnapshots struct {
+	// items, one per revision kept.
+	// +listType=map
+	// +listMapKey=revision
+	// +optional
+	Items []RevisionSnapshot `json:"items,omitempty"`
+}
+
+// RevisionSnapshot is one snapshot ConfigMap as the controller created it.
+type RevisionSnapshot struct {
+	// revision the snapshot freezes: the hash of its namespace, kubeletConfigKey and data.
+	Revision string `json:"revision"`
+	// namespace of the snapshot ConfigMap.
+	Namespace string `json:"namespace"`
+	// name of the snapshot ConfigMap: <pool>-<revision>.
+	Name string `json:"name"`
+	// uid of the snapshot ConfigMap the controller created: an object of that name with another UID was
+	// created by someone else, or deleted and created again.
+	UID types.UID `json:"uid"`
+	// kubeletConfigKey the revision was hashed with.
+	KubeletConfigKey string `json:"kubeletConfigKey"`
+}
+
+// Snapshot returns the record of revision's snapshot; false if there is none.
+func (r *RevisionSnapshots) Snapshot(revision string) (RevisionSnapshot, bool) {
+	if r == nil {
+		return RevisionSnapshot{}, false
+	}
+	for _, s := range r.Items {
+		if s.Revision == revision {
+			return s, true
+		}
+	}
+	return RevisionSnapshot{}, false
 }
 
 // NodeCounts counts the selected nodes. Every selected node is in exactly one of updated, inProgress,

@@ -502,7 +502,9 @@ func (o *Options) rolloutUndoCommand() *cobra.Command {
 		Short: "Roll a pool back to its previous revision (or another kept one)",
 		Long: `undo points the pool's spec.configMap at the snapshot of its previous revision (or of --to-revision;
 kubectl dkc rollout history lists them), which is rolled out like any revision, and follows it. A halted
-pool goes on with it: failures of another revision do not count.
+pool goes on with it: failures of another revision do not count. The snapshot is taken only from where the
+pool records it (else its spec.configMap's namespace), and only if it is the revision's: data that hash to
+the revision, and the UID the pool records.
 
 The pool's spec then names the snapshot, not your ConfigMap: point it back with rollout POOL --configmap
 once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the change in Git instead.`,
@@ -549,50 +551,98 @@ once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the ch
 	return cmd
 }
 
-// snapshot finds the snapshot ConfigMap of the pool's revision: in the pool's namespace (the one operator's
-// rights usually cover), else in whichever namespace it was taken.
+// snapshot finds the snapshot ConfigMap of the pool's revision where the pool's snapshots live
+// (snapshotNamespaces: the namespace its status records for the revision, else its ConfigMap's), and
+// refuses one that is not the revision's (checkSnapshot).
 func (o *Options) snapshot(ctx context.Context, pool *v1alpha1.KubeletConfigPool, rev string) (*corev1.ConfigMap, error) {
 	name := v1alpha1.SnapshotName(pool.Name, rev)
-	cm, err := o.client.CoreV1().ConfigMaps(pool.Spec.ConfigMap.Namespace).Get(ctx, name, metav1.GetOptions{})
-	if err == nil && cm.Labels[v1alpha1.LabelRevision] == rev {
-		return cm, nil
+	ns := pool.Spec.ConfigMap.Namespace
+	if r, ok := pool.Status.RevisionSnapshots.Snapshot(rev); ok {
+		ns = r.Namespace
 	}
-	if err != nil && !apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("configmap %s/%s: %w", pool.Spec.ConfigMap.Namespace, name, err)
+	cm, err := o.client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("kubeletconfigpool %s has no revision %s in namespace %s (kubectl dkc rollout history %s lists those kept)",
+			pool.Name, rev, ns, pool.Name)
+	case err != nil:
+		return nil, fmt.Errorf("configmap %s/%s: %w", ns, name, err)
 	}
-	return o.findSnapshot(ctx, pool.Name, rev)
+	if err := checkSnapshot(pool, cm, rev); err != nil {
+		return nil, err
+	}
+	return cm, nil
 }
 
-func (o *Options) findSnapshot(ctx context.Context, pool, rev string) (*corev1.ConfigMap, error) {
-	list, err := o.client.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		LabelSelector: v1alpha1.LabelPool + "=" + pool + "," + v1alpha1.LabelRevision + "=" + rev})
-	if err != nil {
-		return nil, fmt.Errorf("list the revisions of kubeletconfigpool %s: %w", pool, err)
-	}
-	for i := range list.Items {
-		if cm := &list.Items[i]; cm.Name == v1alpha1.SnapshotName(pool, rev) {
-			return cm, nil
+// snapshotNamespaces are where a pool's snapshots live: its ConfigMap's namespace, and every namespace
+// its status records a snapshot in (its spec named another one before). No other namespace is searched:
+// a ConfigMap elsewhere that carries the pool's labels is not one of its revisions.
+func snapshotNamespaces(p *v1alpha1.KubeletConfigPool) []string {
+	out := []string{p.Spec.ConfigMap.Namespace}
+	if rec := p.Status.RevisionSnapshots; rec != nil {
+		for _, r := range rec.Items {
+			if !slices.Contains(out, r.Namespace) {
+				out = append(out, r.Namespace)
+			}
 		}
 	}
-	return nil, fmt.Errorf("kubeletconfigpool %s has no revision %s (kubectl dkc rollout history %s lists those kept)", pool, rev, pool)
+	return out
+}
+
+// checkSnapshot refuses cm as the pool's revision rev when it is not the revision's snapshot: named for
+// another revision, data that do not hash to rev (with the key the pool recorded, or its spec's), or a UID
+// other than the one the pool records — what dkc-server refuses to serve too.
+func checkSnapshot(p *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap, rev string) error {
+	refuse := func(why string) error {
+		return fmt.Errorf("configmap %s/%s (UID %s) is not revision %s of kubeletconfigpool %s: %s",
+			cm.Namespace, cm.Name, cm.UID, rev, p.Name, why)
+	}
+	if cm.Name != v1alpha1.SnapshotName(p.Name, rev) || cm.Labels[v1alpha1.LabelRevision] != rev {
+		return refuse(fmt.Sprintf("it is labelled revision %q", cm.Labels[v1alpha1.LabelRevision]))
+	}
+	key := p.Spec.ConfigMap.KubeletConfigKey
+	r, recorded := p.Status.RevisionSnapshots.Snapshot(rev)
+	if recorded {
+		key = r.KubeletConfigKey
+		if r.Namespace != cm.Namespace || r.UID != cm.UID {
+			return refuse(fmt.Sprintf("the pool records %s/%s with UID %s: created by someone else, or deleted and created again",
+				r.Namespace, r.Name, r.UID))
+		}
+	}
+	if got := v1alpha1.RevisionName(cm.Namespace, key, cm.Data); got != rev {
+		return refuse(fmt.Sprintf("its data is revision %s", got))
+	}
+	return nil
 }
 
 func (o *Options) rolloutHistoryCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "history POOL",
 		Short: "List a pool's kept revisions, newest first",
-		Args:  cobra.ExactArgs(1),
+		Long: `history lists the pool's revision snapshots, newest first, with the current and previous revisions
+marked. It looks only where the pool's snapshots live: the namespace of its spec.configMap and those its
+status.revisionSnapshots records. A snapshot that is not its revision's (its data hash to another revision,
+or its UID is not the one the pool records) is marked REFUSED, with a warning naming what differs: undo
+never takes it, and dkc-server never serves it.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			p, err := o.getPool(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			list, err := o.client.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + p.Name})
-			if err != nil {
-				return fmt.Errorf("list the revisions of kubeletconfigpool %s: %w", p.Name, err)
+			var revs []corev1.ConfigMap
+			for _, ns := range snapshotNamespaces(p) {
+				list, err := o.client.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + p.Name})
+				if err != nil {
+					return fmt.Errorf("list the revisions of kubeletconfigpool %s in namespace %s: %w", p.Name, ns, err)
+				}
+				for _, cm := range list.Items {
+					if cm.Labels[v1alpha1.LabelRevision] != "" { // not the pool's own ConfigMap, labelled by its user
+						revs = append(revs, cm)
+					}
+				}
 			}
-			revs := list.Items
 			sort.Slice(revs, func(i, j int) bool { return revs[j].CreationTimestamp.Before(&revs[i].CreationTimestamp) })
 			w := tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "REVISION\tSNAPSHOT\tCREATED\tSTATE")
@@ -604,6 +654,11 @@ func (o *Options) rolloutHistoryCommand() *cobra.Command {
 					state = "current"
 				case p.Status.PreviousRevision:
 					state = "previous"
+				}
+				if err := checkSnapshot(p, &cm, rev); err != nil {
+					// Listed, so that the operator finds it, and never offered for undo.
+					state = "REFUSED"
+					fmt.Fprintf(o.io.ErrOut, "warning: %v\n", err)
 				}
 				fmt.Fprintf(w, "%s\t%s/%s\t%s\t%s\n", rev, cm.Namespace, cm.Name, duration.HumanDuration(time.Since(cm.CreationTimestamp.Time))+" ago", state)
 			}

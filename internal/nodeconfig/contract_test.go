@@ -36,6 +36,7 @@ func TestContractStrings(t *testing.T) {
 		{"verify timeout error", nodeconfig.VerifyTimeoutError, "failed to verify config, the kubelet did not answer /configz, will retry, see dkc-sidecar log for details"},
 		{"unsupported kubelet", nodeconfig.UnsupportedKubeletError, "unsupported kubelet version, see dkc-sidecar log for details"},
 		{"namespace not allowed", nodeconfig.NamespaceNotAllowedError, "failed to sync: config namespace not allowed, see dkc-server log for details"},
+		{"snapshot mismatch", nodeconfig.SnapshotMismatchError, "failed to sync: revision snapshot does not match its revision, see dkc-server log for details"},
 		{"too large", nodeconfig.TooLargeError(1024, 2), "failed to sync: config too large: a node takes at most 1024 files and 2 MiB of file names and contents"},
 		{"reason using current", nodeconfig.ReasonUsingCurrent, "UsingCurrent"},
 		{"reason using last-known-good", nodeconfig.ReasonUsingLastKnownGood, "UsingLastKnownGood"},

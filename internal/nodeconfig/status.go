@@ -33,6 +33,11 @@ const (
 	// ConfigMap anywhere. dkc-server reads ConfigMaps with its own identity, so it keeps to namespaces where
 	// it is granted that read, and its log says which namespace was refused.
 	NamespaceNotAllowedError StatusError = SyncErrorPrefix + "config namespace not allowed, see dkc-server log for details"
+	// SnapshotMismatchError (dkc): the source names a KubeletConfigPool's revision snapshot that is not the
+	// one its pool created: its data are not its revision's, or its UID is not the one the pool records
+	// (pre-created, or deleted and created again). The node keeps its config; dkc-server's log names the
+	// ConfigMap, its UID and what differs.
+	SnapshotMismatchError StatusError = SyncErrorPrefix + "revision snapshot does not match its revision, see dkc-server log for details"
 	// SyncInternalError: syncing failed for a reason that is nobody's config (a write, a bug).
 	SyncInternalError StatusError = SyncErrorPrefix + InternalError
 	// PayloadError: the service sent a payload the node refuses to write (bad hash, names, sizes).

@@ -22,9 +22,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 	"github.com/dkc-dev/dkc/services/internal/configmaps"
+	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
 )
 
@@ -36,6 +38,15 @@ type ConfigMaps interface {
 	// Run watches the tracked ConfigMaps until ctx ends; Watched is how many watches it holds.
 	Run(ctx context.Context) error
 	Watched() int
+}
+
+// Snapshots is what the controller needs of the pools' records of their revision snapshots
+// (records.Records).
+type Snapshots interface {
+	// Recorded returns the snapshots pool records; nil when the pool does not exist or records none.
+	Recorded(pool string) *v1alpha1.RevisionSnapshots
+	// Run keeps the records until ctx ends.
+	Run(ctx context.Context) error
 }
 
 // Controller resolves Nodes into the assignment table.
@@ -50,6 +61,7 @@ type Controller struct {
 	shared      *shared           // the resolved ConfigMap versions nodes are on
 	forget      func(node string) // drops what others hold of a deleted Node
 	pacer       Pacer             // nil: direct config changes are not paced
+	snapshots   Snapshots         // nil: snapshots are checked against their data only
 }
 
 // Config of a Controller.
@@ -72,6 +84,9 @@ type Config struct {
 	// Pacer, if not nil, bounds the nodes changing to a new direct config version at once; it is built
 	// with a wake function, which the controller gives through Wake.
 	Pacer Pacer
+	// Snapshots, if not nil, builds the pools' snapshot records, which call onChange with the key of a
+	// snapshot whose record changed. Without them a pool's snapshot is checked against its data only.
+	Snapshots func(onChange func(key string)) Snapshots
 }
 
 // New wires the controller to its Node informer and builds its ConfigMap tracker.
@@ -90,6 +105,9 @@ func New(cfg Config) *Controller {
 		pacer:  cfg.Pacer,
 	}
 	c.cms = cfg.ConfigMaps(c.onConfigMapChange)
+	if cfg.Snapshots != nil {
+		c.snapshots = cfg.Snapshots(c.onConfigMapChange)
+	}
 	_, _ = cfg.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: c.enqueue,
 		UpdateFunc: func(oldObj, newObj any) {
@@ -144,6 +162,11 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	defer c.queue.ShutDown()
 	trackerDone := make(chan error, 1)
 	go func() { trackerDone <- c.cms.Run(ctx) }()
+	if c.snapshots != nil {
+		// Not waited for: a cluster without the pool API never lists pools, and a snapshot resolved before
+		// the records are listed is checked against its data, then again once they are (onChange).
+		go func() { _ = c.snapshots.Run(ctx) }()
+	}
 	if !cache.WaitForNamedCacheSync("nodes", ctx.Done(), c.nodesSynced) {
 		return errors.Join(ctx.Err(), <-trackerDone)
 	}
@@ -254,6 +277,16 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		}
 		return nil
 	}
+	if err := c.checkSnapshot(ref, cm); err != nil {
+		if c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SnapshotMismatchError) {
+			var m *revision.Mismatch
+			errors.As(err, &m)
+			c.log.Warn("revision snapshot does not match its revision; node keeps its config", zap.String("node", name),
+				zap.String("configmap", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
+				zap.String("kubeletConfigKey", ref.KubeletConfigKey), zap.String("detail", m.Detail))
+		}
+		return nil
+	}
 	a, err := c.shared.resolve(ref, cm)
 	if err != nil {
 		c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SyncInternalError)
@@ -298,3 +331,21 @@ func sameExceptVersion(a, b assignment.State) bool {
 
 // ResolvedConfigs is the number of ConfigMap versions held resolved.
 func (c *Controller) ResolvedConfigs() int { return c.shared.size() }
+
+// checkSnapshot refuses a ConfigMap that claims to be a KubeletConfigPool's revision snapshot and is not
+// the one the pool created (revision.Verify): its data must be its revision's, and its UID the one the
+// pool records. A node is never sent it. The data's hash is computed once per ConfigMap version and
+// record, not once per node.
+func (c *Controller) checkSnapshot(ref *corev1.ConfigMapNodeConfigSource, cm *corev1.ConfigMap) error {
+	pool, rev, ok := revision.Claim(cm)
+	if !ok {
+		return nil
+	}
+	var rec *v1alpha1.RevisionSnapshots
+	if c.snapshots != nil {
+		rec = c.snapshots.Recorded(pool)
+	}
+	r, _ := rec.Snapshot(rev)
+	memo := string(cm.UID) + "/" + cm.ResourceVersion + "/" + r.Namespace + "/" + r.Name + "/" + string(r.UID) + "/" + r.KubeletConfigKey
+	return c.shared.check(ref, memo, func() error { return revision.Verify(cm, pool, rev, ref.KubeletConfigKey, rec) })
+}

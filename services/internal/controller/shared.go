@@ -24,6 +24,9 @@ type shared struct {
 type sharedEntry struct {
 	assignment *dkcv1.Assignment // nil until resolved, and again once the ConfigMap is gone
 	nodes      int
+	// checked is what the snapshot check last ran on (ConfigMap version and pool record), checkErr its result.
+	checked  string
+	checkErr error
 }
 
 func newShared() *shared {
@@ -86,6 +89,25 @@ func (s *shared) resolve(ref *corev1.ConfigMapNodeConfigSource, cm *corev1.Confi
 		e.assignment = a
 	}
 	return a, nil
+}
+
+// check returns verify's result, run once per memo (what the result depends on) while a node uses the
+// source; a source no node uses is checked every time.
+func (s *shared) check(ref *corev1.ConfigMapNodeConfigSource, memo string, verify func() error) error {
+	s.mu.Lock()
+	if e := s.byKey[sourceKey(ref)]; e != nil && e.checked == memo {
+		err := e.checkErr
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Unlock()
+	err := verify()
+	s.mu.Lock()
+	if e := s.byKey[sourceKey(ref)]; e != nil {
+		e.checked, e.checkErr = memo, err
+	}
+	s.mu.Unlock()
+	return err
 }
 
 // gone drops the resolved data of a source whose ConfigMap no longer exists; the nodes naming it still count.

@@ -57,6 +57,7 @@ import (
 	"github.com/dkc-dev/dkc/services/internal/nodestatus"
 	"github.com/dkc-dev/dkc/services/internal/pacing"
 	poolcontroller "github.com/dkc-dev/dkc/services/internal/pool/controller"
+	"github.com/dkc-dev/dkc/services/internal/pool/records"
 	"github.com/dkc-dev/dkc/services/internal/queuemetrics"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
 	"github.com/dkc-dev/dkc/services/internal/rpc"
@@ -155,6 +156,11 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	queueMetrics := queuemetrics.New(s.reg)
 	pending := nodestatus.NewPending(queueMetrics, nil)
 	table := assignment.NewTable(pending.Add)
+	// Every replica serves pools' revision snapshots, so every replica reads what the pools record of them.
+	poolRecords, err := poolcontroller.NewPools(restCfg)
+	if err != nil {
+		return nil, err
+	}
 	// A deleted Node leaves the table, the ConfigMap tracker and the resolved configs in the controller; its
 	// status report goes through the status queue.
 	// The pacer wakes waiting nodes through the controller, which asks it about each node it resolves.
@@ -163,6 +169,9 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	s.ctrl = controller.New(controller.Config{Log: log.Named("controller"), Nodes: nodeInformer, Table: table, Namespaces: s.namespaces,
 		ConfigMaps: func(onChange func(key string)) controller.ConfigMaps {
 			return configmaps.New(configmaps.Config{Log: log.Named("configmaps"), Client: client, Namespaces: s.namespaces, OnChange: onChange})
+		},
+		Snapshots: func(onChange func(key string)) controller.Snapshots {
+			return records.New(records.Config{Log: log.Named("records"), Pools: poolRecords, OnChange: onChange})
 		},
 		Forget: pending.Add, QueueMetrics: queueMetrics, Pacer: s.pacer})
 	// The writer writes unprompted (sync errors, retries) only for nodes streaming from this replica: a

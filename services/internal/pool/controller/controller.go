@@ -123,6 +123,9 @@ type Controller struct {
 	// under its name may need one again while the snapshot cache still shows it, and ensureSnapshot must
 	// not take that for the snapshot existing.
 	deleted map[string]bool
+	// created are the snapshots ("namespace/name") this controller created this term and did not store in
+	// their pool's record yet, with their UIDs: a record write that failed must not make it refuse its own.
+	created map[string]types.UID
 	// kubelets checks configs with the kubelet's code (nil: not checked here).
 	kubelets *kubeletChecks
 	// termStart is when this term's workers started (set before they do, read-only after): no node's
@@ -149,7 +152,7 @@ func New(cfg Config) *Controller {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
-		deleted:  map[string]bool{},
+		deleted: map[string]bool{}, created: map[string]types.UID{},
 		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log),
 	}
 	// ToListWatcherWithWatchListSemantics lets a Pools that cannot stream a watch list (a test's fake)
@@ -433,9 +436,11 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 			}
 		}
 		if invalid == nil {
-			if err := c.ensureSnapshot(ctx, snap); err != nil {
+			if pool, invalid, err = c.ensureSnapshot(ctx, pool, ref.KubeletConfigKey, rev, snap); err != nil {
 				return 0, err
 			}
+		}
+		if invalid == nil {
 			target = plan.Target{Revision: rev, Source: revision.Source(pool, rev)}
 		}
 	}
@@ -486,6 +491,7 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		assigned = append(assigned, node)
 	}
 	c.assignedEvent(pool, target, assigned)
+	p.Status.RevisionSnapshots = c.keptSnapshots(pool.Status.RevisionSnapshots, p.Status)
 	c.cfg.Metrics.observe(pool.Name, p.Status)
 	if !apiequality.Semantic.DeepEqual(pool.Status, p.Status) {
 		up := pool.DeepCopy()
@@ -640,32 +646,6 @@ func (c *Controller) assign(ctx context.Context, n *corev1.Node, src corev1.Conf
 	}
 	if _, err := c.cfg.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
 		return fmt.Errorf("assign node %s revision %s of pool %s: %w", n.Name, a.Revision, a.Pool, err)
-	}
-	return nil
-}
-
-// ensureSnapshot creates the revision's immutable snapshot unless it exists. One that exists is used as
-// it is (left by an earlier pool of the same name, still used by a node): its name is its content.
-func (c *Controller) ensureSnapshot(ctx context.Context, snap *corev1.ConfigMap) error {
-	key := snap.Namespace + "/" + snap.Name
-	c.mu.Lock()
-	deleted := c.deleted[key]
-	c.mu.Unlock()
-	if inf, ok := c.snapshots[snap.Namespace]; ok && !deleted {
-		if _, exists, _ := inf.GetStore().GetByKey(key); exists {
-			return nil
-		}
-	}
-	_, err := c.cfg.Client.CoreV1().ConfigMaps(snap.Namespace).Create(ctx, snap, metav1.CreateOptions{FieldManager: FieldManager})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create snapshot configmap %s/%s: %w", snap.Namespace, snap.Name, err)
-	}
-	// It exists again: from here the cache answers, once it has caught up.
-	c.mu.Lock()
-	delete(c.deleted, key)
-	c.mu.Unlock()
-	if err == nil {
-		c.log.Info("created revision", zap.String("pool", snap.Labels[v1alpha1.LabelPool]), zap.String("revision", snap.Labels[v1alpha1.LabelRevision]))
 	}
 	return nil
 }

@@ -397,6 +397,7 @@ func TestInvalidConfigTouchesNoNode(t *testing.T) {
 func TestUnchangedStatusIsNotWritten(t *testing.T) {
 	pool := testPool()
 	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}))
+	h.recordedSnapshot(t, pool, configMap(map[string]string{"kubelet": goodConfig}))
 	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
 		t.Fatal(err)
 	}
@@ -654,6 +655,7 @@ func TestSweepQueuesDeletedPools(t *testing.T) {
 func TestAssignmentTimeSurvivesAFailedStatusWrite(t *testing.T) {
 	pool := testPool()
 	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil), node("b", nil, nil))
+	h.recordedSnapshot(t, pool, configMap(map[string]string{"kubelet": goodConfig}))
 	h.pools.statusErrs = []error{apierrors.NewConflict(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.Resource}, "blue", nil)}
 	assignedAt := h.clock.Now()
 	if _, err := h.c.sync(context.Background(), "blue"); !apierrors.IsConflict(err) {

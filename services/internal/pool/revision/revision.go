@@ -8,6 +8,7 @@
 package revision
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -110,4 +111,85 @@ func Prune(kept []Kept, current, previous string, inUse map[string]bool, limit i
 		}
 	}
 	return drop
+}
+
+// Claim returns the pool and revision cm is a snapshot of, if it claims to be one: by its labels
+// (dkc.dev/pool and dkc.dev/revision), or else by a name of the form <pool>-<revision>, which Verify
+// checks against the pool's record only. An object deleted and created again without the labels still
+// takes the place of the snapshot a node's source names.
+func Claim(cm *corev1.ConfigMap) (pool, rev string, ok bool) {
+	if labelled(cm) {
+		return cm.Labels[v1alpha1.LabelPool], cm.Labels[v1alpha1.LabelRevision], true
+	}
+	i := strings.LastIndexByte(cm.Name, '-')
+	if i <= 0 || len(cm.Name)-i-1 != NameLength {
+		return "", "", false
+	}
+	return cm.Name[:i], cm.Name[i+1:], true
+}
+
+func labelled(cm *corev1.ConfigMap) bool {
+	return cm.Labels[v1alpha1.LabelPool] != "" && cm.Labels[v1alpha1.LabelRevision] != ""
+}
+
+// Mismatch is a snapshot that must not be used as its revision; Detail says what differs, for a log
+// line or a pool condition.
+type Mismatch struct {
+	Namespace, Name string
+	UID             string
+	Detail          string
+}
+
+func (m *Mismatch) Error() string {
+	return fmt.Sprintf("configmap %s/%s (UID %s): %s", m.Namespace, m.Name, m.UID, m.Detail)
+}
+
+// Verify says whether cm may be used as pool's revision rev (Claim's result), with kubeletConfigKey key
+// (the one a node's source names, or the pool's): nil if it may, a *Mismatch if not. rec is what the pool
+// records (nil: the pool is gone, or its status predates the record).
+//
+//   - A labelled snapshot must be named for its pool and revision and its data must hash to the revision,
+//     with key or with the key the pool recorded for it: its content is then the revision's, byte for byte.
+//   - When the pool records the revision, the object must be the one recorded: same namespace and UID.
+//     An object of that name with another UID was created by someone else, or deleted and created again.
+//
+// A ConfigMap that only its name makes look like a snapshot, of a revision the pool does not record in its
+// namespace, is not one: it may be used.
+func Verify(cm *corev1.ConfigMap, pool, rev, key string, rec *v1alpha1.RevisionSnapshots) error {
+	mismatch := func(format string, args ...any) error {
+		return &Mismatch{Namespace: cm.Namespace, Name: cm.Name, UID: string(cm.UID), Detail: fmt.Sprintf(format, args...)}
+	}
+	r, recorded := rec.Snapshot(rev)
+	recorded = recorded && r.Namespace == cm.Namespace && r.Name == cm.Name
+	if !labelled(cm) && !recorded {
+		return nil
+	}
+	if want := SnapshotName(pool, rev); cm.Name != want {
+		return mismatch("labelled pool %q revision %q, whose snapshot is named %s", pool, rev, want)
+	}
+	if recorded && r.UID != cm.UID {
+		return mismatch("not the snapshot pool %s created for revision %s (UID %s): created by someone else, or deleted and created again",
+			pool, rev, r.UID)
+	}
+	if got, ok := hashesTo(cm, rev, key, r.KubeletConfigKey); !ok {
+		return mismatch("its data is revision %s, not %s: not the content the revision names", got, rev)
+	}
+	return nil
+}
+
+// hashesTo says whether cm's data is revision rev with one of keys; got is its revision with the first.
+func hashesTo(cm *corev1.ConfigMap, rev string, keys ...string) (got string, ok bool) {
+	for i, k := range keys {
+		if k == "" || (i > 0 && k == keys[0]) {
+			continue
+		}
+		h := Name(cm.Namespace, k, cm.Data)
+		if h == rev {
+			return h, true
+		}
+		if got == "" {
+			got = h
+		}
+	}
+	return got, false
 }

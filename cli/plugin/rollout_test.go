@@ -1,0 +1,74 @@
+package plugin
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+)
+
+// TestSnapshotForUndo: undo takes a pool's revision only where the pool's snapshots live and only when it
+// is the revision's snapshot. (Before, a ConfigMap of the snapshot's labels in any namespace was taken, and
+// its data never checked.)
+func TestSnapshotForUndo(t *testing.T) {
+	data := map[string]string{"kubelet": "kind: KubeletConfiguration\n"}
+	rev := v1alpha1.RevisionName("kube-system", "kubelet", data)
+	moved := v1alpha1.RevisionName("configs", "kubelet", data)
+	snap := func(ns, rev string, uid types.UID, data map[string]string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.SnapshotName("blue", rev), UID: uid,
+			Labels: map[string]string{v1alpha1.LabelPool: "blue", v1alpha1.LabelRevision: rev}}, Data: data}
+	}
+	pool := func(rec ...v1alpha1.RevisionSnapshot) *v1alpha1.KubeletConfigPool {
+		p := &v1alpha1.KubeletConfigPool{ObjectMeta: metav1.ObjectMeta{Name: "blue"}, Spec: v1alpha1.KubeletConfigPoolSpec{
+			ConfigMap: v1alpha1.ConfigMapReference{Namespace: "kube-system", Name: "blue-config", KubeletConfigKey: "kubelet"}}}
+		if rec != nil {
+			p.Status.RevisionSnapshots = &v1alpha1.RevisionSnapshots{Items: rec}
+		}
+		return p
+	}
+	recorded := func(ns, rev string, uid types.UID) v1alpha1.RevisionSnapshot {
+		return v1alpha1.RevisionSnapshot{Revision: rev, Namespace: ns, Name: v1alpha1.SnapshotName("blue", rev), UID: uid, KubeletConfigKey: "kubelet"}
+	}
+	evil := map[string]string{"kubelet": "kind: KubeletConfiguration\nstaticPodPath: /x\n"}
+	for _, tc := range []struct {
+		name    string
+		pool    *v1alpha1.KubeletConfigPool
+		objects []*corev1.ConfigMap
+		rev     string
+		want    string // "" found; else a part of the error
+	}{
+		{name: "in the pool's namespace", pool: pool(), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u1", data)}, rev: rev},
+		{name: "recorded", pool: pool(recorded("kube-system", rev, "u1")), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u1", data)}, rev: rev},
+		{name: "recorded in the namespace the spec named before", pool: pool(recorded("configs", moved, "u1")),
+			objects: []*corev1.ConfigMap{snap("configs", moved, "u1", data)}, rev: moved},
+		{name: "elsewhere, not recorded: not searched", pool: pool(), objects: []*corev1.ConfigMap{snap("default", moved, "u1", data)}, rev: moved,
+			want: "has no revision " + moved + " in namespace kube-system"},
+		{name: "other data", pool: pool(), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u2", evil)}, rev: rev,
+			want: "(UID u2) is not revision " + rev + " of kubeletconfigpool blue: its data is revision"},
+		{name: "created again", pool: pool(recorded("kube-system", rev, "u1")), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u2", data)}, rev: rev,
+			want: "the pool records kube-system/blue-" + rev + " with UID u1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			for _, cm := range tc.objects {
+				if _, err := client.CoreV1().ConfigMaps(cm.Namespace).Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			o := &Options{client: client}
+			got, err := o.snapshot(context.Background(), tc.pool, tc.rev)
+			switch {
+			case tc.want == "" && (err != nil || got == nil):
+				t.Fatalf("snapshot: %v, want it found", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("snapshot: %v, want an error saying %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,156 @@
+// Package records keeps, on every dkc-server replica, what each KubeletConfigPool's status records of the
+// revision snapshots its controller created (status.revisionSnapshots): the service serves a pool's
+// snapshot only with the UID recorded there (docs/security.md, "Revision snapshots"). The pool controller
+// runs on the leader only; every replica serves nodes, so each watches the pools itself.
+package records
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+)
+
+// Pools is what Records calls on KubeletConfigPools, each method one request of the same name (the pool
+// controller's client).
+type Pools interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// Config of Records.
+type Config struct {
+	Log   *zap.Logger
+	Pools Pools
+	// OnChange is called with the key ("namespace/name") of each snapshot whose record a pool adds,
+	// changes or drops: the nodes whose source names it are resolved again.
+	OnChange func(key string)
+	// PollInterval is how often Run looks for the KubeletConfigPool API while it is not installed;
+	// default 30s.
+	PollInterval time.Duration
+}
+
+// Records is the pools' snapshot records, from a KubeletConfigPool informer.
+type Records struct {
+	cfg      Config
+	informer cache.SharedIndexInformer
+}
+
+// New builds Records; they are empty until Run has listed the pools.
+func New(cfg Config) *Records {
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 30 * time.Second
+	}
+	if cfg.OnChange == nil {
+		cfg.OnChange = func(string) {}
+	}
+	r := &Records{cfg: cfg}
+	r.informer = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return cfg.Pools.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cfg.Pools.Watch(ctx, o)
+		},
+	}, cfg.Pools), &v1alpha1.KubeletConfigPool{}, 0, cache.Indexers{})
+	// Only the record is read: the rest of a pool (its conditions, failed nodes) is not kept.
+	_ = r.informer.SetTransform(func(obj any) (any, error) {
+		p, ok := obj.(*v1alpha1.KubeletConfigPool)
+		if !ok {
+			return obj, nil
+		}
+		return &v1alpha1.KubeletConfigPool{
+			ObjectMeta: metav1.ObjectMeta{Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion},
+			Status:     v1alpha1.KubeletConfigPoolStatus{RevisionSnapshots: p.Status.RevisionSnapshots},
+		}, nil
+	})
+	_, _ = r.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { r.changed(nil, obj) },
+		UpdateFunc: r.changed,
+		DeleteFunc: func(obj any) { r.changed(obj, nil) },
+	})
+	return r
+}
+
+// Recorded returns the snapshots pool records: nil when the pool does not exist (or is not listed yet),
+// or its status predates the record.
+func (r *Records) Recorded(pool string) *v1alpha1.RevisionSnapshots {
+	obj, exists, err := r.informer.GetStore().GetByKey(pool)
+	if err != nil || !exists {
+		return nil
+	}
+	p, ok := obj.(*v1alpha1.KubeletConfigPool)
+	if !ok {
+		return nil
+	}
+	return p.Status.RevisionSnapshots
+}
+
+// Run waits for the KubeletConfigPool API (quietly: a cluster without the CRD has no pool snapshots to
+// check), then keeps the records until ctx ends.
+func (r *Records) Run(ctx context.Context) error {
+	logged := false
+	for {
+		_, err := r.cfg.Pools.List(ctx, metav1.ListOptions{Limit: 1})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !logged && !apierrors.IsNotFound(err) {
+			r.cfg.Log.Warn("cannot list kubeletconfigpools: pool snapshots are checked against their data only until it can",
+				zap.Error(err), zap.Duration("pollInterval", r.cfg.PollInterval))
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(r.cfg.PollInterval):
+		}
+	}
+	r.informer.RunWithContext(ctx)
+	return nil
+}
+
+// HasSynced reports whether the pools have been listed.
+func (r *Records) HasSynced() bool { return r.informer.HasSynced() }
+
+// changed calls OnChange for every snapshot whose record differs between the two versions of a pool
+// (either may be nil or a tombstone).
+func (r *Records) changed(oldObj, newObj any) {
+	before, after := items(oldObj), items(newObj)
+	for key, uid := range before {
+		if after[key] != uid {
+			r.cfg.OnChange(key)
+		}
+	}
+	for key := range after {
+		if _, ok := before[key]; !ok {
+			r.cfg.OnChange(key)
+		}
+	}
+}
+
+// items are a pool's recorded snapshots: "namespace/name" → UID and key.
+func items(obj any) map[string]string {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	p, ok := obj.(*v1alpha1.KubeletConfigPool)
+	if !ok || p.Status.RevisionSnapshots == nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, s := range p.Status.RevisionSnapshots.Items {
+		out[s.Namespace+"/"+s.Name] = string(s.UID) + "/" + s.KubeletConfigKey
+	}
+	return out
+}

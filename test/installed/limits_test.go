@@ -9,6 +9,8 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -26,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
@@ -126,9 +129,10 @@ func TestFloodWithOneNodesTokenLeavesOtherNodesConnected(t *testing.T) {
 		if f.exhausted.Load() == 0 {
 			t.Error("no connection of the flood was refused as past node-1's cap")
 		}
+		reader := serviceAccountToken(t, ctxFor(t), "limits-test-metrics-reader", "dkc-metrics-reader")
 		for _, m := range []string{"dkc_server_node_connections_refused_total", "dkc_server_connections_rate_limited_total",
 			"dkc_server_status_reports_rate_limited_total"} {
-			if v := serverMetric(t, m); v == 0 {
+			if v := serverMetric(t, reader, m); v == 0 {
 				t.Errorf("%s = 0 summed over the replicas, want the flood counted", m)
 			}
 		}
@@ -198,15 +202,26 @@ func replaceSidecar(t *testing.T, node string, wantReady bool) string {
 }
 
 // serverMetric sums a counter over the dkc-server pods' /metrics, read through the apiserver's pod proxy.
-func serverMetric(t *testing.T, name string) float64 {
+func serverMetric(t *testing.T, token, name string) float64 {
 	t.Helper()
 	total := 0.0
 	for _, p := range serverPods(t) {
-		raw, err := admin(t).CoreV1().Pods("kube-system").ProxyGet("http", p.Name, "9090", "metrics", nil).DoRaw(ctxFor(t))
+		// Metrics are served over HTTPS to a token allowed get /metrics (TestMetricsNeedAToken); the host
+		// routes to pod IPs. RBAC may take a moment to reach the authorizer's cache: retry a refusal.
+		url := "https://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(serverMetricsPort)) + "/metrics"
+		var raw string
+		err := wait.PollUntilContextTimeout(ctxFor(t), time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			code, body, err := scrape(ctx, url, token)
+			if err != nil || code != http.StatusOK {
+				return false, nil
+			}
+			raw = body
+			return true, nil
+		})
 		if err != nil {
-			t.Fatalf("metrics of %s: %v", p.Name, err)
+			t.Fatalf("metrics of %s (%s): %v", p.Name, url, err)
 		}
-		sc := bufio.NewScanner(strings.NewReader(string(raw)))
+		sc := bufio.NewScanner(strings.NewReader(raw))
 		for sc.Scan() {
 			if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 				f, _ := strconv.ParseFloat(v, 64)

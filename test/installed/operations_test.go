@@ -163,14 +163,22 @@ func TestSidecarRollingUpdate(t *testing.T) {
 // then grpcurl list, describe, health and WatchConfig with a node's token.
 func TestGrpcurlThroughPortForward(t *testing.T) {
 	diagnoseOnFailure(t)
-	waitServerSettled(t) // port-forward picks one pod of the Service and must not pick a terminating one
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	addr := portForward(t, ctx)
 	root, err := devcluster.RepoRoot(mustWd(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// `go tool` builds grpcurl on its first run (minutes on a cold cache): not inside the calls' deadline.
+	build, cancelBuild := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancelBuild()
+	warm := exec.CommandContext(build, "go", "tool", "-modfile=hack/tools/go.mod", "grpcurl", "-version")
+	warm.Dir = root
+	if out, err := warm.CombinedOutput(); err != nil {
+		t.Fatalf("build grpcurl: %v\n%s", err, out)
+	}
+	waitServerSettled(t) // port-forward picks one pod of the Service and must not pick a terminating one
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	addr := portForward(t, ctx)
 	ca := filepath.Join(cluster.InstallDir(), "deploy/overlays/self-signed/ca.crt")
 	// grpcurl [flags] ADDRESS [method], the tool pinned in hack/tools, trusting the CA gen-certs.sh wrote.
 	grpcurl := func(flags []string, method ...string) (string, error) {

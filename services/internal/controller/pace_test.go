@@ -122,13 +122,16 @@ func TestPacingExemptions(t *testing.T) {
 	if f.given("a") != "2" || f.given("b") != "1" {
 		t.Fatalf("given a %q, b %q; want a on 2, b held on 1", f.given("a"), f.given("b"))
 	}
-	// A pool's snapshot.
-	key := configmaps.Key("kube-system", "blue-r1")
+	// A pool's snapshot, whose data hash to its revision as the serving side checks.
+	data := map[string]string{"kubelet": "pool"}
+	rev := v1alpha1.RevisionName("kube-system", "kubelet", data)
+	name := v1alpha1.SnapshotName("blue", rev)
+	key := configmaps.Key("kube-system", name)
 	yes := true
-	f.cms.cms[key] = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "blue-r1", UID: "uid-blue-r1",
-		ResourceVersion: "9", Labels: map[string]string{v1alpha1.LabelPool: "blue", v1alpha1.LabelRevision: "r1"}},
-		Immutable: &yes, Data: map[string]string{"kubelet": "pool"}}
-	f.put("c", "blue-r1", true, "")
+	f.cms.cms[key] = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name, UID: "uid-blue",
+		ResourceVersion: "9", Labels: map[string]string{v1alpha1.LabelPool: "blue", v1alpha1.LabelRevision: rev}},
+		Immutable: &yes, Data: data}
+	f.put("c", name, true, "")
 	if got := f.given("c"); got != "9" {
 		t.Errorf("pool node given %q, want the snapshot (9) at once", got)
 	}

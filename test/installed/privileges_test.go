@@ -112,10 +112,8 @@ func checkNoKubeletKeyInSidecar(t *testing.T, node string) {
 		t.Errorf("%s: the sidecar container sees %v in %s; want kubelet.crt alone", node, names, kubeletCertDir)
 	}
 	// The key the kubelet authenticates to the apiserver with, wherever its kubeconfig keeps it.
-	kubelet, err := cluster.KubeletMainPID(ctxFor(t), node)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The unit's MainPID is in the node's PID namespace: find the kubelet's host PID in /proc instead.
+	kubelet := hostPID(t, node, "kubelet", "--hostname-override="+node)
 	kubeletRoot := filepath.Join("/proc", strconv.Itoa(kubelet), "root")
 	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(kubelet), "cmdline"))
 	if err != nil {
@@ -150,6 +148,13 @@ func checkNoKubeletKeyInSidecar(t *testing.T, node string) {
 // sidecarPID is the PID (on the host) of node's long-running dkc-sidecar process.
 func sidecarPID(t *testing.T, node string) int {
 	t.Helper()
+	return hostPID(t, node, "dkc-sidecar", "--node-name="+node)
+}
+
+// hostPID is the PID (on the host) of node's process of the program binary run with the argument arg (not
+// the sidecar's --install-only init container).
+func hostPID(t *testing.T, node, binary, arg string) int {
+	t.Helper()
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		t.Fatal(err)
@@ -164,11 +169,11 @@ func sidecarPID(t *testing.T, node string) int {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if len(args) > 1 && filepath.Base(args[0]) == "dkc-sidecar" && slices.Contains(args, "--node-name="+node) && !slices.Contains(args, "--install-only") {
+		if len(args) > 1 && filepath.Base(args[0]) == binary && slices.Contains(args, arg) && !slices.Contains(args, "--install-only") {
 			return pid
 		}
 	}
-	t.Fatalf("%s: no dkc-sidecar process found in /proc", node)
+	t.Fatalf("%s: no %s process found in /proc", node, binary)
 	return 0
 }
 

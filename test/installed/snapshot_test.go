@@ -35,7 +35,7 @@ func forgedSnapshot(pool, rev, data string) *corev1.ConfigMap {
 // the snapshot the pool would create, with other data, is refused: the pool is ConfigInvalid
 // (SnapshotMismatch) naming the ConfigMap and its UID, and no node is assigned it or restarts.
 func TestSnapshotPreCreatedIsRefused(t *testing.T) {
-	// Its first cluster run (the merged tree, bcca5a2) saw the rollout complete instead of stop with
+	// Its first cluster run saw the rollout complete instead of stop with
 	// SnapshotMismatch; not yet known whether the controller or the test (the revision it forges) is wrong.
 	// Issue 38 stays open on it.
 	t.Skip("the rollout over a pre-created snapshot completed in its first cluster run: under investigation (issue 38)")
@@ -87,7 +87,7 @@ func TestSnapshotPreCreatedIsRefused(t *testing.T) {
 // status shows the snapshot mismatch, its kubelet does not restart and its configz is unchanged; the pool
 // is ConfigInvalid (SnapshotMismatch).
 func TestSnapshotRecreatedIsNotServed(t *testing.T) {
-	// Its first cluster run (bcca5a2) logged the re-created snapshot with an empty UID and node-2 still on
+	// Its first cluster run logged the re-created snapshot with an empty UID and node-2 still on
 	// the original: not yet known whether the serving check or the test's re-creation is wrong. Issue 38
 	// stays open on it.
 	t.Skip("node-2 kept the original snapshot in its first cluster run, the replacement's UID empty: under investigation (issue 38)")

@@ -37,6 +37,8 @@ type Options struct {
 	client kubernetes.Interface
 	dyn    dynamic.Interface // KubeletConfigPools
 	output string
+	// podLogs reads a container's log; nil: through the API (a fake clientset's logs are fixed text).
+	podLogs func(ctx context.Context, p *corev1.Pod, opts *corev1.PodLogOptions) ([]byte, error)
 }
 
 // NewCommand returns the `kubectl dkc` command tree.

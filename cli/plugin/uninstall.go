@@ -306,6 +306,7 @@ func (o *Options) cleanNodes(ctx context.Context, ns string, timeout time.Durati
 	}
 	fmt.Fprintf(o.io.Out, "waiting until every node is clean (daemonset/%s rolled out, every pod ready)...\n", sidecarDaemonSet)
 	last := ""
+	var looked time.Time
 	err = poll(ctx, timeout, func() (bool, string, error) {
 		ds, err := dsClient.Get(ctx, sidecarDaemonSet, metav1.GetOptions{})
 		if err != nil {
@@ -316,14 +317,20 @@ func (o *Options) cleanNodes(ctx context.Context, ns string, timeout time.Durati
 			fmt.Fprintf(o.io.Out, "  %s\n", progress)
 			last = progress
 		}
-		if !done {
+		// The pods are looked at while the counts say not done too (every refusalInterval): a node whose
+		// cleanup refused is never ready, so the counts never say done, and its refusal must end the wait.
+		if !done && (ds.Status.ObservedGeneration < ds.Generation || time.Since(looked) < refusalInterval) {
 			return false, progress, nil
 		}
+		looked = time.Now()
 		// The DaemonSet's counts are per node; a replaced pod of the normal mode may still be terminating
 		// beside its successor, and would report status again. Done is when no such pod is left.
 		pending, err := o.uncleanNodes(ctx, ds)
 		if err != nil {
 			return false, "", err
+		}
+		if !done {
+			return false, progress, nil
 		}
 		return len(pending) == 0, strings.Join(pending, "; "), nil
 	})
@@ -338,7 +345,11 @@ func (o *Options) cleanNodes(ctx context.Context, ns string, timeout time.Durati
 		if gerr != nil {
 			return err
 		}
-		if pending, _ := o.uncleanNodes(ctx, ds); len(pending) > 0 {
+		pending, uerr := o.uncleanNodes(ctx, ds)
+		if errors.Is(uerr, errNodeRefused) {
+			return uerr
+		}
+		if len(pending) > 0 {
 			err = fmt.Errorf("%w\nnot clean yet:\n  %s\nits cleanup pod's log says why (kubectl -n %s logs <pod>); run this again to go on waiting",
 				err, strings.Join(pending, "\n  "), ns)
 		}
@@ -385,6 +396,11 @@ func (o *Options) uncleanNodes(ctx context.Context, ds *appsv1.DaemonSet) ([]str
 	return out, nil
 }
 
+// refusalInterval is how often the wait looks for a refusal in the unready cleanup pods' logs before the
+// DaemonSet's counts say done: a refusal comes within seconds of a pod's start, and a log read per
+// unready pod every poll (2s) would be a load on a large cluster's apiserver and kubelets.
+const refusalInterval = 10 * time.Second
+
 // errNodeRefused: a node's cleanup refused to restart its kubelet onto its local config; it stays on its dkc
 // config.
 var errNodeRefused = errors.New("dkc was not removed from a node, which stays on its dkc config")
@@ -407,8 +423,14 @@ func (o *Options) refusal(ctx context.Context, p *corev1.Pod) string {
 		return ""
 	}
 	tail, limit := int64(20), int64(64<<10)
-	raw, err := o.client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: sidecarContainer, TailLines: &tail,
-		LimitBytes: &limit}).DoRaw(ctx)
+	opts := &corev1.PodLogOptions{Container: sidecarContainer, TailLines: &tail, LimitBytes: &limit}
+	var raw []byte
+	var err error
+	if o.podLogs != nil {
+		raw, err = o.podLogs(ctx, p, opts)
+	} else {
+		raw, err = o.client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, opts).DoRaw(ctx)
+	}
 	if err != nil {
 		return ""
 	}

@@ -2,14 +2,19 @@ package plugin
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 )
@@ -251,5 +256,70 @@ func TestRefusalIn(t *testing.T) {
 		if got := refusalIn(tc.log); got != tc.want {
 			t.Errorf("refusalIn(%q) = %q, want %q", tc.log, got, tc.want)
 		}
+	}
+}
+
+// TestCleanNodesStopsAtARefusal: while one node's cleanup pod refuses (its log says so) and the DaemonSet's
+// counts therefore never say done, the wait ends with the refusal, naming the node and the reason, long
+// before its timeout — and it goes on waiting where the unready pod has not refused.
+func TestCleanNodesStopsAtARefusal(t *testing.T) {
+	const reason = "uninstall refused: the local kubelet config /var/lib/kubelet/config.yaml does not pass the kubelet's validation"
+	for _, tc := range []struct {
+		name        string
+		log         string
+		wantRefused bool
+	}{
+		{name: "refused", wantRefused: true,
+			log: `{"level":"error","msg":"` + refusedMessage + `","retryIn":"30s","error":"` + reason + `"}`},
+		{name: "still working", log: `{"level":"info","msg":"uninstall: local config validated"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tpl := baseTemplate(t)
+			if _, err := toCleanupMode(&tpl); err != nil {
+				t.Fatal(err)
+			}
+			ds := &appsv1.DaemonSet{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: sidecarDaemonSet, Generation: 2},
+				Spec:       appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: tpl.Labels}, Template: tpl},
+				Status:     appsv1.DaemonSetStatus{ObservedGeneration: 2, DesiredNumberScheduled: 2, UpdatedNumberScheduled: 2, NumberReady: 1},
+			}
+			pod := func(node string, isReady bool) *corev1.Pod {
+				status := corev1.ConditionFalse
+				if isReady {
+					status = corev1.ConditionTrue
+				}
+				return &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "dkc-sidecar-" + node, Labels: tpl.Labels},
+					Spec:       corev1.PodSpec{NodeName: node, Containers: tpl.Spec.Containers},
+					Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}},
+						ContainerStatuses: []corev1.ContainerStatus{{Name: sidecarContainer, State: corev1.ContainerState{
+							Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(time.Now().Add(-time.Minute))}}}}},
+				}
+			}
+			var out bytes.Buffer
+			var read []string
+			o := &Options{io: genericiooptions.IOStreams{Out: &out}, client: fake.NewClientset(ds, pod("node-1", true), pod("node-2", false)),
+				podLogs: func(_ context.Context, p *corev1.Pod, _ *corev1.PodLogOptions) ([]byte, error) {
+					read = append(read, p.Name)
+					return []byte(tc.log + "\n"), nil
+				}}
+			start := time.Now()
+			err := o.cleanNodes(context.Background(), "kube-system", 3*time.Second)
+			if !tc.wantRefused {
+				if err == nil || errors.Is(err, errNodeRefused) || !strings.Contains(err.Error(), "node-2: pod dkc-sidecar-node-2 has not finished the cleanup") {
+					t.Errorf("cleanNodes = %v, want a timeout naming node-2 as not clean yet", err)
+				}
+				return
+			}
+			if !errors.Is(err, errNodeRefused) || !strings.Contains(err.Error(), "node-2") || !strings.Contains(err.Error(), reason) {
+				t.Errorf("cleanNodes = %v, want the refusal naming node-2 and %q", err, reason)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("the refusal ended the wait after %v, want at its first look", d)
+			}
+			if !slices.Equal(read, []string{"dkc-sidecar-node-2"}) {
+				t.Errorf("logs read %v, want only the unready pod's", read)
+			}
+		})
 	}
 }

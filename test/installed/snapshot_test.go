@@ -77,8 +77,8 @@ func TestSnapshotPreCreatedIsRefused(t *testing.T) {
 	if s := startsSince(t, "node-1", since); len(s) != 0 {
 		t.Errorf("node-1: kubelet started %v for a pre-created snapshot", s)
 	}
-	if v := view(t, "node-1"); srcName(v.status.Assigned) != good.Name || srcName(v.status.Active) != good.Name {
-		t.Errorf("node-1: %s; want it on %s still", v, good.Name)
+	if v := view(t, "node-1"); srcName(v.status.Assigned) != name(good) || srcName(v.status.Active) != name(good) {
+		t.Errorf("node-1: %s; want it on %s still", v, name(good))
 	}
 	if got, err := admin(t).CoreV1().ConfigMaps("kube-system").Get(ctx, forged.Name, metav1.GetOptions{}); err != nil || got.UID != forged.UID {
 		t.Errorf("the pre-created ConfigMap was replaced or deleted (%v): only the operator decides", err)

@@ -4,17 +4,13 @@ package integration
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -47,18 +43,7 @@ func TestRevokedTokenLosesItsStream(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	ca, err := os.ReadFile(cluster.CAFile())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca)
-	conn, err := grpc.NewClient(server.Address(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	svc := dkcv1.NewConfigServiceClient(conn)
+	svc := replicaClient(t, server)
 
 	// The revoked node's token is bound to a pod on it (kube-system/dkc-sidecar, audience dkc), which
 	// carries the node claim; the other node's, bound to its Node, stays valid throughout.

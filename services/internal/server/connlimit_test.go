@@ -56,13 +56,7 @@ func TestUnauthenticatedCapPerAddress(t *testing.T) {
 	addr := serveAccepted(t, l)
 	dial := func(from string) net.Conn {
 		t.Helper()
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
-		c, err := d.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
+		return dialTCP(t, addr, from)
 	}
 	first := dial("127.0.0.1")
 	dial("127.0.0.1")

@@ -396,13 +396,5 @@ func watchOnce(addr string, pool *x509.CertPool, node string, timeout time.Durat
 		return err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testToken(node))
-	stream, err := dkcv1.NewConfigServiceClient(conn).WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: node})
-	if err != nil {
-		return err
-	}
-	_, err = stream.Recv()
-	return err
+	return watchWithin(conn, node, timeout)
 }

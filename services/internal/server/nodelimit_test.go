@@ -138,9 +138,14 @@ func TestConnectionsPerNodeAreCapped(t *testing.T) {
 	}
 }
 
-// watchOn opens a WatchConfig stream for node on conn and waits for its first message.
+// watchOn opens a WatchConfig stream for node on conn and waits for its first message (10s at most).
 func watchOn(conn *grpc.ClientConn, node string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	return watchWithin(conn, node, 10*time.Second)
+}
+
+// watchWithin opens a WatchConfig stream for node with its token on conn and waits for its first message.
+func watchWithin(conn *grpc.ClientConn, node string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testToken(node))
 	stream, err := dkcv1.NewConfigServiceClient(conn).WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: node})

@@ -22,17 +22,7 @@ import (
 // TestNewServerBuildsEveryPartWithoutContactingAnything: construction is pure wiring, in dependency order;
 // nothing is dialled or listened on before Run, and every gauge reads a part that exists.
 func TestNewServerBuildsEveryPartWithoutContactingAnything(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
-contexts: [{name: c, context: {cluster: c}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Kubeconfig, cfg.Insecure = kubeconfig, true
+	cfg := unconnectedConfig(t)
 	s, err := newServer(cfg, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
@@ -238,17 +228,7 @@ func TestKubeletCheckers(t *testing.T) {
 // TestMetricsAddressGuarded: with the default --metrics-auth the metrics address serves /metrics and the
 // profiles to no caller without a token, and the probe paths to anyone; --metrics-auth=false builds no guard.
 func TestMetricsAddressGuarded(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
-contexts: [{name: c, context: {cluster: c}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Kubeconfig, cfg.Insecure = kubeconfig, true
+	cfg := unconnectedConfig(t)
 	s, err := newServer(cfg, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
@@ -271,4 +251,22 @@ current-context: c
 	if s.metricsGuard != nil {
 		t.Error("--metrics-auth=false built a guard")
 	}
+}
+
+// unconnectedConfig is the default config with a kubeconfig naming an apiserver nothing listens at:
+// construction must not contact it.
+func unconnectedConfig(t *testing.T) Config {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+contexts: [{name: c, context: {cluster: c}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Kubeconfig, cfg.Insecure = kubeconfig, true
+	return cfg
 }

@@ -15,6 +15,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
 // TestSidecarPodsHoldOnlyWhatTheyNeed reads the running sidecar pods as the apiserver has them (what the
@@ -129,14 +131,15 @@ func checkNoKubeletKeyInSidecar(t *testing.T, node string) {
 	if err != nil {
 		t.Fatalf("%s: the kubelet's kubeconfig %q: %v", node, kubeconfig, err)
 	}
-	keys := []string{filepath.Join(kubeletCertDir, "kubelet-client-current.pem"), filepath.Join(kubeletCertDir, "kubelet.key")}
+	// The kubeconfig itself holds the key when it embeds it (client-key-data, as the dev cluster's do).
+	keys := []string{filepath.Join(kubeletCertDir, "kubelet-client-current.pem"), filepath.Join(kubeletCertDir, "kubelet.key"), kubeconfig}
 	for _, a := range cfg.AuthInfos {
 		if a.ClientKey != "" {
 			keys = append(keys, a.ClientKey)
 		}
-	}
-	if len(keys) == 2 {
-		t.Errorf("%s: the kubelet's kubeconfig %s names no client key file; the test cannot look for it", node, kubeconfig)
+		if a.ClientKey == "" && len(a.ClientKeyData) == 0 {
+			t.Errorf("%s: the kubelet's kubeconfig %s has user credentials without a client key; the test cannot look for it", node, kubeconfig)
+		}
 	}
 	for _, k := range keys {
 		if _, err := os.Stat(filepath.Join(root, k)); !errors.Is(err, os.ErrNotExist) {
@@ -169,12 +172,25 @@ func hostPID(t *testing.T, node, binary, arg string) int {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if len(args) > 1 && filepath.Base(args[0]) == binary && slices.Contains(args, arg) && !slices.Contains(args, "--install-only") {
+		if len(args) > 1 && filepath.Base(args[0]) == binary && slices.Contains(args, arg) && !slices.Contains(args, "--install-only") &&
+			onNode(pid, node) {
 			return pid
 		}
 	}
 	t.Fatalf("%s: no %s process found in /proc", node, binary)
 	return 0
+}
+
+// onNode says whether process pid runs on this cluster's node: another dev cluster on the host (the suites
+// run side by side) has nodes of the same names. The node's dynamic config directory, bind-mounted into the
+// node and from there into the sidecar's pod, is the same file in the process's root as on the host.
+func onNode(pid int, node string) bool {
+	in, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid), "root", devcluster.DynamicConfigDirInNode))
+	if err != nil {
+		return false
+	}
+	host, err := os.Stat(cluster.DynamicConfigDir(node))
+	return err == nil && os.SameFile(in, host)
 }
 
 func names(cs []corev1.Container) []string {

@@ -36,6 +36,26 @@ var churnGauges = []string{
 }
 
 // serverGauges reads every churn gauge in one scrape; a gauge dkc-server does not expose fails the test.
+// settledGauges are serverGauges once dkc-server holds a state for exactly the Nodes that exist: a Node an
+// earlier test deleted as it ended may still be in the count for a moment, and would be missing from it by
+// the end of this test.
+func settledGauges(ctx context.Context, t *testing.T, client kubernetes.Interface) map[string]float64 {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := serverGauges(t)
+		if g["dkc_server_resolved_nodes"] == float64(len(list.Items)) {
+			return g
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dkc_server_resolved_nodes %v, %d Nodes: not settled after a minute", g["dkc_server_resolved_nodes"], len(list.Items))
+		}
+	}
+}
+
 func serverGauges(t *testing.T) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + cluster.MetricsAddress() + "/metrics")
@@ -131,7 +151,7 @@ func TestChurnLeavesNoStateBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := serverGauges(t)
+	base := settledGauges(ctx, t, client)
 	for _, g := range churnGauges {
 		t.Logf("baseline %s %v", g, base[g])
 	}

@@ -1,0 +1,6 @@
+//go:build !race
+
+package configcheck_test
+
+// raceDetector: this test binary is built without -race.
+const raceDetector = false

@@ -39,7 +39,7 @@ generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go
 	go run ./hack/helmchart
 
 .PHONY: lint
-lint: ## gofmt, go vet, buf lint (STANDARD) and buf breaking (FILE)
+lint: golangci-lint ## gofmt, go vet, golangci-lint (.golangci.yml), buf lint (STANDARD) and buf breaking (FILE)
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go vet -tags integration $(INTEGRATION_SOLO_PKGS) $(INTEGRATION_PKGS)
@@ -70,8 +70,10 @@ $(GOLANGCI_LINT_BIN): hack/tools/golangci-lint/go.mod hack/tools/golangci-lint/g
 	CGO_ENABLED=0 go build -modfile=hack/tools/golangci-lint/go.mod -trimpath -o $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 .PHONY: golangci-lint
-golangci-lint: $(GOLANGCI_LINT_BIN) ## golangci-lint with .golangci.yml over the main module (not yet in make lint: the tree has findings to clear first)
+golangci-lint: $(GOLANGCI_LINT_BIN) ## golangci-lint with .golangci.yml over every Go module of the tree (part of make lint)
 	$(GOLANGCI_LINT_BIN) run ./...
+	cd $(KUBELETCHECK) && $(abspath $(GOLANGCI_LINT_BIN)) run ./...
+	cd test/monitoring && $(abspath $(GOLANGCI_LINT_BIN)) run ./...
 $(HELM_BIN): hack/tools/helm/go.mod hack/tools/helm/go.sum
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 go build -modfile=hack/tools/helm/go.mod -trimpath -o $@ helm.sh/helm/v4/cmd/helm

@@ -191,8 +191,8 @@ func writePlan(w io.Writer, st *uninstallState) {
 	default:
 		fmt.Fprintf(w, "  1. delete the KubeletConfigPools (%s), so that nothing assigns configs any more\n", strings.Join(st.pools, ", "))
 	}
-	switch {
-	case st.daemonSet == nil:
+	switch st.daemonSet {
+	case nil:
 		fmt.Fprintf(w, "  2. daemonset/%s: gone, and no Node carries dkc's marks: nothing to clean on the nodes\n", sidecarDaemonSet)
 	default:
 		verb := "switch daemonset/" + sidecarDaemonSet + " to its cleanup mode (dkc-sidecar --uninstall) and wait"

@@ -44,8 +44,9 @@ func main() {
 	_ = fs.Parse(os.Args[1:])
 	if *bareWatch != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		if err := bench.BareWatch(ctx, *bareWatch, os.Stdout); err != nil {
+		err := bench.BareWatch(ctx, *bareWatch, os.Stdout)
+		stop()
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "bench: bare watch:", err)
 			os.Exit(1)
 		}
@@ -60,20 +61,25 @@ func main() {
 		debug.SetGCPercent(400)
 	}
 	cfg.Progress = os.Stderr
+	os.Exit(run(cfg, *cpuProfile))
+}
+
+// run runs the benchmark and returns the exit code, once its deferred calls have run.
+func run(cfg bench.Config, cpuProfile string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		return 1
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
 		if err == nil {
 			err = pprof.StartCPUProfile(f)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
+			return 1
 		}
 		defer pprof.StopCPUProfile()
 	}
@@ -87,8 +93,8 @@ func main() {
 		}
 	}
 	if err != nil {
-		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }

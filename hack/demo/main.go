@@ -55,7 +55,6 @@ func main() {
 	plugin := flag.String("kubectl-dkc", besideMe("kubectl-dkc"), "the kubectl-dkc binary the last act runs")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err == nil {
 		var client kubernetes.Interface
@@ -67,6 +66,7 @@ func main() {
 			}
 		}
 	}
+	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "\nDEMO FAILED: %v\n", err)
 		os.Exit(1)

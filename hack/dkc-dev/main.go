@@ -150,8 +150,9 @@ func forward(ctx context.Context, args []string) error {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "forward" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		if err := forward(ctx, os.Args[2:]); err != nil {
+		err := forward(ctx, os.Args[2:])
+		stop()
+		if err != nil {
 			fmt.Fprintf(os.Stderr, "dkc-dev forward: %v\n", err)
 			os.Exit(1)
 		}
@@ -165,8 +166,9 @@ func main() {
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o, os.Stdout); err != nil {
+	err = run(ctx, o, os.Stdout)
+	stop()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "dkc-dev %s: %v\n", o.command, err)
 		os.Exit(1)
 	}

@@ -73,7 +73,7 @@ func TestWriteArchive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !zr.Header.ModTime.IsZero() || zr.Header.Name != "" || zr.Header.Comment != "" || zr.Header.OS != 255 {
+	if !zr.ModTime.IsZero() || zr.Name != "" || zr.Comment != "" || zr.OS != 255 {
 		t.Errorf("gzip header %+v: want no time, name or comment, OS unknown (255)", zr.Header)
 	}
 	tr := tar.NewReader(zr)

@@ -71,11 +71,11 @@ func Load(ctx context.Context, path string, flags []string) (res *Result, err er
 
 	loader, err := configfiles.NewFsLoader(&utilfs.DefaultFs{}, path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrLoad, err)
+		return nil, fmt.Errorf("%w: %w", ErrLoad, err)
 	}
 	kc, err := loader.Load(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrLoad, err)
+		return nil, fmt.Errorf("%w: %w", ErrLoad, err)
 	}
 	// As the kubelet's loadConfigFile: EvictionHard has OS-specific defaults applied outside the scheme.
 	if kc.EvictionHard == nil {
@@ -89,21 +89,21 @@ func Load(ctx context.Context, path string, flags []string) (res *Result, err er
 	}
 	dir, err := ConfigDir(flags)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrFlags, err)
+		return nil, fmt.Errorf("%w: %w", ErrFlags, err)
 	}
 	if dir != "" {
 		merged, err := MergeDropIns(kc, dir)
 		if err != nil {
-			return nil, fmt.Errorf("%w: merge the kubelet's --config-dir drop-ins: %v", ErrFlags, err)
+			return nil, fmt.Errorf("%w: merge the kubelet's --config-dir drop-ins: %w", ErrFlags, err)
 		}
 		res.DropIns, res.DropInKeys = merged.Files, merged.Keys
 		res.Warnings = append(res.Warnings, merged.overridden(path)...)
 	}
 	if err := ApplyFlags(kc, flags); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrFlags, err)
+		return nil, fmt.Errorf("%w: %w", ErrFlags, err)
 	}
 	if err := Validate(kc); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrValidate, err)
+		return nil, fmt.Errorf("%w: %w", ErrValidate, err)
 	}
 	res.Config = kc
 	return res, nil

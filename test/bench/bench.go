@@ -785,7 +785,7 @@ func (r *run) compareWatches(ctx context.Context, nodes, cms []string) (watchCom
 	var c watchComparison
 	pid, err := r.cluster.PID("kube-apiserver")
 	if err != nil || pid == 0 {
-		return c, fmt.Errorf("kube-apiserver not running (%v)", err)
+		return c, fmt.Errorf("kube-apiserver not running (%w)", err)
 	}
 	cpu := func() time.Duration { v, _ := procCPU(pid); return v }
 	if err := r.cluster.StopProcess("dkc-server"); err != nil {
@@ -857,7 +857,7 @@ func (r *run) waitWatches(ctx context.Context, n int) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the apiserver holds %d watches, want %d (%v)", got, n, err)
+			return fmt.Errorf("the apiserver holds %d watches, want %d (%w)", got, n, err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -877,7 +877,7 @@ func (r *run) waitWatchesSettled(ctx context.Context, n int) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the apiserver's watches did not settle at %d or more: %d (%v)", n, last, err)
+			return fmt.Errorf("the apiserver's watches did not settle at %d or more: %d (%w)", n, last, err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -931,7 +931,7 @@ func (r *run) waitConnected(ctx context.Context) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("dkc-server reports %d of %d nodes connected (%v)", int(n), want, err)
+			return fmt.Errorf("dkc-server reports %d of %d nodes connected (%w)", int(n), want, err)
 		}
 		time.Sleep(time.Second)
 	}
@@ -980,7 +980,7 @@ func (r *run) restartServer(ctx context.Context) error {
 func (r *run) serverMemory(ctx context.Context) (goMemory, error) {
 	pid, err := r.cluster.PID("dkc-server")
 	if err != nil || pid == 0 {
-		return goMemory{}, fmt.Errorf("dkc-server not running (%v)", err)
+		return goMemory{}, fmt.Errorf("dkc-server not running (%w)", err)
 	}
 	return sampleMemory(ctx, 3, 2*time.Second, func(ctx context.Context) (goMemory, error) {
 		return serverMemory(ctx, r.cluster.MetricsAddress(), pid)
@@ -1191,7 +1191,7 @@ func (r *run) maxNodes(ctx context.Context) error {
 	r.res.note("fanout_10000_all_received_seconds", f.allReceived.Seconds())
 	pid, err := r.cluster.PID("dkc-server")
 	if err != nil || pid == 0 {
-		return fmt.Errorf("dkc-server not running (%v)", err)
+		return fmt.Errorf("dkc-server not running (%w)", err)
 	}
 	peak, err := peakRSS(pid)
 	if err != nil {

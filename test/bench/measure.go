@@ -48,17 +48,6 @@ func procStatus(pid int, field string) (int64, error) {
 	return 0, fmt.Errorf("no %s for pid %d", field, pid)
 }
 
-// settledRSS samples pid's RSS for d and returns the last sample: Go processes release memory lazily, so a
-// single sample right after a burst overstates what stays.
-func settledRSS(ctx context.Context, pid int, d time.Duration) (int64, error) {
-	select {
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	case <-time.After(d):
-	}
-	return rss(pid)
-}
-
 // metricFamilies parses a Prometheus text exposition.
 func metricFamilies(body io.Reader) (map[string]*dto.MetricFamily, error) {
 	// The zero TextParser panics since prometheus/common 0.6x: a metric name validation scheme is required.

@@ -31,11 +31,10 @@ func newNodeLogs() *nodeLogs {
 func (l *nodeLogs) add(node, line string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := append(l.lines[node], line)
-	if len(s) > nodeLogLines {
-		s = s[len(s)-nodeLogLines:]
+	l.lines[node] = append(l.lines[node], line)
+	if s := l.lines[node]; len(s) > nodeLogLines {
+		l.lines[node] = s[len(s)-nodeLogLines:]
 	}
-	l.lines[node] = s
 }
 
 func (l *nodeLogs) last(node string) []string {

@@ -53,7 +53,7 @@ func (r *run) pinCPUs() (unpin func(), err error) {
 	for _, name := range append(controlPlane, "dkc-server") {
 		pid, err := r.cluster.PID(name)
 		if err != nil || pid == 0 {
-			return func() {}, fmt.Errorf("pin %s to its CPUs: not running (%v)", name, err)
+			return func() {}, fmt.Errorf("pin %s to its CPUs: not running (%w)", name, err)
 		}
 		if name == "dkc-server" {
 			pids[pid] = &rest

@@ -410,7 +410,7 @@ func (r *run) cleanUpPool(ctx context.Context, pools dynamic.ResourceInterface, 
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kubeletconfigpool %s still there a minute after its deletion (%v)", poolName, err)
+			return fmt.Errorf("kubeletconfigpool %s still there a minute after its deletion (%w)", poolName, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -235,7 +235,7 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	defer func() {
 		if err != nil {
 			if stopErr := c.Stop(context.Background()); stopErr != nil {
-				err = fmt.Errorf("%w (and stopping what had started: %v)", err, stopErr)
+				err = fmt.Errorf("%w (and stopping what had started: %w)", err, stopErr)
 			}
 		}
 	}()

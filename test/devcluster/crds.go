@@ -43,7 +43,9 @@ func (c *Cluster) applyCRDs(ctx context.Context) error {
 	}
 	crds := dyn.Resource(crdResource)
 	for _, obj := range objs {
-		if _, err := crds.Create(ctx, obj, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		// One err for the create and the update that replaces it: a failed create or update stops here.
+		_, err := crds.Create(ctx, obj, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
 			cur, gerr := crds.Get(ctx, obj.GetName(), metav1.GetOptions{})
 			if gerr != nil {
 				return fmt.Errorf("get CRD %s: %w", obj.GetName(), gerr)

@@ -646,7 +646,7 @@ func pollUntil(ctx context.Context, timeout time.Duration, what string, check fu
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last: %v)", what, ctx.Err(), last)
+			return fmt.Errorf("waiting for %s: %w (last: %w)", what, ctx.Err(), last)
 		case <-time.After(500 * time.Millisecond):
 		}
 	}

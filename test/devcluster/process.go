@@ -178,7 +178,7 @@ func (p *process) waitFor(ctx context.Context, what string, ready func(context.C
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s not %s: %v (last error: %v); see %s", p.name, what, ctx.Err(), last, p.logFile)
+			return fmt.Errorf("%s not %s: %w (last error: %w); see %s", p.name, what, ctx.Err(), last, p.logFile)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

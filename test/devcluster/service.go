@@ -234,7 +234,7 @@ func (c *Cluster) installEnforcedPolicy(ctx context.Context, client kubernetes.I
 		return apierrors.IsForbidden(last) && refusedBy(policy, last), nil
 	})
 	if err != nil {
-		return fmt.Errorf("admission policy %s not enforced (last probe of node %s: %v): %w", policy.Name, node, last, err)
+		return fmt.Errorf("admission policy %s not enforced (last probe of node %s: %w): %w", policy.Name, node, last, err)
 	}
 	return nil
 }

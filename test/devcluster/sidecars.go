@@ -164,7 +164,7 @@ func (c *Cluster) RestartBus(ctx context.Context, node string) error {
 	out, err := exec.CommandContext(ctx, "busctl", "--address="+c.BusAddress(node), "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
 		"org.freedesktop.systemd1.Manager", "RestartUnit", "ss", "dbus.socket", "replace").CombinedOutput()
 	if err != nil && !strings.Contains(string(out), "onnection") {
-		return fmt.Errorf("node %s: restart dbus.socket: %v: %s", node, err, out)
+		return fmt.Errorf("node %s: restart dbus.socket: %w: %s", node, err, out)
 	}
 	return pollUntil(ctx, time.Minute, "node "+node+": a new bus daemon", func(ctx context.Context) error {
 		return c.withSystemctl(ctx, node, func(s *systemctl) error {

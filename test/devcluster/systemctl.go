@@ -41,7 +41,7 @@ func dialSystemctl(ctx context.Context, address string) (*systemctl, error) {
 		lastErr = err
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("connect to systemd on %s: %w (last: %v)", address, ctx.Err(), lastErr)
+			return nil, fmt.Errorf("connect to systemd on %s: %w (last: %w)", address, ctx.Err(), lastErr)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

@@ -32,7 +32,7 @@ func impersonating(t *testing.T, user string, groups ...string) kubernetes.Inter
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Impersonate.UserName, cfg.Impersonate.Groups = user, append(groups, "system:authenticated")
+	cfg.Impersonate.UserName, cfg.Impersonate.Groups = user, slices.Concat(groups, []string{"system:authenticated"})
 	c, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)

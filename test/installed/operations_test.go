@@ -507,7 +507,7 @@ func dropKubeletProbes(t *testing.T, node string) func() error {
 	iptables := func(op string) error {
 		out, err := exec.Command("ip", append([]string{"netns", "exec", netns, "iptables", op}, rule...)...).CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("iptables %s %v in %s: %v: %s", op, rule, netns, err, out)
+			return fmt.Errorf("iptables %s %v in %s: %w: %s", op, rule, netns, err, out)
 		}
 		return nil
 	}

@@ -377,7 +377,7 @@ func renderedObjects(t *testing.T, ctx context.Context, dir string) []object {
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
 	for {
 		doc, err := r.Read()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return objs
 		}
 		if err != nil {

@@ -74,8 +74,7 @@ func TestCompatNativeConfigSource(t *testing.T) {
 	waitForConfigSource(t, "compat-1")
 
 	w := watch(t, token, "compat-1", nil)
-	m := w.next("assignment from spec.configSource", hasConfigMap("compat-first", first.ResourceVersion))
-	src := m.GetAssignment().GetSource()
+	w.next("assignment from spec.configSource", hasConfigMap("compat-first", first.ResourceVersion))
 
 	// An update of spec.configSource through the API is kept (the stored node has it) and followed.
 	patch := `{"spec":{"configSource":{"configMap":{"namespace":"kube-system","name":"compat-second","kubeletConfigKey":"kubelet"}}}}`
@@ -83,8 +82,8 @@ func TestCompatNativeConfigSource(t *testing.T) {
 	if err != nil || got.Spec.ConfigSource == nil || got.Spec.ConfigSource.ConfigMap.Name != "compat-second" {
 		t.Fatalf("patch spec.configSource of an upgraded node: %v, %+v", err, got.Spec.ConfigSource)
 	}
-	m = w.next("assignment after the spec change", hasConfigMap("compat-second", second.ResourceVersion))
-	src = m.GetAssignment().GetSource()
+	m := w.next("assignment after the spec change", hasConfigMap("compat-second", second.ResourceVersion))
+	src := m.GetAssignment().GetSource()
 
 	// Status goes to status.config too, where the apiserver keeps it.
 	svc := serviceClient(t)

@@ -32,7 +32,9 @@ func metricAt(t *testing.T, addr, series string) float64 {
 	var v float64
 	for _, line := range strings.Split(string(body), "\n") {
 		if strings.HasPrefix(line, series+" ") {
-			fmt.Sscanf(strings.Fields(line)[1], "%g", &v)
+			if _, err := fmt.Sscanf(strings.Fields(line)[1], "%g", &v); err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
 		}
 	}
 	return v

@@ -355,7 +355,7 @@ func TestKubeletWhoseAPIServerDropsPacketsIsNotRolledBack(t *testing.T) {
 	iptables := func(op string) error {
 		out, err := exec.Command("ip", append([]string{"netns", "exec", st.Nodes[0].Netns, "iptables", op}, rule...)...).CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("iptables %s %v in %s: %v: %s", op, rule, st.Nodes[0].Netns, err, out)
+			return fmt.Errorf("iptables %s %v in %s: %w: %s", op, rule, st.Nodes[0].Netns, err, out)
 		}
 		return nil
 	}

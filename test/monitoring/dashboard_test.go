@@ -246,7 +246,7 @@ func TestDashboardErrors(t *testing.T) {
 		"other data source": {`"targets": [{"refId": "A", "datasource": {"type": "prometheus", "uid": "${datasource}"}`, `"targets": [{"refId": "A", "datasource": {"type": "prometheus", "uid": "prom"}`},
 		"undefined var":     {`=~\"$node\"`, `=~\"$nodes\"`},
 		"duplicate id":      {`{"id": 2,`, `{"id": 1,`},
-		"variable query":    {`label_values(dkc_sidecar_connected{`, `label_values(dkc_sidecar_conected{`},
+		"variable query":    {`label_values(dkc_sidecar_connected{`, `label_values(dkc_sidecar_connectd{`},
 		"no place":          {`"w": 12, "x": 0`, `"w": 12, "x": 16`},
 	} {
 		bad := strings.Replace(good, replace[0], replace[1], 1)

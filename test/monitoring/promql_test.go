@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 )
@@ -96,7 +97,7 @@ func (c *checker) labelsOn(op string, names []string, expr parser.Node) []error 
 		case *parser.VectorSelector:
 			name := n.Name
 			for _, m := range n.LabelMatchers {
-				if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+				if m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 					name = m.Value
 				}
 			}
@@ -132,7 +133,7 @@ func (c *checker) labelsOf(name string) (map[string]bool, bool) {
 	if !ok {
 		return nil, false
 	}
-	set := map[string]bool{labels.MetricName: true}
+	set := map[string]bool{model.MetricNameLabel: true}
 	for _, l := range append(slices.Clone(targetLabels), f.labels...) {
 		set[l] = true
 	}
@@ -151,9 +152,9 @@ func (c *checker) selector(name string, matchers []*labels.Matcher) []error {
 	var errs []error
 	for _, m := range matchers {
 		switch {
-		case m.Name == labels.MetricName && m.Type == labels.MatchEqual:
+		case m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual:
 			name = m.Value
-		case m.Name == labels.MetricName:
+		case m.Name == model.MetricNameLabel:
 			errs = append(errs, fmt.Errorf("selector %s: name the metric, not a pattern of names: this test cannot check a pattern", m))
 		case m.Name == "job" && m.Type == labels.MatchEqual:
 			if _, ok := jobs[m.Value]; !ok {

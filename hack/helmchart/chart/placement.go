@@ -32,7 +32,7 @@ func serverPod(objs []object) (d object, pod map[string]any, err error) {
 	}
 	pod, _ = get(d, "spec", "template", "spec").(map[string]any)
 	if pod == nil {
-		return nil, nil, fmt.Errorf("Deployment %s: no pod spec", serverName)
+		return nil, nil, fmt.Errorf("deployment %s: no pod spec", serverName)
 	}
 	return d, pod, nil
 }
@@ -47,7 +47,7 @@ func (g *generator) templatePlacement(objs []object, variants map[string][]objec
 		return err
 	}
 	if got := get(d, "metadata", "annotations", placementAnnotation); got != "controlPlane" {
-		return fmt.Errorf("Deployment %s: annotation %s %v, want controlPlane: teach hack/helmchart the new default",
+		return fmt.Errorf("deployment %s: annotation %s %v, want controlPlane: teach hack/helmchart the new default",
 			serverName, placementAnnotation, got)
 	}
 	affinity := map[string]string{}
@@ -106,7 +106,7 @@ func (g *generator) templatePlacement(objs []object, variants map[string][]objec
 	for _, meta := range []map[string]any{d.meta(), get(d, "spec", "template", "metadata").(map[string]any)} {
 		annotations, _ := meta["annotations"].(map[string]any)
 		if annotations == nil {
-			return fmt.Errorf("Deployment %s: no annotations to template", serverName)
+			return fmt.Errorf("deployment %s: no annotations to template", serverName)
 		}
 		annotations[placementAnnotation] = g.tpl.scalar(`{{ .Values.placement }}`)
 		annotations[poolLabelAnnotation] = g.tpl.block(`eq .Values.placement "dedicated"`, label)

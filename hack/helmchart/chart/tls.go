@@ -140,11 +140,11 @@ func (g *generator) templateTLS(ss map[string]object, certManagerOnly []object, 
 	data, _ := secret["data"].(map[string]any)
 	for name, content := range placeholderCerts {
 		if data[name] != b64(content) {
-			return fmt.Errorf("Secret %s: %s is not the file the overlay's secretGenerator reads", tlsSecret, name)
+			return fmt.Errorf("secret %s: %s is not the file the overlay's secretGenerator reads", tlsSecret, name)
 		}
 	}
 	if len(data) != len(placeholderCerts) {
-		return fmt.Errorf("Secret %s: keys %v, want those of %v", tlsSecret, data, placeholderCerts)
+		return fmt.Errorf("secret %s: keys %v, want those of %v", tlsSecret, data, placeholderCerts)
 	}
 	data["ca.crt"] = g.tpl.scalar("{{ $ca }}")
 	data["tls.crt"] = g.tpl.scalar("{{ $crt }}")

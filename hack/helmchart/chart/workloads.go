@@ -15,8 +15,8 @@ type image struct {
 
 func parseImage(ref string) image {
 	im := image{ref: ref, repository: ref}
-	if i := strings.Index(ref, "@"); i >= 0 {
-		im.repository, im.digest = ref[:i], ref[i+1:]
+	if repo, digest, ok := strings.Cut(ref, "@"); ok {
+		im.repository, im.digest = repo, digest
 		return im
 	}
 	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
@@ -104,7 +104,7 @@ func (g *generator) templateWorkloads(objs []object) (placement, error) {
 	d, _ := find(objs, "Deployment", serverName)
 	p.replicas = get(d, "spec", "replicas")
 	if p.replicas == nil {
-		return p, fmt.Errorf("Deployment %s sets no replicas", serverName)
+		return p, fmt.Errorf("deployment %s sets no replicas", serverName)
 	}
 	set(d, g.tpl.scalar("{{ .Values.server.replicas }}"), "spec", "replicas")
 	for _, c := range items(d, "spec", "template", "spec", "containers") {
@@ -115,7 +115,7 @@ func (g *generator) templateWorkloads(objs []object) (placement, error) {
 		for i, a := range args {
 			if s, ok := a.(string); ok && strings.HasPrefix(s, configNSFlag) {
 				if p.configNamespaces != nil {
-					return p, fmt.Errorf("Deployment %s: %s twice", serverName, configNSFlag)
+					return p, fmt.Errorf("deployment %s: %s twice", serverName, configNSFlag)
 				}
 				p.configNamespaces = strings.Split(strings.TrimPrefix(s, configNSFlag), ",")
 				args[i] = configNSFlag + g.tpl.scalar(`{{ join "," .Values.configNamespaces }}`)
@@ -123,7 +123,7 @@ func (g *generator) templateWorkloads(objs []object) (placement, error) {
 		}
 	}
 	if p.configNamespaces == nil {
-		return p, fmt.Errorf("Deployment %s: no %s argument", serverName, configNSFlag)
+		return p, fmt.Errorf("deployment %s: no %s argument", serverName, configNSFlag)
 	}
 	found := false
 	for _, v := range items(d, "spec", "template", "spec", "volumes") {
@@ -133,7 +133,7 @@ func (g *generator) templateWorkloads(objs []object) (placement, error) {
 		}
 	}
 	if !found {
-		return p, fmt.Errorf("Deployment %s: no volume %s of Secret %s", serverName, tlsVolumeName, tlsSecret)
+		return p, fmt.Errorf("deployment %s: no volume %s of Secret %s", serverName, tlsVolumeName, tlsSecret)
 	}
 	return p, nil
 }

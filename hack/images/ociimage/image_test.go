@@ -72,7 +72,7 @@ func TestBuildConfig(t *testing.T) {
 				c.WorkingDir != "/" || !slices.Equal(c.Env, []string{DefaultPath}) || len(c.Cmd) != 0 {
 				t.Errorf("config = %+v", c)
 			}
-			if cf.OS != "linux" || cf.Architecture != "amd64" || !cf.Created.Time.Equal(tc.src.Created) {
+			if cf.OS != "linux" || cf.Architecture != "amd64" || !cf.Created.Equal(tc.src.Created) {
 				t.Errorf("platform/created = %s/%s %v", cf.OS, cf.Architecture, cf.Created)
 			}
 			want := map[string]string{

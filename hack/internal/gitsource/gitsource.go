@@ -4,6 +4,7 @@ package gitsource
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,7 +19,7 @@ func Git(ctx context.Context, args ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, "git", args...).Output()
 	if err != nil {
 		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 			stderr = ": " + strings.TrimSpace(string(ee.Stderr))
 		}
 		return "", fmt.Errorf("git %s: %w%s", strings.Join(args, " "), err, stderr)

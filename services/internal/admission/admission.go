@@ -12,6 +12,7 @@ package admission
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -56,7 +57,11 @@ func Review(req *admissionv1.AdmissionRequest, namespaces resolve.Namespaces) *a
 	path := field.NewPath("metadata", "annotations").Key(nodeconfig.SourceAnnotation)
 	src, err := resolve.ParseAnnotation(value, path)
 	if err != nil {
-		return deny(http.StatusUnprocessableEntity, string(err.(*resolve.SourceError).Status)[len(nodeconfig.SyncErrorPrefix+nodeconfig.InvalidSourcePrefix):])
+		var se *resolve.SourceError
+		if !errors.As(err, &se) {
+			return deny(http.StatusUnprocessableEntity, err.Error())
+		}
+		return deny(http.StatusUnprocessableEntity, string(se.Status)[len(nodeconfig.SyncErrorPrefix+nodeconfig.InvalidSourcePrefix):])
 	}
 	if errs := nodeconfig.ValidateSpec(src, path); len(errs) > 0 {
 		return deny(http.StatusUnprocessableEntity, errs.ToAggregate().Error())

@@ -48,7 +48,7 @@ func TestTable(t *testing.T) {
 	if !tab.SetSyncError("a", "", "", "failed to sync: x") || !closed(ch) {
 		t.Fatal("SetSyncError did not change")
 	}
-	st, _, ch = tab.Get("a")
+	st, _, _ = tab.Get("a")
 	if st.Assignment.GetContentHash() != "h1" || st.SyncError != "failed to sync: x" {
 		t.Fatalf("after SetSyncError: %+v", st)
 	}

@@ -108,7 +108,9 @@ func fromPeer(ctx context.Context, addr string) context.Context {
 		panic(err)
 	}
 	var p int
-	fmt.Sscan(port, &p)
+	if _, err := fmt.Sscan(port, &p); err != nil {
+		panic(err)
+	}
 	return peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(host), Port: p}})
 }
 

@@ -39,44 +39,44 @@ func TestReauthenticate(t *testing.T) {
 	if until, ok := VerifiedUntil(ctx); !ok || !until.Equal(epoch.Add(time.Minute)) {
 		t.Fatalf("VerifiedUntil = %v, %v; want the cache entry's end %v", until, ok, epoch.Add(time.Minute))
 	}
-	reauth := func(at time.Duration) (time.Time, error, int) {
+	reauth := func(at time.Duration) (time.Time, int, error) {
 		t.Helper()
 		clk.SetTime(epoch.Add(at))
 		before := rv.count()
 		until, err := a.Reauthenticate(ctx)
-		return until, err, rv.count() - before
+		return until, rv.count() - before, err
 	}
 
 	// Within the verification: the cache answers.
-	if until, err, reviews := reauth(30 * time.Second); err != nil || reviews != 0 || !until.Equal(epoch.Add(time.Minute)) {
+	if until, reviews, err := reauth(30 * time.Second); err != nil || reviews != 0 || !until.Equal(epoch.Add(time.Minute)) {
 		t.Fatalf("within the TTL: until %v, err %v, %d reviews; want the cached answer", until, err, reviews)
 	}
 	// Past it: a review, and a new verification. The per-peer bucket (burst 1) was spent by AuthFunc:
 	// re-checks are not limited by it.
-	if until, err, reviews := reauth(time.Minute + time.Millisecond); err != nil || reviews != 1 || !until.Equal(epoch.Add(2*time.Minute+time.Millisecond)) {
+	if until, reviews, err := reauth(time.Minute + time.Millisecond); err != nil || reviews != 1 || !until.Equal(epoch.Add(2*time.Minute+time.Millisecond)) {
 		t.Fatalf("past the TTL: until %v, err %v, %d reviews; want one review and a new minute", until, err, reviews)
 	}
 	// The apiserver unreachable: Unavailable, nothing cached, not a refusal.
 	rv.mu.Lock()
 	rv.down = errors.New("connection refused")
 	rv.mu.Unlock()
-	if _, err, reviews := reauth(2*time.Minute + 2*time.Millisecond); status.Code(err) != codes.Unavailable || reviews != 1 {
+	if _, reviews, err := reauth(2*time.Minute + 2*time.Millisecond); status.Code(err) != codes.Unavailable || reviews != 1 {
 		t.Fatalf("apiserver down: err %v, %d reviews; want Unavailable after one review", err, reviews)
 	}
 	rv.mu.Lock()
 	rv.down = nil
 	rv.mu.Unlock()
-	if _, err, reviews := reauth(2*time.Minute + 3*time.Millisecond); err != nil || reviews != 1 {
+	if _, reviews, err := reauth(2*time.Minute + 3*time.Millisecond); err != nil || reviews != 1 {
 		t.Fatalf("apiserver back: err %v, %d reviews; want a verification", err, reviews)
 	}
 	// The token revoked (its pod deleted): refused at the first check past the verification.
 	rv.mu.Lock()
 	delete(rv.known, tok)
 	rv.mu.Unlock()
-	if _, err, _ := reauth(3*time.Minute + 2*time.Millisecond); err != nil {
+	if _, _, err := reauth(3*time.Minute + 2*time.Millisecond); err != nil {
 		t.Fatalf("revoked, still within the verification: %v; want the cached answer", err)
 	}
-	if _, err, reviews := reauth(3*time.Minute + 4*time.Millisecond); status.Code(err) != codes.Unauthenticated || reviews != 1 {
+	if _, reviews, err := reauth(3*time.Minute + 4*time.Millisecond); status.Code(err) != codes.Unauthenticated || reviews != 1 {
 		t.Fatalf("revoked: err %v, %d reviews; want Unauthenticated after one review", err, reviews)
 	}
 
@@ -84,7 +84,7 @@ func TestReauthenticate(t *testing.T) {
 	tok2 := rv.valid(jwt(map[string]any{"iss": "k8s", "n": 2}), "n1", Audience)
 	ctx = authed(t, a, "10.0.0.2:1", tok2)
 	rv.valid(tok2, "n2", Audience)
-	_, err, _ := reauth(5 * time.Minute)
+	_, _, err := reauth(5 * time.Minute)
 	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), `node "n2", not kube-system/dkc-sidecar of node "n1"`) {
 		t.Fatalf("identity changed: %v; want Unauthenticated naming both nodes", err)
 	}

@@ -93,11 +93,10 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
 		// Sidecars ping at most every 30s; anything faster is a misbehaving client.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20e9, PermitWithoutStream: true}),
-		// Thousands of mostly idle streams: small per-connection buffers, and write buffers released
-		// between writes.
+		// Thousands of mostly idle streams: small per-connection buffers (gRPC's shared write buffer, its
+		// default, releases them between writes).
 		grpc.ReadBufferSize(cfg.ReadBufferSize),
 		grpc.WriteBufferSize(cfg.WriteBufferSize),
-		grpc.SharedWriteBuffer(true),
 		// No HPACK dynamic table for what clients send: a sidecar's headers (its ~1 KB bearer token above
 		// all) would sit in every connection's table for its life — 2 KB a connection in the 5,000-node heap
 		// profile — to save re-sending them on a status report every few minutes.

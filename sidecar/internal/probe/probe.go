@@ -288,7 +288,7 @@ func (k *Kubelet) trust(kc *configcheck.Checked) (func(tls.ConnectionState) erro
 	if k.caFile != "" {
 		pool, err := loadPool(k.caFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrServingCert, err)
+			return nil, fmt.Errorf("%w: %v", ErrServingCert, err) //nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
 		}
 		return func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 {
@@ -302,7 +302,7 @@ func (k *Kubelet) trust(kc *configcheck.Checked) (func(tls.ConnectionState) erro
 			// the loopback address it is probed on. Only this node's addresses are dialled.
 			if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter,
 				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-				return fmt.Errorf("%w: not signed by --kubelet-ca-file %s: %v; token not sent", ErrServingCert, k.caFile, err)
+				return fmt.Errorf("%w: not signed by --kubelet-ca-file %s: %v; token not sent", ErrServingCert, k.caFile, err) //nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
 			}
 			return nil
 		}, nil
@@ -312,7 +312,7 @@ func (k *Kubelet) trust(kc *configcheck.Checked) (func(tls.ConnectionState) erro
 	k.mu.Unlock()
 	file, err := ServingCertFile(kc.Fields, certDir)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrServingCert, err)
+		return nil, fmt.Errorf("%w: %v", ErrServingCert, err) //nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
 	}
 	pinned, err := leaf(file)
 	if err != nil {
@@ -428,7 +428,7 @@ func (k *Kubelet) get(ctx context.Context, url string, verify func(tls.Connectio
 	resp, err := client.Do(req)
 	if err != nil {
 		if auth && answerTimedOut(err) {
-			return nil, fmt.Errorf("%w: %v", ErrNoAnswer, err)
+			return nil, fmt.Errorf("%w: %v", ErrNoAnswer, err) //nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
 		}
 		return nil, err
 	}

@@ -189,7 +189,7 @@ func (m *Manager) Restart(ctx context.Context) error {
 		return err
 	}
 	if rerr := m.resetFailed(ctx); rerr != nil {
-		return fmt.Errorf("%w; reset-failed: %v", err, rerr)
+		return fmt.Errorf("%w; reset-failed: %v", err, rerr) //nolint:errorlint // the restart's error decides; reset-failed's is for the reader
 	}
 	m.pacer.record()
 	if err := m.job(ctx, "start", (*sddbus.Conn).StartUnitContext); err != nil {
@@ -266,7 +266,7 @@ func (m *Manager) job(ctx context.Context, verb string, queue func(*sddbus.Conn,
 	done := make(chan string, 1)
 	if _, err := queue(c, ctx, m.unit, "replace", done); err != nil {
 		if !c.Connected() {
-			return fmt.Errorf("%s %s: %w: %v", verb, m.unit, ErrBusLost, err)
+			return fmt.Errorf("%s %s: %w: %v", verb, m.unit, ErrBusLost, err) //nolint:errorlint // callers decide on ErrBusLost alone
 		}
 		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
 	}
@@ -304,13 +304,13 @@ func (m *Manager) afterBusLoss(ctx context.Context, before string, lost error) e
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w; then the unit's job could not be followed: %v", lost, ctx.Err())
+			return fmt.Errorf("%w; then the unit's job could not be followed: %v", lost, ctx.Err()) //nolint:errorlint // the lost bus decides, not the context that ended the wait
 		case <-m.pacer.clock.After(500 * time.Millisecond):
 		}
 	}
 	after, err := m.invocationID(ctx)
 	if err != nil {
-		return fmt.Errorf("%w; then: %v", lost, err)
+		return fmt.Errorf("%w; then: %v", lost, err) //nolint:errorlint // the lost bus decides; what followed is for the reader
 	}
 	if before != "" && after == before {
 		return fmt.Errorf("%w; %s was not restarted", lost, m.unit)
@@ -318,7 +318,7 @@ func (m *Manager) afterBusLoss(ctx context.Context, before string, lost error) e
 	state, result, err := m.State(ctx)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%w; then: %v", lost, err)
+		return fmt.Errorf("%w; then: %v", lost, err) //nolint:errorlint // the lost bus decides; what followed is for the reader
 	case state == "active":
 		return nil
 	case processFailures[result]:

@@ -94,11 +94,12 @@ func Minor(v string) string {
 	return major + "." + minor
 }
 
-// CompareMinors orders minors ("1.9" before "1.10") for slices.SortFunc.
+// CompareMinors orders minors ("1.9" before "1.10") for slices.SortFunc; a part that does not parse counts
+// as 0.
 func CompareMinors(a, b string) int {
 	var am, an, bm, bn int
-	fmt.Sscanf(a, "%d.%d", &am, &an)
-	fmt.Sscanf(b, "%d.%d", &bm, &bn)
+	_, _ = fmt.Sscanf(a, "%d.%d", &am, &an)
+	_, _ = fmt.Sscanf(b, "%d.%d", &bm, &bn)
 	return cmp.Or(cmp.Compare(am, bm), cmp.Compare(an, bn))
 }
 

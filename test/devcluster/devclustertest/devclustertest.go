@@ -20,7 +20,7 @@ import (
 )
 
 // heldLock keeps this process's cluster lock (see freshDir) open, hence held, until the process exits.
-var heldLock *os.File
+var heldLock *os.File //nolint:unused // never read: it keeps the file reachable, whose finalizer would close it and release the lock
 
 // Dir is where the cluster of the test binary called name lives: _output/test/<name> in the repository, so
 // that its logs survive a failing run for reading. $DKC_TEST_CLUSTER_SUFFIX, when set, is appended to name,

@@ -503,8 +503,8 @@ func (o *Options) rolloutUndoCommand() *cobra.Command {
 		Long: `undo points the pool's spec.configMap at the snapshot of its previous revision (or of --to-revision;
 kubectl dkc rollout history lists them), which is rolled out like any revision, and follows it. A halted
 pool goes on with it: failures of another revision do not count. The snapshot is taken only from where the
-pool records it (else its spec.configMap's namespace), and only if it is the revision's: data that hash to
-the revision, and the UID the pool records.
+pool records it, and only if it is the revision's as the pool created it: the UID the pool records, and
+data that hash to the revision.
 
 The pool's spec then names the snapshot, not your ConfigMap: point it back with rollout POOL --configmap
 once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the change in Git instead.`,
@@ -589,9 +589,11 @@ func snapshotNamespaces(p *v1alpha1.KubeletConfigPool) []string {
 	return out
 }
 
-// checkSnapshot refuses cm as the pool's revision rev when it is not the revision's snapshot: named for
-// another revision, data that do not hash to rev (with the key the pool recorded, or its spec's), or a UID
-// other than the one the pool records — what dkc-server refuses to serve too.
+// checkSnapshot refuses cm as the pool's revision rev when it is not the revision's snapshot as the pool
+// created it: named and labelled for rev, the UID the pool records, and data that hash to rev with the key
+// the pool recorded — what dkc-server refuses to send a node too. A snapshot the pool does not record is
+// refused: a revision's name is a short digest, which anyone able to create the object could match with
+// other data.
 func checkSnapshot(p *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap, rev string) error {
 	refuse := func(why string) error {
 		return fmt.Errorf("configmap %s/%s (UID %s) is not revision %s of kubeletconfigpool %s: %s",
@@ -600,16 +602,15 @@ func checkSnapshot(p *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap, rev stri
 	if cm.Name != v1alpha1.SnapshotName(p.Name, rev) || cm.Labels[v1alpha1.LabelRevision] != rev {
 		return refuse(fmt.Sprintf("it is labelled revision %q", cm.Labels[v1alpha1.LabelRevision]))
 	}
-	key := p.Spec.ConfigMap.KubeletConfigKey
 	r, recorded := p.Status.RevisionSnapshots.Snapshot(rev)
-	if recorded {
-		key = r.KubeletConfigKey
-		if r.Namespace != cm.Namespace || r.UID != cm.UID {
-			return refuse(fmt.Sprintf("the pool records %s/%s with UID %s: created by someone else, or deleted and created again",
-				r.Namespace, r.Name, r.UID))
-		}
+	if !recorded {
+		return refuse("the pool records no snapshot of that revision: not created by the pool, or taken by a dkc that did not record its snapshots")
 	}
-	if got := v1alpha1.RevisionName(cm.Namespace, key, cm.Data); got != rev {
+	if r.Namespace != cm.Namespace || r.UID != cm.UID {
+		return refuse(fmt.Sprintf("the pool records %s/%s with UID %s: created by someone else, or deleted and created again",
+			r.Namespace, r.Name, r.UID))
+	}
+	if got := v1alpha1.RevisionName(cm.Namespace, r.KubeletConfigKey, cm.Data); got != rev {
 		return refuse(fmt.Sprintf("its data is revision %s", got))
 	}
 	return nil
@@ -621,9 +622,9 @@ func (o *Options) rolloutHistoryCommand() *cobra.Command {
 		Short: "List a pool's kept revisions, newest first",
 		Long: `history lists the pool's revision snapshots, newest first, with the current and previous revisions
 marked. It looks only where the pool's snapshots live: the namespace of its spec.configMap and those its
-status.revisionSnapshots records. A snapshot that is not its revision's (its data hash to another revision,
-or its UID is not the one the pool records) is marked REFUSED, with a warning naming what differs: undo
-never takes it, and dkc-server never serves it.`,
+status.revisionSnapshots records. A snapshot the pool does not record, or that is not its revision's as
+recorded (another UID, data that hash to another revision), is marked REFUSED, with a warning naming what
+differs: undo never takes it, and dkc-server never sends it to a node that does not already run it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()

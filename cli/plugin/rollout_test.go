@@ -14,8 +14,8 @@ import (
 )
 
 // TestSnapshotForUndo: undo takes a pool's revision only where the pool's snapshots live and only when it
-// is the revision's snapshot. (Before, a ConfigMap of the snapshot's labels in any namespace was taken, and
-// its data never checked.)
+// is the revision's snapshot as the pool recorded it. (Before, a ConfigMap of the snapshot's labels in any
+// namespace was taken, and its data never checked; then one the pool did not record was taken on its data.)
 func TestSnapshotForUndo(t *testing.T) {
 	data := map[string]string{"kubelet": "kind: KubeletConfiguration\n"}
 	rev := v1alpha1.RevisionName("kube-system", "kubelet", data)
@@ -43,13 +43,14 @@ func TestSnapshotForUndo(t *testing.T) {
 		rev     string
 		want    string // "" found; else a part of the error
 	}{
-		{name: "in the pool's namespace", pool: pool(), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u1", data)}, rev: rev},
+		{name: "in the pool's namespace, not recorded", pool: pool(), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u1", data)}, rev: rev,
+			want: "(UID u1) is not revision " + rev + " of kubeletconfigpool blue: the pool records no snapshot of that revision"},
 		{name: "recorded", pool: pool(recorded("kube-system", rev, "u1")), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u1", data)}, rev: rev},
 		{name: "recorded in the namespace the spec named before", pool: pool(recorded("configs", moved, "u1")),
 			objects: []*corev1.ConfigMap{snap("configs", moved, "u1", data)}, rev: moved},
 		{name: "elsewhere, not recorded: not searched", pool: pool(), objects: []*corev1.ConfigMap{snap("default", moved, "u1", data)}, rev: moved,
 			want: "has no revision " + moved + " in namespace kube-system"},
-		{name: "other data", pool: pool(), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u2", evil)}, rev: rev,
+		{name: "other data", pool: pool(recorded("kube-system", rev, "u2")), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u2", evil)}, rev: rev,
 			want: "(UID u2) is not revision " + rev + " of kubeletconfigpool blue: its data is revision"},
 		{name: "created again", pool: pool(recorded("kube-system", rev, "u1")), objects: []*corev1.ConfigMap{snap("kube-system", rev, "u2", data)}, rev: rev,
 			want: "the pool records kube-system/blue-" + rev + " with UID u1"},

@@ -90,8 +90,19 @@ func TestSnapshotPreCreatedIsRefused(t *testing.T) {
 // status shows the snapshot mismatch, its kubelet does not restart and its configz is unchanged; the pool
 // is ConfigInvalid (SnapshotMismatch).
 func TestSnapshotRecreatedIsNotServed(t *testing.T) {
+	recreatedSnapshot(t, "snapshot-recreated", false)
+}
+
+// TestSnapshotRecreatedWithItsDataIsNotServed: the same with the snapshot's own data, so that its data
+// still hash to its revision: only the UID the pool recorded tells it from the pool's own.
+func TestSnapshotRecreatedWithItsDataIsNotServed(t *testing.T) {
+	recreatedSnapshot(t, "snapshot-recreated-same", true)
+}
+
+// recreatedSnapshot is TestSnapshotRecreatedIsNotServed on pool, the snapshot re-created with its own data
+// if sameData, else with other data.
+func recreatedSnapshot(t *testing.T, pool string, sameData bool) {
 	resetAfter(t)
-	const pool = "snapshot-recreated"
 	deletePoolAtEnd(t, pool)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -111,7 +122,11 @@ func TestSnapshotRecreatedIsNotServed(t *testing.T) {
 	if err := admin(t).CoreV1().ConfigMaps("kube-system").Delete(ctx, good.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	forged, err := admin(t).CoreV1().ConfigMaps("kube-system").Create(ctx, forgedSnapshot(pool, rev, nodeConfig(t, "node-2", 48)), metav1.CreateOptions{})
+	data := nodeConfig(t, "node-2", 48)
+	if sameData {
+		data = good.Data["kubelet"]
+	}
+	forged, err := admin(t).CoreV1().ConfigMaps("kube-system").Create(ctx, forgedSnapshot(pool, rev, data), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create the forged snapshot: %v", err)
 	}

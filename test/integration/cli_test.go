@@ -9,10 +9,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
@@ -252,8 +254,34 @@ func TestKubectlDKCRolloutDrivesAPool(t *testing.T) {
 		t.Fatalf("rollout status after resume: %v\n%s\n%s", err, out, errOut)
 	}
 
-	out, _, err = kubectlDKC(t, "rollout", "history", pool)
+	// history looks only where the pool's snapshots live, and marks one the pool did not record. Two objects
+	// shaped as the pool's snapshots, whose data hash to their revision: in another namespace (not listed),
+	// and in the pool's, unrecorded (listed REFUSED, with why).
+	forged := map[string]string{"kubelet": poolHeader + "eventRecordQPS: 35\n"}
+	client := adminClient(t)
+	for _, ns := range []string{"default", "kube-system"} {
+		rev := v1alpha1.RevisionName(ns, "kubelet", forged)
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.SnapshotName(pool, rev),
+			Labels: map[string]string{v1alpha1.LabelPool: pool, v1alpha1.LabelRevision: rev}}, Data: forged}
+		if _, err := client.CoreV1().ConfigMaps(ns).Create(testContext(t), cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = client.CoreV1().ConfigMaps(ns).Delete(context.Background(), cm.Name, metav1.DeleteOptions{}) })
+	}
+	elsewhere := v1alpha1.RevisionName("default", "kubelet", forged)
+	unrecorded := v1alpha1.RevisionName("kube-system", "kubelet", forged)
+	out, errOut, err = kubectlDKC(t, "rollout", "history", pool)
 	if err != nil || !strings.Contains(out, next+"  ") || !strings.Contains(out, "current") || !strings.Contains(out, good) {
 		t.Errorf("history: %v\n%s", err, out)
+	}
+	if strings.Contains(out, elsewhere) {
+		t.Errorf("history lists a snapshot-shaped ConfigMap in namespace default, where the pool has none:\n%s", out)
+	}
+	if !regexp.MustCompile(unrecorded + `\s.*REFUSED`).MatchString(out) || !strings.Contains(errOut, "the pool records no snapshot of that revision") {
+		t.Errorf("history does not refuse the unrecorded %s:\n%s\n%s", unrecorded, out, errOut)
+	}
+	if _, _, err := kubectlDKC(t, "rollout", "undo", pool, "--to-revision", unrecorded, "--wait=false"); err == nil ||
+		!strings.Contains(err.Error(), "the pool records no snapshot of that revision") {
+		t.Errorf("undo to the unrecorded %s: %v, want it refused", unrecorded, err)
 	}
 }

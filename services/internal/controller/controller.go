@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	coreinformers "k8s.io/client-go/informers/core/v1"
@@ -45,6 +47,9 @@ type ConfigMaps interface {
 type Snapshots interface {
 	// Recorded returns the snapshots pool records; nil when the pool does not exist or records none.
 	Recorded(pool string) *v1alpha1.RevisionSnapshots
+	// Synced reports whether Recorded answers for every pool: the pools are listed, or their API is not
+	// installed.
+	Synced() bool
 	// Run keeps the records until ctx ends.
 	Run(ctx context.Context) error
 }
@@ -163,8 +168,8 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	trackerDone := make(chan error, 1)
 	go func() { trackerDone <- c.cms.Run(ctx) }()
 	if c.snapshots != nil {
-		// Not waited for: a cluster without the pool API never lists pools, and a snapshot resolved before
-		// the records are listed is checked against its data, then again once they are (onChange).
+		// Not waited for: only nodes whose source claims to be a pool's snapshot wait for the records
+		// (checkSnapshot); every other node is served at once.
 		go func() { _ = c.snapshots.Run(ctx) }()
 	}
 	if !cache.WaitForNamedCacheSync("nodes", ctx.Done(), c.nodesSynced) {
@@ -277,7 +282,12 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		}
 		return nil
 	}
-	if err := c.checkSnapshot(ref, cm); err != nil {
+	if err := c.checkSnapshot(node, ref, cm); err != nil {
+		if errors.Is(err, errRecordsPending) {
+			// Nothing changes for the node until the records say whether this object is its pool's.
+			c.queue.AddAfter(name, recordsPendingRetry)
+			return nil
+		}
 		if c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SnapshotMismatchError) {
 			var m *revision.Mismatch
 			errors.As(err, &m)
@@ -334,18 +344,45 @@ func (c *Controller) ResolvedConfigs() int { return c.shared.size() }
 
 // checkSnapshot refuses a ConfigMap that claims to be a KubeletConfigPool's revision snapshot and is not
 // the one the pool created (revision.Verify): its data must be its revision's, and its UID the one the
-// pool records. A node is never sent it. The data's hash is computed once per ConfigMap version and
-// record, not once per node.
-func (c *Controller) checkSnapshot(ref *corev1.ConfigMapNodeConfigSource, cm *corev1.ConfigMap) error {
+// pool records; one the pool does not record is sent only to a node already running it. A node is never
+// sent a refused one. Before the pools' records are listed, a claimed snapshot the node does not run yet
+// is errRecordsPending: it cannot be told from one re-created a moment ago. The data's hash is computed
+// once per ConfigMap version and record, not once per node.
+func (c *Controller) checkSnapshot(node *corev1.Node, ref *corev1.ConfigMapNodeConfigSource, cm *corev1.ConfigMap) error {
 	pool, rev, ok := revision.Claim(cm)
 	if !ok {
 		return nil
 	}
+	running := runs(node, cm.UID)
 	var rec *v1alpha1.RevisionSnapshots
 	if c.snapshots != nil {
+		if !running && !c.snapshots.Synced() {
+			return errRecordsPending
+		}
 		rec = c.snapshots.Recorded(pool)
 	}
 	r, _ := rec.Snapshot(rev)
-	memo := string(cm.UID) + "/" + cm.ResourceVersion + "/" + r.Namespace + "/" + r.Name + "/" + string(r.UID) + "/" + r.KubeletConfigKey
-	return c.shared.check(ref, memo, func() error { return revision.Verify(cm, pool, rev, ref.KubeletConfigKey, rec) })
+	memo := string(cm.UID) + "/" + cm.ResourceVersion + "/" + r.Namespace + "/" + r.Name + "/" + string(r.UID) + "/" +
+		r.KubeletConfigKey + "/" + strconv.FormatBool(running)
+	return c.shared.check(ref, memo, func() error { return revision.Verify(cm, pool, rev, ref.KubeletConfigKey, rec, running) })
+}
+
+// errRecordsPending: the pools' snapshot records are not listed yet (checkSnapshot).
+var errRecordsPending = errors.New("kubeletconfigpool snapshot records not listed yet")
+
+// recordsPendingRetry is how soon a node waiting for the pools' records is resolved again.
+const recordsPendingRetry = time.Second
+
+// runs says whether the status dkc-server wrote for node names uid as the config it was assigned or runs.
+func runs(node *corev1.Node, uid types.UID) bool {
+	st, ok := reported(node)
+	if !ok || uid == "" {
+		return false
+	}
+	for _, s := range []*corev1.NodeConfigSource{st.Assigned, st.Active} {
+		if s != nil && s.ConfigMap != nil && s.ConfigMap.UID == uid {
+			return true
+		}
+	}
+	return false
 }

@@ -122,7 +122,7 @@ func TestPacingExemptions(t *testing.T) {
 	if f.given("a") != "2" || f.given("b") != "1" {
 		t.Fatalf("given a %q, b %q; want a on 2, b held on 1", f.given("a"), f.given("b"))
 	}
-	// A pool's snapshot, whose data hash to its revision as the serving side checks.
+	// A pool's snapshot, recorded by its pool and whose data hash to its revision, as the serving side checks.
 	data := map[string]string{"kubelet": "pool"}
 	rev := v1alpha1.RevisionName("kube-system", "kubelet", data)
 	name := v1alpha1.SnapshotName("blue", rev)
@@ -131,6 +131,8 @@ func TestPacingExemptions(t *testing.T) {
 	f.cms.cms[key] = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name, UID: "uid-blue",
 		ResourceVersion: "9", Labels: map[string]string{v1alpha1.LabelPool: "blue", v1alpha1.LabelRevision: rev}},
 		Immutable: &yes, Data: data}
+	f.c.snapshots = &records{pools: map[string]*v1alpha1.RevisionSnapshots{"blue": {Items: []v1alpha1.RevisionSnapshot{
+		{Revision: rev, Namespace: "kube-system", Name: name, UID: "uid-blue", KubeletConfigKey: "kubelet"}}}}}
 	f.put("c", name, true, "")
 	if got := f.given("c"); got != "9" {
 		t.Errorf("pool node given %q, want the snapshot (9) at once", got)

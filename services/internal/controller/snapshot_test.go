@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,16 +15,43 @@ import (
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 )
 
-// records are the pools' snapshot records, over a map.
-type records map[string]*v1alpha1.RevisionSnapshots
+// records are the pools' snapshot records, over a map; unsynced until the pools are listed.
+type records struct {
+	pools    map[string]*v1alpha1.RevisionSnapshots
+	unsynced bool
+}
 
-func (r records) Recorded(pool string) *v1alpha1.RevisionSnapshots { return r[pool] }
-func (r records) Run(ctx context.Context) error                    { <-ctx.Done(); return nil }
+func (r *records) Recorded(pool string) *v1alpha1.RevisionSnapshots { return r.pools[pool] }
+func (r *records) Synced() bool                                     { return !r.unsynced }
+func (r *records) Run(ctx context.Context) error                    { <-ctx.Done(); return nil }
+
+// reports puts on the Node the status dkc-server writes when its sidecar reports running uid, and
+// resolves the node again.
+func (f *fixture) reports(node string, uid types.UID) {
+	f.t.Helper()
+	obj, ok, err := f.store.GetByKey(node)
+	if err != nil || !ok {
+		f.t.Fatalf("node %s: %v", node, err)
+	}
+	n := obj.(*corev1.Node).DeepCopy()
+	src := &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "x", UID: uid}}
+	raw, err := json.Marshal(corev1.NodeConfigStatus{Assigned: src, Active: src})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	n.Annotations[nodeconfig.StatusAnnotation] = string(raw)
+	if err := f.store.Update(n); err != nil {
+		f.t.Fatal(err)
+	}
+	f.sync(node)
+}
 
 // TestTamperedSnapshotNotServed: a node whose source names a pool's revision snapshot is sent it only
-// while its data hash to its revision and its UID is the one the pool records; otherwise the node gets
-// SnapshotMismatchError and keeps what it was sent before. (Before the check, every tampered version
-// here was sent.)
+// while its data hash to its revision and its UID is the one the pool records — or, when the pool records
+// none, while the node already runs that very object; otherwise the node gets SnapshotMismatchError and
+// keeps what it was sent before. Before the pools' records are listed, a snapshot the node does not run
+// waits: nothing is sent, no error. (Before the check, every tampered version here was sent; before the
+// wait, a snapshot re-created as dkc-server started was sent.)
 func TestTamperedSnapshotNotServed(t *testing.T) {
 	const kubelet = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 42\n"
 	rev := revision.Name("kube-system", "kubelet", map[string]string{"kubelet": kubelet})
@@ -37,42 +65,68 @@ func TestTamperedSnapshotNotServed(t *testing.T) {
 		}
 		return cm
 	}
-	recorded := records{"blue": {Items: []v1alpha1.RevisionSnapshot{
-		{Revision: rev, Namespace: "kube-system", Name: name, UID: "u1", KubeletConfigKey: "kubelet"}}}}
+	recording := func(uid types.UID) map[string]*v1alpha1.RevisionSnapshots {
+		return map[string]*v1alpha1.RevisionSnapshots{"blue": {Items: []v1alpha1.RevisionSnapshot{
+			{Revision: rev, Namespace: "kube-system", Name: name, UID: uid, KubeletConfigKey: "kubelet"}}}}
+	}
+	const sent, refused, waits = "sent", "refused", "waits"
 	for _, tc := range []struct {
 		name    string
-		records records
+		records *records // nil: the controller has no records at all
 		then    *corev1.ConfigMap
-		refused bool
+		want    string
+		// listed: the records once the pools are listed, for a case that waits; then sent or refused.
+		listed map[string]*v1alpha1.RevisionSnapshots
+		after  string
 	}{
-		{name: "the recorded snapshot", records: recorded, then: snapshot("u1", "2", kubelet, true)},
-		{name: "created again with other data", records: recorded, then: snapshot("u2", "3", kubelet+"staticPodPath: /x\n", true), refused: true},
-		{name: "created again with the same data", records: recorded, then: snapshot("u2", "3", kubelet, true), refused: true},
-		{name: "created again without labels", records: recorded, then: snapshot("u2", "3", "x", false), refused: true},
-		{name: "no record (a pool gone, or from before records): the data decide", records: records{}, then: snapshot("u2", "3", kubelet, true)},
-		{name: "no record, other data", records: records{}, then: snapshot("u2", "3", "x", true), refused: true},
-		{name: "no records at all, other data", then: snapshot("u2", "3", "x", true), refused: true},
+		{name: "the recorded snapshot", records: &records{pools: recording("u1")}, then: snapshot("u1", "2", kubelet, true), want: sent},
+		{name: "created again with other data", records: &records{pools: recording("u1")}, then: snapshot("u2", "3", kubelet+"staticPodPath: /x\n", true), want: refused},
+		{name: "created again with the same data", records: &records{pools: recording("u1")}, then: snapshot("u2", "3", kubelet, true), want: refused},
+		{name: "created again without labels", records: &records{pools: recording("u1")}, then: snapshot("u2", "3", "x", false), want: refused},
+		{name: "no record (a pool gone, or from before records), the node runs it", records: &records{}, then: snapshot("u1", "2", kubelet, true), want: sent},
+		{name: "no record, created again with the same data", records: &records{}, then: snapshot("u2", "3", kubelet, true), want: refused},
+		{name: "no record, the node runs it, other data", records: &records{}, then: snapshot("u1", "3", "x", true), want: refused},
+		{name: "no records at all, created again", then: snapshot("u2", "3", kubelet, true), want: refused},
+		{name: "created again before the pools are listed", records: &records{unsynced: true},
+			then: snapshot("u2", "3", kubelet, true), want: waits, listed: recording("u1"), after: refused},
+		{name: "a new snapshot before the pools are listed", records: &records{unsynced: true},
+			then: snapshot("u2", "3", kubelet, true), want: waits, listed: recording("u2"), after: sent},
+		{name: "the snapshot the node runs, before the pools are listed", records: &records{unsynced: true},
+			then: snapshot("u1", "2", kubelet, true), want: sent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			if tc.records != nil {
 				f.c.snapshots = tc.records
 			}
+			// The node ran u1 before this dkc-server started: it is sent again whatever the records say.
 			f.cms.cms[key] = snapshot("u1", "1", kubelet, true)
 			f.assign("node-1", name)
+			f.reports("node-1", "u1")
 			first, _, _ := f.table.Get("node-1")
 			if first.SyncError != "" || first.Assignment.GetSource().GetConfigMap().GetUid() != "u1" {
-				t.Fatalf("the recorded snapshot: %+v, want it sent", first)
+				t.Fatalf("the snapshot the node runs: %+v, want it sent", first)
 			}
 			f.cms.cms[key] = tc.then
 			f.configMapChanged(key)
-			got, _, _ := f.table.Get("node-1")
-			switch {
-			case tc.refused && (got.SyncError != string(nodeconfig.SnapshotMismatchError) || got.Assignment != first.Assignment):
-				t.Errorf("sync error %q, sent %s: want %q and the first snapshot kept", got.SyncError,
-					got.Assignment.GetSource().GetConfigMap().GetUid(), nodeconfig.SnapshotMismatchError)
-			case !tc.refused && (got.SyncError != "" || got.Assignment.GetSource().GetConfigMap().GetUid() != string(tc.then.UID)):
-				t.Errorf("sync error %q, sent %s: want %s sent", got.SyncError, got.Assignment.GetSource().GetConfigMap().GetUid(), tc.then.UID)
+			check := func(want string) {
+				t.Helper()
+				got, _, _ := f.table.Get("node-1")
+				uid := got.Assignment.GetSource().GetConfigMap().GetUid()
+				switch {
+				case want == refused && (got.SyncError != string(nodeconfig.SnapshotMismatchError) || got.Assignment != first.Assignment):
+					t.Errorf("sync error %q, sent %s: want %q and the first snapshot kept", got.SyncError, uid, nodeconfig.SnapshotMismatchError)
+				case want == waits && (got.SyncError != "" || got.Assignment != first.Assignment):
+					t.Errorf("sync error %q, sent %s: want nothing changed", got.SyncError, uid)
+				case want == sent && (got.SyncError != "" || uid != string(tc.then.UID)):
+					t.Errorf("sync error %q, sent %s: want %s sent", got.SyncError, uid, tc.then.UID)
+				}
+			}
+			check(tc.want)
+			if tc.want == waits {
+				tc.records.pools, tc.records.unsynced = tc.listed, false
+				f.sync("node-1")
+				check(tc.after)
 			}
 		})
 	}

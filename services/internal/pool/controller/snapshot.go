@@ -1,8 +1,10 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -31,7 +33,7 @@ import (
 // the pool may use.
 func (c *Controller) ensureSnapshot(ctx context.Context, pool *v1alpha1.KubeletConfigPool, key, rev string,
 	snap *corev1.ConfigMap) (*v1alpha1.KubeletConfigPool, *plan.Invalid, error) {
-	rec := c.adopt(pool)
+	rec := c.adopt(pool, rev, snap)
 	k := snap.Namespace + "/" + snap.Name
 	got := c.cachedSnapshot(k)
 	if got == nil {
@@ -100,14 +102,18 @@ func checkSnapshot(got *corev1.ConfigMap, pool, rev, key string, rec *v1alpha1.R
 		return &revision.Mismatch{Namespace: got.Namespace, Name: got.Name, UID: string(got.UID), Detail: detail}
 	}
 	mineRec := withSnapshot(rec, v1alpha1.RevisionSnapshot{Revision: rev, Namespace: got.Namespace, Name: got.Name, UID: got.UID, KubeletConfigKey: key})
-	return revision.Verify(got, pool, rev, key, mineRec)
+	return revision.Verify(got, pool, rev, key, mineRec, false)
 }
 
 // adopt returns the pool's record of its snapshots, never nil. A pool whose status predates the record
-// (it has a current revision, and no record at all) adopts the snapshots it has whose data hash to their
-// revision with the pool's kubeletConfigKey: the controller of the earlier dkc created them, and their
-// content is their revision's. Once the record is stored this happens no more.
-func (c *Controller) adopt(pool *v1alpha1.KubeletConfigPool) *v1alpha1.RevisionSnapshots {
+// (it has a current revision, and no record at all) adopts, once, the snapshot of rev — the revision its
+// ConfigMap holds now — when that object's data are byte for byte snap's, the snapshot the pool would
+// create from its ConfigMap: whoever created it, it holds the operator's config. No other snapshot is
+// adopted: a revision's name is a short digest, not proof of content, and an earlier revision has nothing
+// left to compare its snapshot with. Those stay unrecorded: dkc-server serves one only to nodes that
+// already run it, and undo refuses it (docs/pools.md, "Upgrading from a dkc that did not record
+// snapshots"). Once the record is stored this happens no more.
+func (c *Controller) adopt(pool *v1alpha1.KubeletConfigPool, rev string, snap *corev1.ConfigMap) *v1alpha1.RevisionSnapshots {
 	if pool.Status.RevisionSnapshots != nil {
 		return pool.Status.RevisionSnapshots.DeepCopy()
 	}
@@ -115,20 +121,25 @@ func (c *Controller) adopt(pool *v1alpha1.KubeletConfigPool) *v1alpha1.RevisionS
 	if pool.Status.CurrentRevision == "" {
 		return rec // a new pool: it created nothing yet
 	}
-	key := pool.Spec.ConfigMap.KubeletConfigKey
 	for _, s := range c.snapshotsOf(pool.Name) {
-		rev := s.Labels[v1alpha1.LabelRevision]
 		k := s.Namespace + "/" + s.Name
-		if err := revision.Verify(s, pool.Name, rev, key, nil); err != nil {
-			c.log.Warn("revision snapshot not adopted: its data are not its revision's", zap.String("pool", pool.Name),
-				zap.String("revision", rev), zap.String("configmap", k), zap.String("uid", string(s.UID)), zap.Error(err))
+		if s.Namespace != snap.Namespace || s.Name != snap.Name || s.Labels[v1alpha1.LabelRevision] != rev || !sameContent(s, snap) {
+			c.log.Warn("revision snapshot not adopted: not the pool's ConfigMap as it is now; nodes that run it keep it, undo refuses it",
+				zap.String("pool", pool.Name), zap.String("revision", s.Labels[v1alpha1.LabelRevision]), zap.String("configmap", k),
+				zap.String("uid", string(s.UID)))
 			continue
 		}
 		c.log.Info("adopted revision snapshot of a pool that recorded none", zap.String("pool", pool.Name),
 			zap.String("revision", rev), zap.String("configmap", k), zap.String("uid", string(s.UID)))
-		rec = withSnapshot(rec, v1alpha1.RevisionSnapshot{Revision: rev, Namespace: s.Namespace, Name: s.Name, UID: s.UID, KubeletConfigKey: key})
+		rec = withSnapshot(rec, v1alpha1.RevisionSnapshot{Revision: rev, Namespace: s.Namespace, Name: s.Name, UID: s.UID,
+			KubeletConfigKey: pool.Spec.ConfigMap.KubeletConfigKey})
 	}
 	return rec
+}
+
+// sameContent says whether a and b hold the same files, byte for byte.
+func sameContent(a, b *corev1.ConfigMap) bool {
+	return maps.Equal(a.Data, b.Data) && maps.EqualFunc(a.BinaryData, b.BinaryData, bytes.Equal)
 }
 
 // withSnapshot is rec with s as its revision's record, sorted by revision (a stable status).

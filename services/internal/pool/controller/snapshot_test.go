@@ -165,3 +165,30 @@ func TestEnsureSnapshot(t *testing.T) {
 		})
 	}
 }
+
+// TestAdoptOnlyTheConfigMapAsItIs: a pool whose status predates the record adopts only the snapshot of
+// the revision its ConfigMap holds now, whose data are the ConfigMap's byte for byte. An earlier
+// revision's snapshot has nothing left to compare with, so it stays unrecorded, however its data hash.
+// (Before, every snapshot whose data hashed to its revision was adopted.)
+func TestAdoptOnlyTheConfigMapAsItIs(t *testing.T) {
+	now := map[string]string{"kubelet": goodConfig}
+	before := map[string]string{"kubelet": goodConfig + "maxPods: 50\n"}
+	p := testPool()
+	rev, current := revision.Snapshot(p, configMap(now))
+	old, earlier := revision.Snapshot(p, configMap(before))
+	p.Status.CurrentRevision, p.Status.PreviousRevision = rev, old
+	h := newHarness(t, p, configMap(now), node("a", nil, nil))
+	current.UID, earlier.UID = "current", "earlier"
+	h.addSnapshot(t, current)
+	h.addSnapshot(t, earlier)
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	rec := h.pools.updates[0].Status.RevisionSnapshots
+	if r, ok := rec.Snapshot(rev); !ok || r.UID != "current" {
+		t.Errorf("record %+v: want revision %s adopted with UID current", rec, rev)
+	}
+	if r, ok := rec.Snapshot(old); ok {
+		t.Errorf("record %+v: the earlier revision %s adopted (%+v); want it left unrecorded", rec, old, r)
+	}
+}

@@ -6,6 +6,7 @@ package records
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,6 +42,7 @@ type Config struct {
 type Records struct {
 	cfg      Config
 	informer cache.SharedIndexInformer
+	absent   atomic.Bool // the KubeletConfigPool API was not found at the last look
 }
 
 // New builds Records; they are empty until Run has listed the pools.
@@ -99,6 +101,7 @@ func (r *Records) Run(ctx context.Context) error {
 	logged := false
 	for {
 		_, err := r.cfg.Pools.List(ctx, metav1.ListOptions{Limit: 1})
+		r.absent.Store(apierrors.IsNotFound(err))
 		if err == nil {
 			break
 		}
@@ -106,7 +109,7 @@ func (r *Records) Run(ctx context.Context) error {
 			return nil
 		}
 		if !logged && !apierrors.IsNotFound(err) {
-			r.cfg.Log.Warn("cannot list kubeletconfigpools: pool snapshots are checked against their data only until it can",
+			r.cfg.Log.Warn("cannot list kubeletconfigpools: nodes whose source is a pool's snapshot they do not run yet wait until it can",
 				zap.Error(err), zap.Duration("pollInterval", r.cfg.PollInterval))
 			logged = true
 		}
@@ -120,8 +123,9 @@ func (r *Records) Run(ctx context.Context) error {
 	return nil
 }
 
-// HasSynced reports whether the pools have been listed.
-func (r *Records) HasSynced() bool { return r.informer.HasSynced() }
+// Synced reports whether Recorded answers for every pool: the pools have been listed, or their API is not
+// installed (no pool exists, so none records anything).
+func (r *Records) Synced() bool { return r.absent.Load() || r.informer.HasSynced() }
 
 // changed calls OnChange for every snapshot whose record differs between the two versions of a pool
 // (either may be nil or a tombstone).

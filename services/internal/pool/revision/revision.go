@@ -146,16 +146,21 @@ func (m *Mismatch) Error() string {
 
 // Verify says whether cm may be used as pool's revision rev (Claim's result), with kubeletConfigKey key
 // (the one a node's source names, or the pool's): nil if it may, a *Mismatch if not. rec is what the pool
-// records (nil: the pool is gone, or its status predates the record).
+// records (nil: the pool is gone, or its status predates the record). running says the node it is for
+// already runs this very object: the status dkc-server wrote for it names cm's UID.
 //
 //   - A labelled snapshot must be named for its pool and revision and its data must hash to the revision,
 //     with key or with the key the pool recorded for it: its content is then the revision's, byte for byte.
 //   - When the pool records the revision, the object must be the one recorded: same namespace and UID.
 //     An object of that name with another UID was created by someone else, or deleted and created again.
+//   - When it does not (the pool is gone, its status predates the record, or someone else created the
+//     object), a labelled snapshot is used only for a node already running it: the revision's name is a
+//     short digest that anyone able to create the object could match with other data, so it decides
+//     nothing on its own; a node that runs the object is not sent anything new by using it.
 //
 // A ConfigMap that only its name makes look like a snapshot, of a revision the pool does not record in its
 // namespace, is not one: it may be used.
-func Verify(cm *corev1.ConfigMap, pool, rev, key string, rec *v1alpha1.RevisionSnapshots) error {
+func Verify(cm *corev1.ConfigMap, pool, rev, key string, rec *v1alpha1.RevisionSnapshots, running bool) error {
 	mismatch := func(format string, args ...any) error {
 		return &Mismatch{Namespace: cm.Namespace, Name: cm.Name, UID: string(cm.UID), Detail: fmt.Sprintf(format, args...)}
 	}
@@ -170,6 +175,10 @@ func Verify(cm *corev1.ConfigMap, pool, rev, key string, rec *v1alpha1.RevisionS
 	if recorded && r.UID != cm.UID {
 		return mismatch("not the snapshot pool %s created for revision %s (UID %s): created by someone else, or deleted and created again",
 			pool, rev, r.UID)
+	}
+	if !recorded && !running {
+		return mismatch("pool %s records no snapshot of revision %s (the pool does not exist, or did not create this object): "+
+			"only a node already running it is served it", pool, rev)
 	}
 	if got, ok := hashesTo(cm, rev, key, r.KubeletConfigKey); !ok {
 		return mismatch("its data is revision %s, not %s: not the content the revision names", got, rev)

@@ -38,23 +38,31 @@ func TestVerify(t *testing.T) {
 		cm   *corev1.ConfigMap
 		key  string
 		rec  *v1alpha1.RevisionSnapshots
+		// running: the node already runs the object.
+		running bool
 		// claimed: Claim finds a pool and revision; want: "" to pass, else a part of the mismatch's detail.
 		claimed bool
 		want    string
 	}{
 		{name: "recorded, as created", cm: snap(nil), key: "kubelet", rec: record("u1", "kubelet"), claimed: true},
-		{name: "no record: the data decide", cm: snap(nil), key: "kubelet", claimed: true},
-		{name: "record without the revision: the data decide", cm: snap(nil), key: "kubelet", rec: &v1alpha1.RevisionSnapshots{}, claimed: true},
+		{name: "no record: refused", cm: snap(nil), key: "kubelet", claimed: true, want: "pool p records no snapshot of revision " + rev},
+		{name: "no record, the node runs it: the data decide", cm: snap(nil), key: "kubelet", claimed: true, running: true},
+		{name: "record without the revision: refused", cm: snap(nil), key: "kubelet", rec: &v1alpha1.RevisionSnapshots{}, claimed: true,
+			want: "only a node already running it"},
+		{name: "record without the revision, the node runs it", cm: snap(nil), key: "kubelet", rec: &v1alpha1.RevisionSnapshots{}, claimed: true,
+			running: true},
+		{name: "recorded with another UID, the node runs it: refused", cm: snap(nil), key: "kubelet", rec: record("u0", "kubelet"), claimed: true,
+			running: true, want: "UID u0"},
 		{name: "deleted and created again with the same data", cm: snap(nil), key: "kubelet", rec: record("u0", "kubelet"), claimed: true,
 			want: "not the snapshot pool p created for revision " + rev + " (UID u0)"},
 		{name: "created again with other data", key: "kubelet", rec: record("u0", "kubelet"), claimed: true,
 			cm: snap(func(cm *corev1.ConfigMap) { cm.UID = "u2"; cm.Data["kubelet"] += "staticPodPath: /etc/evil\n" }), want: "UID u0"},
-		{name: "pre-created with other data, no record", key: "kubelet", claimed: true,
+		{name: "pre-created with other data, no record", key: "kubelet", claimed: true, running: true,
 			cm: snap(func(cm *corev1.ConfigMap) { cm.Data["kubelet"] += "staticPodPath: /etc/evil\n" }), want: "its data is revision "},
 		{name: "a file added", key: "kubelet", rec: record("u1", "kubelet"), claimed: true,
 			cm: snap(func(cm *corev1.ConfigMap) { cm.Data["extra"] = "x" }), want: "not " + rev},
 		{name: "served with another key than the revision's: the recorded key", cm: snap(nil), key: "other", rec: record("u1", "kubelet"), claimed: true},
-		{name: "another key, no record", cm: snap(nil), key: "other", claimed: true, want: "its data is revision "},
+		{name: "another key, no record", cm: snap(nil), key: "other", claimed: true, running: true, want: "its data is revision "},
 		{name: "labels naming another snapshot", key: "kubelet", claimed: true,
 			cm: snap(func(cm *corev1.ConfigMap) { cm.Name = "q-" + rev }), want: "whose snapshot is named p-" + rev},
 		{name: "created again without labels, other data", key: "kubelet", rec: record("u0", "kubelet"), claimed: true,
@@ -81,7 +89,7 @@ func TestVerify(t *testing.T) {
 			if !ok {
 				return
 			}
-			err := Verify(tc.cm, pool, rv, tc.key, tc.rec)
+			err := Verify(tc.cm, pool, rv, tc.key, tc.rec, tc.running)
 			var m *Mismatch
 			switch {
 			case tc.want == "" && err != nil:

@@ -266,7 +266,9 @@ func TestKubectlDKCRolloutDrivesAPool(t *testing.T) {
 		if _, err := client.CoreV1().ConfigMaps(ns).Create(testContext(t), cm, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = client.CoreV1().ConfigMaps(ns).Delete(context.Background(), cm.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = client.CoreV1().ConfigMaps(ns).Delete(context.Background(), cm.Name, metav1.DeleteOptions{})
+		})
 	}
 	elsewhere := v1alpha1.RevisionName("default", "kubelet", forged)
 	unrecorded := v1alpha1.RevisionName("kube-system", "kubelet", forged)
@@ -277,7 +279,7 @@ func TestKubectlDKCRolloutDrivesAPool(t *testing.T) {
 	if strings.Contains(out, elsewhere) {
 		t.Errorf("history lists a snapshot-shaped ConfigMap in namespace default, where the pool has none:\n%s", out)
 	}
-	if !regexp.MustCompile(unrecorded + `\s.*REFUSED`).MatchString(out) || !strings.Contains(errOut, "the pool records no snapshot of that revision") {
+	if !regexp.MustCompile(unrecorded+`\s.*REFUSED`).MatchString(out) || !strings.Contains(errOut, "the pool records no snapshot of that revision") {
 		t.Errorf("history does not refuse the unrecorded %s:\n%s\n%s", unrecorded, out, errOut)
 	}
 	if _, _, err := kubectlDKC(t, "rollout", "undo", pool, "--to-revision", unrecorded, "--wait=false"); err == nil ||

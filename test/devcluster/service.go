@@ -250,6 +250,7 @@ func installPolicy(ctx context.Context, client kubernetes.Interface, file string
 	if err != nil {
 		return fmt.Errorf("decode admission policy %s: %w", file, err)
 	}
+	asDevUser(policy)
 	// A cluster started again keeps its etcd: what it holds is replaced by the file's current content.
 	vaps := client.AdmissionregistrationV1()
 	_, err = vaps.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{})
@@ -275,6 +276,16 @@ func installPolicy(ctx context.Context, client kubernetes.Interface, file string
 		return fmt.Errorf("install validating admission policy binding %s: %w", binding.Name, err)
 	}
 	return nil
+}
+
+// asDevUser names this cluster's dkc-server, the User ServiceUser, where a policy names the installed
+// dkc-server's ServiceAccount (its variable dkcServer); the rest of the file is installed as users get it.
+func asDevUser(policy *admissionregistrationv1.ValidatingAdmissionPolicy) {
+	for i, v := range policy.Spec.Variables {
+		if v.Name == "dkcServer" {
+			policy.Spec.Variables[i].Expression = strconv.Quote(ServiceUser)
+		}
+	}
 }
 
 // refusedBy says whether err is a refusal by one of policy's validations — not, say, an expression that

@@ -42,8 +42,8 @@ func impersonating(t *testing.T, user string, groups ...string) kubernetes.Inter
 
 // TestNodeStatusCannotBeForged: what the pool controller acts on — a Node's dkc.dev/config-status and
 // dkc.dev/pool-assignment — and its ConfigOK condition are written by dkc-server alone. node-2's own kubelet
-// credentials, and a ServiceAccount that may patch nodes/status (as node-problem-detector or a CNI agent
-// does), are refused a forged "updated" status, an assignment time in the future and a forged ConfigOK,
+// credentials, a ServiceAccount that may patch nodes/status (as node-problem-detector or a CNI agent
+// does), and one that may too and is named dkc-server in another namespace, are refused a forged "updated" status, an assignment time in the future and a forged ConfigOK,
 // through the Node and through nodes/status, on create too, and may not remove them; an administrator may
 // remove them (kubectl dkc uninstall). The kubelet's heartbeats, the writer's own condition and dkc-server's
 // status reports still go through. Every forged write is a dry run: without the policy, nothing would change.
@@ -62,7 +62,9 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: writerName},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: writerName},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: writerNS, Name: writerName}},
+		// And a ServiceAccount named as dkc-server's, in another namespace: the name alone is nobody to dkc.
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: writerNS, Name: writerName},
+			{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: "dkc-server"}},
 	}
 	if _, err := admin(t).RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -78,6 +80,7 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 	})
 	writer := impersonating(t, "system:serviceaccount:"+writerNS+":"+writerName,
 		"system:serviceaccounts", "system:serviceaccounts:"+writerNS)
+	otherDKC := impersonating(t, "system:serviceaccount:default:dkc-server", "system:serviceaccounts", "system:serviceaccounts:default")
 
 	dryRun := metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}
 	patch := func(c kubernetes.Interface, pt types.PatchType, body any, sub ...string) error {
@@ -104,14 +107,16 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 	// The writer's own work goes through (polled: RBAC takes a moment to see the new binding).
 	own := condition(corev1.NodeCondition{Type: "KernelDeadlock", Status: corev1.ConditionFalse, Reason: "KernelHasNoDeadlock",
 		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()})
-	var last error
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		if last = patch(writer, types.StrategicMergePatchType, own, "status"); last == nil || time.Now().After(deadline) {
-			break
+	for _, w := range []kubernetes.Interface{writer, otherDKC} {
+		var last error
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if last = patch(w, types.StrategicMergePatchType, own, "status"); last == nil || time.Now().After(deadline) {
+				break
+			}
 		}
-	}
-	if last != nil {
-		t.Fatalf("status writer writing its own condition: %v", last)
+		if last != nil {
+			t.Fatalf("status writer writing its own condition: %v", last)
+		}
 	}
 
 	// node-2 on its local config: dkc-server reported it ({} and ConfigOK True). The forgeries.
@@ -135,7 +140,7 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 		client kubernetes.Interface
 		// through says whether it may patch the Node itself (RBAC refuses the writer that before the policy).
 		through bool
-	}{{"node-2's kubelet", kubelet, true}, {"the status writer", writer, false}} {
+	}{{"node-2's kubelet", kubelet, true}, {"the status writer", writer, false}, {"another namespace's dkc-server", otherDKC, false}} {
 		refused(c.who+": updated status via nodes/status", patch(c.client, types.MergePatchType, updated, "status"), forgedStatusMsg)
 		refused(c.who+": future assignment via nodes/status", patch(c.client, types.MergePatchType, future, "status"), forgedAssignmentMsg)
 		refused(c.who+": ConfigOK via nodes/status", patch(c.client, types.StrategicMergePatchType, okCond, "status"), forgedConfigOKMsg)
@@ -207,6 +212,29 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: Ready %v, heartbeat %v (before the assignment %v): the kubelet's status did not land", node, ready, at, before)
+		}
+	}
+}
+
+// nodeCannotDropItsAssignment checks that node's own kubelet credentials may not remove the
+// dkc.dev/pool-assignment its pool wrote, through the Node or nodes/status (dry runs): without the record
+// the pool would never time the node out. node must carry a pool's assignment.
+func nodeCannotDropItsAssignment(t *testing.T, node string) {
+	t.Helper()
+	ctx := ctxFor(t)
+	n, err := admin(t).CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := n.Annotations["dkc.dev/pool-assignment"]; !ok {
+		t.Fatalf("%s carries no dkc.dev/pool-assignment to remove", node)
+	}
+	kubelet := impersonating(t, "system:node:"+node, "system:nodes")
+	drop := []byte(`{"metadata":{"annotations":{"dkc.dev/pool-assignment":null}}}`)
+	for _, sub := range [][]string{{"status"}, nil} {
+		_, err := kubelet.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, drop, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, sub...)
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), forgedAssignmentMsg) {
+			t.Errorf("%s's kubelet removing its pool assignment (subresource %v): err %v, want Forbidden with %q", node, sub, err, forgedAssignmentMsg)
 		}
 	}
 }

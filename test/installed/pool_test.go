@@ -214,6 +214,7 @@ func TestPoolOnRealNodes(t *testing.T) {
 	for _, n := range nodes {
 		waitRunning(t, n, good, time.Minute)
 	}
+	nodeCannotDropItsAssignment(t, "node-1")
 	oneAtATime(t, since)
 	waitRolledOut(t, "deployment/dkc-server")
 

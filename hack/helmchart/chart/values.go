@@ -59,7 +59,11 @@ every node: guard that pool as a control plane.
 WARNING: dkc-server may run on any node (placement: anywhere). Root on a worker hosting a replica reaches
 every node: that worker holds dkc-server's serving key and the ServiceAccount that assigns configs to Nodes.
 {{- end }}
-(docs/security.md, "Where dkc-server runs".)
+{{- if eq .Values.tls.mode "certManager" }}
+cert-manager's controller reads dkc's CA key (the Secret dkc-ca): root on the node hosting it can mint a
+certificate every sidecar trusts. Run it where dkc-server runs (its chart's nodeSelector and tolerations).
+{{- end }}
+(docs/security.md, "Where dkc-server runs" and "cert-manager".)
 
 Uninstall in two steps: first ` + "`kubectl dkc uninstall --yes`" + ` (nodes back to their local kubelet config),
 then ` + "`helm uninstall {{ .Release.Name }} -n {{ .Release.Namespace }}`" + `. docs/helm.md says why.

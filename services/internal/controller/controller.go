@@ -6,6 +6,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -66,7 +67,8 @@ type Controller struct {
 	shared      *shared           // the resolved ConfigMap versions nodes are on
 	forget      func(node string) // drops what others hold of a deleted Node
 	pacer       Pacer             // nil: direct config changes are not paced
-	snapshots   Snapshots         // nil: snapshots are checked against their data only
+	snapshots   Snapshots         // nil: no pool records any snapshot
+	now         func() time.Time
 }
 
 // Config of a Controller.
@@ -98,6 +100,7 @@ type Config struct {
 func New(cfg Config) *Controller {
 	c := &Controller{
 		log:         cfg.Log,
+		now:         time.Now,
 		forget:      cfg.Forget,
 		namespaces:  cfg.Namespaces,
 		nodes:       cfg.Nodes.Lister(),
@@ -361,17 +364,42 @@ func (c *Controller) checkSnapshot(node *corev1.Node, ref *corev1.ConfigMapNodeC
 		}
 		rec = c.snapshots.Recorded(pool)
 	}
-	r, _ := rec.Snapshot(rev)
+	r, recorded := rec.Snapshot(rev)
+	if !running && !(recorded && r.Namespace == cm.Namespace && r.Name == cm.Name) && assignedLately(node, pool, rev, c.now()) {
+		// The pool stored the record before it assigned the node, but the two reach this replica on
+		// separate watches: the Node's may come first. The record's event resolves the node again.
+		return errRecordsPending
+	}
 	memo := string(cm.UID) + "/" + cm.ResourceVersion + "/" + r.Namespace + "/" + r.Name + "/" + string(r.UID) + "/" +
 		r.KubeletConfigKey + "/" + strconv.FormatBool(running)
 	return c.shared.check(ref, memo, func() error { return revision.Verify(cm, pool, rev, ref.KubeletConfigKey, rec, running) })
 }
 
-// errRecordsPending: the pools' snapshot records are not listed yet (checkSnapshot).
+// errRecordsPending: the pools' snapshot records are not listed yet, or not up to the node's assignment
+// (checkSnapshot).
 var errRecordsPending = errors.New("kubeletconfigpool snapshot records not listed yet")
 
 // recordsPendingRetry is how soon a node waiting for the pools' records is resolved again.
 const recordsPendingRetry = time.Second
+
+// recordLag bounds how long a node its pool assigned a revision waits for this replica to see the pool's
+// record of the revision's snapshot: the watches lag by milliseconds; a record still missing after this is
+// missing, and the snapshot refused.
+const recordLag = 30 * time.Second
+
+// assignedLately says whether node's dkc.dev/pool-assignment (written by dkc-server alone: policy
+// dkc-node-status-writers) names pool's revision rev, assigned within recordLag of now.
+func assignedLately(node *corev1.Node, pool, rev string, now time.Time) bool {
+	raw, ok := node.Annotations[v1alpha1.AnnotationAssignment]
+	if !ok {
+		return false
+	}
+	var a v1alpha1.Assignment
+	if json.Unmarshal([]byte(raw), &a) != nil || a.Pool != pool || a.Revision != rev {
+		return false
+	}
+	return now.Sub(a.Time.Time) < recordLag
+}
 
 // runs says whether the status dkc-server wrote for node names uid as the config it was assigned or runs.
 func runs(node *corev1.Node, uid types.UID) bool {

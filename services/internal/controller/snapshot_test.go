@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,6 +47,25 @@ func (f *fixture) reports(node string, uid types.UID) {
 	f.sync(node)
 }
 
+// assignedByPool puts on the Node the dkc.dev/pool-assignment its pool writes when it assigns revision rev
+// at time at.
+func (f *fixture) assignedByPool(node, pool, rev string, at time.Time) {
+	f.t.Helper()
+	obj, ok, err := f.store.GetByKey(node)
+	if err != nil || !ok {
+		f.t.Fatalf("node %s: %v", node, err)
+	}
+	n := obj.(*corev1.Node).DeepCopy()
+	raw, err := json.Marshal(v1alpha1.Assignment{Pool: pool, Revision: rev, Time: metav1.NewTime(at)})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	n.Annotations[v1alpha1.AnnotationAssignment] = string(raw)
+	if err := f.store.Update(n); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // TestTamperedSnapshotNotServed: a node whose source names a pool's revision snapshot is sent it only
 // while its data hash to its revision and its UID is the one the pool records — or, when the pool records
 // none, while the node already runs that very object; otherwise the node gets SnapshotMismatchError and
@@ -69,6 +89,7 @@ func TestTamperedSnapshotNotServed(t *testing.T) {
 		return map[string]*v1alpha1.RevisionSnapshots{"blue": {Items: []v1alpha1.RevisionSnapshot{
 			{Revision: rev, Namespace: "kube-system", Name: name, UID: uid, KubeletConfigKey: "kubelet"}}}}
 	}
+	noRecord := map[string]*v1alpha1.RevisionSnapshots{"blue": {}}
 	const sent, refused, waits = "sent", "refused", "waits"
 	for _, tc := range []struct {
 		name    string
@@ -78,6 +99,8 @@ func TestTamperedSnapshotNotServed(t *testing.T) {
 		// listed: the records once the pools are listed, for a case that waits; then sent or refused.
 		listed map[string]*v1alpha1.RevisionSnapshots
 		after  string
+		// assignedAgo: the node's pool assigned it the revision that long ago (0: no pool assignment).
+		assignedAgo time.Duration
 	}{
 		{name: "the recorded snapshot", records: &records{pools: recording("u1")}, then: snapshot("u1", "2", kubelet, true), want: sent},
 		{name: "created again with other data", records: &records{pools: recording("u1")}, then: snapshot("u2", "3", kubelet+"staticPodPath: /x\n", true), want: refused},
@@ -93,6 +116,12 @@ func TestTamperedSnapshotNotServed(t *testing.T) {
 			then: snapshot("u2", "3", kubelet, true), want: waits, listed: recording("u2"), after: sent},
 		{name: "the snapshot the node runs, before the pools are listed", records: &records{unsynced: true},
 			then: snapshot("u1", "2", kubelet, true), want: sent},
+		{name: "assigned by its pool a moment ago, its record not seen yet", records: &records{pools: noRecord},
+			then: snapshot("u2", "3", kubelet, true), assignedAgo: time.Second, want: waits, listed: recording("u2"), after: sent},
+		{name: "assigned by its pool a moment ago, created again: no wait", records: &records{pools: recording("u1")},
+			then: snapshot("u2", "3", kubelet, true), assignedAgo: time.Second, want: refused},
+		{name: "assigned by its pool long ago, no record of it", records: &records{pools: noRecord},
+			then: snapshot("u2", "3", kubelet, true), assignedAgo: time.Minute, want: refused},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -106,6 +135,9 @@ func TestTamperedSnapshotNotServed(t *testing.T) {
 			first, _, _ := f.table.Get("node-1")
 			if first.SyncError != "" || first.Assignment.GetSource().GetConfigMap().GetUid() != "u1" {
 				t.Fatalf("the snapshot the node runs: %+v, want it sent", first)
+			}
+			if tc.assignedAgo > 0 {
+				f.assignedByPool("node-1", "blue", rev, time.Now().Add(-tc.assignedAgo))
 			}
 			f.cms.cms[key] = tc.then
 			f.configMapChanged(key)

@@ -294,7 +294,7 @@ func TestHelperMemoryIsBounded(t *testing.T) {
 			e.MemoryLimit = tc.limit
 			report := filepath.Join(t.TempDir(), "memory")
 			t.Setenv("DKC_TEST_HELPER_MEMORY", report)
-			if err := tc.check(e, forgedFile, []byte(forged)); !errors.Is(err, configcheck.ErrLoad) || !strings.Contains(err.Error(), "more than a ConfigMap holds") {
+			if err := tc.check(e, forgedFile, []byte(forged)); !errors.Is(err, configcheck.ErrLoad) || !strings.Contains(err.Error(), "more than dkc checks") {
 				t.Errorf("check of a %d-byte config: %v, want a load error", len(forged), err)
 			}
 			if _, err := os.Stat(report); err == nil {

@@ -57,13 +57,15 @@ func checkSize(file string, data *[]byte) error {
 		size = st.Size()
 	}
 	if size > MaxConfigBytes {
-		return fmt.Errorf("%w: the config is %d bytes, more than a ConfigMap holds (%d): not checked", ErrLoad, size, MaxConfigBytes)
+		return fmt.Errorf("%w: the config is %d bytes, more than dkc checks (%d; a kubelet config is a few KiB): not checked",
+			ErrLoad, size, MaxConfigBytes)
 	}
 	return nil
 }
 
 // DefaultMemoryLimit is the helpers' GOMEMLIMIT unless the caller sets one: dkc-server's, within its
-// container's limit. A config at the payload limit (2 MiB) peaks below it (TestHelperMemoryIsBounded).
+// container's limit. A config of MaxConfigBytes, the largest a helper is given, peaks below it
+// (TestHelperMemoryIsBounded).
 const DefaultMemoryLimit = "96MiB"
 
 // Check implements Checker.

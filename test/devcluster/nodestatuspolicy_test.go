@@ -154,8 +154,9 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 			dkc    bool
 		}{
 			{"dkc-server", &k8suser.DefaultInfo{Name: "system:serviceaccount:kube-system:dkc-server"}, true, true},
-			{"dkc-server elsewhere", &k8suser.DefaultInfo{Name: "system:serviceaccount:dkc:dkc-server"}, true, true},
-			{"dev dkc-server", &k8suser.DefaultInfo{Name: ServiceUser}, true, true},
+			// The name alone is nobody: a ServiceAccount dkc-server in another namespace, the dev cluster's user.
+			{"dkc-server elsewhere", &k8suser.DefaultInfo{Name: "system:serviceaccount:dkc:dkc-server"}, false, false},
+			{"dev dkc-server, on the installed file", &k8suser.DefaultInfo{Name: ServiceUser}, false, false},
 			{"node", &k8suser.DefaultInfo{Name: "system:node:n", Groups: []string{"system:nodes", "system:authenticated"}}, false, false},
 			{"node group only", &k8suser.DefaultInfo{Name: "n", Groups: []string{"system:nodes"}}, false, false},
 			{"status writer", &k8suser.DefaultInfo{Name: "system:serviceaccount:kube-system:node-problem-detector"}, false, false},
@@ -177,10 +178,27 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 				t.Errorf("%s by %s: refusal %q, want one with %q", tc.name, u.name, msg, tc.msg)
 			}
 		}
+		// The dev cluster installs the file with its user as dkc-server (asDevUser): that user is dkc there,
+		// and the installed ServiceAccount is not.
+		dev := readPolicy(t, NodeStatusPolicyFile)
+		asDevUser(dev)
+		for _, u := range []struct {
+			user k8suser.Info
+			dkc  bool
+		}{{&k8suser.DefaultInfo{Name: ServiceUser}, true}, {&k8suser.DefaultInfo{Name: "system:serviceaccount:kube-system:dkc-server"}, false}} {
+			msg := evalDecodedPolicy(t, dev, tc.op, "nodes", tc.sub, u.user, authz, tc.obj, tc.old)
+			switch allowed := tc.who == everyone || u.dkc; {
+			case allowed && msg != "":
+				t.Errorf("dev cluster: %s by %s refused: %s", tc.name, u.user.GetName(), msg)
+			case !allowed && !strings.Contains(msg, tc.msg):
+				t.Errorf("dev cluster: %s by %s: refusal %q, want one with %q", tc.name, u.user.GetName(), msg, tc.msg)
+			}
+		}
 	}
 }
 
-// The file the dev cluster installs is the one users install, and exempts nothing.
+// The file the dev cluster installs is the one users install (but for the name of dkc-server: asDevUser),
+// and exempts nothing.
 func TestNodeStatusPolicyFile(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("..", "..", NodeStatusPolicyFile))
 	if err != nil {

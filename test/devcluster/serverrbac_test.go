@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -94,6 +95,12 @@ func evalPolicy(t *testing.T, file string, op admission.Operation, resource, sub
 func evalPolicyAs(t *testing.T, file string, op admission.Operation, resource, sub string, user k8suser.Info,
 	authz authorizer.UnconditionalAuthorizer, obj, old runtime.Object) string {
 	t.Helper()
+	return evalDecodedPolicy(t, readPolicy(t, file), op, resource, sub, user, authz, obj, old)
+}
+
+// readPolicy decodes the policy of file, relative to the repository root.
+func readPolicy(t *testing.T, file string) *admissionregistrationv1.ValidatingAdmissionPolicy {
+	t.Helper()
 	data, err := os.ReadFile(filepath.Join("..", "..", file))
 	if err != nil {
 		t.Fatal(err)
@@ -102,6 +109,13 @@ func evalPolicyAs(t *testing.T, file string, op admission.Operation, resource, s
 	if err != nil {
 		t.Fatal(err)
 	}
+	return policy
+}
+
+// evalDecodedPolicy is evalPolicyAs on a decoded policy.
+func evalDecodedPolicy(t *testing.T, policy *admissionregistrationv1.ValidatingAdmissionPolicy, op admission.Operation, resource, sub string,
+	user k8suser.Info, authz authorizer.UnconditionalAuthorizer, obj, old runtime.Object) string {
+	t.Helper()
 	vars := cel.OptionalVariableDeclarations{HasAuthorizer: true}
 	compiler, err := cel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
 	if err != nil {
@@ -153,7 +167,7 @@ func evalPolicyAs(t *testing.T, file string, op admission.Operation, resource, s
 	res := validator.Validate(context.Background(), gvr, attr, nil, nil, celconfig.RuntimeCELCostBudget, authz)
 	for _, d := range res.Decisions {
 		if d.Evaluation == validating.EvalError {
-			t.Fatalf("%s: expression failed: %s", file, d.Message)
+			t.Fatalf("policy %s: expression failed: %s", policy.Name, d.Message)
 		}
 		if d.Action == validating.ActionDeny {
 			return d.Message

@@ -97,9 +97,13 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 	condition := func(c corev1.NodeCondition) map[string]any {
 		return map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{c}}}
 	}
-	refused := func(what string, err error, msg string) {
+	refused := func(what string, err error, msg string, or ...string) {
 		t.Helper()
-		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), msg) {
+		ok := apierrors.IsForbidden(err) && strings.Contains(err.Error(), msg)
+		for _, m := range or {
+			ok = ok || apierrors.IsForbidden(err) && strings.Contains(err.Error(), m)
+		}
+		if !ok {
 			t.Errorf("%s: err %v, want Forbidden with %q", what, err, msg)
 		}
 	}
@@ -140,9 +144,15 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 		client kubernetes.Interface
 		// through says whether it may patch the Node itself (RBAC refuses the writer that before the policy).
 		through bool
-	}{{"node-2's kubelet", kubelet, true}, {"the status writer", writer, false}, {"another namespace's dkc-server", otherDKC, false}} {
+		// or: another refusal that also answers (the policy dkc-config-source, which narrows every
+		// ServiceAccount named dkc-server, refuses it an assignment through nodes/status first).
+		or []string
+	}{{"node-2's kubelet", kubelet, true, nil}, {"the status writer", writer, false, nil},
+		{"another namespace's dkc-server", otherDKC, false, []string{"ValidatingAdmissionPolicy 'dkc-config-source'"}}} {
+		// dkc-config-source lets a dkc-server write config-status and ConfigOK through nodes/status: only
+		// dkc-node-status-writers, which names kube-system's alone, refuses those to otherDKC.
 		refused(c.who+": updated status via nodes/status", patch(c.client, types.MergePatchType, updated, "status"), forgedStatusMsg)
-		refused(c.who+": future assignment via nodes/status", patch(c.client, types.MergePatchType, future, "status"), forgedAssignmentMsg)
+		refused(c.who+": future assignment via nodes/status", patch(c.client, types.MergePatchType, future, "status"), forgedAssignmentMsg, c.or...)
 		refused(c.who+": ConfigOK via nodes/status", patch(c.client, types.StrategicMergePatchType, okCond, "status"), forgedConfigOKMsg)
 		refused(c.who+": status removed via nodes/status", patch(c.client, types.MergePatchType, annotation("dkc.dev/config-status", nil), "status"), forgedStatusMsg)
 		refused(c.who+": ConfigOK removed", patch(c.client, types.StrategicMergePatchType, removeOK, "status"), forgedConfigOKMsg)

@@ -46,8 +46,9 @@ type ConfigMaps interface {
 // Snapshots is what the controller needs of the pools' records of their revision snapshots
 // (records.Records).
 type Snapshots interface {
-	// Recorded returns the snapshots pool records; nil when the pool does not exist or records none.
-	Recorded(pool string) *v1alpha1.RevisionSnapshots
+	// Recorded returns the snapshots pool records, and whether the pool exists; rec is nil when it does
+	// not, or its status predates the record.
+	Recorded(pool string) (rec *v1alpha1.RevisionSnapshots, exists bool)
 	// Synced reports whether Recorded answers for every pool: the pools are listed, or their API is not
 	// installed.
 	Synced() bool
@@ -92,7 +93,8 @@ type Config struct {
 	// with a wake function, which the controller gives through Wake.
 	Pacer Pacer
 	// Snapshots, if not nil, builds the pools' snapshot records, which call onChange with the key of a
-	// snapshot whose record changed. Without them a pool's snapshot is checked against its data only.
+	// snapshot whose record changed. Without them no pool records anything: a pool's snapshot is sent only
+	// to a node already running it.
 	Snapshots func(onChange func(key string)) Snapshots
 }
 
@@ -358,16 +360,18 @@ func (c *Controller) checkSnapshot(node *corev1.Node, ref *corev1.ConfigMapNodeC
 	}
 	running := runs(node, cm.UID)
 	var rec *v1alpha1.RevisionSnapshots
+	exists := false
 	if c.snapshots != nil {
 		if !running && !c.snapshots.Synced() {
 			return errRecordsPending
 		}
-		rec = c.snapshots.Recorded(pool)
+		rec, exists = c.snapshots.Recorded(pool)
 	}
 	r, recorded := rec.Snapshot(rev)
-	if !running && !(recorded && r.Namespace == cm.Namespace && r.Name == cm.Name) && assignedLately(node, pool, rev, c.now()) {
-		// The pool stored the record before it assigned the node, but the two reach this replica on
-		// separate watches: the Node's may come first. The record's event resolves the node again.
+	recorded = recorded && r.Namespace == cm.Namespace && r.Name == cm.Name
+	if !running && !(recorded && r.UID == cm.UID) && (exists && rec == nil || recordMayLag(node, cm, pool, rev, recorded, c.now())) {
+		// Not (yet) the recorded object: wait rather than refuse where the record may be on its way.
+		// Waiting never sends anything.
 		return errRecordsPending
 	}
 	memo := string(cm.UID) + "/" + cm.ResourceVersion + "/" + r.Namespace + "/" + r.Name + "/" + string(r.UID) + "/" +
@@ -382,14 +386,29 @@ var errRecordsPending = errors.New("kubeletconfigpool snapshot records not liste
 // recordsPendingRetry is how soon a node waiting for the pools' records is resolved again.
 const recordsPendingRetry = time.Second
 
-// recordLag bounds how long a node its pool assigned a revision waits for this replica to see the pool's
-// record of the revision's snapshot: the watches lag by milliseconds; a record still missing after this is
-// missing, and the snapshot refused.
+// recordLag bounds how long a node waits for this replica to see the pool's record of a snapshot: the
+// watches lag by milliseconds; a record still missing or different after this is what it is, and the
+// snapshot refused.
 const recordLag = 30 * time.Second
 
-// assignedLately says whether node's dkc.dev/pool-assignment (written by dkc-server alone: policy
-// dkc-node-status-writers) names pool's revision rev, assigned within recordLag of now.
-func assignedLately(node *corev1.Node, pool, rev string, now time.Time) bool {
+// recordMayLag says whether the pool's record of cm may not have reached this replica yet, so that node
+// waits for it (for up to recordLag) rather than be refused:
+//   - The pool stores the record before it assigns a node the revision, but the two reach this replica on
+//     separate watches, and the Node's may come first: the pool records nothing of the revision here
+//     (recorded false), and node's dkc.dev/pool-assignment (dkc-server's alone to write: policy
+//     dkc-node-status-writers) names pool's revision rev, assigned within recordLag of now.
+//   - The pool creates a snapshot, then records it (a new revision, or one created again after the operator
+//     deleted a refused object): cm was created within recordLag of now.
+//
+// A pool whose status predates the record (dkc-server upgraded, the new leader not yet started) is waited
+// for without a bound by the caller: its new leader records what it adopts.
+func recordMayLag(node *corev1.Node, cm *corev1.ConfigMap, pool, rev string, recorded bool, now time.Time) bool {
+	if now.Sub(cm.CreationTimestamp.Time) < recordLag {
+		return true
+	}
+	if recorded {
+		return false // the record is here, and names another object
+	}
 	raw, ok := node.Annotations[v1alpha1.AnnotationAssignment]
 	if !ok {
 		return false

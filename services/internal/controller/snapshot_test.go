@@ -22,21 +22,32 @@ type records struct {
 	unsynced bool
 }
 
-func (r *records) Recorded(pool string) *v1alpha1.RevisionSnapshots { return r.pools[pool] }
-func (r *records) Synced() bool                                     { return !r.unsynced }
-func (r *records) Run(ctx context.Context) error                    { <-ctx.Done(); return nil }
+func (r *records) Recorded(pool string) (*v1alpha1.RevisionSnapshots, bool) {
+	rec, ok := r.pools[pool]
+	return rec, ok
+}
+func (r *records) Synced() bool                  { return !r.unsynced }
+func (r *records) Run(ctx context.Context) error { <-ctx.Done(); return nil }
 
 // reports puts on the Node the status dkc-server writes when its sidecar reports running uid, and
 // resolves the node again.
 func (f *fixture) reports(node string, uid types.UID) {
+	f.t.Helper()
+	f.reportsAssigned(node, uid, uid)
+}
+
+// reportsAssigned is reports of a node assigned one object and running another.
+func (f *fixture) reportsAssigned(node string, assigned, active types.UID) {
 	f.t.Helper()
 	obj, ok, err := f.store.GetByKey(node)
 	if err != nil || !ok {
 		f.t.Fatalf("node %s: %v", node, err)
 	}
 	n := obj.(*corev1.Node).DeepCopy()
-	src := &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "x", UID: uid}}
-	raw, err := json.Marshal(corev1.NodeConfigStatus{Assigned: src, Active: src})
+	src := func(uid types.UID) *corev1.NodeConfigSource {
+		return &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: "kube-system", Name: "x", UID: uid}}
+	}
+	raw, err := json.Marshal(corev1.NodeConfigStatus{Assigned: src(assigned), Active: src(active)})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -99,8 +110,14 @@ func TestTamperedSnapshotNotServed(t *testing.T) {
 		// listed: the records once the pools are listed, for a case that waits; then sent or refused.
 		listed map[string]*v1alpha1.RevisionSnapshots
 		after  string
-		// assignedAgo: the node's pool assigned it the revision that long ago (0: no pool assignment).
+		// assignedAgo: the node's pool assigned it the revision that long ago (0: no pool assignment);
+		// assignedRev: the revision it names, if not the snapshot's.
 		assignedAgo time.Duration
+		assignedRev string
+		// createdAgo: then was created that long ago (0: long before).
+		createdAgo time.Duration
+		// reportsAssigned: the node reports it was assigned this UID (still running u1).
+		reportsAssigned types.UID
 	}{
 		{name: "the recorded snapshot", records: &records{pools: recording("u1")}, then: snapshot("u1", "2", kubelet, true), want: sent},
 		{name: "created again with other data", records: &records{pools: recording("u1")}, then: snapshot("u2", "3", kubelet+"staticPodPath: /x\n", true), want: refused},
@@ -122,6 +139,14 @@ func TestTamperedSnapshotNotServed(t *testing.T) {
 			then: snapshot("u2", "3", kubelet, true), assignedAgo: time.Second, want: refused},
 		{name: "assigned by its pool long ago, no record of it", records: &records{pools: noRecord},
 			then: snapshot("u2", "3", kubelet, true), assignedAgo: time.Minute, want: refused},
+		{name: "assigned by its pool a moment ago another revision", records: &records{pools: noRecord},
+			then: snapshot("u2", "3", kubelet, true), assignedAgo: time.Second, assignedRev: "bcdfghjklm", want: refused},
+		{name: "created a moment ago, the record of its UID not seen yet", records: &records{pools: recording("u1")},
+			then: snapshot("u2", "3", kubelet, true), createdAgo: time.Second, want: waits, listed: recording("u2"), after: sent},
+		{name: "a pool from before records, not yet adopted", records: &records{pools: map[string]*v1alpha1.RevisionSnapshots{"blue": nil}},
+			then: snapshot("u2", "3", kubelet, true), want: waits, listed: recording("u2"), after: sent},
+		{name: "the node reports it was assigned the object", records: &records{pools: noRecord},
+			then: snapshot("u2", "3", kubelet, true), reportsAssigned: "u2", want: sent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -137,7 +162,17 @@ func TestTamperedSnapshotNotServed(t *testing.T) {
 				t.Fatalf("the snapshot the node runs: %+v, want it sent", first)
 			}
 			if tc.assignedAgo > 0 {
-				f.assignedByPool("node-1", "blue", rev, time.Now().Add(-tc.assignedAgo))
+				r := rev
+				if tc.assignedRev != "" {
+					r = tc.assignedRev
+				}
+				f.assignedByPool("node-1", "blue", r, time.Now().Add(-tc.assignedAgo))
+			}
+			if tc.reportsAssigned != "" {
+				f.reportsAssigned("node-1", tc.reportsAssigned, "u1")
+			}
+			if tc.createdAgo > 0 {
+				tc.then.CreationTimestamp = metav1.NewTime(time.Now().Add(-tc.createdAgo))
 			}
 			f.cms.cms[key] = tc.then
 			f.configMapChanged(key)

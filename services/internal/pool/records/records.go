@@ -42,7 +42,7 @@ type Config struct {
 type Records struct {
 	cfg      Config
 	informer cache.SharedIndexInformer
-	absent   atomic.Bool // the KubeletConfigPool API was not found at the last look
+	absent   atomic.Bool // the KubeletConfigPool API was not found, or not readable, at the last look
 }
 
 // New builds Records; they are empty until Run has listed the pools.
@@ -81,18 +81,18 @@ func New(cfg Config) *Records {
 	return r
 }
 
-// Recorded returns the snapshots pool records: nil when the pool does not exist (or is not listed yet),
-// or its status predates the record.
-func (r *Records) Recorded(pool string) *v1alpha1.RevisionSnapshots {
+// Recorded returns the snapshots pool records, and whether the pool exists (is listed). rec is nil when
+// the pool does not exist, or its status predates the record.
+func (r *Records) Recorded(pool string) (rec *v1alpha1.RevisionSnapshots, exists bool) {
 	obj, exists, err := r.informer.GetStore().GetByKey(pool)
 	if err != nil || !exists {
-		return nil
+		return nil, false
 	}
 	p, ok := obj.(*v1alpha1.KubeletConfigPool)
 	if !ok {
-		return nil
+		return nil, false
 	}
-	return p.Status.RevisionSnapshots
+	return p.Status.RevisionSnapshots, true
 }
 
 // Run waits for the KubeletConfigPool API (quietly: a cluster without the CRD has no pool snapshots to
@@ -101,7 +101,8 @@ func (r *Records) Run(ctx context.Context) error {
 	logged := false
 	for {
 		_, err := r.cfg.Pools.List(ctx, metav1.ListOptions{Limit: 1})
-		r.absent.Store(apierrors.IsNotFound(err))
+		// Not installed, or not this replica's to read (RBAC): no record will come, so none is waited for.
+		r.absent.Store(apierrors.IsNotFound(err) || apierrors.IsForbidden(err))
 		if err == nil {
 			break
 		}
@@ -124,7 +125,7 @@ func (r *Records) Run(ctx context.Context) error {
 }
 
 // Synced reports whether Recorded answers for every pool: the pools have been listed, or their API is not
-// installed (no pool exists, so none records anything).
+// installed or not readable by dkc-server (then no pool's record can be known: Recorded finds none).
 func (r *Records) Synced() bool { return r.absent.Load() || r.informer.HasSynced() }
 
 // changed calls OnChange for every snapshot whose record differs between the two versions of a pool

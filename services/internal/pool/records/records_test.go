@@ -1,11 +1,17 @@
 package records
 
 import (
+	"context"
+	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
@@ -56,10 +62,70 @@ func TestRecorded(t *testing.T) {
 	if err := r.informer.GetStore().Add(pool(a)); err != nil {
 		t.Fatal(err)
 	}
-	if got, ok := r.Recorded("blue").Snapshot("a"); !ok || got != a {
-		t.Errorf("Recorded(blue) a = %+v %v, want %+v", got, ok, a)
+	rec, exists := r.Recorded("blue")
+	if got, ok := rec.Snapshot("a"); !exists || !ok || got != a {
+		t.Errorf("Recorded(blue) a = %+v %v %v, want %+v", got, ok, exists, a)
 	}
-	if got := r.Recorded("green"); got != nil {
-		t.Errorf("Recorded(green) = %+v, want nil", got)
+	if got, exists := r.Recorded("green"); got != nil || exists {
+		t.Errorf("Recorded(green) = %+v %v, want nil, not there", got, exists)
+	}
+	green := pool()
+	green.Name = "green"
+	if err := r.informer.GetStore().Add(green); err != nil {
+		t.Fatal(err)
+	}
+	if got, exists := r.Recorded("green"); got != nil || !exists {
+		t.Errorf("Recorded(green) from before the record = %+v %v, want nil, there", got, exists)
+	}
+}
+
+// pools answers List with err, and counts the lists; it never watches.
+type pools struct {
+	err   error
+	lists atomic.Int32
+}
+
+func (p *pools) List(context.Context, metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error) {
+	p.lists.Add(1)
+	return &v1alpha1.KubeletConfigPoolList{}, p.err
+}
+func (p *pools) Watch(context.Context, metav1.ListOptions) (watch.Interface, error) {
+	return nil, errors.New("not watched here")
+}
+
+// TestSynced: the records answer for every pool once the pools are listed, or at once when their API is
+// not installed or not readable: no record would ever come. An apiserver that fails otherwise is waited
+// for.
+func TestSynced(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{name: "no pool API", err: apierrors.NewNotFound(v1alpha1.GroupVersion.WithResource(v1alpha1.Resource).GroupResource(), ""), want: true},
+		{name: "forbidden", err: apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource(v1alpha1.Resource).GroupResource(), "", errors.New("rbac")), want: true},
+		{name: "apiserver unavailable", err: apierrors.NewServiceUnavailable("down"), want: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &pools{err: tc.err}
+			r := New(Config{Log: zap.NewNop(), Pools: p, PollInterval: time.Hour})
+			if r.Synced() {
+				t.Fatal("synced before listing anything")
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			// Run looks once, then waits PollInterval (an hour): what it concluded from that one answer holds.
+			deadline := time.Now().Add(5 * time.Second)
+			for (p.lists.Load() == 0 || r.Synced() != tc.want) && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			got := r.Synced()
+			cancel()
+			<-done
+			if got != tc.want {
+				t.Errorf("Synced = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -122,7 +122,9 @@ func TestSynced(t *testing.T) {
 			}
 			got := r.Synced()
 			cancel()
-			<-done
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
 			if got != tc.want {
 				t.Errorf("Synced = %v, want %v", got, tc.want)
 			}

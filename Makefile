@@ -30,12 +30,25 @@ KUBELETCHECK := sidecar/kubeletcheck
 help: ## list targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# The typed clientset, listers and informers of dkc.dev/v1alpha1 (docs/development.md, "Layout"), made by the
+# pinned k8s.io/code-generator from the +genclient types in api/v1alpha1. The tree holds generated code
+# only and is written anew each time: a type or file the generators stop writing does not linger.
+API_GEN     := api/generated
+API_GEN_PKG := github.com/dkc-dev/dkc/$(API_GEN)
+BOILERPLATE := hack/boilerplate.go.txt
+
 .PHONY: generate
-generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go.mod), the kubelet defaults (per minor) kubectl-dkc embeds, and the flag references in docs/reference/
+generate: ## regenerate Go code from proto/ with buf (local plugins pinned in go.mod), the API's deep copies, CRD, clientset, listers and informers, the kubelet defaults (per minor) kubectl-dkc embeds, and the flag references in docs/reference/
 	$(BUF) generate
 	go generate ./internal/configz
 	hack/flagdocs.sh
-	$(GO_TOOLS) controller-gen object crd paths=./api/... output:crd:artifacts:config=deploy/crds
+	rm -rf $(API_GEN)
+	$(GO_TOOLS) controller-gen object:headerFile=$(BOILERPLATE) crd paths=./api/... output:crd:artifacts:config=deploy/crds
+	$(GO_TOOLS) client-gen --go-header-file $(BOILERPLATE) --input-base github.com/dkc-dev/dkc --input api/v1alpha1 \
+		--clientset-name clientset --output-dir $(API_GEN) --output-pkg $(API_GEN_PKG)
+	$(GO_TOOLS) lister-gen --go-header-file $(BOILERPLATE) --output-dir $(API_GEN)/listers --output-pkg $(API_GEN_PKG)/listers ./api/v1alpha1
+	$(GO_TOOLS) informer-gen --go-header-file $(BOILERPLATE) --single-directory --versioned-clientset-package $(API_GEN_PKG)/clientset \
+		--listers-package $(API_GEN_PKG)/listers --output-dir $(API_GEN)/informers --output-pkg $(API_GEN_PKG)/informers ./api/v1alpha1
 	go run ./hack/helmchart
 
 .PHONY: lint
@@ -53,8 +66,8 @@ lint: golangci-lint ## gofmt, go vet, golangci-lint (.golangci.yml), buf lint (S
 
 .PHONY: verify-generated
 verify-generated: generate ## fail if generated code differs from what is committed
-	@git diff --exit-code -- proto/ internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/ deploy/helm/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@if [ -n "$$(git status --porcelain -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/ deploy/helm/)" ]; then git status --short -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' deploy/crds/ deploy/helm/; echo "generated files added or removed: run make generate and commit"; exit 1; fi
+	@git diff --exit-code -- proto/ internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' $(API_GEN)/ deploy/crds/ deploy/helm/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@if [ -n "$$(git status --porcelain -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' $(API_GEN)/ deploy/crds/ deploy/helm/)" ]; then git status --short -- internal/configz/defaults/ docs/reference/ 'api/*/zz_generated.deepcopy.go' $(API_GEN)/ deploy/crds/ deploy/helm/; echo "generated files added or removed: run make generate and commit"; exit 1; fi
 
 # Static, path-free builds, as the images are built (hack/images): the binaries `make build` and the
 # integration tests run are the ones the images ship, and the three share one compile cache.

@@ -54,10 +54,10 @@ func loadCRD(t *testing.T) *apiextensions.CustomResourceDefinition {
 
 func TestCRDNames(t *testing.T) {
 	crd := loadCRD(t)
-	if crd.Spec.Group != GroupVersion.Group || crd.Spec.Names.Plural != Resource || crd.Spec.Names.Kind != "KubeletConfigPool" ||
+	if crd.Spec.Group != GroupVersion.Group || crd.Spec.Names.Plural != PoolResource || crd.Spec.Names.Kind != "KubeletConfigPool" ||
 		crd.Spec.Scope != apiextensions.ClusterScoped {
 		t.Errorf("group %q plural %q kind %q scope %q; want %s, %s, KubeletConfigPool, Cluster",
-			crd.Spec.Group, crd.Spec.Names.Plural, crd.Spec.Names.Kind, crd.Spec.Scope, GroupVersion.Group, Resource)
+			crd.Spec.Group, crd.Spec.Names.Plural, crd.Spec.Names.Kind, crd.Spec.Scope, GroupVersion.Group, PoolResource)
 	}
 	if got := strings.Join(crd.Spec.Names.ShortNames, ","); got != "kcpool" {
 		t.Errorf("short names %q, want kcpool", got)

@@ -9,8 +9,18 @@ import (
 // GroupVersion is the API's group and version.
 var GroupVersion = schema.GroupVersion{Group: "dkc.dev", Version: "v1alpha1"}
 
-// Resource is the plural resource name kubectl and RBAC rules use.
-const Resource = "kubeletconfigpools"
+// SchemeGroupVersion is GroupVersion under the name the generated clientset (api/generated) expects of an
+// API package.
+var SchemeGroupVersion = GroupVersion
+
+// PoolResource is the plural resource name of KubeletConfigPools that kubectl and RBAC rules use.
+const PoolResource = "kubeletconfigpools"
+
+// Resource qualifies a resource of this API with its group: the generated listers' NotFound errors name
+// it so, as the apiserver's do.
+func Resource(resource string) schema.GroupResource {
+	return GroupVersion.WithResource(resource).GroupResource()
+}
 
 var (
 	// SchemeBuilder registers the API's types with a scheme.

@@ -14,6 +14,8 @@ import (
 //
 // The name becomes a label value on the pool's revisions (LabelPool), hence at most 63 characters.
 //
+// +genclient
+// +genclient:nonNamespaced
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,shortName=kcpool,categories=dkc
 // +kubebuilder:subresource:status

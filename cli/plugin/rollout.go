@@ -32,7 +32,7 @@ import (
 // dkc-server's pool controller rolling it out. Nothing here assigns a node: the rollout goes on in the
 // cluster when kubectl-dkc exits, and `kubectl apply` of a pool manifest is the same rollout.
 
-var poolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.Resource}
+var poolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.PoolResource}
 
 // ErrRolloutStopped is returned when a followed rollout ended short of every node updated: the pool halted
 // after maxFailures nodes failed its revision, or its config cannot be rolled out.

@@ -117,7 +117,7 @@ func waitEstablished(ctx context.Context, dyn dynamic.Interface, name string) er
 }
 
 // PoolResource is the REST resource of KubeletConfigPools.
-var PoolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.Resource}
+var PoolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.PoolResource}
 
 // Pools is a client of the cluster's KubeletConfigPools, for tests and the benchmark that write and follow
 // pools (a dynamic client: a generated clientset for one resource is not worth its code generator).

@@ -48,18 +48,18 @@ func NewPools(cfg *rest.Config) (Pools, error) {
 
 func (p restPools) List(ctx context.Context, opts metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error) {
 	out := &v1alpha1.KubeletConfigPoolList{}
-	err := p.rc.Get().Resource(v1alpha1.Resource).VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Into(out)
+	err := p.rc.Get().Resource(v1alpha1.PoolResource).VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Into(out)
 	return out, err
 }
 
 func (p restPools) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
-	return p.rc.Get().Resource(v1alpha1.Resource).VersionedParams(&opts, metav1.ParameterCodec).Watch(ctx)
+	return p.rc.Get().Resource(v1alpha1.PoolResource).VersionedParams(&opts, metav1.ParameterCodec).Watch(ctx)
 }
 
 func (p restPools) UpdateStatus(ctx context.Context, pool *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
 	out := &v1alpha1.KubeletConfigPool{}
-	err := p.rc.Put().Resource(v1alpha1.Resource).Name(pool.Name).SubResource("status").
+	err := p.rc.Put().Resource(v1alpha1.PoolResource).Name(pool.Name).SubResource("status").
 		VersionedParams(&metav1.UpdateOptions{FieldManager: FieldManager}, metav1.ParameterCodec).Body(pool).Do(ctx).Into(out)
 	return out, err
 }

@@ -420,7 +420,7 @@ func TestUnchangedStatusIsNotWritten(t *testing.T) {
 // controller says so once, however often it looks again. (Without the once, every poll logs.)
 func TestRunWithoutTheCRDLogsOnce(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
-	pools := &fakePools{listErr: apierrors.NewNotFound(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.Resource}, "")}
+	pools := &fakePools{listErr: apierrors.NewNotFound(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.PoolResource}, "")}
 	client := fake.NewClientset()
 	c := New(Config{Log: zap.New(core), Client: client, Pools: pools, Nodes: informers.NewSharedInformerFactory(client, 0).Core().V1().Nodes(),
 		Namespaces: resolve.NewNamespaces("kube-system"), CRDPollInterval: 5 * time.Millisecond})
@@ -656,7 +656,7 @@ func TestAssignmentTimeSurvivesAFailedStatusWrite(t *testing.T) {
 	pool := testPool()
 	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil), node("b", nil, nil))
 	h.recordedSnapshot(t, pool, configMap(map[string]string{"kubelet": goodConfig}))
-	h.pools.statusErrs = []error{apierrors.NewConflict(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.Resource}, "blue", nil)}
+	h.pools.statusErrs = []error{apierrors.NewConflict(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.PoolResource}, "blue", nil)}
 	assignedAt := h.clock.Now()
 	if _, err := h.c.sync(context.Background(), "blue"); !apierrors.IsConflict(err) {
 		t.Fatalf("sync: %v, want the Conflict", err)
@@ -782,7 +782,7 @@ func TestEventsOnlyAfterTheStatusWrite(t *testing.T) {
 	cm := configMap(map[string]string{"kubelet": goodConfig})
 	h := newHarness(t, pool, cm, refusingNode("a", pool, cm))
 	h.c.cfg.Metrics = NewMetrics(prometheus.NewRegistry())
-	h.pools.statusErrs = []error{apierrors.NewConflict(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.Resource}, "blue", nil)}
+	h.pools.statusErrs = []error{apierrors.NewConflict(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.PoolResource}, "blue", nil)}
 	if _, err := h.c.sync(context.Background(), "blue"); !apierrors.IsConflict(err) {
 		t.Fatalf("sync: %v, want the Conflict", err)
 	}

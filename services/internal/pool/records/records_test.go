@@ -102,8 +102,8 @@ func TestSynced(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{name: "no pool API", err: apierrors.NewNotFound(v1alpha1.GroupVersion.WithResource(v1alpha1.Resource).GroupResource(), ""), want: true},
-		{name: "forbidden", err: apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource(v1alpha1.Resource).GroupResource(), "", errors.New("rbac")), want: true},
+		{name: "no pool API", err: apierrors.NewNotFound(v1alpha1.GroupVersion.WithResource(v1alpha1.PoolResource).GroupResource(), ""), want: true},
+		{name: "forbidden", err: apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource(v1alpha1.PoolResource).GroupResource(), "", errors.New("rbac")), want: true},
 		{name: "apiserver unavailable", err: apierrors.NewServiceUnavailable("down"), want: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -43,6 +43,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
+	"github.com/dkc-dev/dkc/api/generated/clientset"
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/httpserve"
@@ -157,7 +158,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	pending := nodestatus.NewPending(queueMetrics, nil)
 	table := assignment.NewTable(pending.Add)
 	// Every replica serves pools' revision snapshots, so every replica reads what the pools record of them.
-	poolRecords, err := poolcontroller.NewPools(restCfg)
+	pools, err := poolClient(restCfg)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +172,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 			return configmaps.New(configmaps.Config{Log: log.Named("configmaps"), Client: client, Namespaces: s.namespaces, OnChange: onChange})
 		},
 		Snapshots: func(onChange func(key string)) controller.Snapshots {
-			return records.New(records.Config{Log: log.Named("records"), Pools: poolRecords, OnChange: onChange})
+			return records.New(records.Config{Log: log.Named("records"), Pools: pools, OnChange: onChange})
 		},
 		Forget: pending.Add, QueueMetrics: queueMetrics, Pacer: s.pacer})
 	// The writer writes unprompted (sync errors, retries) only for nodes streaming from this replica: a
@@ -190,7 +191,7 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// stream within the TTL instead of at the connection's max age.
 	s.svc = rpc.New(rpc.Config{Log: log.Named("rpc"), Table: table, Status: s.writer, Metrics: rpc.NewMetrics(s.reg), Streams: streams, Reauth: authn})
 	s.registerGauges(table)
-	if err := s.buildPools(restCfg, client, nodeInformer, queueMetrics); err != nil {
+	if err := s.buildPools(client, pools, nodeInformer, queueMetrics); err != nil {
 		return nil, err
 	}
 
@@ -207,13 +208,9 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 }
 
 // buildPools prepares the KubeletConfigPool controller, which runs only while this replica leads
-// (runPools): its client (JSON: CRDs speak no protobuf), metrics and event recorder are made once.
-func (s *server) buildPools(restCfg *rest.Config, client kubernetes.Interface, nodes coreinformers.NodeInformer, queueMetrics workqueue.MetricsProvider) error {
+// (runPools): its metrics and event recorder are made once.
+func (s *server) buildPools(client kubernetes.Interface, pools clientset.Interface, nodes coreinformers.NodeInformer, queueMetrics workqueue.MetricsProvider) error {
 	s.client = client
-	pools, err := poolcontroller.NewPools(restCfg)
-	if err != nil {
-		return err
-	}
 	scheme := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return fmt.Errorf("register %s: %w", v1alpha1.GroupVersion, err)
@@ -496,6 +493,19 @@ func reviewClient(restCfg *rest.Config, limiter *scaledLimiter) (kubernetes.Inte
 	cs, err := kubernetes.NewForConfig(c)
 	if err != nil {
 		return nil, fmt.Errorf("create token review client: %w", err)
+	}
+	return cs, nil
+}
+
+// poolClient is the dkc.dev clientset: JSON whatever restCfg prefers, as CRDs speak no protobuf (its
+// rate limiter is restCfg's, shared with the other clients).
+func poolClient(restCfg *rest.Config) (clientset.Interface, error) {
+	c := rest.CopyConfig(restCfg)
+	c.ContentType = runtime.ContentTypeJSON
+	c.AcceptContentTypes = runtime.ContentTypeJSON
+	cs, err := clientset.NewForConfig(c)
+	if err != nil {
+		return nil, fmt.Errorf("create %s client: %w", v1alpha1.GroupVersion, err)
 	}
 	return cs, nil
 }

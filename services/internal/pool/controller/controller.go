@@ -5,10 +5,10 @@
 // only (leader election is the server's); the shape is sample-controller's: informers feed a rate-limited
 // workqueue keyed by pool name, workers never modify cached objects.
 //
-// It watches KubeletConfigPools (its own informer, over a small typed REST client), the snapshots (one
-// informer per --config-namespaces namespace, filtered to the dkc.dev/pool label), the pools' ConfigMaps
-// (a configmaps.Tracker of its own: one watch per ConfigMap) and Nodes through dkc-server's one shared
-// Node informer (an event handler added while it leads, removed after).
+// It watches KubeletConfigPools (its own informer, from the generated client of api/generated), the
+// snapshots (one informer per --config-namespaces namespace, filtered to the dkc.dev/pool label), the pools'
+// ConfigMaps (a configmaps.Tracker of its own: one watch per ConfigMap) and Nodes through dkc-server's one
+// shared Node informer (an event handler added while it leads, removed after).
 package controller
 
 import (
@@ -27,11 +27,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apimachinery/pkg/watch"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -40,6 +38,9 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
+	"github.com/dkc-dev/dkc/api/generated/clientset"
+	poolinformers "github.com/dkc-dev/dkc/api/generated/informers/api/v1alpha1"
+	poollisters "github.com/dkc-dev/dkc/api/generated/listers/api/v1alpha1"
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/services/internal/configmaps"
@@ -79,7 +80,8 @@ type ConfigMaps interface {
 type Config struct {
 	Log    *zap.Logger
 	Client kubernetes.Interface
-	Pools  Pools
+	// Pools is the dkc.dev clientset; it must speak JSON (CRDs speak no protobuf).
+	Pools clientset.Interface
 	// Nodes is dkc-server's shared Node informer; the controller adds a handler, never a second watch.
 	Nodes coreinformers.NodeInformer
 	// Namespaces are --config-namespaces: a pool's ConfigMap must be in one, and snapshots are watched there.
@@ -110,6 +112,7 @@ type Controller struct {
 	clock     clock.Clock
 	queue     workqueue.TypedRateLimitingInterface[string]
 	pools     cache.SharedIndexInformer
+	poolList  poollisters.KubeletConfigPoolLister
 	snapshots map[string]cache.SharedIndexInformer // by namespace
 	nodes     corelisters.NodeLister
 	cms       ConfigMaps
@@ -155,16 +158,10 @@ func New(cfg Config) *Controller {
 		deleted: map[string]bool{}, created: map[string]types.UID{},
 		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log),
 	}
-	// ToListWatcherWithWatchListSemantics lets a Pools that cannot stream a watch list (a test's fake)
-	// say so; the REST client can, and the reflector falls back to a list where the apiserver cannot.
-	c.pools = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return cfg.Pools.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return cfg.Pools.Watch(ctx, o)
-		},
-	}, cfg.Pools), &v1alpha1.KubeletConfigPool{}, 0, cache.Indexers{})
+	// An informer of its own rather than a factory's: it lives for one term, and dkc-server's other pool
+	// informer (package records) keeps only what it reads of each pool.
+	c.pools = poolinformers.NewKubeletConfigPoolInformer(cfg.Pools, 0, cache.Indexers{})
+	c.poolList = poollisters.NewKubeletConfigPoolLister(c.pools.GetIndexer())
 	_, _ = c.pools.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: func(_, n any) { c.enqueue(n) },
@@ -272,7 +269,7 @@ func (c *Controller) startTerm() { c.termStart = c.clock.Now() }
 func (c *Controller) waitForAPI(ctx context.Context) bool {
 	logged := false
 	for {
-		_, err := c.cfg.Pools.List(ctx, metav1.ListOptions{Limit: 1})
+		_, err := c.cfg.Pools.DkcV1alpha1().KubeletConfigPools().List(ctx, metav1.ListOptions{Limit: 1})
 		switch {
 		case err == nil:
 			if logged {
@@ -333,11 +330,8 @@ func (c *Controller) enqueueForNode(obj any) {
 // held by an overlapping pool until it is gone). A selector that does not parse selects nothing.
 func (c *Controller) selectors() []selector {
 	var out []selector
-	for _, obj := range c.pools.GetStore().List() {
-		p, ok := obj.(*v1alpha1.KubeletConfigPool)
-		if !ok {
-			continue
-		}
+	pools, _ := c.poolList.List(labels.Everything()) // a cache's List never fails
+	for _, p := range pools {
 		if sel, err := metav1.LabelSelectorAsSelector(&p.Spec.NodeSelector); err == nil {
 			out = append(out, selector{pool: p.Name, sel: sel})
 		}
@@ -372,11 +366,8 @@ func (c *Controller) worker(ctx context.Context) {
 
 // sync brings one pool a step on; it returns when to look again though nothing changes.
 func (c *Controller) sync(ctx context.Context, name string) (time.Duration, error) {
-	obj, exists, err := c.pools.GetStore().GetByKey(name)
-	if err != nil {
-		return 0, err
-	}
-	if !exists {
+	pool, err := c.poolList.Get(name) // shared with the cache: never modified
+	if apierrors.IsNotFound(err) {
 		c.mu.Lock()
 		delete(c.assignedAt, name)
 		c.mu.Unlock()
@@ -384,7 +375,9 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		c.cfg.Metrics.forget(name)
 		return c.collect(ctx, name)
 	}
-	pool := obj.(*v1alpha1.KubeletConfigPool) // shared with the cache: never modified
+	if err != nil {
+		return 0, err
+	}
 	if pool.DeletionTimestamp != nil {
 		// Someone else's finalizer holds it: it assigns nothing more; its snapshots go once it is gone.
 		c.cms.Track(name, "")
@@ -496,7 +489,7 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 	if !apiequality.Semantic.DeepEqual(pool.Status, p.Status) {
 		up := pool.DeepCopy()
 		up.Status = p.Status
-		if _, err := c.cfg.Pools.UpdateStatus(ctx, up); err != nil {
+		if _, err := c.updateStatus(ctx, up); err != nil {
 			return 0, fmt.Errorf("update status of kubeletconfigpool %s: %w", pool.Name, err)
 		}
 		// Only now: a transition is one once stored. A Conflict, or a sync on a cache that does not show
@@ -514,6 +507,12 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		requeue = expectationTTL + time.Second
 	}
 	return requeue, nil
+}
+
+// updateStatus writes the pool's status (PUT .../kubeletconfigpools/NAME/status): a Conflict when the
+// pool changed since it was read.
+func (c *Controller) updateStatus(ctx context.Context, pool *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
+	return c.cfg.Pools.DkcV1alpha1().KubeletConfigPools().UpdateStatus(ctx, pool, metav1.UpdateOptions{FieldManager: FieldManager})
 }
 
 // withAssignmentTime is the pool as the planner must see it: with the time of the controller's last
@@ -772,7 +771,7 @@ func (c *Controller) collect(ctx context.Context, pool string) (time.Duration, e
 func (c *Controller) sweep(context.Context) {
 	for _, inf := range c.snapshots {
 		for _, pool := range inf.GetIndexer().ListIndexFuncValues(indexPool) {
-			if _, exists, _ := c.pools.GetStore().GetByKey(pool); !exists {
+			if _, err := c.poolList.Get(pool); apierrors.IsNotFound(err) {
 				c.queue.Add(pool)
 			}
 		}

@@ -20,10 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -31,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	poolfake "github.com/dkc-dev/dkc/api/generated/clientset/fake"
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
@@ -205,38 +204,46 @@ func equalNode(a, b plan.Node) bool {
 	return string(ja) == string(jb)
 }
 
-// fakePools records UpdateStatus; List fails with listErr when set (the CRD not installed).
+// fakePools is the generated fake clientset holding items, recording the status writes in updates (they
+// leave the fake's objects alone, as the harness's pools live in the informer's cache only); List fails
+// with listErr when set (the CRD not installed). Its reactors run under the fake's lock.
 type fakePools struct {
+	*poolfake.Clientset
 	updates []*v1alpha1.KubeletConfigPool
 	listErr error
 	lists   atomic.Int32
-	// statusErrs fail the next UpdateStatus calls, one each.
+	// statusErrs fail the next status writes, one each.
 	statusErrs []error
-	items      []v1alpha1.KubeletConfigPool
 }
 
-// IsWatchListSemanticsUnSupported: Watch is a silent fake, which cannot stream a watch list's initial
-// events.
-func (f *fakePools) IsWatchListSemanticsUnSupported() bool { return true }
-
-func (f *fakePools) List(context.Context, metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error) {
-	f.lists.Add(1)
-	if f.listErr != nil {
-		return nil, f.listErr
+func newFakePools(items ...*v1alpha1.KubeletConfigPool) *fakePools {
+	objs := make([]runtime.Object, 0, len(items))
+	for _, p := range items {
+		objs = append(objs, p)
 	}
-	return &v1alpha1.KubeletConfigPoolList{Items: f.items}, nil
-}
-func (f *fakePools) Watch(context.Context, metav1.ListOptions) (watch.Interface, error) {
-	return watch.NewFake(), nil
-}
-func (f *fakePools) UpdateStatus(_ context.Context, p *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
-	if len(f.statusErrs) > 0 {
-		err := f.statusErrs[0]
-		f.statusErrs = f.statusErrs[1:]
-		return nil, err
-	}
-	f.updates = append(f.updates, p.DeepCopy())
-	return p, nil
+	f := &fakePools{Clientset: poolfake.NewSimpleClientset(objs...)}
+	f.PrependReactor("list", v1alpha1.PoolResource, func(k8stesting.Action) (bool, runtime.Object, error) {
+		f.lists.Add(1)
+		return f.listErr != nil, nil, f.listErr
+	})
+	f.PrependReactor("update", v1alpha1.PoolResource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+		up, ok := a.(k8stesting.UpdateActionImpl)
+		if !ok || up.GetSubresource() != "status" {
+			return true, nil, fmt.Errorf("unexpected %s of %s", a.GetVerb(), a.GetResource().Resource)
+		}
+		if m := up.UpdateOptions.FieldManager; m != FieldManager {
+			return true, nil, fmt.Errorf("status written as field manager %q, want %q", m, FieldManager)
+		}
+		if len(f.statusErrs) > 0 {
+			err := f.statusErrs[0]
+			f.statusErrs = f.statusErrs[1:]
+			return true, nil, err
+		}
+		p := up.GetObject().(*v1alpha1.KubeletConfigPool)
+		f.updates = append(f.updates, p.DeepCopy())
+		return true, p, nil
+	})
+	return f
 }
 
 // fakeConfigMaps is a synced tracker holding one ConfigMap.
@@ -274,7 +281,7 @@ func newHarness(t *testing.T, pool *v1alpha1.KubeletConfigPool, cm *corev1.Confi
 			t.Fatal(err)
 		}
 	}
-	h := &harness{nodes: nodeInformer.Informer().GetIndexer(), client: client, pools: &fakePools{}, recorder: record.NewFakeRecorder(100),
+	h := &harness{nodes: nodeInformer.Informer().GetIndexer(), client: client, pools: newFakePools(), recorder: record.NewFakeRecorder(100),
 		clock: clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
 	h.c = New(Config{Log: zap.NewNop(), Client: client, Pools: h.pools, Nodes: nodeInformer, Namespaces: resolve.NewNamespaces("kube-system"),
 		Recorder: h.recorder, Clock: h.clock, ConfigMaps: func(func(string)) ConfigMaps { return &fakeConfigMaps{cm: cm} }})
@@ -420,7 +427,8 @@ func TestUnchangedStatusIsNotWritten(t *testing.T) {
 // controller says so once, however often it looks again. (Without the once, every poll logs.)
 func TestRunWithoutTheCRDLogsOnce(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
-	pools := &fakePools{listErr: apierrors.NewNotFound(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.PoolResource}, "")}
+	pools := newFakePools()
+	pools.listErr = apierrors.NewNotFound(v1alpha1.Resource(v1alpha1.PoolResource), "")
 	client := fake.NewClientset()
 	c := New(Config{Log: zap.New(core), Client: client, Pools: pools, Nodes: informers.NewSharedInformerFactory(client, 0).Core().V1().Nodes(),
 		Namespaces: resolve.NewNamespaces("kube-system"), CRDPollInterval: 5 * time.Millisecond})
@@ -656,7 +664,7 @@ func TestAssignmentTimeSurvivesAFailedStatusWrite(t *testing.T) {
 	pool := testPool()
 	h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil), node("b", nil, nil))
 	h.recordedSnapshot(t, pool, configMap(map[string]string{"kubelet": goodConfig}))
-	h.pools.statusErrs = []error{apierrors.NewConflict(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.PoolResource}, "blue", nil)}
+	h.pools.statusErrs = []error{apierrors.NewConflict(v1alpha1.Resource(v1alpha1.PoolResource), "blue", nil)}
 	assignedAt := h.clock.Now()
 	if _, err := h.c.sync(context.Background(), "blue"); !apierrors.IsConflict(err) {
 		t.Fatalf("sync: %v, want the Conflict", err)
@@ -682,7 +690,7 @@ func TestRunAssignsThenStops(t *testing.T) {
 	factory := informers.NewSharedInformerFactory(client, 0)
 	nodes := factory.Core().V1().Nodes()
 	nodes.Informer()
-	pools := &fakePools{items: []v1alpha1.KubeletConfigPool{*testPool()}}
+	pools := newFakePools(testPool())
 	c := New(Config{Log: zap.NewNop(), Client: client, Pools: pools, Nodes: nodes, Namespaces: resolve.NewNamespaces("kube-system"),
 		ConfigMaps: func(func(string)) ConfigMaps {
 			return &fakeConfigMaps{cm: configMap(map[string]string{"kubelet": goodConfig})}
@@ -782,7 +790,7 @@ func TestEventsOnlyAfterTheStatusWrite(t *testing.T) {
 	cm := configMap(map[string]string{"kubelet": goodConfig})
 	h := newHarness(t, pool, cm, refusingNode("a", pool, cm))
 	h.c.cfg.Metrics = NewMetrics(prometheus.NewRegistry())
-	h.pools.statusErrs = []error{apierrors.NewConflict(schema.GroupResource{Group: "dkc.dev", Resource: v1alpha1.PoolResource}, "blue", nil)}
+	h.pools.statusErrs = []error{apierrors.NewConflict(v1alpha1.Resource(v1alpha1.PoolResource), "blue", nil)}
 	if _, err := h.c.sync(context.Background(), "blue"); !apierrors.IsConflict(err) {
 		t.Fatalf("sync: %v, want the Conflict", err)
 	}
@@ -890,7 +898,7 @@ func TestRunResetsMetricsLast(t *testing.T) {
 	cms := &blockingConfigMaps{fakeConfigMaps: fakeConfigMaps{cm: configMap(map[string]string{"kubelet": goodConfig})},
 		entered: make(chan struct{}), release: make(chan struct{})}
 	metrics := NewMetrics(prometheus.NewRegistry())
-	c := New(Config{Log: zap.NewNop(), Client: client, Pools: &fakePools{items: []v1alpha1.KubeletConfigPool{*testPool()}}, Nodes: nodes,
+	c := New(Config{Log: zap.NewNop(), Client: client, Pools: newFakePools(testPool()), Nodes: nodes,
 		Namespaces: resolve.NewNamespaces("kube-system"), Metrics: metrics, ConfigMaps: func(func(string)) ConfigMaps { return cms }})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

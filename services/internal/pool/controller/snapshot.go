@@ -75,7 +75,7 @@ func (c *Controller) ensureSnapshot(ctx context.Context, pool *v1alpha1.KubeletC
 	// Stored before any node is assigned the revision: dkc-server serves the snapshot with this UID only.
 	up := pool.DeepCopy()
 	up.Status.RevisionSnapshots = rec
-	stored, err := c.cfg.Pools.UpdateStatus(ctx, up)
+	stored, err := c.updateStatus(ctx, up)
 	if err != nil {
 		return pool, nil, fmt.Errorf("record revision snapshot %s in kubeletconfigpool %s: %w", k, pool.Name, err)
 	}

@@ -12,24 +12,18 @@ import (
 	"go.uber.org/zap"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/dkc-dev/dkc/api/generated/clientset"
+	poolinformers "github.com/dkc-dev/dkc/api/generated/informers/api/v1alpha1"
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 )
 
-// Pools is what Records calls on KubeletConfigPools, each method one request of the same name (the pool
-// controller's client).
-type Pools interface {
-	List(ctx context.Context, opts metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error)
-	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
-}
-
 // Config of Records.
 type Config struct {
-	Log   *zap.Logger
-	Pools Pools
+	Log *zap.Logger
+	// Pools is the dkc.dev clientset; it must speak JSON (CRDs speak no protobuf).
+	Pools clientset.Interface
 	// OnChange is called with the key ("namespace/name") of each snapshot whose record a pool adds,
 	// changes or drops: the nodes whose source names it are resolved again.
 	OnChange func(key string)
@@ -54,14 +48,9 @@ func New(cfg Config) *Records {
 		cfg.OnChange = func(string) {}
 	}
 	r := &Records{cfg: cfg}
-	r.informer = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return cfg.Pools.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return cfg.Pools.Watch(ctx, o)
-		},
-	}, cfg.Pools), &v1alpha1.KubeletConfigPool{}, 0, cache.Indexers{})
+	// An informer of its own rather than a factory's: its transform is its own (the pool controller's
+	// informer keeps whole pools), and it starts only once the API is served (Run).
+	r.informer = poolinformers.NewKubeletConfigPoolInformer(cfg.Pools, 0, cache.Indexers{})
 	// Only the record is read: the rest of a pool (its conditions, failed nodes) is not kept.
 	_ = r.informer.SetTransform(func(obj any) (any, error) {
 		p, ok := obj.(*v1alpha1.KubeletConfigPool)
@@ -100,7 +89,7 @@ func (r *Records) Recorded(pool string) (rec *v1alpha1.RevisionSnapshots, exists
 func (r *Records) Run(ctx context.Context) error {
 	logged := false
 	for {
-		_, err := r.cfg.Pools.List(ctx, metav1.ListOptions{Limit: 1})
+		_, err := r.cfg.Pools.DkcV1alpha1().KubeletConfigPools().List(ctx, metav1.ListOptions{Limit: 1})
 		// Not installed, or not this replica's to read (RBAC): no record will come, so none is waited for.
 		r.absent.Store(apierrors.IsNotFound(err) || apierrors.IsForbidden(err))
 		if err == nil {

@@ -11,9 +11,11 @@ import (
 	"go.uber.org/zap"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/dkc-dev/dkc/api/generated/clientset/fake"
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 )
 
@@ -79,20 +81,6 @@ func TestRecorded(t *testing.T) {
 	}
 }
 
-// pools answers List with err, and counts the lists; it never watches.
-type pools struct {
-	err   error
-	lists atomic.Int32
-}
-
-func (p *pools) List(context.Context, metav1.ListOptions) (*v1alpha1.KubeletConfigPoolList, error) {
-	p.lists.Add(1)
-	return &v1alpha1.KubeletConfigPoolList{}, p.err
-}
-func (p *pools) Watch(context.Context, metav1.ListOptions) (watch.Interface, error) {
-	return nil, errors.New("not watched here")
-}
-
 // TestSynced: the records answer for every pool once the pools are listed, or at once when their API is
 // not installed or not readable: no record would ever come. An apiserver that fails otherwise is waited
 // for.
@@ -102,12 +90,18 @@ func TestSynced(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{name: "no pool API", err: apierrors.NewNotFound(v1alpha1.GroupVersion.WithResource(v1alpha1.PoolResource).GroupResource(), ""), want: true},
-		{name: "forbidden", err: apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource(v1alpha1.PoolResource).GroupResource(), "", errors.New("rbac")), want: true},
+		{name: "no pool API", err: apierrors.NewNotFound(v1alpha1.Resource(v1alpha1.PoolResource), ""), want: true},
+		{name: "forbidden", err: apierrors.NewForbidden(v1alpha1.Resource(v1alpha1.PoolResource), "", errors.New("rbac")), want: true},
 		{name: "apiserver unavailable", err: apierrors.NewServiceUnavailable("down"), want: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &pools{err: tc.err}
+			// The pools answer every List with tc.err, counted.
+			var lists atomic.Int32
+			p := fake.NewSimpleClientset()
+			p.PrependReactor("list", v1alpha1.PoolResource, func(k8stesting.Action) (bool, runtime.Object, error) {
+				lists.Add(1)
+				return true, nil, tc.err
+			})
 			r := New(Config{Log: zap.NewNop(), Pools: p, PollInterval: time.Hour})
 			if r.Synced() {
 				t.Fatal("synced before listing anything")
@@ -117,7 +111,7 @@ func TestSynced(t *testing.T) {
 			go func() { done <- r.Run(ctx) }()
 			// Run looks once, then waits PollInterval (an hour): what it concluded from that one answer holds.
 			deadline := time.Now().Add(5 * time.Second)
-			for (p.lists.Load() == 0 || r.Synced() != tc.want) && time.Now().Before(deadline) {
+			for (lists.Load() == 0 || r.Synced() != tc.want) && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			got := r.Synced()
@@ -129,5 +123,38 @@ func TestSynced(t *testing.T) {
 				t.Errorf("Synced = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRunKeepsOnlyTheRecords: Run lists the pools through the clientset; the cache answers Recorded and
+// keeps nothing of a pool but its record.
+func TestRunKeepsOnlyTheRecords(t *testing.T) {
+	a := v1alpha1.RevisionSnapshot{Revision: "a", Namespace: "kube-system", Name: "blue-a", UID: "u1"}
+	p := pool(a)
+	p.Status.CurrentRevision = "a"
+	var changed atomic.Int32
+	r := New(Config{Log: zap.NewNop(), Pools: fake.NewSimpleClientset(p), OnChange: func(string) { changed.Add(1) }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), r.Synced) {
+		t.Fatal("records never synced")
+	}
+	rec, exists := r.Recorded("blue")
+	if got, ok := rec.Snapshot("a"); !exists || !ok || got != a {
+		t.Errorf("Recorded(blue) a = %+v %v %v, want %+v", got, ok, exists, a)
+	}
+	if n := changed.Load(); n != 1 {
+		t.Errorf("OnChange called %d times, want once (blue-a listed)", n)
+	}
+	obj, _, _ := r.informer.GetStore().GetByKey("blue")
+	if cached := obj.(*v1alpha1.KubeletConfigPool); cached.Status.CurrentRevision != "" {
+		t.Errorf("cached pool keeps status.currentRevision %q, want only the record", cached.Status.CurrentRevision)
 	}
 }

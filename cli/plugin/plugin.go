@@ -17,16 +17,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dkc-dev/dkc/api/generated/clientset"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
@@ -35,7 +37,7 @@ type Options struct {
 	flags  *genericclioptions.ConfigFlags
 	io     genericiooptions.IOStreams
 	client kubernetes.Interface
-	dyn    dynamic.Interface // KubeletConfigPools
+	pools  clientset.Interface // KubeletConfigPools
 	output string
 	// podLogs reads a container's log; nil: through the API (a fake clientset's logs are fixed text).
 	podLogs func(ctx context.Context, p *corev1.Pod, opts *corev1.PodLogOptions) ([]byte, error)
@@ -58,7 +60,10 @@ point Nodes at a ConfigMap holding a KubeletConfiguration, watch them apply it, 
 			if o.client, err = kubernetes.NewForConfig(cfg); err != nil {
 				return err
 			}
-			o.dyn, err = dynamic.NewForConfig(cfg)
+			// JSON whatever the kubeconfig prefers: CRDs speak no protobuf.
+			poolCfg := rest.CopyConfig(cfg)
+			poolCfg.ContentType, poolCfg.AcceptContentTypes = runtime.ContentTypeJSON, runtime.ContentTypeJSON
+			o.pools, err = clientset.NewForConfig(poolCfg)
 			return err
 		},
 	}

@@ -17,9 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -31,8 +28,6 @@ import (
 // `kubectl dkc rollout` is a front end to KubeletConfigPools (api/v1alpha1): it writes the pool and follows
 // dkc-server's pool controller rolling it out. Nothing here assigns a node: the rollout goes on in the
 // cluster when kubectl-dkc exits, and `kubectl apply` of a pool manifest is the same rollout.
-
-var poolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.PoolResource}
 
 // ErrRolloutStopped is returned when a followed rollout ended short of every node updated: the pool halted
 // after maxFailures nodes failed its revision, or its config cannot be rolled out.
@@ -117,8 +112,7 @@ func (o *Options) rollout(ctx context.Context, name string, f poolFlags) error {
 		if f.configMap == "" || !f.changed("selector") {
 			return fmt.Errorf("kubeletconfigpool %s does not exist: create it with --configmap and -l", name)
 		}
-		pool = &v1alpha1.KubeletConfigPool{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "KubeletConfigPool"},
-			ObjectMeta: metav1.ObjectMeta{Name: name}}
+		pool = &v1alpha1.KubeletConfigPool{TypeMeta: poolKind, ObjectMeta: metav1.ObjectMeta{Name: name}}
 	}
 	before := pool.Spec.DeepCopy()
 	if err := applyPoolFlags(&pool.Spec, f, creating); err != nil {
@@ -668,25 +662,28 @@ differs: undo never takes it, and dkc-server never sends it to a node that does 
 	}
 }
 
-// The pool's REST calls, over the dynamic client (one resource does not need a generated clientset).
+// The pool's REST calls, over the generated clientset (api/generated).
+
+// poolKind is the pool's type, which the clientset clears from every object it decodes: the pools these
+// calls return carry it again, as `rollout status -o yaml` prints them.
+var poolKind = metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "KubeletConfigPool"}
 
 func (o *Options) getPool(ctx context.Context, name string) (*v1alpha1.KubeletConfigPool, error) {
-	u, err := o.dyn.Resource(poolResource).Get(ctx, name, metav1.GetOptions{})
+	p, err := o.pools.DkcV1alpha1().KubeletConfigPools().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, poolError(name, err)
 	}
-	return fromUnstructured(u)
+	p.TypeMeta = poolKind
+	return p, nil
 }
 
 func (o *Options) createPool(ctx context.Context, p *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
-	u, err := toUnstructured(p)
+	out, err := o.pools.DkcV1alpha1().KubeletConfigPools().Create(ctx, withoutStatus(p), metav1.CreateOptions{FieldManager: fieldManager})
 	if err != nil {
-		return nil, err
-	}
-	if u, err = o.dyn.Resource(poolResource).Create(ctx, u, metav1.CreateOptions{FieldManager: fieldManager}); err != nil {
 		return nil, fmt.Errorf("create kubeletconfigpool %s: %w", p.Name, err)
 	}
-	return fromUnstructured(u)
+	out.TypeMeta = poolKind
+	return out, nil
 }
 
 // modifyPool reads the pool, lets change edit it and writes it back, again on a Conflict: the controller's
@@ -701,25 +698,30 @@ func (o *Options) modifyPool(ctx context.Context, name string, change func(*v1al
 		if err := change(p); err != nil {
 			return err
 		}
-		u, err := toUnstructured(p)
-		if err != nil {
-			return err
-		}
-		if u, err = o.dyn.Resource(poolResource).Update(ctx, u, metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
+		if out, err = o.pools.DkcV1alpha1().KubeletConfigPools().Update(ctx, withoutStatus(p), metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
 			return fmt.Errorf("update kubeletconfigpool %s: %w", name, err) // a Conflict stays one (errors.As)
 		}
-		out, err = fromUnstructured(u)
-		return err
+		out.TypeMeta = poolKind
+		return nil
 	})
 	return out, err
 }
 
 func (o *Options) patchPool(ctx context.Context, name string, patch []byte) (*v1alpha1.KubeletConfigPool, error) {
-	u, err := o.dyn.Resource(poolResource).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
+	p, err := o.pools.DkcV1alpha1().KubeletConfigPools().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
 	if err != nil {
 		return nil, poolError(name, err)
 	}
-	return fromUnstructured(u)
+	p.TypeMeta = poolKind
+	return p, nil
+}
+
+// withoutStatus is the pool as a write of its main resource sends it: the status is the controller's, the
+// apiserver ignores it there, and an empty one keeps the request small (failedNodes, heldNodes).
+func withoutStatus(p *v1alpha1.KubeletConfigPool) *v1alpha1.KubeletConfigPool {
+	out := *p // a shallow copy: only Status is replaced
+	out.Status = v1alpha1.KubeletConfigPoolStatus{}
+	return &out
 }
 
 // fieldManager names kubectl-dkc's writes.
@@ -733,24 +735,4 @@ func poolError(name string, err error) error {
 		return fmt.Errorf("kubeletconfigpools are not served by this cluster (is dkc's CRD installed? kubectl apply -k deploy/crds): %w", err)
 	}
 	return fmt.Errorf("kubeletconfigpool %s: %w", name, err)
-}
-
-func toUnstructured(p *v1alpha1.KubeletConfigPool) (*unstructured.Unstructured, error) {
-	p.APIVersion, p.Kind = v1alpha1.GroupVersion.String(), "KubeletConfigPool"
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
-	if err != nil {
-		return nil, fmt.Errorf("encode kubeletconfigpool %s: %w", p.Name, err)
-	}
-	// status is the controller's: an update through the main resource ignores it, and leaving it out keeps
-	// the request small.
-	delete(m, "status")
-	return &unstructured.Unstructured{Object: m}, nil
-}
-
-func fromUnstructured(u *unstructured.Unstructured) (*v1alpha1.KubeletConfigPool, error) {
-	var p v1alpha1.KubeletConfigPool
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
-		return nil, fmt.Errorf("decode kubeletconfigpool %s: %w", u.GetName(), err)
-	}
-	return &p, nil
 }

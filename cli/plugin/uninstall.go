@@ -117,7 +117,7 @@ func (st *uninstallState) notInstalled() bool {
 // survey reads what the cluster holds of dkc; nothing absent is an error.
 func (o *Options) survey(ctx context.Context, ns string) (*uninstallState, error) {
 	st := &uninstallState{namespace: ns}
-	list, err := o.dyn.Resource(poolResource).List(ctx, metav1.ListOptions{})
+	list, err := o.pools.DkcV1alpha1().KubeletConfigPools().List(ctx, metav1.ListOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
@@ -125,7 +125,7 @@ func (o *Options) survey(ctx context.Context, ns string) (*uninstallState, error
 	default:
 		st.crd = true
 		for _, p := range list.Items {
-			st.pools = append(st.pools, p.GetName())
+			st.pools = append(st.pools, p.Name)
 		}
 	}
 	if st.daemonSet, err = o.client.AppsV1().DaemonSets(ns).Get(ctx, sidecarDaemonSet, metav1.GetOptions{}); apierrors.IsNotFound(err) {
@@ -259,7 +259,7 @@ func (o *Options) uninstall(ctx context.Context, st *uninstallState, timeout tim
 
 // deletePools deletes every KubeletConfigPool and waits until none is left (they have no finalizer).
 func (o *Options) deletePools(ctx context.Context, timeout time.Duration) error {
-	pools := o.dyn.Resource(poolResource)
+	pools := o.pools.DkcV1alpha1().KubeletConfigPools()
 	list, err := pools.List(ctx, metav1.ListOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
@@ -268,10 +268,10 @@ func (o *Options) deletePools(ctx context.Context, timeout time.Duration) error 
 		return fmt.Errorf("list KubeletConfigPools: %w", err)
 	}
 	for _, p := range list.Items {
-		if err := pools.Delete(ctx, p.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("delete kubeletconfigpool %s: %w", p.GetName(), err)
+		if err := pools.Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete kubeletconfigpool %s: %w", p.Name, err)
 		}
-		fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s deleted\n", p.GetName())
+		fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s deleted\n", p.Name)
 	}
 	return poll(ctx, timeout, func() (bool, string, error) {
 		list, err := pools.List(ctx, metav1.ListOptions{})

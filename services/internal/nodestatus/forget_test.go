@@ -21,8 +21,10 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 )
@@ -35,14 +37,16 @@ type cluster struct {
 	cache  cache.Indexer
 	table  *assignment.Table
 	w      *Writer
+	clk    *clocktesting.FakeClock // the writer's: its retries' backoff
 	at     time.Time
 	made   int // Nodes created, for their UIDs
 }
 
 func newCluster(t *testing.T) *cluster {
 	c := &cluster{t: t, client: fake.NewClientset(), cache: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-		table: assignment.NewTable(nil), at: time.Now()}
-	c.w = New(Config{Log: zap.NewNop(), Client: c.client, Nodes: corelisters.NewNodeLister(c.cache), Table: c.table})
+		table: assignment.NewTable(nil), clk: clocktesting.NewFakeClock(fakeStart), at: fakeStart}
+	c.w = New(Config{Log: zap.NewNop(), Client: c.client, Nodes: corelisters.NewNodeLister(c.cache), Table: c.table, Clock: c.clk})
+	t.Cleanup(c.w.queue.ShutDown)
 	return c
 }
 
@@ -117,31 +121,23 @@ func (c *cluster) reportRestart(name, uid, errText string, restart *dkcv1.Kubele
 	return err
 }
 
-// drain runs the writer's queue until it is empty, retries included.
+// drain runs the writer's queue until it is empty, retries included: the clock steps through their backoff.
 func (c *cluster) drain() {
 	c.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for c.w.queue.Len() > 0 || c.pendingRetries() {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("queue not drained: %d items", c.w.queue.Len())
+	poll.Stepping(c.t, "the queue to drain, retries included", c.clk, time.Second, func() bool {
+		for c.w.queue.Len() > 0 {
+			c.w.processNext(context.Background())
 		}
-		if c.w.queue.Len() == 0 {
-			time.Sleep(10 * time.Millisecond) // a rate-limited retry is on its way
-			continue
-		}
-		c.w.processNext(context.Background())
-	}
+		return !c.pendingRetries()
+	})
 }
 
 // retriedWhileCacheLags checks that a report whose Node (object) the cache does not hold yet is kept and its
 // write retried: the first retry still finds the cache behind.
 func (c *cluster) retriedWhileCacheLags() {
 	c.t.Helper()
-	for deadline := time.Now().Add(2 * time.Second); c.w.queue.Len() == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			c.t.Fatal("the report of a Node (object) not cached yet is not retried")
-		}
-	}
+	poll.Stepping(c.t, "the report of a Node (object) not cached yet to be retried", c.clk, 100*time.Millisecond,
+		func() bool { return c.w.queue.Len() > 0 })
 	c.w.processNext(context.Background())
 	if got := c.w.Reported(); got != 1 {
 		c.t.Errorf("%d reports held while the cache lags, want 1", got)

@@ -3,6 +3,7 @@ package nodestatus
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -20,10 +21,10 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 )
@@ -98,22 +99,17 @@ func TestReportsPastTheInlineBoundAreQueued(t *testing.T) {
 				}
 				return n.Annotations != nil && apiequality.Semantic.DeepEqual(annotationOf(t, n), want)
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				n := getNode(t, client, "n1")
+			poll.UntilNil(t, "the queue to write the acknowledged report and its 2 events", func() error {
 				events, err := client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
 				// Owed no more: the write returned (the Node shows a patch a moment before).
-				if statusDone(n) && len(events.Items) == 2 && (!tc.serving || !w.owed("n1")) {
-					break
+				if n := getNode(t, client, "n1"); !statusDone(n) || len(events.Items) != 2 || (tc.serving && w.owed("n1")) {
+					return fmt.Errorf("annotations %v, %d events", n.Annotations, len(events.Items))
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("queue did not write the acknowledged report and its 2 events: annotations %v, %d events", n.Annotations, len(events.Items))
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				return nil
+			})
 			close(unblock)
 			if err := <-slowDone; err != nil {
 				t.Fatalf("inline report: %v", err)
@@ -235,9 +231,9 @@ func TestShutdownDrainsQueuedReports(t *testing.T) {
 	}
 }
 
-// queuedFailingEvent is a writer on clk (nil: the real clock) holding node n1's queued report and its
-// restart's Event, which the apiserver keeps failing transiently; n1 is in the queue.
-func queuedFailingEvent(clk clock.WithTicker) (*fake.Clientset, *Writer) {
+// queuedFailingEvent is a writer on clk holding node n1's queued report and its restart's Event, which the
+// apiserver keeps failing transiently; n1 is in the queue.
+func queuedFailingEvent(clk *clocktesting.FakeClock) (*fake.Clientset, *Writer) {
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewInternalError(errors.New("etcd is slow"))
@@ -255,7 +251,8 @@ func queuedFailingEvent(clk clock.WithTicker) (*fake.Clientset, *Writer) {
 // TestEventRetryBacksOff: a queued restart whose Event the apiserver keeps failing (transiently) is retried
 // with a growing backoff, also when the node's status was written meanwhile.
 func TestEventRetryBacksOff(t *testing.T) {
-	client, w := queuedFailingEvent(nil)
+	clk := clocktesting.NewFakeClock(fakeStart)
+	client, w := queuedFailingEvent(clk)
 	for i := 1; i <= 3; i++ {
 		if !w.processNext(context.Background()) {
 			t.Fatal("queue shut down")
@@ -263,12 +260,8 @@ func TestEventRetryBacksOff(t *testing.T) {
 		if got := w.queue.NumRequeues("n1"); got != i {
 			t.Fatalf("after %d failed Event creations the node was requeued %d times with backoff, want %d", i, got, i)
 		}
-		// Wait for the rate-limited re-add (5ms, 10ms, 20ms with the default limiter).
-		for deadline := time.Now().Add(10 * time.Second); w.queue.Len() == 0; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("the node was not queued again within 10s")
-			}
-		}
+		// The rate-limited re-add: 200ms, 400ms, 800ms with NewPending's limiter, on the fake clock.
+		poll.Stepping(t, "the node to be queued again", clk, 100*time.Millisecond, func() bool { return w.queue.Len() > 0 })
 	}
 	if n := getNode(t, client, "n1"); n.Annotations == nil {
 		t.Errorf("the status was not written while its Event failed")
@@ -285,12 +278,7 @@ func TestQueuedEventGivenUpAfterAnHour(t *testing.T) {
 		t.Fatalf("a fresh failing Event: %d requeues, want 1", got)
 	}
 	clk.Step(eventGiveUp + time.Second)
-	for deadline := time.Now().Add(10 * time.Second); w.queue.Len() == 0; time.Sleep(time.Millisecond) { // the rate-limited re-add, on the fake clock
-		if time.Now().After(deadline) {
-			t.Fatal("the node was not queued again within 10s")
-		}
-		clk.Step(time.Second)
-	}
+	poll.Stepping(t, "the rate-limited re-add", clk, time.Second, func() bool { return w.queue.Len() > 0 })
 	w.processNext(context.Background())
 	if got := w.queue.NumRequeues("n1"); got != 0 {
 		t.Errorf("an Event failing for an hour: still %d requeues, want it dropped and the node forgotten", got)

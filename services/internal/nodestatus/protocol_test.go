@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -315,26 +316,36 @@ type watchStream struct {
 	ctx               context.Context
 	cancel            context.CancelFunc
 	done              chan struct{}
+	// headers is closed when WatchConfig sends the stream's headers: it does once the stream is registered
+	// (what the sidecar takes as "this replica has my stream").
+	headers     chan struct{}
+	headersOnce sync.Once
 }
 
 func (s *watchStream) Context() context.Context              { return s.ctx }
 func (s *watchStream) Send(*dkcv1.WatchConfigResponse) error { return nil }
 func (s *watchStream) SendMsg(any) error                     { return nil }
-func (s *watchStream) SendHeader(metadata.MD) error          { return nil }
+func (s *watchStream) SendHeader(metadata.MD) error {
+	s.headersOnce.Do(func() { close(s.headers) })
+	return nil
+}
 
 // openStream opens the node's stream on r and returns once r serves the node.
 func openStream(r *replica) (*watchStream, error) {
 	ctx, cancel := context.WithCancel(asNode(context.Background()))
-	s := &watchStream{ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	s := &watchStream{ctx: ctx, cancel: cancel, done: make(chan struct{}), headers: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		_ = r.svc.WatchConfig(&dkcv1.WatchConfigRequest{NodeName: nodeName, FollowsNodeUid: true}, s)
 	}()
-	for deadline := time.Now().Add(10 * time.Second); !r.streams.Serving(nodeName); time.Sleep(20 * time.Microsecond) {
-		if time.Now().After(deadline) {
-			s.close()
-			return nil, errors.New("the replica did not register the node's stream within 10s")
-		}
+	select {
+	case <-s.headers:
+	case <-s.done:
+		return nil, errors.New("the replica ended the node's stream before registering it")
+	}
+	if !r.streams.Serving(nodeName) {
+		s.close()
+		return nil, errors.New("the replica sent the stream's headers but does not serve the node")
 	}
 	return s, nil
 }

@@ -23,9 +23,11 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 )
@@ -302,13 +304,7 @@ func TestReplicaThatNoLongerServesANodeWritesNothingOld(t *testing.T) {
 	defer cancel()
 	go func() { _ = a.Run(ctx, 1, time.Second) }()
 	a.Enqueue(name)
-	deadline := time.Now().Add(5 * time.Second)
-	for a.Reported() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("replica A still holds the report of a node it no longer serves")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, "replica A to drop the report of a node it no longer serves", func() bool { return a.Reported() == 0 })
 	if got := annotationOf(t, getNode(t, client, name)); !apiequality.Semantic.DeepEqual(got, newer) {
 		t.Fatalf("the Node shows %s, want B's newer %s", statusJSON(got), statusJSON(newer))
 	}
@@ -373,10 +369,11 @@ func TestLaggingCacheCostsNoSecondPatch(t *testing.T) {
 // TestRestartInProgressWaitsForItsOutcome: a report of a restart in progress ("assigned, not yet running")
 // is acknowledged and held for RestartingDelay; the outcome reported within it is the only write, and a
 // restart that takes longer is written when the delay has passed. A status with an error is never held.
+// The delay runs on a fake clock, and the test works the queue as Run's workers do.
 func TestRestartInProgressWaitsForItsOutcome(t *testing.T) {
 	const (
 		name  = "n1"
-		delay = 400 * time.Millisecond
+		delay = 10 * time.Second
 	)
 	running := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1"), LastKnownGood: cm("1")}
 	restartingTo2 := corev1.NodeConfigStatus{Assigned: cm("2"), Active: cm("1"), LastKnownGood: cm("1")}
@@ -407,10 +404,11 @@ func TestRestartInProgressWaitsForItsOutcome(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
 			m := NewMetrics(prometheus.NewRegistry())
-			w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil), Metrics: m, RestartingDelay: delay})
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			go func() { _ = w.Run(ctx, 1, time.Second) }()
+			clk := clocktesting.NewFakeClock(fakeStart)
+			w := New(Config{Log: zap.NewNop(), Client: client, Nodes: freshLister{client}, Table: assignment.NewTable(nil), Metrics: m,
+				RestartingDelay: delay, Clock: clk})
+			t.Cleanup(w.queue.ShutDown)
+			ctx := context.Background()
 			var seq uint64
 			report := func(st corev1.NodeConfigStatus) {
 				t.Helper()
@@ -422,13 +420,26 @@ func TestRestartInProgressWaitsForItsOutcome(t *testing.T) {
 			report(running)
 			base := testutil.ToFloat64(m.writes.WithLabelValues("written"))
 			for i, st := range tc.reports {
-				time.Sleep(tc.pauses[i])
+				clk.Step(tc.pauses[i])
 				report(st)
 			}
 			if got := annotationOf(t, getNode(t, client, name)); !apiequality.Semantic.DeepEqual(got, tc.shown) {
 				t.Errorf("right after the reports the Node shows %s, want %s", statusJSON(got), statusJSON(tc.shown))
 			}
-			time.Sleep(delay + 300*time.Millisecond)
+			// Each held report queued the node again for the end of its hold, the delay after the restart's
+			// first report (at fakeStart). The delaying queue's goroutine hands it out once the clock gets
+			// there; a jump that falls between its reading of the clock and its setting of the timer makes
+			// the timer late by up to the jump, hence the small steps after it, and the slack.
+			clk.SetTime(fakeStart.Add(delay))
+			if testutil.ToFloat64(m.writes.WithLabelValues("held")) > 0 {
+				poll.Stepping(t, "the held report's node to be queued again", clk, time.Millisecond, func() bool { return w.queue.Len() > 0 })
+				if late := clk.Since(fakeStart) - delay; late > delay/2 {
+					t.Errorf("the held report's node was queued again %v after the delay", late)
+				}
+			}
+			for w.queue.Len() > 0 {
+				w.processNext(ctx)
+			}
 			if got := annotationOf(t, getNode(t, client, name)); !apiequality.Semantic.DeepEqual(got, tc.final) {
 				t.Errorf("after the delay the Node shows %s, want %s", statusJSON(got), statusJSON(tc.final))
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 	"github.com/dkc-dev/dkc/services/internal/auth"
@@ -81,13 +83,7 @@ func saToken(name string) string {
 // waitTimer waits until the stream's loop has scheduled its next check on the fake clock.
 func waitTimer(t *testing.T, clk *clocktesting.FakeClock) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !clk.HasWaiters() {
-		if time.Now().After(deadline) {
-			t.Fatal("no re-check scheduled")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "the stream's next token check to be scheduled", clk.HasWaiters)
 }
 
 // TestStreamsCheckTheirTokenAgain: with a fake clock and the real authenticator, an open WatchConfig
@@ -143,13 +139,12 @@ func TestStreamsCheckTheirTokenAgain(t *testing.T) {
 		t.Helper()
 		before := api.count()
 		clk.Step(d)
-		deadline := time.Now().Add(5 * time.Second)
-		for api.count() < before+wantReviews {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d reviews after %v, want %d", api.count()-before, d, wantReviews)
+		poll.UntilNil(t, fmt.Sprintf("%d token reviews after %v", wantReviews, d), func() error {
+			if n := api.count() - before; n < wantReviews {
+				return fmt.Errorf("%d reviews", n)
 			}
-			time.Sleep(time.Millisecond)
-		}
+			return nil
+		})
 	}
 
 	s1 := open("n1", tokN1)

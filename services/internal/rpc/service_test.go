@@ -157,7 +157,7 @@ func TestWatchConfig(t *testing.T) {
 	select {
 	case m := <-got:
 		t.Fatalf("resumed stream re-delivered %v", m)
-	case <-time.After(300 * time.Millisecond):
+	case <-time.After(300 * time.Millisecond): // proves a negative: nothing is sent meanwhile
 	}
 	table.Set("n1", assignment.State{Assignment: assign("4")})
 	select {
@@ -225,6 +225,10 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 					got <- m
 				}
 			}()
+			wait := 5 * time.Second
+			if tc.wantNoMessage {
+				wait = 500 * time.Millisecond // proves a negative: nothing is sent meanwhile
+			}
 			select {
 			case m := <-got:
 				if tc.wantNoMessage {
@@ -235,7 +239,7 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 					t.Fatalf("resumed stream sent sync error %q, assignment %q, node %q, kubelet %q; want %q, h1, %q, %q",
 						m.GetSyncError(), m.GetAssignment().GetContentHash(), m.GetNodeUid(), m.GetKubeletVersion(), tc.wantSyncError, tc.serviceUID, tc.kubelet)
 				}
-			case <-time.After(500 * time.Millisecond):
+			case <-time.After(wait):
 				if !tc.wantNoMessage {
 					t.Fatalf("resumed stream sent nothing; the node holds sync error %q and node %q, the service has %q and %q",
 						tc.nodeHolds, tc.nodeUID, tc.serviceHas, tc.serviceUID)

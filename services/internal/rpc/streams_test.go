@@ -19,6 +19,7 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/internal/payload"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 )
@@ -100,6 +101,44 @@ func TestNewStreamReplacesTheOld(t *testing.T) {
 	}
 }
 
+// handlers records what the server's WatchConfig handlers do, in the order their streams opened: how many
+// messages each began to send, and whether it returned (WatchConfig let its stream go: endWatch ran).
+type handlers struct {
+	mu    sync.Mutex
+	sends []int
+	ended []bool
+}
+
+func (h *handlers) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	h.mu.Lock()
+	i := len(h.sends)
+	h.sends, h.ended = append(h.sends, 0), append(h.ended, false)
+	h.mu.Unlock()
+	defer func() { h.mu.Lock(); h.ended[i] = true; h.mu.Unlock() }()
+	return handler(srv, &countingStream{ServerStream: ss, sent: func() { h.mu.Lock(); h.sends[i]++; h.mu.Unlock() }})
+}
+
+// sending says whether the i-th stream's handler began its n-th send.
+func (h *handlers) sending(i, n int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return i < len(h.sends) && h.sends[i] >= n
+}
+
+// returned says whether the i-th stream's handler returned.
+func (h *handlers) returned(i int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return i < len(h.ended) && h.ended[i]
+}
+
+type countingStream struct {
+	grpc.ServerStream
+	sent func()
+}
+
+func (s *countingStream) SendMsg(m any) error { s.sent(); return s.ServerStream.SendMsg(m) }
+
 // TestReconnectWinsOverAStuckStream: a node reconnects while its old stream is stuck in a send (a half-dead
 // TCP connection: nothing is read, flow control is exhausted, keepalive has not noticed yet). The new stream
 // is served at once, and the old one ending later does not unregister it.
@@ -107,7 +146,8 @@ func TestReconnectWinsOverAStuckStream(t *testing.T) {
 	table := assignment.NewTable(nil)
 	const big = 1 << 20 // far beyond the 64 KiB windows below: the first send fills them, the second blocks
 	table.Set("n1", assignment.State{Assignment: withFiles("1", big)})
-	lis := serve(t, New(Config{Table: table, Status: &recordingWriter{}}))
+	var h handlers
+	lis := serve(t, New(Config{Table: table, Status: &recordingWriter{}}), grpc.ChainStreamInterceptor(h.interceptor))
 	deadCtx, killDeadConn := context.WithCancel(context.Background())
 	defer killDeadConn()
 	// The old connection reads nothing: fixed 64 KiB windows (no BDP growth), and no Recv.
@@ -115,8 +155,10 @@ func TestReconnectWinsOverAStuckStream(t *testing.T) {
 	if _, err := dead.WatchConfig(deadCtx, &dkcv1.WatchConfigRequest{NodeName: "n1"}); err != nil {
 		t.Fatal(err)
 	}
-	table.Set("n1", assignment.State{Assignment: withFiles("2", big)}) // the old stream's handler blocks sending this
-	time.Sleep(200 * time.Millisecond)
+	// The old stream's first send takes the stream's whole write quota; its next one, of the change, blocks.
+	poll.Until(t, "the old stream's handler to send the first assignment", func() bool { return h.sending(0, 1) })
+	table.Set("n1", assignment.State{Assignment: withFiles("2", big)})
+	poll.Until(t, "the old stream's handler to send the second assignment", func() bool { return h.sending(0, 2) })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -129,7 +171,10 @@ func TestReconnectWinsOverAStuckStream(t *testing.T) {
 	}
 	// The stuck stream ends when its connection does; the new one stays registered and served.
 	killDeadConn()
-	time.Sleep(100 * time.Millisecond)
+	poll.Until(t, "the stuck stream's handler to return", func() bool { return h.returned(0) })
+	if h.returned(1) {
+		t.Fatal("the reconnected stream ended with the stuck one")
+	}
 	table.Set("n1", assignment.State{Assignment: assign("3")})
 	if m := recv(t, fresh); m.GetAssignment().GetContentHash() != "h3" {
 		t.Fatalf("reconnected stream after the old one ended got %v", m)
@@ -333,11 +378,8 @@ func TestEncodingsFollowTheAssignments(t *testing.T) {
 	if _, err := e.response(assignment.State{Assignment: keep, Changed: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for e.size() > 1 && time.Now().Before(deadline) {
-		runtime.GC()
-		time.Sleep(10 * time.Millisecond)
-	}
+	// The encodings of garbage assignments go once a collection has found them so.
+	poll.Until(t, "the encodings of unreferenced assignments to go", func() bool { runtime.GC(); return e.size() <= 1 })
 	if n := e.size(); n != 1 {
 		t.Fatalf("%d encodings held, want 1 (the assignment still referenced)", n)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
@@ -214,6 +215,8 @@ type fakePools struct {
 	lists   atomic.Int32
 	// statusErrs fail the next status writes, one each.
 	statusErrs []error
+	// onUpdate, if not nil, is called with every status written (under the fake's lock).
+	onUpdate func(*v1alpha1.KubeletConfigPool)
 }
 
 func newFakePools(items ...*v1alpha1.KubeletConfigPool) *fakePools {
@@ -241,6 +244,9 @@ func newFakePools(items ...*v1alpha1.KubeletConfigPool) *fakePools {
 		}
 		p := up.GetObject().(*v1alpha1.KubeletConfigPool)
 		f.updates = append(f.updates, p.DeepCopy())
+		if f.onUpdate != nil {
+			f.onUpdate(p)
+		}
 		return true, p, nil
 	})
 	return f
@@ -695,17 +701,21 @@ func TestRunAssignsThenStops(t *testing.T) {
 		ConfigMaps: func(func(string)) ConfigMaps {
 			return &fakeConfigMaps{cm: configMap(map[string]string{"kubelet": goodConfig})}
 		}})
+	h := &harness{client: client}
+	// A wrong second assignment would be made by the sync that first finds the first one in its Node cache
+	// (and confirms the assignment expected): that sync writes the pool's status after its assignments.
+	var confirmed atomic.Bool
+	pools.onUpdate = func(*v1alpha1.KubeletConfigPool) {
+		if len(h.assigned()) > 0 && c.exp.pending("blue") == 0 {
+			confirmed.Store(true)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	factory.Start(ctx.Done())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	h := &harness{client: client}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(h.assigned()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond) // room for a wrong second assignment
+	poll.Until(t, "a sync that finds its assignments in the Node cache", confirmed.Load)
 	if got := h.assigned(); len(got) != 1 {
 		t.Errorf("assigned %v, want one node", got)
 	}
@@ -912,7 +922,8 @@ func TestRunResetsMetricsLast(t *testing.T) {
 		t.Fatal("no sync within 10s")
 	}
 	cancel()
-	time.Sleep(100 * time.Millisecond) // Run sees its context end while the sync is in flight
+	// Run sees its context end (and shuts its queue down) while the sync is in flight.
+	poll.Until(t, "Run to shut its queue down", c.queue.ShuttingDown)
 	close(cms.release)
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)

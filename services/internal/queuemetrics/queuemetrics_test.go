@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/client-go/util/workqueue"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // TestQueueReportsThroughProvider drives a real workqueue and reads its metrics back from the registry,
@@ -79,17 +81,7 @@ workqueue_retries_total{name="nodestatus"} 0
 	}
 
 	// The held item's time in a worker shows in the two gauges the queue updates every 500 ms (its clock's).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		clock.Step(time.Second)
-		unfinished := testutil.ToFloat64(p.unfinished.WithLabelValues("nodestatus"))
-		longest := testutil.ToFloat64(p.longest.WithLabelValues("nodestatus"))
-		if unfinished >= 2 && longest >= 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after a held item: unfinished_work_seconds %v, longest_running_processor_seconds %v; want both ≥ 2", unfinished, longest)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Stepping(t, "unfinished_work_seconds and longest_running_processor_seconds of at least 2s", clock, time.Second, func() bool {
+		return testutil.ToFloat64(p.unfinished.WithLabelValues("nodestatus")) >= 2 && testutil.ToFloat64(p.longest.WithLabelValues("nodestatus")) >= 2
+	})
 }

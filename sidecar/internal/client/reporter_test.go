@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/dkc-dev/dkc/internal/outbox"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
@@ -26,12 +27,23 @@ type awayService struct {
 	dkcv1.UnimplementedConfigServiceServer
 	mu       sync.Mutex
 	away     bool
+	refused  int      // reports refused while away
 	restarts []string // acknowledged restart ids, in order, once each
 	last     *dkcv1.NodeConfigStatus
 	numbers  [][2]uint64 // (incarnation, sequence) of each acknowledged report
 	reports  []*dkcv1.ReportStatusRequest
 	watches  []*dkcv1.WatchConfigRequest
-	slowFor  string // reports naming this Node object take 200ms (the service asks the apiserver about them)
+	// slowFor: reports naming this Node object are answered only once release is closed (the service asks
+	// the apiserver about them); slow is closed when the first one arrives. Both channels are made by
+	// newSlowService.
+	slowFor  string
+	slow     chan struct{}
+	slowOnce sync.Once
+	release  chan struct{}
+}
+
+func newSlowService(nodeUID string) *awayService {
+	return &awayService{slowFor: nodeUID, slow: make(chan struct{}), release: make(chan struct{})}
 }
 
 // WatchConfig opens the stream and ends it soon after, so that the client reconnects again and again.
@@ -42,20 +54,23 @@ func (s *awayService) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.Co
 	if err := stream.SendHeader(nil); err != nil {
 		return err
 	}
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // not a wait for anything: the stream's life, a short one
 	return status.Error(codes.Aborted, "ended by the test")
 }
 
-func (s *awayService) ReportStatus(_ context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
-	s.mu.Lock()
-	slow := s.slowFor != "" && req.GetNodeUid() == s.slowFor
-	s.mu.Unlock()
-	if slow {
-		time.Sleep(200 * time.Millisecond)
+func (s *awayService) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
+	if s.slowFor != "" && req.GetNodeUid() == s.slowFor {
+		s.slowOnce.Do(func() { close(s.slow) })
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.away {
+		s.refused++
 		return nil, status.Error(codes.Unavailable, "away")
 	}
 	// As the service does: an Event per restart id, however often it is re-sent.
@@ -90,28 +105,24 @@ func TestRestartsAreDeliveredInOrder(t *testing.T) {
 				final = &dkcv1.NodeConfigStatus{Error: id}
 				c.Report(final, "", &dkcv1.KubeletRestart{Id: id})
 			}
-			time.Sleep(50 * time.Millisecond) // a few refused attempts
+			poll.Until(t, "a few refused attempts", func() bool { svc.mu.Lock(); defer svc.mu.Unlock(); return svc.refused >= 3 })
 			svc.mu.Lock()
 			svc.away = false
 			svc.mu.Unlock()
 
 			want := ids[len(ids)-tc.want:]
-			deadline := time.Now().Add(5 * time.Second)
-			for {
+			poll.UntilNil(t, fmt.Sprintf("restarts %v delivered, and the last status %v", want, final), func() error {
 				svc.mu.Lock()
 				got, last := append([]string(nil), svc.restarts...), svc.last
 				svc.mu.Unlock()
-				if len(got) >= len(want) && proto.Equal(last, final) {
-					if fmt.Sprint(got) != fmt.Sprint(want) {
-						t.Fatalf("delivered restarts %v, want %v", got, want)
-					}
-					break
+				if len(got) < len(want) || !proto.Equal(last, final) {
+					return fmt.Errorf("delivered restarts %v and last status %v", got, last)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("delivered restarts %v and last status %v; want %v and %v", got, last, want, final)
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("delivered restarts %v, want %v", got, want)
 				}
-				time.Sleep(5 * time.Millisecond)
-			}
+				return nil
+			})
 		})
 	}
 }
@@ -149,21 +160,18 @@ func startReporter(t *testing.T, svc *awayService, opts ...Option) *Client {
 func TestReportsAreNumbered(t *testing.T) {
 	svc := &awayService{}
 	c := startReporter(t, svc, WithIncarnation(7))
-	wait := func(n int) [][2]uint64 {
+	wait := func(n int) (got [][2]uint64) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		poll.UntilNil(t, fmt.Sprintf("%d reports acknowledged", n), func() error {
 			svc.mu.Lock()
-			got := append([][2]uint64(nil), svc.numbers...)
+			got = append([][2]uint64(nil), svc.numbers...)
 			svc.mu.Unlock()
-			if len(got) >= n {
-				return got
+			if len(got) < n {
+				return fmt.Errorf("%d acknowledged", len(got))
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d reports acknowledged, want %d", len(got), n)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return nil
+		})
+		return got
 	}
 	c.Report(&dkcv1.NodeConfigStatus{Error: "a"}, "", nil)
 	wait(1)
@@ -229,19 +237,15 @@ func TestReportsNameTheNodeObjectTheyWereMadeFor(t *testing.T) {
 	// waitFor waits until the service has acknowledged reports and seen watches that satisfy ok.
 	waitFor := func(what string, ok func(reports []*dkcv1.ReportStatusRequest, watches []*dkcv1.WatchConfigRequest) bool) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		poll.UntilNil(t, what, func() error {
 			svc.mu.Lock()
 			reports, watches := append([]*dkcv1.ReportStatusRequest(nil), svc.reports...), append([]*dkcv1.WatchConfigRequest(nil), svc.watches...)
 			svc.mu.Unlock()
-			if ok(reports, watches) {
-				return
+			if !ok(reports, watches) {
+				return fmt.Errorf("reports %v, watches %v", reports, watches)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not seen; reports %v, watches %v", what, reports, watches)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	count := func(reports []*dkcv1.ReportStatusRequest, errText, uid string) (n int) {
 		for _, r := range reports {
@@ -277,27 +281,31 @@ func TestReportsNameTheNodeObjectTheyWereMadeFor(t *testing.T) {
 // is on its way (a Node registered again with the same config) is sent after that one's acknowledgement, not
 // taken as delivered by it: the service drops the first, and the new Node would get no status.
 func TestSameStatusAboutAnotherObjectIsSent(t *testing.T) {
-	svc := &awayService{slowFor: "uid-a"}
+	svc := newSlowService("uid-a")
 	c := startReporter(t, svc)
 	c.Follow("uid-a")
 	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil)
-	time.Sleep(50 * time.Millisecond) // the report about uid-a is being sent
+	poll.Until(t, "the report about uid-a to be on its way", func() bool {
+		select {
+		case <-svc.slow:
+			return true
+		default:
+			return false
+		}
+	})
 	c.Follow("uid-b")
 	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	close(svc.release)
+	poll.UntilNil(t, "reports acknowledged naming uid-a, then uid-b", func() error {
 		svc.mu.Lock()
 		var uids []string
 		for _, r := range svc.reports {
 			uids = append(uids, r.GetNodeUid())
 		}
 		svc.mu.Unlock()
-		if len(uids) == 2 && uids[0] == "uid-a" && uids[1] == "uid-b" {
-			return
+		if len(uids) != 2 || uids[0] != "uid-a" || uids[1] != "uid-b" {
+			return fmt.Errorf("acknowledged naming %v", uids)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("reports acknowledged naming %v, want [uid-a uid-b]", uids)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }

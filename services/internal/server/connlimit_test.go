@@ -14,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // TestConnectionCapFollowsTheNodeCount: --max-connections 0 sizes the cap to the Node cache, never below
@@ -69,7 +71,7 @@ func TestUnauthenticatedCapPerAddress(t *testing.T) {
 		t.Error("another address's connection was closed")
 	}
 	first.Close()
-	waitFor(t, "the closed connection's place back", func() bool { return l.unauth.Load() == 2 })
+	poll.Until(t, "the closed connection's place back", func() bool { return l.unauth.Load() == 2 })
 	if again := dial("127.0.0.1"); closedByServer(again) {
 		t.Error("a place given back was not taken again")
 	}
@@ -99,7 +101,7 @@ func TestClosedConnectionsAreNotKept(t *testing.T) {
 		}
 		c.Close()
 	}
-	waitFor(t, "the server to close every connection", func() bool { return l.open.Load() == 0 })
+	poll.Until(t, "the server to close every connection", func() bool { return l.open.Load() == 0 })
 	after := memory()
 	grown := int64(after.heap) - int64(before.heap)
 	t.Logf("%d connections opened and closed: heap grew %d B (%.0f B each)", n, grown, float64(grown)/n)

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 	"github.com/dkc-dev/dkc/services/internal/auth"
@@ -126,7 +127,7 @@ func TestConnectionsPerNodeAreCapped(t *testing.T) {
 				return
 			}
 			in[0].Close()
-			waitFor(t, "node-a's closed connection to give its place back", func() bool {
+			poll.Until(t, "node-a's closed connection to give its place back", func() bool {
 				conns.mu.Lock()
 				defer conns.mu.Unlock()
 				return conns.byNode["node-a"] == tc.perNode-1
@@ -180,7 +181,7 @@ func TestConnectionsPerAddressAreCapped(t *testing.T) {
 				}
 				held = append(held, dialTCP(t, addr, "127.0.0.1"))
 			}
-			waitFor(t, "the address's connections to be accepted", func() bool { return conns.open.Load() == perAddress })
+			poll.Until(t, "the address's connections to be accepted", func() bool { return conns.open.Load() == perAddress })
 			if c := dialTCP(t, addr, "127.0.0.1"); !closedByServer(c) {
 				t.Errorf("a connection past --max-connections-per-address was kept")
 			}
@@ -192,7 +193,7 @@ func TestConnectionsPerAddressAreCapped(t *testing.T) {
 			}
 			if !tc.authenticated {
 				held[0].Close()
-				waitFor(t, "the closed connection's place back", func() bool { return conns.open.Load() == perAddress })
+				poll.Until(t, "the closed connection's place back", func() bool { return conns.open.Load() == perAddress })
 				if c := dialTCP(t, addr, "127.0.0.1"); closedByServer(c) {
 					t.Error("a place given back was not taken again")
 				}
@@ -225,7 +226,7 @@ func TestCountsForgetClosedConnections(t *testing.T) {
 		conn.Close()
 		_ = dialTCP(t, addr, fmt.Sprintf("127.0.1.%d", i)).Close()
 	}
-	waitFor(t, "every connection to close", func() bool {
+	poll.Until(t, "every connection to close", func() bool {
 		conns.mu.Lock()
 		defer conns.mu.Unlock()
 		return conns.open.Load() == 0 && len(conns.byNode) == 0 && len(conns.byAddrAll) == 0 && len(conns.byAddr) == 0 && len(conns.conns) == 0
@@ -254,7 +255,7 @@ func TestNewConnectionsPerAddressAreRateLimited(t *testing.T) {
 			for range loop {
 				_ = dialTCP(t, addr, "127.0.0.1").Close()
 			}
-			waitFor(t, "the listener to take every connection", func() bool {
+			poll.Until(t, "the listener to take every connection", func() bool {
 				return accepted.Load()+int64(testutil.ToFloat64(l.rateRefused)) == loop
 			})
 			if got := accepted.Load(); got != int64(tc.wantIn) {

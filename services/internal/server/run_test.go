@@ -77,7 +77,7 @@ func TestElectRunsOneLeadAtATime(t *testing.T) {
 	select {
 	case got := <-started:
 		t.Fatalf("%s leads while a holds the Lease", got)
-	case <-time.After(time.Second):
+	case <-time.After(time.Second): // proves a negative: b does not lead while a holds the Lease
 	}
 	stopA()
 	if err := <-doneA; err != nil {
@@ -135,7 +135,7 @@ func TestElectKeepsTheLeaseUntilTheLeadReturns(t *testing.T) {
 		// In flight: a patch that takes a while; the Lease must stay held meanwhile.
 		held := true
 		for range 5 {
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // the patch's time, which proves a negative: no release meanwhile
 			held = held && holder() == "a"
 		}
 		heldWhileStopping.Store(held)

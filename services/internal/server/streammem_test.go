@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 	"github.com/dkc-dev/dkc/services/internal/auth"
@@ -120,9 +121,7 @@ func TestStreamMemory(t *testing.T) {
 		held = append(held, s)
 	}
 	for _, node := range nodes {
-		for !streamsReg.Serving(node) {
-			time.Sleep(time.Millisecond)
-		}
+		poll.Until(t, node+"'s stream to register", func() bool { return streamsReg.Serving(node) })
 	}
 	after := memory()
 	// Signed: the live heap can shrink between the samples (a collection), and uint64 would wrap.

@@ -25,6 +25,7 @@ import (
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 
 	"github.com/dkc-dev/dkc/internal/payload"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/internal/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
@@ -223,16 +224,19 @@ func (n *node) start() {
 		cfg.TrialClock = n.trial
 	}
 	n.agent = New(cfg)
-	// The fake clock does not advance by itself: let the health wait's sleeps pass at once.
-	go func() {
-		for i := 0; i < 200; i++ {
-			time.Sleep(5 * time.Millisecond)
-			n.clock.Step(600 * time.Millisecond)
-		}
-	}()
-	if err := n.agent.Init(context.Background()); err != nil {
+	stop := n.drive()
+	err := n.agent.Init(context.Background())
+	stop()
+	if err != nil {
 		n.t.Fatal(err)
 	}
+}
+
+// drive lets the agent's waits on its fake clock (the health wait's pauses) pass at once, until the
+// returned stop: the clock does not advance by itself.
+func (n *node) drive() (stop func()) {
+	n.t.Helper()
+	return poll.Drive(n.t, n.clock, 600*time.Millisecond)
 }
 
 func assignment(uid, rv, kubelet string) *dkcv1.Assignment {
@@ -243,12 +247,7 @@ func assignment(uid, rv, kubelet string) *dkcv1.Assignment {
 
 func (n *node) apply(a *dkcv1.Assignment, syncErr string) {
 	n.t.Helper()
-	go func() {
-		for i := 0; i < 200; i++ {
-			time.Sleep(5 * time.Millisecond)
-			n.clock.Step(600 * time.Millisecond)
-		}
-	}()
+	defer n.drive()()
 	n.agent.Apply(context.Background(), Desired{Assignment: a, SyncError: syncErr})
 }
 
@@ -551,16 +550,9 @@ func TestUnknownFlagsAreRetried(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = n.agent.Run(ctx, make(chan *dkcv1.WatchConfigResponse)); close(done) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for n.reporter.lastStatus().GetError() != "" && time.Now().Before(deadline) {
-		n.clock.Step(time.Second)
-		time.Sleep(20 * time.Millisecond)
-	}
+	n.tickUntil("a retry to clear the error", func(st *dkcv1.NodeConfigStatus) bool { return st.GetError() == "" })
 	cancel()
 	<-done
-	if st := n.reporter.lastStatus(); st.GetError() != "" {
-		t.Fatalf("not retried: %v", st)
-	}
 }
 
 // failingChecker fails every check (the helper process could not run) until healed.
@@ -593,11 +585,7 @@ func TestFailedCheckIsRetriedAndTouchesNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = n.agent.Run(ctx, make(chan *dkcv1.WatchConfigResponse)); close(done) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for rv(n.reporter.lastStatus().GetActive()) != "1" && time.Now().Before(deadline) {
-		n.clock.Step(time.Second)
-		time.Sleep(20 * time.Millisecond)
-	}
+	n.tickUntil("a retry to apply config 1", func(st *dkcv1.NodeConfigStatus) bool { return rv(st.GetActive()) == "1" })
 	cancel()
 	<-done
 	if st := n.reporter.lastStatus(); st.GetError() != "" || rv(st.GetActive()) != "1" {
@@ -605,19 +593,27 @@ func TestFailedCheckIsRetriedAndTouchesNothing(t *testing.T) {
 	}
 }
 
-// runUntil runs the agent's loop, stepping the fake clock through its ticks, until done holds or 5s pass.
-func (n *node) runUntil(done func(*dkcv1.NodeConfigStatus) bool) *dkcv1.NodeConfigStatus {
+// tickUntil steps the fake clock through the ticks of the agent's running loop (TrialCheckInterval, 1s)
+// until the last status reported satisfies done.
+func (n *node) tickUntil(what string, done func(*dkcv1.NodeConfigStatus) bool) {
+	n.t.Helper()
+	poll.SteppingNil(n.t, what, n.clock, time.Second, func() error {
+		if st := n.reporter.lastStatus(); !done(st) {
+			return fmt.Errorf("last status %v", st)
+		}
+		return nil
+	})
+}
+
+// runUntil runs the agent's loop, stepping the fake clock through its ticks, until done holds; it returns
+// the last status reported.
+func (n *node) runUntil(what string, done func(*dkcv1.NodeConfigStatus) bool) *dkcv1.NodeConfigStatus {
 	n.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() { _ = n.agent.Run(ctx, make(chan *dkcv1.WatchConfigResponse)); close(stopped) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for !done(n.reporter.lastStatus()) && time.Now().Before(deadline) {
-		n.clock.Step(time.Second)
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	<-stopped
+	defer func() { cancel(); <-stopped }()
+	n.tickUntil(what, done)
 	return n.reporter.lastStatus()
 }
 
@@ -636,8 +632,8 @@ func TestFailedCheckpointWriteIsRetried(t *testing.T) {
 	n.apply(assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), "")
 	n.expect("local", "local", "local", string(nodeconfig.SyncInternalError), 0)
 	// Still failing: every tick keeps saying so, and nothing restarts.
-	ticks := 0
-	st := n.runUntil(func(*dkcv1.NodeConfigStatus) bool { ticks++; return ticks > 5 })
+	before := len(n.reporter.reportsSince(0))
+	st := n.runUntil("5 ticks' reports", func(*dkcv1.NodeConfigStatus) bool { return len(n.reporter.reportsSince(before)) >= 5 })
 	if st.GetError() != string(nodeconfig.SyncInternalError) || n.kubelet.count() != 0 {
 		t.Fatalf("while the disk refuses writes: status %v, restarts %d", st, n.kubelet.count())
 	}
@@ -647,7 +643,7 @@ func TestFailedCheckpointWriteIsRetried(t *testing.T) {
 	if err := os.Mkdir(cps, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	st = n.runUntil(func(st *dkcv1.NodeConfigStatus) bool { return rv(st.GetActive()) == "1" })
+	st = n.runUntil("the assignment to be applied", func(st *dkcv1.NodeConfigStatus) bool { return rv(st.GetActive()) == "1" })
 	if rv(st.GetAssigned()) != "1" || rv(st.GetActive()) != "1" || st.GetError() != "" {
 		t.Fatalf("assignment not retried after the disk recovered: %v", st)
 	}
@@ -915,20 +911,18 @@ func TestReportsFollowTheNodeObject(t *testing.T) {
 	stop := func() { once.Do(func() { cancel(); <-stopped }) }
 	t.Cleanup(stop)
 	// waitFor steps the fake clock (the health wait) until a report since the i-th one matches.
-	waitFor := func(i int, what string, match func(reported) bool) int {
+	waitFor := func(i int, what string, match func(reported) bool) (next int) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
+		poll.SteppingNil(t, "a report "+what, n.clock, 600*time.Millisecond, func() error {
 			for j, r := range n.reporter.reportsSince(i) {
 				if match(r) {
-					return i + j + 1
+					next = i + j + 1
+					return nil
 				}
 			}
-			n.clock.Step(600 * time.Millisecond)
-			time.Sleep(5 * time.Millisecond)
-		}
-		t.Fatalf("no report %s; reports since #%d: %v", what, i, n.reporter.reportsSince(i))
-		return 0
+			return fmt.Errorf("reports since #%d: %v", i, n.reporter.reportsSince(i))
+		})
+		return next
 	}
 	seen := len(n.reporter.reportsSince(0))
 	updates <- &dkcv1.WatchConfigResponse{Assignment: assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n"), NodeUid: "node-a"}
@@ -1008,18 +1002,15 @@ func TestChecksWithTheKubeletsVersion(t *testing.T) {
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-stopped }) }
 	t.Cleanup(stop)
-	waitFor := func(what string, match func(*dkcv1.NodeConfigStatus) bool) *dkcv1.NodeConfigStatus {
+	waitFor := func(what string, match func(*dkcv1.NodeConfigStatus) bool) (last *dkcv1.NodeConfigStatus) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			if r := n.reporter.reportsSince(0); len(r) > 0 && match(r[len(r)-1].status) {
-				return r[len(r)-1].status
+		poll.SteppingNil(t, "a report "+what, n.clock, 600*time.Millisecond, func() error {
+			if last = n.reporter.lastStatus(); last == nil || !match(last) {
+				return fmt.Errorf("last: %v", last)
 			}
-			n.clock.Step(600 * time.Millisecond)
-			time.Sleep(5 * time.Millisecond)
-		}
-		t.Fatalf("no report %s; last: %v", what, n.reporter.last)
-		return nil
+			return nil
+		})
+		return last
 	}
 	a := assignment("u", "1", cfgHeader+"eventRecordQPS: 7\n")
 	updates <- &dkcv1.WatchConfigResponse{Assignment: a, KubeletVersion: "v1.33.5"}

@@ -18,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/durable"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/internal/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
@@ -40,18 +41,7 @@ func TestCrashConsistency(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := clocktesting.NewFakeClock(time.Now())
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() { // the fake clock runs fast, so health waits pass
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-				clk.Step(600 * time.Millisecond)
-			}
-		}
-	}()
+	poll.Drive(t, clk, 600*time.Millisecond) // health waits pass at once
 
 	// Every payload ever sent, by resourceVersion: a checkpoint must hold exactly one of these.
 	contents := map[string]string{}

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -97,11 +96,6 @@ func (n *node) mustAssigned() *corev1.NodeConfigSource {
 // reconcile runs what the agent's retry tick runs.
 func (n *node) reconcile() {
 	n.t.Helper()
-	go func() {
-		for i := 0; i < 200; i++ {
-			time.Sleep(5 * time.Millisecond)
-			n.clock.Step(600 * time.Millisecond)
-		}
-	}()
+	defer n.drive()()
 	n.agent.reconcile(context.Background())
 }

@@ -2,12 +2,12 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
@@ -65,18 +66,13 @@ func TestReadinessFollowsTheConfigStream(t *testing.T) {
 	}
 	want := func(step string, ready int) {
 		t.Helper()
-		// The stream's end is reported on the client's own goroutines: wait for it, a few seconds at most.
-		var code int
-		var body string
-		for i := 0; i < 500; i++ {
-			if code, body = get("/readyz"); code == ready {
-				break
+		// The stream's end is reported on the client's own goroutines: wait for it.
+		poll.UntilNil(t, fmt.Sprintf("%s: /readyz %d", step, ready), func() error {
+			if code, body := get("/readyz"); code != ready {
+				return fmt.Errorf("/readyz %d %q", code, body)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if code != ready {
-			t.Errorf("%s: /readyz %d %q, want %d", step, code, body, ready)
-		}
+			return nil
+		})
 		if code, _ := get("/healthz"); code != http.StatusOK {
 			t.Errorf("%s: /healthz %d, want 200", step, code)
 		}

@@ -34,7 +34,7 @@ func TestOneSidecarPerNode(t *testing.T) {
 		}
 		got <- err
 	}()
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // proves a negative: the waiting sidecar does not go on meanwhile
 	select {
 	case err := <-got:
 		t.Fatalf("the waiting sidecar went on while the lock was held: %v", err)

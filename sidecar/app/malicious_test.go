@@ -22,6 +22,7 @@ import (
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 
 	"github.com/dkc-dev/dkc/internal/payload"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/app"
 	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
@@ -212,25 +213,24 @@ func TestMaliciousServer(t *testing.T) {
 	}
 	for _, tc := range cases {
 		srv.send <- tc.msg
-		deadline := time.Now().Add(10 * time.Second)
-		for srv.lastError() != string(nodeconfig.PayloadError) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: status error %q, want %q", tc.name, srv.lastError(), string(nodeconfig.PayloadError))
+		poll.UntilNil(t, tc.name+": a status with the payload error", func() error {
+			if got := srv.lastError(); got != string(nodeconfig.PayloadError) {
+				return fmt.Errorf("status error %q", got)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 		if !strings.Contains(srv.lastMessage(), "refuse payload") {
 			t.Errorf("%s: status message does not say why: %q", tc.name, srv.lastMessage())
 		}
 		// Clear the error with a valid local assignment before the next case.
 		clear, _ := proto.Marshal(&dkcv1.WatchConfigResponse{Assignment: &dkcv1.Assignment{}})
 		srv.send <- clear
-		for srv.lastError() != "" {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: error not cleared: %q", tc.name, srv.lastError())
+		poll.UntilNil(t, tc.name+": the error cleared", func() error {
+			if got := srv.lastError(); got != "" {
+				return fmt.Errorf("status error %q", got)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 
 	// Bytes that are not valid protobuf for the schema (a non-UTF-8 string) are refused by gRPC itself: the
@@ -239,19 +239,11 @@ func TestMaliciousServer(t *testing.T) {
 	watches := srv.watches
 	srv.mu.Unlock()
 	srv.send <- nonUTF8()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, "the client to reconnect after an undecodable message", func() bool {
 		srv.mu.Lock()
-		w := srv.watches
-		srv.mu.Unlock()
-		if w > watches {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("client did not reconnect after an undecodable message")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer srv.mu.Unlock()
+		return srv.watches > watches
+	})
 
 	if kubelet.restarts != 0 {
 		t.Errorf("hostile payloads restarted the kubelet %d times", kubelet.restarts)

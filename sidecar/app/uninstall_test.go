@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/sidecar/internal/uninstall"
 )
 
@@ -63,14 +64,7 @@ func TestUninstallReadiness(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- c.Run(ctx) }()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			_, msg := c.Ready()
-			if msg != "cleanup not finished yet" || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
+		poll.Until(t, "the cleanup to finish", func() bool { _, msg := c.Ready(); return msg != "cleanup not finished yet" })
 		if code, body := get(mux, "/readyz"); code != tc.wantCode || !strings.Contains(body, tc.wantBody) {
 			t.Errorf("healthy kubelet %v: /readyz %d %q, want %d %q", tc.healthy, code, body, tc.wantCode, tc.wantBody)
 		}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 func TestStartPacer(t *testing.T) {
@@ -35,23 +37,24 @@ func TestStartPacer(t *testing.T) {
 				p.record()
 			}
 			begin := clk.Now()
+			stop := poll.Drive(t, clk, 100*time.Millisecond)
 			done := make(chan error, 1)
 			go func() { done <- p.wait(ctx, tc.interval, tc.burst) }()
-			for {
+			var err error
+			poll.Until(t, "the last start's wait to end", func() bool {
 				select {
-				case err := <-done:
-					if err != nil {
-						t.Fatal(err)
-					}
-					if got := clk.Since(begin); got != tc.wantWait {
-						t.Fatalf("last start waited %v, want %v", got, tc.wantWait)
-					}
-					return
-				case <-time.After(10 * time.Millisecond):
-					if clk.HasWaiters() {
-						clk.Step(100 * time.Millisecond)
-					}
+				case err = <-done:
+					return true
+				default:
+					return false
 				}
+			})
+			stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := clk.Since(begin); got != tc.wantWait {
+				t.Fatalf("last start waited %v, want %v", got, tc.wantWait)
 			}
 		})
 	}

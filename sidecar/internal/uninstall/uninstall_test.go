@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
 )
 
@@ -414,20 +415,16 @@ func TestRunReadyOnlyWhenClean(t *testing.T) {
 	nd.cancel = cancel
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	poll.UntilNil(t, "a status saying the kubelet is not healthy on its local config", func() error {
 		ready, msg := c.Ready()
 		if ready {
 			t.Fatal("ready while the kubelet is unhealthy")
 		}
-		if strings.Contains(msg, "healthy on its local config") {
-			break
+		if !strings.Contains(msg, "healthy on its local config") {
+			return fmt.Errorf("status %q", msg)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status %q", msg)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run after SIGTERM: %v", err)

@@ -4,9 +4,9 @@ import (
 	"slices"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/dkc-dev/dkc/internal/ciskip"
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 func TestReapCollectsExitedChildren(t *testing.T) {
@@ -29,12 +29,11 @@ func TestReapCollectsExitedChildren(t *testing.T) {
 				want = append(want, pid)
 			}
 			var got []int
-			deadline := time.Now().Add(10 * time.Second)
-			for len(got) < len(want) && time.Now().Before(deadline) {
+			poll.Until(t, "the children to exit and be reaped", func() bool {
 				got = append(got, reap()...)
-				time.Sleep(10 * time.Millisecond)
-			}
-			got = append(got, reap()...)
+				return len(got) >= len(want)
+			})
+			got = append(got, reap()...) // and nothing more
 			slices.Sort(got)
 			slices.Sort(want)
 			if !slices.Equal(got, want) {

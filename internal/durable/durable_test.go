@@ -20,7 +20,7 @@ func TestSetMaxConcurrentBoundsWriters(t *testing.T) {
 					n := now.Add(1)
 					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 					}
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // a slow write, so that writes over the limit would overlap
 					now.Add(-1)
 				}
 				return nil

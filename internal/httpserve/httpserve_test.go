@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 func TestServeUntilContextEnds(t *testing.T) {
@@ -24,16 +26,16 @@ func TestServeUntilContextEnds(t *testing.T) {
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })})
 	}()
 	var body string
-	for i := 0; i < 100; i++ {
+	poll.UntilNil(t, "the listener to serve", func() error {
 		resp, err := http.Get("http://" + addr + "/")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			body = string(b)
-			break
+		if err != nil {
+			return err
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+		return nil
+	})
 	if body != "ok" {
 		t.Fatalf("served %q, want ok", body)
 	}
@@ -107,12 +109,7 @@ func TestConnectionsPastTheCapWait(t *testing.T) {
 		resp.Body.Close()
 		return nil
 	}
-	for i := 0; get(time.Second) != nil; i++ {
-		if i == 100 {
-			t.Fatal("listener never served")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.UntilNil(t, "the listener to serve", func() error { return get(time.Second) })
 	var idle []net.Conn
 	for range 2 {
 		c, err := net.Dial("tcp", addr)
@@ -122,7 +119,7 @@ func TestConnectionsPastTheCapWait(t *testing.T) {
 		defer c.Close()
 		idle = append(idle, c)
 	}
-	if err := get(300 * time.Millisecond); err == nil {
+	if err := get(300 * time.Millisecond); err == nil { // proves a negative: not served within 300ms
 		t.Fatal("a third connection was served while two were held open")
 	}
 	idle[0].Close()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
 )
 
@@ -126,20 +126,21 @@ func TestNamespaceInformerServes(t *testing.T) {
 	// there); an unreferenced key never.
 	expect := func(want string) {
 		t.Helper()
-		deadline := time.After(10 * time.Second)
-		for {
-			select {
-			case got := <-changed:
-				if got == "kube-system/unreferenced" {
-					t.Fatalf("onChange(%q) for a configmap no node references", got)
+		poll.Until(t, fmt.Sprintf("onChange(%q)", want), func() bool {
+			for {
+				select {
+				case got := <-changed:
+					if got == "kube-system/unreferenced" {
+						t.Fatalf("onChange(%q) for a configmap no node references", got)
+					}
+					if got == want {
+						return true
+					}
+				default:
+					return false
 				}
-				if got == want {
-					return
-				}
-			case <-deadline:
-				t.Fatalf("no onChange(%q)", want)
 			}
-		}
+		})
 	}
 	expect("kube-system/a") // listed
 	tr.Track("n2", "kube-system/b")

@@ -673,10 +673,11 @@ func (r *run) watches(ctx context.Context) error {
 	if err := r.waitQuiet(ctx, nodes, shared); err != nil {
 		return err
 	}
-	c, err := r.compareWatches(ctx, nodes, shared)
+	c, err := r.compareWatches(ctx, nodes, shared, "")
 	if err != nil {
 		return err
 	}
+	c.requests.Name = fmt.Sprintf("%d nodes on one shared ConfigMap", len(nodes))
 	c.report(r.res, "", len(nodes))
 	r.apiserverLivePerNodeDKC = c.livePerNodeDKC(len(nodes))
 	r.apiserverLivePerNodeDesign = c.livePerNodeDesign(len(nodes))
@@ -700,10 +701,11 @@ func (r *run) watches(ctx context.Context) error {
 	if err := r.waitQuiet(ctx, nodes, own); err != nil {
 		return err
 	}
-	c, err = r.compareWatches(ctx, nodes, own)
+	c, err = r.compareWatches(ctx, nodes, own, "_own_configmaps")
 	if err != nil {
 		return err
 	}
+	c.requests.Name = fmt.Sprintf("%d nodes, each on a ConfigMap of its own", len(nodes))
 	c.report(r.res, "_own_configmaps", len(nodes))
 	r.res.note("watch_comparison_nodes", float64(len(nodes)))
 	return nil
@@ -741,6 +743,8 @@ func (r *run) pointAtTimed(ctx context.Context, node, cm string, start *time.Tim
 // watchComparison is the apiserver measured with neither design, with dkc, and with both.
 type watchComparison struct {
 	base, withDKC, withDesign apiserverCost
+	// The apiserver's requests in the dkc window and in the design's (both as the CPU figures').
+	requests breakdownComparison
 	// CPU the apiserver spent from the start of each design until it served every node, plus idleWindow;
 	// and in idleWindow alone.
 	cpuDKC, cpuDesign, idleDKC, idleDesign time.Duration
@@ -775,13 +779,31 @@ func (c watchComparison) report(res *Results, suffix string, n int) {
 	res.set("apiserver_cpu_seconds_design"+suffix, c.cpuDesign.Seconds())
 	res.note("apiserver_idle_cpu_seconds_per_minute_dkc"+suffix, c.idleDKC.Seconds()*float64(time.Minute)/float64(idleWindow))
 	res.note("apiserver_idle_cpu_seconds_per_minute_design"+suffix, c.idleDesign.Seconds()*float64(time.Minute)/float64(idleWindow))
+	for design, b := range map[string]apiserverBreakdown{"dkc": c.requests.DKC, "design": c.requests.Design} {
+		var requests, seconds, reviews float64
+		for _, row := range b.Requests {
+			requests += row.Requests
+			seconds += row.Seconds
+			if row.Resource == "tokenreviews" || row.Resource == "subjectaccessreviews" {
+				reviews += row.Requests
+			}
+		}
+		res.note("apiserver_requests_"+design+suffix, requests)
+		res.note("apiserver_request_handling_seconds_"+design+suffix, seconds)
+		res.note("apiserver_reviews_"+design+suffix, reviews)
+		if b.RSSPeakBytes > 0 {
+			res.note("apiserver_rss_peak_growth_bytes_"+design+suffix, float64(b.RSSPeakBytes-b.RSSStartBytes))
+		}
+	}
+	res.Breakdowns = append(res.Breakdowns, c.requests)
 }
 
 // compareWatches measures the apiserver serving nodes (node i on ConfigMap cms[i]). dkc: dkc-server is
 // stopped, the apiserver measured, dkc-server started again and measured once every node is back. The
 // design, emulated on top from this process: each kubelet had a Node informer and a ConfigMap informer, both
-// selecting one object by name; they are stopped before returning.
-func (r *run) compareWatches(ctx context.Context, nodes, cms []string) (watchComparison, error) {
+// selecting one object by name; they are stopped before returning. suffix names the windows' apiserver
+// profiles.
+func (r *run) compareWatches(ctx context.Context, nodes, cms []string, suffix string) (watchComparison, error) {
 	var c watchComparison
 	pid, err := r.cluster.PID("kube-apiserver")
 	if err != nil || pid == 0 {
@@ -795,7 +817,11 @@ func (r *run) compareWatches(ctx context.Context, nodes, cms []string) (watchCom
 	if c.base, err = r.apiserverCost(ctx, pid); err != nil {
 		return c, err
 	}
-	cpu0 := cpu()
+	win, err := r.startWindow(ctx, pid, "watches-dkc"+suffix)
+	if err != nil {
+		return c, err
+	}
+	cpu0 := win.cpu
 	if err := r.cluster.Restart(ctx, "dkc-server"); err != nil {
 		return c, err
 	}
@@ -811,13 +837,19 @@ func (r *run) compareWatches(ctx context.Context, nodes, cms []string) (watchCom
 	time.Sleep(idleWindow)
 	cpu2 := cpu()
 	c.cpuDKC, c.idleDKC = cpu2-cpu0, cpu2-cpu1
+	if c.requests.DKC, err = win.end(ctx, r); err != nil {
+		return c, err
+	}
 	if c.withDKC, err = r.apiserverCost(ctx, pid); err != nil {
 		return c, err
 	}
 
 	ictx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cpu0 = cpu()
+	if win, err = r.startWindow(ctx, pid, "watches-design"+suffix); err != nil {
+		return c, err
+	}
+	cpu0 = win.cpu
 	var synced []cache.InformerSynced
 	for i, n := range nodes {
 		for _, w := range []struct {
@@ -842,6 +874,9 @@ func (r *run) compareWatches(ctx context.Context, nodes, cms []string) (watchCom
 	time.Sleep(idleWindow)
 	cpu2 = cpu()
 	c.cpuDesign, c.idleDesign = cpu2-cpu0, cpu2-cpu1
+	if c.requests.Design, err = win.end(ctx, r); err != nil {
+		return c, err
+	}
 	if c.withDesign, err = r.apiserverCost(ctx, pid); err != nil {
 		return c, err
 	}

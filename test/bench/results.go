@@ -32,6 +32,8 @@ type Results struct {
 	Values      map[string]float64 `json:"values"`
 	Notes       map[string]float64 `json:"notes"`
 	Goals       map[string]goal    `json:"goals"`
+	// Breakdowns are the watches phase's windows by apiserver request: dkc's beside the design's.
+	Breakdowns []breakdownComparison `json:"apiserverBreakdowns,omitempty"`
 	// goals are the targets, goals' unless overridden (the Deployment's memory limit, read at run time).
 	goals map[string]goal
 }
@@ -106,6 +108,9 @@ func (r *Results) AllMet() bool {
 func (r *Results) WriteJSON(dir string) (string, error) {
 	out := map[string]any{"machine": r.Machine, "took": r.Took, "goals": r.Goals, "notes": r.Notes,
 		"revision": r.Revision, "treeClean": r.TreeClean, "modified": r.Modified, "disk": r.Disk, "serviceArgs": r.ServiceArgs}
+	if len(r.Breakdowns) > 0 {
+		out["apiserverBreakdowns"] = r.Breakdowns
+	}
 	for k, v := range r.Values {
 		out[k] = v
 	}
@@ -141,6 +146,9 @@ func (r *Results) Table(w io.Writer) {
 		}
 	}
 	tw.Flush()
+	for _, b := range r.Breakdowns {
+		b.print(w)
+	}
 	fmt.Fprintf(w, "machine: %s; took %s\n", r.Machine, r.Took)
 	clean := "clean tree"
 	if !r.TreeClean {

@@ -3,6 +3,7 @@ package records
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/dkc-dev/dkc/api/generated/clientset/fake"
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 func pool(items ...v1alpha1.RevisionSnapshot) *v1alpha1.KubeletConfigPool {
@@ -110,17 +112,10 @@ func TestSynced(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- r.Run(ctx) }()
 			// Run looks once, then waits PollInterval (an hour): what it concluded from that one answer holds.
-			deadline := time.Now().Add(5 * time.Second)
-			for (lists.Load() == 0 || r.Synced() != tc.want) && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
-			got := r.Synced()
+			poll.Until(t, fmt.Sprintf("pools listed, Synced %v", tc.want), func() bool { return lists.Load() > 0 && r.Synced() == tc.want })
 			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("Run: %v", err)
-			}
-			if got != tc.want {
-				t.Errorf("Synced = %v, want %v", got, tc.want)
 			}
 		})
 	}

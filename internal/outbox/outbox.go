@@ -27,6 +27,13 @@ const MaxPendingRestarts = 32
 // anyway (with a shorter --event-ttl, a re-send inside the hour may create an expired Event again).
 const ParkedRestartTTL = time.Hour
 
+// ConfirmAfter is how long after the service acknowledged a restart as queued the outbox sends it again on
+// the same stream (Confirm): by then the replica's queue has created the Event, the replica says so by
+// acknowledging it as recorded, and the restart is no longer carried — not to every later stream for an
+// hour, where each new replica would create the Event again, every one refused as existing. Each further
+// round waits as long as the restart has been parked, at the least ConfirmAfter.
+const ConfirmAfter = 30 * time.Second
+
 // Outbox holds one node's reports: what is to be sent to the config service, and what an acknowledgement
 // or a new stream changes. It reads no time but through its clock; the sidecar's client
 // (sidecar/internal/client) moves its reports over gRPC. Safe for concurrent use.
@@ -37,6 +44,8 @@ const ParkedRestartTTL = time.Hour
 //   - Ack says the service acknowledged a report Next returned: its restart is delivered (or, when the
 //     service queued it, parked until the next stream), and once no restart waits and no newer status was
 //     enqueued, nothing is pending.
+//   - Confirm, when NextConfirm comes, sends the parked restarts again on the same stream: a restart the
+//     service's queue has recorded meanwhile is acknowledged as such and dropped.
 //   - Reconnected says a new WatchConfig stream opened: the service replica may be one that never heard of
 //     this node (or dropped a held report when the node moved, or exited before its queue created a
 //     parked restart's Event), so the last acknowledged report becomes pending again, with its numbers,
@@ -74,7 +83,8 @@ type Outbox struct {
 
 type parkedRestart struct {
 	restart *dkcv1.KubeletRestart
-	since   time.Time
+	since   time.Time // first parked
+	confirm time.Time // when Confirm sends it again
 }
 
 // Config configures an Outbox.
@@ -178,7 +188,8 @@ func (o *Outbox) Ack(req *dkcv1.ReportStatusRequest, restartQueued bool) {
 				since = o.clock.Now()
 				o.firstParked[r] = since
 			}
-			o.parked = append(o.parked, parkedRestart{restart: r, since: since})
+			now := o.clock.Now()
+			o.parked = append(o.parked, parkedRestart{restart: r, since: since, confirm: now.Add(max(ConfirmAfter, now.Sub(since)))})
 		default:
 			// Queued by the replica of a stream that has ended since: it stays first, for the new stream.
 		}
@@ -200,25 +211,66 @@ func (o *Outbox) Reconnected() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.streams++
-	if len(o.parked) > 0 {
-		// Older than any restart not yet acknowledged: in front of them, in order.
-		var again []*dkcv1.KubeletRestart
-		for _, p := range o.parked {
-			if o.clock.Since(p.since) > ParkedRestartTTL {
-				o.log.Info("kubelet restart first queued by the service an hour ago; not sending it again",
-					zap.String("restartID", p.restart.GetId()))
-				delete(o.firstParked, p.restart)
-				continue
-			}
-			again = append(again, p.restart)
-		}
-		o.restarts, o.parked = append(again, o.restarts...), nil
-	}
+	o.unparkLocked(func(parkedRestart) bool { return true })
 	if o.pending != nil {
 		o.resend = o.out
 		return
 	}
 	o.requeueLast()
+}
+
+// NextConfirm is when Confirm has a parked restart to send again; false when none is parked.
+func (o *Outbox) NextConfirm() (time.Time, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var next time.Time
+	for i, p := range o.parked {
+		if i == 0 || p.confirm.Before(next) {
+			next = p.confirm
+		}
+	}
+	return next, len(o.parked) > 0
+}
+
+// Confirm sends the parked restarts whose confirmation is due again, on the stream there is: the replica
+// that queued one acknowledges it as recorded once its Event exists, and it is dropped; one still queued
+// is parked again for a longer round.
+func (o *Outbox) Confirm() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := o.clock.Now()
+	if !o.unparkLocked(func(p parkedRestart) bool { return !p.confirm.After(now) }) {
+		return
+	}
+	if o.pending == nil {
+		o.requeueLast()
+	}
+}
+
+// unparkLocked puts the parked restarts that due selects in front of the restarts not yet acknowledged
+// (they are older), in order, dropping those parked for longer than ParkedRestartTTL; it says whether any
+// is to be sent. o.mu is held.
+func (o *Outbox) unparkLocked(due func(parkedRestart) bool) bool {
+	var again []*dkcv1.KubeletRestart
+	kept := o.parked[:0]
+	for _, p := range o.parked {
+		switch {
+		case o.clock.Since(p.since) > ParkedRestartTTL:
+			o.log.Info("kubelet restart first queued by the service an hour ago; not sending it again",
+				zap.String("restartID", p.restart.GetId()))
+			delete(o.firstParked, p.restart)
+		case due(p):
+			again = append(again, p.restart)
+		default:
+			kept = append(kept, p)
+		}
+	}
+	o.parked = kept
+	if len(o.parked) == 0 {
+		o.parked = nil
+	}
+	o.restarts = append(again, o.restarts...)
+	return len(again) > 0
 }
 
 // requeueLast makes the last acknowledged report pending again; o.mu is held.

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,8 @@ import (
 // Operations: "follow:U" (Follow), "status:E" (Enqueue a status with error E), "restart:E:R" (Enqueue with
 // restart R), "send" (Next, remembered as in flight), "ack" (Ack of the report in flight), "queued" (its
 // Ack with the restart queued by the service), "hour" (an hour and a second pass), "half" (half an hour
-// and a second), "reconnect".
+// and a second), "confirm" (Confirm, as the sidecar's reporter does when NextConfirm comes), "wait:S" (S
+// seconds pass), "reconnect".
 func TestOutbox(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -54,6 +56,21 @@ func TestOutbox(t *testing.T) {
 		{"a restart parked for over an hour is not sent again", "restart:a:r1 send queued hour reconnect", "a#1@"},
 		{"... counted from its first parking, also when queued again meanwhile",
 			"restart:a:r1 send queued half reconnect send queued half reconnect", "a#1@"},
+		{"a parked restart is not confirmed before ConfirmAfter", "restart:a:r1 send queued wait:29 confirm", "-"},
+		{"... then it rides again on the same stream", "restart:a:r1 send queued wait:30 confirm", "a#1@+r1"},
+		{"... until acknowledged as recorded", "restart:a:r1 send queued wait:30 confirm send ack wait:3600 confirm reconnect",
+			"a#1@"},
+		{"queued still: the next round waits as long as it has been parked, ConfirmAfter at the least",
+			"restart:a:r1 send queued wait:30 confirm send queued wait:29 confirm", "-"},
+		{"... twice as long the round after",
+			"restart:a:r1 send queued wait:30 confirm send queued wait:30 confirm send queued wait:59 confirm", "-"},
+		{"... and then it rides again",
+			"restart:a:r1 send queued wait:30 confirm send queued wait:30 confirm send queued wait:60 confirm", "a#1@+r1"},
+		{"a confirmation rides on a status not yet sent", "restart:a:r1 send queued status:b wait:30 confirm", "b#2@+r1"},
+		{"a confirmation leaves restarts parked later for their own time",
+			"restart:a:r1 send queued wait:20 restart:b:r2 send queued wait:10 confirm send ack", "-"},
+		{"... which then come", "restart:a:r1 send queued wait:20 restart:b:r2 send queued wait:10 confirm send ack wait:20 confirm",
+			"b#2@+r2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
@@ -78,6 +95,14 @@ func TestOutbox(t *testing.T) {
 					clk.SetTime(clk.Now().Add(ParkedRestartTTL + time.Second))
 				case "half":
 					clk.SetTime(clk.Now().Add(ParkedRestartTTL/2 + time.Second))
+				case "wait":
+					secs, err := strconv.Atoi(f[1])
+					if err != nil {
+						t.Fatal(err)
+					}
+					clk.SetTime(clk.Now().Add(time.Duration(secs) * time.Second))
+				case "confirm":
+					o.Confirm()
 				case "reconnect":
 					o.Reconnected()
 				default:

@@ -733,7 +733,9 @@ type ReportStatusResponse struct {
 	// The report's restart was queued on this replica with the report (many reports at once), its Event
 	// not created yet. The sidecar keeps such a restart and sends it again on its next WatchConfig stream,
 	// so that a replica exiting before its queue created the Event does not lose it; the Event's name makes
-	// the second creation a no-op. False from older services and for a report without a restart.
+	// the second creation a no-op. It also sends it again on the same stream a while later, to learn that
+	// the Event exists: a replica that recorded the restart's Event answers false, without asking the
+	// apiserver, and the sidecar drops it. False from older services and for a report without a restart.
 	RestartQueued bool `protobuf:"varint,1,opt,name=restart_queued,json=restartQueued,proto3" json:"restart_queued,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

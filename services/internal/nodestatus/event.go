@@ -26,10 +26,15 @@ var restartID = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 func ValidRestartID(id string) bool { return restartID.MatchString(id) }
 
 // recordRestart creates the restart's Event, named after the node and restart id so that a retried report
-// (or the same report reaching two replicas) creates it once.
+// (or the same report reaching two replicas) creates it once. A restart whose Event this replica recorded
+// already asks nothing of the apiserver.
 func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.KubeletRestart) error {
 	if !ValidRestartID(r.GetId()) {
 		return fmt.Errorf("restart id %q of node %s: want 1-64 characters of [a-z0-9]", r.GetId(), node)
+	}
+	if w.eventKnown(node, r.GetId()) {
+		w.metrics.event("known")
+		return nil
 	}
 	t := metav1.NewTime(r.GetTime().AsTime())
 	if r.GetTime() == nil {
@@ -50,16 +55,33 @@ func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.Kubele
 	}
 	_, err := w.client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{FieldManager: FieldManager})
 	if apierrors.IsAlreadyExists(err) {
+		w.noteEvent(node, r.GetId())
 		w.metrics.event("duplicate")
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("create %s event %s for node %s: %w", nodeconfig.EventReason, ev.Name, node, err)
 	}
+	w.noteEvent(node, r.GetId())
 	w.metrics.event("created")
 	// Per restart and node: debug. The Event is the record; "node status written" says what came of it.
 	w.log.Debug("kubelet restart recorded", zap.String("node", node), zap.String("message", msg))
 	return nil
+}
+
+// eventKnown says whether node's restart id has its Event, as this replica learnt within eventGiveUp.
+func (w *Writer) eventKnown(node, id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.state[node]
+	return s != nil && s.eventRecorded(id, w.clock.Now())
+}
+
+// noteEvent records that node's restart id has its Event.
+func (w *Writer) noteEvent(node, id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stateLocked(node).noteRecorded(id, w.clock.Now())
 }
 
 // eventGiveUp is how long a queued Event is retried: as long as the sidecar keeps a restart acknowledged as

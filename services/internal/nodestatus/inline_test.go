@@ -293,3 +293,72 @@ func TestQueuedEventGivenUpAfterAnHour(t *testing.T) {
 		t.Errorf("%d events still queued, want 0", left)
 	}
 }
+
+// TestConfirmedRestartAsksNothingAgain: a restart acknowledged as queued comes back when its sidecar
+// confirms it (outbox.Confirm) or retries the report. Once this replica has created its Event, it is
+// acknowledged as recorded — on the queued path (the sidecar then stops carrying it) and inline — without
+// another create.
+func TestConfirmedRestartAsksNothingAgain(t *testing.T) {
+	client := fake.NewClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "slow"}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	var creates int
+	var mu sync.Mutex
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		creates++
+		mu.Unlock()
+		return false, nil, nil
+	})
+	unblock, blocked := make(chan struct{}), make(chan struct{})
+	slow := &slowClient{Clientset: client, name: "slow", blocked: blocked, unblock: unblock}
+	m := NewMetrics(prometheus.NewRegistry())
+	w := New(Config{Log: zap.NewNop(), Client: slow, Nodes: freshLister{client}, Table: assignment.NewTable(nil),
+		Metrics: m, MaxInlineWrites: 1, Serving: func(string) bool { return true }})
+	s := corev1.NodeConfigStatus{Assigned: cm("1"), Active: cm("1")}
+	slowDone := make(chan error, 1)
+	go func() {
+		_, err := w.Report(context.Background(), "slow", &dkcv1.ReportStatusRequest{NodeName: "slow",
+			Status: wire.StatusFromCore(&s), Incarnation: 1, Sequence: 1})
+		slowDone <- err
+	}()
+	<-blocked
+	req := &dkcv1.ReportStatusRequest{NodeName: "n1", Status: wire.StatusFromCore(&s), Incarnation: 1, Sequence: 1,
+		Restart: &dkcv1.KubeletRestart{Id: "r1", Target: wire.SourceFromCore(cm("1")), Time: timestamppb.Now()}}
+	for _, step := range []struct {
+		name       string
+		queue      bool // run the queue once before the report
+		unblock    bool // free the inline write before the report
+		wantQueued bool
+	}{
+		{name: "first report, past the inline bound", wantQueued: true},
+		{name: "sent again while queued: still queued, once", wantQueued: true},
+		{name: "confirmed after the queue created the Event", queue: true},
+		{name: "sent again, written inline", unblock: true},
+	} {
+		if step.queue && !w.processNext(context.Background()) {
+			t.Fatal("queue shut down")
+		}
+		if step.unblock {
+			close(unblock)
+			if err := <-slowDone; err != nil {
+				t.Fatalf("inline report: %v", err)
+			}
+		}
+		receipt, err := w.Report(context.Background(), "n1", req)
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if receipt.EventQueued != step.wantQueued {
+			t.Errorf("%s: EventQueued %v, want %v", step.name, receipt.EventQueued, step.wantQueued)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if creates != 1 {
+		t.Errorf("%d Event creates for one restart, want 1", creates)
+	}
+	if got := testutil.ToFloat64(m.events.WithLabelValues("known")); got != 1 {
+		t.Errorf("restart_events_total{result=\"known\"} = %v, want 1 (the inline re-send)", got)
+	}
+}

@@ -17,7 +17,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "restart_events_total",
-			Help: "KubeletConfigChanged Events by result: created, duplicate (already recorded), error (not recorded, dropped).",
+			Help: "KubeletConfigChanged Events by result: created, duplicate (the apiserver had it already), known (recorded by this replica already: no request made), error (not recorded, dropped).",
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.writes, m.events)

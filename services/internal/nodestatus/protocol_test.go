@@ -724,10 +724,17 @@ func playAgainstService(seed uint64, steps int) (err error) {
 				continue
 			}
 			d := time.Duration(h.rng.IntN(6)) * time.Second
+			if at, ok := h.outbox.NextConfirm(); ok && h.rng.IntN(3) == 0 {
+				d = max(d, at.Sub(h.clk.Now())) // to a parked restart's confirmation
+			}
 			h.clk.Step(d)
 			h.logf("%v pass", d)
 			for _, r := range h.replicas {
 				r.work()
+			}
+			if at, ok := h.outbox.NextConfirm(); ok && !h.clk.Now().Before(at) {
+				h.logf("the outbox confirms its parked restarts")
+				h.outbox.Confirm()
 			}
 		}
 		if err := h.check(); err != nil {

@@ -101,14 +101,18 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	w.seq++
 	r.seq, r.owed = w.seq, !inline
 	if !inline {
-		if rs := req.GetRestart(); rs != nil {
+		// A restart whose Event this replica recorded already (the sidecar confirming it) is acknowledged
+		// as recorded: the sidecar then stops carrying it.
+		rs := req.GetRestart()
+		eventQueued := rs != nil && !w.state[node].eventRecorded(rs.GetId(), w.clock.Now())
+		if eventQueued {
 			w.addEventLocked(node, rs)
 		}
 		w.mu.Unlock()
 		// Acknowledged as queued: the queue coalesces the node's reports into one write of the latest.
 		w.queue.Add(node)
 		w.metrics.write("queued")
-		return Receipt{EventQueued: req.GetRestart() != nil}, nil
+		return Receipt{EventQueued: eventQueued}, nil
 	}
 	w.mu.Unlock()
 	var eventErr error

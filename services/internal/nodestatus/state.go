@@ -23,7 +23,22 @@ type nodeState struct {
 	// events are the kubelet restarts of reports acknowledged as queued whose Event is not created yet:
 	// the queue creates them, oldest first, before it writes the node's status.
 	events []queuedEvent
+	// recorded are the restarts whose Events this replica created, or found created, within eventGiveUp,
+	// oldest first: a restart sent again (a sidecar confirming one acknowledged as queued, a retried
+	// report) is acknowledged as recorded without asking the apiserver again. They live as long as the
+	// state does, and do not keep it.
+	recorded []recordedEvent
 }
+
+// recordedEvent is a restart whose Event exists, and when this replica learnt it.
+type recordedEvent struct {
+	id string
+	at time.Time
+}
+
+// maxRecordedEvents bounds the recorded restarts kept per node: a sidecar confirms its restarts in
+// order, seconds to minutes after each, so only the last few can come again.
+const maxRecordedEvents = 8
 
 // accept makes r the node's latest report, unless it is older than the one held (false: r is stale). A
 // restart in progress is held from the first report of it: a node whose restarts keep being replaced by
@@ -78,6 +93,31 @@ func (s *nodeState) eventCreated(rs *dkcv1.KubeletRestart) {
 	if len(s.events) == 0 {
 		s.events = nil
 	}
+}
+
+// eventRecorded says whether restart id's Event was recorded by this replica within eventGiveUp.
+func (s *nodeState) eventRecorded(id string, now time.Time) bool {
+	for _, r := range s.recorded {
+		if r.id == id && now.Sub(r.at) <= eventGiveUp {
+			return true
+		}
+	}
+	return false
+}
+
+// noteRecorded records that restart id's Event exists, forgetting what is older than eventGiveUp and,
+// past maxRecordedEvents, the oldest.
+func (s *nodeState) noteRecorded(id string, now time.Time) {
+	kept := make([]recordedEvent, 0, min(len(s.recorded)+1, maxRecordedEvents))
+	for _, r := range s.recorded {
+		if r.id != id && now.Sub(r.at) <= eventGiveUp {
+			kept = append(kept, r)
+		}
+	}
+	if len(kept) == maxRecordedEvents {
+		kept = kept[1:]
+	}
+	s.recorded = append(kept, recordedEvent{id: id, at: now})
 }
 
 // empty says whether nothing is held: the entry can go.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 
 	"github.com/dkc-dev/dkc/internal/outbox"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
@@ -77,6 +78,7 @@ type Client struct {
 	// outbox holds the reports to deliver, numbered with this sidecar start's incarnation (WithIncarnation);
 	// RunReporter moves them, Watch tells it of each new stream.
 	outbox *outbox.Outbox
+	clock  clock.WithTicker // times the outbox's confirmations
 
 	mu sync.Mutex
 	// syncError is the service's sync error last received: what the node holds, sent when resuming so
@@ -94,7 +96,11 @@ type Option func(*options)
 // options are what New's options set, before the client is made of them.
 type options struct {
 	incarnation uint64
+	clock       clock.WithTicker
 }
+
+// withClock runs the client's reports on clk (tests).
+func withClock(clk clock.WithTicker) Option { return func(o *options) { o.clock = clk } }
 
 // WithIncarnation numbers the reports of this start of the sidecar (the agent's NextIncarnation): the service
 // orders a node's reports by (incarnation, sequence), never by the node's clock. Without it reports carry
@@ -117,12 +123,13 @@ func New(conn grpc.ClientConnInterface, cfg Config, opts ...Option) *Client {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	var o options
+	o := options{clock: clock.RealClock{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	return &Client{node: cfg.Node, tokenFile: cfg.TokenFile, rpc: dkcv1.NewConfigServiceClient(conn), log: cfg.Log, backoff: cfg.Backoff,
-		outbox: outbox.New(outbox.Config{Node: cfg.Node, Incarnation: o.incarnation, Log: cfg.Log}), wake: make(chan struct{}, 1)}
+		clock:  o.clock,
+		outbox: outbox.New(outbox.Config{Node: cfg.Node, Incarnation: o.incarnation, Log: cfg.Log, Clock: o.clock}), wake: make(chan struct{}, 1)}
 }
 
 func (c *Client) authed(ctx context.Context) (context.Context, error) {
@@ -243,10 +250,8 @@ func (c *Client) RunReporter(ctx context.Context) error {
 	for {
 		req := c.outbox.Next()
 		if req == nil {
-			select {
-			case <-ctx.Done():
+			if !c.idle(ctx) {
 				return nil
-			case <-c.wake:
 			}
 			continue
 		}
@@ -267,6 +272,25 @@ func (c *Client) RunReporter(ctx context.Context) error {
 		case <-time.After(jitter(delay)):
 		}
 	}
+}
+
+// idle waits until there may be a report to send: a poke, or a parked restart's confirmation coming due
+// (outbox.ConfirmAfter). False once ctx ends.
+func (c *Client) idle(ctx context.Context) bool {
+	var due <-chan time.Time
+	if at, ok := c.outbox.NextConfirm(); ok {
+		t := c.clock.NewTimer(at.Sub(c.clock.Now()))
+		defer t.Stop()
+		due = t.C()
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-c.wake:
+	case <-due:
+		c.outbox.Confirm()
+	}
+	return true
 }
 
 func (c *Client) send(ctx context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/outbox"
 	"github.com/dkc-dev/dkc/internal/poll"
@@ -40,6 +41,9 @@ type awayService struct {
 	slow     chan struct{}
 	slowOnce sync.Once
 	release  chan struct{}
+	// queueFirst: a restart is acknowledged as queued the first time it comes, as recorded after.
+	queueFirst bool
+	seen       map[string]int // restart id: times it came
 }
 
 func newSlowService(nodeUID string) *awayService {
@@ -80,7 +84,40 @@ func (s *awayService) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusR
 	s.last = req.GetStatus()
 	s.reports = append(s.reports, req)
 	s.numbers = append(s.numbers, [2]uint64{req.GetIncarnation(), req.GetSequence()})
+	if id := req.GetRestart().GetId(); id != "" && s.queueFirst {
+		if s.seen == nil {
+			s.seen = map[string]int{}
+		}
+		s.seen[id]++
+		return &dkcv1.ReportStatusResponse{RestartQueued: s.seen[id] == 1}, nil
+	}
 	return &dkcv1.ReportStatusResponse{}, nil
+}
+
+// TestQueuedRestartIsConfirmedOnTheSameStream: a restart the service acknowledged as queued is sent again
+// ConfirmAfter later, without a reconnect; acknowledged as recorded then, it is carried no more.
+func TestQueuedRestartIsConfirmedOnTheSameStream(t *testing.T) {
+	svc := &awayService{queueFirst: true}
+	clk := clocktesting.NewFakeClock(time.Now())
+	c := startReporter(t, svc, withClock(clk))
+	c.Report(&dkcv1.NodeConfigStatus{}, "", &dkcv1.KubeletRestart{Id: "r1"})
+	seen := func() int { svc.mu.Lock(); defer svc.mu.Unlock(); return svc.seen["r1"] }
+	poll.Until(t, "the restart's first report", func() bool { return seen() == 1 })
+	poll.Until(t, "the restart parked", func() bool { _, ok := c.outbox.NextConfirm(); return ok })
+	poll.Stepping(t, "the restart confirmed", clk, outbox.ConfirmAfter/10, func() bool { return seen() == 2 })
+	poll.Until(t, "the restart no longer carried", func() bool {
+		_, parked := c.outbox.NextConfirm()
+		return !parked && !c.outbox.Pending()
+	})
+	clk.Step(outbox.ParkedRestartTTL)
+	c.outbox.Reconnected()
+	c.poke()
+	poll.Until(t, "the report re-sent after a reconnect", func() bool { svc.mu.Lock(); defer svc.mu.Unlock(); return len(svc.reports) == 3 })
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	if r := svc.reports[2].GetRestart(); r != nil {
+		t.Errorf("a restart acknowledged as recorded rode again after a reconnect: %v", r)
+	}
 }
 
 // TestRestartsAreDeliveredInOrder: restarts reported while the service is away are each delivered once

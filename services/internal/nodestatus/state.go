@@ -117,7 +117,8 @@ func (s *nodeState) noteRecorded(id string, now time.Time) {
 	if len(kept) == maxRecordedEvents {
 		kept = kept[1:]
 	}
-	s.recorded = append(kept, recordedEvent{id: id, at: now})
+	kept = append(kept, recordedEvent{id: id, at: now})
+	s.recorded = kept
 }
 
 // empty says whether nothing is held: the entry can go.

@@ -166,7 +166,7 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 
 // patchStatus applies patch to node name's status. The typed client would decode the whole Node the
 // apiserver answers with, which the writer never reads: at two writes per node per assignment, that decode
-// was a fifth of what each write allocated (52 of 245 MB across 10,000 writes in make bench's scale phase).
+// was a large part of what each write allocated (docs/results.md).
 // The REST client reads the answer (in full) without decoding it; an error answer is still decoded, so
 // apierrors' predicates work on it.
 func (w *Writer) patchStatus(ctx context.Context, name string, patch []byte) error {

@@ -13,8 +13,8 @@ import (
 
 // Run processes enqueued nodes until ctx ends, then drains: reports that arrive while the server lets its
 // calls finish are written inline (Report), and what this replica acknowledged as queued is written once
-// more, for up to drain — an acknowledgement as queued must not be lost to a rolling update (review of
-// issue 28). What a failed write would retry is left to the node's next stream.
+// more, for up to drain — an acknowledgement as queued must not be lost to a rolling update. What a failed
+// write would retry is left to the node's next stream.
 func (w *Writer) Run(ctx context.Context, workers int, drain time.Duration) error {
 	// The workers' writes outlive ctx by the drain.
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -66,8 +66,8 @@ func (w *Writer) processNext(ctx context.Context) bool {
 	}
 	// A node that streams from another replica now is that replica's to write, even for a report this one
 	// acknowledged as queued: the sidecar sends its latest report again on every new stream, and writing the
-	// queued one here could put an older status over the newer one the other replica wrote (review of
-	// issue 28). Its Events are still this replica's promise.
+	// queued one here could put an older status over the newer one the other replica wrote. Its Events are
+	// still this replica's promise.
 	// The report is taken before the stream is looked at: one that arrives after the look (its node's
 	// new stream here resending it) is not released with the one the look was about.
 	w.mu.Lock()

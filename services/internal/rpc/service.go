@@ -164,8 +164,9 @@ func (s *Service) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
 // quarter of it is in use, so the depth parked here decides the stack of every connected node: the work
 // is done in helpers kept out of this frame (noinline), the stream's state lives on the heap
 // (watchState), and the service's own logging replaces the logging interceptor for this method
-// (server.newGRPCServer). A send's peak grows the stack to 16 KiB; parked at under 3 KiB it shrinks back
-// to 8 KiB — 8 KiB less per node, measured with dkc's handler, interceptors and TLS at 2,000 streams.
+// (server.newGRPCServer). A send's peak grows the stack; parked shallow, it shrinks back to the next size
+// down at the following collection, which for thousands of streams is most of a replica's stack memory
+// (docs/results.md).
 func (s *Service) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) (err error) {
 	ws, err := s.startWatch(req, stream)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -14,16 +15,28 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/dkc-dev/dkc/internal/configz"
+	"github.com/dkc-dev/dkc/internal/disruption"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
 func (o *Options) assignCommand() *cobra.Command {
-	var selector, cm, key string
+	var selector, cm, key, checkDir string
+	var drained bool
 	cmd := &cobra.Command{
 		Use:   "assign (NODE... | -l SELECTOR) --configmap NAMESPACE/NAME [--key kubelet]",
 		Short: "Point nodes at a ConfigMap holding a KubeletConfiguration",
+		Long: `assign points nodes at a ConfigMap holding a KubeletConfiguration; each node's dkc-sidecar then
+validates it, restarts the kubelet onto it and proves it, or rolls back.
+
+Before assigning any node, assign compares each node's running config (/configz) with the new one, both as
+the node kubelet's own minor loads them (the dkc-kubelet-check helpers, as diff does), and refuses a change
+the kubelet refuses to start with on a node whose resource managers keep state: another cpuManagerPolicy or
+memoryManagerPolicy, or other reservations under their static policies. Such a node must be drained and its
+state file removed first; then assign it with --drained. Where the check cannot run (no helper for the
+node's minor, /configz unreadable), assign says so and assigns.`,
 		Example: `  kubectl dkc assign node-1 --configmap kube-system/my-node-config-gkt4c2m4b2
-  kubectl dkc assign -l pool=blue --configmap kube-system/my-node-config-gkt4c2m4b2 --key kubelet`,
+  kubectl dkc assign -l pool=blue --configmap kube-system/my-node-config-gkt4c2m4b2 --key kubelet
+  kubectl dkc assign node-1 --configmap kube-system/static-cpus --drained   # drained, cpu_manager_state removed`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ns, name, err := parseConfigMap(cm)
 			if err != nil {
@@ -41,6 +54,11 @@ func (o *Options) assignCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if !drained {
+				if err := o.refuseStateResets(ctx, nodes, ns, name, key, checkDir); err != nil {
+					return err
+				}
+			}
 			for i := range nodes {
 				where, err := o.setSource(ctx, &nodes[i], src)
 				if err != nil {
@@ -54,8 +72,36 @@ func (o *Options) assignCommand() *cobra.Command {
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "label selector of the nodes")
 	cmd.Flags().StringVar(&cm, "configmap", "", "the ConfigMap, NAMESPACE/NAME")
 	cmd.Flags().StringVar(&key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
+	cmd.Flags().BoolVar(&drained, "drained", false, "the nodes are drained and the state files the change invalidates are removed (cpu_manager_state, memory_manager_state in the kubelet's root directory): assign without the state check")
+	cmd.Flags().StringVar(&checkDir, "kubelet-check-dir", "", "directory of the dkc-kubelet-check-<minor> helpers; default: next to kubectl-dkc, else the directory of the first on $PATH")
 	_ = cmd.MarkFlagRequired("configmap")
 	return cmd
+}
+
+// refuseStateResets fails, before any node is assigned, when the config would make a node's kubelet refuse
+// to start on the state its resource managers checkpointed under the running config.
+func (o *Options) refuseStateResets(ctx context.Context, nodes []corev1.Node, ns, name, key, checkDir string) error {
+	var refused []string
+	for _, n := range nodes {
+		running, kubeletVersion, err := o.runningConfig(ctx, n.Name)
+		var next map[string]any
+		if err == nil {
+			next, err = o.configMapConfig(ctx, ns, name, key, kubeletVersion, checkDir)
+		}
+		if err != nil {
+			fmt.Fprintf(o.io.ErrOut, "warning: node %s: state check skipped: %v\n", n.Name, err)
+			continue
+		}
+		for _, r := range disruption.Resets(running, next) {
+			refused = append(refused, fmt.Sprintf("  node %s: %s", n.Name, r))
+		}
+	}
+	if len(refused) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the kubelet refuses to start with %s/%s on state its resource managers checkpointed; nothing was assigned:\n%s\n"+
+		"drain each node (kubectl drain NODE --ignore-daemonsets), remove the named file from the kubelet's root directory "+
+		"(/var/lib/kubelet), then assign again with --drained", ns, name, strings.Join(refused, "\n"))
 }
 
 func (o *Options) resetCommand() *cobra.Command {

@@ -97,6 +97,18 @@ func TestKubectlDKCAssignStatusDumpDiffReset(t *testing.T) {
 		t.Errorf("diff -o json: %v\n%s", err, out)
 	}
 
+	// A change the kubelet refuses to start with on its CPU manager's checkpointed state is refused before
+	// any node is assigned, naming the state file; --drained (the node drained, the file removed) is the
+	// way past it. The real node runs its local config (cpuManagerPolicy none) here.
+	createConfigMap(t, "cli-static-cpus", map[string]string{"kubelet": kubeletConfig(t, "cpuManagerPolicy: static\nreservedSystemCPUs: \"0\"\n")})
+	_, _, err = kubectlDKC(t, "assign", realNode, "--configmap", "kube-system/cli-static-cpus", "--kubelet-check-dir", cluster.KubeletCheckDir())
+	if err == nil || !strings.Contains(err.Error(), "cpu_manager_state (cpuManagerPolicy: none → static)") || !strings.Contains(err.Error(), "--drained") {
+		t.Errorf("assign of another CPU manager policy: %v; want it refused, naming cpu_manager_state and --drained", err)
+	}
+	if n, err := adminClient(t).CoreV1().Nodes().Get(context.Background(), realNode, metav1.GetOptions{}); err != nil || n.Annotations[nodeconfig.SourceAnnotation] != "" {
+		t.Errorf("the refused assign wrote node %s's source: %v %q", realNode, err, n.Annotations[nodeconfig.SourceAnnotation])
+	}
+
 	// Refusals with the apiserver's messages, before anything is written.
 	if _, _, err := kubectlDKC(t, "assign", node, "--configmap", "kube-system/cli-config", "--key", "../x"); err == nil ||
 		!strings.Contains(err.Error(), "spec.configSource.configMap.kubeletConfigKey: Invalid value") {

@@ -2,7 +2,8 @@
 // selected Nodes as the controller sees them, and the time, which nodes to assign now, what state each
 // node is in and why, and the pool's new status (counts, conditions, failed nodes). It is pure — no
 // client, no clock — so every rule is a table row in plan_test.go, and docs/design.md's
-// "KubeletConfigPool" table is that test's table.
+// "KubeletConfigPool" table is that test's table; each of Decide's steps has a table of its own in
+// steps_test.go.
 //
 // The caller plans on a view that includes its own earlier assignments (a ReplicaSet controller's
 // "expectations"): a node assigned a moment ago and not yet seen so in the informer cache would look
@@ -190,13 +191,39 @@ type Plan struct {
 // maxFailures; nothing is assigned while the config is invalid, the pool is halted or paused, or a batch
 // runs or pauses (pauseBetweenBatches); otherwise Ready pending nodes fill the free slots of
 // maxUnavailable, which every unavailable selected node takes (in progress, held and changing, or not Ready).
+//
+// Decide runs them as steps, in this order: judgeNodes (the node rules, TestNodeRules' rows), then for the
+// pool count, halt (the failure budget), gates (the Updating condition, and what is assigned) and
+// conditions (the others) — each with a table of its own in steps_test.go, and TestPoolRules' rows for
+// them together.
 func Decide(in Input) Plan {
-	pool := in.Pool
-	spec := &pool.Spec
-	old := &pool.Status
-	now := in.Now
-	target := in.Target.Revision
+	pool, now := in.Pool, in.Now
+	st := carried(pool, in.Target.Revision)
+	j := judgeNodes(in)
+	st.FailedNodes = j.failed
+	t := count(j.verdicts)
+	st.Nodes, st.HeldNodes = t.nodes, t.held
+	b := halt(st.FailedNodes, &pool.Spec)
+	p := Plan{Nodes: j.verdicts, MaxUnavailable: scaled(pool.Spec.MaxUnavailableOrDefault(), int(t.nodes.Selected))}
+	st.BatchCompletionTime = batchCompletion(st, now)
 
+	g := gates(in, t, b.halted, st.BatchCompletionTime, p.MaxUnavailable)
+	setCondition(&st, pool, now, v1alpha1.ConditionUpdating, g.status, g.reason, g.message)
+	if len(g.assign) > 0 {
+		p.Assign = g.assign
+		st.LastAssignmentTime = &metav1.Time{Time: now}
+	}
+	conditions(&st, in, b, j)
+
+	p.Status = st
+	p.RequeueAfter = soonest(append(j.requeue, g.wait))
+	return p
+}
+
+// carried is the pool's new status before any node is judged: what the old one carries over (conditions
+// keep their transition times until they change), and the target as the current revision.
+func carried(pool *v1alpha1.KubeletConfigPool, target string) v1alpha1.KubeletConfigPoolStatus {
+	old := &pool.Status
 	st := v1alpha1.KubeletConfigPoolStatus{
 		ObservedGeneration:  pool.Generation,
 		CurrentRevision:     old.CurrentRevision,
@@ -211,10 +238,30 @@ func Decide(in Input) Plan {
 		}
 		st.CurrentRevision = target
 	}
+	return st
+}
 
+// judged is what judgeNodes makes of the nodes.
+type judged struct {
+	// verdicts, by node name.
+	verdicts []Verdict
+	// failed is status.failedNodes: the target's failures, by node name, those of nodes gone included.
+	failed []v1alpha1.FailedNode
+	// gone are the failed nodes no longer selected.
+	gone map[string]bool
+	// overlaps say which pools select each node another pool selects too.
+	overlaps []string
+	// requeue are when in-progress nodes reach nodeTimeout.
+	requeue []time.Duration
+}
+
+// judgeNodes applies the node rules (judge) to every selected node, in name order, and keeps the
+// failures recorded for the target of nodes no longer selected.
+func judgeNodes(in Input) judged {
+	target := in.Target.Revision
 	// Rule 1's record: failures of other revisions are forgotten with them.
 	recorded := map[string]v1alpha1.FailedNode{}
-	for _, f := range old.FailedNodes {
+	for _, f := range in.Pool.Status.FailedNodes {
 		if target != "" && f.Revision == target {
 			recorded[f.Name] = f
 		}
@@ -223,182 +270,253 @@ func Decide(in Input) Plan {
 	nodes := slices.Clone(in.Nodes)
 	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
 
-	timeout := spec.NodeTimeoutOrDefault()
-	p := Plan{}
-	var requeue []time.Duration
-	var overlaps []string
-	clk := clock{timeout: timeout, termStart: in.TermStart, now: now}
+	timeout := in.Pool.Spec.NodeTimeoutOrDefault()
+	clk := clock{timeout: timeout, termStart: in.TermStart, now: in.Now}
+	j := judged{gone: map[string]bool{}}
 	for _, n := range nodes {
-		v, failure := judge(n, pool.Name, in.Target, recorded, clk, spec.Retry)
+		v, failure := judge(n, in.Pool.Name, in.Target, recorded, clk, in.Pool.Spec.Retry)
 		if v.State == InProgress && !n.AssignedAt.IsZero() && !n.NoStatus {
-			requeue = append(requeue, later(n.AssignedAt, in.TermStart).Add(timeout).Sub(now))
+			j.requeue = append(j.requeue, later(n.AssignedAt, in.TermStart).Add(timeout).Sub(in.Now))
 		}
 		if failure != nil {
-			st.FailedNodes = append(st.FailedNodes, *failure)
+			j.failed = append(j.failed, *failure)
 		}
 		if v.Reason == ReasonSelectedByOtherPools {
-			overlaps = append(overlaps, v.Detail)
+			j.overlaps = append(j.overlaps, v.Detail)
 		}
-		p.Nodes = append(p.Nodes, v)
+		j.verdicts = append(j.verdicts, v)
 		delete(recorded, n.Name)
 	}
 	// Failures of nodes no longer selected (deleted, relabelled) stay too: node auto-repair replaces
 	// exactly the failed nodes, and dropping their failures would lift the halt and push the bad revision
 	// on with no operator action. Only a new revision or spec.retry forgives them.
-	gone := map[string]bool{}
 	for _, name := range slices.Sorted(maps.Keys(recorded)) {
-		st.FailedNodes = append(st.FailedNodes, recorded[name])
-		gone[name] = true
+		j.failed = append(j.failed, recorded[name])
+		j.gone[name] = true
 	}
-	slices.SortFunc(st.FailedNodes, func(a, b v1alpha1.FailedNode) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(j.failed, func(a, b v1alpha1.FailedNode) int { return strings.Compare(a.Name, b.Name) })
+	return j
+}
 
-	var pending []string
-	unavailable := 0
-	for _, v := range p.Nodes {
-		st.Nodes.Selected++
+// tally is what count makes of the verdicts.
+type tally struct {
+	// nodes is status.nodes.
+	nodes v1alpha1.NodeCounts
+	// held is status.heldNodes: the first v1alpha1.MaxHeldNodesListed held nodes.
+	held []v1alpha1.HeldNode
+	// pending are the pending nodes that are Ready, the only ones that may be assigned, by name.
+	pending []string
+	// unavailable are the nodes that take one of maxUnavailable's slots (Verdict.Unavailable).
+	unavailable int
+}
+
+// notAssigned are the selected nodes not assigned the target: pending, Ready or not.
+func (t tally) notAssigned() int {
+	n := t.nodes
+	return int(n.Selected - n.Updated - n.InProgress - n.Failed - n.Held)
+}
+
+// progress is how far the rollout is, for the Updating and Updated conditions' messages.
+func progress(n v1alpha1.NodeCounts) string {
+	return fmt.Sprintf("%d of %d nodes updated, %d in progress", n.Updated, n.Selected, n.InProgress)
+}
+
+// count counts the verdicts by state. An updated node counts as ready only when Ready; a pending one is
+// assignable only when Ready, as a node down already takes a slot and would then take it twice.
+func count(verdicts []Verdict) tally {
+	var t tally
+	for _, v := range verdicts {
+		t.nodes.Selected++
 		switch v.State {
 		case Updated:
-			st.Nodes.Updated++
+			t.nodes.Updated++
 			if v.Ready {
-				st.Nodes.Ready++
+				t.nodes.Ready++
 			}
 		case InProgress:
-			st.Nodes.InProgress++
+			t.nodes.InProgress++
 		case Failed:
-			st.Nodes.Failed++
+			t.nodes.Failed++
 		case Held:
-			st.Nodes.Held++
-			if len(st.HeldNodes) < v1alpha1.MaxHeldNodesListed {
-				st.HeldNodes = append(st.HeldNodes, v1alpha1.HeldNode{Name: v.Name, Reason: v.Reason})
+			t.nodes.Held++
+			if len(t.held) < v1alpha1.MaxHeldNodesListed {
+				t.held = append(t.held, v1alpha1.HeldNode{Name: v.Name, Reason: v.Reason})
 			}
 		case Pending:
 			if v.Ready {
-				pending = append(pending, v.Name)
+				t.pending = append(t.pending, v.Name)
 			}
 		}
 		if v.Unavailable() {
-			unavailable++
+			t.unavailable++
 		}
 	}
-	notAssigned := int(st.Nodes.Selected - st.Nodes.Updated - st.Nodes.InProgress - st.Nodes.Failed - st.Nodes.Held)
+	return t
+}
 
-	maxFailures := int(spec.MaxFailuresOrDefault())
-	var counted []v1alpha1.FailedNode
-	for _, f := range st.FailedNodes {
+// budget is the failure budget, spec.maxFailures, against the failures that count.
+type budget struct {
+	// counted are the failures recorded under the current spec.retry: a retry forgives the earlier ones
+	// without forgetting them (the nodes stay failed).
+	counted []v1alpha1.FailedNode
+	max     int
+	halted  bool
+}
+
+// halt says whether the failures that count exhaust maxFailures.
+func halt(failed []v1alpha1.FailedNode, spec *v1alpha1.KubeletConfigPoolSpec) budget {
+	b := budget{max: int(spec.MaxFailuresOrDefault())}
+	for _, f := range failed {
 		if f.Retry == spec.Retry {
-			counted = append(counted, f)
+			b.counted = append(b.counted, f)
 		}
 	}
-	halted := len(counted) >= maxFailures
+	b.halted = len(b.counted) >= b.max
+	return b
+}
 
-	p.MaxUnavailable = scaled(spec.MaxUnavailableOrDefault(), int(st.Nodes.Selected))
-	slots := p.MaxUnavailable - unavailable
+// summary is the budget for the Halted condition's message.
+func (b budget) summary() string {
+	if len(b.counted) == 1 {
+		return fmt.Sprintf("1 failure counts against maxFailures %d", b.max)
+	}
+	return fmt.Sprintf("%d failures count against maxFailures %d", len(b.counted), b.max)
+}
 
-	// A batch is complete the first time the pool sees nothing in progress after its last assignment.
+// batchCompletion is status.batchCompletionTime: a batch is complete the first time the pool sees nothing
+// in progress after its last assignment, and pauseBetweenBatches counts from then.
+func batchCompletion(st v1alpha1.KubeletConfigPoolStatus, now time.Time) *metav1.Time {
 	if st.Nodes.InProgress == 0 && st.LastAssignmentTime != nil &&
 		(st.BatchCompletionTime == nil || !st.BatchCompletionTime.After(st.LastAssignmentTime.Time)) {
-		st.BatchCompletionTime = &metav1.Time{Time: now}
+		return &metav1.Time{Time: now}
 	}
-	pause := spec.PauseBetweenBatchesOrDefault()
+	return st.BatchCompletionTime
+}
 
-	// Updating, and what is assigned: the first rule that holds decides.
-	updating := func(status metav1.ConditionStatus, reason, msg string) {
-		setCondition(&st, pool, now, v1alpha1.ConditionUpdating, status, reason, msg)
+// gate is what gates decides: the Updating condition, the nodes to assign now, and how long the pause
+// between batches has left (0: none).
+type gate struct {
+	status  metav1.ConditionStatus
+	reason  string
+	message string
+	assign  []string
+	wait    time.Duration
+}
+
+// gates decides whether anything is assigned now, and why not: the first gate that holds decides, in the
+// order of what an operator must act on first (an invalid config, a halt, a pause), then what only waits
+// (a running batch, a pause between batches, no free slot). batchDone is status.batchCompletionTime after
+// this decision's nodes (batchCompletion).
+func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailable int) gate {
+	spec, now, n := &in.Pool.Spec, in.Now, t.nodes
+	prog := progress(n)
+	pause := spec.PauseBetweenBatchesOrDefault()
+	slots := maxUnavailable - t.unavailable
+	stopped := func(reason, msg string) gate {
+		return gate{status: metav1.ConditionFalse, reason: reason, message: msg}
 	}
-	progress := fmt.Sprintf("%d of %d nodes updated, %d in progress", st.Nodes.Updated, st.Nodes.Selected, st.Nodes.InProgress)
+	rolling := func(reason, msg string) gate {
+		return gate{status: metav1.ConditionTrue, reason: reason, message: msg}
+	}
 	switch {
 	case in.Invalid != nil:
-		updating(metav1.ConditionFalse, v1alpha1.ReasonConfigInvalid, "the config cannot be rolled out: "+in.Invalid.Message)
-	case target == "":
-		updating(metav1.ConditionFalse, v1alpha1.ReasonConfigInvalid, "the pool has no revision to roll out yet")
+		return stopped(v1alpha1.ReasonConfigInvalid, "the config cannot be rolled out: "+in.Invalid.Message)
+	case in.Target.Revision == "":
+		return stopped(v1alpha1.ReasonConfigInvalid, "the pool has no revision to roll out yet")
 	case halted:
-		updating(metav1.ConditionFalse, v1alpha1.ReasonHalted, "the pool is halted: "+progress)
+		return stopped(v1alpha1.ReasonHalted, "the pool is halted: "+prog)
 	case spec.Paused:
-		updating(metav1.ConditionFalse, v1alpha1.ReasonPaused, "spec.paused: "+progress)
-	case notAssigned == 0 && st.Nodes.InProgress == 0:
-		if st.Nodes.Updated == st.Nodes.Selected {
-			updating(metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete, progress)
-		} else {
-			updating(metav1.ConditionFalse, v1alpha1.ReasonNothingToAssign,
-				fmt.Sprintf("%s; the others are failed (%d) or held (%d)", progress, st.Nodes.Failed, st.Nodes.Held))
+		return stopped(v1alpha1.ReasonPaused, "spec.paused: "+prog)
+	case t.notAssigned() == 0 && n.InProgress == 0:
+		if n.Updated == n.Selected {
+			return stopped(v1alpha1.ReasonRolloutComplete, prog)
 		}
-	case notAssigned == 0:
-		updating(metav1.ConditionTrue, v1alpha1.ReasonRollingOut, progress)
-	case pause > 0 && st.Nodes.InProgress > 0:
-		updating(metav1.ConditionTrue, v1alpha1.ReasonRollingOut, progress+"; the next batch starts when none is")
-	case pause > 0 && st.BatchCompletionTime != nil && now.Before(st.BatchCompletionTime.Add(pause)):
-		wait := st.BatchCompletionTime.Add(pause).Sub(now)
-		requeue = append(requeue, wait)
-		updating(metav1.ConditionTrue, v1alpha1.ReasonWaitingBetweenBatches,
+		return stopped(v1alpha1.ReasonNothingToAssign,
+			fmt.Sprintf("%s; the others are failed (%d) or held (%d)", prog, n.Failed, n.Held))
+	case t.notAssigned() == 0:
+		return rolling(v1alpha1.ReasonRollingOut, prog)
+	case pause > 0 && n.InProgress > 0:
+		return rolling(v1alpha1.ReasonRollingOut, prog+"; the next batch starts when none is")
+	case pause > 0 && batchDone != nil && now.Before(batchDone.Add(pause)):
+		g := rolling(v1alpha1.ReasonWaitingBetweenBatches,
 			fmt.Sprintf("%s; the next batch starts at %s (pauseBetweenBatches %v)",
-				progress, st.BatchCompletionTime.Add(pause).UTC().Format(time.RFC3339), pause))
-	case slots <= 0 || len(pending) == 0:
-		if st.Nodes.InProgress > 0 {
-			updating(metav1.ConditionTrue, v1alpha1.ReasonRollingOut, progress)
-		} else {
-			updating(metav1.ConditionTrue, v1alpha1.ReasonWaitingForAvailable,
-				fmt.Sprintf("%s; %d selected nodes are not Ready (maxUnavailable %d): nothing is assigned until one is",
-					progress, unavailable, p.MaxUnavailable))
+				prog, batchDone.Add(pause).UTC().Format(time.RFC3339), pause))
+		g.wait = batchDone.Add(pause).Sub(now)
+		return g
+	case slots <= 0 || len(t.pending) == 0:
+		if n.InProgress > 0 {
+			return rolling(v1alpha1.ReasonRollingOut, prog)
 		}
+		return rolling(v1alpha1.ReasonWaitingForAvailable,
+			fmt.Sprintf("%s; %d selected nodes are not Ready (maxUnavailable %d): nothing is assigned until one is",
+				prog, t.unavailable, maxUnavailable))
 	default:
-		p.Assign = pending[:min(slots, len(pending))]
-		st.LastAssignmentTime = &metav1.Time{Time: now}
-		updating(metav1.ConditionTrue, v1alpha1.ReasonRollingOut,
-			fmt.Sprintf("%s; assigning %d: %s", progress, len(p.Assign), joinCapped(p.Assign, ", ")))
+		assign := t.pending[:min(slots, len(t.pending))]
+		g := rolling(v1alpha1.ReasonRollingOut,
+			fmt.Sprintf("%s; assigning %d: %s", prog, len(assign), joinCapped(assign, ", ")))
+		g.assign = assign
+		return g
 	}
+}
 
-	// The other conditions.
-	setCondition(&st, pool, now, v1alpha1.ConditionPaused, boolStatus(spec.Paused),
+// conditions sets the pool's conditions other than Updating (gates): Paused, ConfigInvalid, Halted,
+// Degraded and Updated, from st's counts and failed nodes.
+func conditions(st *v1alpha1.KubeletConfigPoolStatus, in Input, b budget, j judged) {
+	pool, spec, target := in.Pool, &in.Pool.Spec, in.Target.Revision
+	set := func(typ string, status metav1.ConditionStatus, reason, msg string) {
+		setCondition(st, pool, in.Now, typ, status, reason, msg)
+	}
+	set(v1alpha1.ConditionPaused, boolStatus(spec.Paused),
 		pick(spec.Paused, v1alpha1.ReasonPausedBySpec, v1alpha1.ReasonNotPaused), "")
 	if in.Invalid != nil {
-		setCondition(&st, pool, now, v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, in.Invalid.Reason, in.Invalid.Message)
+		set(v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, in.Invalid.Reason, in.Invalid.Message)
 	} else {
-		setCondition(&st, pool, now, v1alpha1.ConditionConfigInvalid, metav1.ConditionFalse, v1alpha1.ReasonConfigValid, "")
+		set(v1alpha1.ConditionConfigInvalid, metav1.ConditionFalse, v1alpha1.ReasonConfigValid, "")
 	}
-	budget := fmt.Sprintf("%d failures count against maxFailures %d", len(counted), maxFailures)
-	if len(counted) == 1 {
-		budget = fmt.Sprintf("1 failure counts against maxFailures %d", maxFailures)
-	}
-	if halted {
-		setCondition(&st, pool, now, v1alpha1.ConditionHalted, metav1.ConditionTrue, v1alpha1.ReasonFailureBudgetExhausted,
-			fmt.Sprintf("%s of revision %s: %s; nothing more is assigned until the config changes or spec.retry does (kubectl dkc rollout retry)",
-				budget, target, failedList(counted, gone)))
+	if b.halted {
+		set(v1alpha1.ConditionHalted, metav1.ConditionTrue, v1alpha1.ReasonFailureBudgetExhausted,
+			fmt.Sprintf("%s of revision %s: %s; nothing more is assigned until the config changes or spec.retry does "+
+				"(kubectl dkc rollout retry)", b.summary(), target, failedList(b.counted, j.gone)))
 	} else {
-		setCondition(&st, pool, now, v1alpha1.ConditionHalted, metav1.ConditionFalse, v1alpha1.ReasonWithinFailureBudget, budget)
+		set(v1alpha1.ConditionHalted, metav1.ConditionFalse, v1alpha1.ReasonWithinFailureBudget, b.summary())
 	}
 	var degraded []string
 	if len(st.FailedNodes) > 0 {
-		degraded = append(degraded, "failed revision "+target+": "+failedList(st.FailedNodes, gone))
+		degraded = append(degraded, "failed revision "+target+": "+failedList(st.FailedNodes, j.gone))
 	}
-	if len(overlaps) > 0 {
-		degraded = append(degraded, "nodes selected by more than one pool, which none of them touches: "+joinCapped(overlaps, "; "))
+	if len(j.overlaps) > 0 {
+		degraded = append(degraded, "nodes selected by more than one pool, which none of them touches: "+
+			joinCapped(j.overlaps, "; "))
 	}
 	switch {
 	case len(st.FailedNodes) > 0:
-		setCondition(&st, pool, now, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonNodesFailed, strings.Join(degraded, "; "))
-	case len(overlaps) > 0:
-		setCondition(&st, pool, now, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonSelectorOverlap, strings.Join(degraded, "; "))
+		set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonNodesFailed, strings.Join(degraded, "; "))
+	case len(j.overlaps) > 0:
+		set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonSelectorOverlap, strings.Join(degraded, "; "))
 	default:
-		setCondition(&st, pool, now, v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAsExpected, "")
+		set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAsExpected, "")
 	}
 	switch {
 	case st.Nodes.Selected == 0:
-		setCondition(&st, pool, now, v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNoNodesSelected,
+		set(v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNoNodesSelected,
 			"the pool's nodeSelector matches no node")
 	case target != "" && st.Nodes.Updated == st.Nodes.Selected:
-		setCondition(&st, pool, now, v1alpha1.ConditionUpdated, metav1.ConditionTrue, v1alpha1.ReasonAllNodesUpdated,
+		set(v1alpha1.ConditionUpdated, metav1.ConditionTrue, v1alpha1.ReasonAllNodesUpdated,
 			fmt.Sprintf("all %d selected nodes run revision %s", st.Nodes.Selected, target))
 	default:
-		setCondition(&st, pool, now, v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNodesNotUpdated, progress)
+		set(v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNodesNotUpdated, progress(st.Nodes))
 	}
+}
 
-	p.Status = st
-	for _, d := range requeue {
-		if d > 0 && (p.RequeueAfter == 0 || d < p.RequeueAfter) {
-			p.RequeueAfter = d
+// soonest is the shortest of ds that is positive, 0 if none is.
+func soonest(ds []time.Duration) time.Duration {
+	var out time.Duration
+	for _, d := range ds {
+		if d > 0 && (out == 0 || d < out) {
+			out = d
 		}
 	}
-	return p
+	return out
 }
 
 // clock is what nodeTimeout is judged with.
@@ -436,34 +554,17 @@ func (c clock) timedOut(assignedAt time.Time, noStatus bool) (bool, string) {
 }
 
 // judge applies the node rules (Decide's 1–7). It returns the failure to record, if the node failed.
-func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNode, c clock, retry int64) (Verdict, *v1alpha1.FailedNode) {
-	now := c.now
+func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNode, c clock,
+	retry int64) (Verdict, *v1alpha1.FailedNode) {
 	v := Verdict{Name: n.Name, Ready: n.Ready}
 	if f, ok := recorded[n.Name]; ok {
 		v.State, v.Reason, v.Detail = Failed, f.Reason, f.Error
 		return v, &f
 	}
+	if held, ok := hold(n, pool, t, v); ok {
+		return held, nil
+	}
 	switch {
-	case len(n.OtherPools) > 0:
-		pools := append([]string{pool}, n.OtherPools...)
-		slices.Sort(pools)
-		v.State, v.Reason = Held, ReasonSelectedByOtherPools
-		v.Detail = fmt.Sprintf("node %s is selected by pools %s", n.Name, strings.Join(slices.Compact(pools), ", "))
-		v.Changing = changing(n.Status)
-		return v, nil
-	case n.HandAssigned:
-		v.State, v.Reason, v.Detail = Held, ReasonHandAssigned,
-			"its source was set by hand after the pool assigned it; remove the annotation "+v1alpha1.AnnotationAssignment+" to give it back"
-		v.Changing = changing(n.Status)
-		return v, nil
-	case n.NoSidecar != "" && !(n.Assigned && proven(n.Status, t.Source)):
-		// Nothing on the node applies an assignment: it keeps what it runs, so it is not changing either.
-		v.State, v.Reason, v.Detail = Held, ReasonNoSidecar, "the dkc sidecar does not run on it: "+n.NoSidecar
-		return v, nil
-	case n.NoStatus && !n.Assigned && n.Revision == "":
-		v.State, v.Reason, v.Detail = Held, ReasonNotReported,
-			"its sidecar has not reported a status ("+nodeconfig.StatusAnnotation+"): assigned once it has"
-		return v, nil
 	case !n.Assigned && n.Revision != "" && n.Revision != t.Revision && !settled(n.Status, n.Source):
 		v.State, v.Reason, v.Detail = InProgress, ReasonPreviousRevision,
 			"the pool assigned it revision "+n.Revision+", not yet proven: "+waitsFor(n, n.Source)
@@ -472,8 +573,8 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 			// (stuck, maybe restarting) out of the rollout.
 			msg := fmt.Sprintf("%s: %s: %s", why, v.Reason, v.Detail)
 			v.State, v.Reason, v.Detail = Failed, v1alpha1.FailureTimeout, msg
-			return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: v1alpha1.FailureTimeout, Error: msg,
-				Retry: retry, Time: metav1.Time{Time: now}}
+			return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: v1alpha1.FailureTimeout,
+				Error: msg, Retry: retry, Time: metav1.Time{Time: c.now}}
 		}
 		return v, nil
 	case !n.Assigned || t.Revision == "":
@@ -483,11 +584,44 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 		}
 		return v, nil
 	}
+	return judgeTarget(n, t, c, retry, v)
+}
 
+// hold applies rule 2: whether the pool leaves the node alone, and why. It comes before the node's own
+// state, as the pool must not act on a node it does not own, nor wait on one nothing applies its
+// assignments on.
+func hold(n Node, pool string, t Target, v Verdict) (Verdict, bool) {
+	switch {
+	case len(n.OtherPools) > 0:
+		pools := append([]string{pool}, n.OtherPools...)
+		slices.Sort(pools)
+		v.State, v.Reason = Held, ReasonSelectedByOtherPools
+		v.Detail = fmt.Sprintf("node %s is selected by pools %s", n.Name, strings.Join(slices.Compact(pools), ", "))
+		v.Changing = changing(n.Status)
+	case n.HandAssigned:
+		v.State, v.Reason, v.Detail = Held, ReasonHandAssigned,
+			"its source was set by hand after the pool assigned it; remove the annotation "+
+				v1alpha1.AnnotationAssignment+" to give it back"
+		v.Changing = changing(n.Status)
+	case n.NoSidecar != "" && !(n.Assigned && proven(n.Status, t.Source)):
+		// Nothing on the node applies an assignment: it keeps what it runs, so it is not changing either.
+		v.State, v.Reason, v.Detail = Held, ReasonNoSidecar, "the dkc sidecar does not run on it: "+n.NoSidecar
+	case n.NoStatus && !n.Assigned && n.Revision == "":
+		v.State, v.Reason, v.Detail = Held, ReasonNotReported,
+			"its sidecar has not reported a status ("+nodeconfig.StatusAnnotation+"): assigned once it has"
+	default:
+		return v, false
+	}
+	return v, true
+}
+
+// judgeTarget applies rules 5–7 to a node assigned the target: its status decides, and nodeTimeout.
+func judgeTarget(n Node, t Target, c clock, retry int64, v Verdict) (Verdict, *v1alpha1.FailedNode) {
 	st := n.Status
 	fail := func(reason, msg string) (Verdict, *v1alpha1.FailedNode) {
 		v.State, v.Reason, v.Detail = Failed, reason, msg
-		return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: reason, Error: msg, Retry: retry, Time: metav1.Time{Time: now}}
+		return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: reason, Error: msg, Retry: retry,
+			Time: metav1.Time{Time: c.now}}
 	}
 	aboutTarget := sameSource(st.Assigned, t.Source)
 	if aboutTarget && st.Error != "" && !retried(nodeconfig.StatusError(st.Error)) {

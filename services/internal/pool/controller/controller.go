@@ -360,73 +360,134 @@ func (c *Controller) worker(ctx context.Context) {
 	}
 }
 
-// sync brings one pool a step on; it returns when to look again though nothing changes.
+// sync brings one pool a step on; it returns when to look again though nothing changes. A pool that is
+// gone is forgotten and its snapshots collected; one being deleted is left alone; a live one rolls out.
 func (c *Controller) sync(ctx context.Context, name string) (time.Duration, error) {
 	pool, err := c.poolList.Get(name) // shared with the cache: never modified
-	if apierrors.IsNotFound(err) {
-		c.mu.Lock()
-		delete(c.assignedAt, name)
-		c.mu.Unlock()
-		c.cms.Track(name, "")
-		c.cfg.Metrics.forget(name)
+	switch {
+	case apierrors.IsNotFound(err):
+		c.forget(name)
 		return c.collect(ctx, name)
-	}
-	if err != nil {
+	case err != nil:
 		return 0, err
-	}
-	if pool.DeletionTimestamp != nil {
+	case pool.DeletionTimestamp != nil:
 		// Someone else's finalizer holds it: it assigns nothing more; its snapshots go once it is gone.
 		c.cms.Track(name, "")
 		return 0, nil
 	}
-	now := c.clock.Now().Truncate(time.Second) // what the annotation's and the status's times keep
+	return c.rollout(ctx, pool)
+}
 
-	// The config: checked, then frozen into a revision.
-	ref := pool.Spec.ConfigMap
-	var cm *corev1.ConfigMap
-	if c.cfg.Namespaces.Allows(ref.Namespace) {
-		key := configmaps.Key(ref.Namespace, ref.Name)
-		c.cms.Track(name, key)
-		got, synced, err := c.cms.Get(key)
-		if err != nil {
-			return 0, fmt.Errorf("read configmap %s: %w", key, err)
-		}
-		if !synced {
-			return 0, nil // the tracker calls back once its informer has listed
-		}
-		cm = got
-	} else {
-		c.cms.Track(name, "")
+// forget drops what the controller keeps of a pool that is gone: its last assignment time, its
+// ConfigMap's watch and its gauges.
+func (c *Controller) forget(name string) {
+	c.mu.Lock()
+	delete(c.assignedAt, name)
+	c.mu.Unlock()
+	c.cms.Track(name, "")
+	c.cfg.Metrics.forget(name)
+}
+
+// rollout is sync for a live pool, one step after the other: its config read and its nodes selected,
+// the config frozen into the target revision, the plan decided, the plan's nodes assigned, the status
+// written, old revisions pruned. A step that fails ends the sync, and the queue retries it whole: every
+// step is idempotent, and the plan is made again from what the caches show then.
+func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPool) (time.Duration, error) {
+	now := c.clock.Now().Truncate(time.Second) // what the annotation's and the status's times keep
+	cm, synced, err := c.configMap(pool)
+	if err != nil {
+		return 0, err
 	}
+	if !synced {
+		return 0, nil // the tracker calls back once its informer has listed
+	}
+	all, selected, selectorErr, err := c.selectNodes(pool)
+	if err != nil {
+		return 0, err
+	}
+	pool, target, invalid, err := c.freeze(ctx, pool, cm, selected)
+	if err != nil {
+		return 0, err
+	}
+	if selectorErr != nil {
+		invalid = &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: "spec.nodeSelector: " + selectorErr.Error()}
+	}
+	p, byName := c.decide(pool, target, invalid, selected, now)
+	if err := c.assignBatch(ctx, pool, target, p.Assign, byName, now); err != nil {
+		return 0, err
+	}
+	p.Status.RevisionSnapshots = c.keptSnapshots(pool.Status.RevisionSnapshots, p.Status)
+	if err := c.writeStatus(ctx, pool, p.Status); err != nil {
+		return 0, err
+	}
+	if target.Revision != "" {
+		if err := c.prune(ctx, pool, p.Status, all); err != nil {
+			return 0, err
+		}
+	}
+	return c.requeueAfter(pool.Name, p.RequeueAfter), nil
+}
+
+// configMap is the pool's ConfigMap, which the tracker watches for the pool from now on: nil when there
+// is none, or when --config-namespaces leaves its namespace out (checkConfig says why). synced is false
+// until the tracker's informer has listed.
+func (c *Controller) configMap(pool *v1alpha1.KubeletConfigPool) (cm *corev1.ConfigMap, synced bool, err error) {
+	ref := pool.Spec.ConfigMap
+	if !c.cfg.Namespaces.Allows(ref.Namespace) {
+		c.cms.Track(pool.Name, "")
+		return nil, true, nil
+	}
+	key := configmaps.Key(ref.Namespace, ref.Name)
+	c.cms.Track(pool.Name, key)
+	cm, synced, err = c.cms.Get(key)
+	if err != nil {
+		return nil, false, fmt.Errorf("read configmap %s: %w", key, err)
+	}
+	return cm, synced, nil
+}
+
+// selectNodes lists every Node (prune must know what all of them use) and those the pool's nodeSelector
+// picks. A selector that does not parse (selectorErr) selects nothing, and makes the config invalid.
+func (c *Controller) selectNodes(pool *v1alpha1.KubeletConfigPool) (
+	all, selected []*corev1.Node, selectorErr, err error) {
 	mine, err := metav1.LabelSelectorAsSelector(&pool.Spec.NodeSelector)
-	var selectorErr error
 	if err != nil {
 		selectorErr, mine = err, labels.Nothing()
 	}
-	all, err := c.nodes.List(labels.Everything())
+	all, err = c.nodes.List(labels.Everything())
 	if err != nil {
-		return 0, fmt.Errorf("list nodes: %w", err)
+		return nil, nil, nil, fmt.Errorf("list nodes: %w", err)
 	}
-	var selected []*corev1.Node
 	for _, n := range all {
 		if mine.Matches(labels.Set(n.Labels)) {
 			selected = append(selected, n)
 		}
 	}
+	return all, selected, selectorErr, nil
+}
 
+// freeze checks the pool's config and freezes it into a revision, its snapshot created if need be: the
+// target to roll out, or why the config is invalid — and then the target is the last valid revision, if
+// any, which the nodes are still judged against. The pool it returns is the one to go on with:
+// ensureSnapshot may have written the pool's record of its snapshots.
+func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap,
+	selected []*corev1.Node) (*v1alpha1.KubeletConfigPool, plan.Target, *plan.Invalid, error) {
+	ref := pool.Spec.ConfigMap
 	invalid := checkConfig(ref, c.cfg.Namespaces, cm)
 	var target plan.Target
 	if invalid == nil {
+		var err error
 		rev, snap := revision.Snapshot(pool, cm)
 		if rev != pool.Status.CurrentRevision && c.cfg.Kubelets != nil {
 			// The kubelet's own check, for the minors of the nodes it would reach, before the revision exists.
-			if invalid, err = c.kubelets.check(ctx, ref, rev, []byte(cm.Data[ref.KubeletConfigKey]), kubeletMinors(selected)); err != nil {
-				return 0, err
+			content := []byte(cm.Data[ref.KubeletConfigKey])
+			if invalid, err = c.kubelets.check(ctx, ref, rev, content, kubeletMinors(selected)); err != nil {
+				return nil, plan.Target{}, nil, err
 			}
 		}
 		if invalid == nil {
 			if pool, invalid, err = c.ensureSnapshot(ctx, pool, ref.KubeletConfigKey, rev, snap); err != nil {
-				return 0, err
+				return nil, plan.Target{}, nil, err
 			}
 		}
 		if invalid == nil {
@@ -437,32 +498,39 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		// Nodes are judged against the last valid revision meanwhile.
 		target = plan.Target{Revision: cur, Source: revision.Source(pool, cur)}
 	}
-	if selectorErr != nil {
-		invalid = &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: "spec.nodeSelector: " + selectorErr.Error()}
-	}
+	return pool, target, invalid, nil
+}
 
-	// The selected nodes, with the assignments this controller made that its cache does not show yet.
+// decide plans the pool's next step on the selected nodes as the controller sees them: with the
+// assignments it made that its cache does not show yet (expectations). byName are the selected nodes.
+func (c *Controller) decide(pool *v1alpha1.KubeletConfigPool, target plan.Target, invalid *plan.Invalid,
+	selected []*corev1.Node, now time.Time) (p plan.Plan, byName map[string]*corev1.Node) {
 	others := c.selectors()
-	byName := map[string]*corev1.Node{}
+	byName = map[string]*corev1.Node{}
 	var views []plan.Node
 	for _, n := range selected {
 		byName[n.Name] = n
 		views = append(views, c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now))
 	}
-	p := plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views, Now: now,
-		TermStart: c.termStart})
+	p = plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views,
+		Now: now, TermStart: c.termStart})
+	return p, byName
+}
 
-	// Assigned: the nodes patched so far. The assignment time is recorded with the first of them, so
-	// that a batch cut short by a failed patch still starts pauseBetweenBatches' clock.
-	var assigned []string
-	for _, node := range p.Assign {
+// assignBatch assigns the nodes the target, each expected before it is patched, and records one Event
+// for those it assigned, even when a patch fails. The assignment time is recorded with the first of them,
+// so that a batch cut short by a failed patch still starts pauseBetweenBatches' clock.
+func (c *Controller) assignBatch(ctx context.Context, pool *v1alpha1.KubeletConfigPool, target plan.Target,
+	nodes []string, byName map[string]*corev1.Node, now time.Time) error {
+	var assigned []string // the nodes patched so far
+	for _, node := range nodes {
 		a := v1alpha1.Assignment{Pool: pool.Name, Revision: target.Revision, Namespace: target.Source.Namespace,
 			KubeletConfigKey: target.Source.KubeletConfigKey, Time: metav1.Time{Time: now}}
 		c.exp.expect(pool.Name, node, a, now)
 		if err := c.assign(ctx, byName[node], target.Source, a); err != nil {
 			c.exp.drop(pool.Name, node)
 			c.assignedEvent(pool, target, assigned)
-			return 0, err
+			return err
 		}
 		if len(assigned) == 0 {
 			c.mu.Lock()
@@ -471,38 +539,46 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 		}
 		if was := c.replaced(byName[node], pool); was != "" {
 			// The operator learns what was overwritten, to put it back elsewhere if it mattered.
-			c.log.Info("assigned node, replacing a source the pool had not assigned", zap.String("pool", pool.Name), zap.String("node", node),
-				zap.String("revision", target.Revision), zap.String("replaced", was))
+			c.log.Info("assigned node, replacing a source the pool had not assigned", zap.String("pool", pool.Name),
+				zap.String("node", node), zap.String("revision", target.Revision), zap.String("replaced", was))
 			node += " (replacing " + was + ")"
 		} else {
-			c.log.Info("assigned node", zap.String("pool", pool.Name), zap.String("node", node), zap.String("revision", target.Revision))
+			c.log.Info("assigned node", zap.String("pool", pool.Name), zap.String("node", node),
+				zap.String("revision", target.Revision))
 		}
 		assigned = append(assigned, node)
 	}
 	c.assignedEvent(pool, target, assigned)
-	p.Status.RevisionSnapshots = c.keptSnapshots(pool.Status.RevisionSnapshots, p.Status)
-	c.cfg.Metrics.observe(pool.Name, p.Status)
-	if !apiequality.Semantic.DeepEqual(pool.Status, p.Status) {
-		up := pool.DeepCopy()
-		up.Status = p.Status
-		if _, err := c.updateStatus(ctx, up); err != nil {
-			return 0, fmt.Errorf("update status of kubeletconfigpool %s: %w", pool.Name, err)
-		}
-		// Only now: a transition is one once stored. A Conflict, or a sync on a cache that does not show
-		// the write yet (whose own write then conflicts), must not repeat the Events or count a halt twice.
-		c.events(pool, p.Status)
+	return nil
+}
+
+// writeStatus publishes the pool's new status: to the gauges, and to the apiserver when it differs from
+// the stored one, and then records the Events of what it newly shows.
+func (c *Controller) writeStatus(ctx context.Context, pool *v1alpha1.KubeletConfigPool,
+	st v1alpha1.KubeletConfigPoolStatus) error {
+	c.cfg.Metrics.observe(pool.Name, st)
+	if apiequality.Semantic.DeepEqual(pool.Status, st) {
+		return nil
 	}
-	if target.Revision != "" {
-		if err := c.prune(ctx, pool, p.Status, all); err != nil {
-			return 0, err
-		}
+	up := pool.DeepCopy()
+	up.Status = st
+	if _, err := c.updateStatus(ctx, up); err != nil {
+		return fmt.Errorf("update status of kubeletconfigpool %s: %w", pool.Name, err)
 	}
-	requeue := p.RequeueAfter
-	if c.exp.pending(pool.Name) > 0 && (requeue == 0 || requeue > expectationTTL) {
+	// Only now: a transition is one once stored. A Conflict, or a sync on a cache that does not show
+	// the write yet (whose own write then conflicts), must not repeat the Events or count a halt twice.
+	c.events(pool, st)
+	return nil
+}
+
+// requeueAfter is when to sync the pool again though nothing changes: when the plan says, or sooner
+// when an assignment the cache has not confirmed yet would expire before.
+func (c *Controller) requeueAfter(pool string, planned time.Duration) time.Duration {
+	if c.exp.pending(pool) > 0 && (planned == 0 || planned > expectationTTL) {
 		// An expectation the cache never confirms expires; look again then.
-		requeue = expectationTTL + time.Second
+		return expectationTTL + time.Second
 	}
-	return requeue, nil
+	return planned
 }
 
 // updateStatus writes the pool's status (PUT .../kubeletconfigpools/NAME/status): a Conflict when the

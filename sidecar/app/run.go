@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/durable"
@@ -27,17 +28,25 @@ import (
 	"github.com/dkc-dev/dkc/sidecar/internal/systemd"
 )
 
-// Run runs the sidecar until ctx ends. It first brings the kubelet in line with what is on disk — with the
-// service and apiserver unreachable the node keeps what it has — then follows the service.
+// Run runs the sidecar until ctx ends, in one of three modes: the DaemonSet's init container installs the
+// kubelet drop-in and exits (--install-only: installOnly), the cleanup mode takes dkc off the node
+// (--uninstall: uninstallNode), and the normal mode follows the config service (follow).
 func (s *Sidecar) Run(ctx context.Context) error {
-	cfg := s.cfg
-	log := s.log.With(zap.String("node", cfg.NodeName))
-	if cfg.InstallOnly {
-		return installOnly(ctx, cfg, log)
-	}
-	if cfg.Uninstall {
+	log := s.log.With(zap.String("node", s.cfg.NodeName))
+	switch {
+	case s.cfg.InstallOnly:
+		return installOnly(ctx, s.cfg, log)
+	case s.cfg.Uninstall:
 		return s.uninstallNode(ctx, log)
+	default:
+		return s.follow(ctx, log)
 	}
+}
+
+// follow is the normal mode. Under the node's lock, it first brings the kubelet in line with what is on
+// disk — with the service and apiserver unreachable the node keeps what it has — then follows the service.
+func (s *Sidecar) follow(ctx context.Context, log *zap.Logger) error {
+	cfg := s.cfg
 	if !cfg.NoNodeLock {
 		release, err := lockNode(ctx, cfg.DynamicConfigDir, log)
 		if err != nil {
@@ -50,75 +59,39 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeSvc()
-	prober, checker := cfg.Prober, cfg.Checker
-	if checker == nil {
-		if checker, err = kubeletChecker(cfg, log); err != nil {
-			return err
-		}
+	prober, checker, err := kubeletProbes(cfg, log)
+	if err != nil {
+		return err
 	}
-	if prober == nil {
-		p, err := probe.New(probe.Config{Log: log.Named("probe"), TokenFile: cfg.KubeletTokenFile, Host: cfg.KubeletHost, CAFile: cfg.KubeletCAFile})
-		if err != nil {
-			return err
-		}
-		// The prober learns the kubelet's --cert-dir (where its serving certificate is) from the flags.
-		prober, checker = p, p.ObserveFlags(checker)
+	conn, streams, closeConn, err := connect(cfg, log)
+	if err != nil {
+		return err
 	}
-	conn := cfg.Conn
-	var streams *serviceStreams // /readyz: nil with an injected connection
-	if conn == nil {
-		streams = &serviceStreams{}
-		c, err := Dial(cfg, WithDialLogger(log.Named("dial")), withStats(streams))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		conn = c
-	}
+	defer closeConn()
+	incarnation := nextIncarnation(cfg.DynamicConfigDir, log)
 	// Reconnects within a few seconds of the service coming back (the goal is 5s); refused connection
 	// attempts of thousands of nodes while it is away are cheap.
-	incarnation, err := agent.NextIncarnation(cfg.DynamicConfigDir, time.Now())
-	if err != nil {
-		// A disk that refuses the state file must not keep the sidecar from serving the node (the agent
-		// reports the failed writes): order this start's reports by the clock, as the record would have.
-		incarnation = uint64(max(time.Now().Unix(), 1))
-		log.Warn("cannot record the sidecar's incarnation; numbering reports from the clock", zap.Uint64("incarnation", incarnation), zap.Error(err))
-	}
 	cl := client.New(conn, client.Config{Node: cfg.NodeName, TokenFile: cfg.TokenFile,
 		Backoff: client.Backoff{Initial: 250 * time.Millisecond, Max: 3 * time.Second}, Log: log.Named("client")},
 		client.WithIncarnation(incarnation))
 
-	var reg *prometheus.Registry
-	var metrics *agent.Metrics
-	if cfg.MetricsAddress != "" {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.NewCollector())
-		metrics = agent.NewMetrics(reg)
-	}
-	flags := cfg.KubeletArgs
-	if flags == nil && cfg.KubeletFlags != "" {
-		flags = strings.Fields(cfg.KubeletFlags)
-	}
+	reg, metrics := newRegistry(cfg)
 	ag := agent.New(agent.Config{
-		Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober, Reporter: cl, Metrics: metrics,
-		LocalConfig: cfg.KubeletConfig, KubeletFlags: flags, TrialDuration: cfg.TrialDuration,
-		HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints, ProcDir: cfg.HostProc, KubeletVersion: cfg.KubeletVersion,
-		KubeletVersionRequired: cfg.Checker == nil,
-		TrialCheckInterval:     cfg.TrialCheckInterval, Checker: checker, Trace: cfg.Trace,
+		Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober,
+		Reporter: cl, Metrics: metrics, LocalConfig: cfg.KubeletConfig, KubeletFlags: kubeletFlags(cfg),
+		TrialDuration: cfg.TrialDuration, HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints,
+		ProcDir: cfg.HostProc, KubeletVersion: cfg.KubeletVersion, KubeletVersionRequired: cfg.Checker == nil,
+		TrialCheckInterval: cfg.TrialCheckInterval, Checker: checker, Trace: cfg.Trace,
 	})
-
 	var metricsServer httpserve.Listener
 	if reg != nil {
-		if streams != nil {
-			registerConnected(reg, streams)
-		}
-		h := healthMux(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), streams)
-		if metricsServer, err = metricsListener("metrics", cfg, h, true, log); err != nil {
+		if metricsServer, err = metricsAndHealth(cfg, reg, streams, log); err != nil {
 			return err
 		}
 	}
-	log.Info("dkc-sidecar starting", zap.String("version", version.Get()), zap.String("server", cfg.Server), zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
-		zap.String("restartMode", cfg.RestartMode), zap.Duration("trialDuration", cfg.TrialDuration), zap.Uint64("incarnation", incarnation))
+	log.Info("dkc-sidecar starting", zap.String("version", version.Get()), zap.String("server", cfg.Server),
+		zap.String("dynamicConfigDir", cfg.DynamicConfigDir), zap.String("restartMode", cfg.RestartMode),
+		zap.Duration("trialDuration", cfg.TrialDuration), zap.Uint64("incarnation", incarnation))
 	if err := ag.Init(ctx); err != nil {
 		return err
 	}
@@ -133,6 +106,88 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	err = g.Wait()
 	log.Info("dkc-sidecar stopped")
 	return err
+}
+
+// kubeletProbes are the injected prober and checker, or the defaults: the kubelet over HTTPS, and the
+// dkc-kubelet-check helpers (kubeletChecker).
+func kubeletProbes(cfg Config, log *zap.Logger) (Prober, Checker, error) {
+	prober, checker := cfg.Prober, cfg.Checker
+	if checker == nil {
+		var err error
+		if checker, err = kubeletChecker(cfg, log); err != nil {
+			return nil, nil, err
+		}
+	}
+	if prober == nil {
+		p, err := probe.New(probe.Config{Log: log.Named("probe"), TokenFile: cfg.KubeletTokenFile, Host: cfg.KubeletHost,
+			CAFile: cfg.KubeletCAFile})
+		if err != nil {
+			return nil, nil, err
+		}
+		// The prober learns the kubelet's --cert-dir (where its serving certificate is) from the flags.
+		prober, checker = p, p.ObserveFlags(checker)
+	}
+	return prober, checker, nil
+}
+
+// connect is the connection to the config service: the injected one (Config.Conn), which its owner closes
+// and whose streams /readyz does not follow (streams nil), or one dialled to --server, with its streams
+// counted for /readyz.
+func connect(cfg Config, log *zap.Logger) (*grpc.ClientConn, *serviceStreams, func(), error) {
+	if cfg.Conn != nil {
+		return cfg.Conn, nil, func() {}, nil
+	}
+	streams := &serviceStreams{}
+	c, err := Dial(cfg, WithDialLogger(log.Named("dial")), withStats(streams))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return c, streams, func() { _ = c.Close() }, nil
+}
+
+// nextIncarnation numbers this start of the sidecar, which orders its reports after the last start's.
+func nextIncarnation(dynamicConfigDir string, log *zap.Logger) uint64 {
+	incarnation, err := agent.NextIncarnation(dynamicConfigDir, time.Now())
+	if err != nil {
+		// A disk that refuses the state file must not keep the sidecar from serving the node (the agent
+		// reports the failed writes): order this start's reports by the clock, as the record would have.
+		incarnation = uint64(max(time.Now().Unix(), 1))
+		log.Warn("cannot record the sidecar's incarnation; numbering reports from the clock",
+			zap.Uint64("incarnation", incarnation), zap.Error(err))
+	}
+	return incarnation
+}
+
+// newRegistry is the registry of --metrics-address, with the agent's metrics; nil without it.
+func newRegistry(cfg Config) (*prometheus.Registry, *agent.Metrics) {
+	if cfg.MetricsAddress == "" {
+		return nil, nil
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		version.NewCollector())
+	return reg, agent.NewMetrics(reg)
+}
+
+// metricsAndHealth is the listener of --metrics-address: reg's metrics, /healthz, and /readyz, which
+// follows the service's streams when the sidecar dialled them (streams not nil).
+func metricsAndHealth(cfg Config, reg *prometheus.Registry, streams *serviceStreams,
+	log *zap.Logger) (httpserve.Listener, error) {
+	if streams != nil {
+		registerConnected(reg, streams)
+	}
+	h := healthMux(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), streams)
+	return metricsListener("metrics", cfg, h, true, log)
+}
+
+// kubeletFlags are the kubelet's flags as given: Config.KubeletArgs (tests, the benchmark), else
+// --kubelet-flags split on white space; nil when neither is (the agent reads the running kubelet's).
+func kubeletFlags(cfg Config) []string {
+	flags := cfg.KubeletArgs
+	if flags == nil && cfg.KubeletFlags != "" {
+		flags = strings.Fields(cfg.KubeletFlags)
+	}
+	return flags
 }
 
 // serviceManager is the injected one, or systemd over D-Bus after checking the kubelet unit loads dkc's env

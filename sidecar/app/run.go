@@ -219,8 +219,9 @@ func (s *Sidecar) serviceManager(ctx context.Context, log *zap.Logger) (agent.Se
 	if ok, err := m.LoadsEnvironmentFile(ctx, env); err != nil {
 		return fail(err)
 	} else if !ok {
-		return fail(fmt.Errorf("%s does not load %s (dkc's kubelet drop-in): install it first — the DaemonSet's init container does, "+
-			"or --install-kubelet-dropin, or --print-kubelet-dropin for node provisioning — then daemon-reload", m.Unit(), env))
+		return fail(fmt.Errorf("%s does not load %s (dkc's kubelet drop-in): install it first — the DaemonSet's "+
+			"init container does, or --install-kubelet-dropin, or --print-kubelet-dropin for node provisioning — "+
+			"then daemon-reload", m.Unit(), env))
 	}
 	return m, m.Close, nil
 }

@@ -24,6 +24,13 @@ import (
 // is when it starts leading.
 const sweepInterval = 10 * time.Minute
 
+// deleteSnapshot deletes s, the very object the cache shows: one deleted and created again since (a pool
+// re-created under its name) is a Conflict, not deleted.
+func (c *Controller) deleteSnapshot(ctx context.Context, s *corev1.ConfigMap) error {
+	return c.cfg.Client.CoreV1().ConfigMaps(s.Namespace).Delete(ctx, s.Name,
+		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+}
+
 // deletedSnapshot records that s is gone (or was already), until ensureSnapshot creates it again.
 func (c *Controller) deletedSnapshot(s *corev1.ConfigMap) {
 	c.mu.Lock()
@@ -78,7 +85,8 @@ func usedConfigMaps(nodes []*corev1.Node, allowed resolve.Namespaces) map[string
 }
 
 // prune deletes the pool's revisions past its history limit that no node uses.
-func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool, st v1alpha1.KubeletConfigPoolStatus, nodes []*corev1.Node) error {
+func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool, st v1alpha1.KubeletConfigPoolStatus,
+	nodes []*corev1.Node) error {
 	snaps := c.snapshotsOf(pool.Name)
 	if len(snaps) <= 2 {
 		return nil
@@ -95,9 +103,10 @@ func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool
 		kept = append(kept, revision.Kept{Revision: rev, Created: s.CreationTimestamp.Time})
 		byRev[rev] = s
 	}
-	for _, rev := range revision.Prune(kept, st.CurrentRevision, st.PreviousRevision, inUse, int(pool.Spec.RevisionHistoryLimitOrDefault())) {
+	limit := int(pool.Spec.RevisionHistoryLimitOrDefault())
+	for _, rev := range revision.Prune(kept, st.CurrentRevision, st.PreviousRevision, inUse, limit) {
 		s := byRev[rev]
-		err := c.cfg.Client.CoreV1().ConfigMaps(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+		err := c.deleteSnapshot(ctx, s)
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("prune revision %s/%s: %w", s.Namespace, s.Name, err)
 		}
@@ -130,12 +139,13 @@ func (c *Controller) collect(ctx context.Context, pool string) (time.Duration, e
 		if used[s.Namespace+"/"+s.Name] {
 			continue
 		}
-		err := c.cfg.Client.CoreV1().ConfigMaps(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+		err := c.deleteSnapshot(ctx, s)
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return 0, fmt.Errorf("delete revision %s/%s of deleted pool %s: %w", s.Namespace, s.Name, pool, err)
 		}
 		c.deletedSnapshot(s)
-		c.log.Info("deleted revision of a deleted pool", zap.String("pool", pool), zap.String("configmap", s.Namespace+"/"+s.Name))
+		c.log.Info("deleted revision of a deleted pool", zap.String("pool", pool),
+			zap.String("configmap", s.Namespace+"/"+s.Name))
 	}
 	return 0, nil
 }

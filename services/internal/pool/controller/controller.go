@@ -164,12 +164,14 @@ func New(cfg Config) *Controller {
 		DeleteFunc: c.enqueue,
 	})
 	for _, ns := range cfg.Namespaces.List() {
-		inf := coreinformers.NewFilteredConfigMapInformer(cfg.Client, ns, 0, cache.Indexers{indexPool: func(obj any) ([]string, error) {
+		byPool := func(obj any) ([]string, error) {
 			if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Labels[v1alpha1.LabelPool] != "" {
 				return []string{cm.Labels[v1alpha1.LabelPool]}, nil
 			}
 			return nil, nil
-		}}, func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelPool })
+		}
+		inf := coreinformers.NewFilteredConfigMapInformer(cfg.Client, ns, 0, cache.Indexers{indexPool: byPool},
+			func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelPool })
 		onSnapshot := func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
@@ -178,7 +180,9 @@ func New(cfg Config) *Controller {
 				c.queue.Add(cm.Labels[v1alpha1.LabelPool])
 			}
 		}
-		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onSnapshot, UpdateFunc: func(_, n any) { onSnapshot(n) }, DeleteFunc: onSnapshot})
+		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: onSnapshot, UpdateFunc: func(_, n any) { onSnapshot(n) }, DeleteFunc: onSnapshot,
+		})
 		c.snapshots[ns] = inf
 	}
 	onChange := func(key string) {
@@ -189,7 +193,8 @@ func New(cfg Config) *Controller {
 	if cfg.ConfigMaps != nil {
 		c.cms = cfg.ConfigMaps(onChange)
 	} else {
-		c.cms = configmaps.New(configmaps.Config{Log: cfg.Log.Named("configmaps"), Client: cfg.Client, Namespaces: cfg.Namespaces, OnChange: onChange})
+		c.cms = configmaps.New(configmaps.Config{Log: cfg.Log.Named("configmaps"), Client: cfg.Client,
+			Namespaces: cfg.Namespaces, OnChange: onChange})
 	}
 	return c
 }
@@ -279,7 +284,8 @@ func (c *Controller) waitForAPI(ctx context.Context) bool {
 				c.log.Info("kubeletconfigpool API not installed (apply deploy/crds); pools are rolled out once it is",
 					zap.Duration("pollInterval", c.cfg.CRDPollInterval))
 			} else {
-				c.log.Warn("cannot list kubeletconfigpools; retrying quietly", zap.Error(err), zap.Duration("pollInterval", c.cfg.CRDPollInterval))
+				c.log.Warn("cannot list kubeletconfigpools; retrying quietly", zap.Error(err),
+					zap.Duration("pollInterval", c.cfg.CRDPollInterval))
 			}
 			logged = true
 		}
@@ -583,8 +589,10 @@ func (c *Controller) requeueAfter(pool string, planned time.Duration) time.Durat
 
 // updateStatus writes the pool's status (PUT .../kubeletconfigpools/NAME/status): a Conflict when the
 // pool changed since it was read.
-func (c *Controller) updateStatus(ctx context.Context, pool *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
-	return c.cfg.Pools.DkcV1alpha1().KubeletConfigPools().UpdateStatus(ctx, pool, metav1.UpdateOptions{FieldManager: FieldManager})
+func (c *Controller) updateStatus(ctx context.Context,
+	pool *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
+	return c.cfg.Pools.DkcV1alpha1().KubeletConfigPools().UpdateStatus(ctx, pool,
+		metav1.UpdateOptions{FieldManager: FieldManager})
 }
 
 // withAssignmentTime is the pool as the planner must see it: with the time of the controller's last
@@ -636,18 +644,21 @@ func (c *Controller) events(pool *v1alpha1.KubeletConfigPool, st v1alpha1.Kubele
 	}
 	if len(failed) <= maxFailedEvents {
 		for _, f := range failed {
-			c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventNodeFailed, "node %s failed revision %s: %s: %s", f.Name, f.Revision, f.Reason, f.Error)
+			c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventNodeFailed, "node %s failed revision %s: %s: %s",
+				f.Name, f.Revision, f.Reason, f.Error)
 		}
 	} else {
 		items := make([]string, 0, len(failed))
 		for _, f := range failed {
 			items = append(items, f.Name+" ("+f.Reason+")")
 		}
-		c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventNodeFailed, "%d nodes failed revision %s: %s; status.failedNodes has their errors",
+		c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventNodeFailed,
+			"%d nodes failed revision %s: %s; status.failedNodes has their errors",
 			len(failed), failed[0].Revision, capped(items))
 	}
 	if cond := became(v1alpha1.ConditionConfigInvalid); cond != nil {
-		c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventConfigInvalid, "%s: %s; no node is touched", cond.Reason, cond.Message)
+		c.cfg.Recorder.Eventf(pool, corev1.EventTypeWarning, EventConfigInvalid, "%s: %s; no node is touched",
+			cond.Reason, cond.Message)
 	}
 }
 
@@ -692,7 +703,8 @@ func capped(items []string) string {
 // where the apiserver keeps it and the node has one, as resolve reads it first), with the assignment
 // record beside it. The patch carries the cached resourceVersion: a node changed since the plan was made
 // (assigned by hand meanwhile) is a Conflict, and the pool plans again.
-func (c *Controller) assign(ctx context.Context, n *corev1.Node, src corev1.ConfigMapNodeConfigSource, a v1alpha1.Assignment) error {
+func (c *Controller) assign(ctx context.Context, n *corev1.Node, src corev1.ConfigMapNodeConfigSource,
+	a v1alpha1.Assignment) error {
 	if n == nil {
 		return errors.New("assign: node not in the cache")
 	}
@@ -706,7 +718,9 @@ func (c *Controller) assign(ctx context.Context, n *corev1.Node, src corev1.Conf
 	}
 	patch := map[string]any{"metadata": map[string]any{
 		"resourceVersion": n.ResourceVersion,
-		"annotations":     map[string]string{nodeconfig.SourceAnnotation: string(source), v1alpha1.AnnotationAssignment: string(record)},
+		"annotations": map[string]string{
+			nodeconfig.SourceAnnotation: string(source), v1alpha1.AnnotationAssignment: string(record),
+		},
 	}}
 	if n.Spec.ConfigSource != nil {
 		patch["spec"] = map[string]any{"configSource": corev1.NodeConfigSource{ConfigMap: &src}}
@@ -715,7 +729,8 @@ func (c *Controller) assign(ctx context.Context, n *corev1.Node, src corev1.Conf
 	if err != nil {
 		return err
 	}
-	if _, err := c.cfg.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+	opts := metav1.PatchOptions{FieldManager: FieldManager}
+	if _, err := c.cfg.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, data, opts); err != nil {
 		return fmt.Errorf("assign node %s revision %s of pool %s: %w", n.Name, a.Revision, a.Pool, err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/configz"
+	"github.com/dkc-dev/dkc/internal/disruption"
 )
 
 // Safety of changing a field on a running node.
@@ -186,7 +187,14 @@ override show up too: flags keep winning over any config.`,
 			for _, c := range changes {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Field, compact(c.Running), compact(c.New), c.Safety, c.Reason)
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			// What assign refuses without --drained: the kubelet would not start on its managers' state.
+			for _, r := range disruption.Resets(running, next) {
+				fmt.Fprintf(o.io.Out, "the kubelet refuses to start with this on its current state: drain node %s and remove %s first\n", args[0], r)
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&cm, "configmap", "", "the ConfigMap, NAMESPACE/NAME")

@@ -88,7 +88,8 @@ func TestKubectlDKCAssignStatusDumpDiffReset(t *testing.T) {
 	if err != nil {
 		t.Fatalf("diff: %v\n%s", err, out)
 	}
-	for _, want := range []string{"eventRecordQPS", "restart-safe", "cpuManagerPolicy", "needs-state-reset-and-drain", "maxPods", "disruptive"} {
+	for _, want := range []string{"eventRecordQPS", "restart-safe", "cpuManagerPolicy", "needs-state-reset-and-drain", "maxPods", "disruptive",
+		"drain node " + realNode + " and remove cpu_manager_state (cpuManagerPolicy: none → static) first"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("diff lacks %q:\n%s", want, out)
 		}

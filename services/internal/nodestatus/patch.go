@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
@@ -72,19 +73,9 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	if !ok {
 		return noReport, nil
 	}
-	node, err := w.nodes.Get(name)
-	if apierrors.IsNotFound(err) {
-		// Before the hold: a deleted Node's report goes now, not after the delay, when a Node registered
-		// again under the name could be there to take it.
-		return w.dropIfGone(ctx, name, uid)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("get node %s from cache: %w", name, err)
-	}
-	if uid != "" && string(node.UID) != uid {
-		// The cached Node is another object than the report's: the report is about a deleted one, or the
-		// cache has not seen the new one yet.
-		return w.dropIfGone(ctx, name, uid)
+	node, out, err := w.target(ctx, name, uid)
+	if node == nil {
+		return out, err
 	}
 	if hold > 0 {
 		w.queue.AddAfter(name, hold)
@@ -97,49 +88,12 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	}
 	cond := Condition(status, message)
 	digest := writeDigest(string(annotation), cond)
-	w.mu.Lock()
-	var last lastWrite
-	wrote := false
-	if s := w.state[name]; s != nil && s.written != nil {
-		last, wrote = *s.written, true
-	}
-	w.mu.Unlock()
-	if wrote && last.over == node.ResourceVersion {
-		// The cache predates this replica's last patch: a report that follows a write closely (or a queued
-		// write that follows a report) would otherwise patch the same status again.
-		if last.digest == digest {
-			w.metrics.write("unchanged")
-			w.paid(name, seq)
-			return unchanged, nil
-		}
-	} else if upToDate(node, string(annotation), status, cond) {
+	if w.shown(name, node, string(annotation), status, cond, digest) {
 		w.metrics.write("unchanged")
 		w.paid(name, seq)
 		return unchanged, nil
 	}
-	now := metav1.NewTime(w.clock.Now())
-	cond.LastHeartbeatTime = now
-	cond.LastTransitionTime = now
-	for _, c := range node.Status.Conditions {
-		if c.Type == nodeconfig.ConditionType && c.Status == cond.Status {
-			cond.LastTransitionTime = c.LastTransitionTime
-		}
-	}
-	meta := map[string]any{"annotations": map[string]string{nodeconfig.StatusAnnotation: string(annotation)}}
-	if uid != "" {
-		// A precondition: the apiserver refuses the patch if the Node under the name is another object by now
-		// (this replica's cache lagging a deletion and re-registration), rather than write this object's
-		// status onto it.
-		meta["uid"] = uid
-	}
-	patch, err := json.Marshal(map[string]any{
-		"metadata": meta,
-		"status": map[string]any{
-			// Dropped by apiservers ≥ 1.24 unless the Node already has it (docs/design.md, "The apiserver fact"); kept where allowed.
-			"config":     configPatch(status),
-			"conditions": []corev1.NodeCondition{cond},
-		},
-	})
+	patch, err := statusPatch(node, string(annotation), status, cond, uid, w.clock.Now())
 	if err != nil {
 		return 0, err
 	}
@@ -162,6 +116,76 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	w.log.Info("node status written", zap.String("node", name), zap.String("status", string(annotation)),
 		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start)))
 	return written, nil
+}
+
+// target is the cached Node a report about object uid ("" if the sidecar did not say) is written onto; nil
+// with the outcome when there is none: gone, or another object under the name.
+func (w *Writer) target(ctx context.Context, name, uid string) (*corev1.Node, outcome, error) {
+	node, err := w.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		// Before the hold: a deleted Node's report goes now, not after the delay, when a Node registered
+		// again under the name could be there to take it.
+		out, err := w.dropIfGone(ctx, name, uid)
+		return nil, out, err
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("get node %s from cache: %w", name, err)
+	}
+	if uid != "" && string(node.UID) != uid {
+		// The cached Node is another object than the report's: the report is about a deleted one, or the
+		// cache has not seen the new one yet.
+		out, err := w.dropIfGone(ctx, name, uid)
+		return nil, out, err
+	}
+	return node, 0, nil
+}
+
+// shown says whether the Node already shows the status: in the cache, or, while the cache predates this
+// replica's last patch of it, as that patch (digest) wrote it — a report that follows a write closely (or a
+// queued write that follows a report) would otherwise patch the same status again.
+func (w *Writer) shown(name string, node *corev1.Node, annotation string, status *corev1.NodeConfigStatus,
+	cond corev1.NodeCondition, digest uint64) bool {
+	w.mu.Lock()
+	var last lastWrite
+	wrote := false
+	if s := w.state[name]; s != nil && s.written != nil {
+		last, wrote = *s.written, true
+	}
+	w.mu.Unlock()
+	if wrote && last.over == node.ResourceVersion {
+		return last.digest == digest
+	}
+	return upToDate(node, annotation, status, cond)
+}
+
+// statusPatch is the strategic merge patch of node's status: the annotation, status.config where the
+// apiserver keeps it, and the ConfigOK condition, its transition time kept while its status stays; with the
+// UID precondition when the report names its object.
+func statusPatch(node *corev1.Node, annotation string, status *corev1.NodeConfigStatus, cond corev1.NodeCondition,
+	uid string, now time.Time) ([]byte, error) {
+	cond.LastHeartbeatTime = metav1.NewTime(now)
+	cond.LastTransitionTime = metav1.NewTime(now)
+	for _, c := range node.Status.Conditions {
+		if c.Type == nodeconfig.ConditionType && c.Status == cond.Status {
+			cond.LastTransitionTime = c.LastTransitionTime
+		}
+	}
+	meta := map[string]any{"annotations": map[string]string{nodeconfig.StatusAnnotation: annotation}}
+	if uid != "" {
+		// A precondition: the apiserver refuses the patch if the Node under the name is another object by now
+		// (this replica's cache lagging a deletion and re-registration), rather than write this object's
+		// status onto it.
+		meta["uid"] = uid
+	}
+	return json.Marshal(map[string]any{
+		"metadata": meta,
+		"status": map[string]any{
+			// Dropped by apiservers ≥ 1.24 unless the Node already has it (docs/design.md, "The apiserver
+			// fact"); kept where allowed.
+			"config":     configPatch(status),
+			"conditions": []corev1.NodeCondition{cond},
+		},
+	})
 }
 
 // patchStatus applies patch to node name's status. The typed client would decode the whole Node the

@@ -101,13 +101,7 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	w.seq++
 	r.seq, r.owed = w.seq, !inline
 	if !inline {
-		// A restart whose Event this replica recorded already (the sidecar confirming it) is acknowledged
-		// as recorded: the sidecar then stops carrying it.
-		rs := req.GetRestart()
-		eventQueued := rs != nil && !w.state[node].eventRecorded(rs.GetId(), w.clock.Now())
-		if eventQueued {
-			w.addEventLocked(node, rs)
-		}
+		eventQueued := w.queueEventLocked(node, req.GetRestart())
 		w.mu.Unlock()
 		// Acknowledged as queued: the queue coalesces the node's reports into one write of the latest.
 		w.queue.Add(node)
@@ -115,28 +109,52 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		return Receipt{EventQueued: eventQueued}, nil
 	}
 	w.mu.Unlock()
-	var eventErr error
-	if r := req.GetRestart(); r != nil {
-		// A refused Event (quota, admission policy) would be refused again on every retry, and the sidecar
-		// retries the whole report: failing here would freeze the node's status for good. The Event is
-		// news, the status is the record, so the status wins (as in the original, which logged and went on).
-		// A transient failure (timeout, 429, 5xx, connection) is retried, as the original's recorder did:
-		// the status is written first, then the report fails so that the sidecar sends it again (the
-		// Event's name is the restart's id, so a retry creates it once).
-		if err := w.recordRestart(ctx, node, r); err != nil {
-			w.metrics.event("error")
-			if eventRefused(err) {
-				w.log.Warn("kubelet restart event refused; dropping it", zap.String("node", node),
-					zap.String("restartID", r.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
-			} else {
-				eventErr = err
-			}
-		}
-	}
+	eventErr := w.inlineEvent(ctx, node, req.GetRestart())
 	out, err := w.write(ctx, node)
 	if err != nil {
 		return Receipt{}, err
 	}
+	return w.receipt(node, out, eventErr)
+}
+
+// queueEventLocked queues restart rs's Event, if any, with its report; false when there is none or this
+// replica recorded its Event already (the sidecar confirming it): acknowledged as recorded, the sidecar
+// then stops carrying it. w.mu is held.
+func (w *Writer) queueEventLocked(node string, rs *dkcv1.KubeletRestart) bool {
+	if rs == nil || w.state[node].eventRecorded(rs.GetId(), w.clock.Now()) {
+		return false
+	}
+	w.addEventLocked(node, rs)
+	return true
+}
+
+// inlineEvent creates restart r's Event, if any, before its report is written inline; an error is a
+// transient failure the sidecar's retry of the report is to repeat.
+func (w *Writer) inlineEvent(ctx context.Context, node string, r *dkcv1.KubeletRestart) error {
+	if r == nil {
+		return nil
+	}
+	// A refused Event (quota, admission policy) would be refused again on every retry, and the sidecar
+	// retries the whole report: failing here would freeze the node's status for good. The Event is news,
+	// the status is the record, so the status wins (as in the original, which logged and went on). A
+	// transient failure (timeout, 429, 5xx, connection) is retried, as the original's recorder did: the
+	// status is written first, then the report fails so that the sidecar sends it again (the Event's name
+	// is the restart's id, so a retry creates it once).
+	err := w.recordRestart(ctx, node, r)
+	if err == nil {
+		return nil
+	}
+	w.metrics.event("error")
+	if eventRefused(err) {
+		w.log.Warn("kubelet restart event refused; dropping it", zap.String("node", node),
+			zap.String("restartID", r.GetId()), zap.String("reason", string(apierrors.ReasonForError(err))), zap.Error(err))
+		return nil
+	}
+	return err
+}
+
+// receipt is what an inline write's outcome, and its Event's transient failure, tell the sidecar.
+func (w *Writer) receipt(node string, out outcome, eventErr error) (Receipt, error) {
 	switch out {
 	case noReport, nodeGone:
 		return Receipt{}, ErrNodeGone // not kept: the Node was found gone (now, or meanwhile)

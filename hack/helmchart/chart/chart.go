@@ -129,6 +129,13 @@ func Files(c Config) (map[string][]byte, error) {
 		placements: variants, networkPolicy: withPolicy}); err != nil {
 		return nil, err
 	}
+	// The chart is packaged and published on its own: it carries the repository's license (Helm's
+	// optional LICENSE file), as the krew archive does.
+	license, err := os.ReadFile(filepath.Join(c.DeployDir, "..", "LICENSE"))
+	if err != nil {
+		return nil, fmt.Errorf("the chart's LICENSE: %w", err)
+	}
+	g.files["LICENSE"] = license
 	return g.files, nil
 }
 

@@ -229,45 +229,72 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	}
 	node, err := c.nodes.Get(name)
 	if apierrors.IsNotFound(err) {
-		c.cms.Track(name, "")
-		c.shared.use(name, "")
-		c.table.Delete(name)
-		c.paceDone(name)
-		if c.forget != nil {
-			c.forget(name)
-		}
-		c.log.Info("node deleted; forgot it", zap.String("node", name))
+		c.forgetNode(name)
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("get node %s from cache: %w", name, err)
 	}
-	uid, kubeletVersion := string(node.UID), node.Status.NodeInfo.KubeletVersion
 	src, origin, err := resolve.NodeSource(node, c.namespaces)
 	var se *resolve.SourceError
 	if errors.As(err, &se) {
-		c.cms.Track(name, "")
-		c.shared.use(name, "")
-		c.paceDone(name)
-		if c.table.SetSyncError(name, uid, kubeletVersion, se.Status) {
-			c.log.Info("node config source invalid; node keeps its config", zap.String("node", name), zap.String("origin", string(origin)),
-				zap.Stringer("error", se.Status), zap.String("detail", se.Detail))
-		}
+		c.refuseSource(node, origin, se)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
 	if src == nil {
-		c.cms.Track(name, "")
-		c.shared.use(name, "")
-		c.paceDone(name) // back to the local config: an escape hatch is never held back
-		if c.table.Set(name, assignment.State{Assignment: resolve.Local(), NodeUID: uid, KubeletVersion: kubeletVersion}) {
-			c.log.Info("node assigned local config", zap.String("node", name))
-		}
+		c.assignLocal(node)
 		return nil
 	}
-	ref := src.ConfigMap
+	return c.syncConfigMap(node, origin, src.ConfigMap)
+}
+
+// forgetNode drops everything held for a deleted Node, so that memory follows the live Nodes.
+func (c *Controller) forgetNode(name string) {
+	c.cms.Track(name, "")
+	c.shared.use(name, "")
+	c.table.Delete(name)
+	c.paceDone(name)
+	if c.forget != nil {
+		c.forget(name)
+	}
+	c.log.Info("node deleted; forgot it", zap.String("node", name))
+}
+
+// refuseSource records a source the node must be told is invalid. The node keeps the config it runs, so
+// nothing it referenced before stays tracked or paced.
+func (c *Controller) refuseSource(node *corev1.Node, origin resolve.Origin, se *resolve.SourceError) {
+	name := node.Name
+	c.cms.Track(name, "")
+	c.shared.use(name, "")
+	c.paceDone(name)
+	if c.table.SetSyncError(name, string(node.UID), node.Status.NodeInfo.KubeletVersion, se.Status) {
+		c.log.Info("node config source invalid; node keeps its config", zap.String("node", name),
+			zap.String("origin", string(origin)), zap.Stringer("error", se.Status), zap.String("detail", se.Detail))
+	}
+}
+
+// assignLocal assigns a node without a source its local config.
+func (c *Controller) assignLocal(node *corev1.Node) {
+	name := node.Name
+	c.cms.Track(name, "")
+	c.shared.use(name, "")
+	c.paceDone(name) // back to the local config: an escape hatch is never held back
+	next := assignment.State{Assignment: resolve.Local(), NodeUID: string(node.UID),
+		KubeletVersion: node.Status.NodeInfo.KubeletVersion}
+	if c.table.Set(name, next) {
+		c.log.Info("node assigned local config", zap.String("node", name))
+	}
+}
+
+// syncConfigMap resolves a node whose source is a ConfigMap: it tracks the ConfigMap, and assigns it only
+// once the tracker has it and a revision snapshot it claims to be checks out; until then the node keeps
+// what it runs.
+func (c *Controller) syncConfigMap(node *corev1.Node, origin resolve.Origin,
+	ref *corev1.ConfigMapNodeConfigSource) error {
+	name, uid, kubeletVersion := node.Name, string(node.UID), node.Status.NodeInfo.KubeletVersion
 	key := configmaps.Key(ref.Namespace, ref.Name)
 	c.cms.Track(name, key)
 	c.shared.use(name, sourceKey(ref))
@@ -283,7 +310,8 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		c.shared.gone(sourceKey(ref))
 		c.paceDone(name)
 		if c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.DownloadError) {
-			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name), zap.String("configmap", key))
+			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name),
+				zap.String("configmap", key))
 		}
 		return nil
 	}
@@ -297,11 +325,20 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 			var m *revision.Mismatch
 			errors.As(err, &m)
 			c.log.Warn("revision snapshot does not match its revision; node keeps its config", zap.String("node", name),
-				zap.String("configmap", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
-				zap.String("kubeletConfigKey", ref.KubeletConfigKey), zap.String("detail", m.Detail))
+				zap.String("configmap", key), zap.String("uid", string(cm.UID)),
+				zap.String("resourceVersion", cm.ResourceVersion), zap.String("kubeletConfigKey", ref.KubeletConfigKey),
+				zap.String("detail", m.Detail))
 		}
 		return nil
 	}
+	return c.assignConfigMap(node, origin, ref, cm)
+}
+
+// assignConfigMap assigns a node the resolved version cm of its source ref, or, where the pacer holds the
+// node back, keeps it on what it runs.
+func (c *Controller) assignConfigMap(node *corev1.Node, origin resolve.Origin, ref *corev1.ConfigMapNodeConfigSource,
+	cm *corev1.ConfigMap) error {
+	name, uid, kubeletVersion := node.Name, string(node.UID), node.Status.NodeInfo.KubeletVersion
 	a, err := c.shared.resolve(ref, cm)
 	if err != nil {
 		c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SyncInternalError)
@@ -313,21 +350,20 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	}
 	prev, hadPrev, _ := c.table.Get(name)
 	next := assignment.State{Assignment: give, NodeUID: uid, KubeletVersion: kubeletVersion}
-	if c.table.Set(name, next) {
-		if held {
-			return nil // the pacer logged that the node waits; what it runs did not change
-		}
-		// An in-place kubelet upgrade changes only the version the sidecar validates with: say so, rather than
-		// announce an assignment nobody made.
-		if hadPrev && prev.KubeletVersion != kubeletVersion && sameExceptVersion(prev, next) {
-			c.log.Info("node kubelet version changed; configs are validated with its minor", zap.String("node", name),
-				zap.String("from", prev.KubeletVersion), zap.String("to", kubeletVersion))
-			return nil
-		}
-		c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
-			zap.String("source", key), zap.String("uid", string(cm.UID)), zap.String("resourceVersion", cm.ResourceVersion),
-			zap.String("kubeletConfigKey", ref.KubeletConfigKey), zap.String("kubeletVersion", kubeletVersion))
+	if !c.table.Set(name, next) || held {
+		return nil // unchanged; or held, and the pacer logged that the node waits: what it runs did not change
 	}
+	// An in-place kubelet upgrade changes only the version the sidecar validates with: say so, rather than
+	// announce an assignment nobody made.
+	if hadPrev && prev.KubeletVersion != kubeletVersion && sameExceptVersion(prev, next) {
+		c.log.Info("node kubelet version changed; configs are validated with its minor", zap.String("node", name),
+			zap.String("from", prev.KubeletVersion), zap.String("to", kubeletVersion))
+		return nil
+	}
+	c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
+		zap.String("source", configmaps.Key(ref.Namespace, ref.Name)), zap.String("uid", string(cm.UID)),
+		zap.String("resourceVersion", cm.ResourceVersion), zap.String("kubeletConfigKey", ref.KubeletConfigKey),
+		zap.String("kubeletVersion", kubeletVersion))
 	return nil
 }
 

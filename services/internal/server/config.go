@@ -301,8 +301,34 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "the namespace dkc-server runs in (default $POD_NAMESPACE, which deploy/ sets from the downward API). When set, dkc-server refuses to start if --allowed-service-accounts names no ServiceAccount in it, or if its serving certificate names a Service of another namespace (NAME.NAMESPACE.svc) and none of this one: what a kustomize namespace: override that missed those leaves behind. Empty skips both checks")
 }
 
-// Validate checks the configuration.
+// Validate checks the configuration. It reports every problem at once, in the order of the checks below,
+// so that one start shows all the flags to fix.
 func (c Config) Validate() error {
+	var errs []error
+	errs = append(errs, c.checkServing()...)
+	errs = append(errs, c.checkNames()...)
+	errs = append(errs, c.checkWork()...)
+	errs = append(errs, c.checkDurations()...)
+	errs = append(errs, c.checkConnections()...)
+	if err := c.checkNamespace(); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, c.checkPools()...)
+	if c.MaxConcurrentStreams < 2 {
+		errs = append(errs, errors.New("--max-concurrent-streams must be at least 2 "+
+			"(a sidecar's config stream and its status report)"))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel))
+	}
+	return errors.Join(errs...)
+}
+
+// checkServing checks where and how the API is served: an address, and TLS unless --insecure says
+// plaintext on purpose (never both, so that a test flag cannot silently drop a certificate).
+func (c Config) checkServing() []error {
 	var errs []error
 	if c.ListenAddress == "" {
 		errs = append(errs, errors.New("--listen-address is required"))
@@ -316,6 +342,13 @@ func (c Config) Validate() error {
 	if c.Insecure && (c.TLSCertFile != "" || c.TLSKeyFile != "") {
 		errs = append(errs, errors.New("--insecure conflicts with --tls-cert-file/--tls-key-file"))
 	}
+	return errs
+}
+
+// checkNames checks the names that decide who may connect and which ConfigMaps may be sources: a list
+// that is empty or malformed would refuse every sidecar, or every source, at run time instead of at start.
+func (c Config) checkNames() []error {
+	var errs []error
 	if len(c.AllowedServiceAccounts) == 0 {
 		errs = append(errs, errors.New("--allowed-service-accounts must name at least one namespace/name"))
 	}
@@ -329,9 +362,17 @@ func (c Config) Validate() error {
 	}
 	for _, ns := range c.ConfigNamespaces {
 		if msgs := apivalidation.ValidateNamespaceName(ns, false); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("--config-namespaces: %q is not a namespace name: %s", ns, strings.Join(msgs, "; ")))
+			errs = append(errs, fmt.Errorf("--config-namespaces: %q is not a namespace name: %s",
+				ns, strings.Join(msgs, "; ")))
 		}
 	}
+	return errs
+}
+
+// checkWork checks the workers and the rates of the work dkc-server does for nodes. Several rates take 0
+// for "sized to the node count" or "no bound", so only negatives are refused there.
+func (c Config) checkWork() []error {
+	var errs []error
 	if c.RestartingStatusDelay < 0 {
 		errs = append(errs, errors.New("--restarting-status-delay must not be negative"))
 	}
@@ -339,13 +380,16 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("--workers and --status-workers must be at least 1"))
 	}
 	if c.TokenReviewQPS < 0 || c.TokenReviewBurst < 0 {
-		errs = append(errs, errors.New("--token-review-qps and --token-review-burst must not be negative (0: sized to the node count)"))
+		errs = append(errs, errors.New("--token-review-qps and --token-review-burst must not be negative "+
+			"(0: sized to the node count)"))
 	}
 	if c.TokenReviewPeerQPS < 0 || c.TokenReviewPeerBurst < 1 {
-		errs = append(errs, errors.New("--token-review-per-peer-qps must not be negative and --token-review-per-peer-burst at least 1"))
+		errs = append(errs, errors.New("--token-review-per-peer-qps must not be negative and "+
+			"--token-review-per-peer-burst at least 1"))
 	}
 	if c.KubeAPIQPS < 0 || c.KubeAPIBurst < 0 {
-		errs = append(errs, errors.New("--kube-api-qps and --kube-api-burst must not be negative (0: sized to the node count)"))
+		errs = append(errs, errors.New("--kube-api-qps and --kube-api-burst must not be negative "+
+			"(0: sized to the node count)"))
 	}
 	if c.MaxDirectConfigChanges < 0 {
 		errs = append(errs, errors.New("--max-direct-config-changes must not be negative (0: no bound)"))
@@ -353,59 +397,80 @@ func (c Config) Validate() error {
 	if c.MaxInlineStatusWrites < 0 {
 		errs = append(errs, errors.New("--max-inline-status-writes must not be negative"))
 	}
-	for name, d := range map[string]time.Duration{"--keepalive-time": c.KeepaliveTime, "--keepalive-timeout": c.KeepaliveTimeout,
-		"--max-connection-age": c.MaxConnectionAge, "--shutdown-grace": c.ShutdownGrace, "--token-cache-ttl": c.TokenCacheTTL} {
+	return errs
+}
+
+// checkDurations checks the durations that have no "off" value: each of them must be positive.
+func (c Config) checkDurations() []error {
+	var errs []error
+	for name, d := range map[string]time.Duration{
+		"--keepalive-time": c.KeepaliveTime, "--keepalive-timeout": c.KeepaliveTimeout,
+		"--max-connection-age": c.MaxConnectionAge, "--shutdown-grace": c.ShutdownGrace,
+		"--token-cache-ttl": c.TokenCacheTTL,
+	} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}
 	}
+	return errs
+}
+
+// checkConnections checks the limits on connections and messages, which bound what callers (with or
+// without a valid token) can make a replica hold. 0 means "no limit of their own" for most of them.
+func (c Config) checkConnections() []error {
+	var errs []error
 	if c.MaxSendMsgSizeMiB<<20 < payload.MaxMessageBytes {
-		errs = append(errs, fmt.Errorf("--max-send-msg-size-mib must be at least %d (the largest message a node accepts)", (payload.MaxMessageBytes+1<<20-1)>>20))
+		errs = append(errs, fmt.Errorf("--max-send-msg-size-mib must be at least %d (the largest message a node accepts)",
+			(payload.MaxMessageBytes+1<<20-1)>>20))
 	}
 	if c.MaxConnections < 0 {
 		errs = append(errs, errors.New("--max-connections must not be negative (0: sized to the node count)"))
 	}
-	if c.MaxUnauthenticatedConnections < 0 || c.MaxUnauthenticatedConnectionsPerAddress < 0 || c.AuthenticationTimeout < 0 {
-		errs = append(errs, errors.New("--max-unauthenticated-connections, --max-unauthenticated-connections-per-address and --authentication-timeout must not be negative (0: no limit of their own)"))
+	if c.MaxUnauthenticatedConnections < 0 || c.MaxUnauthenticatedConnectionsPerAddress < 0 ||
+		c.AuthenticationTimeout < 0 {
+		errs = append(errs, errors.New("--max-unauthenticated-connections, "+
+			"--max-unauthenticated-connections-per-address and --authentication-timeout must not be negative "+
+			"(0: no limit of their own)"))
 	}
-	if c.MaxConnectionsPerNode < 0 || c.MaxConnectionsPerAddress < 0 || c.NewConnectionsPerAddressQPS < 0 || c.StatusReportsPerNodeQPS < 0 {
-		errs = append(errs, errors.New("--max-connections-per-node, --max-connections-per-address, --new-connections-per-address-qps and --status-reports-per-node-qps must not be negative (0: no limit)"))
+	if c.MaxConnectionsPerNode < 0 || c.MaxConnectionsPerAddress < 0 || c.NewConnectionsPerAddressQPS < 0 ||
+		c.StatusReportsPerNodeQPS < 0 {
+		errs = append(errs, errors.New("--max-connections-per-node, --max-connections-per-address, "+
+			"--new-connections-per-address-qps and --status-reports-per-node-qps must not be negative (0: no limit)"))
 	}
 	if c.NewConnectionsPerAddressBurst < 1 || c.StatusReportsPerNodeBurst < 1 {
-		errs = append(errs, errors.New("--new-connections-per-address-burst and --status-reports-per-node-burst must be at least 1"))
+		errs = append(errs, errors.New("--new-connections-per-address-burst and --status-reports-per-node-burst "+
+			"must be at least 1"))
 	}
 	if c.AuthenticationTimeout > 0 && c.AuthenticationTimeout < c.HandshakeTimeout+auth.ReviewTimeout {
-		errs = append(errs, fmt.Errorf("--authentication-timeout must be 0 or at least --handshake-timeout plus %v (a TokenReview's longest wait): sidecars reconnecting together would be closed before their first call is answered", auth.ReviewTimeout))
+		errs = append(errs, fmt.Errorf("--authentication-timeout must be 0 or at least --handshake-timeout plus %v "+
+			"(a TokenReview's longest wait): sidecars reconnecting together would be closed before their first call "+
+			"is answered", auth.ReviewTimeout))
 	}
 	if c.HandshakeTimeout <= 0 || c.MaxConnectionIdle <= 0 {
 		errs = append(errs, errors.New("--handshake-timeout and --max-connection-idle must be positive"))
 	}
 	if c.MaxRecvMsgSizeKiB < minRecvMsgSizeKiB {
-		errs = append(errs, fmt.Errorf("--max-recv-msg-size-kib must be at least %d (a status report naming three config sources, with room for its detail)", minRecvMsgSizeKiB))
+		errs = append(errs, fmt.Errorf("--max-recv-msg-size-kib must be at least %d "+
+			"(a status report naming three config sources, with room for its detail)", minRecvMsgSizeKiB))
 	}
-	if err := c.checkNamespace(); err != nil {
-		errs = append(errs, err)
-	}
+	return errs
+}
+
+// checkPools checks the KubeletConfigPool controller's settings: its leader election and its workers.
+func (c Config) checkPools() []error {
+	var errs []error
 	// client-go's own rules (leaderelection.NewLeaderElector), checked here so that a bad value stops
 	// dkc-server at start with the flags' names.
 	if c.LeaderElect && (c.LeaderElectionID == "" || c.LeaderElectionRetryPeriod <= 0 ||
 		c.LeaderElectionRenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(c.LeaderElectionRetryPeriod)) ||
 		c.LeaderElectionLeaseDuration <= c.LeaderElectionRenewDeadline) {
-		errs = append(errs, fmt.Errorf("--leader-election-id must be set, and 0 < %g x --leader-election-retry-period < --leader-election-renew-deadline < --leader-election-lease-duration",
-			leaderelection.JitterFactor))
+		errs = append(errs, fmt.Errorf("--leader-election-id must be set, and 0 < %g x --leader-election-retry-period "+
+			"< --leader-election-renew-deadline < --leader-election-lease-duration", leaderelection.JitterFactor))
 	}
 	if c.PoolWorkers < 1 {
 		errs = append(errs, errors.New("--pool-workers must be at least 1"))
 	}
-	if c.MaxConcurrentStreams < 2 {
-		errs = append(errs, errors.New("--max-concurrent-streams must be at least 2 (a sidecar's config stream and its status report)"))
-	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel))
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // LeaseNamespace is where the leader election's Lease lives.

@@ -134,6 +134,7 @@ var (
 )
 
 // DefaultConfig returns the defaults, chosen for a production cluster of up to 10,000 nodes.
+// It is long on purpose: one flat table, each default beside the reason for its value.
 func DefaultConfig() Config {
 	return Config{
 		ListenAddress:          ":9443",
@@ -150,9 +151,9 @@ func DefaultConfig() Config {
 		// then its status write, one after the other: 256 workers beside 64 inline writes keep ~320 requests
 		// in flight, more than the benchmark's bare client (make bench, fleet: with 128, a faster apiserver
 		// waited on dkc-server's queue, 4,000 reports deep, ratio 2.2 to the bare client), within what
-		// dkc's API Priority and Fairness level queues (server-apf.yaml: 1,024, both replicas' 640). The reports past the inline
-		// writes cost a queue entry each instead of a waiting goroutine with its stack; a worker costs its
-		// goroutine's stack only.
+		// dkc's API Priority and Fairness level queues (server-apf.yaml: 1,024, both replicas' 640). The
+		// reports past the inline writes cost a queue entry each instead of a waiting goroutine with its
+		// stack; a worker costs its goroutine's stack only.
 		StatusWorkers:         256,
 		MaxInlineStatusWrites: 64,
 		RestartingStatusDelay: 10 * time.Second,

@@ -109,21 +109,17 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	return s.run(ctx)
 }
 
-// newServer builds the parts, each from those before it. The assignment table and the status writer meet
-// through a queue made first (nodestatus.Pending), the status writer and the gRPC service through the
-// registry of open streams (rpc.Streams); the controller builds its own ConfigMap tracker.
+// newServer builds the parts, each from those before it: the apiserver client, the serving credentials,
+// the parts that serve nodes (buildNodeParts), then the gRPC server in front of them.
 func newServer(cfg Config, log *zap.Logger) (*server, error) {
-	s := &server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), namespaces: resolve.NewNamespaces(cfg.ConfigNamespaces...)}
+	s := &server{cfg: cfg, log: log, reg: prometheus.NewRegistry(),
+		namespaces: resolve.NewNamespaces(cfg.ConfigNamespaces...)}
 	restCfg, err := restConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.MetricsAddr != "" && cfg.MetricsAuth.Auth {
-		if s.metricsGuard, err = metricsauth.New(cfg.MetricsAuth, restCfg, log.Named("metrics")); err != nil {
-			return nil, err
-		}
-	} else if cfg.MetricsAddr != "" {
-		log.Warn("SERVING METRICS OVER PLAIN HTTP TO ANYONE (--metrics-auth=false)", zap.String("address", cfg.MetricsAddr))
+	if err := s.buildMetricsGuard(restCfg); err != nil {
+		return nil, err
 	}
 	s.apiLimiter = newScaledLimiter(kubeAPIScale.fixed(cfg.KubeAPIQPS, cfg.KubeAPIBurst))
 	s.reviewLimiter = newScaledLimiter(tokenReviewScale.fixed(cfg.TokenReviewQPS, cfg.TokenReviewBurst))
@@ -132,24 +128,63 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create kubernetes client: %w", err)
 	}
-	var creds credentials.TransportCredentials
+	creds, err := s.buildCredentials()
+	if err != nil {
+		return nil, err
+	}
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		version.NewCollector())
+	authn, err := s.buildNodeParts(client, restCfg)
+	if err != nil {
+		return nil, err
+	}
+	s.buildGRPC(creds, authn)
+	return s, nil
+}
+
+// buildMetricsGuard protects the metrics address with the apiserver's authentication and authorization;
+// without --metrics-auth it says loudly that anyone may read it.
+func (s *server) buildMetricsGuard(restCfg *rest.Config) error {
+	cfg := s.cfg
+	if cfg.MetricsAddr != "" && cfg.MetricsAuth.Auth {
+		var err error
+		if s.metricsGuard, err = metricsauth.New(cfg.MetricsAuth, restCfg, s.log.Named("metrics")); err != nil {
+			return err
+		}
+	} else if cfg.MetricsAddr != "" {
+		s.log.Warn("SERVING METRICS OVER PLAIN HTTP TO ANYONE (--metrics-auth=false)", zap.String("address", cfg.MetricsAddr))
+	}
+	return nil
+}
+
+// buildCredentials loads the serving certificate, reloaded when its files change, and refuses one issued
+// for another namespace's Service; nil credentials (plaintext) with --insecure.
+func (s *server) buildCredentials() (credentials.TransportCredentials, error) {
+	cfg, log := s.cfg, s.log
 	if cfg.Insecure {
 		log.Warn("SERVING PLAINTEXT gRPC (--insecure): node tokens cross the network in the clear; for tests only")
-	} else {
-		reloader, err := newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, func(err error) {
-			log.Error("reload TLS certificate failed; keeping the previous one", zap.Error(err))
-		})
-		if err != nil {
-			return nil, err
-		}
-		if err := checkCertNamespace(cfg.TLSCertFile, reloader.cert, cfg.Namespace); err != nil {
-			return nil, err
-		}
-		s.tlsConfig = serverTLSConfig(reloader.GetCertificate)
-		creds = credentials.NewTLS(s.tlsConfig.Clone())
+		return nil, nil
 	}
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.NewCollector())
+	reloader, err := newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, func(err error) {
+		log.Error("reload TLS certificate failed; keeping the previous one", zap.Error(err))
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := checkCertNamespace(cfg.TLSCertFile, reloader.cert, cfg.Namespace); err != nil {
+		return nil, err
+	}
+	s.tlsConfig = serverTLSConfig(reloader.GetCertificate)
+	return credentials.NewTLS(s.tlsConfig.Clone()), nil
+}
 
+// buildNodeParts builds what serves nodes, around the one informer factory: the controller that resolves
+// them into the assignment table, the status writer, the gRPC service and its authenticator (returned
+// for the gRPC server), and the KubeletConfigPool controller. The assignment table and the status writer
+// meet through a queue made first (nodestatus.Pending), the status writer and the gRPC service through
+// the registry of open streams (rpc.Streams); the controller builds its own ConfigMap tracker.
+func (s *server) buildNodeParts(client *kubernetes.Clientset, restCfg *rest.Config) (*auth.Authenticator, error) {
+	cfg, log := s.cfg, s.log
 	// One informer factory; cached Nodes are stripped of what dkc never reads, so 5,000 Nodes stay cheap.
 	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripNode))
 	nodeInformer := s.factory.Core().V1().Nodes()
@@ -165,11 +200,13 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// A deleted Node leaves the table, the ConfigMap tracker and the resolved configs in the controller; its
 	// status report goes through the status queue.
 	// The pacer wakes waiting nodes through the controller, which asks it about each node it resolves.
-	s.pacer = pacing.New(pacing.Config{Log: log.Named("pacing"), Limit: cfg.MaxDirectConfigChanges, Metrics: pacing.NewMetrics(s.reg),
-		Wake: func(node string) { s.ctrl.Wake(node) }})
-	s.ctrl = controller.New(controller.Config{Log: log.Named("controller"), Nodes: nodeInformer, Table: table, Namespaces: s.namespaces,
+	s.pacer = pacing.New(pacing.Config{Log: log.Named("pacing"), Limit: cfg.MaxDirectConfigChanges,
+		Metrics: pacing.NewMetrics(s.reg), Wake: func(node string) { s.ctrl.Wake(node) }})
+	s.ctrl = controller.New(controller.Config{Log: log.Named("controller"), Nodes: nodeInformer, Table: table,
+		Namespaces: s.namespaces,
 		ConfigMaps: func(onChange func(key string)) controller.ConfigMaps {
-			return configmaps.New(configmaps.Config{Log: log.Named("configmaps"), Client: client, Namespaces: s.namespaces, OnChange: onChange})
+			return configmaps.New(configmaps.Config{Log: log.Named("configmaps"), Client: client, Namespaces: s.namespaces,
+				OnChange: onChange})
 		},
 		Snapshots: func(onChange func(key string)) controller.Snapshots {
 			return records.New(records.Config{Log: log.Named("records"), Pools: pools, OnChange: onChange})
@@ -178,9 +215,9 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 	// The writer writes unprompted (sync errors, retries) only for nodes streaming from this replica: a
 	// node that moved to another replica would otherwise get this replica's older report written back.
 	streams := rpc.NewStreams()
-	s.writer = nodestatus.New(nodestatus.Config{Log: log.Named("nodestatus"), Client: client, Nodes: nodeInformer.Lister(), Table: table,
-		Metrics: nodestatus.NewMetrics(s.reg), Pending: pending, Serving: streams.Serving, RestartingDelay: cfg.RestartingStatusDelay,
-		MaxInlineWrites: cfg.MaxInlineStatusWrites})
+	s.writer = nodestatus.New(nodestatus.Config{Log: log.Named("nodestatus"), Client: client,
+		Nodes: nodeInformer.Lister(), Table: table, Metrics: nodestatus.NewMetrics(s.reg), Pending: pending,
+		Serving: streams.Serving, RestartingDelay: cfg.RestartingStatusDelay, MaxInlineWrites: cfg.MaxInlineStatusWrites})
 	reviewClient, err := reviewClient(restCfg, s.reviewLimiter)
 	if err != nil {
 		return nil, err
@@ -189,12 +226,18 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 		PeerQPS: cfg.TokenReviewPeerQPS, PeerBurst: cfg.TokenReviewPeerBurst, Metrics: auth.NewMetrics(s.reg)})
 	// Each WatchConfig stream checks its token again once per --token-cache-ttl: a revoked token loses its
 	// stream within the TTL instead of at the connection's max age.
-	s.svc = rpc.New(rpc.Config{Log: log.Named("rpc"), Table: table, Status: s.writer, Metrics: rpc.NewMetrics(s.reg), Streams: streams, Reauth: authn})
+	s.svc = rpc.New(rpc.Config{Log: log.Named("rpc"), Table: table, Status: s.writer, Metrics: rpc.NewMetrics(s.reg),
+		Streams: streams, Reauth: authn})
 	s.registerGauges(table)
 	if err := s.buildPools(client, pools, nodeInformer, queueMetrics); err != nil {
 		return nil, err
 	}
+	return authn, nil
+}
 
+// buildGRPC builds the gRPC server, NOT_SERVING until the caches sync, behind the connection limits.
+func (s *server) buildGRPC(creds credentials.TransportCredentials, authn *auth.Authenticator) {
+	cfg := s.cfg
 	s.health = health.NewServer()
 	s.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
 	s.conns = newConnLimiter(connLimits{max: cfg.MaxConnections, maxUnauthenticated: cfg.MaxUnauthenticatedConnections,
@@ -202,9 +245,8 @@ func newServer(cfg Config, log *zap.Logger) (*server, error) {
 		maxPerAddress: cfg.MaxConnectionsPerAddress, maxPerNode: cfg.MaxConnectionsPerNode,
 		newPerAddressQPS: cfg.NewConnectionsPerAddressQPS, newPerAddressBurst: cfg.NewConnectionsPerAddressBurst,
 		tcpUserTimeout: cfg.KeepaliveTimeout}, s.reg)
-	s.grpc = newGRPCServer(cfg, log, grpcParts{creds: creds, authn: authn, svc: s.svc, health: s.health, conns: s.conns,
+	s.grpc = newGRPCServer(cfg, s.log, grpcParts{creds: creds, authn: authn, svc: s.svc, health: s.health, conns: s.conns,
 		reports: newReportLimiter(cfg.StatusReportsPerNodeQPS, cfg.StatusReportsPerNodeBurst, s.reg)})
-	return s, nil
 }
 
 // buildPools prepares the KubeletConfigPool controller, which runs only while this replica leads

@@ -187,7 +187,6 @@ func (c *Cleaner) Run(ctx context.Context) error {
 // skipped when already done, so a pass after an interrupted one continues it.
 func (c *Cleaner) Clean(ctx context.Context) error {
 	cfg := c.cfg
-	env := kubeletunit.New(cfg.DynamicConfigDir).Path
 	if err := c.checkLayout(); err != nil {
 		return err
 	}
@@ -196,7 +195,30 @@ func (c *Cleaner) Clean(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := c.removeDropIn(ctx); err != nil {
+		return err
+	}
+	restarted, err := c.restartOntoLocal(ctx)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := c.waitHealthy(ctx); err != nil {
+		if restarted && back != "" && ctx.Err() == nil {
+			return c.putBack(ctx, back, err)
+		}
+		return err
+	}
+	c.log.Info("uninstall: kubelet healthy on its local config", zap.String("config", cfg.KubeletConfig),
+		zap.Duration("took", time.Since(start)))
+	return c.removeState()
+}
 
+// removeDropIn is steps 1 and 2: it removes the drop-in and has systemd re-read the unit, then removes the
+// env file the drop-in loaded, but only once the loaded unit no longer lists it.
+func (c *Cleaner) removeDropIn(ctx context.Context) error {
+	cfg := c.cfg
+	env := kubeletunit.New(cfg.DynamicConfigDir).Path
 	removed, err := removeFile(cfg.DropIn)
 	if err != nil {
 		return fmt.Errorf("remove kubelet drop-in: %w", err)
@@ -219,42 +241,51 @@ func (c *Cleaner) Clean(ctx context.Context) error {
 	if loads {
 		// Not dkc's drop-in (gone): one of the node's provisioning. Removing the env file under it could keep
 		// the kubelet from starting, if it loads it without "-".
-		return fmt.Errorf("the kubelet's unit still loads %s after %s was removed and systemd reloaded: another drop-in names it "+
-			"(node provisioning, --print-kubelet-dropin?); remove that one and daemon-reload, then this continues", env, cfg.DropIn)
+		return fmt.Errorf("the kubelet's unit still loads %s after %s was removed and systemd reloaded: "+
+			"another drop-in names it (node provisioning, --print-kubelet-dropin?); remove that one and "+
+			"daemon-reload, then this continues", env, cfg.DropIn)
 	}
 
 	if removed, err = removeFile(env); err != nil {
 		return fmt.Errorf("remove kubelet env file: %w", err)
 	}
 	c.step("kubelet env file", env, removed)
+	return nil
+}
 
+// restartOntoLocal is step 3's restart: a kubelet that runs a checkpoint, or whose config is unknown, is
+// restarted onto its local config (restarted true); one already on a config not dkc's is left running.
+func (c *Cleaner) restartOntoLocal(ctx context.Context) (restarted bool, err error) {
+	cfg := c.cfg
 	running, known, err := c.runningConfig(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
-	restarted := !known || c.inDynamicConfigDir(running)
+	restarted = !known || c.inDynamicConfigDir(running)
 	switch {
 	case !known:
-		c.log.Info("uninstall: the kubelet's config is unknown (not running, or its command line unreadable); restarting it onto its local config")
+		c.log.Info("uninstall: the kubelet's config is unknown (not running, or its command line unreadable); " +
+			"restarting it onto its local config")
 		fallthrough
 	case c.inDynamicConfigDir(running):
-		c.log.Info("uninstall: restarting the kubelet onto its local config", zap.String("running", running), zap.String("local", cfg.KubeletConfig))
+		c.log.Info("uninstall: restarting the kubelet onto its local config", zap.String("running", running),
+			zap.String("local", cfg.KubeletConfig))
 		if err := cfg.Unit.Restart(ctx); err != nil {
-			return fmt.Errorf("restart the kubelet onto its local config %s: %w", cfg.KubeletConfig, err)
+			return false, fmt.Errorf("restart the kubelet onto its local config %s: %w", cfg.KubeletConfig, err)
 		}
 		c.log.Info("uninstall: kubelet restarted", zap.String("result", "done"))
 	default:
-		c.log.Info("uninstall: the kubelet runs no config of dkc's; not restarted", zap.String("running", running), zap.String("local", cfg.KubeletConfig))
+		c.log.Info("uninstall: the kubelet runs no config of dkc's; not restarted", zap.String("running", running),
+			zap.String("local", cfg.KubeletConfig))
 	}
-	start := time.Now()
-	if err := c.waitHealthy(ctx); err != nil {
-		if restarted && back != "" && ctx.Err() == nil {
-			return c.putBack(ctx, back, err)
-		}
-		return err
-	}
-	c.log.Info("uninstall: kubelet healthy on its local config", zap.String("config", cfg.KubeletConfig), zap.Duration("took", time.Since(start)))
+	return restarted, nil
+}
 
+// removeState is step 4, run only once the kubelet is healthy on its local config: until then meta/ and
+// the checkpoints are the operator's way back. It removes them, dkc's other files in the dynamic config
+// dir, and the leftovers of interrupted writes.
+func (c *Cleaner) removeState() error {
+	cfg := c.cfg
 	for _, name := range append([]string{"meta", "checkpoints", failedLocalFile}, cfg.Files...) {
 		path := filepath.Join(cfg.DynamicConfigDir, name)
 		if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {

@@ -74,65 +74,107 @@ func main() {
 	fmt.Println("\nDemo complete: every step behaved as the seed document describes, and the pool as docs/pools.md does.")
 }
 
+// run is the seed document's workflow on d.node, act by act: each act starts where the one before left the
+// node, and the last returns it to its local config.
 func (d *demo) run(ctx context.Context) error {
-	d.title("Read the running kubelet's config through the apiserver (kubectl get --raw /api/v1/nodes/%s/proxy/configz)", d.node)
-	running, err := d.configz(ctx)
+	running, kubelet, err := d.readConfig(ctx)
 	if err != nil {
 		return err
 	}
 	before := running["eventRecordQPS"]
-	d.say("eventRecordQPS = %v (from the node's local config)", before)
-	node, err := d.client.CoreV1().Nodes().Get(ctx, d.node, metav1.GetOptions{})
+	goodCM, err := d.assignGood(ctx, kubelet, running)
 	if err != nil {
 		return err
 	}
-	kubelet := node.Status.NodeInfo.KubeletVersion
-	d.say("kubelet %s: dkc validates with that minor's code and defaults", kubelet)
+	if err := d.keepLastKnownGood(ctx, goodCM); err != nil {
+		return err
+	}
+	if err := d.assignInvalid(ctx, kubelet, running, goodCM); err != nil {
+		return err
+	}
+	if err := d.updateInPlace(ctx, kubelet, running, goodCM); err != nil {
+		return err
+	}
+	return d.resetToLocal(ctx, before)
+}
 
+// readConfig reads the running kubelet's config, which every config of the demo is edited from, and the
+// kubelet's version, whose minor dkc validates with.
+func (d *demo) readConfig(ctx context.Context) (running map[string]any, kubelet string, err error) {
+	d.title("Read the running kubelet's config through the apiserver "+
+		"(kubectl get --raw /api/v1/nodes/%s/proxy/configz)", d.node)
+	running, err = d.configz(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	d.say("eventRecordQPS = %v (from the node's local config)", running["eventRecordQPS"])
+	node, err := d.client.CoreV1().Nodes().Get(ctx, d.node, metav1.GetOptions{})
+	if err != nil {
+		return nil, "", err
+	}
+	kubelet = node.Status.NodeInfo.KubeletVersion
+	d.say("kubelet %s: dkc validates with that minor's code and defaults", kubelet)
+	return running, kubelet, nil
+}
+
+// assignGood is the seed workflow's main line: edit the config, push it as a ConfigMap, point the Node at
+// it, and see the kubelet run it. It returns the ConfigMap, which later acts go back to.
+func (d *demo) assignGood(ctx context.Context, kubelet string, running map[string]any) (*corev1.ConfigMap, error) {
 	d.title("Edit it: eventRecordQPS 5, as a complete KubeletConfiguration (kind, apiVersion, fields that run empty)")
 	good, err := configz.Config(kubelet, running, map[string]any{"eventRecordQPS": 5})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	goodYAML, err := configz.YAML(good)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	d.say("%d lines, e.g. eventRecordQPS: 5, enforceNodeAllocatable: %v", strings.Count(string(goodYAML), "\n"), good["enforceNodeAllocatable"])
+	d.say("%d lines, e.g. eventRecordQPS: 5, enforceNodeAllocatable: %v", strings.Count(string(goodYAML), "\n"),
+		good["enforceNodeAllocatable"])
 
-	d.title("Push it as a ConfigMap (kubectl -n kube-system create configmap my-node-config --from-file=kubelet=... --append-hash)")
+	d.title("Push it as a ConfigMap " +
+		"(kubectl -n kube-system create configmap my-node-config --from-file=kubelet=... --append-hash)")
 	goodCM, err := d.createConfigMap(ctx, "my-node-config", string(goodYAML))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	d.say("created kube-system/%s (UID %s, ResourceVersion %s)", goodCM.Name, goodCM.UID, goodCM.ResourceVersion)
 
 	d.title("Point the Node at it (the annotation dkc.dev/config-source, where spec.configSource used to be)")
 	if err := d.assign(ctx, goodCM.Name); err != nil {
-		return err
+		return nil, err
 	}
 	st, err := d.waitStatus(ctx, "the new config active", func(s corev1.NodeConfigStatus) bool {
 		return isCM(s.Assigned, goodCM) && isCM(s.Active, goodCM) && s.Error == ""
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	d.showStatus(ctx, st)
 	if err := d.expectQPS(ctx, 5); err != nil {
-		return err
+		return nil, err
 	}
 	if err := d.showEvent(ctx, goodCM); err != nil {
-		return err
+		return nil, err
 	}
+	return goodCM, nil
+}
 
+// keepLastKnownGood waits out the config's trial: it becomes last-known-good, which the next act needs.
+func (d *demo) keepLastKnownGood(ctx context.Context, goodCM *corev1.ConfigMap) error {
 	d.title("Let it run healthy through its trial: it becomes the last-known-good config (no restart)")
-	if _, err = d.waitStatus(ctx, "last-known-good to be the new config", func(s corev1.NodeConfigStatus) bool {
+	if _, err := d.waitStatus(ctx, "last-known-good to be the new config", func(s corev1.NodeConfigStatus) bool {
 		return isCM(s.LastKnownGood, goodCM)
 	}); err != nil {
 		return err
 	}
 	d.say("lastKnownGood = %s", goodCM.Name)
+	return nil
+}
 
+// assignInvalid shows the fallback: an invalid config is refused, and the kubelet keeps last-known-good.
+func (d *demo) assignInvalid(ctx context.Context, kubelet string, running map[string]any,
+	goodCM *corev1.ConfigMap) error {
 	d.title("Assign an invalid config (eventRecordQPS -1): the kubelet keeps last-known-good, status says why")
 	bad, _ := configz.Config(kubelet, running, map[string]any{"eventRecordQPS": -1})
 	badYAML, _ := configz.YAML(bad)
@@ -143,17 +185,20 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.assign(ctx, badCM.Name); err != nil {
 		return err
 	}
-	st, err = d.waitStatus(ctx, "the validation error with last-known-good active", func(s corev1.NodeConfigStatus) bool {
+	st, err := d.waitStatus(ctx, "the validation error with last-known-good active", func(s corev1.NodeConfigStatus) bool {
 		return isCM(s.Assigned, badCM) && isCM(s.Active, goodCM) && s.Error == string(nodeconfig.ValidateError)
 	})
 	if err != nil {
 		return err
 	}
 	d.showStatus(ctx, st)
-	if err := d.expectQPS(ctx, 5); err != nil {
-		return err
-	}
+	return d.expectQPS(ctx, 5)
+}
 
+// updateInPlace assigns the good ConfigMap again, then edits it in place: its new ResourceVersion is what
+// the kubelet runs next.
+func (d *demo) updateInPlace(ctx context.Context, kubelet string, running map[string]any,
+	goodCM *corev1.ConfigMap) error {
 	d.title("Fix it by assigning the good ConfigMap again, then update that ConfigMap in place (eventRecordQPS 6)")
 	if err := d.assign(ctx, goodCM.Name); err != nil {
 		return err
@@ -171,29 +216,31 @@ func (d *demo) run(ctx context.Context) error {
 		return fmt.Errorf("update configmap %s: %w", goodCM.Name, err)
 	}
 	d.say("kube-system/%s now at ResourceVersion %s (was %s)", newCM.Name, newCM.ResourceVersion, goodCM.ResourceVersion)
-	st, err = d.waitStatus(ctx, "the new ResourceVersion active", func(s corev1.NodeConfigStatus) bool {
+	st, err := d.waitStatus(ctx, "the new ResourceVersion active", func(s corev1.NodeConfigStatus) bool {
 		return isCM(s.Assigned, newCM) && isCM(s.Active, newCM) && s.Error == ""
 	})
 	if err != nil {
 		return err
 	}
 	d.showStatus(ctx, st)
-	if err := d.expectQPS(ctx, 6); err != nil {
-		return err
-	}
+	return d.expectQPS(ctx, 6)
+}
 
+// resetToLocal removes the Node's source: the kubelet runs its local config again, with its value before
+// the demo (before).
+func (d *demo) resetToLocal(ctx context.Context, before any) error {
 	d.title("Reset the node to its local config (remove the annotation)")
 	if err := d.assign(ctx, ""); err != nil {
 		return err
 	}
-	st, err = d.waitStatus(ctx, "an empty status", func(s corev1.NodeConfigStatus) bool {
+	st, err := d.waitStatus(ctx, "an empty status", func(s corev1.NodeConfigStatus) bool {
 		return s.Assigned == nil && s.Active == nil && s.LastKnownGood == nil && s.Error == ""
 	})
 	if err != nil {
 		return err
 	}
 	d.showStatus(ctx, st)
-	running, err = d.configz(ctx)
+	running, err := d.configz(ctx)
 	if err != nil {
 		return err
 	}
@@ -340,13 +387,21 @@ func (d *demo) dkc(ctx context.Context, wantFail bool, args ...string) (string, 
 	return string(out), nil
 }
 
+// The pool of the last act, and the nodes it selects: every node.
+const (
+	demoPool     = "demo-pool"
+	poolSelector = "kubernetes.io/os=linux"
+)
+
+// configFor is the running kubelet's config with overrides, as the pool's ConfigMap holds it.
+type configFor func(overrides map[string]any) (string, error)
+
 // pool is the last act: the declarative workflow over every node (docs/pools.md). A KubeletConfigPool rolls
 // a config out one node at a time; an in-place edit to a config the kubelet's validation refuses stops
 // before any node (dkc-server checks it with the kubelet's code); one that validates but keeps the kubelet
 // from starting halts at the first node, the others untouched; undo rolls the pool back. The pool is then
 // deleted and the nodes reset.
 func (d *demo) pool(ctx context.Context) error {
-	const pool, sel = "demo-pool", "kubernetes.io/os=linux"
 	running, err := d.configz(ctx)
 	if err != nil {
 		return err
@@ -356,93 +411,127 @@ func (d *demo) pool(ctx context.Context) error {
 		return err
 	}
 	kubelet := node.Status.NodeInfo.KubeletVersion
-	config := func(qps int) (string, error) {
-		c, err := configz.Config(kubelet, running, map[string]any{"eventRecordQPS": qps})
+	config := func(overrides map[string]any) (string, error) {
+		c, err := configz.Config(kubelet, running, overrides)
 		if err != nil {
 			return "", err
 		}
 		y, err := configz.YAML(c)
 		return string(y), err
 	}
-
-	d.title("Declare a KubeletConfigPool over every node (%s), rolled out one node at a time by dkc-server", sel)
-	good, err := config(7)
+	cm, err := d.rollOutPool(ctx, config)
 	if err != nil {
 		return err
 	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "demo-pool-config", Namespace: "kube-system"}, Data: map[string]string{"kubelet": good}}
+	if err := d.refuseInvalid(ctx, cm.Name, config); err != nil {
+		return err
+	}
+	if err := d.haltBroken(ctx, cm.Name, config); err != nil {
+		return err
+	}
+	if err := d.undoPool(ctx); err != nil {
+		return err
+	}
+	return d.deletePool(ctx)
+}
+
+// rollOutPool creates the pool's ConfigMap and rolls it out with kubectl-dkc; it returns the ConfigMap,
+// which the next acts edit in place.
+func (d *demo) rollOutPool(ctx context.Context, config configFor) (*corev1.ConfigMap, error) {
+	d.title("Declare a KubeletConfigPool over every node (%s), rolled out one node at a time by dkc-server", poolSelector)
+	good, err := config(map[string]any{"eventRecordQPS": 7})
+	if err != nil {
+		return nil, err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "demo-pool-config", Namespace: "kube-system"},
+		Data: map[string]string{"kubelet": good}}
 	if cm, err = d.client.CoreV1().ConfigMaps("kube-system").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create configmap demo-pool-config: %w", err)
+		return nil, fmt.Errorf("create configmap demo-pool-config: %w", err)
 	}
 	d.say("created kube-system/demo-pool-config (eventRecordQPS 7)")
-	if _, err := d.dkc(ctx, false, "rollout", pool, "--configmap", "kube-system/demo-pool-config", "-l", sel, "--max-unavailable", "1", "--timeout", "5m"); err != nil {
-		return err
+	if _, err := d.dkc(ctx, false, "rollout", demoPool, "--configmap", "kube-system/demo-pool-config", "-l", poolSelector,
+		"--max-unavailable", "1", "--timeout", "5m"); err != nil {
+		return nil, err
 	}
 	if err := d.expectQPS(ctx, 7); err != nil {
-		return err
+		return nil, err
 	}
+	return cm, nil
+}
 
-	d.title("Edit the ConfigMap in place to a config the kubelet's validation refuses (eventRecordQPS -1): no node is touched")
-	bad, err := config(-1)
+// refuseInvalid edits the pool's ConfigMap to a config the kubelet's validation refuses: dkc-server's
+// check stops the rollout before any node.
+func (d *demo) refuseInvalid(ctx context.Context, cm string, config configFor) error {
+	d.title("Edit the ConfigMap in place to a config the kubelet's validation refuses (eventRecordQPS -1): " +
+		"no node is touched")
+	bad, err := config(map[string]any{"eventRecordQPS": -1})
 	if err != nil {
 		return err
 	}
-	if err := d.editConfigMap(ctx, cm.Name, bad); err != nil {
+	if err := d.editConfigMap(ctx, cm, bad); err != nil {
 		return err
 	}
-	out, err := d.dkc(ctx, true, "rollout", pool, "--timeout", "2m")
+	out, err := d.dkc(ctx, true, "rollout", demoPool, "--timeout", "2m")
 	if err != nil {
 		return err
 	}
 	if !strings.Contains(out, "ValidationFailed") || !strings.Contains(out, "before any node is touched") {
 		return fmt.Errorf("the rollout did not stop on dkc-server's check with the kubelet's code")
 	}
-	if err := d.expectQPS(ctx, 7); err != nil {
-		return err
-	}
-	d.title("Fix it forward in place, to a config that validates but no kubelet starts with: the pool halts at the first node")
-	broken, err := configz.Config(kubelet, running, map[string]any{"eventRecordQPS": 8, "containerRuntimeEndpoint": "unix:///run/dkc-no-such-runtime.sock"})
+	return d.expectQPS(ctx, 7)
+}
+
+// haltBroken edits the pool's ConfigMap to a config that validates but no kubelet starts with: the first
+// node rolls back and the pool halts on its failure budget.
+func (d *demo) haltBroken(ctx context.Context, cm string, config configFor) error {
+	d.title("Fix it forward in place, to a config that validates but no kubelet starts with: " +
+		"the pool halts at the first node")
+	broken, err := config(map[string]any{"eventRecordQPS": 8,
+		"containerRuntimeEndpoint": "unix:///run/dkc-no-such-runtime.sock"})
 	if err != nil {
 		return err
 	}
-	brokenYAML, err := configz.YAML(broken)
+	d.say("containerRuntimeEndpoint: unix:///run/dkc-no-such-runtime.sock " +
+		"(no such socket: the kubelet exits; dkc rolls the node back)")
+	if err := d.editConfigMap(ctx, cm, broken); err != nil {
+		return err
+	}
+	out, err := d.dkc(ctx, true, "rollout", demoPool, "--timeout", "5m")
 	if err != nil {
-		return err
-	}
-	d.say("containerRuntimeEndpoint: unix:///run/dkc-no-such-runtime.sock (no such socket: the kubelet exits; dkc rolls the node back)")
-	if err := d.editConfigMap(ctx, cm.Name, string(brokenYAML)); err != nil {
-		return err
-	}
-	if out, err = d.dkc(ctx, true, "rollout", pool, "--timeout", "5m"); err != nil {
 		return err
 	}
 	if !strings.Contains(out, "FailureBudgetExhausted") {
 		return fmt.Errorf("the rollout did not halt on the failure budget")
 	}
-	if _, err := d.dkc(ctx, false, "rollout", "status", pool, "--wait=false"); err != nil {
+	if _, err := d.dkc(ctx, false, "rollout", "status", demoPool, "--wait=false"); err != nil {
 		return err
 	}
-	if _, err := d.dkc(ctx, false, "status", "-l", sel); err != nil {
-		return err
-	}
+	_, err = d.dkc(ctx, false, "status", "-l", poolSelector)
+	return err
+}
 
+// undoPool rolls the pool back to its previous revision on every node.
+func (d *demo) undoPool(ctx context.Context) error {
 	d.title("Undo: back to the previous revision on every node")
-	if _, err := d.dkc(ctx, false, "rollout", "undo", pool, "--timeout", "3m"); err != nil {
+	if _, err := d.dkc(ctx, false, "rollout", "undo", demoPool, "--timeout", "3m"); err != nil {
 		return err
 	}
-	if _, err := d.dkc(ctx, false, "rollout", "history", pool); err != nil {
+	if _, err := d.dkc(ctx, false, "rollout", "history", demoPool); err != nil {
 		return err
 	}
-	if err := d.expectQPS(ctx, 7); err != nil {
-		return err
-	}
+	return d.expectQPS(ctx, 7)
+}
 
+// deletePool deletes the pool and resets the nodes to their local config, leaving the cluster as the
+// demo found it.
+func (d *demo) deletePool(ctx context.Context) error {
 	d.title("Delete the pool (the nodes keep their config), then reset the nodes to their local config")
-	d.say("$ kubectl delete kubeletconfigpool %s", pool)
-	if err := d.client.CoreV1().RESTClient().Delete().AbsPath("/apis/dkc.dev/v1alpha1/kubeletconfigpools/" + pool).Do(ctx).Error(); err != nil {
-		return fmt.Errorf("delete kubeletconfigpool %s: %w", pool, err)
+	d.say("$ kubectl delete kubeletconfigpool %s", demoPool)
+	if err := d.client.CoreV1().RESTClient().Delete().AbsPath("/apis/dkc.dev/v1alpha1/kubeletconfigpools/" + demoPool).
+		Do(ctx).Error(); err != nil {
+		return fmt.Errorf("delete kubeletconfigpool %s: %w", demoPool, err)
 	}
-	if _, err := d.dkc(ctx, false, "reset", "-l", sel); err != nil {
+	if _, err := d.dkc(ctx, false, "reset", "-l", poolSelector); err != nil {
 		return err
 	}
 	if _, err := d.waitStatus(ctx, "the local config again", func(s corev1.NodeConfigStatus) bool {

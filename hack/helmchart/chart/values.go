@@ -109,12 +109,30 @@ func toYAML(v any) (string, error) {
 // valuesYAML writes values.yaml: the defaults are what deploy/ renders, so the default install is the
 // self-signed overlay's.
 func valuesYAML(images map[string]image, p placement, np networkPolicy) (string, error) {
+	vals, err := valueBlocks(p, np)
+	if err != nil {
+		return "", err
+	}
+	img := func(im image) string {
+		return fmt.Sprintf("    repository: %s\n    tag: %q\n    digest: %q", im.repository, im.tag, im.digest)
+	}
+	return fmt.Sprintf(valuesTemplate, Header,
+		img(images["server"]), vals["replicas"], vals["server.ns"], vals["server.tol"], poolKey, poolKey,
+		img(images["sidecar"]), vals["sidecar.ns"], vals["sidecar.tol"], vals["configNamespaces"],
+		vals["np.ipv4"], vals["np.ipv6"], np.prometheusNamespace), nil
+}
+
+// valueBlocks renders the values that come from deploy/'s placement and network policy, keyed as
+// valuesYAML uses them, each ready to follow its key in valuesTemplate: a scalar or a flow value on the
+// key's line, a block indented beneath it.
+func valueBlocks(p placement, np networkPolicy) (map[string]string, error) {
 	f := func(v any, indent int) (string, error) {
 		y, err := toYAML(v)
 		if err != nil {
 			return "", err
 		}
-		if !strings.Contains(y, "\n") && !strings.HasPrefix(y, "- ") && (strings.HasPrefix(y, "{") || strings.HasPrefix(y, "[") || !strings.Contains(y, ": ")) {
+		if !strings.Contains(y, "\n") && !strings.HasPrefix(y, "- ") &&
+			(strings.HasPrefix(y, "{") || strings.HasPrefix(y, "[") || !strings.Contains(y, ": ")) {
 			return " " + y, nil
 		}
 		return "\n" + indentLines(y, indent), nil
@@ -136,14 +154,16 @@ func valuesYAML(images map[string]image, p placement, np networkPolicy) (string,
 		}
 		y, err := f(v, indent)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		vals[key] = y
 	}
-	img := func(im image) string {
-		return fmt.Sprintf("    repository: %s\n    tag: %q\n    digest: %q", im.repository, im.tag, im.digest)
-	}
-	return fmt.Sprintf(`# %s
+	return vals, nil
+}
+
+// valuesTemplate is values.yaml, filled in by valuesYAML. Its comments are the values' documentation, which
+// helm users read in the file: they stay beside each value rather than in Go.
+const valuesTemplate = `# %s
 # The defaults install what deploy/overlays/self-signed installs (with a CA the chart generates).
 
 server:
@@ -219,10 +239,7 @@ networkPolicy:
   ipv6PodCIDRs:%s
   # The namespace Prometheus runs in, admitted to the metrics port.
   prometheusNamespace: %s
-`, Header, img(images["server"]), vals["replicas"], vals["server.ns"], vals["server.tol"], poolKey, poolKey,
-		img(images["sidecar"]), vals["sidecar.ns"], vals["sidecar.tol"], vals["configNamespaces"],
-		vals["np.ipv4"], vals["np.ipv6"], np.prometheusNamespace), nil
-}
+`
 
 func orEmptyMap(v any) any {
 	if v == nil {

@@ -24,7 +24,7 @@ TEST_FLAGS ?=
 MAINS := ./cli/cmd/kubectl-dkc ./hack/demo ./hack/dkc-dev ./hack/fake-kubelet ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar ./hack/bench
 # The kubelet-config checkers, one per kubelet minor dkc supports (dkc-kubelet-check-1.34 … -1.37), each
 # linking that minor's kubelet code: their own module, built once per pinned go.mod (docs/versions.md).
-KUBELETCHECK := sidecar/kubeletcheck
+KUBELETCHECK := internal/kubeletcheck
 
 .PHONY: help
 help: ## list targets

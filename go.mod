@@ -9,6 +9,7 @@ tool (
 
 require (
 	github.com/coreos/go-systemd/v22 v22.7.0
+	github.com/dkc-dev/dkc/internal/kubeletcheck v0.0.0
 	github.com/go-logr/logr v1.4.3
 	github.com/go-logr/zapr v1.3.0
 	github.com/godbus/dbus/v5 v5.2.4
@@ -39,7 +40,6 @@ require (
 	k8s.io/kubectl v0.0.0
 	k8s.io/kubelet v0.37.2
 	k8s.io/kubernetes v1.37.2
-	github.com/dkc-dev/dkc/sidecar/kubeletcheck v0.0.0
 	k8s.io/utils v0.0.0-20260626114624-be93311217bd
 	sigs.k8s.io/yaml v1.6.0
 )
@@ -203,5 +203,5 @@ replace (
 )
 
 // The kubelet-config checker is its own module, so that it can be built against each supported kubelet
-// minor (sidecar/kubeletcheck/build.sh); dkc links the newest minor's, the one this go.mod pins.
-replace github.com/dkc-dev/dkc/sidecar/kubeletcheck => ./sidecar/kubeletcheck
+// minor (internal/kubeletcheck/build.sh); dkc links the newest minor's, the one this go.mod pins.
+replace github.com/dkc-dev/dkc/internal/kubeletcheck => ./internal/kubeletcheck

@@ -35,7 +35,7 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/durable"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 )
 
 func main() {

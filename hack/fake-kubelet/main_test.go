@@ -10,7 +10,7 @@ import (
 
 	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 )
 
 // TestSelfSignedCertificateIsWhereTheSidecarPinsIt: the stand-in kubelet writes its self-signed certificate

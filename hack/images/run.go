@@ -378,13 +378,13 @@ func compile(ctx context.Context, dir string, p platform, version string, pkgs [
 }
 
 // compileKubeletChecks cross-builds the dkc-kubelet-check-<minor> helpers into dir as compile builds the
-// rest (sidecar/kubeletcheck/build.sh: one per pinned kubelet minor, removing those of dropped minors).
+// rest (internal/kubeletcheck/build.sh: one per pinned kubelet minor, removing those of dropped minors).
 func compileKubeletChecks(ctx context.Context, dir string, p platform) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "sidecar/kubeletcheck/build.sh", abs, "-ldflags=-s -w")
+	cmd := exec.CommandContext(ctx, "internal/kubeletcheck/build.sh", abs, "-ldflags=-s -w")
 	cmd.Env = append(os.Environ(), "GOOS="+p.os, "GOARCH="+p.arch)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

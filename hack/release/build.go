@@ -17,7 +17,7 @@ const (
 	cliPkg = "github.com/dkc-dev/dkc/cli/cmd/kubectl-dkc"
 	cliBin = "kubectl-dkc"
 	// kubeletCheckBuild builds every dkc-kubelet-check-<minor>, relative to the repository's root.
-	kubeletCheckBuild = "sidecar/kubeletcheck/build.sh"
+	kubeletCheckBuild = "internal/kubeletcheck/build.sh"
 )
 
 // ldflags: -s -w drop the symbol table and DWARF, which stack traces do not need.

@@ -44,7 +44,7 @@ func parse(fs *flag.FlagSet, args []string) (config, error) {
 		fmt.Fprintf(fs.Output(), `usage: release [flags]
 
 Cross-compiles kubectl-dkc (static: CGO_ENABLED=0, -trimpath, -s -w) for each platform and, for linux, the
-dkc-kubelet-check-<minor> helpers (sidecar/kubeletcheck/build.sh) that kubectl dkc diff runs: the helpers run
+dkc-kubelet-check-<minor> helpers (internal/kubeletcheck/build.sh) that kubectl dkc diff runs: the helpers run
 the kubelet's own Linux code paths, so none is built for darwin (docs/development.md, "Releasing"). Writes
 into -out:
 

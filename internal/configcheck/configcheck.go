@@ -2,7 +2,7 @@
 // endpoints to probe the kubelet on, the config's fields as /configz shows them, warnings, and whether it
 // failed to load, to take the kubelet's flags or to validate.
 //
-// The kubelet's code (module sidecar/kubeletcheck) is not linked into the sidecar daemon: it runs in a
+// The kubelet's code (module internal/kubeletcheck) is not linked into the sidecar daemon: it runs in a
 // short-lived helper process (dkc-kubelet-check-<minor>) for each check, one helper per kubelet minor dkc
 // supports, chosen by the version of the kubelet the config is for (Helpers). Linking it cost the idle
 // daemon ~30 MiB of resident memory, for code it needs a few times per assignment; a helper process also
@@ -14,7 +14,7 @@ import (
 	"context"
 	"strings"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 )
 
 // Kinds of failure, mapped by the agent to the original's status errors (checkapi's: errors.Is works on

@@ -13,8 +13,8 @@ import (
 	"testing"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 )
 
 // TestMain makes this test binary the helper when DKC_TEST_HELPER says so: Exec then runs the real

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 )
 
 // HelperPrefix names the helpers: dkc-kubelet-check-<minor>, e.g. dkc-kubelet-check-1.37.

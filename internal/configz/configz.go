@@ -20,7 +20,7 @@ import (
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 )
 
 // Decode extracts the "kubeletconfig" object of a /configz response.

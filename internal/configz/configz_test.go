@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 )
 
 // TestRoundTrip: a config with empty values, as the kubelet reports it on /configz, dumps to a file that
@@ -95,10 +95,10 @@ func TestEmbeddedDefaultsAreTheKubelets(t *testing.T) {
 }
 
 // TestDefaultsForEveryHelper: one defaults file per kubelet minor a helper is built for (the module files
-// of sidecar/kubeletcheck), and a kubelet of another minor is refused, naming the range.
+// of internal/kubeletcheck), and a kubelet of another minor is refused, naming the range.
 func TestDefaultsForEveryHelper(t *testing.T) {
 	var want []string
-	files, _ := filepath.Glob("../../sidecar/kubeletcheck/kube-*.mod")
+	files, _ := filepath.Glob("../../internal/kubeletcheck/kube-*.mod")
 	for _, f := range files {
 		want = append(want, strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "kube-"), ".mod"))
 	}

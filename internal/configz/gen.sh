@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Writes defaults/<minor>.json for each kubelet minor dkc supports: a defaulted, otherwise empty v1beta1
 # KubeletConfiguration from that minor's own scheme, printed by its dkc-kubelet-check helper (built by
-# sidecar/kubeletcheck/build.sh with the flags `make build` uses, so the compile is shared). `make generate`
+# internal/kubeletcheck/build.sh with the flags `make build` uses, so the compile is shared). `make generate`
 # runs it; `make verify-generated` fails when a file no longer matches the kubelet's code.
 set -euo pipefail
 cd "$(dirname "$0")"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-../../sidecar/kubeletcheck/build.sh "$tmp"
+../../internal/kubeletcheck/build.sh "$tmp"
 rm -f defaults/*.json
 mkdir -p defaults
 for helper in "$tmp"/dkc-kubelet-check-*; do

@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/internal/metricsauth"
 	"github.com/dkc-dev/dkc/sidecar/internal/uninstall"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // Config is the sidecar's configuration: the parts it acts through, then its flags.

@@ -19,13 +19,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 
 	"github.com/dkc-dev/dkc/internal/payload"
 	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/app"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 // rawCodec lets the malicious server send bytes no honest protobuf marshaller would produce.

@@ -15,8 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 	"github.com/dkc-dev/dkc/sidecar/app"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 // localConfig is each simulated node's own kubelet config.

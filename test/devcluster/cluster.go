@@ -58,7 +58,7 @@ type Config struct {
 	ServiceArgs []string
 	// SidecarBinary, if set (with ServiceBinary), runs each real node's kubelet as a unit of a real systemd
 	// (systemd-nspawn) with the dkc sidecar beside it, and SimNodes simulated nodes. Its helpers, one
-	// dkc-kubelet-check-<minor> per kubelet minor (sidecar/kubeletcheck/build.sh), must be in the same
+	// dkc-kubelet-check-<minor> per kubelet minor (internal/kubeletcheck/build.sh), must be in the same
 	// directory (KubeletCheckDir).
 	SidecarBinary string
 	// SimNodes is the number of simulated nodes: a Node object, a stand-in kubelet and the real sidecar code

@@ -155,12 +155,12 @@ func TestKubeletChecks(t *testing.T) {
 
 // TestKubeletChecksMatchKubeModules keeps the three places that pin a Kubernetes release in step: the wrapper
 // modules the dev cluster builds (kubeModule), the modules each dkc-kubelet-check-<minor> is built from
-// (sidecar/kubeletcheck/go.mod for the newest minor, kube-<minor>.mod for the older ones), and the main
+// (internal/kubeletcheck/go.mod for the newest minor, kube-<minor>.mod for the older ones), and the main
 // module. A node whose kubelet the dev cluster can run must be validated by the helper of the very same
 // release, and dkc itself links the newest.
 func TestKubeletChecksMatchKubeModules(t *testing.T) {
 	root := repoRoot(t)
-	checkDir := filepath.Join(root, "sidecar", "kubeletcheck")
+	checkDir := filepath.Join(root, "internal", "kubeletcheck")
 	modfiles, err := filepath.Glob(filepath.Join(checkDir, "kube-*.mod"))
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +184,7 @@ func TestKubeletChecksMatchKubeModules(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got, ok := checks[minor]; !ok {
-			t.Errorf("the dev cluster runs kubelet %s but no dkc-kubelet-check module pins it (add sidecar/kubeletcheck/kube-%s.mod with pin.sh)", minor, minor)
+			t.Errorf("the dev cluster runs kubelet %s but no dkc-kubelet-check module pins it (add internal/kubeletcheck/kube-%s.mod with pin.sh)", minor, minor)
 		} else if got != want {
 			t.Errorf("minor %s: dkc-kubelet-check pins k8s.io/kubernetes %s, the dev cluster's kubelet %s (%s)", minor, got, want, mod.dir)
 		}

@@ -218,7 +218,7 @@ func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string,
 		return nil, err
 	}
 	if checks[n.KubeletVersion] == "" {
-		return nil, fmt.Errorf("node %s runs kubelet %s but %s has no %s%s beside dkc-sidecar (build them with sidecar/kubeletcheck/build.sh %s)",
+		return nil, fmt.Errorf("node %s runs kubelet %s but %s has no %s%s beside dkc-sidecar (build them with internal/kubeletcheck/build.sh %s)",
 			n.Name, n.KubeletVersion, filepath.Dir(sidecarBin), kubeletCheckPrefix, n.KubeletVersion, filepath.Dir(sidecarBin))
 	}
 	minors := make([]string, 0, len(checks))

@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // kubeletMinors are the nodes' kubelet minors as their Node objects report them (the version dkc-server

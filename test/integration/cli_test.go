@@ -20,8 +20,8 @@ import (
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/cli/plugin"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 // kubectlDKC runs `kubectl dkc args...` in process against the test cluster.

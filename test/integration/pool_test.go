@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // KubeletConfigPools on the simulated nodes (docs/design.md, "KubeletConfigPool"): dkc-server's pool

@@ -8,7 +8,7 @@ import (
 
 // TestLinksNeitherTheKubeletNorTheServer: kubectl-dkc is a client. It runs the kubelet's config code through
 // the dkc-kubelet-check-<minor> helpers, as the sidecar does, and shares only dkc's vocabulary
-// (internal/nodeconfig) and the helpers' protocol (sidecar/kubeletcheck/checkapi, no kubelet code) with the
+// (internal/nodeconfig) and the helpers' protocol (internal/kubeletcheck/checkapi, no kubelet code) with the
 // components.
 func TestLinksNeitherTheKubeletNorTheServer(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
@@ -20,7 +20,7 @@ func TestLinksNeitherTheKubeletNorTheServer(t *testing.T) {
 	deps := strings.Fields(string(out))
 	for _, dep := range deps {
 		for _, f := range forbidden {
-			if strings.HasPrefix(dep, f) && dep != "github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi" {
+			if strings.HasPrefix(dep, f) && dep != "github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi" {
 				t.Errorf("kubectl-dkc links %s", dep)
 			}
 		}

@@ -18,7 +18,7 @@ func TestServiceLinksNoSidecarCode(t *testing.T) {
 		t.Fatalf("go list -deps: %v", err)
 	}
 	forbidden := []string{"github.com/dkc-dev/dkc/internal/outbox", "github.com/dkc-dev/dkc/sidecar/"}
-	allowed := "github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
+	allowed := "github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	deps := strings.Fields(string(out))
 	for _, dep := range deps {
 		if dep == allowed {

@@ -22,6 +22,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 
 	"github.com/dkc-dev/dkc/internal/payload"
@@ -31,7 +32,6 @@ import (
 	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
 	"github.com/dkc-dev/dkc/sidecar/internal/probe"
 	"github.com/dkc-dev/dkc/sidecar/internal/systemd"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 // fakeKubelet records restarts (as a systemd fake would) and "runs" the config file the env file names at

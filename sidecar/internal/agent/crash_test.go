@@ -18,11 +18,11 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dkc-dev/dkc/internal/durable"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/sidecar/internal/checkpoint"
 	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
 )
 
 var crashSteps = flag.Int("crash-steps", 1000, "assignment steps of TestCrashConsistency (the long variant: -crash-steps=20000)")

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 )
 
 const kubeletHeader = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n"

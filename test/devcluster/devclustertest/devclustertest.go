@@ -228,7 +228,7 @@ const SimTrialDuration = 10 * time.Second
 const HealthTimeout = 20 * time.Second
 
 // Build builds dkc-server, dkc-sidecar and fake-kubelet from this checkout into dir/bin, and beside them
-// the sidecar's helpers, one dkc-kubelet-check-<minor> per kubelet minor (sidecar/kubeletcheck/build.sh),
+// the sidecar's helpers, one dkc-kubelet-check-<minor> per kubelet minor (internal/kubeletcheck/build.sh),
 // so that integration tests always run the code under test (and need no `make build` first). It returns
 // name → path; the helpers' directory is the sidecar's (devcluster.Cluster.KubeletCheckDir).
 func Build(ctx context.Context, dir string) (map[string]string, error) {
@@ -249,11 +249,11 @@ func Build(ctx context.Context, dir string) (map[string]string, error) {
 		return nil, fmt.Errorf("build binaries: %w\n%s", err, b)
 	}
 	// The helpers link k8s.io/kubernetes of each minor, so each is its own module; the script knows them.
-	cmd = exec.CommandContext(ctx, "bash", "sidecar/kubeletcheck/build.sh", out)
+	cmd = exec.CommandContext(ctx, "bash", "internal/kubeletcheck/build.sh", out)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build the kubelet config checkers (sidecar/kubeletcheck/build.sh %s): %w\n%s", out, err, b)
+		return nil, fmt.Errorf("build the kubelet config checkers (internal/kubeletcheck/build.sh %s): %w\n%s", out, err, b)
 	}
 	bins := map[string]string{}
 	for _, name := range []string{"dkc-server", "dkc-sidecar", "fake-kubelet"} {

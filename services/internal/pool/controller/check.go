@@ -14,11 +14,11 @@ import (
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/internal/payload"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 // kubeletConfigAPIVersion and kubeletConfigKind are what the kubelet's config file loader accepts.

@@ -32,12 +32,12 @@ import (
 	poolfake "github.com/dkc-dev/dkc/api/generated/clientset/fake"
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
 )
 
 const goodConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 42\n"

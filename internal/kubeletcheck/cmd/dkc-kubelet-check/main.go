@@ -14,7 +14,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 )
 
 func main() {

@@ -27,7 +27,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/kubeletconfig/configfiles"
 	utilfs "k8s.io/kubernetes/pkg/util/filesystem"
 
-	"github.com/dkc-dev/dkc/sidecar/kubeletcheck/checkapi"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 )
 
 // Kind of failure, mapped to the original's status errors by the caller (checkapi's, so that errors.Is

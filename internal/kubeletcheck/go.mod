@@ -1,4 +1,4 @@
-module github.com/dkc-dev/dkc/sidecar/kubeletcheck
+module github.com/dkc-dev/dkc/internal/kubeletcheck
 
 go 1.26.0
 

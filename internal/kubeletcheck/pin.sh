@@ -4,7 +4,7 @@
 # VERSION with each staging module replaced by its matching v0 version (the list read from that release's
 # own go.mod), then tidies it. build.sh builds one helper per module file.
 #
-#   sidecar/kubeletcheck/pin.sh 1.34.4 kube-1.34.mod
+#   internal/kubeletcheck/pin.sh 1.34.4 kube-1.34.mod
 #
 # docs/versions.md says when to run it.
 set -euo pipefail
@@ -15,7 +15,7 @@ cd "$(dirname "$0")"
 mod=$(go mod download -json "k8s.io/kubernetes@v$version" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
 [ -n "$mod" ] || { echo "k8s.io/kubernetes@v$version: not served by the module proxy" >&2; exit 1; }
 {
-	echo "module github.com/dkc-dev/dkc/sidecar/kubeletcheck"
+	echo "module github.com/dkc-dev/dkc/internal/kubeletcheck"
 	echo
 	echo "go $(awk '$1 == "go" {print $2; exit}' "$mod")"
 	echo
@@ -29,4 +29,4 @@ mod=$(go mod download -json "k8s.io/kubernetes@v$version" | sed -n 's/.*"GoMod":
 } >"$modfile"
 rm -f "${modfile%.mod}.sum"
 if [ "$modfile" = go.mod ]; then go mod tidy; else go mod tidy -modfile="$modfile"; fi
-echo "pinned kubelet v$version in sidecar/kubeletcheck/$modfile"
+echo "pinned kubelet v$version in internal/kubeletcheck/$modfile"

@@ -4,7 +4,7 @@
 # one (pin.sh writes them). Static, path-free builds as the images are built; GOARCH is taken from the
 # environment. Extra arguments go to go build (e.g. -ldflags=-s -w).
 #
-#   sidecar/kubeletcheck/build.sh _output/bin
+#   internal/kubeletcheck/build.sh _output/bin
 set -euo pipefail
 out=${1:?usage: $0 <outdir> [go build flags]}
 shift

@@ -15,8 +15,9 @@ func TestLinksNeitherTheKubeletNorTheServer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
 	}
-	forbidden := []string{"k8s.io/kubernetes/", "github.com/dkc-dev/dkc/services/", "github.com/dkc-dev/dkc/sidecar/",
-		"github.com/dkc-dev/dkc/proto/", "google.golang.org/grpc"}
+	forbidden := []string{"k8s.io/kubernetes/", "github.com/dkc-dev/dkc/internal/kubeletcheck",
+		"github.com/dkc-dev/dkc/services/", "github.com/dkc-dev/dkc/sidecar/", "github.com/dkc-dev/dkc/proto/",
+		"google.golang.org/grpc"}
 	deps := strings.Fields(string(out))
 	for _, dep := range deps {
 		for _, f := range forbidden {

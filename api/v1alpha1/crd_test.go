@@ -148,6 +148,20 @@ func TestSchemaRules(t *testing.T) {
 		{name: "key '..x'", patch: set("spec", "configMap", "kubeletConfigKey", "..x"), wantErr: "must not be '.' or start with '..'"},
 		{name: "key with dots inside", patch: set("spec", "configMap", "kubeletConfigKey", "kubelet.yaml")},
 		{name: "nodeSelector missing", patch: del("spec", "nodeSelector"), wantErr: "spec.nodeSelector: Required value"},
+		{name: "a maintenance window", patch: set("spec", "maintenanceWindows", []any{map[string]any{
+			"days": []any{"Sat", "Sun"}, "start": "02:00", "duration": "4h", "timeZone": "Europe/Berlin"}})},
+		{name: "a maintenance window without days or time zone", patch: set("spec", "maintenanceWindows",
+			[]any{map[string]any{"start": "23:30", "duration": "90m"}})},
+		{name: "a maintenance window on a misspelt day", patch: set("spec", "maintenanceWindows", []any{map[string]any{
+			"days": []any{"Saturday"}, "start": "02:00", "duration": "4h"}}), wantErr: "spec.maintenanceWindows[0].days[0]: Unsupported value"},
+		{name: "a maintenance window at 24:00", patch: set("spec", "maintenanceWindows", []any{map[string]any{
+			"start": "24:00", "duration": "4h"}}), wantErr: "spec.maintenanceWindows[0].start"},
+		{name: "a maintenance window without a start", patch: set("spec", "maintenanceWindows", []any{map[string]any{
+			"duration": "4h"}}), wantErr: "spec.maintenanceWindows[0].start: Required value"},
+		{name: "a maintenance window longer than a week", patch: set("spec", "maintenanceWindows", []any{map[string]any{
+			"start": "02:00", "duration": "169h"}}), wantErr: "duration must be from 1m to 168h"},
+		{name: "a maintenance window of no time", patch: set("spec", "maintenanceWindows", []any{map[string]any{
+			"start": "02:00", "duration": "0s"}}), wantErr: "duration must be from 1m to 168h"},
 		{name: "pool name of 63", patch: set("metadata", "name", strings.Repeat("a", 63))},
 		{name: "pool name of 64", patch: set("metadata", "name", strings.Repeat("a", 64)), wantErr: "at most 63 characters"},
 	} {

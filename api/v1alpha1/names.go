@@ -37,12 +37,16 @@ const (
 	ReasonRollingOut            = "RollingOut"
 	ReasonWaitingBetweenBatches = "WaitingBetweenBatches"
 	ReasonWaitingForAvailable   = "WaitingForAvailableNodes"
+	// Outside every maintenance window: nothing new is assigned until the next opens.
+	ReasonWaitingForMaintenanceWindow = "WaitingForMaintenanceWindow"
 	// Updating (False)
 	ReasonRolloutComplete = "RolloutComplete"
 	ReasonHalted          = "Halted"
 	ReasonPaused          = "Paused"
 	ReasonConfigInvalid   = "ConfigInvalid"
 	ReasonNothingToAssign = "NothingToAssign"
+	// spec.maintenanceWindows cannot be read (a time zone the database does not know): nothing is assigned.
+	ReasonInvalidMaintenanceWindow = "InvalidMaintenanceWindow"
 
 	// Degraded
 	ReasonNodesFailed     = "NodesFailed"

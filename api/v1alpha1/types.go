@@ -30,6 +30,7 @@ import (
 // +kubebuilder:printcolumn:name="Updated",type=string,JSONPath=`.status.conditions[?(@.type=="Updated")].status`
 // +kubebuilder:printcolumn:name="Halted",type=string,JSONPath=`.status.conditions[?(@.type=="Halted")].status`
 // +kubebuilder:printcolumn:name="Paused",type=boolean,JSONPath=`.spec.paused`,priority=1
+// +kubebuilder:printcolumn:name="Next-Window",type=string,JSONPath=`.status.maintenanceWindow.nextOpenTime`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="the pool's name must be at most 63 characters: it labels the pool's revisions"
 type KubeletConfigPool struct {
@@ -125,7 +126,49 @@ type KubeletConfigPoolSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Retry int64 `json:"retry,omitempty"`
+
+	// maintenanceWindows, when set, are the only times the pool starts assigning nodes: outside all of
+	// them nothing new is assigned (an undo's or a retry's assignments included), while a node assigned
+	// before finishes what it started and is still judged. status.maintenanceWindow says whether one is
+	// open and when the next opens. Unset or empty: the pool may assign at any time.
+	// +kubebuilder:validation:MaxItems=20
+	// +listType=atomic
+	// +optional
+	MaintenanceWindows []MaintenanceWindow `json:"maintenanceWindows,omitempty"`
 }
+
+// MaintenanceWindow is a time of the week when a pool may start assigning nodes. It opens on each of its
+// days at start, in timeZone, and stays open for duration, which may run into the next day. Windows that
+// overlap or touch are one stretch of open time.
+type MaintenanceWindow struct {
+	// days the window opens on, in timeZone. Empty: every day.
+	// +kubebuilder:validation:MaxItems=7
+	// +listType=set
+	// +optional
+	Days []Weekday `json:"days,omitempty"`
+
+	// start is when the window opens on each of its days: HH:MM, a 24-hour clock in timeZone.
+	// +required
+	// +kubebuilder:validation:Pattern=`^([01][0-9]|2[0-3]):[0-5][0-9]$`
+	Start string `json:"start"`
+
+	// duration is how long the window stays open: from 1m to 168h.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m') && duration(self) <= duration('168h')",message="duration must be from 1m to 168h"
+	Duration metav1.Duration `json:"duration"`
+
+	// timeZone is the IANA time zone of days and start, e.g. Europe/Berlin. Default UTC. A name the time
+	// zone database does not know stops the pool's assignments (the Updating condition says so).
+	// +kubebuilder:default=UTC
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	TimeZone string `json:"timeZone,omitempty"`
+}
+
+// Weekday is a day of the week as maintenance windows name it.
+// +kubebuilder:validation:Enum=Mon;Tue;Wed;Thu;Fri;Sat;Sun
+type Weekday string
 
 // ConfigMapReference names the kubelet config: a core/v1 ConfigMapNodeConfigSource without uid and
 // resourceVersion, which are the result of resolving a source, never part of one. The patterns are the
@@ -212,6 +255,23 @@ type KubeletConfigPoolStatus struct {
 	// whose data hash to their revision (docs/pools.md, "Revision snapshots").
 	// +optional
 	RevisionSnapshots *RevisionSnapshots `json:"revisionSnapshots,omitempty"`
+
+	// maintenanceWindow is where the pool stands with spec.maintenanceWindows when the status was written
+	// (the controller writes it again when a window opens or closes); absent when the pool has none.
+	// +optional
+	MaintenanceWindow *MaintenanceWindowStatus `json:"maintenanceWindow,omitempty"`
+}
+
+// MaintenanceWindowStatus is where a pool stands with its maintenance windows.
+type MaintenanceWindowStatus struct {
+	// open: a window is open, and the pool may start assigning nodes.
+	Open bool `json:"open"`
+	// closeTime is when the open window closes; absent while none is open, or when they never close.
+	// +optional
+	CloseTime *metav1.Time `json:"closeTime,omitempty"`
+	// nextOpenTime is when the next window opens (the next after the open one, while one is open).
+	// +optional
+	NextOpenTime *metav1.Time `json:"nextOpenTime,omitempty"`
 }
 
 // RevisionSnapshots are the snapshots a pool's controller created. It is a pointer in the status, so that

@@ -235,6 +235,15 @@ func TestVerdict(t *testing.T) {
 		{name: "no node selected", p: pool(2, "r1", false, cond(v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNoNodesSelected)),
 			done: true, stopped: v1alpha1.ReasonNoNodesSelected},
 		{name: "paused", p: pool(2, "r1", true), done: true, lineHas: "paused"},
+		{name: "outside the maintenance windows: when the next opens", p: func() *v1alpha1.KubeletConfigPool {
+			p := pool(2, "r1", false, cond(v1alpha1.ConditionUpdating, metav1.ConditionTrue, v1alpha1.ReasonWaitingForMaintenanceWindow))
+			p.Status.MaintenanceWindow = &v1alpha1.MaintenanceWindowStatus{
+				NextOpenTime: &metav1.Time{Time: time.Date(2031, 1, 4, 2, 0, 0, 0, time.UTC)}}
+			return p
+		}(), lineHas: "nothing new is assigned until the next opens at 2031-01-04T02:00:00Z (in "},
+		{name: "a maintenance window that cannot be read ends it", p: pool(2, "r1", false,
+			cond(v1alpha1.ConditionUpdating, metav1.ConditionFalse, v1alpha1.ReasonInvalidMaintenanceWindow)),
+			done: true, stopped: v1alpha1.ReasonInvalidMaintenanceWindow},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			line, done, err := verdict(tc.p, 2, tc.revision)

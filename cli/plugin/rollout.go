@@ -248,7 +248,12 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 		}
 		return line + "; nothing more to assign: the others are held or failed before a retry (kubectl dkc rollout status " + p.Name + ")", true, nil
 	}
-	if updating != nil && updating.Status == metav1.ConditionTrue && updating.Reason != v1alpha1.ReasonRollingOut {
+	if updating != nil && updating.Status == metav1.ConditionFalse && updating.Reason == v1alpha1.ReasonInvalidMaintenanceWindow {
+		return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: updating.Reason, Message: updating.Message}
+	}
+	if w := windowSummary(p.Status.MaintenanceWindow, time.Now()); w != "" && !p.Status.MaintenanceWindow.Open {
+		line += "; " + w
+	} else if updating != nil && updating.Status == metav1.ConditionTrue && updating.Reason != v1alpha1.ReasonRollingOut {
 		line += " (" + updating.Reason + ")"
 	}
 	if c := cond(v1alpha1.ConditionDegraded); c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonSelectorOverlap {
@@ -357,6 +362,10 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 	fmt.Fprintf(w, "Selector:\t%s\n", sel)
 	mu := p.Spec.MaxUnavailableOrDefault()
 	fmt.Fprintf(w, "Max unavailable:\t%s\tmax failures: %d\tnode timeout: %v\tpaused: %v\n", mu.String(), p.Spec.MaxFailuresOrDefault(), p.Spec.NodeTimeoutOrDefault(), p.Spec.Paused)
+	if len(p.Spec.MaintenanceWindows) > 0 {
+		fmt.Fprintf(w, "Maintenance windows:\t%s\t%s\n", windowsSpec(p.Spec.MaintenanceWindows),
+			orNone(windowSummary(p.Status.MaintenanceWindow, time.Now())))
+	}
 	fmt.Fprintf(w, "Revision:\t%s\tprevious: %s\n", orNone(p.Status.CurrentRevision), orNone(p.Status.PreviousRevision))
 	n := p.Status.Nodes
 	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d in progress\t%d failed\t%s\n",
@@ -427,6 +436,52 @@ func (o *Options) describeHeld(st v1alpha1.KubeletConfigPoolStatus) {
 		fmt.Fprintf(w, "(%d more)\t\t\n", more)
 	}
 	_ = w.Flush()
+}
+
+// windowsSpec is spec.maintenanceWindows on one line: "Sat,Sun 02:00+4h Europe/Berlin; 22:00+1h UTC".
+func windowsSpec(ws []v1alpha1.MaintenanceWindow) string {
+	var parts []string
+	for _, mw := range ws {
+		days := "daily"
+		if len(mw.Days) > 0 {
+			ds := make([]string, len(mw.Days))
+			for i, d := range mw.Days {
+				ds[i] = string(d)
+			}
+			days = strings.Join(ds, ",")
+		}
+		tz := mw.TimeZone
+		if tz == "" {
+			tz = "UTC"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s+%v %s", days, mw.Start, mw.Duration.Duration, tz))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// windowSummary says where the pool stood with its windows when its status was written: "open until T" or
+// "closed: the next opens at T (in 2h)"; "" without windows.
+func windowSummary(st *v1alpha1.MaintenanceWindowStatus, now time.Time) string {
+	if st == nil {
+		return ""
+	}
+	when := func(t *metav1.Time) string {
+		s := t.UTC().Format(time.RFC3339)
+		if d := t.Sub(now); d > 0 {
+			s += " (in " + duration.HumanDuration(d) + ")"
+		}
+		return s
+	}
+	switch {
+	case st.Open && st.CloseTime != nil:
+		return "a maintenance window is open until " + when(st.CloseTime)
+	case st.Open:
+		return "a maintenance window is open"
+	case st.NextOpenTime != nil:
+		return "no maintenance window is open: nothing new is assigned until the next opens at " + when(st.NextOpenTime)
+	default:
+		return "no maintenance window is open"
+	}
 }
 
 func orNone(s string) string {

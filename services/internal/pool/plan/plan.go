@@ -25,6 +25,7 @@ import (
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/services/internal/pool/window"
 )
 
 // Target is the revision the pool rolls out.
@@ -188,9 +189,10 @@ type Plan struct {
 // whose status annotation is gone stays in progress (NotReported) until a status shows where it stands.
 //
 // Then the pool: halted when the failures counted (recorded under the current spec.retry) reach
-// maxFailures; nothing is assigned while the config is invalid, the pool is halted or paused, or a batch
-// runs or pauses (pauseBetweenBatches); otherwise Ready pending nodes fill the free slots of
-// maxUnavailable, which every unavailable selected node takes (in progress, held and changing, or not Ready).
+// maxFailures; nothing is assigned while the config or the maintenance windows are invalid, the pool is
+// halted or paused, no maintenance window is open, or a batch runs or pauses (pauseBetweenBatches);
+// otherwise Ready pending nodes fill the free slots of maxUnavailable, which every unavailable selected
+// node takes (in progress, held and changing, or not Ready).
 //
 // Decide runs them as steps, in this order: judgeNodes (the node rules, TestNodeRules' rows), then for the
 // pool count, halt (the failure budget), gates (the Updating condition, and what is assigned) and
@@ -206,8 +208,10 @@ func Decide(in Input) Plan {
 	b := halt(st.FailedNodes, &pool.Spec)
 	p := Plan{Nodes: j.verdicts, MaxUnavailable: scaled(pool.Spec.MaxUnavailableOrDefault(), int(t.nodes.Selected))}
 	st.BatchCompletionTime = batchCompletion(st, now)
+	w := maintenance(pool, now)
+	st.MaintenanceWindow = w.status
 
-	g := gates(in, t, b.halted, st.BatchCompletionTime, p.MaxUnavailable)
+	g := gates(in, t, b.halted, st.BatchCompletionTime, p.MaxUnavailable, w)
 	setCondition(&st, pool, now, v1alpha1.ConditionUpdating, g.status, g.reason, g.message)
 	if len(g.assign) > 0 {
 		p.Assign = g.assign
@@ -216,8 +220,44 @@ func Decide(in Input) Plan {
 	conditions(&st, in, b, j)
 
 	p.Status = st
-	p.RequeueAfter = soonest(append(j.requeue, g.wait))
+	p.RequeueAfter = soonest(append(j.requeue, g.wait, w.change))
 	return p
+}
+
+// win is where the pool stands with its maintenance windows.
+type win struct {
+	// err: spec.maintenanceWindows cannot be read; nothing is assigned.
+	err error
+	// state at the decision's time (open, without windows).
+	state window.State
+	// status is status.maintenanceWindow: nil without windows.
+	status *v1alpha1.MaintenanceWindowStatus
+	// change is how long until a window opens or closes (0: never), when the status must be written again.
+	change time.Duration
+}
+
+// maintenance reads the pool's maintenance windows and where now stands with them.
+func maintenance(pool *v1alpha1.KubeletConfigPool, now time.Time) win {
+	s, err := window.Parse(pool.Spec.MaintenanceWindows)
+	if err != nil {
+		return win{err: err}
+	}
+	w := win{state: s.At(now)}
+	if s.Empty() {
+		return w
+	}
+	w.status = &v1alpha1.MaintenanceWindowStatus{Open: w.state.Open}
+	if !w.state.Close.IsZero() {
+		w.status.CloseTime = &metav1.Time{Time: w.state.Close}
+		w.change = w.state.Close.Sub(now)
+	}
+	if !w.state.Next.IsZero() {
+		w.status.NextOpenTime = &metav1.Time{Time: w.state.Next}
+		if !w.state.Open {
+			w.change = w.state.Next.Sub(now)
+		}
+	}
+	return w
 }
 
 // carried is the pool's new status before any node is judged: what the old one carries over (conditions
@@ -404,10 +444,10 @@ type gate struct {
 }
 
 // gates decides whether anything is assigned now, and why not: the first gate that holds decides, in the
-// order of what an operator must act on first (an invalid config, a halt, a pause), then what only waits
-// (a running batch, a pause between batches, no free slot). batchDone is status.batchCompletionTime after
-// this decision's nodes (batchCompletion).
-func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailable int) gate {
+// order of what an operator must act on first (an invalid config or window, a halt, a pause), then what
+// only waits (a closed maintenance window, a running batch, a pause between batches, no free slot).
+// batchDone is status.batchCompletionTime after this decision's nodes (batchCompletion).
+func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailable int, w win) gate {
 	spec, now, n := &in.Pool.Spec, in.Now, t.nodes
 	prog := progress(n)
 	pause := spec.PauseBetweenBatchesOrDefault()
@@ -423,6 +463,8 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 		return stopped(v1alpha1.ReasonConfigInvalid, "the config cannot be rolled out: "+in.Invalid.Message)
 	case in.Target.Revision == "":
 		return stopped(v1alpha1.ReasonConfigInvalid, "the pool has no revision to roll out yet")
+	case w.err != nil:
+		return stopped(v1alpha1.ReasonInvalidMaintenanceWindow, "nothing is assigned: "+w.err.Error())
 	case halted:
 		return stopped(v1alpha1.ReasonHalted, "the pool is halted: "+prog)
 	case spec.Paused:
@@ -435,6 +477,12 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 			fmt.Sprintf("%s; the others are failed (%d) or held (%d)", prog, n.Failed, n.Held))
 	case t.notAssigned() == 0:
 		return rolling(v1alpha1.ReasonRollingOut, prog)
+	case !w.state.Open:
+		g := rolling(v1alpha1.ReasonWaitingForMaintenanceWindow,
+			fmt.Sprintf("%s; outside the pool's maintenance windows: nothing new is assigned until the next opens at %s",
+				prog, w.state.Next.UTC().Format(time.RFC3339)))
+		g.wait = w.state.Next.Sub(now)
+		return g
 	case pause > 0 && n.InProgress > 0:
 		return rolling(v1alpha1.ReasonRollingOut, prog+"; the next batch starts when none is")
 	case pause > 0 && batchDone != nil && now.Before(batchDone.Add(pause)):

@@ -98,6 +98,14 @@ func retry(n int64) func(*v1alpha1.KubeletConfigPool) {
 	return func(p *v1alpha1.KubeletConfigPool) { p.Spec.Retry = n }
 }
 
+// windowAt gives the pool one maintenance window a day, opening at start (UTC) for d.
+func windowAt(start string, d time.Duration, tz string) func(*v1alpha1.KubeletConfigPool) {
+	return func(p *v1alpha1.KubeletConfigPool) {
+		p.Spec.MaintenanceWindows = append(p.Spec.MaintenanceWindows,
+			v1alpha1.MaintenanceWindow{Start: start, Duration: metav1.Duration{Duration: d}, TimeZone: tz})
+	}
+}
+
 func pauseBetweenBatches(d time.Duration) func(*v1alpha1.KubeletConfigPool) {
 	return func(p *v1alpha1.KubeletConfigPool) { p.Spec.PauseBetweenBatches = &metav1.Duration{Duration: d} }
 }
@@ -349,6 +357,15 @@ func TestPoolRules(t *testing.T) {
 			nodes: []Node{updated("a"), waiting("b"), waiting("c")}, assign: "", counts: "3/1/1/0/0/0", requeue: 2 * time.Minute},
 		{name: "pause between batches: over, the next batch", pool: mods(pauseBetweenBatches(5*time.Minute), maxUnavailable(intstr.FromInt32(2)), batch(10*time.Minute, 6*time.Minute)),
 			nodes: []Node{updated("a"), waiting("b"), waiting("c")}, assign: "b,c", counts: "3/1/1/0/0/0"},
+		{name: "outside the maintenance windows: nothing; again when the next opens", pool: mods(windowAt("14:00", time.Hour, "")),
+			nodes: []Node{waiting("a"), waiting("b")}, assign: "", counts: "2/0/0/0/0/0", requeue: 2 * time.Hour,
+			conds: map[string]string{"Updating": "True/WaitingForMaintenanceWindow"}},
+		{name: "outside the maintenance windows: a node in progress goes on, no other is assigned", pool: mods(windowAt("14:00", time.Hour, ""), maxUnavailable(intstr.FromInt32(2))),
+			nodes: []Node{inTrial("a"), waiting("b")}, assign: "", counts: "2/0/0/1/0/0", requeue: 29 * time.Minute,
+			conds: map[string]string{"Updating": "True/WaitingForMaintenanceWindow"}},
+		{name: "inside a maintenance window: assigned; again when it closes", pool: mods(windowAt("11:30", time.Hour, "")),
+			nodes: []Node{waiting("a"), waiting("b")}, assign: "a", counts: "2/0/0/0/0/0", requeue: 30 * time.Minute,
+			conds: map[string]string{"Updating": "True/RollingOut"}},
 		{name: "a node still restarting on the previous revision takes the only slot",
 			nodes: []Node{onR1("a", status(r1, r0, r0, "")), waiting("b")}, assign: "", counts: "2/0/0/1/0/0", requeue: 29 * time.Minute,
 			conds: map[string]string{"Updating": "True/RollingOut"}},

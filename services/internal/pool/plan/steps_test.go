@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -203,6 +204,22 @@ func TestGates(t *testing.T) {
 		{name: "a pause between batches over: the next batch", pool: mods(pausing), counts: "3/1/1/0/0/0",
 			pending: []string{"b", "c"}, maxUnavailable: 2, batchDone: 5 * time.Minute,
 			updating: "True/RollingOut", assign: "b,c"},
+		{name: "outside the windows: nothing new until the next opens", pool: mods(windowAt("14:00", time.Hour, "")),
+			counts: "2/0/0/0/0/0", pending: []string{"a", "b"}, maxUnavailable: 1,
+			updating: "True/WaitingForMaintenanceWindow", message: "until the next opens at 2026-11-26T14:00:00Z",
+			wait: 2 * time.Hour},
+		{name: "outside the windows, a node in progress: it goes on, nothing new", pool: mods(windowAt("14:00", time.Hour, "")),
+			counts: "2/0/0/1/0/0", pending: []string{"b"}, unavailable: 1, maxUnavailable: 2,
+			updating: "True/WaitingForMaintenanceWindow", message: "0 of 2 nodes updated, 1 in progress", wait: 2 * time.Hour},
+		{name: "inside a window: assigned", pool: mods(windowAt("11:30", time.Hour, "")), counts: "2/0/0/0/0/0",
+			pending: []string{"a", "b"}, maxUnavailable: 1, updating: "True/RollingOut", assign: "a"},
+		{name: "a window in its time zone: 13:00 in Berlin is 12:00 UTC", pool: mods(windowAt("13:00", time.Minute, "Europe/Berlin")),
+			counts: "1/0/0/0/0/0", pending: []string{"a"}, maxUnavailable: 1, updating: "True/RollingOut", assign: "a"},
+		{name: "outside the windows, nothing left to assign: complete", pool: mods(windowAt("14:00", time.Hour, "")),
+			counts: "2/2/2/0/0/0", maxUnavailable: 1, updating: "False/RolloutComplete"},
+		{name: "an unknown time zone stops assignments", pool: mods(windowAt("11:30", time.Hour, "Mars/Olympus_Mons")),
+			counts: "1/0/0/0/0/0", pending: []string{"a"}, maxUnavailable: 1, updating: "False/InvalidMaintenanceWindow",
+			message: `spec.maintenanceWindows[0]: timeZone "Mars/Olympus_Mons"`},
 		{name: "no free slot, a node in progress: rolling out", counts: "3/0/0/1/0/0", pending: []string{"b", "c"},
 			unavailable: 1, maxUnavailable: 1, updating: "True/RollingOut"},
 		{name: "no free slot, nothing in progress: waiting for available nodes", counts: "3/1/0/0/0/0",
@@ -227,7 +244,7 @@ func TestGates(t *testing.T) {
 			if tc.batchDone > 0 {
 				batchDone = &metav1.Time{Time: t0.Add(-tc.batchDone)}
 			}
-			g := gates(in, tl, tc.halted, batchDone, tc.maxUnavailable)
+			g := gates(in, tl, tc.halted, batchDone, tc.maxUnavailable, maintenance(in.Pool, t0))
 			if got := string(g.status) + "/" + g.reason; got != tc.updating {
 				t.Errorf("Updating %s (%s), want %s", got, g.message, tc.updating)
 			}
@@ -320,6 +337,44 @@ func TestConditions(t *testing.T) {
 				if c := meta.FindStatusCondition(st.Conditions, typ); c == nil || !strings.Contains(c.Message, want) {
 					t.Errorf("condition %s message %+v, want one with %q", typ, c, want)
 				}
+			}
+		})
+	}
+}
+
+// TestMaintenanceWindowStatus: status.maintenanceWindow says where the pool stands with its windows, and
+// the decision is made again when a window opens or closes, so that the status stays true.
+func TestMaintenanceWindowStatus(t *testing.T) {
+	tm := func(s string) *metav1.Time {
+		v, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &metav1.Time{Time: v}
+	}
+	for _, tc := range []struct {
+		name    string
+		pool    *v1alpha1.KubeletConfigPool
+		want    *v1alpha1.MaintenanceWindowStatus
+		requeue time.Duration
+	}{
+		{name: "no windows: no status", pool: pool()},
+		{name: "closed: when the next opens", pool: pool(windowAt("14:00", time.Hour, "")),
+			want: &v1alpha1.MaintenanceWindowStatus{NextOpenTime: tm("2026-11-26T14:00:00Z")}, requeue: 2 * time.Hour},
+		{name: "open: when it closes and the next opens", pool: pool(windowAt("11:30", time.Hour, "")),
+			want: &v1alpha1.MaintenanceWindowStatus{Open: true, CloseTime: tm("2026-11-26T12:30:00Z"),
+				NextOpenTime: tm("2026-11-27T11:30:00Z")}, requeue: 30 * time.Minute},
+		{name: "open for good: nothing to wait for", pool: pool(windowAt("00:00", 24*time.Hour, "")),
+			want: &v1alpha1.MaintenanceWindowStatus{Open: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Every node updated: nothing else (a node's timeout, a batch's pause) asks to decide again.
+			p := Decide(Input{Pool: tc.pool, Target: r2, Nodes: []Node{updated("a")}, Now: t0})
+			if !apiequality.Semantic.DeepEqual(p.Status.MaintenanceWindow, tc.want) {
+				t.Errorf("status.maintenanceWindow %+v, want %+v", p.Status.MaintenanceWindow, tc.want)
+			}
+			if p.RequeueAfter != tc.requeue {
+				t.Errorf("requeue after %v, want %v", p.RequeueAfter, tc.requeue)
 			}
 		})
 	}

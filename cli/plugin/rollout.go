@@ -248,7 +248,8 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 		}
 		return line + "; nothing more to assign: the others are held or failed before a retry (kubectl dkc rollout status " + p.Name + ")", true, nil
 	}
-	if updating != nil && updating.Status == metav1.ConditionFalse && updating.Reason == v1alpha1.ReasonInvalidMaintenanceWindow {
+	if updating != nil && updating.Status == metav1.ConditionFalse &&
+		updating.Reason == v1alpha1.ReasonInvalidMaintenanceWindow {
 		return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: updating.Reason, Message: updating.Message}
 	}
 	if w := windowSummary(p.Status.MaintenanceWindow, time.Now()); w != "" && !p.Status.MaintenanceWindow.Open {

@@ -1,16 +1,20 @@
 // Package poll is how tests wait for what the code under test does on goroutines of its own: they name a
 // condition and poll it (Until), and where the code waits on a fake clock they move that clock instead of
 // sleeping real time — by a step before every look (Stepping), or whenever the code waits on it (Drive).
-// The ...Nil forms take a condition that says what it sees while it does not hold, for the failure.
+// The ...Nil forms take a condition that says what it sees while it does not hold, for the failure. The
+// For forms take a timeout and an interval of the caller's: the cluster suites wait minutes for a kubelet
+// restart or a rollout, and look at a real apiserver far less often than every Interval.
 //
 // A test never sleeps to let something happen: a fixed sleep is too short on a loaded machine (a flake)
 // and too long everywhere else. The only sleeps left in tests are those that prove something does not
-// happen within a period, each with a comment saying so.
+// happen within a period, or that make a period pass which the code under test counts (a cache's expiry,
+// a partition's length, the pace of a burst), each with a comment saying so.
 package poll
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -50,16 +54,32 @@ func notYet(cond func() bool) func() error {
 // it holds, else what it found ("2 of 3 reports acknowledged"), which the test's failure shows.
 func UntilNil(t testing.TB, what string, cond func() error) {
 	t.Helper()
+	ForNil(t, Timeout, Interval, what, cond)
+}
+
+// For is Until with a timeout and an interval of the caller's, for the suites on a real cluster: a kubelet
+// restart or a rollout takes minutes, and a real apiserver is asked every second or so, not every Interval.
+// Code that must not fail the test at the timeout (a helper that returns an error, a goroutine other than
+// the test's) polls with wait.PollUntilContextTimeout instead.
+func For(t testing.TB, timeout, interval time.Duration, what string, cond func() bool) {
+	t.Helper()
+	ForNil(t, timeout, interval, what, notYet(cond))
+}
+
+// ForNil is For for a condition that says what it sees while it does not hold (UntilNil).
+func ForNil(t testing.TB, timeout, interval time.Duration, what string, cond func() error) {
+	t.Helper()
 	last := errNotYet
 	// The context is not t.Context(): that one ends before the test's Cleanup functions, which may wait too.
-	if wait.PollUntilContextTimeout(context.Background(), Interval, Timeout, true, func(context.Context) (bool, error) {
+	if wait.PollUntilContextTimeout(context.Background(), interval, timeout, true, func(context.Context) (bool, error) {
 		last = cond()
 		return last == nil, nil
 	}) != nil {
-		if errors.Is(last, errNotYet) {
-			t.Fatalf("waited %v for %s", Timeout, what)
+		msg := fmt.Sprintf("waited %v for %s", timeout, what)
+		if !errors.Is(last, errNotYet) {
+			msg += ": " + last.Error()
 		}
-		t.Fatalf("waited %v for %s: %v", Timeout, what, last)
+		t.Fatal(msg)
 	}
 }
 

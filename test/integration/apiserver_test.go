@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
@@ -141,7 +142,7 @@ func TestAPIServerDropsDynamicConfigFields(t *testing.T) {
 		})
 		// Read after the service had time to react to the annotation: it writes status only for nodes whose
 		// sidecar reported, so the condition must be ours, untouched.
-		time.Sleep(2 * time.Second)
+		time.Sleep(2 * time.Second) // proves a negative: the service writes no status meanwhile
 		stored, err := nodes.Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -170,17 +171,12 @@ func TestConfigzThroughNodeProxy(t *testing.T) {
 	ctx := testContext(t)
 	client := adminClient(t)
 	var raw []byte
-	var err error
 	// The kubelet may still be waiting for its addresses right after start.
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+	poll.ForNil(t, time.Minute, time.Second, "GET configz through the node proxy", func() error {
+		var err error
 		raw, err = client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/node-1/proxy/configz").DoRaw(ctx)
-		if err == nil {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatalf("GET configz through the node proxy: %v", err)
-	}
+		return err
+	})
 	var configz struct {
 		KubeletConfig map[string]any `json:"kubeletconfig"`
 	}

@@ -18,10 +18,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/kubectl/pkg/util/hash"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/test/devcluster"
 )
@@ -41,19 +43,18 @@ var churnGauges = []string{
 // the end of this test.
 func settledGauges(ctx context.Context, t *testing.T, client kubernetes.Interface) map[string]float64 {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+	var g map[string]float64
+	poll.ForNil(t, time.Minute, 500*time.Millisecond, "dkc-server to hold a state for exactly the Nodes that exist", func() error {
 		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := serverGauges(t)
-		if g["dkc_server_resolved_nodes"] == float64(len(list.Items)) {
-			return g
+		if g = serverGauges(t); g["dkc_server_resolved_nodes"] != float64(len(list.Items)) {
+			return fmt.Errorf("dkc_server_resolved_nodes %v, %d Nodes", g["dkc_server_resolved_nodes"], len(list.Items))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dkc_server_resolved_nodes %v, %d Nodes: not settled after a minute", g["dkc_server_resolved_nodes"], len(list.Items))
-		}
-	}
+		return nil
+	})
+	return g
 }
 
 func serverGauges(t *testing.T) map[string]float64 {
@@ -91,24 +92,23 @@ func serverGauges(t *testing.T) map[string]float64 {
 func waitGauges(t *testing.T, phase string, want map[string]float64, limit time.Duration) bool {
 	t.Helper()
 	start := time.Now()
-	for {
+	var off []string
+	// Not poll.ForNil: a phase that misses is reported, and the test goes on to the next.
+	if wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, limit, true, func(context.Context) (bool, error) {
 		got := serverGauges(t)
-		var off []string
+		off = nil
 		for name, v := range want {
 			if got[name] != v {
 				off = append(off, fmt.Sprintf("%s=%v (want %v)", name, got[name], v))
 			}
 		}
-		if len(off) == 0 {
-			t.Logf("%s: gauges reached in %v", phase, time.Since(start).Round(time.Millisecond))
-			return true
-		}
-		if time.Since(start) > limit {
-			t.Errorf("%s: after %v: %s", phase, limit, strings.Join(off, ", "))
-			return false
-		}
-		time.Sleep(200 * time.Millisecond)
+		return len(off) == 0, nil
+	}) != nil {
+		t.Errorf("%s: after %v: %s", phase, limit, strings.Join(off, ", "))
+		return false
 	}
+	t.Logf("%s: gauges reached in %v", phase, time.Since(start).Round(time.Millisecond))
+	return true
 }
 
 // hashedConfigMap is a KubeletConfiguration ConfigMap named as `kubectl create configmap --append-hash` and
@@ -223,7 +223,7 @@ func TestChurnLeavesNoStateBehind(t *testing.T) {
 			if status.Code(err) != codes.ResourceExhausted || ctx.Err() != nil {
 				return err
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // paces the retries of a call the service's token-review limit refused
 		}
 	}
 	report := func(i int) error {

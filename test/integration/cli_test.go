@@ -255,7 +255,7 @@ func TestKubectlDKCRolloutDrivesAPool(t *testing.T) {
 	if err != nil || !strings.Contains(out, "paused") {
 		t.Fatalf("rollout while paused: %v, want it to return saying so\n%s\n%s", err, out, errOut)
 	}
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // proves a negative: the paused pool assigns nothing meanwhile
 	next := getPool(t, pool).Status.CurrentRevision
 	if assigned, _ := simsOn(t, v1alpha1.SnapshotName(pool, next)); len(assigned) != 0 {
 		t.Errorf("a paused pool assigned %v", assigned)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
@@ -204,18 +205,11 @@ func TestCompatStatusConfigClears(t *testing.T) {
 
 		// The same status reported again finds the Node up to date. The service compares with its Node
 		// cache, which may not have seen its own write yet: one more write is allowed, an endless run is not.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		poll.For(t, 10*time.Second, 200*time.Millisecond, step.name+": a report of the same status that does not write the Node", func() bool {
 			before := statusWrites(t)
 			report(&step.want)
-			if statusWrites(t) == before {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the Node is written again at every report of the same status", step.name)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return statusWrites(t) == before
+		})
 	}
 }
 
@@ -223,17 +217,13 @@ func TestCompatStatusConfigClears(t *testing.T) {
 func waitForConfigSource(t *testing.T, name string) {
 	t.Helper()
 	client := adminClient(t)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.ForNil(t, 30*time.Second, 200*time.Millisecond, "the apiserver to serve the upgraded node's spec.configSource", func() error {
 		stored, err := client.CoreV1().Nodes().Get(testContext(t), name, metav1.GetOptions{})
-		if err == nil && stored.Spec.ConfigSource != nil {
-			return
+		if err == nil && stored.Spec.ConfigSource == nil {
+			err = fmt.Errorf("%+v", stored)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("apiserver does not serve the upgraded node's spec.configSource: %v %+v", err, stored)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // getNodeRaw returns the Node both decoded and as the apiserver's JSON, for checking which fields exist.

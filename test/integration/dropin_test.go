@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
@@ -83,16 +84,13 @@ func configDirDropIns(ctx context.Context, t *testing.T, c *devcluster.Cluster, 
 	}
 	// The new sidecar's gauges are set by its first reconcile: wait for them in its own /metrics.
 	var m map[string]float64
-	for deadline := time.Now().Add(devclustertest.HealthTimeout + time.Minute); ; {
+	poll.ForNil(t, devclustertest.HealthTimeout+time.Minute, 300*time.Millisecond, "the restarted sidecar to report "+name+" active", func() error {
 		m = sidecarMetrics(t, c, node)
 		if m["process_start_time_seconds"] >= float64(restarted.Unix()-1) && activeIs(m, cm.ResourceVersion) {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the restarted sidecar never reported %s active; metrics %v", name, m)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return fmt.Errorf("metrics %v", m)
+	})
 	if n := m["dkc_sidecar_kubelet_restarts_total"]; n != 0 || m["dkc_node_config_error"] != 0 {
 		t.Errorf("the restarted sidecar restarted the kubelet %v times (error gauge %v), want 0", n, m["dkc_node_config_error"])
 	}

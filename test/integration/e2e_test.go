@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
@@ -169,7 +170,7 @@ func TestE2ERapidReassignmentsConverge(t *testing.T) {
 	last := fmt.Sprintf("e2e-rapid-%d@%s", n-1, mustRV(t, fmt.Sprintf("e2e-rapid-%d", n-1)))
 	waitNodeStatus(t, simE2E, last, last, "*", "", 2*time.Minute)
 	// Settled: no further change.
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // proves a negative: the status stays put meanwhile
 	waitNodeStatus(t, simE2E, last, last, "*", "", time.Second)
 }
 
@@ -209,17 +210,13 @@ func TestE2EMalformedConfigMaps(t *testing.T) {
 		if tc.wantErr == "" {
 			waitNodeStatus(t, simE2E, n, n, "*", "", time.Minute)
 		} else {
-			deadline := time.Now().Add(time.Minute)
-			for {
+			poll.ForNil(t, time.Minute, 300*time.Millisecond, fmt.Sprintf("%s: error %q and not active", tc.name, tc.wantErr), func() error {
 				st := nodeStatus(t, simE2E)
 				if srcName(st.Assigned) == n && st.Error == tc.wantErr && srcName(st.Active) != n {
-					break
+					return nil
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s: assigned=%s active=%s error=%q, want %q and not active", tc.name, srcName(st.Assigned), srcName(st.Active), st.Error, tc.wantErr)
-				}
-				time.Sleep(300 * time.Millisecond)
-			}
+				return fmt.Errorf("assigned=%s active=%s error=%q", srcName(st.Assigned), srcName(st.Active), st.Error)
+			})
 		}
 	}
 }

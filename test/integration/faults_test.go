@@ -18,6 +18,7 @@ import (
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/cli/plugin"
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
@@ -57,12 +58,12 @@ func waitConnected(t *testing.T, limit time.Duration) time.Duration {
 	t.Helper()
 	want := float64(1 + devclustertest.SimNodes)
 	start := time.Now()
-	for serverMetric(t, "dkc_server_connected_nodes") < want {
-		if time.Since(start) > limit {
-			t.Fatalf("only %v of %v sidecars reconnected within %v", serverMetric(t, "dkc_server_connected_nodes"), want, limit)
+	poll.ForNil(t, limit, 50*time.Millisecond, "every sidecar to reconnect", func() error {
+		if got := serverMetric(t, "dkc_server_connected_nodes"); got < want {
+			return fmt.Errorf("%v of %v reconnected", got, want)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	return time.Since(start)
 }
 
@@ -110,7 +111,7 @@ func TestFaultsDuringRollouts(t *testing.T) {
 	if err := cluster.Signal("dkc-server", syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the partition's length: not a wait for anything
 	if err := cluster.Signal("dkc-server", syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +127,12 @@ func TestFaultsDuringRollouts(t *testing.T) {
 	// restart under it: it completes, each kubelet restarted exactly once.
 	createConfigMap(t, "faults-b", map[string]string{"kubelet": header + "eventRecordQPS: 42\n"})
 	done := make(chan error, 1)
+	revA := getPool(t, pool).Status.CurrentRevision
 	go func() { done <- rollout("faults-b", "2") }()
-	time.Sleep(1500 * time.Millisecond)
+	// The restarts come once the rollout is under way.
+	poll.For(t, time.Minute, 200*time.Millisecond, "the pool to roll out b", func() bool {
+		return getPool(t, pool).Status.CurrentRevision != revA
+	})
 	for _, p := range []string{"dkc-server", "kube-apiserver"} {
 		if err := cluster.Restart(ctx, p); err != nil {
 			t.Fatalf("restart %s: %v", p, err)
@@ -154,17 +159,15 @@ func TestFaultsDuringRollouts(t *testing.T) {
 	createConfigMap(t, "faults-c", map[string]string{"kubelet": header + "eventRecordQPS: 43\n"})
 	go func() { done <- rollout("faults-c", "2") }()
 	var cn string
-	for deadline := time.Now().Add(time.Minute); ; {
-		if p := getPool(t, pool); p.Status.CurrentRevision != "" {
+	poll.ForNil(t, time.Minute, 200*time.Millisecond, "the first batch of c to run it", func() error {
+		p := getPool(t, pool)
+		if p.Status.CurrentRevision != "" {
 			if cn = snapshotOf(t, pool, p.Status.CurrentRevision); cn != bn && len(runningOn(t, cn)) >= 2 {
-				break
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the first batch of c never ran it: %+v", getPool(t, pool).Status)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return fmt.Errorf("%+v", p.Status)
+	})
 	if err := adminClient(t).CoreV1().ConfigMaps("kube-system").Delete(ctx, "faults-c", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +178,7 @@ func TestFaultsDuringRollouts(t *testing.T) {
 	}
 	// The nodes assigned c now stay the only ones: a pool that went on would assign more.
 	assigned, _ := simsOn(t, strings.Split(cn, "@")[0])
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // proves a negative: the stopped pool assigns no more meanwhile
 	if later, _ := simsOn(t, strings.Split(cn, "@")[0]); len(later) != len(assigned) || len(assigned) < 2 {
 		t.Errorf("nodes assigned c: %v when the pool stopped, %v later; want the first batch's, unchanged", assigned, later)
 	}
@@ -227,7 +230,7 @@ func TestNetworkCutOfTheRealNode(t *testing.T) {
 	createConfigMap(t, "cut-config", map[string]string{"kubelet": kubeletConfig(t, "eventRecordQPS: 17\n")})
 	name := "cut-config@" + mustRV(t, "cut-config")
 	setSource(t, client, realNode, cmSource("cut-config"))
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // proves a negative: the cut-off node's kubelet does not restart meanwhile
 	if kubeletPID(t) != pid {
 		t.Fatal("the kubelet restarted while its node was cut off")
 	}

@@ -15,11 +15,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // KubeletConfigPools on the simulated nodes (docs/design.md, "KubeletConfigPool"): dkc-server's pool
@@ -117,12 +119,10 @@ func usePoolOn(t *testing.T, name string, nodes []string) {
 		defer cancel()
 		_ = poolClient(t).Delete(ctx, name, metav1.DeleteOptions{})
 		// Pools have no finalizer; wait until it is gone all the same, so that no later test meets it.
-		for ctx.Err() == nil {
-			if _, err := poolClient(t).Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		_ = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			_, err := poolClient(t).Get(ctx, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
 		_, _, _ = kubectlDKC(t, "reset", "-l", poolSelector)
 		for _, s := range nodes {
 			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null},"annotations":{%q:null}}}`, poolLabel, v1alpha1.AnnotationAssignment)
@@ -170,21 +170,19 @@ func condition(p *v1alpha1.KubeletConfigPool, typ string) metav1.Condition {
 // the limit.
 func waitPool(t *testing.T, name string, limit time.Duration, sample func(*v1alpha1.KubeletConfigPool), done func(*v1alpha1.KubeletConfigPool) bool) *v1alpha1.KubeletConfigPool {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		p := getPool(t, name)
+	var p *v1alpha1.KubeletConfigPool
+	poll.ForNil(t, limit, 250*time.Millisecond, "pool "+name, func() error {
+		p = getPool(t, name)
 		if sample != nil {
 			sample(p)
 		}
 		if done(p) {
-			return p
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pool %s after %v: generation %d observed %d, revision %q, nodes %+v, conditions %+v",
-				name, limit, p.Generation, p.Status.ObservedGeneration, p.Status.CurrentRevision, p.Status.Nodes, p.Status.Conditions)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return fmt.Errorf("generation %d observed %d, revision %q, nodes %+v, conditions %+v",
+			p.Generation, p.Status.ObservedGeneration, p.Status.CurrentRevision, p.Status.Nodes, p.Status.Conditions)
+	})
+	return p
 }
 
 // TestPoolRollsOutOneNodeAtATime: a pool of three simulated nodes with maxUnavailable 1 rolls out to every
@@ -281,7 +279,7 @@ func TestPoolHaltsAfterMaxFailures(t *testing.T) {
 	}
 	failed := p.Status.FailedNodes[0].Name
 	// Halted stays: nothing else is assigned, however long we look.
-	time.Sleep(10 * time.Second)
+	time.Sleep(10 * time.Second) // proves a negative: the halted pool assigns no more meanwhile
 	assigned, _ := simsOn(t, "pool-bad-"+p.Status.CurrentRevision)
 	if len(assigned) != 1 || assigned[0] != failed {
 		t.Errorf("nodes assigned the bad revision: %v; want only %s", assigned, failed)
@@ -323,7 +321,7 @@ func TestPoolWithInvalidConfigTouchesNoNode(t *testing.T) {
 					t.Errorf("ConfigInvalid %q lacks %q", c.Message, want)
 				}
 			}
-			time.Sleep(5 * time.Second)
+			time.Sleep(5 * time.Second) // proves a negative: the refused config is assigned to no node meanwhile
 			for _, s := range poolSims() {
 				n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), s, metav1.GetOptions{})
 				if err != nil {

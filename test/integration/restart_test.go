@@ -12,6 +12,8 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // TestBurstOfReassignmentsKeepsTheKubeletAlive is the burst a new user tried on the real node: twenty
@@ -56,21 +58,20 @@ func burst(t *testing.T, node string) []time.Time {
 	const reassignments = 20
 	for i := 0; i < reassignments; i++ {
 		setSource(t, client, node, cmSource(fmt.Sprintf("burst-%d", i%2)))
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // the burst's pace: not a wait for anything
 	}
 	// The end state: the last assignment active in the status AND in the running kubelet. Both are polled
 	// together, because while the burst drains the status may for a moment still show an earlier cycle.
 	last := names[(reassignments-1)%2]
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	const settle = 3 * time.Minute
+	deadline := time.Now().Add(settle)
+	poll.ForNil(t, settle, 300*time.Millisecond, "the last assignment active in the status and in the kubelet", func() error {
 		st := waitNodeStatus(t, node, last, last, "*", "", time.Until(deadline))
-		if got := configz(t, node)["eventRecordQPS"]; got == float64(32) {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("status %s active but configz eventRecordQPS = %v, want 32 (the last assignment)", srcName(st.Active), got)
+		if got := configz(t, node)["eventRecordQPS"]; got != float64(32) {
+			return fmt.Errorf("status %s active but configz eventRecordQPS = %v, want 32 (the last assignment)", srcName(st.Active), got)
 		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return nil
+	})
 	state, result, err := cluster.KubeletUnitState(ctx, node)
 	if err != nil {
 		t.Fatal(err)
@@ -190,25 +191,20 @@ func TestReassignmentWhileARestartJobIsQueued(t *testing.T) {
 	}
 	setSource(t, client, realNode, cmSource(a.Name))
 	// Wait until the sidecar's restart job is queued: kubelet.service has a job and is not running.
-	queued := false
-	for deadline := time.Now().Add(hold); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	poll.For(t, hold, 100*time.Millisecond, "a kubelet.service job after assigning "+nameA, func() bool {
 		jobs, err := conn.ListJobsContext(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
+		queued := false
 		for _, j := range jobs {
 			if j.Unit == "kubelet.service" {
 				queued = true
 				t.Logf("queued: job %d %s %s", j.Id, j.JobType, j.Status)
 			}
 		}
-		if queued {
-			break
-		}
-	}
-	if !queued {
-		t.Fatalf("no kubelet.service job appeared within %v of assigning %s", hold, nameA)
-	}
+		return queued
+	})
 	setSource(t, client, realNode, cmSource(b.Name))
 
 	waitNodeStatus(t, realNode, nameB, nameB, "*", "", 2*time.Minute)

@@ -4,11 +4,14 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // TestSyncErrorClearedWhileTheServiceWasAwayClears: the real node is pointed at a ConfigMap that does not
@@ -48,13 +51,12 @@ func TestSyncErrorClearedWhileTheServiceWasAwayClears(t *testing.T) {
 	serverDown = false
 
 	waitNodeStatus(t, realNode, "local", "local", "*", "", time.Minute)
-	deadline := time.Now().Add(30 * time.Second)
-	for c := configOK(t, realNode); c.Status != corev1.ConditionTrue; c = configOK(t, realNode) {
-		if time.Now().After(deadline) {
-			t.Fatalf("ConfigOK %s (%s: %s), want True once the error cleared", c.Status, c.Reason, c.Message)
+	poll.ForNil(t, 30*time.Second, 300*time.Millisecond, "ConfigOK True once the error cleared", func() error {
+		if c := configOK(t, realNode); c.Status != corev1.ConditionTrue {
+			return fmt.Errorf("ConfigOK %s (%s: %s)", c.Status, c.Reason, c.Message)
 		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return nil
+	})
 	if c := configOK(t, realNode); strings.Contains(c.Message, "failed to sync") {
 		t.Errorf("ConfigOK message still names the sync error: %q", c.Message)
 	}

@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
@@ -152,14 +153,10 @@ func TestCARotationWithoutRestartingTheSidecar(t *testing.T) {
 	// stop; the reset at the end shows reports going through the rotated connection.
 	streaming := func(step string) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for metricAt(t, server.MetricsAddress(), "dkc_server_connected_nodes") != 1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: node %s not streaming to the server within 30s; sidecar log %s, server log %s",
-					step, realNode, sidecar.LogFile(), server.LogFile())
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		poll.For(t, 30*time.Second, 200*time.Millisecond, fmt.Sprintf("%s: node %s streaming to the server (sidecar log %s, server log %s)",
+			step, realNode, sidecar.LogFile(), server.LogFile()), func() bool {
+			return metricAt(t, server.MetricsAddress(), "dkc_server_connected_nodes") == 1
+		})
 		if c := configOK(t, realNode); c.Status != corev1.ConditionTrue {
 			t.Fatalf("%s: ConfigOK %s %q", step, c.Status, c.Message)
 		}

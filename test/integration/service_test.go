@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/test/devcluster"
 )
@@ -416,17 +417,13 @@ func TestStatusWriteBack(t *testing.T) {
 	if err := client.CoreV1().ConfigMaps("kube-system").Delete(ctx, "status-cm", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.ForNil(t, 30*time.Second, 200*time.Millisecond, "the download error to reach the Node", func() error {
 		node, err = client.CoreV1().Nodes().Get(ctx, "sim-status", metav1.GetOptions{})
-		if err == nil && strings.Contains(node.Annotations[nodeconfig.StatusAnnotation], "failed to sync: failed to download config") {
-			break
+		if err == nil && !strings.Contains(node.Annotations[nodeconfig.StatusAnnotation], "failed to sync: failed to download config") {
+			err = fmt.Errorf("annotations %v", node.Annotations)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("download error never reached the Node: %v", node.Annotations)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // TestOnlyReferencedConfigMapsAreWatched: unrelated ConfigMaps cost the service nothing; a referenced one
@@ -442,13 +439,12 @@ func TestOnlyReferencedConfigMapsAreWatched(t *testing.T) {
 	setSource(t, client, "sim-watched", cmSource("watched-one"))
 	waitMetric := func(want float64) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for serverMetric(t, "dkc_server_watched_configmaps") != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("watched configmaps = %v, want %v", serverMetric(t, "dkc_server_watched_configmaps"), want)
+		poll.ForNil(t, 10*time.Second, 100*time.Millisecond, fmt.Sprintf("%v watched configmaps", want), func() error {
+			if got := serverMetric(t, "dkc_server_watched_configmaps"); got != want {
+				return fmt.Errorf("watched configmaps = %v", got)
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	waitMetric(base + 1)
 	setSource(t, client, "sim-watched", "")

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
@@ -52,21 +53,19 @@ func srcName(s *corev1.NodeConfigSource) string {
 // "local"; lkg "*" for any) with an error containing errPart ("" = no error).
 func waitNodeStatus(t *testing.T, node, assigned, active, lkg, errPart string, timeout time.Duration) corev1.NodeConfigStatus {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	var st corev1.NodeConfigStatus
-	for {
+	what := fmt.Sprintf("node %s status assigned=%s active=%s lkg=%s error %q (logs: %s)",
+		node, assigned, active, lkg, errPart, cluster.NodeLogDir(node))
+	poll.ForNil(t, timeout, 300*time.Millisecond, what, func() error {
 		st = nodeStatus(t, node)
 		ok := srcName(st.Assigned) == assigned && srcName(st.Active) == active && (lkg == "*" || srcName(st.LastKnownGood) == lkg) &&
 			((errPart == "" && st.Error == "") || (errPart != "" && strings.Contains(st.Error, errPart)))
-		if ok {
-			return st
+		if !ok {
+			return fmt.Errorf("assigned=%s active=%s lkg=%s error=%q", srcName(st.Assigned), srcName(st.Active), srcName(st.LastKnownGood), st.Error)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s status: assigned=%s active=%s lkg=%s error=%q; want %s %s %s %q\nlogs: %s",
-				node, srcName(st.Assigned), srcName(st.Active), srcName(st.LastKnownGood), st.Error, assigned, active, lkg, errPart, cluster.NodeLogDir(node))
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return nil
+	})
+	return st
 }
 
 // configz returns the running kubelet's config through the apiserver's node proxy (the seed's recipe).
@@ -75,16 +74,14 @@ func configz(t *testing.T, node string) map[string]any {
 	// A kubelet restarted a moment ago may not answer the node proxy yet (503 "unable to handle the
 	// request"): ask again for a while, as a user would.
 	var raw []byte
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+	poll.ForNil(t, 30*time.Second, 500*time.Millisecond, "configz of "+node, func() error {
+		var err error
 		raw, err = adminClient(t).CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node + "/proxy/configz").DoRaw(testContext(t))
-		if !apierrors.IsServiceUnavailable(err) || time.Now().After(deadline) {
-			break
+		if err != nil && !apierrors.IsServiceUnavailable(err) {
+			t.Fatalf("configz of %s: %v", node, err)
 		}
-	}
-	if err != nil {
-		t.Fatalf("configz of %s: %v", node, err)
-	}
+		return err
+	})
 	var c struct {
 		KubeletConfig map[string]any `json:"kubeletconfig"`
 	}
@@ -209,7 +206,7 @@ func TestRealNodeConfigLifecycle(t *testing.T) {
 	if _, err := client.CoreV1().ConfigMaps("kube-system").Update(testContext(t), cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // proves a negative: the update restarts no kubelet meanwhile
 	if kubeletPID(t) != pid {
 		t.Error("a no-op ConfigMap update restarted the kubelet")
 	}
@@ -276,7 +273,7 @@ func TestSidecarRestartWithServiceAndAPIServerDown(t *testing.T) {
 	if err := cluster.RestartSidecar(ctx, realNode); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(8 * time.Second) // the restarted sidecar initialises against disk and the kubelet
+	time.Sleep(8 * time.Second) // proves a negative: the sidecar, initialising meanwhile, restarts no kubelet
 	if got, err := cluster.KubeletMainPID(ctx, realNode); err != nil || got != pid {
 		t.Errorf("kubelet pid %d → %d (%v): the sidecar restart restarted the kubelet", pid, got, err)
 	}
@@ -322,7 +319,7 @@ func TestKubeletThatCannotAuthenticateIsNotRolledBack(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	pid := restartKubeletThenSidecar(ctx, t)
-	time.Sleep(devclustertest.HealthTimeout + 15*time.Second) // past the health timeout of the sidecar's check
+	time.Sleep(devclustertest.HealthTimeout + 15*time.Second) // proves a negative: no rollback past the health timeout
 	expectUntouched(ctx, t, pid, env, "while /configz was refused")
 	resume()
 	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)
@@ -377,7 +374,7 @@ func TestKubeletWhoseAPIServerDropsPacketsIsNotRolledBack(t *testing.T) {
 	pid := restartKubeletThenSidecar(ctx, t)
 	// The sidecar can still reach dkc-server (another port), so its status shows what it concluded.
 	waitNodeStatus(t, realNode, name, name, "*", string(nodeconfig.VerifyTimeoutError), devclustertest.HealthTimeout+time.Minute)
-	time.Sleep(devclustertest.HealthTimeout) // and stays so past the health timeout
+	time.Sleep(devclustertest.HealthTimeout) // proves a negative: it stays so past the health timeout
 	expectUntouched(ctx, t, pid, env, "while /configz did not answer")
 	undrop()
 	waitNodeStatus(t, realNode, name, name, "*", "", 2*time.Minute)

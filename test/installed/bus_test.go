@@ -8,6 +8,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // TestSystemBusRestartedDuringAKubeletRestart: node-1's bus is restarted (dbus.socket, as an upgrade of the
@@ -36,11 +38,9 @@ func TestSystemBusRestartedDuringAKubeletRestart(t *testing.T) {
 	logged := sidecarLogLines(t, node, pod, "restarting kubelet to use config")
 	cm := createConfig(t, "installed-bus", node, 91)
 	assign(t, node, cm)
-	for deadline := time.Now().Add(time.Minute); sidecarLogLines(t, node, pod, "restarting kubelet to use config") == logged; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the sidecar never logged the kubelet restart")
-		}
-	}
+	poll.For(t, time.Minute, 50*time.Millisecond, "the sidecar to log the kubelet restart", func() bool {
+		return sidecarLogLines(t, node, pod, "restarting kubelet to use config") != logged
+	})
 	if err := cluster.RestartBus(ctxFor(t), node); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ package installed
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // configNamespace is the dedicated config namespace of deploy/components/config-namespace, which
@@ -78,19 +80,18 @@ func TestDedicatedConfigNamespace(t *testing.T) {
 	editor := configEditor(t, "kubelet-config-editor@example.test")
 	before = kubeletStarts(t, node)
 	var edited *corev1.ConfigMap
-	for deadline := time.Now().Add(time.Minute); ; { // until the authorizer's cache has the RoleBinding
+	// Refused until the authorizer's cache has the RoleBinding.
+	poll.ForNil(t, time.Minute, 500*time.Millisecond, fmt.Sprintf("dkc-config-editor to update %s/%s", configNamespace, cm.Name), func() error {
 		cur, err := editor.CoreV1().ConfigMaps(configNamespace).Get(ctx, cm.Name, metav1.GetOptions{})
 		if err == nil {
 			cur.Data["kubelet"] = nodeConfig(t, node, 34)
-			if edited, err = editor.CoreV1().ConfigMaps(configNamespace).Update(ctx, cur, metav1.UpdateOptions{}); err == nil {
-				break
-			}
+			edited, err = editor.CoreV1().ConfigMaps(configNamespace).Update(ctx, cur, metav1.UpdateOptions{})
 		}
-		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
+		if err != nil && !apierrors.IsForbidden(err) {
 			t.Fatalf("dkc-config-editor updating %s/%s: %v", configNamespace, cm.Name, err)
 		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return err
+	})
 	waitRunning(t, node, edited, 2*time.Minute) // a Node pointed straight at a ConfigMap follows its edits
 	if got := configzQPS(t, node); got != 34 {
 		t.Errorf("configz eventRecordQPS = %v after the editor's update, want 34", got)

@@ -5,6 +5,7 @@ package installed
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // The refusals of the admission policy dkc-node-status-writers (deploy/base/node-status-policy.yaml).
@@ -112,15 +115,9 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 	own := condition(corev1.NodeCondition{Type: "KernelDeadlock", Status: corev1.ConditionFalse, Reason: "KernelHasNoDeadlock",
 		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()})
 	for _, w := range []kubernetes.Interface{writer, otherDKC} {
-		var last error
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-			if last = patch(w, types.StrategicMergePatchType, own, "status"); last == nil || time.Now().After(deadline) {
-				break
-			}
-		}
-		if last != nil {
-			t.Fatalf("status writer writing its own condition: %v", last)
-		}
+		poll.ForNil(t, 30*time.Second, 200*time.Millisecond, "the status writer to write its own condition", func() error {
+			return patch(w, types.StrategicMergePatchType, own, "status")
+		})
 	}
 
 	// node-2 on its local config: dkc-server reported it ({} and ConfigOK True). The forgeries.
@@ -215,15 +212,12 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 	cfg := createConfig(t, "forgery-qps-23", node, 23)
 	assign(t, node, cfg)
 	waitRunning(t, node, cfg, 2*time.Minute)
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
-		at, ready := heartbeat()
-		if ready && at.After(before.Time) {
-			break
+	poll.ForNil(t, 2*time.Minute, time.Second, node+": the kubelet's status to land", func() error {
+		if at, ready := heartbeat(); !ready || !at.After(before.Time) {
+			return fmt.Errorf("heartbeat %v (before the assignment %v), Ready %v", at, before, ready)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: Ready %v, heartbeat %v (before the assignment %v): the kubelet's status did not land", node, ready, at, before)
-		}
-	}
+		return nil
+	})
 }
 
 // nodeCannotDropItsAssignment checks that node's own kubelet credentials may not remove the

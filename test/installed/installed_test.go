@@ -10,6 +10,7 @@ package installed
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
@@ -157,18 +159,17 @@ func (v nodeView) String() string {
 // waitRunning waits until node's status says cm is assigned and active without error and ConfigOK is True.
 func waitRunning(t *testing.T, node string, cm *corev1.ConfigMap, timeout time.Duration) nodeView {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		v := view(t, node)
+	var v nodeView
+	what := fmt.Sprintf("node %s: %s assigned and active, ConfigOK True (pod logs: %s/pods)", node, name(cm), cluster.NodeLogDir(node))
+	poll.ForNil(t, timeout, 300*time.Millisecond, what, func() error {
+		v = view(t, node)
 		if srcName(v.status.Assigned) == name(cm) && srcName(v.status.Active) == name(cm) && v.status.Error == "" &&
 			v.configOK != nil && v.configOK.Status == corev1.ConditionTrue {
-			return v
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s: %s; want %s assigned and active, ConfigOK True (pod logs: %s/pods)", node, v, name(cm), cluster.NodeLogDir(node))
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return errors.New(v.String())
+	})
+	return v
 }
 
 // kubeletStarts counts the kubelet's starts on node from its log: one "Kubelet version" line per start.
@@ -219,8 +220,7 @@ func resetAll(t *testing.T) {
 // the admission webhook (failurePolicy Fail), which is what the next test would see first.
 func waitNodesReady(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	poll.ForNil(t, 3*time.Minute, 500*time.Millisecond, "every node Ready", func() error {
 		var notReady []string
 		for _, n := range nodes {
 			node, err := admin(t).CoreV1().Nodes().Get(ctxFor(t), n, metav1.GetOptions{})
@@ -231,14 +231,11 @@ func waitNodesReady(t *testing.T) {
 				notReady = append(notReady, n)
 			}
 		}
-		if len(notReady) == 0 {
-			return
+		if len(notReady) > 0 {
+			return fmt.Errorf("nodes %v not Ready", notReady)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nodes %v not Ready for 3m", notReady)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func nodeReady(n *corev1.Node) bool {
@@ -263,23 +260,21 @@ func serverPods(t *testing.T) []corev1.Pod {
 // returns them.
 func waitServerSettled(t *testing.T) []corev1.Pod {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		pods := serverPods(t)
+	var pods []corev1.Pod
+	poll.ForNil(t, 3*time.Minute, 500*time.Millisecond, "dkc-server's 2 pods ready and not terminating", func() error {
+		pods = serverPods(t)
 		serving := 0
 		for _, p := range pods {
 			if ready(&p) && p.DeletionTimestamp == nil {
 				serving++
 			}
 		}
-		if len(pods) == 2 && serving == 2 {
-			return pods
+		if len(pods) != 2 || serving != 2 {
+			return fmt.Errorf("%d pods, %d ready and not terminating", len(pods), serving)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dkc-server: %d pods, %d ready and not terminating; want 2", len(pods), serving)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return nil
+	})
+	return pods
 }
 
 // waitRolledOut waits until `kubectl rollout status` says the workload is rolled out.
@@ -376,7 +371,7 @@ func TestServerPodsDeletedWhileAssignmentsChange(t *testing.T) {
 			t.Fatalf("delete %s: %v", victim.Name, err)
 		}
 		t.Logf("round %d: assigned, deleted %s on %s (serving %s's stream: %v)", r, victim.Name, victim.Spec.NodeName, target, found)
-		time.Sleep(2 * time.Second)
+		time.Sleep(2 * time.Second) // the rounds' pace: the next assignments meet the replica being replaced
 	}
 	for _, n := range nodes {
 		waitRunning(t, n, last[n], 3*time.Minute)

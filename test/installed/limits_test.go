@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
@@ -156,24 +157,21 @@ func restartServerWith(t *testing.T, args []string) {
 // waitServing waits until node has a stream on a dkc-server replica.
 func waitServing(t *testing.T, node string) {
 	t.Helper()
-	for end := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
-		if _, ok := servingPod(t, serverPods(t), node); ok {
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("%s has no stream on any dkc-server replica", node)
-		}
-	}
+	poll.For(t, 2*time.Minute, time.Second, node+" to have a stream on a dkc-server replica", func() bool {
+		_, ok := servingPod(t, serverPods(t), node)
+		return ok
+	})
 }
 
 // waitFloodHeld waits until the flood holds n authenticated connections.
 func waitFloodHeld(t *testing.T, f *flooder, n int64) {
 	t.Helper()
-	for end := time.Now().Add(2 * time.Minute); f.held.Load() < n; time.Sleep(time.Second) {
-		if time.Now().After(end) {
-			t.Fatalf("the flood holds %d authenticated connections after two minutes, want %d", f.held.Load(), n)
+	poll.ForNil(t, 2*time.Minute, time.Second, fmt.Sprintf("the flood to hold %d authenticated connections", n), func() error {
+		if held := f.held.Load(); held < n {
+			return fmt.Errorf("it holds %d", held)
 		}
-	}
+		return nil
+	})
 }
 
 // replaceSidecar deletes node's dkc-sidecar pod and waits for the DaemonSet's new one to run (and to be
@@ -184,7 +182,8 @@ func replaceSidecar(t *testing.T, node string, wantReady bool) string {
 	if err := admin(t).CoreV1().Pods("kube-system").Delete(ctxFor(t), pod, metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("delete %s: %v", pod, err)
 	}
-	for end := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
+	var replaced string
+	poll.For(t, 2*time.Minute, time.Second, fmt.Sprintf("a new dkc-sidecar pod ready on %s after deleting %s", node, pod), func() bool {
 		pods, err := admin(t).CoreV1().Pods("kube-system").List(ctxFor(t), metav1.ListOptions{
 			LabelSelector: "app.kubernetes.io/name=dkc-sidecar", FieldSelector: "spec.nodeName=" + node})
 		if err != nil {
@@ -192,13 +191,13 @@ func replaceSidecar(t *testing.T, node string, wantReady bool) string {
 		}
 		for _, p := range pods.Items {
 			if p.Name != pod && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && (!wantReady || ready(&p)) {
-				return p.Name
+				replaced = p.Name
+				return true
 			}
 		}
-		if time.Now().After(end) {
-			t.Fatalf("no new dkc-sidecar pod ready on %s two minutes after deleting %s", node, pod)
-		}
-	}
+		return false
+	})
+	return replaced
 }
 
 // serverMetric sums a counter over the dkc-server pods' /metrics, read through the apiserver's pod proxy.

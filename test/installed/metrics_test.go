@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Where Prometheus scrapes dkc: each dkc-server pod's IP on the Deployment's metrics port, and each node's
@@ -65,36 +66,34 @@ func checkMetricsGuarded(t *testing.T, ctx context.Context, target, reader, nobo
 		t.Errorf("GET https://%s/healthz without a token (the kubelet's probe): %d %q, %v; want 200", target, code, body, err)
 	}
 	// /readyz is 503 while a sidecar has no config stream open, as after an earlier test restarted dkc-server
-	// or took the apiserver away: it must become 200 without a token once the sidecar reconnects.
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
-		code, body, err := scrape(ctx, "https://"+target+"/readyz", "")
-		if err == nil && code == http.StatusOK {
-			break
+	// or took the apiserver away: it must become 200 without a token once the sidecar reconnects. Not
+	// poll.For, which would end the test: the other targets are checked all the same.
+	var code int
+	var body string
+	var err error
+	if wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
+		code, body, err = scrape(ctx, "https://"+target+"/readyz", "")
+		if code == http.StatusUnauthorized || code == http.StatusForbidden {
+			return false, errors.New("refused")
 		}
-		if code == http.StatusUnauthorized || code == http.StatusForbidden || time.Now().After(deadline) {
-			t.Errorf("GET https://%s/readyz without a token (the kubelet's probe): %d %q, %v; want 200", target, code, body, err)
-			break
-		}
+		return err == nil && code == http.StatusOK, nil
+	}) != nil {
+		t.Errorf("GET https://%s/readyz without a token (the kubelet's probe): %d %q, %v; want 200", target, code, body, err)
 	}
 	if code, body, err := scrape(ctx, "https://"+target+"/metrics", nobody); err != nil || code != http.StatusForbidden {
 		t.Errorf("GET https://%s/metrics with a token not allowed get /metrics: %d %q, %v; want 403", target, code, body, err)
 	}
 	// The binding was just made: until the apiserver's RBAC cache has it, and then for the deny cache's
 	// 30 s, a scrape can still be refused.
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		code, body, err := scrape(ctx, "https://"+target+"/metrics", reader)
-		if err == nil && code == http.StatusOK {
-			if !strings.Contains(body, "dkc_build_info") {
-				t.Errorf("GET https://%s/metrics as dkc-metrics-reader: no dkc_build_info in\n%s", target, body)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("GET https://%s/metrics with a token bound to dkc-metrics-reader: %d %q, %v; want 200", target, code, body, err)
-			return
-		}
-		time.Sleep(time.Second)
+	if wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
+		code, body, err = scrape(ctx, "https://"+target+"/metrics", reader)
+		return err == nil && code == http.StatusOK, nil
+	}) != nil {
+		t.Errorf("GET https://%s/metrics with a token bound to dkc-metrics-reader: %d %q, %v; want 200", target, code, body, err)
+		return
+	}
+	if !strings.Contains(body, "dkc_build_info") {
+		t.Errorf("GET https://%s/metrics as dkc-metrics-reader: no dkc_build_info in\n%s", target, body)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/dkc-dev/dkc/cli/plugin"
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
@@ -100,11 +102,9 @@ func TestSidecarRollingUpdate(t *testing.T) {
 	assign(t, "node-1", b)
 	// The kubelet has restarted into b: the sidecar is now in its health wait, which the dropped probes
 	// hold open until the update has replaced it.
-	for deadline := time.Now().Add(time.Minute); kubeletStarts(t, "node-1") == before["node-1"]; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("node-1's kubelet never restarted into the new config")
-		}
-	}
+	poll.For(t, time.Minute, 50*time.Millisecond, "node-1's kubelet to restart into the new config", func() bool {
+		return kubeletStarts(t, "node-1") != before["node-1"]
+	})
 	// The replaced pod's log goes with the pod: keep it open (an open file outlives its unlinking). Its
 	// newest container's log: the one running now (<restartCount>.log).
 	logs, _ := filepath.Glob(filepath.Join(cluster.NodeLogDir("node-1"), "pods", "kube-system_"+old+"_*", "dkc-sidecar", "*.log"))
@@ -122,15 +122,16 @@ func TestSidecarRollingUpdate(t *testing.T) {
 	}
 	// Lifted once the old pod is gone, not when the rollout is done: the new sidecar's own health wait
 	// (20s here) starts with it, and must see the kubelet.
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+	poll.ForNil(t, 2*time.Minute, 200*time.Millisecond, old+" to go after the image changed", func() error {
 		_, err := admin(t).CoreV1().Pods("kube-system").Get(ctxFor(t), old, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			break
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case err == nil:
+			return errors.New("still there")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still there 2 minutes after the image changed: %v", old, err)
-		}
-	}
+		return err
+	})
 	if err := lift(); err != nil {
 		t.Fatal(err)
 	}
@@ -240,24 +241,21 @@ func TestNodeDeletedAndRejoined(t *testing.T) {
 	}
 	// From the moment the new Node exists until it settles on its local config, it never shows the old
 	// object's assignment.
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	poll.ForNil(t, 3*time.Minute, 300*time.Millisecond, "the re-joined "+node+" to settle on its local config", func() error {
 		n, err := admin(t).CoreV1().Nodes().Get(ctxFor(t), node, metav1.GetOptions{})
-		if err == nil {
-			v := view(t, node)
-			if srcName(v.status.Assigned) == name(cm) {
-				t.Fatalf("the re-joined %s shows the deleted object's assignment: %s", node, v)
-			}
-			if n.Annotations["dkc.dev/config-status"] != "" && v.status.Assigned == nil && v.status.Active == nil && v.status.Error == "" &&
-				v.configOK != nil && v.configOK.Status == corev1.ConditionTrue {
-				break
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("re-joined %s never settled on its local config: %s", node, view(t, node))
+		v := view(t, node)
+		if srcName(v.status.Assigned) == name(cm) {
+			t.Fatalf("the re-joined %s shows the deleted object's assignment: %s", node, v)
 		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		if n.Annotations["dkc.dev/config-status"] != "" && v.status.Assigned == nil && v.status.Active == nil && v.status.Error == "" &&
+			v.configOK != nil && v.configOK.Status == corev1.ConditionTrue {
+			return nil
+		}
+		return errors.New(v.String())
+	})
 	if got := configzQPS(t, node); got != local {
 		t.Errorf("%s: configz eventRecordQPS = %v, want the local config's %v (61 would be the deleted object's config)", node, got, local)
 	}
@@ -275,8 +273,8 @@ func TestNodeDeletedAndRejoined(t *testing.T) {
 func portForward(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	re := regexp.MustCompile(`Forwarding from (127\.0\.0\.1:\d+) -> 9443`)
-	deadline := time.Now().Add(time.Minute)
-	for {
+	var addr string
+	poll.ForNil(t, time.Minute, time.Second, "kubectl port-forward to print a local address", func() error {
 		pf := exec.CommandContext(ctx, "kubectl", "--kubeconfig", cluster.KubeconfigPath(), "-n", "kube-system", "port-forward", "svc/dkc-server", ":9443")
 		stdout, err := pf.StdoutPipe()
 		if err != nil {
@@ -292,16 +290,15 @@ func portForward(t *testing.T, ctx context.Context) string {
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				go func() { _, _ = io.Copy(io.Discard, stdout) }()
 				t.Cleanup(func() { _ = pf.Process.Kill(); _ = pf.Wait() })
-				return m[1]
+				addr = m[1]
+				return nil
 			}
 		}
 		_ = pf.Wait()
-		if time.Now().After(deadline) {
-			t.Fatalf("kubectl port-forward printed no local address: %s", stderr.String())
-		}
 		t.Logf("port-forward: %s; retrying", strings.TrimSpace(stderr.String()))
-		time.Sleep(time.Second)
-	}
+		return errors.New(strings.TrimSpace(stderr.String()))
+	})
+	return addr
 }
 
 // TestNodesMovingBetweenReplicas: with --max-connection-age short, every sidecar's stream is moved between
@@ -456,13 +453,7 @@ func TestSidecarStoppedDuringHealthWait(t *testing.T) {
 	before := kubeletStarts(t, node)
 	cm := createConfig(t, "installed-healthwait", node, 81)
 	assign(t, node, cm)
-	deadline := time.Now().Add(time.Minute)
-	for seen() == restartsLogged {
-		if time.Now().After(deadline) {
-			t.Fatal("the sidecar never logged the kubelet restart")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.For(t, time.Minute, 20*time.Millisecond, "the sidecar to log the kubelet restart", func() bool { return seen() != restartsLogged })
 	if err := admin(t).CoreV1().Pods("kube-system").Delete(ctxFor(t), pod, metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("delete %s: %v", pod, err)
 	}

@@ -3,6 +3,7 @@
 package installed
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
@@ -30,14 +32,12 @@ func TestSidecarRestartedDuringAnAPIServerOutage(t *testing.T) {
 	// starts without the apiserver knows no pod to restart a container of): wait until no kubelet has
 	// started on either node for 10s, whatever earlier tests left in motion.
 	quietSince, last := time.Now(), kubeletStarts(t, node)+kubeletStarts(t, "node-2")
-	for deadline := time.Now().Add(2 * time.Minute); time.Since(quietSince) < 10*time.Second; time.Sleep(time.Second) {
+	poll.For(t, 2*time.Minute, time.Second, "the kubelets to stay up for 10s", func() bool {
 		if n := kubeletStarts(t, node) + kubeletStarts(t, "node-2"); n != last {
 			quietSince, last = time.Now(), n
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the kubelets never stayed up for 10s")
-		}
-	}
+		return time.Since(quietSince) >= 10*time.Second
+	})
 	waitRunning(t, node, cm, time.Minute)
 	before := kubeletStarts(t, node)
 	otherBefore := kubeletStarts(t, "node-2")
@@ -88,19 +88,13 @@ func TestSidecarRestartedDuringAnAPIServerOutage(t *testing.T) {
 		t.Fatalf("kill the sidecar container %s: %v: %s", old, err, out)
 	}
 	// The kubelet starts a new container for the pod without the apiserver; wait for it, then for its verdict.
-	deadline := time.Now().Add(2 * time.Minute)
-	for id := sidecar(); id == "" || id == old; id = sidecar() {
-		if time.Now().After(deadline) {
-			t.Fatal("the kubelet did not start a new dkc-sidecar container during the outage")
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	for unverified() == seenBefore {
-		if time.Now().After(deadline) {
-			t.Fatalf("the new sidecar never said it waits for its kubelet's version (logs: %s/pods)", cluster.NodeLogDir(node))
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	deadline := time.Now().Add(2 * time.Minute) // for both
+	poll.For(t, time.Until(deadline), 500*time.Millisecond, "the kubelet to start a new dkc-sidecar container during the outage", func() bool {
+		id := sidecar()
+		return id != "" && id != old
+	})
+	poll.For(t, time.Until(deadline), 500*time.Millisecond, fmt.Sprintf("the new sidecar to say it waits for its kubelet's version (logs: %s/pods)",
+		cluster.NodeLogDir(node)), func() bool { return unverified() != seenBefore })
 	time.Sleep(devclustertest.HealthTimeout + 5*time.Second) // past the sidecar's health timeout
 	if d := kubeletStarts(t, node) - before; d != 0 {
 		t.Errorf("%s: kubelet started %d times during the outage, want 0", node, d)

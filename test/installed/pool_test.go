@@ -18,11 +18,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/cli/plugin"
+	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster/devclustertest"
 )
 
@@ -51,12 +53,10 @@ func deletePoolAtEnd(t *testing.T, name string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		_ = pools(t).Delete(ctx, name, metav1.DeleteOptions{})
-		for ctx.Err() == nil {
-			if _, err := pools(t).Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		_ = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			_, err := pools(t).Get(ctx, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
 		for _, n := range nodes {
 			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, v1alpha1.AnnotationAssignment)
 			_, _ = admin(t).CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
@@ -187,17 +187,14 @@ func TestPoolOnRealNodes(t *testing.T) {
 		out, err := kubectlDKC(ctx, "rollout", pool, "--configmap", "kube-system/installed-pool", "-l", "kubernetes.io/os=linux", "--max-unavailable", "1", "--timeout", "5m")
 		done <- result{out, err}
 	}()
-	for deadline := time.Now().Add(time.Minute); ; {
-		if u, err := pools(t).Get(ctx, pool, metav1.GetOptions{}); err == nil {
-			if n, _, _ := unstructured.NestedInt64(u.Object, "status", "nodes", "inProgress"); n > 0 {
-				break
-			}
+	poll.For(t, time.Minute, 200*time.Millisecond, "the pool to assign a node", func() bool {
+		u, err := pools(t).Get(ctx, pool, metav1.GetOptions{})
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the pool assigned no node within a minute")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		n, _, _ := unstructured.NestedInt64(u.Object, "status", "nodes", "inProgress")
+		return n > 0
+	})
 	old := leader(t)
 	if err := admin(t).CoreV1().Pods("kube-system").Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("delete the leader %s: %v", old, err)
@@ -296,7 +293,7 @@ func TestPoolOnRealNodes(t *testing.T) {
 	if out, err := kubectlDKC(ctx, "rollout", pool, "--configmap", "kube-system/installed-pool", "--timeout", "1m"); err != nil || !strings.Contains(out, "paused") {
 		t.Fatalf("rollout while paused: %v\n%s", err, out)
 	}
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // proves a negative: the paused pool restarts no kubelet meanwhile
 	for _, n := range nodes {
 		if s := startsSince(t, n, since); len(s) != 0 {
 			t.Errorf("%s: kubelet started %v while the pool was paused", n, s)

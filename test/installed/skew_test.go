@@ -4,6 +4,8 @@ package installed
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // kubeletMinors are the nodes' kubelet minors as their Node objects report them (the version dkc-server
@@ -153,33 +156,27 @@ func TestKubeletSkew(t *testing.T) {
 // waitLastKnownGood waits until node's status says cm is its last-known-good (its trial passed).
 func waitLastKnownGood(t *testing.T, node string, cm *corev1.ConfigMap, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		v := view(t, node)
-		if srcName(v.status.LastKnownGood) == name(cm) {
-			return
+	poll.ForNil(t, timeout, time.Second, fmt.Sprintf("node %s: %s last-known-good after its trial", node, name(cm)), func() error {
+		if v := view(t, node); srcName(v.status.LastKnownGood) != name(cm) {
+			return errors.New(v.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s: %s; want %s last-known-good after its trial", node, v, name(cm))
-		}
-		time.Sleep(time.Second)
-	}
+		return nil
+	})
 }
 
 // waitStatusError waits until node's status says cm is assigned and refused with want, ConfigOK False.
 func waitStatusError(t *testing.T, node string, cm *corev1.ConfigMap, want nodeconfig.StatusError, timeout time.Duration) nodeView {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		v := view(t, node)
+	var v nodeView
+	what := fmt.Sprintf("node %s: %s assigned, error %q, ConfigOK False (pod logs: %s/pods)", node, name(cm), want, cluster.NodeLogDir(node))
+	poll.ForNil(t, timeout, 300*time.Millisecond, what, func() error {
+		v = view(t, node)
 		if srcName(v.status.Assigned) == name(cm) && v.status.Error == string(want) && v.configOK != nil && v.configOK.Status == corev1.ConditionFalse {
-			return v
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s: %s; want %s assigned, error %q, ConfigOK False (pod logs: %s/pods)", node, v, name(cm), want, cluster.NodeLogDir(node))
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return errors.New(v.String())
+	})
+	return v
 }
 
 // configzField is one field of the running kubelet's config as JSON, through the apiserver's node proxy.

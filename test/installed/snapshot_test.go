@@ -17,6 +17,7 @@ import (
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/cli/plugin"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // forgedSnapshot is a ConfigMap shaped exactly like pool's snapshot of rev (name, labels, immutable),
@@ -133,37 +134,29 @@ func recreatedSnapshot(t *testing.T, pool string, sameData bool) {
 	t.Logf("replaced %s (UID %s) with UID %s", good.Name, good.UID, forged.UID)
 	scaleServer(t, 2)
 
-	deadline := time.Now().Add(time.Minute)
-	for {
+	poll.ForNil(t, time.Minute, 300*time.Millisecond, fmt.Sprintf("node-2 to have the error %q", nodeconfig.SnapshotMismatchError), func() error {
 		v := view(t, "node-2")
 		if v.status.Error == string(nodeconfig.SnapshotMismatchError) && v.configOK != nil && v.configOK.Status == corev1.ConditionFalse {
 			t.Logf("node-2: %s", v)
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node-2: %s; want the error %q", v, nodeconfig.SnapshotMismatchError)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return errors.New(v.String())
+	})
 	// The pool refuses it too.
-	deadline = time.Now().Add(time.Minute)
-	for {
+	poll.ForNil(t, time.Minute, 300*time.Millisecond, "the pool to be ConfigInvalid "+v1alpha1.ReasonSnapshotMismatch, func() error {
 		p := getPool(t, pool)
 		c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionConfigInvalid)
 		if c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonSnapshotMismatch {
 			if !strings.Contains(c.Message, "kube-system/"+forged.Name+" (UID "+string(forged.UID)+")") || !strings.Contains(c.Message, "the pool records UID ") {
 				t.Errorf("ConfigInvalid %q: want the forged ConfigMap, its UID %s and the UID recorded", c.Message, forged.UID)
 			}
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pool conditions %+v, want ConfigInvalid %s", p.Status.Conditions, v1alpha1.ReasonSnapshotMismatch)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return fmt.Errorf("conditions %+v", p.Status.Conditions)
+	})
 	// Had the node been sent the forged data, its kubelet would have restarted by now (it restarts within
 	// seconds of an assignment); give it a few more.
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // proves a negative: no kubelet start meanwhile
 	if s := startsSince(t, "node-2", since); len(s) != 0 {
 		t.Errorf("node-2: kubelet started %v after its snapshot was replaced", s)
 	}
@@ -189,9 +182,10 @@ func scaleServer(t *testing.T, replicas int) {
 		}
 		waitServerSettled(t)
 	})
-	for end := time.Now().Add(2 * time.Minute); len(serverPods(t)) > 0; time.Sleep(500 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("dkc-server scaled to 0: %d pods left after two minutes", len(serverPods(t)))
+	poll.ForNil(t, 2*time.Minute, 500*time.Millisecond, "dkc-server scaled to 0 to have no pod left", func() error {
+		if n := len(serverPods(t)); n > 0 {
+			return fmt.Errorf("%d pods left", n)
 		}
-	}
+		return nil
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // helmValues installs the chart with the images the suite built (already in the nodes' containerd), one
@@ -186,15 +189,16 @@ func reinstallKustomize(t *testing.T, afterFailure bool) {
 			t.Errorf("cleanup: helm uninstall: %v\n%s", err, out)
 		}
 	}
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
+	poll.ForNil(t, 3*time.Minute, time.Second, "namespace dkc-configs to go after helm uninstall", func() error {
 		_, err := admin(t).CoreV1().Namespaces().Get(ctx, "dkc-configs", metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			break
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case err == nil:
+			return errors.New("still there")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("namespace dkc-configs still there 3m after helm uninstall: %v", err)
-		}
-	}
+		return err
+	})
 	if out, err := runKubectl(ctx, "apply", "-k", cluster.InstallDir()); err != nil {
 		t.Fatalf("kubectl apply -k (reinstall): %v\n%s", err, out)
 	}

@@ -35,6 +35,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dkc-dev/dkc/hack/images/ociimage"
@@ -470,16 +471,13 @@ func (c *Cluster) ImportImages(ctx context.Context, tarballs ...string) error {
 }
 
 func waitPath(ctx context.Context, path string) error {
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s did not appear: %w", path, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
+	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(path)
+		return err == nil, nil
+	}); err != nil {
+		return fmt.Errorf("%s did not appear: %w", path, err)
 	}
+	return nil
 }
 
 // kubectl runs kubectl with the admin kubeconfig.
@@ -637,19 +635,15 @@ func (c *Cluster) waitDaemonSet(ctx context.Context, ns, name string) error {
 // pollUntil calls check every half second until it succeeds or timeout passes; the error names what and
 // the last reason.
 func pollUntil(ctx context.Context, timeout time.Duration, what string, check func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	var last error
-	for {
-		if last = check(ctx); last == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last: %w)", what, ctx.Err(), last)
-		case <-time.After(500 * time.Millisecond):
-		}
+	checked := func(ctx context.Context) (bool, error) {
+		last = check(ctx)
+		return last == nil, nil
 	}
+	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, checked); err != nil {
+		return fmt.Errorf("waiting for %s: %w (last: %w)", what, err, last)
+	}
+	return nil
 }
 
 // imagesDir is where `make images` wrote the images the installed form imports: Config.ImagesDir, else

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // process is one program the cluster runs. Its identity is written to <runDir>/<name>.pid as "PID STARTTIME"
@@ -156,32 +158,31 @@ func (p *process) stop(grace time.Duration) error {
 }
 
 func (p *process) waitExit(d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if p.exited() {
-			return true
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	exited := func(context.Context) (bool, error) { return p.exited(), nil }
+	_ = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, d, true, exited)
 	return p.exited()
 }
 
 // waitFor polls ready until it succeeds, the process exits, or ctx ends; the error names the log to read.
 func (p *process) waitFor(ctx context.Context, what string, ready func(context.Context) error) error {
 	var last error
-	for {
+	errExited := errors.New("exited")
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		if last = ready(ctx); last == nil {
-			return nil
+			return true, nil
 		}
 		if p.exited() {
-			return fmt.Errorf("%s exited before %s; see %s (%s)", p.name, what, p.logFile, tail(p.logFile, 5))
+			return false, errExited
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s not %s: %w (last error: %w); see %s", p.name, what, ctx.Err(), last, p.logFile)
-		case <-time.After(200 * time.Millisecond):
-		}
+		return false, nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errExited):
+		return fmt.Errorf("%s exited before %s; see %s (%s)", p.name, what, p.logFile, tail(p.logFile, 5))
 	}
+	return fmt.Errorf("%s not %s: %w (last error: %w); see %s", p.name, what, err, last, p.logFile)
 }
 
 // procStartTime is field 22 of /proc/PID/stat, the start time in clock ticks since boot.

@@ -14,6 +14,7 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
@@ -125,21 +126,18 @@ func (c *Cluster) WaitStatus(ctx context.Context, node string, ok func(map[strin
 		return err
 	}
 	var last string
-	for {
+	if err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err == nil {
-			last = n.Annotations[nodeconfig.StatusAnnotation]
-			var st map[string]any
-			if last != "" && json.Unmarshal([]byte(last), &st) == nil && ok(st) {
-				return nil
-			}
+		if err != nil {
+			return false, nil
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last status %q)", ctx.Err(), last)
-		case <-time.After(200 * time.Millisecond):
-		}
+		last = n.Annotations[nodeconfig.StatusAnnotation]
+		var st map[string]any
+		return last != "" && json.Unmarshal([]byte(last), &st) == nil && ok(st), nil
+	}); err != nil {
+		return fmt.Errorf("%w (last status %q)", err, last)
 	}
+	return nil
 }
 
 // startUnit is `systemctl start UNIT` on the node's own systemd. The bus may refuse connections for a moment

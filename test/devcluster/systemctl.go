@@ -9,6 +9,7 @@ import (
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // systemctl is `systemctl` on a node's own systemd, over the bus address the node exposes: what an operator
@@ -19,8 +20,10 @@ type systemctl struct{ conn *sddbus.Conn }
 // dialSystemctl connects to the node's systemd. The bus may refuse connections for a moment after its socket
 // appears (a node starting, dbus.socket restarted), so connecting is retried for up to 10s.
 func dialSystemctl(ctx context.Context, address string) (*systemctl, error) {
+	var s *systemctl
 	var lastErr error
-	for i := 0; i < 50; i++ {
+	tries := wait.Backoff{Duration: 200 * time.Millisecond, Steps: 50} // 50, 200ms apart
+	err := wait.ExponentialBackoffWithContext(ctx, tries, func(context.Context) (bool, error) {
 		conn, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
 			c, err := godbus.Dial(address, godbus.WithContext(ctx))
 			if err != nil {
@@ -35,15 +38,18 @@ func dialSystemctl(ctx context.Context, address string) (*systemctl, error) {
 			}
 			return c, nil
 		})
-		if err == nil {
-			return &systemctl{conn: conn}, nil
+		if err != nil {
+			lastErr = err
+			return false, nil
 		}
-		lastErr = err
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("connect to systemd on %s: %w (last: %w)", address, ctx.Err(), lastErr)
-		case <-time.After(200 * time.Millisecond):
-		}
+		s = &systemctl{conn: conn}
+		return true, nil
+	})
+	switch {
+	case err == nil:
+		return s, nil
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("connect to systemd on %s: %w (last: %w)", address, ctx.Err(), lastErr)
 	}
 	return nil, fmt.Errorf("connect to systemd on %s: %w", address, lastErr)
 }

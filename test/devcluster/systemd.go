@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/dkc-dev/dkc/sidecar/app"
 )
 
@@ -281,18 +283,14 @@ StandardError=inherit
 
 // waitBus waits for the node's systemd to answer on its bus.
 func waitBus(ctx context.Context, socket string) error {
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
-		if _, err := os.Stat(socket); err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(socket)
+		return err == nil, nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("no D-Bus socket at %s after a minute", socket)
 	}
-	return fmt.Errorf("no D-Bus socket at %s after a minute", socket)
+	return err
 }
 
 // writeFiles writes name → content into dir and returns name → path.

@@ -11,13 +11,17 @@ BUF        := $(GO_TOOLS) buf
 # The branch `buf breaking` compares the API against; main itself compares with its previous commit.
 BUF_AGAINST ?= .git\#ref=HEAD~1
 # The cluster suites: each test binary starts a real cluster of its own, and the two suites run side by side
-# (INTEGRATION_P=1 runs them one after the other). Each cluster leases a block of loopback ports below the
-# kernel's ephemeral range (test/devcluster/ports.go), so two clusters starting at once never pick the same
-# port. test/freshkernel changes host-wide kernel settings and requires that no other cluster runs: it runs
-# first, alone.
+# (INTEGRATION_P=1 runs them one after the other, the installed suite unsharded). Each cluster leases a block
+# of loopback ports below the kernel's ephemeral range (test/devcluster/ports.go), so clusters starting at
+# once never pick the same port. The installed suite, the longest, mostly waits (kubelet restarts, trials):
+# INSTALLED_SHARDS=n runs it as n shards beside the integration suite, each on a cluster of its own with a
+# share of its tests dealt slowest first (hack/clustersuites.sh, test/installed/shards_test.go); the default
+# is what docs/results.md measured fastest on a 2-core machine. test/freshkernel changes host-wide kernel
+# settings and requires that no other cluster runs: it runs first, alone.
 INTEGRATION_SOLO_PKGS := ./test/freshkernel/
 INTEGRATION_PKGS := ./test/integration/ ./test/installed/
 INTEGRATION_P ?= 2
+INSTALLED_SHARDS ?= 3
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN).
@@ -182,9 +186,10 @@ test-unit: $(HELM_BIN) ## unit tests under the race detector (no cluster; -tags 
 test-race: test-unit ## the unit tests under the race detector (what test-unit runs)
 
 .PHONY: test-integration
-test-integration: build $(HELM_BIN) ## integration tests against a real local cluster (root; builds binaries on first run)
+test-integration: build $(HELM_BIN) ## integration tests against real local clusters (root; builds binaries on first run; INTEGRATION_P, INSTALLED_SHARDS)
 	@rc=0; go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) $(INTEGRATION_SOLO_PKGS) || rc=1; \
-	HELM=$(abspath $(HELM_BIN)) go test -tags integration -count=1 -p $(INTEGRATION_P) -timeout 45m -v $(TEST_FLAGS) $(INTEGRATION_PKGS) || rc=1; \
+	HELM=$(abspath $(HELM_BIN)) OUT=$(OUT) INTEGRATION_P=$(INTEGRATION_P) INSTALLED_SHARDS=$(INSTALLED_SHARDS) \
+		TEST_FLAGS='$(TEST_FLAGS)' hack/clustersuites.sh $(INTEGRATION_PKGS) || rc=1; \
 	for d in $(OUT)/test/*/; do [ -f "$$d/state.json" ] && $(BIN)/dkc-dev -dir "$$d" down; done; exit $$rc
 
 .PHONY: up

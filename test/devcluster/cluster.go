@@ -488,11 +488,11 @@ func (c *Cluster) allocate() error {
 	// A short, per-cluster runtime dir: two clusters (make up and a test run) never share kubelet or
 	// containerd state, and socket paths stay far below the 108-byte limit.
 	id := shortHash(c.cfg.Dir)
-	k, err := pickSubnet(id)
+	block, err := leasePortBlock(c.cfg.Dir)
 	if err != nil {
 		return err
 	}
-	block, err := leasePortBlock(c.cfg.Dir)
+	k, err := pickSubnet(block)
 	if err != nil {
 		return err
 	}

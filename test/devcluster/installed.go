@@ -689,10 +689,12 @@ func ensureImages(ctx context.Context, cfg Config, progress io.Writer) (map[stri
 		if err != nil {
 			return nil, err
 		}
-		if err := tarball.WriteToFile(tar+".tmp", ref, img); err != nil {
+		// A temporary file of this process's own: clusters starting at once may both write the image.
+		tmp := fmt.Sprintf("%s.%d.tmp", tar, os.Getpid())
+		if err := tarball.WriteToFile(tmp, ref, img); err != nil {
 			return nil, fmt.Errorf("write CoreDNS image: %w", err)
 		}
-		if err := os.Rename(tar+".tmp", tar); err != nil {
+		if err := os.Rename(tmp, tar); err != nil {
 			return nil, err
 		}
 	}

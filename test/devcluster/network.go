@@ -34,9 +34,11 @@ func ipCmd(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// pickSubnet chooses 198.18.<k>.0/24 for cluster id: derived from the id so that two clusters (make up and
-// a test run) normally differ, moved on when the address is already on an interface.
-func pickSubnet(id string) (int, error) {
+// pickSubnet chooses 198.18.<k>.0/24 for the cluster that leased the port block starting at portBlock:
+// derived from the block, which no other running cluster holds, so that clusters starting at the same
+// moment (the cluster suites and the installed suite's shards) start from different subnets, moved on when
+// the address is already on an interface (a cluster of an older checkout, which derived it from its dir).
+func pickSubnet(portBlock int) (int, error) {
 	used := map[string]bool{}
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
@@ -47,10 +49,8 @@ func pickSubnet(id string) (int, error) {
 			used[ipn.IP.String()] = true
 		}
 	}
-	start := 0
-	for _, c := range id {
-		start = (start*31 + int(c)) % 250
-	}
+	// Fewer blocks than subnets fit below the ephemeral range: spread the blocks over the subnets.
+	start := max(0, portBlock-portBlockFirst) / portBlockSize * 4 % 250
 	for i := range 250 {
 		k := 1 + (start+i)%250
 		if !used[fmt.Sprintf("198.18.%d.1", k)] {

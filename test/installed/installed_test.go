@@ -32,7 +32,9 @@ import (
 
 var cluster *devcluster.Cluster
 
-func TestMain(m *testing.M) { os.Exit(devclustertest.MainInstalled(m, "installed", &cluster)) }
+func TestMain(m *testing.M) {
+	os.Exit(devclustertest.MainInstalled(m, "installed", bySlowest, &cluster))
+}
 
 var nodes = []string{"node-1", "node-2"}
 

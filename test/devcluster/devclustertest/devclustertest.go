@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -121,9 +122,25 @@ func runAndStop(m *testing.M, c *devcluster.Cluster) int {
 }
 
 // MainInstalled is Main for the installed form (devcluster.Config.Installed): images built from this
-// checkout (hack/images) into the cluster's directory, two real nodes of different kubelet minors
-// (InstalledKubeletVersions), dkc applied with kubectl apply -k.
-func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
+// checkout (hack/images) into the cluster's directory, or taken from $DKC_TEST_IMAGES_DIR, two real nodes
+// of different kubelet minors (InstalledKubeletVersions), dkc applied with kubectl apply -k.
+//
+// With $DKC_TEST_SHARD=<i>/<n> the binary runs shard i of its tests as Deal deals them over bySlowest (the
+// suite's tests, slowest first), on a cluster of its own in Dir(name-<i>); a shard whose tests -run leaves
+// out starts no cluster.
+func MainInstalled(m *testing.M, name string, bySlowest []string, out **devcluster.Cluster) int {
+	shard, run, err := selectShard(bySlowest)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if !run {
+		fmt.Fprintf(os.Stderr, "shard %d/%d: no test of this shard matches -run; no cluster started\n", shard.I, shard.N)
+		return 0
+	}
+	if shard.N > 1 {
+		name += "-" + strconv.Itoa(shard.I)
+	}
 	versions, err := InstalledKubeletVersions(os.Getenv("KUBE_VERSION"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -136,8 +153,14 @@ func MainInstalled(m *testing.M, name string, out **devcluster.Cluster) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // includes cold builds
 	defer cancel()
-	images := filepath.Join(dir, "images")
-	if err := BuildImages(ctx, images); err != nil {
+	images := os.Getenv(ImagesDirEnv)
+	if images == "" {
+		images = filepath.Join(dir, "images")
+		if err := BuildImages(ctx, images); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	} else if images, err = filepath.Abs(images); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

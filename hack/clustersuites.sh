@@ -10,6 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-_output}
+# Absolute: each test binary runs in its package's directory.
+[[ $out = /* ]] || out=$PWD/$out
 p=${INTEGRATION_P:-2}
 shards=${INSTALLED_SHARDS:-1}
 read -r -a flags <<<"${TEST_FLAGS:-}"

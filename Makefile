@@ -187,7 +187,7 @@ test-race: test-unit ## the unit tests under the race detector (what test-unit r
 
 .PHONY: test-integration
 test-integration: build $(HELM_BIN) ## integration tests against real local clusters (root; builds binaries on first run; INTEGRATION_P, INSTALLED_SHARDS)
-	@rc=0; go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) $(INTEGRATION_SOLO_PKGS) || rc=1; \
+	@rc=0; $(if $(INTEGRATION_SOLO_PKGS),go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) $(INTEGRATION_SOLO_PKGS) || rc=1;) \
 	HELM=$(abspath $(HELM_BIN)) OUT=$(OUT) INTEGRATION_P=$(INTEGRATION_P) INSTALLED_SHARDS=$(INSTALLED_SHARDS) \
 		TEST_FLAGS='$(TEST_FLAGS)' hack/clustersuites.sh $(INTEGRATION_PKGS) || rc=1; \
 	for d in $(OUT)/test/*/; do [ -f "$$d/state.json" ] && $(BIN)/dkc-dev -dir "$$d" down; done; exit $$rc

@@ -223,6 +223,9 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		if _, err := ProvisionKernel(sysctl.New(), cfg.Progress); err != nil {
 			return nil, err
 		}
+		if _, err := ProvisionInotify(sysctl.New(), cfg.Progress); err != nil {
+			return nil, err
+		}
 	}
 	var rootfs string
 	if (cfg.SidecarBinary != "" || cfg.Installed) && len(cfg.RealNodes) > 0 {

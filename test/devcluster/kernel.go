@@ -82,3 +82,37 @@ func ProvisionKernel(sys sysctl.Interface, progress io.Writer) ([]KernelChange, 
 	}
 	return changes, nil
 }
+
+// inotifyMinimums are the inotify limits a machine running several dev clusters needs. The limits count per
+// user, and every process of every cluster runs as root: each node's systemd, journald, dbus-daemon,
+// containerd and kubelet, and each control plane, hold inotify instances of their own, so clusters side by
+// side (the cluster suites, the installed suite's shards) outgrow the kernel's default of 128 instances
+// together. What fails then is far from the cause: a node's systemd stops booting before its D-Bus socket,
+// or containerd starts without its CRI plugin ("failed to create fsnotify watcher: too many open files")
+// and the kubelet finds no runtime. The values are those kind documents for clusters on one host.
+var inotifyMinimums = []KernelTunable{
+	{Name: "fs/inotify/max_user_instances", Value: 512},
+	{Name: "fs/inotify/max_user_watches", Value: 524288},
+}
+
+// ProvisionInotify raises each inotify limit below inotifyMinimums to it, says so on progress, and returns
+// what it changed. A higher limit is kept; nothing is changed back when the cluster stops.
+func ProvisionInotify(sys sysctl.Interface, progress io.Writer) ([]KernelChange, error) {
+	var changes []KernelChange
+	for _, t := range inotifyMinimums {
+		v, err := sys.GetSysctl(t.Name)
+		if err != nil {
+			return changes, fmt.Errorf("read kernel setting %s: %w", t.Name, err)
+		}
+		if v >= t.Value {
+			continue
+		}
+		if err := sys.SetSysctl(t.Name, t.Value); err != nil {
+			return changes, fmt.Errorf("raise kernel setting %s (was %d): %w", t, v, err)
+		}
+		changes = append(changes, KernelChange{KernelTunable: t, Was: v})
+		fmt.Fprintf(progress, "node provisioning: set %s on this host (was %d): dev clusters side by side need more "+
+			"inotify instances than the default\n", t, v)
+	}
+	return changes, nil
+}

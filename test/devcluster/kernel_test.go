@@ -111,3 +111,46 @@ func TestProvisionKernel(t *testing.T) {
 		})
 	}
 }
+
+func TestProvisionInotify(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		values      map[string]int
+		wantChanged []string
+		want        map[string]int
+	}{
+		{
+			name:        "kernel defaults: both raised",
+			values:      map[string]int{"fs/inotify/max_user_instances": 128, "fs/inotify/max_user_watches": 8192},
+			wantChanged: []string{"fs/inotify/max_user_instances", "fs/inotify/max_user_watches"},
+			want:        map[string]int{"fs/inotify/max_user_instances": 512, "fs/inotify/max_user_watches": 524288},
+		},
+		{
+			name:        "a higher limit is kept",
+			values:      map[string]int{"fs/inotify/max_user_instances": 10000, "fs/inotify/max_user_watches": 8192},
+			wantChanged: []string{"fs/inotify/max_user_watches"},
+			want:        map[string]int{"fs/inotify/max_user_instances": 10000, "fs/inotify/max_user_watches": 524288},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sys := &fakeSysctl{values: tc.values}
+			var out strings.Builder
+			changes, err := ProvisionInotify(sys, &out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, c := range changes {
+				got = append(got, c.Name)
+			}
+			if strings.Join(got, ",") != strings.Join(tc.wantChanged, ",") {
+				t.Errorf("changed %v, want %v", got, tc.wantChanged)
+			}
+			for name, want := range tc.want {
+				if tc.values[name] != want {
+					t.Errorf("%s = %d, want %d", name, tc.values[name], want)
+				}
+			}
+		})
+	}
+}

@@ -111,8 +111,8 @@ func ProvisionInotify(sys sysctl.Interface, progress io.Writer) ([]KernelChange,
 			return changes, fmt.Errorf("raise kernel setting %s (was %d): %w", t, v, err)
 		}
 		changes = append(changes, KernelChange{KernelTunable: t, Was: v})
-		fmt.Fprintf(progress, "node provisioning: set %s on this host (was %d): dev clusters side by side need more "+
-			"inotify instances than the default\n", t, v)
+		fmt.Fprintf(progress, "node provisioning: set %s on this host (was %d): dev clusters side by side outgrow "+
+			"the default inotify limits\n", t, v)
 	}
 	return changes, nil
 }

@@ -16,8 +16,8 @@ BUF_AGAINST ?= .git\#ref=HEAD~1
 # once never pick the same port. The installed suite, the longest, mostly waits (kubelet restarts, trials):
 # INSTALLED_SHARDS=n runs it as n shards beside the integration suite, each on a cluster of its own with a
 # share of its tests dealt slowest first (hack/clustersuites.sh, test/installed/shards_test.go); the default
-# is what docs/results.md measured fastest on a 2-core machine. test/freshkernel changes host-wide kernel
-# settings and requires that no other cluster runs: it runs first, alone.
+# is the count docs/results.md measured (INSTALLED_SHARDS=1: the suite whole). test/freshkernel changes
+# host-wide kernel settings and requires that no other cluster runs: it runs first, alone.
 INTEGRATION_SOLO_PKGS := ./test/freshkernel/
 INTEGRATION_PKGS := ./test/integration/ ./test/installed/
 INTEGRATION_P ?= 2
@@ -186,8 +186,9 @@ test-unit: $(HELM_BIN) ## unit tests under the race detector (no cluster; -tags 
 test-race: test-unit ## the unit tests under the race detector (what test-unit runs)
 
 .PHONY: test-integration
-test-integration: build $(HELM_BIN) ## integration tests against real local clusters (root; builds binaries on first run; INTEGRATION_P, INSTALLED_SHARDS)
-	@rc=0; $(if $(INTEGRATION_SOLO_PKGS),go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) $(INTEGRATION_SOLO_PKGS) || rc=1;) \
+test-integration: build $(HELM_BIN) ## tests against real local clusters (root; INTEGRATION_P, INSTALLED_SHARDS)
+	@rc=0; $(if $(INTEGRATION_SOLO_PKGS),go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) \
+		$(INTEGRATION_SOLO_PKGS) || rc=1;) \
 	HELM=$(abspath $(HELM_BIN)) OUT=$(OUT) INTEGRATION_P=$(INTEGRATION_P) INSTALLED_SHARDS=$(INSTALLED_SHARDS) \
 		TEST_FLAGS='$(TEST_FLAGS)' hack/clustersuites.sh $(INTEGRATION_PKGS) || rc=1; \
 	for d in $(OUT)/test/*/; do [ -f "$$d/state.json" ] && $(BIN)/dkc-dev -dir "$$d" down; done; exit $$rc

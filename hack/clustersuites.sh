@@ -47,7 +47,8 @@ run_shards() {
 			echo "$rc $(($(date +%s) - start))" >"$out/test/installed-$i.result"
 		) &
 		pids+=($!)
-		echo "go test -tags integration -count=1 -timeout 45m -v ${flags[*]} $installed with DKC_TEST_SHARD=$i/$shards >$out/test/installed-$i.log"
+		echo "DKC_TEST_SHARD=$i/$shards go test -tags integration -count=1 -timeout 45m -v ${flags[*]} $installed" \
+			">$out/test/installed-$i.log"
 	done
 	local rc=0
 	for pid in "${pids[@]}"; do wait "$pid" || rc=1; done

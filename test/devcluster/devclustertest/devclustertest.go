@@ -161,7 +161,8 @@ func MainInstalled(m *testing.M, name string, bySlowest []string, out **devclust
 			return 1
 		}
 	} else if !filepath.IsAbs(images) {
-		fmt.Fprintf(os.Stderr, "%s=%s: want an absolute path (the test binary runs in its package's directory)\n", ImagesDirEnv, images)
+		fmt.Fprintf(os.Stderr, "%s=%s: want an absolute path (the test binary runs in its package's directory)\n",
+			ImagesDirEnv, images)
 		return 1
 	}
 	// dkc-dev's forward command serves DKC_SERVER, as `make up INSTALLED=1` does (CONTRACT §6).

@@ -50,7 +50,9 @@ func TestDeal(t *testing.T) {
 func TestPackageTests(t *testing.T) {
 	dir := t.TempDir()
 	files := map[string]string{
-		"a_test.go":  "//go:build integration\n\npackage p\n\nfunc TestMain(m *testing.M) {}\nfunc TestOne(t *testing.T) {}\nfunc Testlower(t *testing.T) {}\nfunc helper() {}\n",
+		"a_test.go": "//go:build integration\n\npackage p\n\n" +
+			"func TestMain(m *testing.M) {}\nfunc TestOne(t *testing.T) {}\n" +
+			"func Testlower(t *testing.T) {}\nfunc helper() {}\n",
 		"b_test.go":  "package p\n\nfunc TestTwo(t *testing.T) {}\nfunc (s x) TestMethod(t *testing.T) {}\n",
 		"c_test.go":  "//go:build !integration\n\npackage p\n\nfunc TestUnitOnly(t *testing.T) {}\n",
 		"product.go": "package p\n\nfunc TestInProduct() {}\n",

@@ -21,7 +21,7 @@ BUF_AGAINST ?= .git\#ref=HEAD~1
 INTEGRATION_SOLO_PKGS := ./test/freshkernel/
 INTEGRATION_PKGS := ./test/integration/ ./test/installed/
 INTEGRATION_P ?= 2
-INSTALLED_SHARDS ?= 3
+INSTALLED_SHARDS ?= 2
 TEST_FLAGS ?=
 
 # Programs `make build` puts in $(BIN).

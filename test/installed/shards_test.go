@@ -9,6 +9,7 @@ var bySlowest = []string{
 	"TestUpgrade",
 	"TestFloodWithOneNodesTokenLeavesOtherNodesConnected",
 	"TestPoolOnRealNodes",
+	"TestPoolWaitsForItsMaintenanceWindow",
 	"TestHelmInstall",
 	"TestSidecarRollingUpdate",
 	"TestSidecarRestartedDuringAnAPIServerOutage",

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+
 # dkc — `make demo` runs the main job end to end; `make test` runs every test. `make help` lists the rest.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c

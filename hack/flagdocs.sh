@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+
 # Writes docs/reference/<program>.md from each program's own --help, so that the flag references cannot
 # drift from the code: `make generate` runs it and `make verify-generated` fails on a difference. The
 # programs run in an empty environment with HOME='$HOME', so that defaults read from the environment

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package v1alpha1 is the dkc.dev/v1alpha1 API: KubeletConfigPool, a declarative rollout of one kubelet
 // config to the Nodes a selector picks (docs/design.md, "KubeletConfigPool"). The CRD in
 // deploy/crds/ is generated from these types by controller-gen (`make generate`), and so is

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package plugin is `kubectl dkc`, the operator's CLI: assign and reset config sources, read status, dump a
 // node's running config, diff it against a ConfigMap with per-field safety advice, and roll a config out
 // over many nodes through a KubeletConfigPool (rollout.go), which dkc-server paces. It uses the usual kubectl flags (cli-runtime) and writes the annotation

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command bench is `make bench`: dkc's scale benchmark on a real local cluster (see test/bench). It
 // prints a table and writes <dir>/results.json. It must run as root (the dev cluster does).
 package main

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command coredns is CoreDNS with only the plugins a Kubernetes cluster's DNS needs, built from the pinned
 // github.com/coredns/coredns module for the dev cluster's cluster DNS. Selecting plugins at compile time is
 // how CoreDNS documents custom builds (core/dnsserver.Directives); the full plugin set would pull in every

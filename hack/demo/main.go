@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command demo walks the seed document's workflow ("Reconfigure a Node's Kubelet in a Live Cluster") on the
 // dev cluster's real node, then, as its last act, the declarative workflow over every node: a
 // KubeletConfigPool rolled out, a bad revision halted at the first node, and undone, through the kubectl-dkc

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command dkc-dev starts and stops the local dev cluster (docs/design.md, "Local cluster"): `dkc-dev up` returns once etcd,
 // kube-apiserver and the real nodes are ready and leaves them running in the background; `dkc-dev down`
 // stops exactly what `up` recorded. The Makefile's `up` and `down` targets call it.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command fake-kubelet is the stand-in kubelet of the dev cluster's simulated nodes. It takes the kubelet's
 // command line, loads --config with the kubelet's own loader, flag precedence and validation (exiting 1 on a
 // config the kubelet would refuse, as the kubelet does), exits when containerRuntimeEndpoint or

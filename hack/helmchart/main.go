@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command helmchart writes the Helm chart deploy/helm/dkc from deploy/, the kustomize source of truth: it
 // renders the self-signed and cert-manager overlays and the config-namespace component with the kustomize
 // library dkc's go.mod pins, and turns the few values a chart user sets (images, replicas, config

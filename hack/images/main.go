@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command images builds dkc's container images from source without a container daemon or registry:
 // dkc-server and dkc-sidecar (both with the dkc-kubelet-check-<minor> helpers, in one shared layer) and the
 // pause image a local cluster uses as its sandbox image, one image index per image over the platforms

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+
 # Creates (or refreshes) the wrapper module hack/kube/v<minor> that pins one Kubernetes release for the local
 # cluster: go.mod requires k8s.io/kubernetes v<version> and replaces each staging module (the list is read from
 # that release's own go.mod, so new staging modules such as k8s.io/cri-streaming come along by themselves) with

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command pause is the sandbox ("pause") container of a local cluster's pods, built here because no
 // registry is reachable to pull registry.k8s.io/pause. Like upstream's pause.c it holds the pod's
 // namespaces by doing nothing: it blocks until SIGINT or SIGTERM and exits 0. When the pod shares one PID

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command release builds what a dkc release attaches for people who install `kubectl dkc`: one
 // kubectl-dkc archive per platform (on linux with the dkc-kubelet-check-<minor> helpers `kubectl dkc diff`
 // runs), their SHA-256 checksums and the krew plugin manifest dkc.yaml generated from the archives.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ciskip is t.Skip for tests whose skip condition must never hold in CI: where CI=true (as
 // .ci/run and most CI systems set it) a skip is a failure, because a test that silently stops testing is
 // worse than one that fails — the skip of TestRealNodeOnFreshKernel once hid a cluster leaked by an

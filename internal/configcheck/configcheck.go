@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package configcheck is the sidecar's view of a kubelet config checked by the kubelet's own code: the
 // endpoints to probe the kubelet on, the config's fields as /configz shows them, warnings, and whether it
 // failed to load, to take the kubelet's flags or to validate.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package configz turns a kubelet's /configz answer into a KubeletConfiguration file that, when loaded,
 // gives back exactly the running config — the seed's `curl …/configz | jq` recipe, done right. configz is
 // the v1beta1 object marshalled with omitempty, so a field that runs with an empty value (e.g.

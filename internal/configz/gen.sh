@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+
 # Writes defaults/<minor>.json for each kubelet minor dkc supports: a defaulted, otherwise empty v1beta1
 # KubeletConfiguration from that minor's own scheme, printed by its dkc-kubelet-check helper (built by
 # internal/kubeletcheck/build.sh with the flags `make build` uses, so the compile is shared). `make generate`

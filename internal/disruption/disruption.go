@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package disruption says which kubelet config changes the kubelet refuses to start with on a node whose
 // resource managers checkpointed state under the running config: such a change needs the node drained and
 // the named state file removed first, and restarting the kubelet into it only fails.

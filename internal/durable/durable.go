@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package durable is the one way the sidecar writes to disk: every file and directory is written under a
 // temporary name in the same directory, fsynced, renamed into place, and then the parent directory is
 // fsynced, so that a crash or power loss at any instant leaves either the old or the new content — never an

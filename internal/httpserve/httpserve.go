@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package httpserve serves HTTP until a context ends: what dkc-server's metrics and webhook listeners and
 // dkc-sidecar's metrics listener share, with the limits every one of them needs against callers that
 // hold connections open (docs/security.md, "Unauthenticated callers").

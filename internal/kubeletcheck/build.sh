@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+
 # Builds one dkc-kubelet-check per kubelet minor dkc supports into OUTDIR: dkc-kubelet-check-<minor>, the same
 # source linked against that minor's kubelet code — go.mod for the newest, kube-<minor>.mod for each older
 # one (pin.sh writes them). Static, path-free builds as the images are built; GOARCH is taken from the

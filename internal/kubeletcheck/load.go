@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package kubeletcheck validates a config exactly as the kubelet would run it, with the kubelet's own code
 // (k8s.io/kubernetes at the version this module is built with: go.mod for the newest minor dkc supports,
 // kube-<minor>.mod for each older one; see build.sh): the config file is loaded by the kubelet's file loader (strict decoding,

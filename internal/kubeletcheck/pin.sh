@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+
 # Pins the kubelet code one dkc-kubelet-check helper is built with: writes MODFILE (go.mod for the newest
 # minor, which the main module uses too; kube-<minor>.mod for each older one) requiring k8s.io/kubernetes
 # VERSION with each staging module replaced by its matching v0 version (the list read from that release's

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package metricsauth guards the metrics listeners of dkc-server and dkc-sidecar as the Kubernetes components
 // guard their secure ports (kube-scheduler, kube-controller-manager, the kubelet; controller-runtime's
 // filters.WithAuthenticationAndAuthorization): HTTPS, the caller's bearer token verified by the

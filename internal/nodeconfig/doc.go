@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nodeconfig is dkc's vocabulary, in one place: the Node annotations and condition users and tools
 // read and write, the condition's reasons, the restart Event, every status error text, what a valid config
 // source is, and when two sources are the same. The design doc (docs/design.md) states the contract these

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package outbox is the sidecar's side of the status report protocol (docs/design.md, "The status report
 // protocol"): the reports a node has yet to deliver to the config service, and what an acknowledgement or a
 // new stream changes. It does no I/O, so the protocol can be checked without a network, and it sits outside

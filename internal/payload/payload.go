@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package payload defines what a delivered config is made of on both sides of the wire: the content hash
 // the service stamps on an assignment and the sidecar verifies, and the rules a ConfigMap's data keys, UID
 // and resourceVersion must follow to become path elements of a checkpoint.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package poll is how tests wait for what the code under test does on goroutines of its own: they name a
 // condition and poll it (Until), and where the code waits on a fake clock they move that clock instead of
 // sleeping real time — by a step before every look (Stepping), or whenever the code waits on it (Drive).

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package version is the release a dkc binary was built as. The release and image builds stamp it
 // (hack/release, hack/images: LinkerFlag); a plain `go build` reports "devel" with the commit Go recorded.
 package version

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package zaplog builds the zap logger both programs use: JSON for production, console for development,
 // at a level given by name.
 package zaplog

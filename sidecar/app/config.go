@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package app wires the dkc sidecar together: configuration (defaults, flags, validation), the checkpoint
 // store, the service manager, the kubelet prober, the agent and the service client. Run is the whole sidecar;
 // cmd/dkc-sidecar only parses flags and calls it.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package bench is dkc's scale benchmark (`make bench`). On a real local etcd and kube-apiserver with the
 // real dkc-server binary it creates thousands of Node objects and runs as many simulated nodes in this
 // process — each the real sidecar client, agent and checkpoint store with its own directory, token and gRPC

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package devcluster runs a real local Kubernetes cluster for dkc's tests, `make up` and `make demo`: etcd,
 // kube-apiserver with authentication and Node,RBAC authorization, and real nodes (containerd + kubelet)
 // registered through their own client certificates. Every process is started here, recorded by PID and start

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package devcluster
 
 // The installed form (Config.Installed) is a cluster as users run one, with dkc installed the way docs/install.md's

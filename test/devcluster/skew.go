@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package devcluster
 
 // Version skew: a real node may run a kubelet older than the control plane (Config.KubeletVersions,

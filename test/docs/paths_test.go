@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package docs checks the repository's own paths that README.md, docs/ and the READMEs under deploy/ name,
 // without a cluster: a doc that names a file or package after it moved or went sends a reader to nothing.
 package docs

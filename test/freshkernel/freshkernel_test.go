@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build integration
 
 // Package freshkernel is the brand-new-machine regression test of the dev cluster. It changes host-wide

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build integration
 
 // Package installed tests dkc as users install it: images built from this checkout and imported into every

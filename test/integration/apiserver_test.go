@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build integration
 
 // Package integration holds tests against the real local cluster (real etcd, kube-apiserver, containerd and

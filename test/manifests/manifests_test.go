@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package manifests checks deploy/ as kustomize renders it, without a cluster: what the hardening of
 // issue 30 put into the manifests must stay there. (test/integration applies the overlays to a real
 // apiserver with --dry-run=server.)

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package monitoring checks deploy/components/monitoring, what operators plug into their Prometheus and
 // Grafana: the rules load as Prometheus loads a rule file (every expression through Prometheus's own
 // parser, every annotation through its template parser), every dashboard query parses, every dkc metric

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command kubectl-dkc is the `kubectl dkc` plugin: put it on the PATH and run `kubectl dkc --help`.
 package main
 

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+
 # TLS for dkc with a CA of your own, in this directory (openssl). After each command, `kubectl apply -k` the
 # overlay that uses this directory; the files stay here for the next command (keep this directory, and
 # ca.key in it, private).

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package chart generates dkc's Helm chart from deploy/, the kustomize source of truth: it renders the
 // self-signed overlay (the default install), the cert-manager overlay and the config-namespace component,
 // keeps every object as kustomize renders it, and puts template expressions only where a chart value

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build helm
 
 // The tests here run the pinned Helm (hack/tools/helm/go.mod): building it takes minutes on a cold cache,

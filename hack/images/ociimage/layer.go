@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ociimage assembles dkc's container images from files on disk without a container daemon or a
 // remote base image: every layer is a tar written here byte for byte the same on every run, so the same
 // sources and the same timestamp give the same image digest.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package overlay writes the release overlay: a kustomization that installs deploy/ with dkc's images
 // pinned by the digests of the image indexes a build made, so that what a cluster runs is exactly what
 // was built and pushed, whatever later happens to the tag.

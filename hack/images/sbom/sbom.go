@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package sbom writes the software bill of materials of an image as an SPDX 2.3 JSON document, from the
 // Go build information every binary in the image carries (debug/buildinfo): the module each binary was
 // built from, every module linked into it with its version and go.sum hash, and the Go standard library

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gitsource answers what the build programs under hack/ (images, release) ask of the checkout they
 // build: git's answers, and the time their outputs carry so that a commit rebuilds to the same bytes.
 package gitsource

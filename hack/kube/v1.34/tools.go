@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build tools
 
 // Package tools pins the Kubernetes binaries the local cluster runs. This module is kept out of the main

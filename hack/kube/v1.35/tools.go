@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build tools
 
 // Package tools pins the Kubernetes v1.35 binaries the local cluster runs (hack/kube/add-release.sh made

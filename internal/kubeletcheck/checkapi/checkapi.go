@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package checkapi is what the sidecar and its dkc-kubelet-check helpers say to each other: one Request on
 // the helper's stdin, one Response on its stdout. It imports nothing of the kubelet, so that the sidecar
 // daemon, which links it, stays small; each helper links the kubelet code of one Kubernetes minor.

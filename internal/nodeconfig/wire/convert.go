@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package convert translates between the dkc.v1 wire types and their core/v1 originals, which is what the
 // Node API and the on-disk records (SerializedNodeConfigSource) hold.
 package wire

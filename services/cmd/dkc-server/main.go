@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command dkc-server is the dkc config service (a Deployment): it resolves every Node's kubelet config
 // source, streams the result to the node's sidecar over gRPC, and writes what the nodes report back onto
 // their Nodes; its leader replica rolls KubeletConfigPools out. See `dkc-server --help`.

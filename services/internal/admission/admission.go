@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package admission is the validating webhook the config service serves for Node writes that change the
 // dkc.dev/config-source annotation. It refuses a malformed source with the apiserver's own messages for
 // spec.configSource (e.g. "...configMap.namespace: Required value: namespace must be set"), and a source

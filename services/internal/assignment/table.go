@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package assignment holds each node's desired state — the config it should use and the sync error it
 // should report — and tells whoever waits on a node when that changes. The controller writes it; WatchConfig
 // streams and the status writer read it. A change closes a channel instead of sending on one, so a slow

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package auth establishes which node a gRPC caller is. Sidecars present a projected ServiceAccount token
 // (audience "dkc") as `authorization: Bearer <token>`; the service verifies it with the apiserver's
 // TokenReview, requires an allowed ServiceAccount, and takes the node from the token's node claim

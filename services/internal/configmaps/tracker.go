@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package configmaps watches exactly the ConfigMaps that Nodes reference. Each referenced ConfigMap gets an
 // informer filtered to its name (the list/watch the original kubelet ran, but once per ConfigMap instead of
 // once per node), started when the first Node references it and stopped when the last one lets go. A cluster

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package controller keeps every Node's desired state current: it watches Nodes and the ConfigMaps they
 // reference, and for each node resolves its config source (package resolve) into the assignment table that
 // WatchConfig streams read. The shape is sample-controller's: informers feed a rate-limited workqueue keyed

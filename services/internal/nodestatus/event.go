@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Kubelet restart Events: created inline or from the queue, and which failures are final.
 
 package nodestatus

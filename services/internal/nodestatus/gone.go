@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Reports of Nodes that are gone, or of Node objects deleted and registered again, and of nodes another
 // replica serves.
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The write: one strategic-merge patch of the Node's status, made only when the Node does not show the
 // node's desired status already.
 

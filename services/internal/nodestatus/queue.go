@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The status queue's loop: workers that write queued reports, retries and held restarts, and the drain
 // at shutdown.
 

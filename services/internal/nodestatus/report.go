@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Reports: how a node's reports are ordered, held while a restart is in progress, and accepted —
 // written inline or queued (docs/design.md, "What a status acknowledgement means").
 

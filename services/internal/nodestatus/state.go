@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The per-node state: what this replica holds about one node between its reports and its writes.
 
 package nodestatus

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package pacing bounds how many nodes dkc-server starts on a new direct config version at once. A Node
 // pointed straight at a ConfigMap (dkc.dev/config-source, not a pool's snapshot) follows every edit of
 // it: an in-place edit of a ConfigMap that many Nodes name would otherwise restart all their kubelets

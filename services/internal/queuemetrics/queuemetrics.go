@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package queuemetrics exports client-go workqueue metrics to a Prometheus registry, under the names and the
 // "name" label every Kubernetes controller uses (workqueue_depth{name="nodes"}, ...), so that the dashboards
 // and alerts written for kube-controller-manager and controller-runtime apply to dkc-server's queues too.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package resolve is where a Node's config source is read and resolved (docs/design.md, "Where a Node's config source is read"): spec.configSource
 // where the apiserver kept it, else the dkc.dev/config-source annotation, validated with the apiserver's
 // own rules and messages, then resolved against the referenced ConfigMap to a fully resolved Assignment

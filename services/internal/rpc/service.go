@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package rpc implements dkc.v1.ConfigService: WatchConfig streams a node's desired state from the
 // assignment table; ReportStatus hands a node's status to the status writer. Every handler first checks
 // that the caller acts for its own node (package auth). A node has at most one WatchConfig stream on a

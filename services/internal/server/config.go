@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package server wires the dkc config service together: its configuration (defaults, flags, validation),
 // the Kubernetes clients and informers, the controller, the status writer, and the gRPC server with its
 // interceptors, health, reflection and metrics. Run is the whole service; cmd/dkc-server only parses flags

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command dkc-sidecar is the node half of dkc (a DaemonSet): it receives the node's kubelet config from the
 // dkc config service, checkpoints it, validates it as the kubelet would, switches the kubelet to it and
 // restarts it through systemd, rolls back what does not run, keeps a last-known-good config, and reports the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agent is the node's state machine: it checkpoints what the config service assigns, decides which
 // config the kubelet should run (assigned if it loads, validates and runs; else last-known-good; else the
 // local config), makes the kubelet use it and restarts it through the service manager only when that changes,

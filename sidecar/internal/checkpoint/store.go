@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package checkpoint is where a node's configs are checkpointed: the original kubelet's on-disk layout
 // (docs/design.md, "Node-side layout"), under --dynamic-config-dir:
 //

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package client is the sidecar's side of dkc.v1.ConfigService: one WatchConfig stream, reconnected with
 // exponential backoff and jitter and resumed from what the node last applied (so a reconnect re-delivers
 // nothing), and status reports retried until the service acknowledges them. While the service is away the

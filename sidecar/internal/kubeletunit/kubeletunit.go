@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package kubeletunit is how the kubelet is made to use a config without touching the node's own config
 // file: the kubelet's systemd unit reads KUBELET_CONFIG_ARGS from an environment file that the sidecar owns
 // (<dynamic-config-dir>/kubelet.env), installed once per node with the drop-in below. Switching between the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package probe asks the running kubelet how it is: /healthz, and /configz compared with the config the
 // sidecar meant it to run. A restart counts as successful only when the kubelet is healthy AND reports the
 // intended config — the original trusted its own process to have loaded what it checkpointed; dkc checks.

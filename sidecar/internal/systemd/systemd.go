@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package systemd is where the kubelet is restarted: through the node's service manager over D-Bus
 // (github.com/coreos/go-systemd/v22/dbus), restarting the kubelet's unit and waiting for the job's result,
 // as gardener's node agent does. Package-level Signal offers the same for hosts without systemd.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package uninstall takes dkc off a node (`dkc-sidecar --uninstall`): it returns the kubelet to the node's
 // local config and removes what dkc wrote on the node — the kubelet drop-in, the env file it loads, the
 // checkpoints, meta/ and the sidecar's own state — and puts none of it back, except onto a kubelet that did

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package devclustertest runs integration tests against a real dev cluster: one cluster per test binary,
 // started in TestMain and stopped (by PID, with mounts cleaned up) when the tests end.
 //

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command dkc-kubelet-check is the dkc sidecar's helper that loads and validates one kubelet config with
 // the kubelet's own code (k8s.io/kubernetes) of one Kubernetes minor: it reads {"file": ..., "flags": [...],
 // "kubeletVersion": ...} on stdin and writes the result as JSON on stdout. One is built per supported minor

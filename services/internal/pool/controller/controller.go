@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package controller is the KubeletConfigPool controller (docs/design.md, "KubeletConfigPool"): for each
 // pool it checks the pool's ConfigMap, freezes it into a revision (package revision), judges the selected
 // Nodes and picks the next ones (package plan), assigns them through the same dkc.dev/config-source the

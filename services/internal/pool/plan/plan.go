@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package plan decides a KubeletConfigPool's next step: given the pool, the revision to roll out, the
 // selected Nodes as the controller sees them, and the time, which nodes to assign now, what state each
 // node is in and why, and the pool's new status (counts, conditions, failed nodes). It is pure — no

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package records keeps, on every dkc-server replica, what each KubeletConfigPool's status records of the
 // revision snapshots its controller created (status.revisionSnapshots): the service serves a pool's
 // snapshot only with the UID recorded there (docs/security.md, "Revision snapshots"). The pool controller

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package revision names a KubeletConfigPool's config revisions and builds their snapshots: a revision is
 // the content of the pool's ConfigMap at one moment, copied into an immutable ConfigMap labelled with the pool and
 // nodes are assigned, the way a Deployment's ReplicaSets freeze its pod template. An edit of the pool's

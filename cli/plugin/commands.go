@@ -44,7 +44,8 @@ node's minor, /configz unreadable), assign says so and assigns.`,
 			if err != nil {
 				return err
 			}
-			src := &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: ns, Name: name, KubeletConfigKey: key}}
+			src := &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: ns, Name: name,
+				KubeletConfigKey: key}}
 			if errs := nodeconfig.ValidateSpec(src, field.NewPath("spec", "configSource")); len(errs) > 0 {
 				return errs.ToAggregate()
 			}
@@ -74,8 +75,12 @@ node's minor, /configz unreadable), assign says so and assigns.`,
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "label selector of the nodes")
 	cmd.Flags().StringVar(&cm, "configmap", "", "the ConfigMap, NAMESPACE/NAME")
 	cmd.Flags().StringVar(&key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
-	cmd.Flags().BoolVar(&drained, "drained", false, "the nodes are drained and the state files the change invalidates are removed (cpu_manager_state, memory_manager_state in the kubelet's root directory): assign without the state check")
-	cmd.Flags().StringVar(&checkDir, "kubelet-check-dir", "", "directory of the dkc-kubelet-check-<minor> helpers; default: next to kubectl-dkc, else the directory of the first on $PATH")
+	cmd.Flags().BoolVar(&drained, "drained", false,
+		"the nodes are drained and the state files the change invalidates are removed (cpu_manager_state, "+
+			"memory_manager_state in the kubelet's root directory): assign without the state check")
+	cmd.Flags().StringVar(&checkDir, "kubelet-check-dir", "",
+		"directory of the dkc-kubelet-check-<minor> helpers; default: next to kubectl-dkc, else the "+
+			"directory of the first on $PATH")
 	_ = cmd.MarkFlagRequired("configmap")
 	return cmd
 }
@@ -101,9 +106,11 @@ func (o *Options) refuseStateResets(ctx context.Context, nodes []corev1.Node, ns
 	if len(refused) == 0 {
 		return nil
 	}
-	return fmt.Errorf("the kubelet refuses to start with %s/%s on state its resource managers checkpointed; nothing was assigned:\n%s\n"+
-		"drain each node (kubectl drain NODE --ignore-daemonsets), remove the named file from the kubelet's root directory "+
-		"(/var/lib/kubelet), then assign again with --drained", ns, name, strings.Join(refused, "\n"))
+	return fmt.Errorf("the kubelet refuses to start with %s/%s on state its resource managers "+
+		"checkpointed; nothing was assigned:\n"+
+		"%s\n"+
+		"drain each node (kubectl drain NODE --ignore-daemonsets), remove the named file from the kubelet's root "+
+		"directory (/var/lib/kubelet), then assign again with --drained", ns, name, strings.Join(refused, "\n"))
 }
 
 func (o *Options) resetCommand() *cobra.Command {
@@ -212,7 +219,8 @@ func (o *Options) statusCommand() *cobra.Command {
 
 // runningConfig returns the node's running config from /configz as a complete KubeletConfiguration, with
 // the defaults of the node kubelet's own minor, and that kubelet's version.
-func (o *Options) runningConfig(ctx context.Context, node string) (cfg map[string]any, kubeletVersion string, err error) {
+func (o *Options) runningConfig(ctx context.Context,
+	node string) (cfg map[string]any, kubeletVersion string, err error) {
 	n, err := o.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		return nil, "", fmt.Errorf("node %s: %w", node, err)

@@ -32,32 +32,38 @@ const (
 // change checkpointed state the kubelet refuses to reinterpret; some disturb running pods or the node's
 // connection to the control plane.
 var fieldSafety = map[string]struct{ class, reason string }{
-	"cpuManagerPolicy":               {NeedsReset, "the kubelet refuses to start with a cpu_manager_state of another policy: drain, delete /var/lib/kubelet/cpu_manager_state, then apply"},
-	"cpuManagerPolicyOptions":        {NeedsReset, "options are recorded in cpu_manager_state: drain and delete it first"},
-	"reservedSystemCPUs":             {NeedsReset, "changes the CPU sets in cpu_manager_state: drain and delete it first"},
-	"memoryManagerPolicy":            {NeedsReset, "the kubelet refuses to start with a memory_manager_state of another policy: drain, delete /var/lib/kubelet/memory_manager_state"},
-	"reservedMemory":                 {NeedsReset, "recorded in memory_manager_state: drain and delete it first"},
-	"topologyManagerPolicy":          {NeedsReset, "admitted pods were aligned under the old policy: drain the node first"},
-	"topologyManagerScope":           {NeedsReset, "admitted pods were aligned under the old scope: drain the node first"},
-	"cgroupDriver":                   {Disruptive, "must match the container runtime's; a mismatch keeps the kubelet from starting"},
-	"cgroupRoot":                     {Disruptive, "moves the pod cgroup hierarchy; running pods are orphaned"},
-	"cgroupsPerQOS":                  {Disruptive, "rebuilds the QoS cgroup hierarchy under running pods"},
-	"enforceNodeAllocatable":         {Disruptive, "changes which cgroups are limited; may evict or throttle pods"},
-	"systemReserved":                 {Disruptive, "shrinks or grows allocatable; pods may be evicted or become unschedulable"},
-	"kubeReserved":                   {Disruptive, "shrinks or grows allocatable; pods may be evicted or become unschedulable"},
-	"evictionHard":                   {Disruptive, "new thresholds may evict pods right after the restart"},
-	"evictionSoft":                   {Disruptive, "new thresholds may evict pods"},
-	"maxPods":                        {Disruptive, "lowering it below the running pods rejects pods on the next admission"},
-	"containerRuntimeEndpoint":       {Disruptive, "a wrong endpoint keeps the kubelet from starting"},
-	"imageServiceEndpoint":           {Disruptive, "a wrong endpoint keeps the kubelet from starting"},
-	"address":                        {Disruptive, "the apiserver and monitoring lose the kubelet if it moves"},
-	"port":                           {Disruptive, "the apiserver reaches the kubelet on this port (logs, exec, configz)"},
-	"authentication":                 {Disruptive, "may lock the apiserver and monitoring out of the kubelet"},
-	"authorization":                  {Disruptive, "may lock the apiserver and monitoring out of the kubelet"},
-	"tlsCertFile":                    {Disruptive, "a missing file keeps the kubelet from starting"},
-	"tlsPrivateKeyFile":              {Disruptive, "a missing file keeps the kubelet from starting"},
-	"staticPodPath":                  {Disruptive, "static pods of the old path stop, those of the new one start"},
-	"featureGates":                   {Disruptive, "gates change behaviour broadly; some are locked and crash the kubelet's decoder"},
+	"cpuManagerPolicy": {NeedsReset,
+		"the kubelet refuses to start with a cpu_manager_state of another policy: drain, delete " +
+			"/var/lib/kubelet/cpu_manager_state, then apply"},
+	"cpuManagerPolicyOptions": {NeedsReset, "options are recorded in cpu_manager_state: drain and delete it first"},
+	"reservedSystemCPUs":      {NeedsReset, "changes the CPU sets in cpu_manager_state: drain and delete it first"},
+	"memoryManagerPolicy": {NeedsReset,
+		"the kubelet refuses to start with a memory_manager_state of another policy: drain, delete " +
+			"/var/lib/kubelet/memory_manager_state"},
+	"reservedMemory":        {NeedsReset, "recorded in memory_manager_state: drain and delete it first"},
+	"topologyManagerPolicy": {NeedsReset, "admitted pods were aligned under the old policy: drain the node first"},
+	"topologyManagerScope":  {NeedsReset, "admitted pods were aligned under the old scope: drain the node first"},
+	"cgroupDriver": {Disruptive,
+		"must match the container runtime's; a mismatch keeps the kubelet from starting"},
+	"cgroupRoot":               {Disruptive, "moves the pod cgroup hierarchy; running pods are orphaned"},
+	"cgroupsPerQOS":            {Disruptive, "rebuilds the QoS cgroup hierarchy under running pods"},
+	"enforceNodeAllocatable":   {Disruptive, "changes which cgroups are limited; may evict or throttle pods"},
+	"systemReserved":           {Disruptive, "shrinks or grows allocatable; pods may be evicted or become unschedulable"},
+	"kubeReserved":             {Disruptive, "shrinks or grows allocatable; pods may be evicted or become unschedulable"},
+	"evictionHard":             {Disruptive, "new thresholds may evict pods right after the restart"},
+	"evictionSoft":             {Disruptive, "new thresholds may evict pods"},
+	"maxPods":                  {Disruptive, "lowering it below the running pods rejects pods on the next admission"},
+	"containerRuntimeEndpoint": {Disruptive, "a wrong endpoint keeps the kubelet from starting"},
+	"imageServiceEndpoint":     {Disruptive, "a wrong endpoint keeps the kubelet from starting"},
+	"address":                  {Disruptive, "the apiserver and monitoring lose the kubelet if it moves"},
+	"port":                     {Disruptive, "the apiserver reaches the kubelet on this port (logs, exec, configz)"},
+	"authentication":           {Disruptive, "may lock the apiserver and monitoring out of the kubelet"},
+	"authorization":            {Disruptive, "may lock the apiserver and monitoring out of the kubelet"},
+	"tlsCertFile":              {Disruptive, "a missing file keeps the kubelet from starting"},
+	"tlsPrivateKeyFile":        {Disruptive, "a missing file keeps the kubelet from starting"},
+	"staticPodPath":            {Disruptive, "static pods of the old path stop, those of the new one start"},
+	"featureGates": {Disruptive,
+		"gates change behaviour broadly; some are locked and crash the kubelet's decoder"},
 	"failSwapOn":                     {Disruptive, "with swap on, the kubelet refuses to start"},
 	"protectKernelDefaults":          {Disruptive, "the kubelet refuses to start if the kernel differs from its defaults"},
 	"providerID":                     {Disruptive, "the node's identity towards the cloud provider"},
@@ -124,7 +130,8 @@ func Diff(running, next map[string]any) []FieldChange {
 // configMapConfig loads a ConfigMap key as a kubelet of kubeletVersion would (without the node's flags) and
 // returns it as complete v1beta1 JSON. The kubelet's code runs in the dkc-kubelet-check helper of that
 // kubelet's minor, as on the nodes: kubectl-dkc does not link the kubelet.
-func (o *Options) configMapConfig(ctx context.Context, ns, name, key, kubeletVersion, checkDir string) (map[string]any, error) {
+func (o *Options) configMapConfig(ctx context.Context, ns, name, key, kubeletVersion,
+	checkDir string) (map[string]any, error) {
 	checker, err := kubeletCheckers(checkDir)
 	if err != nil {
 		return nil, err
@@ -158,6 +165,7 @@ func (o *Options) diffCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "diff NODE --configmap NAMESPACE/NAME [--key kubelet]",
 		Short: "Show what applying a ConfigMap would change on a node, field by field, with how safe each change is",
+		//nolint:lll // the help text is printed as its lines stand
 		Long: `diff compares the node's running config (/configz) with the ConfigMap's config as the kubelet would load
 it — both with the code and defaults of the node kubelet's own minor — and marks each changed field restart-safe, needs-state-reset-and-drain (e.g. cpuManagerPolicy,
 memoryManagerPolicy, topologyManagerPolicy) or disruptive, with the reason. Fields the node's kubelet flags
@@ -194,14 +202,17 @@ override show up too: flags keep winning over any config.`,
 			}
 			// What assign refuses without --drained: the kubelet would not start on its managers' state.
 			for _, r := range disruption.Resets(running, next) {
-				fmt.Fprintf(o.io.Out, "the kubelet refuses to start with this on its current state: drain node %s and remove %s first\n", args[0], r)
+				fmt.Fprintf(o.io.Out, "the kubelet refuses to start with this on its current state: "+
+					"drain node %s and remove %s first\n", args[0], r)
 			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&cm, "configmap", "", "the ConfigMap, NAMESPACE/NAME")
 	cmd.Flags().StringVar(&key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
-	cmd.Flags().StringVar(&checkDir, "kubelet-check-dir", "", "directory of the dkc-kubelet-check-<minor> helpers, which load the config with the kubelet's own code of the node's minor; default: next to kubectl-dkc, else the directory of the first on $PATH")
+	cmd.Flags().StringVar(&checkDir, "kubelet-check-dir", "",
+		"directory of the dkc-kubelet-check-<minor> helpers, which load the config with the kubelet's own code of the "+
+			"node's minor; default: next to kubectl-dkc, else the directory of the first on $PATH")
 	_ = cmd.MarkFlagRequired("configmap")
 	return cmd
 }
@@ -226,8 +237,8 @@ func kubeletCheckers(dir string) (configcheck.Checker, error) {
 		}
 	}
 	if dir == "" {
-		return nil, fmt.Errorf("the %s helpers, which load configs with the kubelet's code, are neither next to kubectl-dkc nor on $PATH "+
-			"(install them beside kubectl-dkc, or --kubelet-check-dir)", helper)
+		return nil, fmt.Errorf("the %s helpers, which load configs with the kubelet's code, are neither next to "+
+			"kubectl-dkc nor on $PATH (install them beside kubectl-dkc, or --kubelet-check-dir)", helper)
 	}
 	h, err := configcheck.FindHelpers(dir)
 	if err != nil {

@@ -2,8 +2,9 @@
 
 // Package plugin is `kubectl dkc`, the operator's CLI: assign and reset config sources, read status, dump a
 // node's running config, diff it against a ConfigMap with per-field safety advice, and roll a config out
-// over many nodes through a KubeletConfigPool (rollout.go), which dkc-server paces. It uses the usual kubectl flags (cli-runtime) and writes the annotation
-// dkc.dev/config-source, or spec.configSource on Nodes where the apiserver keeps it.
+// over many nodes through a KubeletConfigPool (rollout.go), which dkc-server paces. It uses the usual kubectl flags
+// (cli-runtime) and writes the annotation dkc.dev/config-source, or spec.configSource on Nodes where the apiserver
+// keeps it.
 package plugin
 
 import (
@@ -71,7 +72,8 @@ point Nodes at a ConfigMap holding a KubeletConfiguration, watch them apply it, 
 	}
 	o.flags.AddFlags(root.PersistentFlags())
 	root.PersistentFlags().StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
-	root.AddCommand(o.assignCommand(), o.resetCommand(), o.statusCommand(), o.dumpCommand(), o.diffCommand(), o.rolloutCommand(), o.uninstallCommand(), o.versionCommand())
+	root.AddCommand(o.assignCommand(), o.resetCommand(), o.statusCommand(), o.dumpCommand(), o.diffCommand(),
+		o.rolloutCommand(), o.uninstallCommand(), o.versionCommand())
 	return root
 }
 
@@ -143,16 +145,19 @@ func (o *Options) setSource(ctx context.Context, node *corev1.Node, src *corev1.
 		return "", err
 	}
 	// Transient failures (an apiserver restarting, a webhook replica away) are retried for a while.
-	err = retry.OnError(wait.Backoff{Steps: 20, Duration: 250 * time.Millisecond, Factor: 1.5, Cap: 5 * time.Second}, transient, func() error {
-		_, err := o.client.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, raw, metav1.PatchOptions{FieldManager: "kubectl-dkc"})
-		return err
-	})
+	err = retry.OnError(wait.Backoff{Steps: 20, Duration: 250 * time.Millisecond, Factor: 1.5, Cap: 5 * time.Second},
+		transient, func() error {
+			_, err := o.client.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, raw,
+				metav1.PatchOptions{FieldManager: "kubectl-dkc"})
+			return err
+		})
 	return where, err
 }
 
 func transient(err error) bool {
 	return apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsServerTimeout(err) ||
-		apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) || utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err)
+		apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) || utilnet.IsConnectionRefused(err) ||
+		utilnet.IsConnectionReset(err)
 }
 
 func (o *Options) print(w io.Writer, v any) error {

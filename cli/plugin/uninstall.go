@@ -50,8 +50,9 @@ func (o *Options) uninstallCommand() *cobra.Command {
 	var timeout time.Duration
 	var yes bool
 	cmd := &cobra.Command{
-		Use:   "uninstall [--namespace kube-system] [--timeout 10m] --yes",
-		Short: "Take dkc off every node (kubelets back on their local config, dkc's files removed) before its workloads are deleted",
+		Use: "uninstall [--namespace kube-system] [--timeout 10m] --yes",
+		Short: "Take dkc off every node (kubelets back on their local config, dkc's files removed) " +
+			"before its workloads are deleted",
 		Long: `uninstall returns every node to its local kubelet config and removes dkc's files from the nodes, then
 dkc's marks from the Nodes; the workloads are deleted last, by you, with the command it prints:
 
@@ -75,14 +76,16 @@ an interruption, run it again. Against a cluster without dkc it says so and exit
 				return err
 			}
 			if st.notInstalled() {
-				fmt.Fprintf(o.io.Out, "dkc is not installed: no daemonset/%s or deployment/%s in namespace %s, no KubeletConfigPool CRD, "+
-					"and no Node carries dkc's annotations or ConfigOK condition. Nothing to do.\n", sidecarDaemonSet, serverDeployment, ns)
+				fmt.Fprintf(o.io.Out, "dkc is not installed: no daemonset/%s or deployment/%s in namespace %s, no "+
+					"KubeletConfigPool CRD, and no Node carries dkc's annotations or ConfigOK condition. Nothing to do.\n",
+					sidecarDaemonSet, serverDeployment, ns)
 				return nil
 			}
 			if st.daemonSet == nil && len(st.markedNodes) > 0 {
-				return fmt.Errorf("no daemonset/%s in namespace %s, but Nodes carry dkc's marks (%s): without the sidecar the nodes' "+
-					"files cannot be removed. If dkc runs in another namespace, give --namespace; if its workloads were deleted already, "+
-					"install them again (kubectl apply -k <your overlay>) and run this again", sidecarDaemonSet, ns, strings.Join(st.markedNodes, ", "))
+				return fmt.Errorf("no daemonset/%s in namespace %s, but Nodes carry dkc's marks (%s): without the sidecar the "+
+					"nodes' files cannot be removed. If dkc runs in another namespace, give --namespace; if its workloads were "+
+					"deleted already, install them again (kubectl apply -k <your overlay>) and run this again", sidecarDaemonSet, ns,
+					strings.Join(st.markedNodes, ", "))
 			}
 			writePlan(o.io.Out, st)
 			if !yes {
@@ -91,8 +94,10 @@ an interruption, run it again. Against a cluster without dkc it says so and exit
 			return o.uninstall(ctx, st, timeout)
 		},
 	}
-	cmd.Flags().StringVar(&ns, "namespace", "kube-system", "the namespace dkc is installed in (its DaemonSet and Deployment)")
-	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long each wait may take: the sidecar's rollout over every node, dkc-server's scale-down")
+	cmd.Flags().StringVar(&ns, "namespace", "kube-system",
+		"the namespace dkc is installed in (its DaemonSet and Deployment)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute,
+		"how long each wait may take: the sidecar's rollout over every node, dkc-server's scale-down")
 	cmd.Flags().BoolVar(&yes, "yes", false, "do it; without, print the plan and exit non-zero")
 	return cmd
 }
@@ -130,12 +135,14 @@ func (o *Options) survey(ctx context.Context, ns string) (*uninstallState, error
 			st.pools = append(st.pools, p.Name)
 		}
 	}
-	if st.daemonSet, err = o.client.AppsV1().DaemonSets(ns).Get(ctx, sidecarDaemonSet, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+	if st.daemonSet, err = o.client.AppsV1().DaemonSets(ns).Get(ctx, sidecarDaemonSet,
+		metav1.GetOptions{}); apierrors.IsNotFound(err) {
 		st.daemonSet = nil
 	} else if err != nil {
 		return nil, fmt.Errorf("daemonset %s/%s: %w", ns, sidecarDaemonSet, err)
 	}
-	if st.server, err = o.client.AppsV1().Deployments(ns).Get(ctx, serverDeployment, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+	if st.server, err = o.client.AppsV1().Deployments(ns).Get(ctx, serverDeployment,
+		metav1.GetOptions{}); apierrors.IsNotFound(err) {
 		st.server = nil
 	} else if err != nil {
 		return nil, fmt.Errorf("deployment %s/%s: %w", ns, serverDeployment, err)
@@ -179,7 +186,8 @@ func marked(n *corev1.Node) bool {
 }
 
 func hasConfigOK(n *corev1.Node) bool {
-	return slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == nodeconfig.ConditionType })
+	return slices.ContainsFunc(n.Status.Conditions,
+		func(c corev1.NodeCondition) bool { return c.Type == nodeconfig.ConditionType })
 }
 
 // writePlan prints what uninstall will do on the cluster st describes.
@@ -191,18 +199,22 @@ func writePlan(w io.Writer, st *uninstallState) {
 	case len(st.pools) == 0:
 		fmt.Fprintln(w, "  1. KubeletConfigPools: none to delete")
 	default:
-		fmt.Fprintf(w, "  1. delete the KubeletConfigPools (%s), so that nothing assigns configs any more\n", strings.Join(st.pools, ", "))
+		fmt.Fprintf(w, "  1. delete the KubeletConfigPools (%s), so that nothing assigns configs any more\n",
+			strings.Join(st.pools, ", "))
 	}
 	switch st.daemonSet {
 	case nil:
-		fmt.Fprintf(w, "  2. daemonset/%s: gone, and no Node carries dkc's marks: nothing to clean on the nodes\n", sidecarDaemonSet)
+		fmt.Fprintf(w, "  2. daemonset/%s: gone, and no Node carries dkc's marks: nothing to clean on the nodes\n",
+			sidecarDaemonSet)
 	default:
 		verb := "switch daemonset/" + sidecarDaemonSet + " to its cleanup mode (dkc-sidecar --uninstall) and wait"
 		if cleanupMode(st.daemonSet.Spec.Template.Spec.Containers) {
 			verb = "daemonset/" + sidecarDaemonSet + " is in its cleanup mode already: wait"
 		}
-		fmt.Fprintf(w, "  2. %s until it is ready on every node (%d): there the kubelet drop-in, kubelet.env, the checkpoints and the sidecar's state\n"+
-			"     are removed and a kubelet running a dkc config is restarted once onto its local config, which it must run healthy\n",
+		fmt.Fprintf(w, "  2. %s until it is ready on every node (%d): there the kubelet drop-in, kubelet.env, the "+
+			"checkpoints and the sidecar's state\n"+
+			"     are removed and a kubelet running a dkc config is restarted once onto its local "+
+			"config, which it must run healthy\n",
 			verb, st.daemonSet.Status.DesiredNumberScheduled)
 	}
 	step3 := "  3. "
@@ -211,18 +223,23 @@ func writePlan(w io.Writer, st *uninstallState) {
 		step3 = ""
 	}
 	if len(st.markedNodes) == 0 {
-		fmt.Fprintf(w, "%sNodes: none carries dkc's annotations, spec.configSource, status.config or ConfigOK condition\n", step3)
+		fmt.Fprintf(w, "%sNodes: none carries dkc's annotations, spec.configSource, status.config or ConfigOK condition\n",
+			step3)
 	} else {
-		fmt.Fprintf(w, "%sremove dkc's annotations (%s), spec.configSource, status.config and the ConfigOK condition from %d Node(s): %s\n",
+		fmt.Fprintf(w, "%sremove dkc's annotations (%s), spec.configSource, status.config and the ConfigOK "+
+			"condition from %d Node(s): %s\n",
 			step3, strings.Join(dkcAnnotations, ", "), len(st.markedNodes), strings.Join(st.markedNodes, ", "))
 	}
-	fmt.Fprintln(w, "  4. then you delete dkc's workloads, its CRD and the pools' snapshots (the commands are printed at the end)")
+	fmt.Fprintln(w, "  4. then you delete dkc's workloads, its CRD and the pools' snapshots (the "+
+		"commands are printed at the end)")
 }
 
 // writeDeleteStep prints the last step, the user's.
 func writeDeleteStep(w io.Writer, st *uninstallState) {
-	fmt.Fprintln(w, "Every node runs its local kubelet config and holds no dkc file. Last, delete dkc's workloads and CRD with the overlay you installed:")
-	fmt.Fprintln(w, "  kubectl delete -k <your overlay, e.g. deploy/overlays/self-signed>   # the overlay includes the KubeletConfigPool CRD")
+	fmt.Fprintln(w, "Every node runs its local kubelet config and holds no dkc file. Last, delete dkc's workloads and "+
+		"CRD with the overlay you installed:")
+	fmt.Fprintln(w, "  kubectl delete -k <your overlay, e.g. deploy/overlays/self-signed>   # the overlay "+
+		"includes the KubeletConfigPool CRD")
 	fmt.Fprintln(w, "and the pools' revision snapshots, which dkc-server no longer runs to delete:")
 	namespaces := st.configNamespaces
 	if len(namespaces) == 0 {
@@ -306,7 +323,8 @@ func (o *Options) cleanNodes(ctx context.Context, ns string, timeout time.Durati
 	if err != nil {
 		return fmt.Errorf("switch daemonset %s/%s to its cleanup mode: %w", ns, sidecarDaemonSet, err)
 	}
-	fmt.Fprintf(o.io.Out, "waiting until every node is clean (daemonset/%s rolled out, every pod ready)...\n", sidecarDaemonSet)
+	fmt.Fprintf(o.io.Out, "waiting until every node is clean (daemonset/%s rolled out, every pod ready)...\n",
+		sidecarDaemonSet)
 	last := ""
 	var looked time.Time
 	err = poll(ctx, timeout, func() (bool, string, error) {
@@ -352,7 +370,10 @@ func (o *Options) cleanNodes(ctx context.Context, ns string, timeout time.Durati
 			return uerr
 		}
 		if len(pending) > 0 {
-			err = fmt.Errorf("%w\nnot clean yet:\n  %s\nits cleanup pod's log says why (kubectl -n %s logs <pod>); run this again to go on waiting",
+			err = fmt.Errorf("%w\n"+
+				"not clean yet:\n"+
+				"  %s\n"+
+				"its cleanup pod's log says why (kubectl -n %s logs <pod>); run this again to go on waiting",
 				err, strings.Join(pending, "\n  "), ns)
 		}
 	}
@@ -363,7 +384,8 @@ func (o *Options) cleanNodes(ctx context.Context, ns string, timeout time.Durati
 // far it is.
 func rolledOut(ds *appsv1.DaemonSet) (bool, string) {
 	s := ds.Status
-	progress := fmt.Sprintf("%d of %d nodes updated, %d ready", s.UpdatedNumberScheduled, s.DesiredNumberScheduled, s.NumberReady)
+	progress := fmt.Sprintf("%d of %d nodes updated, %d ready", s.UpdatedNumberScheduled, s.DesiredNumberScheduled,
+		s.NumberReady)
 	if s.ObservedGeneration < ds.Generation {
 		return false, "the DaemonSet controller has not seen the change yet"
 	}
@@ -388,8 +410,9 @@ func (o *Options) uncleanNodes(ctx context.Context, ds *appsv1.DaemonSet) ([]str
 			out = append(out, fmt.Sprintf("%s: pod %s still runs the sidecar's normal mode", p.Spec.NodeName, p.Name))
 		case !podReady(&p):
 			if why := o.refusal(ctx, &p); why != "" {
-				return nil, fmt.Errorf("%w: %s (pod %s): %s\nThe other nodes go on being cleaned. Fix what it says on %s, then run this "+
-					"again: its cleanup pod tries again by itself every 30s", errNodeRefused, p.Spec.NodeName, p.Name, why, p.Spec.NodeName)
+				return nil, fmt.Errorf("%w: %s (pod %s): %s\n"+
+					"The other nodes go on being cleaned. Fix what it says on %s, then run this again: its cleanup pod "+
+					"tries again by itself every 30s", errNodeRefused, p.Spec.NodeName, p.Name, why, p.Spec.NodeName)
 			}
 			out = append(out, fmt.Sprintf("%s: pod %s has not finished the cleanup (not ready)", p.Spec.NodeName, p.Name))
 		}
@@ -546,7 +569,8 @@ func (o *Options) stopServer(ctx context.Context, d *appsv1.Deployment, timeout 
 	deployments := o.client.AppsV1().Deployments(d.Namespace)
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != 0 {
 		patch := []byte(`{"spec":{"replicas":0}}`)
-		if _, err := deployments.Patch(ctx, d.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}); err != nil {
+		if _, err := deployments.Patch(ctx, d.Name, types.MergePatchType, patch,
+			metav1.PatchOptions{FieldManager: fieldManager}); err != nil {
 			return fmt.Errorf("scale deployment %s/%s to 0: %w", d.Namespace, d.Name, err)
 		}
 		fmt.Fprintf(o.io.Out, "deployment/%s scaled to 0 (it would write the nodes' status back)\n", d.Name)
@@ -594,7 +618,8 @@ func (o *Options) unmarkNodes(ctx context.Context) error {
 
 func (o *Options) patchNode(ctx context.Context, name string, pt types.PatchType, patch []byte, sub ...string) error {
 	err := retry.OnError(retry.DefaultBackoff, transient, func() error {
-		_, err := o.client.CoreV1().Nodes().Patch(ctx, name, pt, patch, metav1.PatchOptions{FieldManager: fieldManager}, sub...)
+		_, err := o.client.CoreV1().Nodes().Patch(ctx, name, pt, patch, metav1.PatchOptions{FieldManager: fieldManager},
+			sub...)
 		return err
 	})
 	if err != nil && !apierrors.IsNotFound(err) {

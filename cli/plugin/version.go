@@ -64,7 +64,8 @@ until the workload's controller has seen the new template).`,
 			fmt.Fprintf(o.io.Out, "kubectl-dkc: %s\n", info.Client)
 			for _, w := range []*workloadImages{info.Server, info.Sidecar} {
 				if w != nil {
-					fmt.Fprintf(o.io.Out, "%s: %s (%d desired, %d updated, %d ready)\n", w.Workload, strings.Join(w.Images, ", "), w.Desired, w.Updated, w.Ready)
+					fmt.Fprintf(o.io.Out, "%s: %s (%d desired, %d updated, %d ready)\n", w.Workload, strings.Join(w.Images, ", "),
+						w.Desired, w.Updated, w.Ready)
 				}
 			}
 			if !client && info.Server == nil && info.Sidecar == nil {
@@ -73,7 +74,8 @@ until the workload's controller has seen the new template).`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&ns, "namespace", "kube-system", "the namespace dkc is installed in (its Deployment and DaemonSet)")
+	cmd.Flags().StringVar(&ns, "namespace", "kube-system",
+		"the namespace dkc is installed in (its Deployment and DaemonSet)")
 	cmd.Flags().BoolVar(&client, "client", false, "the plugin's version only; do not contact the cluster")
 	return cmd
 }

@@ -21,28 +21,48 @@ import (
 func main() {
 	var cfg bench.Config
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
-	fs.StringVar(&cfg.Dir, "dir", "_output/bench", "where results.json, the cluster and the simulated nodes' directories go")
-	fs.StringVar(&cfg.NodesDir, "nodes-dir", "", "where the simulated nodes' directories go (default: "+bench.DiskSimulated+": /dev/shm/dkc-bench-nodes; "+bench.DiskShared+": <dir>/nodes)")
-	fs.StringVar(&cfg.Disk, "disk", bench.DiskSimulated, "the simulated nodes' disk: "+bench.DiskSimulated+" (their directories on tmpfs, each fsync costing one of this disk's fsync latencies, measured at start: every node its own disk) or "+bench.DiskShared+" (all on this one disk, with etcd)")
-	fs.IntVar(&cfg.DiskWriters, "disk-writers", 0, "concurrent durable writes of all simulated nodes together; 0: 64 with -disk="+bench.DiskShared+", unbounded with -disk="+bench.DiskSimulated+"; negative: unbounded")
-	fs.StringVar(&cfg.Deployment, "deployment", "deploy/base/server.yaml", "the shipped dkc-server manifest: dkc-server runs with its flags (less its ports and files) throughout and its GOMEMLIMIT in the scale phases; its memory limit, if under 1 GiB, is the goal of the peak")
-	fs.StringVar(&cfg.APF, "apf", "deploy/base/server-apf.yaml", "the shipped FlowSchema and PriorityLevelConfiguration, installed with their subject the dev cluster's dkc-server user")
-	fs.StringVar(&cfg.Bin, "bin", "_output/bin", "directory with dkc-server, dkc-sidecar, the dkc-kubelet-check-<minor> helpers and fake-kubelet")
+	fs.StringVar(&cfg.Dir, "dir", "_output/bench",
+		"where results.json, the cluster and the simulated nodes' directories go")
+	fs.StringVar(&cfg.NodesDir, "nodes-dir", "",
+		"where the simulated nodes' directories go (default: "+bench.DiskSimulated+": /dev/shm/dkc-bench-nodes; "+
+			bench.DiskShared+": <dir>/nodes)")
+	fs.StringVar(&cfg.Disk, "disk", bench.DiskSimulated,
+		"the simulated nodes' disk: "+bench.DiskSimulated+" (their directories on tmpfs, each fsync costing one of this "+
+			"disk's fsync latencies, measured at start: every node its own disk) or "+bench.DiskShared+" (all on this one "+
+			"disk, with etcd)")
+	fs.IntVar(&cfg.DiskWriters, "disk-writers", 0,
+		"concurrent durable writes of all simulated nodes together; 0: 64 with -disk="+bench.DiskShared+", unbounded with "+
+			"-disk="+bench.DiskSimulated+"; negative: unbounded")
+	fs.StringVar(&cfg.Deployment, "deployment", "deploy/base/server.yaml",
+		"the shipped dkc-server manifest: dkc-server runs with its flags (less its ports and files) throughout and its "+
+			"GOMEMLIMIT in the scale phases; its memory limit, if under 1 GiB, is the goal of the peak")
+	fs.StringVar(&cfg.APF, "apf", "deploy/base/server-apf.yaml",
+		"the shipped FlowSchema and PriorityLevelConfiguration, installed with their subject "+
+			"the dev cluster's dkc-server user")
+	fs.StringVar(&cfg.Bin, "bin", "_output/bin",
+		"directory with dkc-server, dkc-sidecar, the dkc-kubelet-check-<minor> helpers and fake-kubelet")
 	fs.IntVar(&cfg.PropagationNodes, "propagation-nodes", 1000, "connected nodes when measuring propagation")
-	fs.IntVar(&cfg.FanoutNodes, "fanout-nodes", 2000, "nodes sharing one ConfigMap in the fan-out and the watch comparison")
+	fs.IntVar(&cfg.FanoutNodes, "fanout-nodes", 2000,
+		"nodes sharing one ConfigMap in the fan-out and the watch comparison")
 	fs.IntVar(&cfg.ScaleNodes, "scale-nodes", 5000, "connected nodes when measuring dkc-server's memory per node")
 	fs.IntVar(&cfg.MaxNodes, "max-nodes", 10000, "Nodes created, and connected to one replica in the max phase")
-	fs.IntVar(&cfg.Repetitions, "repetitions", 3, "repetitions of the propagation measurement (the goal is held on the worst)")
+	fs.IntVar(&cfg.Repetitions, "repetitions", 3,
+		"repetitions of the propagation measurement (the goal is held on the worst)")
 	fs.IntVar(&cfg.PropagationRate, "propagation-rate", 25, "Node source changes per second in the propagation phase")
 	fs.DurationVar(&cfg.Trial, "trial", 0, "simulated nodes' trial duration before last-known-good (default 5s)")
-	cpuProfile := fs.String("cpuprofile", "", "write the benchmark process's own CPU profile (the simulated nodes) to this file")
+	cpuProfile := fs.String("cpuprofile", "",
+		"write the benchmark process's own CPU profile (the simulated nodes) to this file")
 	fs.IntVar(&cfg.PoolNodes, "pool-nodes", 2000, "nodes the pool phase's KubeletConfigPool selects (at most -max-nodes)")
-	phases := fs.String("phases", "", "comma-separated phases to run: idle, propagation, fanout, watches, scale, max, pool (default all; setup always runs)")
+	phases := fs.String("phases", "", "comma-separated phases to run: idle, propagation, fanout, watches, scale, max, "+
+		"pool (default all; setup always runs)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: bench [flags]\n\nRuns dkc's scale benchmark against a real local etcd, kube-apiserver and dkc-server,\nwith thousands of simulated nodes in this process, and prints the figures with their goals.")
+		fmt.Fprintln(fs.Output(), "usage: bench [flags]\n\n"+
+			"Runs dkc's scale benchmark against a real local etcd, kube-apiserver and dkc-server,\n"+
+			"with thousands of simulated nodes in this process, and prints the figures with their goals.")
 		fs.PrintDefaults()
 	}
-	bareWatch := fs.String(bench.BareWatchFlag, "", "internal: run only the propagation baseline's bare watch with this kubeconfig")
+	bareWatch := fs.String(bench.BareWatchFlag, "",
+		"internal: run only the propagation baseline's bare watch with this kubeconfig")
 	_ = fs.Parse(os.Args[1:])
 	if *bareWatch != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -283,7 +283,8 @@ func (d *demo) expectQPS(ctx context.Context, want int) error {
 }
 
 func (d *demo) createConfigMap(ctx context.Context, prefix, kubelet string) (*corev1.ConfigMap, error) {
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prefix, Namespace: "kube-system"}, Data: map[string]string{"kubelet": kubelet}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: prefix, Namespace: "kube-system"},
+		Data: map[string]string{"kubelet": kubelet}}
 	h, err := hash.ConfigMapHash(cm)
 	if err != nil {
 		return nil, err
@@ -299,7 +300,8 @@ func (d *demo) createConfigMap(ctx context.Context, prefix, kubelet string) (*co
 func (d *demo) assign(ctx context.Context, cm string) error {
 	value := "null"
 	if cm != "" {
-		src, _ := json.Marshal(map[string]any{"configMap": map[string]string{"namespace": "kube-system", "name": cm, "kubeletConfigKey": "kubelet"}})
+		src, _ := json.Marshal(map[string]any{"configMap": map[string]string{"namespace": "kube-system", "name": cm,
+			"kubeletConfigKey": "kubelet"}})
 		quoted, _ := json.Marshal(string(src))
 		value = string(quoted)
 		d.say("kubectl annotate node %s --overwrite dkc.dev/config-source='%s'", d.node, src)
@@ -307,11 +309,13 @@ func (d *demo) assign(ctx context.Context, cm string) error {
 		d.say("kubectl annotate node %s dkc.dev/config-source-", d.node)
 	}
 	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, nodeconfig.SourceAnnotation, value)
-	_, err := d.client.CoreV1().Nodes().Patch(ctx, d.node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+	_, err := d.client.CoreV1().Nodes().Patch(ctx, d.node, types.StrategicMergePatchType, []byte(patch),
+		metav1.PatchOptions{})
 	return err
 }
 
-func (d *demo) waitStatus(ctx context.Context, what string, ok func(corev1.NodeConfigStatus) bool) (corev1.NodeConfigStatus, error) {
+func (d *demo) waitStatus(ctx context.Context, what string,
+	ok func(corev1.NodeConfigStatus) bool) (corev1.NodeConfigStatus, error) {
 	d.say("waiting for %s ...", what)
 	deadline := time.Now().Add(3 * time.Minute)
 	var last string
@@ -348,7 +352,8 @@ func (d *demo) showStatus(ctx context.Context, st corev1.NodeConfigStatus) {
 }
 
 func (d *demo) showEvent(ctx context.Context, cm *corev1.ConfigMap) error {
-	evs, err := d.client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + d.node + ",reason=" + nodeconfig.EventReason})
+	evs, err := d.client.CoreV1().Events("default").List(ctx,
+		metav1.ListOptions{FieldSelector: "involvedObject.name=" + d.node + ",reason=" + nodeconfig.EventReason})
 	if err != nil {
 		return err
 	}
@@ -373,7 +378,8 @@ func besideMe(name string) string {
 // dkc runs kubectl-dkc with args, printing the command and its output; wantFail says it must exit non-zero.
 func (d *demo) dkc(ctx context.Context, wantFail bool, args ...string) (string, error) {
 	d.say("$ kubectl dkc %s", strings.Join(args, " "))
-	out, err := exec.CommandContext(ctx, d.kubectlDKC, append([]string{"--kubeconfig", d.kubeconfig}, args...)...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, d.kubectlDKC,
+		append([]string{"--kubeconfig", d.kubeconfig}, args...)...).CombinedOutput()
 	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		d.say("  %s", line)
 	}

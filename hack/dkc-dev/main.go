@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Command dkc-dev starts and stops the local dev cluster (docs/design.md, "Local cluster"): `dkc-dev up` returns once etcd,
-// kube-apiserver and the real nodes are ready and leaves them running in the background; `dkc-dev down`
+// Command dkc-dev starts and stops the local dev cluster (docs/design.md, "Local cluster"): `dkc-dev up` returns once
+// etcd, kube-apiserver and the real nodes are ready and leaves them running in the background; `dkc-dev down`
 // stops exactly what `up` recorded. The Makefile's `up` and `down` targets call it.
 package main
 
@@ -42,25 +42,37 @@ func parse(fs *flag.FlagSet, args []string) (options, error) {
 	o := options{}
 	fs.StringVar(&o.dir, "dir", "_output/dev", "directory for the cluster's kubeconfig, env, logs, pki and state")
 	fs.StringVar(&o.kubeVersion, "kube-version", envOr("KUBE_VERSION", devcluster.DefaultKubeVersion), fmt.Sprintf(
-		"Kubernetes minor version of the control plane and, unless -kubelet-versions says otherwise, of the kubelets: %s ($KUBE_VERSION)%s",
+		"Kubernetes minor version of the control plane and, unless -kubelet-versions says otherwise, of the "+
+			"kubelets: %s ($KUBE_VERSION)%s",
 		strings.Join(devcluster.ControlPlaneVersions(), ", "), endOfLifeNote()))
 	kubeletVersions := fs.String("kubelet-versions", os.Getenv("KUBELET_VERSIONS"), fmt.Sprintf(
-		"real nodes running an older kubelet than the control plane, node=minor comma-separated, e.g. node-1=1.34,node-2=1.36; "+
-			"at most 3 minors older, never newer; kubelets: %s ($KUBELET_VERSIONS)", strings.Join(devcluster.KubeVersions(), ", ")))
-	fs.StringVar(&o.kubeBinDir, "kube-bin-dir", os.Getenv("KUBE_BIN_DIR"), "take kube-apiserver and kubelet from this directory instead of building them ($KUBE_BIN_DIR)")
-	nodes := fs.String("nodes", "", "comma-separated names of the real nodes (containerd + kubelet); default node-1, or node-1,node-2 with -installed")
+		"real nodes running an older kubelet than the control plane, node=minor comma-separated, e.g. "+
+			"node-1=1.34,node-2=1.36; at most 3 minors older, never newer; kubelets: %s ($KUBELET_VERSIONS)",
+		strings.Join(devcluster.KubeVersions(), ", ")))
+	fs.StringVar(&o.kubeBinDir, "kube-bin-dir", os.Getenv("KUBE_BIN_DIR"),
+		"take kube-apiserver and kubelet from this directory instead of building them ($KUBE_BIN_DIR)")
+	nodes := fs.String("nodes", "", "comma-separated names of the real nodes (containerd + kubelet); default node-1, "+
+		"or node-1,node-2 with -installed")
 	installedDefault, _ := strconv.ParseBool(os.Getenv("INSTALLED"))
-	fs.BoolVar(&o.installed, "installed", installedDefault, "the installed form: kube-controller-manager, kube-scheduler, kube-proxy, CNI, CoreDNS, and dkc installed from deploy/ with kubectl apply -k as a Deployment and a DaemonSet from the images of `make images` ($INSTALLED)")
+	fs.BoolVar(&o.installed, "installed", installedDefault,
+		"the installed form: kube-controller-manager, kube-scheduler, kube-proxy, CNI, CoreDNS, and dkc installed from "+
+			"deploy/ with kubectl apply -k as a Deployment and a DaemonSet from the images of `make images` ($INSTALLED)")
 	fs.StringVar(&o.imagesDir, "images-dir", "_output/images", "with -installed: the image tarballs of `make images`")
-	fs.StringVar(&o.serviceBin, "service-bin", "_output/bin/dkc-server", "dkc-server binary to run as the cluster's config service; empty runs none")
-	fs.StringVar(&o.sidecarBin, "sidecar-bin", "_output/bin/dkc-sidecar", "dkc-sidecar binary; with it real nodes run their kubelet under systemd (nspawn) beside a sidecar; empty runs none")
+	fs.StringVar(&o.serviceBin, "service-bin", "_output/bin/dkc-server",
+		"dkc-server binary to run as the cluster's config service; empty runs none")
+	fs.StringVar(&o.sidecarBin, "sidecar-bin", "_output/bin/dkc-sidecar",
+		"dkc-sidecar binary; with it real nodes run their kubelet under systemd (nspawn) beside a sidecar; empty runs none")
 	fs.StringVar(&o.fakeKubelet, "fake-kubelet-bin", "_output/bin/fake-kubelet", "stand-in kubelet of the simulated nodes")
 	simDefault, _ := strconv.Atoi(envOr("SIM_NODES", "2"))
 	fs.IntVar(&o.simNodes, "sim-nodes", simDefault, "simulated nodes ($SIM_NODES)")
 	trialDefault, _ := time.ParseDuration(os.Getenv("DKC_TRIAL_DURATION"))
-	fs.DurationVar(&o.trial, "trial-duration", trialDefault, "sidecars' --trial-duration ($DKC_TRIAL_DURATION); 0 keeps the sidecar's default (10m)")
+	fs.DurationVar(&o.trial, "trial-duration", trialDefault,
+		"sidecars' --trial-duration ($DKC_TRIAL_DURATION); 0 keeps the sidecar's default (10m)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: dkc-dev [flags] up|down\n\n  up    start etcd, kube-apiserver and the real nodes in the background; returns when ready\n  down  stop everything up started, unmount and clean up\n\nflags:\n")
+		fmt.Fprintf(fs.Output(), "usage: dkc-dev [flags] up|down\n\n"+
+			"  up    start etcd, kube-apiserver and the real nodes in the background; returns when ready\n"+
+			"  down  stop everything up started, unmount and clean up\n\n"+
+			"flags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -110,7 +122,8 @@ func run(ctx context.Context, o options, out io.Writer) error {
 			return err
 		}
 		_, err = devcluster.Start(ctx, devcluster.Config{DevBinary: self,
-			Dir: o.dir, KubeVersion: o.kubeVersion, KubeletVersions: o.kubeletVersions, KubeBinDir: o.kubeBinDir, RealNodes: o.nodes,
+			Dir: o.dir, KubeVersion: o.kubeVersion, KubeletVersions: o.kubeletVersions,
+			KubeBinDir: o.kubeBinDir, RealNodes: o.nodes,
 			ServiceBinary: o.serviceBin, SidecarBinary: o.sidecarBin, FakeKubeletBinary: o.fakeKubelet, SimNodes: o.simNodes,
 			TrialDuration: o.trial, Installed: o.installed, ImagesDir: o.imagesDir, Progress: out,
 		})

@@ -97,7 +97,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	al, err := tls.Listen("tcp", net.JoinHostPort(kc.Address, strconv.Itoa(int(kc.Port))), &tls.Config{Certificates: []tls.Certificate{cert}})
+	al, err := tls.Listen("tcp", net.JoinHostPort(kc.Address, strconv.Itoa(int(kc.Port))),
+		&tls.Config{Certificates: []tls.Certificate{cert}})
 	if err != nil {
 		return err
 	}
@@ -116,7 +117,8 @@ func run() error {
 // (serverTLSBootstrap) needs a CSR signer the dev cluster does not run: refused, not faked.
 func servingCert(kf *options.KubeletFlags, kc *kubeletconfiginternal.KubeletConfiguration) (tls.Certificate, error) {
 	if kc.ServerTLSBootstrap {
-		return tls.Certificate{}, errors.New("serverTLSBootstrap: the stand-in kubelet does not bootstrap serving certificates")
+		return tls.Certificate{}, errors.New("serverTLSBootstrap: the stand-in kubelet does not " +
+			"bootstrap serving certificates")
 	}
 	if kc.TLSCertFile != "" || kc.TLSPrivateKeyFile != "" {
 		return tls.LoadX509KeyPair(kc.TLSCertFile, kc.TLSPrivateKeyFile)

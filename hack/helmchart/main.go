@@ -35,8 +35,10 @@ func parse(fs *flag.FlagSet, args []string) (chart.Config, error) {
 	var c chart.Config
 	fs.StringVar(&c.DeployDir, "deploy", "deploy", "the kustomize source of truth: deploy/ of the checkout")
 	fs.StringVar(&c.OutDir, "out", "deploy/helm/dkc", "chart directory, replaced as a whole")
-	fs.StringVar(&c.Version, "version", "", "chart version (Chart.yaml version); default: the existing chart's, else "+chart.DefaultVersion)
-	fs.StringVar(&c.AppVersion, "app-version", "", "dkc version (Chart.yaml appVersion); default: dkc-server's image tag in deploy/base")
+	fs.StringVar(&c.Version, "version", "",
+		"chart version (Chart.yaml version); default: the existing chart's, else "+chart.DefaultVersion)
+	fs.StringVar(&c.AppVersion, "app-version", "",
+		"dkc version (Chart.yaml appVersion); default: dkc-server's image tag in deploy/base")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

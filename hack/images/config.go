@@ -41,14 +41,22 @@ var knownArches = []string{"amd64", "arm64"}
 
 func parse(fs *flag.FlagSet, args []string) (config, error) {
 	c := config{}
-	fs.StringVar(&c.repo, "repo", "dkc.local", "registry and path the images are named under: <repo>/<image>:<tag> ($IMAGE_REPO in make)")
+	fs.StringVar(&c.repo, "repo", "dkc.local",
+		"registry and path the images are named under: <repo>/<image>:<tag> ($IMAGE_REPO in make)")
 	fs.StringVar(&c.tag, "tag", "dev", "image tag ($IMAGE_TAG in make)")
-	fs.StringVar(&c.out, "out", "_output/images", "output directory: <image>.tar per image, the OCI layouts oci/<image>, the SBOMs sbom/")
-	platforms := fs.String("platforms", hostPlatform().String(), "comma-separated os/arch to build each image for ($IMAGE_PLATFORMS in make, which builds linux/amd64,linux/arm64 by default); the default, the host's platform alone, is what a local cluster imports")
-	fs.StringVar(&c.version, "version", os.Getenv("VERSION"), "org.opencontainers.image.version ($VERSION); default: git describe --tags --always --dirty")
+	fs.StringVar(&c.out, "out", "_output/images",
+		"output directory: <image>.tar per image, the OCI layouts oci/<image>, the SBOMs sbom/")
+	platforms := fs.String("platforms", hostPlatform().String(),
+		"comma-separated os/arch to build each image for ($IMAGE_PLATFORMS in make, which builds linux/amd64,linux/arm64 "+
+			"by default); the default, the host's platform alone, is what a local cluster imports")
+	fs.StringVar(&c.version, "version", os.Getenv("VERSION"),
+		"org.opencontainers.image.version ($VERSION); default: git describe --tags --always --dirty")
 	list := fs.String("images", strings.Join(imageNames(), ","), "comma-separated images to build")
-	fs.StringVar(&c.overlay, "release-overlay", "", "write a kustomize overlay pinning dkc-server and dkc-sidecar by index digest into this directory (make: _output/release/deploy)")
-	fs.StringVar(&c.overlayBase, "release-base", "deploy/overlays/self-signed", "the kustomization the release overlay installs ($RELEASE_BASE in make)")
+	fs.StringVar(&c.overlay, "release-overlay", "",
+		"write a kustomize overlay pinning dkc-server and dkc-sidecar by index digest into this directory "+
+			"(make: _output/release/deploy)")
+	fs.StringVar(&c.overlayBase, "release-base", "deploy/overlays/self-signed",
+		"the kustomization the release overlay installs ($RELEASE_BASE in make)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: images [flags]
 

@@ -204,7 +204,8 @@ func assemble(selected []image, c config, src ociimage.Source) (assembly, error)
 			if err != nil {
 				return a, err
 			}
-			spec.Files = append(spec.Files, ociimage.File{Path: path.Join(sbomDir, spec.Name+".spdx.json"), Mode: 0o644, Data: js})
+			spec.Files = append(spec.Files,
+				ociimage.File{Path: path.Join(sbomDir, spec.Name+".spdx.json"), Mode: 0o644, Data: js})
 			img, err := ociimage.Build(spec, src)
 			if err != nil {
 				return a, fmt.Errorf("platform %s: %w", p, err)
@@ -279,7 +280,8 @@ func (a assembly) writeSBOMs(out string) error {
 
 // report prints per image its image of each platform (digest, the size a pull transfers: the compressed
 // layers) and its index, then the helpers' layer of each platform. Files are named relative to c.out.
-func (a assembly) report(out io.Writer, c config, src ociimage.Source, written []ociimage.Written, took time.Duration) error {
+func (a assembly) report(out io.Writer, c config, src ociimage.Source, written []ociimage.Written,
+	took time.Duration) error {
 	rel := func(p string) string {
 		if r, err := filepath.Rel(c.out, p); err == nil {
 			return r
@@ -328,7 +330,8 @@ func (a assembly) report(out io.Writer, c config, src ociimage.Source, written [
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "# helpers layer %s %s %s, shared by %s: %s\n", p, d, mib(size), strings.Join(in, " and "), strings.Join(h.names, " "))
+		fmt.Fprintf(out, "# helpers layer %s %s %s, shared by %s: %s\n", p, d, mib(size), strings.Join(in, " and "),
+			strings.Join(h.names, " "))
 	}
 	if c.overlay != "" {
 		fmt.Fprintf(out, "# release overlay %s (kubectl apply -k %s after make push-images)\n",
@@ -369,7 +372,8 @@ func compile(ctx context.Context, dir string, p platform, version string, pkgs [
 	if err != nil {
 		return err
 	}
-	args := append([]string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w " + dkcversion.LinkerFlag(version), "-o", abs + "/"}, pkgs...)
+	args := append([]string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w " + dkcversion.LinkerFlag(version),
+		"-o", abs + "/"}, pkgs...)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.os, "GOARCH="+p.arch)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr

@@ -45,7 +45,8 @@ func buildCLI(ctx context.Context, dir string, p platform, version string) (stri
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", ldflags+" "+dkcversion.LinkerFlag(version), "-o", bin, cliPkg)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false",
+		ldflags+" "+dkcversion.LinkerFlag(version), "-o", bin, cliPkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.os, "GOARCH="+p.arch)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

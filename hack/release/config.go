@@ -39,9 +39,14 @@ func parse(fs *flag.FlagSet, args []string) (config, error) {
 		list = append(list, p.String())
 	}
 	fs.StringVar(&c.out, "out", "_output/release", "output directory: the archives, their checksums and dkc.yaml")
-	fs.StringVar(&c.version, "version", os.Getenv("VERSION"), "release version, v-prefixed semver as krew requires ($VERSION); default: git describe --tags --always --dirty, or v0.0.0-g<describe> when that is no semver")
-	fs.StringVar(&c.releaseURL, "release-url", os.Getenv("RELEASE_URL"), "URL the archives are downloaded from, <url>/<archive> in dkc.yaml ($RELEASE_URL); default: "+releaseURLBase+"<version>")
-	platforms := fs.String("platforms", strings.Join(list, ","), "comma-separated os/arch pairs to build, of "+strings.Join(list, ", "))
+	fs.StringVar(&c.version, "version", os.Getenv("VERSION"),
+		"release version, v-prefixed semver as krew requires ($VERSION); default: git describe --tags --always --dirty, or "+
+			"v0.0.0-g<describe> when that is no semver")
+	fs.StringVar(&c.releaseURL, "release-url", os.Getenv("RELEASE_URL"),
+		"URL the archives are downloaded from, <url>/<archive> in dkc.yaml ($RELEASE_URL); default: "+releaseURLBase+
+			"<version>")
+	platforms := fs.String("platforms", strings.Join(list, ","),
+		"comma-separated os/arch pairs to build, of "+strings.Join(list, ", "))
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: release [flags]
 

@@ -223,7 +223,8 @@ func (h Helpers) helper(kubeletVersion string) (Exec, error) {
 		return Exec{}, fmt.Errorf("%w: the kubelet's version is not known yet (the Node's status.nodeInfo.kubeletVersion, "+
 			"which dkc-server sends): not checked with a guess", ErrUnsupportedKubelet)
 	case !slices.Contains(h.Minors, minor):
-		return Exec{}, fmt.Errorf("%w: kubelet %s is not supported by this dkc (kubelet minors %s)", ErrUnsupportedKubelet, kubeletVersion, h.Range())
+		return Exec{}, fmt.Errorf("%w: kubelet %s is not supported by this dkc (kubelet minors %s)", ErrUnsupportedKubelet,
+			kubeletVersion, h.Range())
 	}
 	return Exec{Binary: filepath.Join(h.Dir, HelperPrefix+minor), Timeout: h.Timeout, MemoryLimit: h.MemoryLimit}, nil
 }

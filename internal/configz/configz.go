@@ -63,7 +63,8 @@ func defaults(kubeletVersion string) (map[string]any, error) {
 	data, err := defaultsFS.ReadFile(path.Join("defaults", minor+".json"))
 	if minor == "" || err != nil {
 		m := Minors()
-		return nil, fmt.Errorf("kubelet %q is not supported by this dkc (kubelet minors %s–%s)", kubeletVersion, m[0], m[len(m)-1])
+		return nil, fmt.Errorf("kubelet %q is not supported by this dkc (kubelet minors %s–%s)", kubeletVersion, m[0],
+			m[len(m)-1])
 	}
 	var m map[string]any
 	if err := json.Unmarshal(data, &m); err != nil {

@@ -73,7 +73,8 @@ func sameMinor(kubelet string) error {
 		return nil
 	}
 	if want, have := checkapi.Minor(kubelet), checkapi.Minor(Version()); want == "" || want != have {
-		return fmt.Errorf("%w: kubelet %s, but this check runs the code of kubelet %s", checkapi.ErrUnsupportedKubelet, kubelet, Version())
+		return fmt.Errorf("%w: kubelet %s, but this check runs the code of kubelet %s", checkapi.ErrUnsupportedKubelet,
+			kubelet, Version())
 	}
 	return nil
 }

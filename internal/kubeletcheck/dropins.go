@@ -64,8 +64,8 @@ func ConfigDir(args []string) (string, error) {
 	return dir, nil
 }
 
-// MergeDropIns merges the drop-ins in dir (--config-dir) into kc as the kubelet (v1.34 and later) does before it applies
-// its flags. The kubelet's code (cmd/kubelet/app/server.go mergeKubeletConfigurations and
+// MergeDropIns merges the drop-ins in dir (--config-dir) into kc as the kubelet (v1.34 and later) does before it
+// applies its flags. The kubelet's code (cmd/kubelet/app/server.go mergeKubeletConfigurations and
 // loadDropinConfigFileIntoJSON) is unexported, in a package that links the whole kubelet, so it is followed
 // here step for step, with the kubelet's own loader, conversions, defaulting and JSON merge patch:
 //   - every file whose name ends in .conf, in filepath.WalkDir order: lexical by name, subdirectories too
@@ -79,15 +79,16 @@ func ConfigDir(args []string) (string, error) {
 //     drops: an empty list in the config file (enforceNodeAllocatable: []) comes back as its default, as in
 //     the kubelet; an empty list in a drop-in survives.
 //
-// Since v1.34 the kubelet merges them on the flag alone: no feature gate, no environment variable (the alpha's is gone).
-// A directory that cannot be walked (also a missing one), or a drop-in that cannot be loaded, is an error
+// Since v1.34 the kubelet merges them on the flag alone: no feature gate, no environment variable (the alpha's is
+// gone). A directory that cannot be walked (also a missing one), or a drop-in that cannot be loaded, is an error
 // that names it; the kubelet refuses to start with it.
 func MergeDropIns(kc *kubeletconfiginternal.KubeletConfiguration, dir string) (*DropIns, error) {
 	const dropinFileExtension = ".conf"
 	res := &DropIns{setBy: map[string]string{}}
 
 	versionedConfig := &kubeletconfigv1beta1.KubeletConfiguration{}
-	if err := kubeletconfigv1beta1conversion.Convert_config_KubeletConfiguration_To_v1beta1_KubeletConfiguration(kc, versionedConfig, nil); err != nil {
+	if err := kubeletconfigv1beta1conversion.Convert_config_KubeletConfiguration_To_v1beta1_KubeletConfiguration(kc,
+		versionedConfig, nil); err != nil {
 		return nil, err
 	}
 	baseKubeletConfigJSON, err := json.Marshal(versionedConfig)
@@ -131,8 +132,8 @@ func MergeDropIns(kc *kubeletconfiginternal.KubeletConfiguration, dir string) (*
 		if errors.Is(err, fs.ErrNotExist) {
 			// The kubelet would not start without it, so here it is most likely not mounted into the
 			// sidecar's pod: say what to do.
-			return nil, fmt.Errorf("failed to walk through kubelet dropin directory %q: %w (the kubelet runs with --config-dir=%s: "+
-				"mount that directory into the dkc-sidecar pod at the same path, read-only)", dir, err, dir)
+			return nil, fmt.Errorf("failed to walk through kubelet dropin directory %q: %w (the kubelet runs with "+
+				"--config-dir=%s: mount that directory into the dkc-sidecar pod at the same path, read-only)", dir, err, dir)
 		}
 		return nil, fmt.Errorf("failed to walk through kubelet dropin directory %q: %w", dir, err)
 	}
@@ -142,7 +143,8 @@ func MergeDropIns(kc *kubeletconfiginternal.KubeletConfiguration, dir string) (*
 		return nil, fmt.Errorf("failed to unmarshal merged JSON into kubelet configuration: %w", err)
 	}
 	kubeletconfigv1beta1conversion.SetDefaults_KubeletConfiguration(versionedConfig)
-	if err := kubeletconfigv1beta1conversion.Convert_v1beta1_KubeletConfiguration_To_config_KubeletConfiguration(versionedConfig, kc, nil); err != nil {
+	if err := kubeletconfigv1beta1conversion.Convert_v1beta1_KubeletConfiguration_To_config_KubeletConfiguration(
+		versionedConfig, kc, nil); err != nil {
 		return nil, fmt.Errorf("failed to convert merged config to internal kubelet configuration: %w", err)
 	}
 	for k := range res.setBy {
@@ -180,7 +182,8 @@ func (d *DropIns) overridden(file string) []string {
 	var out []string
 	for k := range fields {
 		if by, ok := d.setBy[k]; ok {
-			out = append(out, fmt.Sprintf("field %s of %s is also set by the kubelet's drop-in %s, whose value the kubelet runs (objects merged key by key)", k, file, by))
+			out = append(out, fmt.Sprintf("field %s of %s is also set by the kubelet's drop-in %s, whose value the kubelet "+
+				"runs (objects merged key by key)", k, file, by))
 		}
 	}
 	sort.Strings(out)

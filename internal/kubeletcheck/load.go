@@ -2,8 +2,8 @@
 
 // Package kubeletcheck validates a config exactly as the kubelet would run it, with the kubelet's own code
 // (k8s.io/kubernetes at the version this module is built with: go.mod for the newest minor dkc supports,
-// kube-<minor>.mod for each older one; see build.sh): the config file is loaded by the kubelet's file loader (strict decoding,
-// lenient v1beta1 fallback for fields of newer kubelets, defaulting, relative paths resolved against the
+// kube-<minor>.mod for each older one; see build.sh): the config file is loaded by the kubelet's file loader (strict
+// decoding, lenient v1beta1 fallback for fields of newer kubelets, defaulting, relative paths resolved against the
 // file's directory — so against the checkpoint directory), the drop-ins of the kubelet's --config-dir are
 // merged over it (MergeDropIns), the node kubelet's command-line flags are applied on top as the kubelet's
 // kubeletConfigFlagPrecedence does (flags win; the file replaces the local config wholesale), and the

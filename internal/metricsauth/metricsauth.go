@@ -71,14 +71,15 @@ func DefaultOptions() Options { return Options{Auth: true} }
 // BindFlags registers the flags on fs with o's values as defaults.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Auth, "metrics-auth", o.Auth, "serve the metrics address over HTTPS and require, on every path but "+
-		strings.Join(AlwaysAllowPaths, ", ")+" (the kubelet's probes, which send no token), a bearer token the kube-apiserver "+
-		"accepts (TokenReview) whose user it authorizes for get on the path (SubjectAccessReview; the ClusterRole "+
-		"dkc-metrics-reader grants get on /metrics), as the Kubernetes components serve theirs. Needs create tokenreviews "+
-		"and subjectaccessreviews. false serves plain HTTP to anyone who reaches the address: INSECURE, only for "+
-		"scrapers that cannot send a token, behind a network that keeps everyone else out")
-	fs.StringVar(&o.CertFile, "metrics-tls-cert-file", o.CertFile, "with --metrics-auth: the metrics address's serving certificate "+
-		"(PEM, re-read when it changes); default: a self-signed certificate made at start and kept in memory, as the "+
-		"Kubernetes components make one (scrapers then skip verification: insecureSkipVerify)")
+		strings.Join(AlwaysAllowPaths, ", ")+" (the kubelet's probes, which send no token), a bearer token the "+
+		"kube-apiserver accepts (TokenReview) whose user it authorizes for get on the path (SubjectAccessReview; the "+
+		"ClusterRole dkc-metrics-reader grants get on /metrics), as the Kubernetes components serve theirs. Needs create "+
+		"tokenreviews and subjectaccessreviews. false serves plain HTTP to anyone who reaches the address: INSECURE, "+
+		"only for scrapers that cannot send a token, behind a network that keeps everyone else out")
+	fs.StringVar(&o.CertFile, "metrics-tls-cert-file", o.CertFile,
+		"with --metrics-auth: the metrics address's serving certificate "+
+			"(PEM, re-read when it changes); default: a self-signed certificate made at start and kept in memory, as the "+
+			"Kubernetes components make one (scrapers then skip verification: insecureSkipVerify)")
 	fs.StringVar(&o.KeyFile, "metrics-tls-key-file", o.KeyFile, "with --metrics-auth: the key of --metrics-tls-cert-file")
 }
 
@@ -156,7 +157,8 @@ func (g *Guard) Handler(next http.Handler) http.Handler {
 // components' filters check for a non-resource URL. 401 without a valid token (also when the review cannot
 // be made: the components do the same), 403 when authorization does not allow, 500 when it fails. authn nil:
 // every other request is refused.
-func handler(authn authenticator.Request, authz authorizer.Authorizer, log *zap.Logger, next http.Handler) http.Handler {
+func handler(authn authenticator.Request, authz authorizer.Authorizer, log *zap.Logger,
+	next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if slices.Contains(AlwaysAllowPaths, r.URL.Path) {
 			next.ServeHTTP(w, r)
@@ -169,7 +171,8 @@ func handler(authn authenticator.Request, authz authorizer.Authorizer, log *zap.
 		resp, ok, err := authn.AuthenticateRequest(r)
 		if err != nil || !ok {
 			if err != nil {
-				log.Debug("metrics request not authenticated", zap.String("path", r.URL.Path), zap.String("remote", r.RemoteAddr), zap.Error(err))
+				log.Debug("metrics request not authenticated", zap.String("path", r.URL.Path), zap.String("remote", r.RemoteAddr),
+					zap.Error(err))
 			}
 			http.Error(w, "Unauthorized", http.StatusUnauthorized)
 			return
@@ -182,10 +185,12 @@ func handler(authn authenticator.Request, authz authorizer.Authorizer, log *zap.
 		case decision == authorizer.DecisionAllow:
 			next.ServeHTTP(w, r)
 		case err != nil:
-			log.Warn("metrics request: authorization failed", zap.String("user", resp.User.GetName()), zap.String("path", r.URL.Path), zap.Error(err))
+			log.Warn("metrics request: authorization failed", zap.String("user", resp.User.GetName()),
+				zap.String("path", r.URL.Path), zap.Error(err))
 			http.Error(w, "Internal Server Error: authorization failed", http.StatusInternalServerError)
 		default:
-			log.Debug("metrics request forbidden", zap.String("user", resp.User.GetName()), zap.String("path", r.URL.Path), zap.String("reason", reason))
+			log.Debug("metrics request forbidden", zap.String("user", resp.User.GetName()), zap.String("path", r.URL.Path),
+				zap.String("reason", reason))
 			msg := fmt.Sprintf("Forbidden: user %q may not %s %s", resp.User.GetName(), attrs.Verb, r.URL.Path)
 			http.Error(w, msg, http.StatusForbidden)
 		}
@@ -247,7 +252,8 @@ func (f *fileCert) load() (*tls.Certificate, error) {
 	stamp := f.currentStamp()
 	cert, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("metrics: load --metrics-tls-cert-file %s and --metrics-tls-key-file %s: %w", f.certFile, f.keyFile, err)
+		return nil, fmt.Errorf("metrics: load --metrics-tls-cert-file %s and --metrics-tls-key-file %s: %w", f.certFile,
+			f.keyFile, err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

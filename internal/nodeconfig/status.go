@@ -27,7 +27,8 @@ const InvalidSourcePrefix = "invalid NodeConfigSource: "
 const (
 	// AllNilSubfieldsError: the source has no subfield dkc knows (the kubelet's wording; the apiserver's
 	// would be "exactly one reference subfield must be non-nil").
-	AllNilSubfieldsError StatusError = SyncErrorPrefix + "invalid NodeConfigSource, exactly one subfield must be non-nil, but all were nil"
+	AllNilSubfieldsError StatusError = SyncErrorPrefix + "invalid NodeConfigSource, exactly one subfield " +
+		"must be non-nil, but all were nil"
 	// DownloadError: the referenced ConfigMap cannot be read (missing, or the apiserver refused).
 	DownloadError StatusError = SyncErrorPrefix + "failed to download config, see Kubelet log for details"
 	// NamespaceNotAllowedError: a well-formed source in a namespace dkc-server does not read configs from
@@ -39,7 +40,8 @@ const (
 	// one its pool created: its data are not its revision's, or its UID is not the one the pool records
 	// (pre-created, or deleted and created again). The node keeps its config; dkc-server's log names the
 	// ConfigMap, its UID and what differs.
-	SnapshotMismatchError StatusError = SyncErrorPrefix + "revision snapshot does not match its revision, see dkc-server log for details"
+	SnapshotMismatchError StatusError = SyncErrorPrefix + "revision snapshot does not match its revision, " +
+		"see dkc-server log for details"
 	// SyncInternalError: syncing failed for a reason that is nobody's config (a write, a bug).
 	SyncInternalError StatusError = SyncErrorPrefix + InternalError
 	// PayloadError: the service sent a payload the node refuses to write (bad hash, names, sizes).
@@ -49,7 +51,8 @@ const (
 // TooLargeError is the sync error of a node whose resolved config has more files or bytes than a node
 // accepts (payload.MaxFiles, payload.MaxBytes): it is never sent.
 func TooLargeError(maxFiles, maxMiB int) StatusError {
-	return StatusError(fmt.Sprintf("%sconfig too large: a node takes at most %d files and %d MiB of file names and contents",
+	return StatusError(fmt.Sprintf("%sconfig too large: a node takes at most %d files and %d "+
+		"MiB of file names and contents",
 		SyncErrorPrefix, maxFiles, maxMiB))
 }
 
@@ -72,10 +75,12 @@ const (
 	// VerifyError: the kubelet is healthy but refuses the sidecar /configz (it cannot authenticate it while
 	// the apiserver is unreachable, or the sidecar lacks nodes/configz), so what it runs cannot be proven.
 	// Not the config's fault: nothing is rolled back or restarted, and the check is retried at the next tick.
-	VerifyError StatusError = "failed to verify config, the kubelet refused /configz, will retry, see dkc-sidecar log for details"
+	VerifyError StatusError = "failed to verify config, the kubelet refused /configz, will retry, " +
+		"see dkc-sidecar log for details"
 	// VerifyTimeoutError: as VerifyError, but the kubelet took the request and did not answer in time (its
 	// authentication webhook waits on an apiserver it cannot reach).
-	VerifyTimeoutError StatusError = "failed to verify config, the kubelet did not answer /configz, will retry, see dkc-sidecar log for details"
+	VerifyTimeoutError StatusError = "failed to verify config, the kubelet did not answer /configz, will retry, " +
+		"see dkc-sidecar log for details"
 )
 
 // String makes a StatusError a zap.Stringer.

@@ -149,8 +149,8 @@ func (o *Outbox) Enqueue(st *dkcv1.NodeConfigStatus, message string, restart *dk
 		o.restarts = append(o.restarts, restart)
 	}
 	o.sequence++
-	o.pending = &dkcv1.ReportStatusRequest{NodeName: o.node, Status: st, Message: message, ObservedTime: timestamppb.New(o.clock.Now()),
-		Incarnation: o.incarnation, Sequence: o.sequence, NodeUid: o.nodeUID}
+	o.pending = &dkcv1.ReportStatusRequest{NodeName: o.node, Status: st, Message: message,
+		ObservedTime: timestamppb.New(o.clock.Now()), Incarnation: o.incarnation, Sequence: o.sequence, NodeUid: o.nodeUID}
 }
 
 // Next returns the report to send now, nil when nothing is pending. The caller owns the copy it gets and
@@ -191,12 +191,14 @@ func (o *Outbox) Ack(req *dkcv1.ReportStatusRequest, restartQueued bool) {
 				o.firstParked[r] = since
 			}
 			now := o.clock.Now()
-			o.parked = append(o.parked, parkedRestart{restart: r, since: since, confirm: now.Add(max(ConfirmAfter, now.Sub(since)))})
+			o.parked = append(o.parked,
+				parkedRestart{restart: r, since: since, confirm: now.Add(max(ConfirmAfter, now.Sub(since)))})
 		default:
 			// Queued by the replica of a stream that has ended since: it stays first, for the new stream.
 		}
 	}
-	if len(o.restarts) == 0 && o.pending != nil && o.pending.GetSequence() == req.GetSequence() && o.pending.GetNodeUid() == req.GetNodeUid() {
+	if len(o.restarts) == 0 && o.pending != nil && o.pending.GetSequence() == req.GetSequence() &&
+		o.pending.GetNodeUid() == req.GetNodeUid() {
 		o.last, o.pending, o.out = o.pending, nil, false
 		if o.resend {
 			o.resend = false

@@ -103,7 +103,8 @@ func newRotatingCreds(trust *caTrust) *rotatingCreds {
 }
 
 // ClientHandshake is credentials.TransportCredentials.ClientHandshake, with the CA file's current bundle.
-func (c *rotatingCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+func (c *rotatingCreds) ClientHandshake(ctx context.Context, authority string,
+	raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	return credentials.NewTLS(clientTLSConfig(c.trust.current())).ClientHandshake(ctx, authority, raw)
 }
 

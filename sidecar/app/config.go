@@ -131,34 +131,77 @@ func DefaultConfig() Config {
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's name ($NODE_NAME, from the downward API)")
 	fs.StringVar(&c.Server, "server", c.Server, "host:port of the dkc config service")
-	fs.StringVar(&c.ServerCAFile, "server-ca-file", c.ServerCAFile, "CA certificate that signed the config service's certificate")
+	fs.StringVar(&c.ServerCAFile, "server-ca-file", c.ServerCAFile,
+		"CA certificate that signed the config service's certificate")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "talk plaintext gRPC to the service. FOR TESTS ONLY")
-	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "projected ServiceAccount token for audience \"dkc\" (re-read on every call)")
-	fs.StringVar(&c.DynamicConfigDir, "dynamic-config-dir", c.DynamicConfigDir, "checkpoint directory (meta/assigned, meta/last-known-good, checkpoints/<uid>/<resourceVersion>/)")
-	fs.StringVar(&c.KubeletConfig, "kubelet-config", c.KubeletConfig, "the node's local kubelet config file (never modified); used when nothing valid is assigned")
-	fs.StringVar(&c.KubeletFlags, "kubelet-flags", c.KubeletFlags, "the kubelet's command-line flags, space-separated; default: read from the running kubelet's /proc/<pid>/cmdline")
-	fs.StringVar(&c.RestartMode, "restart-mode", c.RestartMode, "how the kubelet is restarted: systemd (RestartUnit over D-Bus) or signal (SIGTERM; a supervisor restarts it)")
+	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile,
+		"projected ServiceAccount token for audience \"dkc\" (re-read on every call)")
+	fs.StringVar(&c.DynamicConfigDir, "dynamic-config-dir", c.DynamicConfigDir,
+		"checkpoint directory (meta/assigned, meta/last-known-good, checkpoints/<uid>/<resourceVersion>/)")
+	fs.StringVar(&c.KubeletConfig, "kubelet-config", c.KubeletConfig,
+		"the node's local kubelet config file (never modified); used when nothing valid is assigned")
+	fs.StringVar(&c.KubeletFlags, "kubelet-flags", c.KubeletFlags,
+		"the kubelet's command-line flags, space-separated; default: read from the running kubelet's /proc/<pid>/cmdline")
+	fs.StringVar(&c.RestartMode, "restart-mode", c.RestartMode,
+		"how the kubelet is restarted: systemd (RestartUnit over D-Bus) or signal (SIGTERM; a supervisor restarts it)")
 	fs.StringVar(&c.KubeletUnit, "kubelet-unit", c.KubeletUnit, "the kubelet's systemd unit")
-	fs.StringVar(&c.DBusAddress, "dbus-address", c.DBusAddress, "system bus address; default unix:path=/run/dbus/system_bus_socket")
-	fs.StringVar(&c.KubeletPIDFile, "kubelet-pid-file", c.KubeletPIDFile, "with --restart-mode=signal: file holding the kubelet's PID")
-	fs.StringVar(&c.KubeletTokenFile, "kubelet-token-file", c.KubeletTokenFile, "token the kubelet accepts for GET /configz (RBAC: get nodes/configz)")
-	fs.StringVar(&c.KubeletHost, "kubelet-host", c.KubeletHost, "address of the kubelet, used as given; default: from its config (127.0.0.1 when it binds all addresses), which must be loopback or an address of this node's interfaces, or nothing is sent")
-	fs.StringVar(&c.KubeletCAFile, "kubelet-ca-file", c.KubeletCAFile, "CA that signs the kubelet's serving certificate (read at every probe); default: the certificate the kubelet's config makes it serve is pinned (serverTLSBootstrap: <cert-dir>/kubelet-server-current.pem; tlsCertFile; the self-signed <cert-dir>/kubelet.crt), read at every probe at the kubelet's path")
-	fs.DurationVar(&c.TrialDuration, "trial-duration", c.TrialDuration, "time a new config must run healthy before it becomes last-known-good")
-	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout, "time the kubelet gets to come back healthy with a new config before it is rolled back")
-	fs.IntVar(&c.KeepCheckpoints, "keep-checkpoints", c.KeepCheckpoints, "unreferenced checkpoints kept besides assigned and last-known-good")
-	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address for /metrics (with --metrics-auth: over HTTPS, for callers allowed get on it, the ClusterRole dkc-metrics-reader), /healthz (liveness: the process serves HTTP) and /readyz (a config stream to dkc-server is open) — these two to anyone (the kubelet's probes); empty disables. The default binds every address of the node (the DaemonSet shares the host's network) so that Prometheus can scrape the node's IP, on 10395, a port no well-known node agent uses (9091, the former default, is Calico Felix's metrics port; docs/dkc-sidecar.md lists the ports checked). The probes need it reachable on the node's IP")
+	fs.StringVar(&c.DBusAddress, "dbus-address", c.DBusAddress,
+		"system bus address; default unix:path=/run/dbus/system_bus_socket")
+	fs.StringVar(&c.KubeletPIDFile, "kubelet-pid-file", c.KubeletPIDFile,
+		"with --restart-mode=signal: file holding the kubelet's PID")
+	fs.StringVar(&c.KubeletTokenFile, "kubelet-token-file", c.KubeletTokenFile,
+		"token the kubelet accepts for GET /configz (RBAC: get nodes/configz)")
+	fs.StringVar(&c.KubeletHost, "kubelet-host", c.KubeletHost,
+		"address of the kubelet, used as given; default: from its config (127.0.0.1 when it binds all addresses), which "+
+			"must be loopback or an address of this node's interfaces, or nothing is sent")
+	fs.StringVar(&c.KubeletCAFile, "kubelet-ca-file", c.KubeletCAFile,
+		"CA that signs the kubelet's serving certificate (read at every probe); default: the certificate the kubelet's "+
+			"config makes it serve is pinned (serverTLSBootstrap: <cert-dir>/kubelet-server-current.pem; tlsCertFile; the "+
+			"self-signed <cert-dir>/kubelet.crt), read at every probe at the kubelet's path")
+	fs.DurationVar(&c.TrialDuration, "trial-duration", c.TrialDuration,
+		"time a new config must run healthy before it becomes last-known-good")
+	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout,
+		"time the kubelet gets to come back healthy with a new config before it is rolled back")
+	fs.IntVar(&c.KeepCheckpoints, "keep-checkpoints", c.KeepCheckpoints,
+		"unreferenced checkpoints kept besides assigned and last-known-good")
+	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress,
+		"address for /metrics (with --metrics-auth: over HTTPS, for callers allowed get on it, the ClusterRole "+
+			"dkc-metrics-reader), /healthz (liveness: the process serves HTTP) and /readyz (a config stream to dkc-server is "+
+			"open) — these two to anyone (the kubelet's probes); empty disables. The default binds every address of the node "+
+			"(the DaemonSet shares the host's network) so that Prometheus can scrape the node's IP, on 10395, a port no "+
+			"well-known node agent uses (9091, the former default, is Calico Felix's metrics port; docs/dkc-sidecar.md lists "+
+			"the ports checked). The probes need it reachable on the node's IP")
 	c.MetricsAuth.BindFlags(fs)
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
-	fs.StringVar(&c.InstallDropIn, "install-kubelet-dropin", c.InstallDropIn, "with --restart-mode=systemd: write the kubelet drop-in to this path (e.g. /etc/systemd/system/kubelet.service.d/20-dkc.conf) if it differs, and daemon-reload")
-	fs.BoolVar(&c.InstallOnly, "install-only", c.InstallOnly, "with --install-kubelet-dropin: install the drop-in, reload systemd and exit. The DaemonSet's init container does this, so the long-running container has no write access to unit files")
-	fs.BoolVar(&c.Uninstall, "uninstall", c.Uninstall, "cleanup mode, for uninstalling dkc (kubectl dkc uninstall sets it on the DaemonSet): remove --kubelet-dropin, daemon-reload, remove <dynamic-config-dir>/kubelet.env, restart the kubelet if it runs a checkpoint and wait until it is healthy on --kubelet-config, then remove meta/, checkpoints/ and the sidecar's state; /readyz answers 200 once that is done. Before restarting the kubelet it validates --kubelet-config with the kubelet's code of its minor (the version recorded from dkc-server, or --kubelet-version) and refuses, leaving the node on its dkc config, when it does not pass; a kubelet not healthy on it is put back on its dkc config. Talks to no dkc-server. Needs the drop-in's directory mounted read-write")
-	fs.StringVar(&c.KubeletDropIn, "kubelet-dropin", c.KubeletDropIn, "with --uninstall: dkc's kubelet drop-in, which it removes (where --install-kubelet-dropin put it)")
-	fs.StringVar(&c.HostProc, "host-proc", c.HostProc, "the node's /proc, where the kubelet's command line is read (<host-proc>/<MainPID>/cmdline); the DaemonSet mounts the host's /proc read-only at /host/proc instead of sharing the host's PID namespace")
-	fs.StringVar(&c.KubeletCheckDir, "kubelet-check-dir", c.KubeletCheckDir, "directory of the dkc-kubelet-check-<minor> helpers that load and validate configs with the kubelet's own code, one per supported kubelet minor (the image ships 1.34–1.37); the node kubelet's minor picks the helper, and a kubelet of another minor is refused. Default: the directory of this executable")
-	fs.StringVar(&c.KubeletVersion, "kubelet-version", c.KubeletVersion, "the node kubelet's version (e.g. v1.36.3), if it must override what the Node's status.nodeInfo.kubeletVersion says (dkc-server sends that); configs are validated with the code of its minor")
-	fs.BoolVar(&c.PrintDropIn, "print-kubelet-dropin", c.PrintDropIn, "print the kubelet systemd drop-in for --dynamic-config-dir (one-time node setup) and exit")
+	fs.StringVar(&c.InstallDropIn, "install-kubelet-dropin", c.InstallDropIn,
+		"with --restart-mode=systemd: write the kubelet drop-in to this path (e.g. "+
+			"/etc/systemd/system/kubelet.service.d/20-dkc.conf) if it differs, and daemon-reload")
+	fs.BoolVar(&c.InstallOnly, "install-only", c.InstallOnly,
+		"with --install-kubelet-dropin: install the drop-in, reload systemd and exit. The DaemonSet's init container does "+
+			"this, so the long-running container has no write access to unit files")
+	fs.BoolVar(&c.Uninstall, "uninstall", c.Uninstall,
+		"cleanup mode, for uninstalling dkc (kubectl dkc uninstall sets it on the DaemonSet): remove --kubelet-dropin, "+
+			"daemon-reload, remove <dynamic-config-dir>/kubelet.env, restart the kubelet if it runs a checkpoint and wait "+
+			"until it is healthy on --kubelet-config, then remove meta/, checkpoints/ and the sidecar's state; /readyz "+
+			"answers 200 once that is done. Before restarting the kubelet it validates --kubelet-config with the kubelet's "+
+			"code of its minor (the version recorded from dkc-server, or --kubelet-version) and refuses, leaving the node on "+
+			"its dkc config, when it does not pass; a kubelet not healthy on it is put back on its dkc config. Talks to no "+
+			"dkc-server. Needs the drop-in's directory mounted read-write")
+	fs.StringVar(&c.KubeletDropIn, "kubelet-dropin", c.KubeletDropIn,
+		"with --uninstall: dkc's kubelet drop-in, which it removes (where --install-kubelet-dropin put it)")
+	fs.StringVar(&c.HostProc, "host-proc", c.HostProc,
+		"the node's /proc, where the kubelet's command line is read (<host-proc>/<MainPID>/cmdline); the DaemonSet mounts "+
+			"the host's /proc read-only at /host/proc instead of sharing the host's PID namespace")
+	fs.StringVar(&c.KubeletCheckDir, "kubelet-check-dir", c.KubeletCheckDir,
+		"directory of the dkc-kubelet-check-<minor> helpers that load and validate configs with the kubelet's own code, "+
+			"one per supported kubelet minor (the image ships 1.34–1.37); the node kubelet's minor picks the helper, and a "+
+			"kubelet of another minor is refused. Default: the directory of this executable")
+	fs.StringVar(&c.KubeletVersion, "kubelet-version", c.KubeletVersion,
+		"the node kubelet's version (e.g. v1.36.3), if it must override what the Node's status.nodeInfo.kubeletVersion "+
+			"says (dkc-server sends that); configs are validated with the code of its minor")
+	fs.BoolVar(&c.PrintDropIn, "print-kubelet-dropin", c.PrintDropIn,
+		"print the kubelet systemd drop-in for --dynamic-config-dir (one-time node setup) and exit")
 }
 
 // Validate checks the configuration.
@@ -173,11 +216,13 @@ func (c Config) Validate() error {
 			errs = append(errs, errors.New("--uninstall and --install-only exclude each other"))
 		}
 		if c.RestartMode != "systemd" {
-			errs = append(errs, errors.New("--uninstall needs --restart-mode=systemd: it removes dkc's drop-in from the kubelet's unit"))
+			errs = append(errs, errors.New("--uninstall needs --restart-mode=systemd: it removes dkc's "+
+				"drop-in from the kubelet's unit"))
 		}
-		if !strings.HasPrefix(c.DynamicConfigDir, "/") || !strings.HasPrefix(c.KubeletConfig, "/") || !strings.HasPrefix(c.HostProc, "/") ||
-			!strings.HasPrefix(c.KubeletDropIn, "/") {
-			errs = append(errs, errors.New("--uninstall needs absolute --dynamic-config-dir, --kubelet-config, --host-proc and --kubelet-dropin"))
+		if !strings.HasPrefix(c.DynamicConfigDir, "/") || !strings.HasPrefix(c.KubeletConfig, "/") ||
+			!strings.HasPrefix(c.HostProc, "/") || !strings.HasPrefix(c.KubeletDropIn, "/") {
+			errs = append(errs, errors.New("--uninstall needs absolute --dynamic-config-dir, --kubelet-config, "+
+				"--host-proc and --kubelet-dropin"))
 		}
 		if c.HealthTimeout <= 0 {
 			errs = append(errs, errors.New("--health-timeout must be positive"))
@@ -186,8 +231,10 @@ func (c Config) Validate() error {
 	}
 	if c.InstallOnly {
 		// An init container: it needs the bus and the drop-in path, nothing of the service or the node.
-		if !strings.HasPrefix(c.InstallDropIn, "/") || c.RestartMode != "systemd" || !strings.HasPrefix(c.DynamicConfigDir, "/") {
-			return errors.New("--install-only needs an absolute --install-kubelet-dropin, --restart-mode=systemd and an absolute --dynamic-config-dir (the drop-in names it)")
+		if !strings.HasPrefix(c.InstallDropIn, "/") || c.RestartMode != "systemd" ||
+			!strings.HasPrefix(c.DynamicConfigDir, "/") {
+			return errors.New("--install-only needs an absolute --install-kubelet-dropin, --restart-mode=systemd and an " +
+				"absolute --dynamic-config-dir (the drop-in names it)")
 		}
 		return nil
 	}
@@ -209,12 +256,14 @@ func (c Config) Validate() error {
 		}
 		// The PID file holds a PID of the host's namespace; signalled from another, it names another process.
 		if c.HostProc != "/proc" {
-			errs = append(errs, errors.New("--restart-mode=signal signals the kubelet by PID and needs the host's PID namespace (hostPID, --host-proc=/proc)"))
+			errs = append(errs, errors.New("--restart-mode=signal signals the kubelet by PID and needs the host's PID "+
+				"namespace (hostPID, --host-proc=/proc)"))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("--restart-mode %q: want systemd or signal", c.RestartMode))
 	}
-	if !strings.HasPrefix(c.DynamicConfigDir, "/") || !strings.HasPrefix(c.KubeletConfig, "/") || !strings.HasPrefix(c.HostProc, "/") {
+	if !strings.HasPrefix(c.DynamicConfigDir, "/") || !strings.HasPrefix(c.KubeletConfig, "/") ||
+		!strings.HasPrefix(c.HostProc, "/") {
 		errs = append(errs, errors.New("--dynamic-config-dir, --kubelet-config and --host-proc must be absolute paths"))
 	}
 	// A version the helpers cannot be chosen by would only surface at the first assignment, as a status error
@@ -223,7 +272,8 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--kubelet-version %q: want a kubelet version such as v1.36.3", c.KubeletVersion))
 	}
 	if c.TrialDuration <= 0 || c.HealthTimeout <= 0 || c.KeepCheckpoints < 0 {
-		errs = append(errs, errors.New("--trial-duration and --health-timeout must be positive, --keep-checkpoints not negative"))
+		errs = append(errs, errors.New("--trial-duration and --health-timeout must be positive, "+
+			"--keep-checkpoints not negative"))
 	}
 	if err := c.MetricsAuth.Validate(); err != nil {
 		errs = append(errs, err)

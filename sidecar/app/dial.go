@@ -50,10 +50,11 @@ func Dial(cfg Config, opts ...DialOption) (*grpc.ClientConn, error) {
 	return grpc.NewClient(cfg.Server, append(extra,
 		grpc.WithTransportCredentials(creds),
 		// Find a dead service (or path) within a minute; the service permits pings every 20s.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 20 * time.Second, PermitWithoutStream: true}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 20 * time.Second,
+			PermitWithoutStream: true}),
 		// gRPC's own reconnect backoff defaults to a 120s cap; keep it as short as the stream's.
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
-			MinConnectTimeout: 5 * time.Second}),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6,
+			Jitter: 0.2, MaxDelay: 3 * time.Second}, MinConnectTimeout: 5 * time.Second}),
 		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
 	)...)

@@ -82,7 +82,8 @@ func healthMux(metrics http.Handler, streams *serviceStreams) *http.ServeMux {
 
 // registerConnected exports the stream state as dkc_sidecar_connected.
 func registerConnected(reg prometheus.Registerer, streams *serviceStreams) {
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "sidecar", Name: "connected",
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "sidecar",
+		Name: "connected",
 		Help: "1 while a WatchConfig stream to dkc-server is open (what /readyz reports), 0 otherwise."}, func() float64 {
 		if streams.connected() {
 			return 1

@@ -48,7 +48,8 @@ func lockNode(ctx context.Context, dir string, log *zap.Logger) (release func(),
 		}
 		if !waiting {
 			waiting = true
-			log.Info("another dkc-sidecar holds the node's lock (a pod being replaced); waiting for it to exit", zap.String("lock", path))
+			log.Info("another dkc-sidecar holds the node's lock (a pod being replaced); waiting for it to exit",
+				zap.String("lock", path))
 		}
 		select {
 		case <-ctx.Done():

@@ -18,10 +18,12 @@ import (
 // every path but the probes' is served only to callers the kube-apiserver authenticates and authorizes,
 // through the pod's ServiceAccount (withReviews; without it, the cleanup mode, only the probes are served);
 // otherwise plain HTTP to anyone.
-func metricsListener(name string, cfg Config, h http.Handler, withReviews bool, log *zap.Logger) (httpserve.Listener, error) {
+func metricsListener(name string, cfg Config, h http.Handler, withReviews bool,
+	log *zap.Logger) (httpserve.Listener, error) {
 	l := httpserve.Listener{Name: name, Addr: cfg.MetricsAddress, Handler: h, Grace: 5 * time.Second}
 	if !cfg.MetricsAuth.Auth {
-		log.Warn("SERVING METRICS OVER PLAIN HTTP TO ANYONE (--metrics-auth=false)", zap.String("address", cfg.MetricsAddress))
+		log.Warn("SERVING METRICS OVER PLAIN HTTP TO ANYONE (--metrics-auth=false)",
+			zap.String("address", cfg.MetricsAddress))
 		return l, nil
 	}
 	var rc *rest.Config
@@ -30,8 +32,8 @@ func metricsListener(name string, cfg Config, h http.Handler, withReviews bool, 
 		// in-cluster address, which a host-network pod reaches through the node's Service routing.
 		var err error
 		if rc, err = rest.InClusterConfig(); err != nil {
-			return l, fmt.Errorf("--metrics-auth reviews scrapers' tokens through the apiserver as the pod's ServiceAccount: %w "+
-				"(--metrics-auth=false serves the metrics without, to anyone)", err)
+			return l, fmt.Errorf("--metrics-auth reviews scrapers' tokens through the apiserver as the pod's ServiceAccount: "+
+				"%w (--metrics-auth=false serves the metrics without, to anyone)", err)
 		}
 		rc.UserAgent = "dkc-sidecar"
 	}

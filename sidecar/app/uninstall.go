@@ -60,14 +60,16 @@ func (s *Sidecar) uninstallNode(ctx context.Context, log *zap.Logger) error {
 	}
 	version, flags, err := agent.Recorded(cfg.DynamicConfigDir)
 	if err != nil {
-		log.Warn("uninstall: the sidecar's state file is unreadable: the kubelet's version and flags are not known from it", zap.Error(err))
+		log.Warn("uninstall: the sidecar's state file is unreadable: the kubelet's version and flags are not known from it",
+			zap.Error(err))
 	}
 	if cfg.KubeletVersion != "" {
 		version = cfg.KubeletVersion
 	}
 	c := uninstall.New(uninstall.Config{
 		Log: log.Named("uninstall"), Unit: unit, Kubelet: configHealthz{probe: p},
-		DynamicConfigDir: cfg.DynamicConfigDir, KubeletConfig: cfg.KubeletConfig, DropIn: cfg.KubeletDropIn, ProcDir: cfg.HostProc,
+		DynamicConfigDir: cfg.DynamicConfigDir, KubeletConfig: cfg.KubeletConfig,
+		DropIn: cfg.KubeletDropIn, ProcDir: cfg.HostProc,
 		HealthTimeout: cfg.HealthTimeout, Checker: checker, KubeletVersion: version, KubeletFlags: flags,
 		Files: []string{agent.StateFileName},
 	})
@@ -89,7 +91,8 @@ func (s *Sidecar) uninstallNode(ctx context.Context, log *zap.Logger) error {
 		// The lock file, dkc's last on the node, goes only now that this process serves nothing more and
 		// acts no more: a sidecar started meanwhile (dkc installed again) waits on it until this one exits,
 		// and one that comes after the removal finds the port free.
-		if rerr := os.Remove(filepath.Join(cfg.DynamicConfigDir, LockFileName)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		if rerr := os.Remove(filepath.Join(cfg.DynamicConfigDir, LockFileName)); rerr != nil &&
+			!errors.Is(rerr, os.ErrNotExist) {
 			log.Warn("uninstall: remove the node's sidecar lock", zap.Error(rerr))
 		} else {
 			log.Info("uninstall: dkc-sidecar.lock", zap.String("result", "removed"))

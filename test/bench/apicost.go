@@ -125,7 +125,8 @@ type labelValues [4]string
 // growth is how much family name grew between two scrapes, per combination of the values of labels (every
 // other label summed over), as val reads each sample. A series absent before counts from 0; the apiserver
 // is not restarted within a window, so its counters do not reset.
-func growth(before, after map[string]*dto.MetricFamily, name string, val func(*dto.Metric) float64, labels ...string) map[labelValues]float64 {
+func growth(before, after map[string]*dto.MetricFamily, name string, val func(*dto.Metric) float64,
+	labels ...string) map[labelValues]float64 {
 	out := map[labelValues]float64{}
 	for _, s := range []struct {
 		families map[string]*dto.MetricFamily
@@ -207,13 +208,13 @@ func breakdown(before, after map[string]*dto.MetricFamily) apiserverBreakdown {
 	execution := growth(before, after, "apiserver_flowcontrol_request_execution_seconds", histogramSum, flow...)
 	for _, k := range keys(dispatched, rejected) {
 		if dispatched[k] > 0 || rejected[k] > 0 {
-			b.Flows = append(b.Flows, flowRow{FlowSchema: k[0], PriorityLevel: k[1], Dispatched: dispatched[k], Rejected: rejected[k],
-				WaitSeconds: wait[k], ExecutionSeconds: execution[k]})
+			b.Flows = append(b.Flows, flowRow{FlowSchema: k[0], PriorityLevel: k[1], Dispatched: dispatched[k],
+				Rejected: rejected[k], WaitSeconds: wait[k], ExecutionSeconds: execution[k]})
 		}
 	}
 	slices.SortFunc(b.Flows, func(x, y flowRow) int {
-		return cmp.Or(cmp.Compare(y.WaitSeconds+y.ExecutionSeconds, x.WaitSeconds+x.ExecutionSeconds), cmp.Compare(y.Dispatched, x.Dispatched),
-			strings.Compare(x.FlowSchema, y.FlowSchema))
+		return cmp.Or(cmp.Compare(y.WaitSeconds+y.ExecutionSeconds, x.WaitSeconds+x.ExecutionSeconds),
+			cmp.Compare(y.Dispatched, x.Dispatched), strings.Compare(x.FlowSchema, y.FlowSchema))
 	})
 
 	events := growth(before, after, "apiserver_watch_events_total", metricValue, "resource")
@@ -229,10 +230,12 @@ func breakdown(before, after map[string]*dto.MetricFamily) apiserverBreakdown {
 	}
 	for res := range resources {
 		k := labelValues{res}
-		b.Watches = append(b.Watches, watchRow{Resource: res, Events: events[k], Bytes: eventBytes[k], InitEvents: initEvents[k]})
+		b.Watches = append(b.Watches,
+			watchRow{Resource: res, Events: events[k], Bytes: eventBytes[k], InitEvents: initEvents[k]})
 	}
 	slices.SortFunc(b.Watches, func(x, y watchRow) int {
-		return cmp.Or(cmp.Compare(y.Bytes, x.Bytes), cmp.Compare(y.Events+y.InitEvents, x.Events+x.InitEvents), strings.Compare(x.Resource, y.Resource))
+		return cmp.Or(cmp.Compare(y.Bytes, x.Bytes), cmp.Compare(y.Events+y.InitEvents, x.Events+x.InitEvents),
+			strings.Compare(x.Resource, y.Resource))
 	})
 
 	lists := growth(before, after, "apiserver_storage_list_total", metricValue, "resource", "storage")
@@ -240,11 +243,13 @@ func breakdown(before, after map[string]*dto.MetricFamily) apiserverBreakdown {
 	returned := growth(before, after, "apiserver_storage_list_returned_objects_total", metricValue, "resource", "storage")
 	for k, n := range lists {
 		if n > 0 {
-			b.Lists = append(b.Lists, listRow{Resource: k[0], Storage: k[1], Lists: n, Fetched: fetched[k], Returned: returned[k]})
+			b.Lists = append(b.Lists, listRow{Resource: k[0], Storage: k[1], Lists: n, Fetched: fetched[k],
+				Returned: returned[k]})
 		}
 	}
 	slices.SortFunc(b.Lists, func(x, y listRow) int {
-		return cmp.Or(cmp.Compare(y.Fetched, x.Fetched), cmp.Compare(y.Lists, x.Lists), strings.Compare(x.Resource, y.Resource), strings.Compare(x.Storage, y.Storage))
+		return cmp.Or(cmp.Compare(y.Fetched, x.Fetched), cmp.Compare(y.Lists, x.Lists),
+			strings.Compare(x.Resource, y.Resource), strings.Compare(x.Storage, y.Storage))
 	})
 
 	for k, n := range growth(before, after, "apiserver_storage_consistency_checks_total", metricValue, "resource") {
@@ -262,7 +267,8 @@ func breakdown(before, after map[string]*dto.MetricFamily) apiserverBreakdown {
 		}
 	}
 	slices.SortFunc(b.Etcd, func(x, y etcdRow) int {
-		return cmp.Or(cmp.Compare(y.Seconds, x.Seconds), cmp.Compare(y.Requests, x.Requests), strings.Compare(x.Operation+x.Resource, y.Operation+y.Resource))
+		return cmp.Or(cmp.Compare(y.Seconds, x.Seconds), cmp.Compare(y.Requests, x.Requests),
+			strings.Compare(x.Operation+x.Resource, y.Operation+y.Resource))
 	})
 	return b
 }
@@ -354,14 +360,15 @@ const (
 // print writes the comparison as tables: requests (the costliest by handling time in either window), by
 // FlowSchema, watch events sent, LISTs by store, and etcd requests.
 func (c breakdownComparison) print(w io.Writer) {
-	fmt.Fprintf(w, "\napiserver by request, %s (dkc: dkc-server's restart until every node is served, plus %v idle; design: the per-node informers' start until synced, plus %v idle, dkc-server still serving)\n",
+	fmt.Fprintf(w, "\napiserver by request, %s (dkc: dkc-server's restart until every node is served, plus %v idle; "+
+		"design: the per-node informers' start until synced, plus %v idle, dkc-server still serving)\n",
 		c.Name, idleWindow, idleWindow)
 	for _, d := range []struct {
 		name string
 		b    apiserverBreakdown
 	}{{"dkc", c.DKC}, {"design", c.Design}} {
-		fmt.Fprintf(w, "%s: window %.1f s, apiserver CPU %.2f s, RSS %s at the start, peak %s", d.name, d.b.WindowSeconds, d.b.CPUSeconds,
-			mib(d.b.RSSStartBytes), mib(d.b.RSSPeakBytes))
+		fmt.Fprintf(w, "%s: window %.1f s, apiserver CPU %.2f s, RSS %s at the start, peak %s", d.name, d.b.WindowSeconds,
+			d.b.CPUSeconds, mib(d.b.RSSStartBytes), mib(d.b.RSSPeakBytes))
 		if len(d.b.Checked) > 0 {
 			fmt.Fprintf(w, "; the watch cache's consistency check listed %s", strings.Join(d.b.Checked, ", "))
 		}
@@ -387,10 +394,12 @@ func (c breakdownComparison) print(w io.Writer) {
 			}
 			return a
 		})
-	side(tw, []string{"FLOWSCHEMA", "DISPATCHED", "REJECTED", "WAITED S", "EXECUTED S"}, c.DKC.Flows, c.Design.Flows, subRows,
+	side(tw, []string{"FLOWSCHEMA", "DISPATCHED", "REJECTED", "WAITED S", "EXECUTED S"}, c.DKC.Flows, c.Design.Flows,
+		subRows,
 		func(r flowRow) string { return r.FlowSchema }, func(r flowRow) float64 { return r.WaitSeconds + r.ExecutionSeconds },
 		func(r flowRow) []string {
-			return []string{count(r.Dispatched), count(r.Rejected), fmt.Sprintf("%.2f", r.WaitSeconds), fmt.Sprintf("%.2f", r.ExecutionSeconds)}
+			return []string{count(r.Dispatched), count(r.Rejected), fmt.Sprintf("%.2f", r.WaitSeconds),
+				fmt.Sprintf("%.2f", r.ExecutionSeconds)}
 		}, func(a, b flowRow) flowRow {
 			a.Dispatched += b.Dispatched
 			a.Rejected += b.Rejected
@@ -430,7 +439,8 @@ func (c breakdownComparison) print(w io.Writer) {
 // side writes one table of both windows' rows side by side: a header (the key's, then the four cells'
 // headings, under dkc and again under design), the top rows by the larger cost of the two windows, the
 // rest added up into one row, and the sum of all.
-func side[T any](tw io.Writer, header []string, dkc, design []T, top int, key func(T) string, cost func(T) float64, cells func(T) []string, add func(T, T) T) {
+func side[T any](tw io.Writer, header []string, dkc, design []T, top int, key func(T) string, cost func(T) float64,
+	cells func(T) []string, add func(T, T) T) {
 	h := append([]string{header[0]}, append(prefixed("dkc ", header[1:]), prefixed("design ", header[1:])...)...)
 	fmt.Fprintln(tw, strings.Join(h, "\t")+"\t")
 	keys := union(dkc, design, key)

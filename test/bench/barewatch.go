@@ -63,9 +63,10 @@ func BareWatch(ctx context.Context, kubeconfig string, out io.Writer) error {
 			_ = w.Flush()
 		}
 	}
-	inf := cache.NewSharedIndexInformer(cache.NewListWatchFromClient(client.CoreV1().RESTClient(), "nodes", metav1.NamespaceAll, fields.Everything()),
-		&corev1.Node{}, 0, cache.Indexers{})
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: note, UpdateFunc: func(_, obj any) { note(obj) }}); err != nil {
+	inf := cache.NewSharedIndexInformer(cache.NewListWatchFromClient(client.CoreV1().RESTClient(), "nodes",
+		metav1.NamespaceAll, fields.Everything()), &corev1.Node{}, 0, cache.Indexers{})
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: note,
+		UpdateFunc: func(_, obj any) { note(obj) }}); err != nil {
 		return err
 	}
 	go inf.Run(ctx.Done())

@@ -207,8 +207,8 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		return nil, err
 	}
 	started := time.Now()
-	r := &run{cfg: cfg, rec: newRecorder(), checker: &sharedChecker{cache: map[[32]byte]*configcheck.Checked{}}, sims: map[string]*simNode{},
-		res: newResults(), cmRV: map[string]string{}}
+	r := &run{cfg: cfg, rec: newRecorder(), checker: &sharedChecker{cache: map[[32]byte]*configcheck.Checked{}},
+		sims: map[string]*simNode{}, res: newResults(), cmRV: map[string]string{}}
 	r.res.Revision, r.res.TreeClean, r.res.Modified = gitState()
 	if r.deployment, err = readDeployment(cfg.Deployment); err != nil {
 		return nil, err
@@ -291,7 +291,8 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		{"idle sidecar", "idle", r.idleSidecar},
 		{"propagation", "propagation", r.propagation},
 		{"fan-out", "fanout", r.fanout},
-		{"watches and apiserver cost: dkc, then the per-node-watch design; one shared ConfigMap, then one per node", "watches", r.watches},
+		{"watches and apiserver cost: dkc, then the per-node-watch design; one shared ConfigMap, then one per node",
+			"watches", r.watches},
 		{"scale: dkc-server's memory per node", "scale", r.scale},
 		{"max: the most nodes on one replica", "max", r.maxNodes},
 		{"pool: a KubeletConfigPool rolled out by dkc-server's controller", "pool", r.pool},
@@ -398,7 +399,8 @@ func (r *run) propagation(ctx context.Context) error {
 			return fmt.Errorf("repetition %d: %w", rep, err)
 		}
 		current = next
-		for _, k := range []string{"bare_watch_p50", "bare_watch_p99", "dkc_p50", "dkc_p99", "dkc_received_p50", "dkc_received_p99"} {
+		for _, k := range []string{"bare_watch_p50", "bare_watch_p99", "dkc_p50", "dkc_p99", "dkc_received_p50",
+			"dkc_received_p99"} {
 			r.res.note(fmt.Sprintf("propagation_rep%d_%s_seconds", rep, k), m[k])
 		}
 		ratio := m["dkc_p99"] / m["bare_watch_p99"]
@@ -467,7 +469,8 @@ func (r *run) createConfigMaps(ctx context.Context, names []string, content func
 // propagate changes node i's source to target[i], one change every 1/PropagationRate s, and returns the
 // percentiles (seconds) of the bare watch seeing each change and of dkc receiving and checkpointing it.
 // label names its CSV and notes; profile takes dkc-server's CPU profile meanwhile.
-func (r *run) propagate(ctx context.Context, nodes, target []string, label string, profile bool) (map[string]float64, error) {
+func (r *run) propagate(ctx context.Context, nodes, target []string, label string,
+	profile bool) (map[string]float64, error) {
 	bare, err := startBareWatch(ctx, r.cluster.KubeconfigPath())
 	if err != nil {
 		return nil, err
@@ -537,9 +540,11 @@ func (r *run) propagate(ctx context.Context, nodes, target []string, label strin
 	}
 	// The benchmark process's own delays over the repetition (see runtimeStalls).
 	stallsAfter := readRuntimeStalls()
-	r.res.note("propagation_"+label+"_bench_sched_latency_max_seconds_ge", longestSince(stallsBefore.sched, stallsAfter.sched))
+	r.res.note("propagation_"+label+"_bench_sched_latency_max_seconds_ge",
+		longestSince(stallsBefore.sched, stallsAfter.sched))
 	r.res.note("propagation_"+label+"_bench_gc_pause_max_seconds_ge", longestSince(stallsBefore.gc, stallsAfter.gc))
-	if err := writeCSV(filepath.Join(r.cfg.Dir, "propagation-"+label+".csv"), nodes, start, watched, received, dkc); err != nil {
+	if err := writeCSV(filepath.Join(r.cfg.Dir, "propagation-"+label+".csv"), nodes, start, watched, received,
+		dkc); err != nil {
 		return nil, err
 	}
 	return map[string]float64{
@@ -572,7 +577,8 @@ func (r *run) fanout(ctx context.Context) error {
 		return err
 	}
 	defer counter.stop()
-	writesBefore, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total", map[string]string{"result": "written"})
+	writesBefore, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total",
+		map[string]string{"result": "written"})
 	if err != nil {
 		return err
 	}
@@ -598,7 +604,8 @@ func (r *run) fanout(ctx context.Context) error {
 	counter.mu.Lock()
 	r.res.note("node_write_counter_watch_resumes", float64(counter.resumed))
 	counter.mu.Unlock()
-	writesAfter, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total", map[string]string{"result": "written"})
+	writesAfter, err := serverMetric(ctx, r.cluster.MetricsAddress(), "dkc_server_node_status_writes_total",
+		map[string]string{"result": "written"})
 	if err != nil {
 		return err
 	}
@@ -616,7 +623,8 @@ type fanoutTimes struct {
 // updateShared updates the shared ConfigMap in place and times how long nodes take to receive and checkpoint
 // the new version (a CPU profile of dkc-server named profile is taken meanwhile). active, if not nil, is
 // told the new version.
-func (r *run) updateShared(ctx context.Context, nodes []string, profile string, active *activeWatcher) (fanoutTimes, error) {
+func (r *run) updateShared(ctx context.Context, nodes []string, profile string,
+	active *activeWatcher) (fanoutTimes, error) {
 	var f fanoutTimes
 	cm, err := r.client.CoreV1().ConfigMaps(namespace).Get(ctx, cmShared, metav1.GetOptions{})
 	if err != nil {
@@ -779,8 +787,10 @@ func (c watchComparison) report(res *Results, suffix string, n int) {
 	res.note("apiserver_stack_growth_bytes_per_node_design"+suffix, perNode(c.withDKC.mem.stack, c.withDesign.mem.stack))
 	res.set("apiserver_cpu_seconds_dkc"+suffix, c.cpuDKC.Seconds())
 	res.set("apiserver_cpu_seconds_design"+suffix, c.cpuDesign.Seconds())
-	res.note("apiserver_idle_cpu_seconds_per_minute_dkc"+suffix, c.idleDKC.Seconds()*float64(time.Minute)/float64(idleWindow))
-	res.note("apiserver_idle_cpu_seconds_per_minute_design"+suffix, c.idleDesign.Seconds()*float64(time.Minute)/float64(idleWindow))
+	res.note("apiserver_idle_cpu_seconds_per_minute_dkc"+suffix,
+		c.idleDKC.Seconds()*float64(time.Minute)/float64(idleWindow))
+	res.note("apiserver_idle_cpu_seconds_per_minute_design"+suffix,
+		c.idleDesign.Seconds()*float64(time.Minute)/float64(idleWindow))
 	for design, b := range map[string]apiserverBreakdown{"dkc": c.requests.DKC, "design": c.requests.Design} {
 		var requests, seconds, reviews float64
 		for _, row := range b.Requests {
@@ -858,8 +868,10 @@ func (r *run) compareWatches(ctx context.Context, nodes, cms []string, suffix st
 			lw  *cache.ListWatch
 			obj runtime.Object
 		}{
-			{cache.NewListWatchFromClient(r.client.CoreV1().RESTClient(), "nodes", metav1.NamespaceAll, fields.OneTermEqualSelector("metadata.name", n)), &corev1.Node{}},
-			{cache.NewListWatchFromClient(r.client.CoreV1().RESTClient(), "configmaps", namespace, fields.OneTermEqualSelector("metadata.name", cms[i])), &corev1.ConfigMap{}},
+			{cache.NewListWatchFromClient(r.client.CoreV1().RESTClient(), "nodes", metav1.NamespaceAll,
+				fields.OneTermEqualSelector("metadata.name", n)), &corev1.Node{}},
+			{cache.NewListWatchFromClient(r.client.CoreV1().RESTClient(), "configmaps", namespace,
+				fields.OneTermEqualSelector("metadata.name", cms[i])), &corev1.ConfigMap{}},
 		} {
 			inf := cache.NewSharedIndexInformer(w.lw, w.obj, 0, cache.Indexers{})
 			go inf.Run(ictx.Done())
@@ -949,7 +961,8 @@ func (r *run) profile(ctx context.Context, name string, d time.Duration) func() 
 	go func() {
 		defer close(done)
 		path := filepath.Join(r.cfg.Dir, "dkc-server-"+name+".cpu.pprof")
-		if err := fetch(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.cluster.MetricsAddress(), max(1, int(d.Seconds()))), path); err != nil {
+		if err := fetch(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.cluster.MetricsAddress(),
+			max(1, int(d.Seconds()))), path); err != nil {
 			r.progress("profile %s: %v", name, err)
 		}
 	}()
@@ -1070,7 +1083,8 @@ func (r *run) scale(ctx context.Context) error {
 	r.res.note("service_heap_objects_bytes_per_node_at_5000", float64(at.objects-base.objects)/n)
 	r.res.note("service_stack_bytes_per_node_at_5000", float64(at.stack-base.stack)/n)
 	r.serverLivePerNode = float64(at.live()-base.live()) / n
-	for k, v := range map[string]int64{"rss": base.rss, "heap": base.heap, "heap_objects": base.objects, "stack": base.stack} {
+	for k, v := range map[string]int64{"rss": base.rss, "heap": base.heap, "heap_objects": base.objects,
+		"stack": base.stack} {
 		r.res.note("service_"+k+"_bytes_no_nodes_connected", float64(v))
 	}
 	for k, v := range map[string]int64{"rss": at.rss, "heap": at.heap, "heap_objects": at.objects, "stack": at.stack} {
@@ -1082,8 +1096,10 @@ func (r *run) scale(ctx context.Context) error {
 	}
 	// The heap profile shows what the live objects are; the goroutine profile (debug=1: stacks counted
 	// alike) what each connection runs.
-	for file, path := range map[string]string{"dkc-server-scale.heap.pprof": "heap", "dkc-server-scale.goroutines.txt": "goroutine?debug=1"} {
-		if err := fetch(ctx, "http://"+r.cluster.MetricsAddress()+"/debug/pprof/"+path, filepath.Join(r.cfg.Dir, file)); err != nil {
+	for file, path := range map[string]string{"dkc-server-scale.heap.pprof": "heap",
+		"dkc-server-scale.goroutines.txt": "goroutine?debug=1"} {
+		if err := fetch(ctx, "http://"+r.cluster.MetricsAddress()+"/debug/pprof/"+path,
+			filepath.Join(r.cfg.Dir, file)); err != nil {
 			r.progress("%s: %v", file, err)
 		}
 	}
@@ -1277,7 +1293,8 @@ func (r *run) maxNodes(ctx context.Context) error {
 	if notActive == 0 {
 		r.res.set("fleet_status_ratio_dkc_over_bare_client_at_10000", dkcTook.Seconds()/bareTook.Seconds())
 	}
-	r.progress("max: a bare client made %d status patches and %d Events in %.1f s", fleetWrites.patches, fleetWrites.events, bareTook.Seconds())
+	r.progress("max: a bare client made %d status patches and %d Events in %.1f s", fleetWrites.patches,
+		fleetWrites.events, bareTook.Seconds())
 	return nil
 }
 
@@ -1339,7 +1356,8 @@ func (r *run) waitLastKnownGood(ctx context.Context, nodes []string, cm, rv stri
 func (r *run) waitLastKnownGoodOf(ctx context.Context, want, rvs map[string]string) error {
 	deadline := time.Now().Add(r.cfg.Trial + 3*time.Minute)
 	for {
-		list, err := r.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: "0"})
+		list, err := r.client.CoreV1().Nodes().List(ctx,
+			metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: "0"})
 		if err != nil {
 			return err
 		}
@@ -1358,7 +1376,8 @@ func (r *run) waitLastKnownGoodOf(ctx context.Context, want, rvs map[string]stri
 				st.LastKnownGood.ConfigMap.Name != cm || st.LastKnownGood.ConfigMap.ResourceVersion != rvs[cm] || st.Error != "" {
 				missing++
 				if len(some) < 5 {
-					some = append(some, fmt.Sprintf("%s (want %s@%s): %s", n.Name, cm, rvs[cm], n.Annotations[nodeconfig.StatusAnnotation]))
+					some = append(some, fmt.Sprintf("%s (want %s@%s): %s", n.Name, cm, rvs[cm],
+						n.Annotations[nodeconfig.StatusAnnotation]))
 					stuck = append(stuck, n.Name)
 				}
 			}
@@ -1412,7 +1431,8 @@ func (r *run) countNodeWrites(ctx context.Context) (*writeCounter, error) {
 		return nil, err
 	}
 	open := func(rv string) (watch.Interface, error) {
-		return r.client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: rv})
+		return r.client.CoreV1().Nodes().Watch(ctx,
+			metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: rv})
 	}
 	w, err := open(list.ResourceVersion)
 	if err != nil {
@@ -1430,7 +1450,8 @@ func (r *run) countNodeWrites(ctx context.Context) (*writeCounter, error) {
 					c.n++
 				case watch.Error:
 					if c.err == nil {
-						c.err = fmt.Errorf("the Node write counter's watch failed after %d writes: %w", c.n, apierrors.FromObject(ev.Object))
+						c.err = fmt.Errorf("the Node write counter's watch failed after %d writes: %w", c.n,
+							apierrors.FromObject(ev.Object))
 					}
 				}
 				c.mu.Unlock()
@@ -1447,7 +1468,8 @@ func (r *run) countNodeWrites(ctx context.Context) (*writeCounter, error) {
 			next, err := open(rv)
 			c.mu.Lock()
 			if err != nil {
-				c.err = fmt.Errorf("the Node write counter's watch closed after %d writes and could not resume from %s: %w", c.n, rv, err)
+				c.err = fmt.Errorf("the Node write counter's watch closed after %d writes and could not resume from %s: %w", c.n,
+					rv, err)
 				c.mu.Unlock()
 				return
 			}
@@ -1481,8 +1503,13 @@ func sourceAnnotation(cm string) string {
 
 // kubeletConfig is a small valid config; generation makes in-place updates real changes.
 func kubeletConfig(name string, generation int) string {
-	return fmt.Sprintf("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailSwapOn: false\nfailCgroupV1: false\n"+
-		"maxPods: %d\neventRecordQPS: %d\n# %s\n", 100+generation, 5+generation, name)
+	return fmt.Sprintf("apiVersion: kubelet.config.k8s.io/v1beta1\n"+
+		"kind: KubeletConfiguration\n"+
+		"failSwapOn: false\n"+
+		"failCgroupV1: false\n"+
+		"maxPods: %d\n"+
+		"eventRecordQPS: %d\n"+
+		"# %s\n", 100+generation, 5+generation, name)
 }
 
 func simLogger(path string) (*zap.Logger, error) {
@@ -1512,7 +1539,8 @@ func writeCSV(path string, nodes []string, start []time.Time, watched, received,
 	var b strings.Builder
 	b.WriteString("node,start_unix_ns,bare_watch_s,dkc_received_s,dkc_checkpointed_s\n")
 	for i, n := range nodes {
-		fmt.Fprintf(&b, "%s,%d,%.6f,%.6f,%.6f\n", n, start[i].UnixNano(), watched[i].Seconds(), received[i].Seconds(), checkpointed[i].Seconds())
+		fmt.Fprintf(&b, "%s,%d,%.6f,%.6f,%.6f\n", n, start[i].UnixNano(), watched[i].Seconds(), received[i].Seconds(),
+			checkpointed[i].Seconds())
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }

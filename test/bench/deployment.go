@@ -25,7 +25,8 @@ type deployment struct {
 
 // podOnlyFlags are the Deployment's flags that name the pod's own ports and files: the dev cluster gives
 // dkc-server its own (devcluster.Cluster.startService), and the benchmark keeps them.
-var podOnlyFlags = []string{"--listen-address", "--webhook-address", "--metrics-address", "--tls-cert-file", "--tls-key-file"}
+var podOnlyFlags = []string{"--listen-address", "--webhook-address", "--metrics-address", "--tls-cert-file",
+	"--tls-key-file"}
 
 // benchOnlyArgs are what the benchmark adds to the Deployment's flags, and why: neither touches how status
 // is written or how much the service may ask of the apiserver.

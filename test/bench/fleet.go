@@ -59,7 +59,8 @@ func (r *run) applyAPF(ctx context.Context) error {
 			if err := yaml.UnmarshalStrict([]byte(doc), &pl); err != nil {
 				return fmt.Errorf("%s: %w", r.cfg.APF, err)
 			}
-			if _, err := r.client.FlowcontrolV1().PriorityLevelConfigurations().Create(ctx, &pl, metav1.CreateOptions{}); err != nil {
+			if _, err := r.client.FlowcontrolV1().PriorityLevelConfigurations().Create(ctx, &pl,
+				metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("create prioritylevelconfiguration %s: %w", pl.Name, err)
 			}
 		case "FlowSchema":
@@ -118,7 +119,8 @@ func (r *run) watchActive(ctx context.Context, nodes []string, cm string) (*acti
 		defer close(a.done)
 		last := list.ResourceVersion
 		for wctx.Err() == nil {
-			w, err := r.client.CoreV1().Nodes().Watch(wctx, metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: last})
+			w, err := r.client.CoreV1().Nodes().Watch(wctx,
+				metav1.ListOptions{LabelSelector: "dkc.dev/bench=true", ResourceVersion: last})
 			if err != nil {
 				if wctx.Err() == nil {
 					a.fail(fmt.Errorf("the active-status watch could not resume from %s: %w", last, err))
@@ -163,7 +165,8 @@ func (a *activeWatcher) saw(n *corev1.Node, t time.Time) {
 		return
 	}
 	var st corev1.NodeConfigStatus
-	if json.Unmarshal([]byte(n.Annotations[nodeconfig.StatusAnnotation]), &st) != nil || st.Active == nil || st.Active.ConfigMap == nil {
+	if json.Unmarshal([]byte(n.Annotations[nodeconfig.StatusAnnotation]), &st) != nil || st.Active == nil ||
+		st.Active.ConfigMap == nil {
 		return
 	}
 	a.mu.Lock()
@@ -209,14 +212,17 @@ func (r *run) watchFleet(ctx context.Context, a *activeWatcher, n int) (stop fun
 			}
 			fams, err := serverMetrics(ctx, r.cluster.MetricsAddress())
 			if err != nil {
-				r.progress("max: %d/%d Nodes active after %.0f s (dkc-server metrics: %v)", a.seen(), n, time.Since(start).Seconds(), err)
+				r.progress("max: %d/%d Nodes active after %.0f s (dkc-server metrics: %v)", a.seen(), n,
+					time.Since(start).Seconds(), err)
 				continue
 			}
 			w := func(result string) float64 {
 				return metricSum(fams, "dkc_server_node_status_writes_total", map[string]string{"result": result})
 			}
-			r.progress("max: %d/%d Nodes active after %.0f s; status queue depth %.0f, writes written %.0f queued %.0f held %.0f error %.0f, events created %.0f",
-				a.seen(), n, time.Since(start).Seconds(), metricSum(fams, "workqueue_depth", map[string]string{"name": "nodestatus"}),
+			r.progress("max: %d/%d Nodes active after %.0f s; status queue depth %.0f, writes written %.0f queued %.0f held "+
+				"%.0f error %.0f, events created %.0f",
+				a.seen(), n, time.Since(start).Seconds(),
+				metricSum(fams, "workqueue_depth", map[string]string{"name": "nodestatus"}),
 				w("written"), w("queued"), w("held"), w("error"),
 				metricSum(fams, "dkc_server_restart_events_total", map[string]string{"result": "created"}))
 		}
@@ -336,7 +342,8 @@ func load(before, after map[string]*dto.MetricFamily, d time.Duration) apiserver
 		if count > 0 {
 			mean = sum / count
 		}
-		p99, _ = histogramOf(after, "apiserver_request_duration_seconds", match).quantile(histogramOf(before, "apiserver_request_duration_seconds", match), 0.99)
+		p99, _ = histogramOf(after, "apiserver_request_duration_seconds", match).quantile(
+			histogramOf(before, "apiserver_request_duration_seconds", match), 0.99)
 		return mean, p99
 	}
 	s := d.Seconds()
@@ -344,8 +351,10 @@ func load(before, after map[string]*dto.MetricFamily, d time.Duration) apiserver
 		requests:      delta("apiserver_request_total", nil) / s,
 		statusPatches: delta("apiserver_request_total", statusPatch) / s,
 		events:        delta("apiserver_request_total", eventCreate) / s,
-		apfDispatched: delta("apiserver_flowcontrol_dispatched_requests_total", map[string]string{"priority_level": "dkc-node-status"}),
-		apfRejected:   delta("apiserver_flowcontrol_rejected_requests_total", map[string]string{"priority_level": "dkc-node-status"}),
+		apfDispatched: delta("apiserver_flowcontrol_dispatched_requests_total",
+			map[string]string{"priority_level": "dkc-node-status"}),
+		apfRejected: delta("apiserver_flowcontrol_rejected_requests_total",
+			map[string]string{"priority_level": "dkc-node-status"}),
 	}
 	l.patchMean, l.patchP99 = latency(statusPatch)
 	l.eventMean, l.eventP99 = latency(eventCreate)
@@ -396,7 +405,8 @@ const bareWorkers = 384
 // how long the writes took.
 func (r *run) bareClient(ctx context.Context, nodes []string, gen int, want fleetWrites) (time.Duration, error) {
 	// The dev cluster writes dkc-server's kubeconfig beside its admin one (devcluster's startService).
-	rc, err := clientcmd.BuildConfigFromFlags("", filepath.Join(filepath.Dir(r.cluster.KubeconfigPath()), "dkc-server.kubeconfig"))
+	rc, err := clientcmd.BuildConfigFromFlags("",
+		filepath.Join(filepath.Dir(r.cluster.KubeconfigPath()), "dkc-server.kubeconfig"))
 	if err != nil {
 		return 0, err
 	}
@@ -422,7 +432,11 @@ func (r *run) bareClient(ctx context.Context, nodes []string, gen int, want flee
 	start := time.Now()
 	err = parallel(ctx, writes, bareWorkers, func(ctx context.Context, i int, node string) error {
 		round := gen*1000 + i/len(nodes)
-		status := fmt.Sprintf(`{"assigned":{"configMap":{"namespace":"kube-system","name":"bench-bare","uid":"00000000-0000-0000-0000-%012d","resourceVersion":"%d","kubeletConfigKey":"kubelet"}},"active":{"configMap":{"namespace":"kube-system","name":"bench-bare","uid":"00000000-0000-0000-0000-%012d","resourceVersion":"%d","kubeletConfigKey":"kubelet"}}}`, round, round, round, round)
+		status := fmt.Sprintf(`{"assigned":{"configMap":{"namespace":"kube-system","name":"bench-bare",`+
+			`"uid":"00000000-0000-0000-0000-%012d","resourceVersion":"%d","kubeletConfigKey":"kubelet"}},`+
+			`"active":{"configMap":{"namespace":"kube-system","name":"bench-bare",`+
+			`"uid":"00000000-0000-0000-0000-%012d","resourceVersion":"%d","kubeletConfigKey":"kubelet"}}}`,
+			round, round, round, round)
 		now := metav1.NewTime(time.Now())
 		if i >= max(want.events, len(nodes)) {
 			return r.barePatch(ctx, restClient, node, status, round, now)
@@ -430,7 +444,9 @@ func (r *run) bareClient(ctx context.Context, nodes []string, gen int, want flee
 		ev := &corev1.Event{
 			ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.bare%d", node, round), Namespace: metav1.NamespaceDefault},
 			InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)},
-			Reason:         "BenchBareClient", Message: "Kubelet restarting to use /api/v1/namespaces/kube-system/configmaps/bench-bare, UID: 0, ResourceVersion: 0, KubeletConfigKey: kubelet",
+			Reason:         "BenchBareClient",
+			Message: "Kubelet restarting to use /api/v1/namespaces/kube-system/configmaps/bench-bare, UID: 0, " +
+				"ResourceVersion: 0, KubeletConfigKey: kubelet",
 			Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "dkc-bench", Host: node},
 			FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		}
@@ -449,13 +465,15 @@ func (r *run) bareClient(ctx context.Context, nodes []string, gen int, want flee
 // annotation: the admission policy lets dkc-server's identity change no other annotation through
 // nodes/status (deploy/base/config-source-policy.yaml), and nothing reads the Nodes' status after this,
 // the benchmark's last window (dkc-server writes a node's status on its reports, never on a Node update).
-func (r *run) barePatch(ctx context.Context, restClient *rest.RESTClient, node, status string, round int, now metav1.Time) error {
+func (r *run) barePatch(ctx context.Context, restClient *rest.RESTClient, node, status string, round int,
+	now metav1.Time) error {
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{"annotations": map[string]string{nodeconfig.StatusAnnotation: status}},
 		"status": map[string]any{
 			"config": map[string]any{"error": nil},
 			"conditions": []corev1.NodeCondition{{Type: "BenchBareClient", Status: corev1.ConditionTrue, Reason: "UsingCurrent",
-				Message: fmt.Sprintf("using current (UID: 00000000-0000-0000-0000-%012d)", round), LastHeartbeatTime: now, LastTransitionTime: now}},
+				Message: fmt.Sprintf("using current (UID: 00000000-0000-0000-0000-%012d)", round), LastHeartbeatTime: now,
+				LastTransitionTime: now}},
 		},
 	})
 	if err != nil {

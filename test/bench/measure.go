@@ -125,7 +125,8 @@ func apiserverWatches(ctx context.Context, rc *rest.Config) (int, error) {
 	}
 	total := 0
 	for _, resource := range []string{"nodes", "configmaps"} {
-		total += int(metricSum(families, "apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "resource": resource}))
+		total += int(metricSum(families, "apiserver_longrunning_requests",
+			map[string]string{"verb": "WATCH", "resource": resource}))
 	}
 	return total, nil
 }
@@ -206,7 +207,8 @@ func serverMemory(ctx context.Context, metricsAddr string, pid int) (goMemory, e
 
 // sampleMemory takes n samples of measure, every interval, and returns the median of each part: one
 // collection can land in the middle of a burst of allocations, several rarely all do.
-func sampleMemory(ctx context.Context, n int, interval time.Duration, measure func(context.Context) (goMemory, error)) (goMemory, error) {
+func sampleMemory(ctx context.Context, n int, interval time.Duration,
+	measure func(context.Context) (goMemory, error)) (goMemory, error) {
 	var rssS, heapS, objectsS, stackS []int64
 	for i := range n {
 		if i > 0 {
@@ -220,7 +222,8 @@ func sampleMemory(ctx context.Context, n int, interval time.Duration, measure fu
 		if err != nil {
 			return goMemory{}, err
 		}
-		rssS, heapS, objectsS, stackS = append(rssS, m.rss), append(heapS, m.heap), append(objectsS, m.objects), append(stackS, m.stack)
+		rssS, heapS, objectsS, stackS =
+			append(rssS, m.rss), append(heapS, m.heap), append(objectsS, m.objects), append(stackS, m.stack)
 	}
 	return goMemory{rss: median(rssS), heap: median(heapS), objects: median(objectsS), stack: median(stackS)}, nil
 }

@@ -131,7 +131,8 @@ func (r *run) pool(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.progress("pool: rolling %s out to %d nodes, maxUnavailable %s (%d), trial %v", poolConfig, len(nodes), poolMaxUnavailable, limit, r.cfg.Trial)
+	r.progress("pool: rolling %s out to %d nodes, maxUnavailable %s (%d), trial %v", poolConfig, len(nodes),
+		poolMaxUnavailable, limit, r.cfg.Trial)
 	created := time.Now()
 	if _, err := pools.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create kubeletconfigpool %s: %w", poolName, err)
@@ -162,7 +163,8 @@ type poolFollowed struct {
 // followPool reads the pool every poolSample until its Updated condition is True for its current
 // generation, or fails at poolLimit, or when it halts (a node failed the revision: the figure would not be
 // a rollout's).
-func (r *run) followPool(ctx context.Context, pools dynamic.ResourceInterface, created time.Time) (poolFollowed, error) {
+func (r *run) followPool(ctx context.Context, pools dynamic.ResourceInterface,
+	created time.Time) (poolFollowed, error) {
 	var f poolFollowed
 	deadline := created.Add(poolLimit)
 	lastProgress := time.Now()
@@ -178,27 +180,31 @@ func (r *run) followPool(ctx context.Context, pools dynamic.ResourceInterface, c
 			f.pool = p
 			f.maxStatus = max(f.maxStatus, p.Status.Nodes.InProgress)
 			f.maxFailed = max(f.maxFailed, p.Status.Nodes.Failed)
-			if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionHalted); c != nil && c.Status == metav1.ConditionTrue {
+			if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionHalted); c != nil &&
+				c.Status == metav1.ConditionTrue {
 				return f, fmt.Errorf("kubeletconfigpool %s halted after %v: %s (failed nodes %s)%s", poolName,
 					time.Since(created).Round(time.Second), c.Message, failedNodes(p), r.rec.failure())
 			}
-			if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionConfigInvalid); c != nil && c.Status == metav1.ConditionTrue {
+			if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionConfigInvalid); c != nil &&
+				c.Status == metav1.ConditionTrue {
 				return f, fmt.Errorf("kubeletconfigpool %s: its config is invalid: %s: %s", poolName, c.Reason, c.Message)
 			}
 			if p.Status.ObservedGeneration == 0 && time.Since(created) > 2*time.Minute {
 				// The leader was seen before the pool was created: a controller that syncs nothing is broken.
-				return f, fmt.Errorf("kubeletconfigpool %s has no status %v after its creation: dkc-server's pool controller did not sync it (see dkc-server's log)",
+				return f, fmt.Errorf("kubeletconfigpool %s has no status %v after its creation: dkc-server's pool controller did "+
+					"not sync it (see dkc-server's log)",
 					poolName, time.Since(created).Round(time.Second))
 			}
-			if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionUpdated); c != nil && c.Status == metav1.ConditionTrue &&
-				p.Status.ObservedGeneration == p.Generation {
+			if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionUpdated); c != nil &&
+				c.Status == metav1.ConditionTrue && p.Status.ObservedGeneration == p.Generation {
 				f.updated = time.Now()
 				return f, nil
 			}
 			if time.Since(lastProgress) >= 10*time.Second {
 				lastProgress = time.Now()
 				n := p.Status.Nodes
-				r.progress("pool: %d of %d nodes updated, %d in progress, %d failed (revision %q)", n.Updated, n.Selected, n.InProgress, n.Failed, p.Status.CurrentRevision)
+				r.progress("pool: %d of %d nodes updated, %d in progress, %d failed (revision %q)", n.Updated, n.Selected,
+					n.InProgress, n.Failed, p.Status.CurrentRevision)
 			}
 		}
 		if time.Now().After(deadline) {
@@ -206,8 +212,10 @@ func (r *run) followPool(ctx context.Context, pools dynamic.ResourceInterface, c
 				return f, fmt.Errorf("kubeletconfigpool %s never read in %v: %w", poolName, poolLimit, lastErr)
 			}
 			p := f.pool
-			return f, fmt.Errorf("kubeletconfigpool %s not Updated after %v: generation %d observed %d, revision %q, nodes %+v, conditions %s%s",
-				poolName, poolLimit, p.Generation, p.Status.ObservedGeneration, p.Status.CurrentRevision, p.Status.Nodes, conditions(p), r.rec.failure())
+			return f, fmt.Errorf("kubeletconfigpool %s not Updated after %v: generation %d observed %d, revision "+
+				"%q, nodes %+v, conditions %s%s",
+				poolName, poolLimit, p.Generation, p.Status.ObservedGeneration, p.Status.CurrentRevision, p.Status.Nodes,
+				conditions(p), r.rec.failure())
 		}
 		select {
 		case <-ctx.Done():
@@ -250,7 +258,8 @@ func conditions(p *v1alpha1.KubeletConfigPool) string {
 // showing a node assigned the revision. The Nodes' count is the counter's most on the revision's
 // snapshot; it is waited for (briefly) to show every node proven, as the pool's status already does, so
 // that a watch that fell behind or a counter that misjudges nodes shows here rather than as a figure.
-func (r *run) poolFigures(ctx context.Context, counter *inProgressCounter, f poolFollowed, created time.Time, n, limit int) error {
+func (r *run) poolFigures(ctx context.Context, counter *inProgressCounter, f poolFollowed, created time.Time, n,
+	limit int) error {
 	p := f.pool
 	snapshot := sourceKey(namespace, poolName+"-"+p.Status.CurrentRevision, "kubelet")
 	r.res.set("pool_nodes", float64(n))
@@ -263,7 +272,8 @@ func (r *run) poolFigures(ctx context.Context, counter *inProgressCounter, f poo
 	r.res.note("pool_status_read_failures", float64(f.getFailures))
 	var settled error
 	if p.Status.Nodes.Selected != int32(n) || p.Status.Nodes.Updated != int32(n) {
-		settled = fmt.Errorf("kubeletconfigpool %s is Updated with nodes %+v, want all %d selected and updated", poolName, p.Status.Nodes, n)
+		settled = fmt.Errorf("kubeletconfigpool %s is Updated with nodes %+v, want all %d selected and updated", poolName,
+			p.Status.Nodes, n)
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		s := counter.summary(snapshot)
@@ -271,7 +281,8 @@ func (r *run) poolFigures(ctx context.Context, counter *inProgressCounter, f poo
 			break
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			settled = fmt.Errorf("the pool is Updated, but its Nodes show %d of %d assigned %s and %d of those not yet proven", s.assigned, n, snapshot, s.inProgress)
+			settled = fmt.Errorf("the pool is Updated, but its Nodes show %d of %d assigned %s and %d of those not yet proven",
+				s.assigned, n, snapshot, s.inProgress)
 			break
 		}
 	}
@@ -283,7 +294,8 @@ func (r *run) poolFigures(ctx context.Context, counter *inProgressCounter, f poo
 		r.res.note("pool_first_assignment_seconds", s.first.Sub(created).Seconds())
 	}
 	r.res.note("pool_node_events", float64(counter.eventCount()))
-	r.progress("pool: %d nodes updated in %.1f s (first assigned after %.1f s); at most %d in progress by the pool's status, %d by the Nodes; maxUnavailable %d",
+	r.progress("pool: %d nodes updated in %.1f s (first assigned after %.1f s); at most %d in progress by the pool's "+
+		"status, %d by the Nodes; maxUnavailable %d",
 		n, f.updated.Sub(created).Seconds(), s.first.Sub(created).Seconds(), f.maxStatus, s.max, limit)
 	if settled != nil {
 		return settled
@@ -316,7 +328,8 @@ func (r *run) waitPoolLeader(ctx context.Context) error {
 	for {
 		l, err := r.client.CoordinationV1().Leases(ns).Get(ctx, id, metav1.GetOptions{})
 		if err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" && l.Spec.RenewTime != nil &&
-			l.Spec.LeaseDurationSeconds != nil && time.Since(l.Spec.RenewTime.Time) < time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
+			l.Spec.LeaseDurationSeconds != nil &&
+			time.Since(l.Spec.RenewTime.Time) < time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
 			r.progress("pool: the pool controller leads as %s (Lease %s/%s)", *l.Spec.HolderIdentity, ns, id)
 			return nil
 		}
@@ -325,7 +338,8 @@ func (r *run) waitPoolLeader(ctx context.Context) error {
 			if err != nil {
 				state = err.Error()
 			}
-			return fmt.Errorf("no dkc-server leads the pool controller a minute on: Lease %s/%s: %s (see dkc-server's log)", ns, id, state)
+			return fmt.Errorf("no dkc-server leads the pool controller a minute on: Lease %s/%s: %s (see dkc-server's log)", ns,
+				id, state)
 		}
 		time.Sleep(time.Second)
 	}
@@ -344,12 +358,14 @@ func (r *run) markPoolNodes(ctx context.Context, nodes []string) error {
 		if _, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, label, metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("label node %s for the pool: %w", n, err)
 		}
-		if _, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.StrategicMergePatchType, ready, metav1.PatchOptions{}, "status"); err != nil {
+		if _, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.StrategicMergePatchType, ready, metav1.PatchOptions{},
+			"status"); err != nil {
 			return fmt.Errorf("mark node %s Ready: %w", n, err)
 		}
 		return nil
 	})
-	r.progress("pool: labelled %d Nodes and marked them Ready in %v", len(nodes), time.Since(start).Round(time.Millisecond))
+	r.progress("pool: labelled %d Nodes and marked them Ready in %v", len(nodes),
+		time.Since(start).Round(time.Millisecond))
 	return err
 }
 
@@ -419,7 +435,8 @@ func (r *run) cleanUpPool(ctx context.Context, pools dynamic.ResourceInterface, 
 	unmark, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"labels": map[string]any{poolLabel: nil}, "annotations": map[string]any{v1alpha1.AnnotationAssignment: nil}}})
 	if err := parallel(ctx, nodes, 32, func(ctx context.Context, _ int, n string) error {
-		if _, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, unmark, metav1.PatchOptions{}); err != nil {
+		if _, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, unmark,
+			metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("remove node %s from the pool: %w", n, err)
 		}
 		return r.pointAt(ctx, n, cmShared)
@@ -430,7 +447,8 @@ func (r *run) cleanUpPool(ctx context.Context, pools dynamic.ResourceInterface, 
 		return err
 	}
 	cms := r.client.CoreV1().ConfigMaps(namespace)
-	if err := cms.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + poolName}); err != nil {
+	if err := cms.DeleteCollection(ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + poolName}); err != nil {
 		return fmt.Errorf("delete the revisions of kubeletconfigpool %s: %w", poolName, err)
 	}
 	if err := cms.Delete(ctx, poolConfig, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -554,7 +572,8 @@ type sourceSummary struct {
 func (c *inProgressCounter) summary(source string) sourceSummary {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return sourceSummary{assigned: c.assigned[source], inProgress: c.progress[source], max: c.most[source], first: c.first[source]}
+	return sourceSummary{assigned: c.assigned[source], inProgress: c.progress[source], max: c.most[source],
+		first: c.first[source]}
 }
 
 func (c *inProgressCounter) eventCount() int {

@@ -71,8 +71,8 @@ var goals = map[string]goal{
 const peakGoal = 1 << 30
 
 func newResults() *Results {
-	return &Results{Machine: machine(), Values: map[string]float64{}, Notes: map[string]float64{}, Goals: map[string]goal{},
-		goals: maps.Clone(goals)}
+	return &Results{Machine: machine(), Values: map[string]float64{}, Notes: map[string]float64{},
+		Goals: map[string]goal{}, goals: maps.Clone(goals)}
 }
 
 func (r *Results) set(key string, v float64) {
@@ -109,7 +109,8 @@ func (r *Results) AllMet() bool {
 // WriteJSON writes results.json into dir: every value as a top-level key, with machine, goals and notes.
 func (r *Results) WriteJSON(dir string) (string, error) {
 	out := map[string]any{"machine": r.Machine, "took": r.Took, "goals": r.Goals, "notes": r.Notes,
-		"revision": r.Revision, "treeClean": r.TreeClean, "modified": r.Modified, "disk": r.Disk, "serviceArgs": r.ServiceArgs}
+		"revision": r.Revision, "treeClean": r.TreeClean, "modified": r.Modified, "disk": r.Disk,
+		"serviceArgs": r.ServiceArgs}
 	if len(r.Breakdowns) > 0 {
 		out["apiserverBreakdowns"] = r.Breakdowns
 	}
@@ -157,7 +158,8 @@ func (r *Results) Table(w io.Writer) {
 		clean = fmt.Sprintf("DIRTY tree (%d paths changed: %s)", len(r.Modified), strings.Join(r.Modified, ", "))
 	}
 	fmt.Fprintf(w, "revision: %s, %s; simulated nodes' disk: %s\n", r.Revision, clean, r.Disk)
-	fmt.Fprintf(w, "dkc-server flags (the Deployment's, less its ports and files, plus the benchmark's): %s\n", strings.Join(r.ServiceArgs, " "))
+	fmt.Fprintf(w, "dkc-server flags (the Deployment's, less its ports and files, plus the benchmark's): %s\n",
+		strings.Join(r.ServiceArgs, " "))
 }
 
 func format(key string, v float64) string {
@@ -194,7 +196,8 @@ func machine() string {
 		}
 	}
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	return fmt.Sprintf("%d × %s%s, Linux %s, %s", runtime.NumCPU(), cpu, mem, strings.TrimSpace(string(kernel)), runtime.Version())
+	return fmt.Sprintf("%d × %s%s, Linux %s, %s", runtime.NumCPU(), cpu, mem, strings.TrimSpace(string(kernel)),
+		runtime.Version())
 }
 
 // gitState is the checkout's commit and whether its tree is clean (untracked files count: a new file can

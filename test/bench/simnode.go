@@ -22,7 +22,10 @@ import (
 )
 
 // localConfig is each simulated node's own kubelet config.
-const localConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailSwapOn: false\nfailCgroupV1: false\n"
+const localConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\n" +
+	"kind: KubeletConfiguration\n" +
+	"failSwapOn: false\n" +
+	"failCgroupV1: false\n"
 
 // sharedChecker runs the kubelet's config code once per distinct file content. A real node validates on its
 // own CPU; thousands of simulated nodes share this machine's few cores, and letting each re-run the kubelet's
@@ -180,7 +183,8 @@ func (r *recorder) wait(ctx context.Context, nodes []string, cm, rv string, time
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%d of %d nodes did not checkpoint %s@%s within %v%s", missing, len(nodes), cm, rv, timeout, r.failure())
+			return fmt.Errorf("%d of %d nodes did not checkpoint %s@%s within %v%s", missing, len(nodes), cm, rv, timeout,
+				r.failure())
 		case <-r.wake:
 		case <-tick.C:
 		}

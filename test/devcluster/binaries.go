@@ -55,9 +55,11 @@ var (
 	// control plane; their kubelet runs beside a newer one (Config.KubeletVersions), as on a cluster whose
 	// control plane was upgraded first, which the version skew policy allows for three minors.
 	kubeEndOfLife = map[string]bool{"1.34": true}
-	etcdModule    = pinnedModule{dir: "hack/etcd", packages: []string{"go.etcd.io/etcd/server/v3"}, outputs: []string{"etcd"}, buildTime: "~1 minute"}
+	etcdModule    = pinnedModule{dir: "hack/etcd", packages: []string{"go.etcd.io/etcd/server/v3"},
+		outputs: []string{"etcd"}, buildTime: "~1 minute"}
 	// corednsModule is the cluster DNS of the installed form: CoreDNS with the plugins a cluster needs.
-	corednsModule = pinnedModule{dir: "hack/coredns", packages: []string{"."}, outputs: []string{"coredns"}, buildTime: "~2 minutes"}
+	corednsModule = pinnedModule{dir: "hack/coredns", packages: []string{"."}, outputs: []string{"coredns"},
+		buildTime: "~2 minutes"}
 )
 
 // DefaultKubeVersion is the control plane's minor when Config.KubeVersion (KUBE_VERSION) is empty.
@@ -70,8 +72,10 @@ const maxKubeletSkew = 3
 func kubeRelease(minor string) pinnedModule {
 	return pinnedModule{dir: "hack/kube/v" + minor, packages: []string{
 		"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubelet",
-		"k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kube-scheduler", "k8s.io/kubernetes/cmd/kube-proxy",
-	}, outputs: []string{"kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy"}, versionOf: "k8s.io/kubernetes", buildTime: "~9 minutes"}
+		"k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kube-scheduler",
+		"k8s.io/kubernetes/cmd/kube-proxy",
+	}, outputs: []string{"kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy"},
+		versionOf: "k8s.io/kubernetes", buildTime: "~9 minutes"}
 }
 
 // kubeletOnly is mod reduced to the kubelet: what a node older than the control plane needs, a third of the
@@ -121,8 +125,8 @@ func checkControlPlaneVersion(v string) error {
 		return fmt.Errorf("kube version %q is not supported by the dev cluster (control planes: %s)", v, supported)
 	}
 	if kubeEndOfLife[v] {
-		return fmt.Errorf("kube version %s is end of life: the dev cluster runs it only as a kubelet older than the control plane "+
-			"(e.g. KUBELET_VERSIONS=node-1=%s), not as the control plane (control planes: %s)", v, v, supported)
+		return fmt.Errorf("kube version %s is end of life: the dev cluster runs it only as a kubelet older than the "+
+			"control plane (e.g. KUBELET_VERSIONS=node-1=%s), not as the control plane (control planes: %s)", v, v, supported)
 	}
 	return nil
 }
@@ -146,7 +150,8 @@ func CacheDir() string {
 func EnsureBinaries(ctx context.Context, repoRoot, kubeVersion, binDir string, progress io.Writer) (Binaries, error) {
 	mod, ok := kubeModule[kubeVersion]
 	if !ok {
-		return Binaries{}, fmt.Errorf("kube version %q is not supported by the dev cluster (supported: %s)", kubeVersion, strings.Join(KubeVersions(), ", "))
+		return Binaries{}, fmt.Errorf("kube version %q is not supported by the dev cluster (supported: %s)", kubeVersion,
+			strings.Join(KubeVersions(), ", "))
 	}
 	cache, unlock, err := lockCache()
 	if err != nil {
@@ -162,7 +167,9 @@ func EnsureBinaries(ctx context.Context, repoRoot, kubeVersion, binDir string, p
 	if binDir != "" {
 		b.APIServer, b.Kubelet = filepath.Join(binDir, "kube-apiserver"), filepath.Join(binDir, "kubelet")
 		// Checked where the installed form uses them.
-		b.ControllerManager, b.Scheduler, b.Proxy = filepath.Join(binDir, "kube-controller-manager"), filepath.Join(binDir, "kube-scheduler"), filepath.Join(binDir, "kube-proxy")
+		b.ControllerManager, b.Scheduler, b.Proxy =
+			filepath.Join(binDir, "kube-controller-manager"), filepath.Join(binDir, "kube-scheduler"),
+			filepath.Join(binDir, "kube-proxy")
 		if _, err := os.Stat(filepath.Join(binDir, "etcd")); err == nil {
 			b.Etcd = filepath.Join(binDir, "etcd")
 		}
@@ -178,7 +185,9 @@ func EnsureBinaries(ctx context.Context, repoRoot, kubeVersion, binDir string, p
 		return Binaries{}, err
 	}
 	b.APIServer, b.Kubelet = filepath.Join(kubeDir, "kube-apiserver"), filepath.Join(kubeDir, "kubelet")
-	b.ControllerManager, b.Scheduler, b.Proxy = filepath.Join(kubeDir, "kube-controller-manager"), filepath.Join(kubeDir, "kube-scheduler"), filepath.Join(kubeDir, "kube-proxy")
+	b.ControllerManager, b.Scheduler, b.Proxy =
+		filepath.Join(kubeDir, "kube-controller-manager"), filepath.Join(kubeDir, "kube-scheduler"),
+		filepath.Join(kubeDir, "kube-proxy")
 	return b, nil
 }
 
@@ -251,7 +260,8 @@ func built(dir string, outputs []string) bool {
 }
 
 // buildPinned builds mod into its pinnedDir unless already there.
-func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinnedModule, progress io.Writer) (string, error) {
+func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinnedModule,
+	progress io.Writer) (string, error) {
 	src := filepath.Join(repoRoot, mod.dir)
 	out, err := pinnedDir(repoRoot, cache, prefix, mod)
 	if err != nil {
@@ -266,7 +276,8 @@ func buildPinned(ctx context.Context, repoRoot, cache, prefix string, mod pinned
 		return "", fmt.Errorf("create build dir %s: %w", tmp, err)
 	}
 	if progress != nil {
-		fmt.Fprintf(progress, "building %v from %s into %s (first time only, %s on 2 cores)\n", mod.outputs, mod.dir, out, mod.buildTime)
+		fmt.Fprintf(progress, "building %v from %s into %s (first time only, %s on 2 cores)\n", mod.outputs, mod.dir, out,
+			mod.buildTime)
 	}
 	start := time.Now()
 	args := []string{"build", "-trimpath", "-o", tmp + "/"}

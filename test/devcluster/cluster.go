@@ -519,7 +519,8 @@ func (c *Cluster) allocate() error {
 	}
 	if c.cfg.Installed {
 		c.state.PodCIDR, _ = podSubnets(k, 0)
-		if c.state.KubeletCheckDir, err = filepath.Abs(filepath.Join(imagesDir(c.cfg), "bin", "linux_"+runtime.GOARCH)); err != nil {
+		if c.state.KubeletCheckDir, err =
+			filepath.Abs(filepath.Join(imagesDir(c.cfg), "bin", "linux_"+runtime.GOARCH)); err != nil {
 			return err
 		}
 	} else if c.cfg.SidecarBinary != "" {
@@ -563,8 +564,10 @@ func (c *Cluster) allocate() error {
 }
 
 func (c *Cluster) issueCertificates() error {
-	loopback := []net.IP{net.ParseIP(c.state.Network.GatewayIP), net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.IPv4(10, 0, 0, 1)}
-	dns := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	loopback := []net.IP{net.ParseIP(c.state.Network.GatewayIP), net.IPv4(127, 0, 0, 1), net.IPv6loopback,
+		net.IPv4(10, 0, 0, 1)}
+	dns := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+		"kubernetes.default.svc.cluster.local"}
 	// The serving certificate names the bridge address, which may differ between runs: issue it anew.
 	if err := c.pki.remove("apiserver"); err != nil {
 		return err
@@ -572,15 +575,18 @@ func (c *Cluster) issueCertificates() error {
 	if err := c.pki.issue("apiserver", "kube-apiserver", nil, x509.ExtKeyUsageServerAuth, loopback, dns); err != nil {
 		return err
 	}
-	if err := c.pki.issue("admin", "dkc-admin", []string{"system:masters"}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+	if err := c.pki.issue("admin", "dkc-admin", []string{"system:masters"}, x509.ExtKeyUsageClientAuth, nil,
+		nil); err != nil {
 		return err
 	}
-	if err := c.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", nil, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+	if err := c.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", nil, x509.ExtKeyUsageClientAuth,
+		nil, nil); err != nil {
 		return err
 	}
 	for _, n := range c.state.Nodes {
 		// The Node authorizer and NodeRestriction recognise a kubelet by exactly this identity.
-		if err := c.pki.issue("node-"+n.Name, "system:node:"+n.Name, []string{"system:nodes"}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+		if err := c.pki.issue("node-"+n.Name, "system:node:"+n.Name, []string{"system:nodes"}, x509.ExtKeyUsageClientAuth,
+			nil, nil); err != nil {
 			return err
 		}
 	}
@@ -592,7 +598,8 @@ func (c *Cluster) issueCertificates() error {
 			return err
 		}
 	}
-	return writeKubeconfig(c.KubeconfigPath(), c.apiServerURL(), c.pki.CAFile(), c.pki.path("admin.crt"), c.pki.path("admin.key"))
+	return writeKubeconfig(c.KubeconfigPath(), c.apiServerURL(), c.pki.CAFile(), c.pki.path("admin.crt"),
+		c.pki.path("admin.key"))
 }
 
 func (c *Cluster) apiServerURL() string {
@@ -662,7 +669,8 @@ func (c *Cluster) waitReady(ctx context.Context, p *process) error {
 }
 
 func (c *Cluster) startAPIServer(ctx context.Context, bin string) error {
-	fmt.Fprintf(c.cfg.Progress, "starting kube-apiserver v%s on %s:%d\n", c.cfg.KubeVersion, c.state.Network.GatewayIP, c.state.APIServerPort)
+	fmt.Fprintf(c.cfg.Progress, "starting kube-apiserver v%s on %s:%d\n", c.cfg.KubeVersion, c.state.Network.GatewayIP,
+		c.state.APIServerPort)
 	sa := c.pki.path("sa.key")
 	p, err := startProcess("kube-apiserver", c.runDir(), c.logFile("kube-apiserver"), nil, bin,
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.state.EtcdPort),
@@ -704,8 +712,10 @@ func (c *Cluster) startAPIServer(ctx context.Context, bin string) error {
 	// Let the apiserver act on kubelets (logs, exec, the configz proxy) as kubeadm sets it up.
 	_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "dkc-dev:apiserver-kubelet-admin"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
-		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "kube-apiserver-kubelet-client"}},
+		RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole",
+			Name: "system:kubelet-api-admin"},
+		Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User",
+			Name: "kube-apiserver-kubelet-client"}},
 	}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("bind kubelet-api-admin for the apiserver: %w", err)

@@ -32,7 +32,8 @@ func (c *Cluster) issueControlPlaneCertificates() error {
 		if err := c.pki.issue(name, cn, nil, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
 			return err
 		}
-		if err := writeKubeconfig(c.componentKubeconfig(name), c.apiServerURL(), c.pki.CAFile(), c.pki.path(name+".crt"), c.pki.path(name+".key")); err != nil {
+		if err := writeKubeconfig(c.componentKubeconfig(name), c.apiServerURL(), c.pki.CAFile(), c.pki.path(name+".crt"),
+			c.pki.path(name+".key")); err != nil {
 			return err
 		}
 	}

@@ -26,7 +26,8 @@ import (
 // install them.
 const CRDDir = "deploy/crds"
 
-var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1",
+	Resource: "customresourcedefinitions"}
 
 // applyCRDs creates or updates every CustomResourceDefinition of CRDDir and waits until the apiserver
 // serves each (Established), so that dkc-server's pool controller finds its API at start.
@@ -99,19 +100,20 @@ func crdObjects(root string) ([]*unstructured.Unstructured, error) {
 }
 
 func waitEstablished(ctx context.Context, dyn dynamic.Interface, name string) error {
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		cur, err := dyn.Resource(crdResource).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		conds, _, _ := unstructured.NestedSlice(cur.Object, "status", "conditions")
-		for _, c := range conds {
-			if m, ok := c.(map[string]any); ok && m["type"] == "Established" && m["status"] == "True" {
-				return true, nil
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true,
+		func(ctx context.Context) (bool, error) {
+			cur, err := dyn.Resource(crdResource).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
 			}
-		}
-		return false, nil
-	})
+			conds, _, _ := unstructured.NestedSlice(cur.Object, "status", "conditions")
+			for _, c := range conds {
+				if m, ok := c.(map[string]any); ok && m["type"] == "Established" && m["status"] == "True" {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
 	if err != nil {
 		return fmt.Errorf("CRD %s not established: %w", name, err)
 	}
@@ -119,7 +121,8 @@ func waitEstablished(ctx context.Context, dyn dynamic.Interface, name string) er
 }
 
 // PoolResource is the REST resource of KubeletConfigPools.
-var PoolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.PoolResource}
+var PoolResource = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group,
+	Version: v1alpha1.GroupVersion.Version, Resource: v1alpha1.PoolResource}
 
 // Pools is a client of the cluster's KubeletConfigPools, for tests and the benchmark that write and follow
 // pools (a dynamic client: a generated clientset for one resource is not worth its code generator).

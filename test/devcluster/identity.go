@@ -17,11 +17,13 @@ import (
 // running kubelet, to check what the apiserver lets a node read and write.
 func (c *Cluster) NodeCredentials(node string) (*rest.Config, error) {
 	name := "node-" + node
-	if err := c.pki.issue(name, "system:node:"+node, []string{"system:nodes"}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+	if err := c.pki.issue(name, "system:node:"+node, []string{"system:nodes"}, x509.ExtKeyUsageClientAuth, nil,
+		nil); err != nil {
 		return nil, fmt.Errorf("issue credentials of node %s: %w", node, err)
 	}
 	path := filepath.Join(c.NodeDir(node), "kubelet.kubeconfig")
-	if err := writeKubeconfig(path, c.apiServerURL(), c.pki.CAFile(), c.pki.path(name+".crt"), c.pki.path(name+".key")); err != nil {
+	if err := writeKubeconfig(path, c.apiServerURL(), c.pki.CAFile(), c.pki.path(name+".crt"),
+		c.pki.path(name+".key")); err != nil {
 		return nil, fmt.Errorf("write kubeconfig of node %s: %w", node, err)
 	}
 	return clientcmd.BuildConfigFromFlags("", path)

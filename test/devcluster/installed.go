@@ -95,7 +95,8 @@ func setupPodNetwork(ctx context.Context, network Network, nodes []NodeState) er
 			// kube-proxy's Service NAT must see traffic between pods on the node's own bridge.
 			{"sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"},
 		} {
-			if out, err := exec.CommandContext(ctx, "nsenter", append([]string{"--net=/run/netns/" + n.Netns, "--"}, s...)...).CombinedOutput(); err != nil {
+			if out, err := exec.CommandContext(ctx, "nsenter",
+				append([]string{"--net=/run/netns/" + n.Netns, "--"}, s...)...).CombinedOutput(); err != nil {
 				return fmt.Errorf("node %s: %s: %w: %s", n.Name, strings.Join(s, " "), err, out)
 			}
 		}
@@ -247,7 +248,9 @@ LimitNOFILE=infinity
 StandardOutput=append:/var/log/dkc/containerd.log
 StandardError=inherit
 `,
-		"kubelet.service": kubeletUnit(n.Name, "containerd.service", nodeKubeletConfig, c.installedKubeletArgs(n), c.cfg.NoKubeletStartLimit),
+		"kubelet.service": kubeletUnit(n.Name, "containerd.service", nodeKubeletConfig, c.installedKubeletArgs(n),
+			c.cfg.NoKubeletStartLimit),
+		//nolint:lll // the unit file's lines as kube-proxy's unit has them
 		"kube-proxy.service": fmt.Sprintf(`[Unit]
 Description=kube-proxy of dkc dev node %[1]s
 After=network.target
@@ -315,8 +318,9 @@ func labelControlPlane(ctx context.Context, client kubernetes.Interface, node st
 }
 
 // installedNspawnArgs boots node n as a whole machine: containerd, runc and the CNI plugins from the host's
-// Debian packages, the Kubernetes binaries (bins.Kubelet of the node's minor), containerd's and the kubelet's state on the host's disk (overlayfs
-// snapshots cannot live on the container's overlay root), containerd's socket where the host's ctr reaches it.
+// Debian packages, the Kubernetes binaries (bins.Kubelet of the node's minor), containerd's and the kubelet's state on
+// the host's disk (overlayfs snapshots cannot live on the container's overlay root), containerd's socket where the
+// host's ctr reaches it.
 func (c *Cluster) installedNspawnArgs(n NodeState, rootfs string, bins Binaries, units map[string]string) []string {
 	nd := c.NodeDir(n.Name)
 	nspawn := []string{"systemd-nspawn", "--boot", "--directory=" + rootfs, "--volatile=overlay", "--machine=" + n.Netns,
@@ -355,16 +359,21 @@ func (c *Cluster) installedNspawnArgs(n NodeState, rootfs string, bins Binaries,
 
 // startInstalledNode boots node n of the installed form, imports the images into its containerd, and starts
 // the kubelet and kube-proxy; it returns when the Node is registered and Ready.
-func (c *Cluster) startInstalledNode(ctx context.Context, n NodeState, bins Binaries, rootfs string, images map[string]string) error {
-	fmt.Fprintf(c.cfg.Progress, "starting node %s (%s, pods %s): systemd, containerd, kubelet v%s, kube-proxy v%s\n", n.Name, n.IP, n.PodCIDR, n.KubeletVersion, c.state.KubeVersion)
+func (c *Cluster) startInstalledNode(ctx context.Context, n NodeState, bins Binaries, rootfs string,
+	images map[string]string) error {
+	fmt.Fprintf(c.cfg.Progress, "starting node %s (%s, pods %s): systemd, containerd, kubelet v%s, kube-proxy v%s\n",
+		n.Name, n.IP, n.PodCIDR, n.KubeletVersion, c.state.KubeVersion)
 	nd := c.NodeDir(n.Name)
-	for _, d := range []string{nd, n.RootDir, filepath.Join(n.ContainerdDir, "root"), filepath.Join(n.ContainerdDir, "run"),
-		filepath.Join(nd, "cni"), filepath.Join(nd, "bus"), c.DynamicConfigDir(n.Name), filepath.Join(c.NodeLogDir(n.Name), "pods")} {
+	for _, d := range []string{nd, n.RootDir, filepath.Join(n.ContainerdDir, "root"),
+		filepath.Join(n.ContainerdDir, "run"),
+		filepath.Join(nd, "cni"), filepath.Join(nd, "bus"), c.DynamicConfigDir(n.Name),
+		filepath.Join(c.NodeLogDir(n.Name), "pods")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
 	}
-	if err := writeKubeconfig(c.NodeKubeconfigPath(n.Name), c.apiServerURL(), c.pki.CAFile(), c.pki.path("node-"+n.Name+".crt"), c.pki.path("node-"+n.Name+".key")); err != nil {
+	if err := writeKubeconfig(c.NodeKubeconfigPath(n.Name), c.apiServerURL(), c.pki.CAFile(),
+		c.pki.path("node-"+n.Name+".crt"), c.pki.path("node-"+n.Name+".key")); err != nil {
 		return err
 	}
 	for path, content := range map[string]string{
@@ -383,7 +392,8 @@ func (c *Cluster) startInstalledNode(ctx context.Context, n NodeState, bins Bina
 	// nspawn mounts /proc/sys read-only; a node's kube-proxy and CNI plugins write its network sysctls (they
 	// are per network namespace, so the node's own).
 	env := []string{"SYSTEMD_NSPAWN_API_VFS_WRITABLE=network"}
-	p, err := startProcess("node-"+n.Name, c.runDir(), c.logFile("node-"+n.Name), env, c.installedNspawnArgs(n, rootfs, bins, units)...)
+	p, err := startProcess("node-"+n.Name, c.runDir(), c.logFile("node-"+n.Name), env,
+		c.installedNspawnArgs(n, rootfs, bins, units)...)
 	if err != nil {
 		return err
 	}
@@ -397,7 +407,8 @@ func (c *Cluster) startInstalledNode(ctx context.Context, n NodeState, bins Bina
 		return err
 	}
 	if err := waitPath(bctx, c.ContainerdAddress(n.Name)); err != nil {
-		return fmt.Errorf("node %s: containerd socket: %w; see %s", n.Name, err, filepath.Join(c.NodeLogDir(n.Name), "containerd.log"))
+		return fmt.Errorf("node %s: containerd socket: %w; see %s", n.Name, err,
+			filepath.Join(c.NodeLogDir(n.Name), "containerd.log"))
 	}
 	names := make([]string, 0, len(images))
 	for name := range images {
@@ -452,7 +463,8 @@ func (c *Cluster) ContainerdAddress(node string) string {
 // ImportImage loads an image tarball into node's containerd, in the namespace the CRI uses, as a node image
 // pre-load does; the CRI then never pulls it (imagePullPolicy IfNotPresent for a non-latest tag).
 func (c *Cluster) ImportImage(ctx context.Context, node, tarball string) error {
-	out, err := exec.CommandContext(ctx, "ctr", "--address", c.ContainerdAddress(node), "-n", "k8s.io", "images", "import", tarball).CombinedOutput()
+	out, err := exec.CommandContext(ctx, "ctr", "--address", c.ContainerdAddress(node), "-n", "k8s.io", "images", "import",
+		tarball).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("node %s: import image %s: %w: %s", node, tarball, err, strings.TrimSpace(string(out)))
 	}
@@ -495,7 +507,8 @@ func (c *Cluster) kubectl(ctx context.Context, args ...string) (string, error) {
 // installCoreDNS applies the cluster DNS add-on and waits until it answers.
 func (c *Cluster) installCoreDNS(ctx context.Context) error {
 	fmt.Fprintf(c.cfg.Progress, "installing cluster DNS (CoreDNS, kube-dns %s)\n", clusterDNSIP)
-	manifest := strings.NewReplacer("COREDNS_IMAGE", imageRef("coredns"), "CLUSTER_DNS_IP", clusterDNSIP).Replace(corednsManifest)
+	manifest := strings.NewReplacer("COREDNS_IMAGE", imageRef("coredns"), "CLUSTER_DNS_IP",
+		clusterDNSIP).Replace(corednsManifest)
 	path := filepath.Join(c.cfg.Dir, "coredns.yaml")
 	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
 		return err
@@ -521,10 +534,12 @@ func (c *Cluster) installDKC(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if out, err := exec.CommandContext(ctx, "cp", "-r", filepath.Join(c.cfg.RepoRoot, "deploy"), filepath.Join(dir, "deploy")).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "cp", "-r", filepath.Join(c.cfg.RepoRoot, "deploy"),
+		filepath.Join(dir, "deploy")).CombinedOutput(); err != nil {
 		return fmt.Errorf("copy deploy/: %w: %s", err, out)
 	}
-	if out, err := exec.CommandContext(ctx, "bash", filepath.Join(dir, "deploy/overlays/self-signed/gen-certs.sh")).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "bash",
+		filepath.Join(dir, "deploy/overlays/self-signed/gen-certs.sh")).CombinedOutput(); err != nil {
 		return fmt.Errorf("gen-certs.sh: %w: %s", err, out)
 	}
 	var args []string
@@ -559,7 +574,8 @@ func (c *Cluster) installDKC(ctx context.Context) error {
 	defer cancel()
 	for _, n := range c.state.Nodes {
 		if err := c.WaitStatus(wctx, n.Name, func(map[string]any) bool { return true }); err != nil {
-			return fmt.Errorf("sidecar of node %s never reported: %w (logs: kubectl -n kube-system logs ds/dkc-sidecar)", n.Name, err)
+			return fmt.Errorf("sidecar of node %s never reported: %w (logs: kubectl -n kube-system logs ds/dkc-sidecar)", n.Name,
+				err)
 		}
 	}
 	return nil
@@ -595,13 +611,14 @@ func (c *Cluster) waitDeployment(ctx context.Context, ns, name string) error {
 	if err != nil {
 		return err
 	}
-	return pollUntil(ctx, 3*time.Minute, fmt.Sprintf("deployment %s/%s available", ns, name), func(ctx context.Context) error {
-		d, err := client.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		return deploymentDone(d)
-	})
+	return pollUntil(ctx, 3*time.Minute, fmt.Sprintf("deployment %s/%s available", ns, name),
+		func(ctx context.Context) error {
+			d, err := client.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			return deploymentDone(d)
+		})
 }
 
 func deploymentDone(d *appsv1.Deployment) error {
@@ -609,8 +626,10 @@ func deploymentDone(d *appsv1.Deployment) error {
 	if d.Spec.Replicas != nil {
 		want = *d.Spec.Replicas
 	}
-	if d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas != want || d.Status.AvailableReplicas != want || d.Status.Replicas != want {
-		return fmt.Errorf("%d/%d updated, %d available, %d total", d.Status.UpdatedReplicas, want, d.Status.AvailableReplicas, d.Status.Replicas)
+	if d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas != want ||
+		d.Status.AvailableReplicas != want || d.Status.Replicas != want {
+		return fmt.Errorf("%d/%d updated, %d available, %d total", d.Status.UpdatedReplicas, want, d.Status.AvailableReplicas,
+			d.Status.Replicas)
 	}
 	return nil
 }
@@ -627,8 +646,10 @@ func (c *Cluster) waitDaemonSet(ctx context.Context, ns, name string) error {
 			return err
 		}
 		s := d.Status
-		if s.ObservedGeneration < d.Generation || s.DesiredNumberScheduled == 0 || s.UpdatedNumberScheduled != s.DesiredNumberScheduled || s.NumberReady != s.DesiredNumberScheduled {
-			return fmt.Errorf("%d desired, %d updated, %d ready", s.DesiredNumberScheduled, s.UpdatedNumberScheduled, s.NumberReady)
+		if s.ObservedGeneration < d.Generation || s.DesiredNumberScheduled == 0 ||
+			s.UpdatedNumberScheduled != s.DesiredNumberScheduled || s.NumberReady != s.DesiredNumberScheduled {
+			return fmt.Errorf("%d desired, %d updated, %d ready", s.DesiredNumberScheduled, s.UpdatedNumberScheduled,
+				s.NumberReady)
 		}
 		return nil
 	})
@@ -676,14 +697,16 @@ func ensureImages(ctx context.Context, cfg Config, progress io.Writer) (map[stri
 	// Named after the binary's build directory, which is keyed by the pinned module.
 	tar := filepath.Join(filepath.Dir(bin), "coredns-image.tar")
 	if _, err := os.Stat(tar); err != nil {
-		version, err := requiredVersion(filepath.Join(cfg.RepoRoot, corednsModule.dir, "go.mod"), "github.com/coredns/coredns")
+		version, err := requiredVersion(filepath.Join(cfg.RepoRoot, corednsModule.dir, "go.mod"),
+			"github.com/coredns/coredns")
 		if err != nil {
 			return nil, err
 		}
 		img, err := ociimage.Build(ociimage.Spec{
 			Name: "coredns", Entrypoint: []string{"/coredns"}, User: "0:0", Base: true, Arch: runtime.GOARCH,
 			Files: []ociimage.File{{Path: "/coredns", Mode: 0o755, Source: bin}},
-		}, ociimage.Source{Repository: "https://github.com/coredns/coredns", Revision: version, Version: version, Created: time.Unix(0, 0)})
+		}, ociimage.Source{Repository: "https://github.com/coredns/coredns", Revision: version, Version: version,
+			Created: time.Unix(0, 0)})
 		if err != nil {
 			return nil, err
 		}
@@ -706,7 +729,8 @@ func ensureImages(ctx context.Context, cfg Config, progress io.Writer) (map[stri
 
 // startInstalled is Start's second half for the installed form, after etcd and kube-apiserver; kubelets maps
 // each node's kubelet minor to its binary.
-func (c *Cluster) startInstalled(ctx context.Context, bins Binaries, kubelets map[string]string, rootfs string, images map[string]string) error {
+func (c *Cluster) startInstalled(ctx context.Context, bins Binaries, kubelets map[string]string, rootfs string,
+	images map[string]string) error {
 	for _, p := range []string{bins.ControllerManager, bins.Scheduler, bins.Proxy} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("installed form: %w", err)

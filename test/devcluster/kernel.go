@@ -79,8 +79,9 @@ func ProvisionKernel(sys sysctl.Interface, progress io.Writer) ([]KernelChange, 
 			}
 			fmt.Fprintf(&b, "%s (was %d)", c.KernelTunable, c.Was)
 		}
-		fmt.Fprintf(progress, "node provisioning: set %s on this host, as node provisioning does: the kubelet requires them "+
-			"and the dev nodes share this kernel (they stay set after make down; see docs/development.md, \"The local cluster\")\n", b.String())
+		fmt.Fprintf(progress, "node provisioning: set %s on this host, as node provisioning does: the kubelet "+
+			"requires them and the dev nodes share this kernel (they stay set after make down; see "+
+			"docs/development.md, \"The local cluster\")\n", b.String())
 	}
 	return changes, nil
 }

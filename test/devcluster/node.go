@@ -26,7 +26,8 @@ import (
 
 // nodePackages are the Debian packages a real node needs; installed on first use when missing so that a
 // fresh machine runs the cluster without manual steps.
-var nodePackages = map[string]string{"containerd": "containerd", "runc": "runc", "ip": "iproute2", "nsenter": "util-linux"}
+var nodePackages = map[string]string{"containerd": "containerd", "runc": "runc", "ip": "iproute2",
+	"nsenter": "util-linux"}
 
 // ensurePackages installs the Debian packages (binary or absolute path → package) whose files are missing.
 func ensurePackages(ctx context.Context, packages map[string]string, progress io.Writer) error {
@@ -47,7 +48,8 @@ func ensurePackages(ctx context.Context, packages map[string]string, progress io
 	}
 	sort.Strings(missing)
 	fmt.Fprintf(progress, "installing Debian packages %v\n", missing)
-	for _, args := range [][]string{{"update", "-qq"}, append([]string{"install", "-y", "-qq", "--no-install-recommends"}, missing...)} {
+	for _, args := range [][]string{{"update", "-qq"},
+		append([]string{"install", "-y", "-qq", "--no-install-recommends"}, missing...)} {
 		cmd := exec.CommandContext(ctx, "apt-get", args...)
 		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -81,7 +83,8 @@ func (c *Cluster) NodeKubeconfigPath(node string) string {
 }
 
 func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin, rootfs string) error {
-	fmt.Fprintf(c.cfg.Progress, "starting node %s: containerd and kubelet v%s (port %d, healthz %d)\n", n.Name, n.KubeletVersion, n.KubeletPort, n.HealthzPort)
+	fmt.Fprintf(c.cfg.Progress, "starting node %s: containerd and kubelet v%s (port %d, healthz %d)\n", n.Name,
+		n.KubeletVersion, n.KubeletPort, n.HealthzPort)
 	for _, d := range []string{c.NodeDir(n.Name), n.RootDir, n.ContainerdDir, filepath.Join(n.ContainerdDir, "cni"),
 		filepath.Join(c.NodeDir(n.Name), "bus"), c.DynamicConfigDir(n.Name), c.NodeLogDir(n.Name)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -93,7 +96,8 @@ func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin, rootfs
 	if err := os.WriteFile(ctrdConf, []byte(containerdConfig(n.ContainerdDir, sock)), 0o644); err != nil {
 		return fmt.Errorf("write containerd config: %w", err)
 	}
-	ctrd, err := startProcess("containerd-"+n.Name, c.runDir(), c.logFile("containerd-"+n.Name), nil, inNetns(n, "containerd", "--config", ctrdConf)...)
+	ctrd, err := startProcess("containerd-"+n.Name, c.runDir(), c.logFile("containerd-"+n.Name), nil,
+		inNetns(n, "containerd", "--config", ctrdConf)...)
 	if err != nil {
 		return err
 	}
@@ -107,10 +111,12 @@ func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin, rootfs
 		return err
 	}
 
-	if err := writeKubeconfig(c.NodeKubeconfigPath(n.Name), c.apiServerURL(), c.pki.CAFile(), c.pki.path("node-"+n.Name+".crt"), c.pki.path("node-"+n.Name+".key")); err != nil {
+	if err := writeKubeconfig(c.NodeKubeconfigPath(n.Name), c.apiServerURL(), c.pki.CAFile(),
+		c.pki.path("node-"+n.Name+".crt"), c.pki.path("node-"+n.Name+".key")); err != nil {
 		return err
 	}
-	if err := os.WriteFile(c.KubeletConfigPath(n.Name), []byte(kubeletConfig(n, c.pki.CAFile(), sock)), 0o644); err != nil {
+	if err := os.WriteFile(c.KubeletConfigPath(n.Name), []byte(kubeletConfig(n, c.pki.CAFile(), sock)),
+		0o644); err != nil {
 		return fmt.Errorf("write kubelet config: %w", err)
 	}
 	if len(c.cfg.KubeletDropIns) > 0 {
@@ -143,7 +149,8 @@ func (c *Cluster) startNode(ctx context.Context, n NodeState, kubeletBin, rootfs
 			return err
 		}
 	} else {
-		kl, err = startProcess("kubelet-"+n.Name, c.runDir(), c.logFile("kubelet-"+n.Name), nil, inNetns(n, kubeletBin, c.KubeletArgs(n)...)...)
+		kl, err = startProcess("kubelet-"+n.Name, c.runDir(), c.logFile("kubelet-"+n.Name), nil,
+			inNetns(n, kubeletBin, c.KubeletArgs(n)...)...)
 		if err != nil {
 			return err
 		}
@@ -258,7 +265,8 @@ state = %q
 
 [plugins."io.containerd.grpc.v1.cri".cni]
   conf_dir = %q
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, sock+".ttrpc", filepath.Join(dir, "opt"), filepath.Join(dir, "cni"))
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, sock+".ttrpc", filepath.Join(dir, "opt"),
+		filepath.Join(dir, "cni"))
 }
 
 func writeKubeconfig(path, server, caFile, certFile, keyFile string) error {

@@ -211,10 +211,12 @@ func writePair(base string, der []byte, key crypto.Signer) error {
 	if err != nil {
 		return fmt.Errorf("encode key %s: %w", base, err)
 	}
-	if err := os.WriteFile(base+".key", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+	if err := os.WriteFile(base+".key", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}),
+		0o600); err != nil {
 		return fmt.Errorf("write key %s: %w", base, err)
 	}
-	if err := os.WriteFile(base+".crt", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	if err := os.WriteFile(base+".crt", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		0o644); err != nil {
 		return fmt.Errorf("write certificate %s: %w", base, err)
 	}
 	return nil

@@ -51,7 +51,8 @@ func startProcess(name, runDir, logFile string, env []string, argv ...string) (*
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (%s): %w", name, argv[0], err)
 	}
-	p := &process{name: name, pidFile: filepath.Join(runDir, name+".pid"), logFile: logFile, cmd: cmd, waited: make(chan struct{})}
+	p := &process{name: name, pidFile: filepath.Join(runDir, name+".pid"), logFile: logFile, cmd: cmd,
+		waited: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(p.waited) }()
 	start, err := procStartTime(cmd.Process.Pid)
 	if err != nil {

@@ -50,7 +50,8 @@ func (c *Cluster) StartServiceReplica(ctx context.Context, name string, args ...
 	r := &ServiceReplica{c: c, name: "dkc-server-" + name, port: ports[0], metricsPort: ports[1]}
 	for _, a := range rec.Argv {
 		switch {
-		case strings.HasPrefix(a, "--listen-address="), strings.HasPrefix(a, "--metrics-address="), strings.HasPrefix(a, "--webhook-address="):
+		case strings.HasPrefix(a, "--listen-address="), strings.HasPrefix(a, "--metrics-address="),
+			strings.HasPrefix(a, "--webhook-address="):
 		default:
 			r.argv = append(r.argv, a)
 		}
@@ -148,7 +149,8 @@ type SidecarUnit struct {
 // RunSidecarUnit stops node's dkc-sidecar.service and starts the transient unit unit running the sidecar
 // with the flags of replace (name without dashes -> value) in place of the unit's; its output goes to
 // unit.log in NodeLogDir. Restore puts dkc-sidecar.service back.
-func (c *Cluster) RunSidecarUnit(ctx context.Context, node, unit string, replace map[string]string) (*SidecarUnit, error) {
+func (c *Cluster) RunSidecarUnit(ctx context.Context, node, unit string,
+	replace map[string]string) (*SidecarUnit, error) {
 	var n *NodeState
 	for i := range c.state.Nodes {
 		if c.state.Nodes[i].Name == node && c.state.Nodes[i].Systemd {

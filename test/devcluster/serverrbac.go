@@ -90,7 +90,8 @@ func decodeServerRBAC(data []byte) (*serverRBAC, error) {
 func asServiceUser(subjects []rbacv1.Subject) []rbacv1.Subject {
 	out := make([]rbacv1.Subject, 0, len(subjects))
 	for _, s := range subjects {
-		if s.Kind == rbacv1.ServiceAccountKind && s.Name == ServiceUser && (s.Namespace == "" || s.Namespace == deployNamespace) {
+		if s.Kind == rbacv1.ServiceAccountKind && s.Name == ServiceUser &&
+			(s.Namespace == "" || s.Namespace == deployNamespace) {
 			s = rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ServiceUser}
 		}
 		out = append(out, s)
@@ -112,14 +113,16 @@ func (c *Cluster) applyServerRBAC(ctx context.Context, client kubernetes.Interfa
 	}
 	rbac := client.RbacV1()
 	for _, o := range r.clusterRoles {
-		if err := apply(ctx, o, rbac.ClusterRoles().Create, rbac.ClusterRoles().Get, rbac.ClusterRoles().Update, func(cur *rbacv1.ClusterRole) {
-			cur.Rules, cur.AggregationRule = o.Rules, o.AggregationRule
-		}); err != nil {
+		if err := apply(ctx, o, rbac.ClusterRoles().Create, rbac.ClusterRoles().Get, rbac.ClusterRoles().Update,
+			func(cur *rbacv1.ClusterRole) {
+				cur.Rules, cur.AggregationRule = o.Rules, o.AggregationRule
+			}); err != nil {
 			return fmt.Errorf("apply clusterrole %s: %w", o.Name, err)
 		}
 	}
 	for _, o := range r.clusterRoleBindings {
-		if err := applyBinding(ctx, o.Name, o, o.RoleRef, rbac.ClusterRoleBindings().Create, rbac.ClusterRoleBindings().Get, rbac.ClusterRoleBindings().Update,
+		if err := applyBinding(ctx, o.Name, o, o.RoleRef, rbac.ClusterRoleBindings().Create, rbac.ClusterRoleBindings().Get,
+			rbac.ClusterRoleBindings().Update,
 			rbac.ClusterRoleBindings().Delete, func(cur *rbacv1.ClusterRoleBinding) (*rbacv1.RoleRef, *[]rbacv1.Subject) {
 				return &cur.RoleRef, &cur.Subjects
 			}); err != nil {
@@ -128,14 +131,17 @@ func (c *Cluster) applyServerRBAC(ctx context.Context, client kubernetes.Interfa
 	}
 	for _, o := range r.roles {
 		roles := rbac.Roles(o.Namespace)
-		if err := apply(ctx, o, roles.Create, roles.Get, roles.Update, func(cur *rbacv1.Role) { cur.Rules = o.Rules }); err != nil {
+		if err := apply(ctx, o, roles.Create, roles.Get, roles.Update,
+			func(cur *rbacv1.Role) { cur.Rules = o.Rules }); err != nil {
 			return fmt.Errorf("apply role %s/%s: %w", o.Namespace, o.Name, err)
 		}
 	}
 	for _, o := range r.roleBindings {
 		bindings := rbac.RoleBindings(o.Namespace)
 		if err := applyBinding(ctx, o.Name, o, o.RoleRef, bindings.Create, bindings.Get, bindings.Update, bindings.Delete,
-			func(cur *rbacv1.RoleBinding) (*rbacv1.RoleRef, *[]rbacv1.Subject) { return &cur.RoleRef, &cur.Subjects }); err != nil {
+			func(cur *rbacv1.RoleBinding) (*rbacv1.RoleRef, *[]rbacv1.Subject) {
+				return &cur.RoleRef, &cur.Subjects
+			}); err != nil {
 			return fmt.Errorf("apply rolebinding %s/%s: %w", o.Namespace, o.Name, err)
 		}
 	}

@@ -56,12 +56,15 @@ func (c *Cluster) MetricsAddress() string {
 }
 
 // ensureRBAC creates a ClusterRole and its binding unless they exist.
-func ensureRBAC(ctx context.Context, client kubernetes.Interface, rbac func() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding)) error {
+func ensureRBAC(ctx context.Context, client kubernetes.Interface,
+	rbac func() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding)) error {
 	role, binding := rbac()
-	if _, err := client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil &&
+		!apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create clusterrole %s: %w", role.Name, err)
 	}
-	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil &&
+		!apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create clusterrolebinding %s: %w", binding.Name, err)
 	}
 	return nil
@@ -84,21 +87,24 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 		return err
 	}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: SidecarServiceAccount, Namespace: SidecarNamespace}}
-	if _, err := client.CoreV1().ServiceAccounts(SidecarNamespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := client.CoreV1().ServiceAccounts(SidecarNamespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil &&
+		!apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create service account %s/%s: %w", SidecarNamespace, SidecarServiceAccount, err)
 	}
 	if err := c.pki.remove("dkc-server"); err != nil {
 		return err
 	}
 	ips := []net.IP{net.ParseIP(c.state.Network.GatewayIP), net.IPv4(127, 0, 0, 1)}
-	if err := c.pki.issue("dkc-server", "dkc-server", nil, x509.ExtKeyUsageServerAuth, ips, []string{"localhost", "dkc-server"}); err != nil {
+	if err := c.pki.issue("dkc-server", "dkc-server", nil, x509.ExtKeyUsageServerAuth, ips,
+		[]string{"localhost", "dkc-server"}); err != nil {
 		return err
 	}
 	if err := c.pki.issue("dkc-server-client", ServiceUser, nil, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
 		return err
 	}
 	kubeconfig := filepath.Join(c.cfg.Dir, "dkc-server.kubeconfig")
-	if err := writeKubeconfig(kubeconfig, c.apiServerURL(), c.pki.CAFile(), c.pki.path("dkc-server-client.crt"), c.pki.path("dkc-server-client.key")); err != nil {
+	if err := writeKubeconfig(kubeconfig, c.apiServerURL(), c.pki.CAFile(), c.pki.path("dkc-server-client.crt"),
+		c.pki.path("dkc-server-client.key")); err != nil {
 		return err
 	}
 	for _, n := range c.state.Nodes {
@@ -123,7 +129,8 @@ func (c *Cluster) startService(ctx context.Context, bin string) error {
 		// The simulated nodes and the tests' own clients all call from the host's addresses, as nodes behind
 		// one NAT would: the per-address TokenReview limit is sized for that, not for one node, and the
 		// per-address caps on connections and on new connections are off.
-		"--token-review-per-peer-qps=50", "--token-review-per-peer-burst=500", "--max-unauthenticated-connections-per-address=0",
+		"--token-review-per-peer-qps=50", "--token-review-per-peer-burst=500",
+		"--max-unauthenticated-connections-per-address=0",
 		"--max-connections-per-address=0", "--new-connections-per-address-qps=0",
 	}, c.cfg.ServiceArgs...)
 	p, err := startProcess("dkc-server", c.runDir(), c.logFile("dkc-server"), nil, args...)
@@ -173,7 +180,8 @@ const ServerConfigMapPolicyFile = "deploy/base/server-configmap-policy.yaml"
 
 // decodeAdmissionPolicy decodes AdmissionPolicyFile's content: exactly one ValidatingAdmissionPolicy and one
 // binding of it, admissionregistration.k8s.io/v1, no unknown fields.
-func decodeAdmissionPolicy(data []byte) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
+func decodeAdmissionPolicy(data []byte) (*admissionregistrationv1.ValidatingAdmissionPolicy,
+	*admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
 	var (
 		policy  *admissionregistrationv1.ValidatingAdmissionPolicy
 		binding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
@@ -213,7 +221,8 @@ func decodeAdmissionPolicy(data []byte) (*admissionregistrationv1.ValidatingAdmi
 // apiserver enforces them: a policy takes effect only once the apiserver's informers have seen both, and
 // tests may write Nodes right after Start returns. probe is a JSON merge patch of the first node's status
 // that the policy refuses whoever asks (the admin), sent with dryRun until it is refused.
-func (c *Cluster) installEnforcedPolicy(ctx context.Context, client kubernetes.Interface, file string, probe []byte) error {
+func (c *Cluster) installEnforcedPolicy(ctx context.Context, client kubernetes.Interface, file string,
+	probe []byte) error {
 	file = filepath.Join(c.cfg.RepoRoot, file)
 	if err := installPolicy(ctx, client, file); err != nil {
 		return err
@@ -231,10 +240,12 @@ func (c *Cluster) installEnforcedPolicy(ctx context.Context, client kubernetes.I
 	}
 	node := c.state.Nodes[0].Name
 	var last error
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, last = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, probe, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
-		return apierrors.IsForbidden(last) && refusedBy(policy, last), nil
-	})
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true,
+		func(ctx context.Context) (bool, error) {
+			_, last = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, probe,
+				metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+			return apierrors.IsForbidden(last) && refusedBy(policy, last), nil
+		})
 	if err != nil {
 		return fmt.Errorf("admission policy %s not enforced (last probe of node %s: %w): %w", policy.Name, node, last, err)
 	}
@@ -313,27 +324,37 @@ func (c *Cluster) registerWebhook(ctx context.Context, client kubernetes.Interfa
 	fail := admissionregistrationv1.Fail
 	none := admissionregistrationv1.SideEffectClassNone
 	timeout := int32(5)
-	url := "https://" + net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)) + "/validate-node"
+	url := "https://" + net.JoinHostPort(c.state.Network.GatewayIP, strconv.Itoa(c.state.Service.WebhookPort)) +
+		"/validate-node"
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "dkc-dev-validate-nodes"}, // deploy/ installs dkc-validate-nodes
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    "nodes.dkc.dev",
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca},
-			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}}}},
+			Name:         "nodes.dkc.dev",
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+				Rule: admissionregistrationv1.Rule{
+					APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"},
+				},
+			}},
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},
-			ObjectSelector:          &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: AdmissionSkipLabel, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"skip"}}}},
+			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: AdmissionSkipLabel, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"skip"},
+			}}},
 			MatchConditions: []admissionregistrationv1.MatchCondition{{
 				Name: "changes-dkc-config-source",
 				Expression: `has(object.metadata.annotations) && 'dkc.dev/config-source' in object.metadata.annotations && ` +
-					`(request.operation == 'CREATE' || !has(oldObject.metadata.annotations) || !('dkc.dev/config-source' in oldObject.metadata.annotations) || ` +
+					`(request.operation == 'CREATE' || !has(oldObject.metadata.annotations) || ` +
+					`!('dkc.dev/config-source' in oldObject.metadata.annotations) || ` +
 					`oldObject.metadata.annotations['dkc.dev/config-source'] != object.metadata.annotations['dkc.dev/config-source'])`,
 			}},
 		}},
 	}
-	if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, cfg, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, cfg,
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("register admission webhook: %w", err)
 	}
 	return nil
@@ -347,7 +368,8 @@ func (c *Cluster) DialService() (*grpc.ClientConn, error) {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca)
-	return grpc.NewClient(c.ServiceAddress(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
+	return grpc.NewClient(c.ServiceAddress(),
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
 }
 
 // NodeTokenPath is where node's sidecar credential is (docs/design.md, "Local cluster").
@@ -366,7 +388,8 @@ func (c *Cluster) NodeToken(ctx context.Context, node string) (string, error) {
 
 // MintToken requests a token of namespace/sa for audience, bound to Node node (empty: unbound), valid for
 // 24 hours, and writes it to path if path is not empty.
-func MintToken(ctx context.Context, client kubernetes.Interface, namespace, sa, audience, node, path string) (string, error) {
+func MintToken(ctx context.Context, client kubernetes.Interface, namespace, sa, audience, node,
+	path string) (string, error) {
 	expiry := int64(24 * 3600)
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
 		Audiences: []string{audience}, ExpirationSeconds: &expiry,
@@ -376,7 +399,8 @@ func MintToken(ctx context.Context, client kubernetes.Interface, namespace, sa, 
 		if err != nil {
 			return "", fmt.Errorf("get node %s to bind its token: %w", node, err)
 		}
-		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node, UID: n.UID}
+		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node,
+			UID: n.UID}
 	}
 	tr, err := client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, req, metav1.CreateOptions{})
 	if err != nil {

@@ -71,7 +71,8 @@ func (c *Cluster) sidecarArgs(n NodeState) []string {
 func sidecarRBAC() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: "dkc-sidecar"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes/configz", "nodes/healthz"}, Verbs: []string{"get"}}},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes/configz", "nodes/healthz"},
+			Verbs: []string{"get"}}},
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "dkc-sidecar"},
@@ -96,10 +97,12 @@ func (c *Cluster) startSidecars(ctx context.Context) error {
 		if !n.Systemd {
 			continue
 		}
-		if _, err := MintToken(ctx, client, SidecarNamespace, SidecarServiceAccount, APIAudience, n.Name, c.KubeletTokenPath(n.Name)); err != nil {
+		if _, err := MintToken(ctx, client, SidecarNamespace, SidecarServiceAccount, APIAudience, n.Name,
+			c.KubeletTokenPath(n.Name)); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.cfg.Progress, "starting dkc-sidecar on node %s (systemd unit, restarts the kubelet over D-Bus)\n", n.Name)
+		fmt.Fprintf(c.cfg.Progress, "starting dkc-sidecar on node %s (systemd unit, restarts the kubelet over D-Bus)\n",
+			n.Name)
 		if err := c.startUnit(ctx, n.Name, "dkc-sidecar.service"); err != nil {
 			return err
 		}
@@ -161,7 +164,8 @@ func (c *Cluster) RestartBus(ctx context.Context, node string) error {
 		return err
 	}
 	// busctl, not the Manager: its reply may be lost with the connection, which is expected here.
-	out, err := exec.CommandContext(ctx, "busctl", "--address="+c.BusAddress(node), "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+	out, err := exec.CommandContext(ctx, "busctl", "--address="+c.BusAddress(node), "call", "org.freedesktop.systemd1",
+		"/org/freedesktop/systemd1",
 		"org.freedesktop.systemd1.Manager", "RestartUnit", "ss", "dbus.socket", "replace").CombinedOutput()
 	if err != nil && !strings.Contains(string(out), "onnection") {
 		return fmt.Errorf("node %s: restart dbus.socket: %w: %s", node, err, out)
@@ -180,7 +184,8 @@ func (c *Cluster) RestartBus(ctx context.Context, node string) error {
 // SlowKubeletStart makes the kubelet's unit on a real node wait d before each start (a drop-in with
 // ExecStartPre=sleep, and daemon-reload), so that a restart job stays queued that long. The returned function
 // removes it.
-func (c *Cluster) SlowKubeletStart(ctx context.Context, node string, d time.Duration) (func(context.Context) error, error) {
+func (c *Cluster) SlowKubeletStart(ctx context.Context, node string,
+	d time.Duration) (func(context.Context) error, error) {
 	path := filepath.Join(c.NodeDir(node), "systemd", "kubelet.service.d", "30-dev-slow-start.conf")
 	reload := func(ctx context.Context) error {
 		return c.withSystemctl(ctx, node, func(s *systemctl) error { return s.DaemonReload(ctx) })

@@ -118,13 +118,16 @@ func (c *Cluster) startSimNodes(ctx context.Context) error {
 		}
 		pidFile := filepath.Join(dir, "kubelet.pid")
 		env := app.KubeletEnvFile(c.DynamicConfigDir(s.Name))
+		//nolint:lll // the script's command line as the shell runs it
 		loop := fmt.Sprintf(`while :; do
   if [ -f %[1]q ]; then . %[1]q; else %[2]s=--config=%[3]s; fi
   FAKE_KUBELET_PID_FILE=%[4]q %[5]q $%[2]s --v=1 %[10]s --address=127.0.0.1 --port=%[6]d --healthz-bind-address=127.0.0.1 --healthz-port=%[7]d --container-runtime-endpoint=unix://%[8]s --cert-dir=%[9]q &
   wait $!
   sleep 0.3
-done`, env, app.KubeletConfigVariable, c.KubeletConfigPath(s.Name), pidFile, c.cfg.FakeKubeletBinary, s.KubeletPort, s.HealthzPort, sock,
-			filepath.Join(dir, "pki"), // its self-signed serving certificate, which the sidecar pins, in the node's own directory
+done`, env, app.KubeletConfigVariable, c.KubeletConfigPath(s.Name), pidFile, c.cfg.FakeKubeletBinary,
+			s.KubeletPort, s.HealthzPort, sock,
+			// its self-signed serving certificate, which the sidecar pins, in the node's own directory
+			filepath.Join(dir, "pki"),
 			cgroupV1Flag)
 		kp, err := startProcess("kubelet-"+s.Name, c.runDir(), c.logFile("kubelet-"+s.Name), nil, "sh", "-c", loop)
 		if err != nil {
@@ -137,7 +140,8 @@ done`, env, app.KubeletConfigVariable, c.KubeletConfigPath(s.Name), pidFile, c.c
 		}); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.cfg.Progress, "starting simulated node %s (stand-in kubelet on 127.0.0.1:%d, dkc-sidecar in signal mode)\n", s.Name, s.KubeletPort)
+		fmt.Fprintf(c.cfg.Progress, "starting simulated node %s (stand-in kubelet on "+
+			"127.0.0.1:%d, dkc-sidecar in signal mode)\n", s.Name, s.KubeletPort)
 		sp, err := startProcess("dkc-sidecar-"+s.Name, c.runDir(), c.logFile("dkc-sidecar-"+s.Name), nil, c.cfg.SidecarBinary,
 			"--node-name="+s.Name,
 			"--server="+c.ServiceAddress(),

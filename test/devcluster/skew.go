@@ -72,20 +72,24 @@ func checkKubeletVersions(controlPlane string, nodes []string, versions map[stri
 	for _, node := range named {
 		minor := versions[node]
 		if !isReal[node] {
-			errs = append(errs, fmt.Errorf("kubelet version for node %s: not a real node of the cluster (real nodes: %s)", node, listOrNone(nodes)))
+			errs = append(errs, fmt.Errorf("kubelet version for node %s: not a real node of the cluster (real nodes: %s)", node,
+				listOrNone(nodes)))
 			continue
 		}
 		if _, ok := kubeModule[minor]; !ok {
-			errs = append(errs, fmt.Errorf("kubelet %s on node %s: no wrapper module hack/kube/v%s (kubelets for control plane %s: %s)",
+			errs = append(errs, fmt.Errorf("kubelet %s on node %s: no wrapper module hack/kube/v%s "+
+				"(kubelets for control plane %s: %s)",
 				minor, node, minor, controlPlane, listOrNone(KubeletVersionsFor(controlPlane))))
 			continue
 		}
 		switch d := minorDistance(controlPlane, minor); {
 		case d < 0:
-			errs = append(errs, fmt.Errorf("kubelet %s on node %s is newer than the control plane %s; a kubelet must not be newer than kube-apiserver (kubelets for control plane %s: %s)",
+			errs = append(errs, fmt.Errorf("kubelet %s on node %s is newer than the control plane %s; a kubelet must not be "+
+				"newer than kube-apiserver (kubelets for control plane %s: %s)",
 				minor, node, controlPlane, controlPlane, listOrNone(KubeletVersionsFor(controlPlane))))
 		case d > maxKubeletSkew:
-			errs = append(errs, fmt.Errorf("kubelet %s on node %s is %d minors older than the control plane %s; the skew policy allows %d (kubelets for control plane %s: %s)",
+			errs = append(errs, fmt.Errorf("kubelet %s on node %s is %d minors older than the control plane %s; the skew "+
+				"policy allows %d (kubelets for control plane %s: %s)",
 				minor, node, d, controlPlane, maxKubeletSkew, controlPlane, listOrNone(KubeletVersionsFor(controlPlane))))
 		}
 	}

@@ -59,7 +59,8 @@ func dialSystemctl(ctx context.Context, address string) (*systemctl, error) {
 func (s *systemctl) Close() { s.conn.Close() }
 
 // job runs a start or restart job and waits for its result.
-func (s *systemctl) job(ctx context.Context, verb, unit string, call func(context.Context, string, string, chan<- string) (int, error)) error {
+func (s *systemctl) job(ctx context.Context, verb, unit string,
+	call func(context.Context, string, string, chan<- string) (int, error)) error {
 	done := make(chan string, 1)
 	if _, err := call(ctx, unit, "replace", done); err != nil {
 		return fmt.Errorf("%s %s: %w", verb, unit, err)

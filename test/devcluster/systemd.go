@@ -56,7 +56,8 @@ func EnsureRootfs(ctx context.Context, progress io.Writer) (string, error) {
 	tmp := dir + ".tmp"
 	_ = os.RemoveAll(tmp)
 	fmt.Fprintf(progress, "debootstrapping a Debian rootfs with systemd into %s (first time only, ~1 minute)\n", dir)
-	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--include=systemd,systemd-sysv,dbus,iptables", "bookworm", tmp, debianMirror())
+	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--include=systemd,systemd-sysv,dbus,iptables",
+		"bookworm", tmp, debianMirror())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("debootstrap: %w\n%s", err, tail2(string(out), 20))
 	}
@@ -115,7 +116,8 @@ func (c *Cluster) nodeUnits(n NodeState, sidecarArgs []string) (map[string]strin
 		}
 	}
 	files := map[string]string{
-		"kubelet.service":               kubeletUnit(n.Name, "", c.KubeletConfigPath(n.Name), args, c.cfg.NoKubeletStartLimit),
+		"kubelet.service": kubeletUnit(n.Name, "", c.KubeletConfigPath(n.Name), args,
+			c.cfg.NoKubeletStartLimit),
 		"kubelet.service.d/20-dkc.conf": app.KubeletDropIn(DynamicConfigDirInNode),
 		"dkc-sidecar.service": fmt.Sprintf(`[Unit]
 Description=dkc sidecar of dev node %s
@@ -216,13 +218,15 @@ func (c *Cluster) DynamicConfigDir(node string) string {
 // exported to the host. The sidecar runs the kubelet's config code from its helpers, one per kubelet minor,
 // which ship next to it (as in its image): every dkc-kubelet-check-<minor> beside sidecarBin is bound into
 // /usr/local/bin, and the one of the node's kubelet minor must be there.
-func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string, units map[string]string) ([]string, error) {
+func (c *Cluster) nspawnArgs(n NodeState, rootfs, kubeletBin, sidecarBin string,
+	units map[string]string) ([]string, error) {
 	checks, err := kubeletChecks(filepath.Dir(sidecarBin))
 	if err != nil {
 		return nil, err
 	}
 	if checks[n.KubeletVersion] == "" {
-		return nil, fmt.Errorf("node %s runs kubelet %s but %s has no %s%s beside dkc-sidecar (build them with internal/kubeletcheck/build.sh %s)",
+		return nil, fmt.Errorf("node %s runs kubelet %s but %s has no %s%s beside dkc-sidecar (build them with "+
+			"internal/kubeletcheck/build.sh %s)",
 			n.Name, n.KubeletVersion, filepath.Dir(sidecarBin), kubeletCheckPrefix, n.KubeletVersion, filepath.Dir(sidecarBin))
 	}
 	minors := make([]string, 0, len(checks))

@@ -12,7 +12,8 @@ import (
 )
 
 func main() {
-	if err := plugin.NewCommand(genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}).Execute(); err != nil {
+	if err := plugin.NewCommand(genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout,
+		ErrOut: os.Stderr}).Execute(); err != nil {
 		os.Exit(1)
 	}
 }

@@ -233,7 +233,8 @@ func (g *generator) generate(c Config, r renders) error {
 		if special[o.id()] {
 			continue
 		}
-		if ns := o.namespace(); ns != "" && ns != installNS && o.id() != "Role/default/dkc-server-events" && o.id() != "RoleBinding/default/dkc-server-events" {
+		if ns := o.namespace(); ns != "" && ns != installNS && o.id() != "Role/default/dkc-server-events" &&
+			o.id() != "RoleBinding/default/dkc-server-events" {
 			return fmt.Errorf("%s is outside %s: the chart installs there only", o.id(), installNS)
 		}
 		y, err := g.tpl.yaml(o)

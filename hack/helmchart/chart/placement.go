@@ -88,7 +88,8 @@ func (g *generator) templatePlacement(objs []object, variants map[string][]objec
 		}
 	}
 	if !strings.Contains(affinity["dedicated"], poolKey) || !strings.Contains(poolToleration, poolKey) {
-		return fmt.Errorf("deploy/components/server-dedicated-pool names no %s in its affinity and toleration: teach hack/helmchart its key", poolKey)
+		return fmt.Errorf("deploy/components/server-dedicated-pool names no %s in its affinity and "+
+			"toleration: teach hack/helmchart its key", poolKey)
 	}
 	label, taint := `{{ .Values.dedicatedPool.label | quote }}`, `{{ .Values.dedicatedPool.taint | quote }}`
 	na := get(pod, "affinity").(map[string]any)
@@ -99,7 +100,8 @@ func (g *generator) templatePlacement(objs []object, variants map[string][]objec
 {{- else }}
 `+base+`
 {{- end }}`)
-	pod["tolerations"] = g.tpl.block(`or .Values.server.tolerations (eq .Values.placement "dedicated")`, `{{- with .Values.server.tolerations }}
+	pod["tolerations"] = g.tpl.block(`or .Values.server.tolerations (eq .Values.placement "dedicated")`,
+		`{{- with .Values.server.tolerations }}
 {{- toYaml . | nindent `+indentMarker+` }}
 {{- end }}
 {{- if eq .Values.placement "dedicated" }}
@@ -159,7 +161,8 @@ func (g *generator) templateNetworkPolicy(objs, withPolicy []object) (networkPol
 	if len(docs) == 0 || np.prometheusNamespace == "" || np.ipv4PodCIDRs == nil {
 		return np, fmt.Errorf("deploy/components/network-policy: no NetworkPolicy with a Pod CIDR and Prometheus's namespace")
 	}
-	g.add("networkpolicy-dkc-server.yaml", "{{- if .Values.networkPolicy.enabled }}\n"+strings.Join(docs, "\n---\n")+"\n{{- end }}")
+	g.add("networkpolicy-dkc-server.yaml",
+		"{{- if .Values.networkPolicy.enabled }}\n"+strings.Join(docs, "\n---\n")+"\n{{- end }}")
 	return np, nil
 }
 

@@ -15,6 +15,8 @@ import (
 // tlsPrelude computes the TLS material once per render into $ca, $crt and $key (base64), which the Secret,
 // the CA ConfigMap and the webhook's caBundle below share: Helm renders each template file on its own, so
 // they must sit in one file to see the same generated CA.
+//
+//nolint:lll // the template's lines are the chart's: a break would change the chart's files
 const tlsPrelude = `{{- include "dkc.validate" . }}
 {{- $ca := "" }}
 {{- $caKey := "" }}
@@ -107,10 +109,12 @@ func compareOverlays(selfSigned, certManager []object) (extra []object, annotati
 			delete(items(s2, "webhooks")[0]["clientConfig"].(map[string]any), "caBundle")
 			set(s2, annotations, "metadata", "annotations")
 			if !sameJSON(s2, o) {
-				return nil, nil, fmt.Errorf("%s: the overlays differ beyond caBundle and annotations: teach hack/helmchart", webhookID)
+				return nil, nil, fmt.Errorf("%s: the overlays differ beyond caBundle and annotations: teach hack/helmchart",
+					webhookID)
 			}
 		case !sameJSON(s, o):
-			return nil, nil, fmt.Errorf("%s differs between the self-signed and cert-manager overlays: teach hack/helmchart", o.id())
+			return nil, nil, fmt.Errorf("%s differs between the self-signed and cert-manager overlays: teach hack/helmchart",
+				o.id())
 		}
 	}
 	if annotations == nil {
@@ -232,7 +236,8 @@ func (g *generator) templateConfigNamespaces(ss map[string]object, configNS []ob
 	}
 	var parts []string
 	add := func(s ...string) { parts = append(parts, s...) }
-	add("{{- include \"dkc.validate\" . }}", "{{- range $ns := .Values.configNamespaces }}", `{{- if eq $ns "`+installNS+`" }}`)
+	add("{{- include \"dkc.validate\" . }}", "{{- range $ns := .Values.configNamespaces }}",
+		`{{- if eq $ns "`+installNS+`" }}`)
 	for _, id := range []string{"Role/" + installNS + "/" + configsRole, "RoleBinding/" + installNS + "/" + configsRole} {
 		d, err := doc(ss[id])
 		if err != nil {

@@ -10,6 +10,8 @@ import (
 )
 
 // helpers is templates/_helpers.tpl.
+//
+//nolint:lll // the template's lines are the chart's: a break would change the chart's files
 const helpers = `{{- /* ` + Header + ` */ -}}
 
 {{- /* dkc.image: an image reference from {repository, tag, digest}; the digest wins (make images pins by it). */}}
@@ -43,6 +45,8 @@ const helpers = `{{- /* ` + Header + ` */ -}}
 `
 
 // notes is templates/NOTES.txt, printed after install and upgrade.
+//
+//nolint:lll // the template's lines are the chart's: a break would change the chart's files
 const notes = `{{- /* ` + Header + ` */ -}}
 dkc (chart {{ .Chart.Version }}; images {{ .Values.server.image.repository }}:{{ .Values.server.image.tag }}, {{ .Values.sidecar.image.repository }}:{{ .Values.sidecar.image.tag }}) is installed in {{ .Release.Namespace }} (TLS: {{ .Values.tls.mode }}; configs read from {{ join ", " .Values.configNamespaces }}).
 

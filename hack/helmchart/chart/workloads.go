@@ -92,7 +92,8 @@ func (g *generator) templateWorkloads(objs []object) (placement, error) {
 					}
 				}
 				if key == "" {
-					return p, fmt.Errorf("%s %s container %v: image %v is neither dkc-server's nor dkc-sidecar's", w.kind, w.name, c["name"], c["image"])
+					return p, fmt.Errorf("%s %s container %v: image %v is neither dkc-server's nor dkc-sidecar's", w.kind, w.name,
+						c["name"], c["image"])
 				}
 				c["image"] = g.tpl.scalar(`{{ include "dkc.image" .Values.` + key + `.image | quote }}`)
 			}

@@ -164,7 +164,8 @@ func New(s Subject, bins []Binary) (Document, error) {
 				mainPkg.DownloadLocation += "@" + s.Revision
 			}
 		}
-		d.Relationships = append(d.Relationships, Relationship{binID, "GENERATED_FROM", module(mainPkg, info.Main.Path+"@"+mainVersion)})
+		d.Relationships = append(d.Relationships,
+			Relationship{binID, "GENERATED_FROM", module(mainPkg, info.Main.Path+"@"+mainVersion)})
 
 		std := strings.TrimPrefix(info.GoVersion, "go")
 		d.Relationships = append(d.Relationships, Relationship{binID, "DEPENDS_ON", module(Package{
@@ -181,9 +182,11 @@ func New(s Subject, bins []Binary) (Document, error) {
 			d.Relationships = append(d.Relationships, Relationship{binID, "DEPENDS_ON", module(p, m.Path+"@"+m.Version)})
 		}
 	}
-	d.DocumentNamespace = fmt.Sprintf("https://github.com/dkc-dev/dkc/spdx/%s-%s-%s-%x", s.Image, s.OS, s.Arch, ns.Sum(nil)[:16])
+	d.DocumentNamespace = fmt.Sprintf("https://github.com/dkc-dev/dkc/spdx/%s-%s-%s-%x", s.Image, s.OS, s.Arch,
+		ns.Sum(nil)[:16])
 	for i := range d.Packages {
-		d.Packages[i].LicenseConcluded, d.Packages[i].LicenseDeclared, d.Packages[i].CopyrightText = NoAssertion, NoAssertion, NoAssertion
+		d.Packages[i].LicenseConcluded, d.Packages[i].LicenseDeclared, d.Packages[i].CopyrightText =
+			NoAssertion, NoAssertion, NoAssertion
 	}
 	return d, nil
 }
@@ -208,7 +211,8 @@ func modulePackage(modPath, version, sum, replaces string) Package {
 	var notes []string
 	if sum != "" {
 		notes = append(notes, "go.sum "+sum)
-		if raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(sum, "h1:")); err == nil && strings.HasPrefix(sum, "h1:") && len(raw) == sha256.Size {
+		if raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(sum, "h1:")); err == nil &&
+			strings.HasPrefix(sum, "h1:") && len(raw) == sha256.Size {
 			p.Checksums = []Checksum{{"SHA256", hex.EncodeToString(raw)}}
 		}
 	}

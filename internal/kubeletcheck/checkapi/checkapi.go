@@ -65,7 +65,8 @@ type Checked struct {
 }
 
 // Kinds maps a Response's Kind to its error.
-var Kinds = map[string]error{"load": ErrLoad, "flags": ErrFlags, "validate": ErrValidate, "unsupported": ErrUnsupportedKubelet}
+var Kinds = map[string]error{"load": ErrLoad, "flags": ErrFlags, "validate": ErrValidate,
+	"unsupported": ErrUnsupportedKubelet}
 
 // Split gives err's kind for a Response and its message without the kind's text (the client wraps it in
 // the kind again); kind is "" if err is not the config's fault.

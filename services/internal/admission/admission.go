@@ -38,7 +38,8 @@ func Review(req *admissionv1.AdmissionRequest, namespaces resolve.Namespaces) *a
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	deny := func(code int32, msg string) *admissionv1.AdmissionResponse {
 		resp.Allowed = false
-		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: msg, Reason: metav1.StatusReasonInvalid}
+		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: msg,
+			Reason: metav1.StatusReasonInvalid}
 		return resp
 	}
 	var node, old corev1.Node
@@ -63,7 +64,8 @@ func Review(req *admissionv1.AdmissionRequest, namespaces resolve.Namespaces) *a
 		if !errors.As(err, &se) {
 			return deny(http.StatusUnprocessableEntity, err.Error())
 		}
-		return deny(http.StatusUnprocessableEntity, string(se.Status)[len(nodeconfig.SyncErrorPrefix+nodeconfig.InvalidSourcePrefix):])
+		return deny(http.StatusUnprocessableEntity,
+			string(se.Status)[len(nodeconfig.SyncErrorPrefix+nodeconfig.InvalidSourcePrefix):])
 	}
 	if errs := nodeconfig.ValidateSpec(src, path); len(errs) > 0 {
 		return deny(http.StatusUnprocessableEntity, errs.ToAggregate().Error())
@@ -91,8 +93,8 @@ func Handler(log *zap.Logger, namespaces resolve.Namespaces) http.Handler {
 		}
 		resp := Review(review.Request, namespaces)
 		if !resp.Allowed {
-			log.Info("refused node write", zap.String("node", review.Request.Name), zap.String("user", review.Request.UserInfo.Username),
-				zap.String("reason", resp.Result.Message))
+			log.Info("refused node write", zap.String("node", review.Request.Name),
+				zap.String("user", review.Request.UserInfo.Username), zap.String("reason", resp.Result.Message))
 		}
 		review.Response = resp
 		review.Request = nil

@@ -185,8 +185,8 @@ func New(cfg Config) *Authenticator {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	a := &Authenticator{client: cfg.Client, allowed: map[string]bool{}, ttl: cfg.TTL, spread: spreadTenth, clock: cfg.Clock,
-		metrics: cfg.Metrics, peers: newPeerLimiter(cfg.PeerQPS, cfg.PeerBurst)}
+	a := &Authenticator{client: cfg.Client, allowed: map[string]bool{}, ttl: cfg.TTL, spread: spreadTenth,
+		clock: cfg.Clock, metrics: cfg.Metrics, peers: newPeerLimiter(cfg.PeerQPS, cfg.PeerBurst)}
 	for _, sa := range cfg.Allowed {
 		a.allowed[sa] = true
 	}
@@ -216,7 +216,8 @@ func (a *Authenticator) AuthFunc(ctx context.Context) (context.Context, error) {
 		a.metrics.refused(reason)
 		return nil, err
 	}
-	return context.WithValue(WithIdentity(ctx, v.id), credentialKey{}, credential{token: token, until: v.until, exp: v.exp}), nil
+	return context.WithValue(WithIdentity(ctx, v.id), credentialKey{},
+		credential{token: token, until: v.until, exp: v.exp}), nil
 }
 
 // Authenticate verifies one token presented by the caller of ctx (its gRPC peer address is what the per-peer
@@ -278,7 +279,8 @@ func (a *Authenticator) Reauthenticate(ctx context.Context) (time.Time, error) {
 		return time.Time{}, err
 	case v.id != was:
 		a.metrics.reauthenticated(reauthIdentityChanged)
-		return time.Time{}, status.Errorf(codes.Unauthenticated, "token now identifies %s of node %q, not %s of node %q as when the stream opened",
+		return time.Time{}, status.Errorf(codes.Unauthenticated,
+			"token now identifies %s of node %q, not %s of node %q as when the stream opened",
 			v.id.ServiceAccount, v.id.Node, was.ServiceAccount, was.Node)
 	}
 	a.metrics.reauthenticated(reauthOK)
@@ -311,7 +313,8 @@ func (a *Authenticator) authenticate(ctx context.Context, token string, limitPee
 	}
 	if a.expired(claims.exp) {
 		// The apiserver would refuse it as well, and a review would tell nothing more.
-		return a.refuse(reasonExpired, status.Errorf(codes.Unauthenticated, "token expired at %s (%v of leeway passed); send the current one",
+		return a.refuse(reasonExpired, status.Errorf(codes.Unauthenticated,
+			"token expired at %s (%v of leeway passed); send the current one",
 			claims.exp.UTC().Format(time.RFC3339), ExpiryLeeway))
 	}
 	if limitPeer {
@@ -360,7 +363,8 @@ func (a *Authenticator) verify(ctx context.Context, key, token string, exp time.
 	}
 }
 
-func (a *Authenticator) reviewAndCache(ctx context.Context, key, token string, exp time.Time) (verification, string, error) {
+func (a *Authenticator) reviewAndCache(ctx context.Context, key, token string,
+	exp time.Time) (verification, string, error) {
 	id, reason, err := a.review(ctx, token)
 	switch {
 	case reason == reasonUnavailable:
@@ -427,12 +431,14 @@ func (a *Authenticator) review(ctx context.Context, token string) (Identity, str
 		return Identity{}, reasonForbidden, status.Error(codes.PermissionDenied, err.Error())
 	}
 	if !a.allowed[sa] {
-		return Identity{}, reasonForbidden, status.Errorf(codes.PermissionDenied, "service account %s is not allowed to call dkc", sa)
+		return Identity{}, reasonForbidden, status.Errorf(codes.PermissionDenied,
+			"service account %s is not allowed to call dkc", sa)
 	}
 	nodes := tr.Status.User.Extra[NodeNameExtra]
 	if len(nodes) != 1 || nodes[0] == "" {
 		return Identity{}, reasonForbidden, status.Errorf(codes.PermissionDenied,
-			"token of %s carries no node claim (%s): use a pod-bound or node-bound token on an apiserver >= 1.32", sa, NodeNameExtra)
+			"token of %s carries no node claim (%s): use a pod-bound or node-bound token on an apiserver >= 1.32", sa,
+			NodeNameExtra)
 	}
 	return Identity{Node: nodes[0], ServiceAccount: sa}, "", nil
 }

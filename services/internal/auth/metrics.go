@@ -22,7 +22,8 @@ const (
 	reauthRefused         = "refused"          // no longer valid: the stream ends
 	reauthIdentityChanged = "identity_changed" // valid, but for another node or ServiceAccount: the stream ends
 	reauthUnavailable     = "unavailable"      // could not be checked (TokenReview failed): the stream stays, retried
-	reauthExpired         = "expired"          // the token's exp came: the stream ends so the node reconnects with its current one
+	// the token's exp came: the stream ends so the node reconnects with its current one
+	reauthExpired = "expired"
 )
 
 // Metrics of the authenticator; a nil *Metrics records nothing.
@@ -37,8 +38,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "token_refusals_total",
-			Help: "Calls refused by authentication, by reason: missing, too_large, malformed and rate_limited (refused without a TokenReview), " +
-				"expired (past its exp and a minute of leeway, not reviewed), rejected (not authenticated or not for audience dkc), forbidden (not an allowed service account, or no node claim), unavailable (the TokenReview failed).",
+			Help: "Calls refused by authentication, by reason: missing, too_large, malformed and rate_limited (refused " +
+				"without a TokenReview), expired (past its exp and a minute of leeway, not reviewed), rejected (not " +
+				"authenticated or not for audience dkc), forbidden (not an allowed service account, or no node claim), " +
+				"unavailable (the TokenReview failed).",
 		}, []string{"reason"}),
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "token_reviews_total",
@@ -46,9 +49,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		reauths: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "stream_reauth_total",
-			Help: "Re-checks of an open WatchConfig stream's token once its verification lapsed (at least once per --token-cache-ttl), by result: " +
-				"ok, refused and identity_changed (the stream was ended), unavailable (the TokenReview failed; the stream stays and the check is retried), " +
-				"expired (the token's exp came; the stream was ended so that the node reconnects with its current token).",
+			Help: "Re-checks of an open WatchConfig stream's token once its verification lapsed (at least once per " +
+				"--token-cache-ttl), by result: ok, refused and identity_changed (the stream was ended), unavailable (the " +
+				"TokenReview failed; the stream stays and the check is retried), expired (the token's exp came; the stream was " +
+				"ended so that the node reconnects with its current token).",
 		}, []string{"result"}),
 	}
 	for _, r := range []string{reauthOK, reauthRefused, reauthIdentityChanged, reauthUnavailable, reauthExpired} {

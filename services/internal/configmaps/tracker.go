@@ -128,8 +128,8 @@ func (t *Tracker) Run(ctx context.Context) error {
 // A key outside the tracker's namespaces (or not namespace/name) counts as none: it is never watched.
 func (t *Tracker) Track(node, key string) {
 	if ns, name, ok := strings.Cut(key, "/"); key != "" && (!ok || name == "" || !t.namespaces.Allows(ns)) {
-		t.log.Error("refused to watch configmap outside --config-namespaces", zap.String("node", node), zap.String("configmap", key),
-			zap.Stringer("configNamespaces", t.namespaces))
+		t.log.Error("refused to watch configmap outside --config-namespaces", zap.String("node", node),
+			zap.String("configmap", key), zap.Stringer("configNamespaces", t.namespaces))
 		key = ""
 	}
 	t.mu.Lock()
@@ -251,7 +251,8 @@ func (t *Tracker) Get(key string) (*corev1.ConfigMap, bool, error) {
 
 func (t *Tracker) newInformer(key string) *tracked {
 	ns, name, _ := strings.Cut(key, "/")
-	lw := cache.NewListWatchFromClient(t.client.CoreV1().RESTClient(), "configmaps", ns, fields.OneTermEqualSelector("metadata.name", name))
+	lw := cache.NewListWatchFromClient(t.client.CoreV1().RESTClient(), "configmaps", ns,
+		fields.OneTermEqualSelector("metadata.name", name))
 	// No periodic resync: every change arrives as a watch event, and a resync would only re-deliver
 	// identical objects that change nothing.
 	inf := cache.NewSharedIndexInformer(lw, &corev1.ConfigMap{}, 0, cache.Indexers{})
@@ -276,8 +277,14 @@ func (t *Tracker) newNamespaceInformer(ns string) *tracked {
 	// As client-go's generated informers do since WatchListClient is on by default (1.35): a client that
 	// cannot stream the initial list through a watch (the fake clientset) says so, and is listed instead.
 	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc:  func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return cms.List(ctx, o) },
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return cms.Watch(ctx, o) },
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object,
+			error) {
+			return cms.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface,
+			error) {
+			return cms.Watch(ctx, o)
+		},
 	}, t.client)
 	inf := cache.NewSharedIndexInformer(lw, &corev1.ConfigMap{}, 0, cache.Indexers{})
 	// Only what a Node references is read; the rest of the namespace is cached without its managed fields.

@@ -391,7 +391,8 @@ func (c *Controller) ResolvedConfigs() int { return c.shared.size() }
 // sent a refused one. Before the pools' records are listed, a claimed snapshot the node does not run yet
 // is errRecordsPending: it cannot be told from one re-created a moment ago. The data's hash is computed
 // once per ConfigMap version and record, not once per node.
-func (c *Controller) checkSnapshot(node *corev1.Node, ref *corev1.ConfigMapNodeConfigSource, cm *corev1.ConfigMap) error {
+func (c *Controller) checkSnapshot(node *corev1.Node, ref *corev1.ConfigMapNodeConfigSource,
+	cm *corev1.ConfigMap) error {
 	pool, rev, ok := revision.Claim(cm)
 	if !ok {
 		return nil
@@ -407,14 +408,16 @@ func (c *Controller) checkSnapshot(node *corev1.Node, ref *corev1.ConfigMapNodeC
 	}
 	r, recorded := rec.Snapshot(rev)
 	recorded = recorded && r.Namespace == cm.Namespace && r.Name == cm.Name
-	if !running && !(recorded && r.UID == cm.UID) && (exists && rec == nil || recordMayLag(node, cm, pool, rev, recorded, c.now())) {
+	if !running && !(recorded && r.UID == cm.UID) &&
+		(exists && rec == nil || recordMayLag(node, cm, pool, rev, recorded, c.now())) {
 		// Not (yet) the recorded object: wait rather than refuse where the record may be on its way.
 		// Waiting never sends anything.
 		return errRecordsPending
 	}
 	memo := string(cm.UID) + "/" + cm.ResourceVersion + "/" + r.Namespace + "/" + r.Name + "/" + string(r.UID) + "/" +
 		r.KubeletConfigKey + "/" + strconv.FormatBool(running)
-	return c.shared.check(ref, memo, func() error { return revision.Verify(cm, pool, rev, ref.KubeletConfigKey, rec, running) })
+	return c.shared.check(ref, memo,
+		func() error { return revision.Verify(cm, pool, rev, ref.KubeletConfigKey, rec, running) })
 }
 
 // errRecordsPending: the pools' snapshot records are not listed yet, or not up to the node's assignment

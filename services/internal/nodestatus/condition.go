@@ -25,7 +25,8 @@ func Condition(status *corev1.NodeConfigStatus, detail string) corev1.NodeCondit
 		}
 	}
 	msg := fmt.Sprintf("%s (%s)", using, describe(active))
-	cond := corev1.NodeCondition{Type: nodeconfig.ConditionType, Status: corev1.ConditionTrue, Reason: reason, Message: msg}
+	cond := corev1.NodeCondition{Type: nodeconfig.ConditionType, Status: corev1.ConditionTrue, Reason: reason,
+		Message: msg}
 	if status.Error != "" {
 		cond.Status = corev1.ConditionFalse
 		if reason == nodeconfig.ReasonUsingCurrent {
@@ -46,5 +47,6 @@ func describe(s *corev1.NodeConfigSource) string {
 		return "local"
 	}
 	cm := s.ConfigMap
-	return fmt.Sprintf("%s/%s, UID: %s, ResourceVersion: %s, KubeletConfigKey: %s", cm.Namespace, cm.Name, cm.UID, cm.ResourceVersion, cm.KubeletConfigKey)
+	return fmt.Sprintf("%s/%s, UID: %s, ResourceVersion: %s, KubeletConfigKey: %s", cm.Namespace, cm.Name, cm.UID,
+		cm.ResourceVersion, cm.KubeletConfigKey)
 }

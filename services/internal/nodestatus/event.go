@@ -55,7 +55,8 @@ func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.Kubele
 		LastTimestamp:  t,
 		Count:          1,
 	}
-	_, err := w.client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{FieldManager: FieldManager})
+	_, err := w.client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev,
+		metav1.CreateOptions{FieldManager: FieldManager})
 	if apierrors.IsAlreadyExists(err) {
 		w.noteEvent(node, r.GetId())
 		w.metrics.event("duplicate")

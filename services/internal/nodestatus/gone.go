@@ -36,7 +36,8 @@ func (w *Writer) dropIfGone(ctx context.Context, name, nodeUID string) (outcome,
 	if checkedUID != nodeUID {
 		return notCached, nil // a newer report (about another object) came meanwhile: its own write checks it
 	}
-	list, err := w.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	list, err := w.client.CoreV1().Nodes().List(ctx,
+		metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
 	if err != nil {
 		return 0, fmt.Errorf("check whether node %s exists: %w", name, err)
 	}

@@ -15,11 +15,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "node_status_writes_total",
-			Help: "Node status writes by result: written, unchanged (already on the Node), held (a restart in progress, waiting for its outcome), queued (a report acknowledged as queued: the inline writes were all taken), error.",
+			Help: "Node status writes by result: written, unchanged (already on the Node), held (a restart in progress, " +
+				"waiting for its outcome), queued (a report acknowledged as queued: the inline writes were all taken), error.",
 		}, []string{"result"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dkc", Subsystem: "server", Name: "restart_events_total",
-			Help: "KubeletConfigChanged Events by result: created, duplicate (the apiserver had it already), known (recorded by this replica already: no request made), error (not recorded, dropped).",
+			Help: "KubeletConfigChanged Events by result: created, duplicate (the apiserver had it already), known (recorded " +
+				"by this replica already: no request made), error (not recorded, dropped).",
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.writes, m.events)

@@ -48,7 +48,8 @@ const (
 	otherNode
 )
 
-var outcomeNames = [...]string{"none", "written", "unchanged", "held", "not cached", "no report", "node gone", "other node"}
+var outcomeNames = [...]string{"none", "written", "unchanged", "held", "not cached", "no report", "node gone",
+	"other node"}
 
 func (o outcome) String() string {
 	if int(o) < len(outcomeNames) {

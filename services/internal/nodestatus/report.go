@@ -76,7 +76,8 @@ func (o reportOrder) before(p reportOrder) bool {
 // the report to. A replica that has not yet seen a half-dead stream end (keepalive) can still write the
 // held status after the other wrote a newer one, until the node's next report corrects it.
 func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatusRequest) (Receipt, error) {
-	order := reportOrder{incarnation: req.GetIncarnation(), sequence: req.GetSequence(), observed: req.GetObservedTime().AsTime()}
+	order := reportOrder{incarnation: req.GetIncarnation(), sequence: req.GetSequence(),
+		observed: req.GetObservedTime().AsTime()}
 	if req.GetObservedTime() == nil {
 		order.observed = w.clock.Now()
 	}
@@ -165,7 +166,8 @@ func (w *Writer) receipt(node string, out outcome, eventErr error) (Receipt, err
 			// The restart happened whatever object the report names; its Event is still owed. Acknowledged
 			// as ErrOtherNode, the report would leave the sidecar with the Event never created (found by
 			// TestProtocolAgainstTheService). Sent again, the report is dropped again and the Event retried.
-			return Receipt{}, fmt.Errorf("%w (report about a deleted Node object dropped; send it again for its event)", eventErr)
+			return Receipt{}, fmt.Errorf("%w (report about a deleted Node object dropped; send it again for its event)",
+				eventErr)
 		}
 		return Receipt{}, ErrOtherNode
 	}
@@ -222,7 +224,8 @@ func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message 
 
 // desired is Desired, how much longer the status waits for its restart's outcome (0: none), the Node
 // object it is about ("": any) and the report's number.
-func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string, hold time.Duration, nodeUID string, seq uint64, ok bool) {
+func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string, hold time.Duration,
+	nodeUID string, seq uint64, ok bool) {
 	w.mu.Lock()
 	r := w.latestLocked(node)
 	var cp report

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package nodestatus is where Node status is written (docs/design.md, "Where status is written"). For every node whose sidecar reported,
-// it keeps the dkc.dev/config-status annotation, the ConfigOK condition and — where the apiserver keeps it —
-// status.config equal to the node's reported NodeConfigStatus, with the sync error of the service's own
+// Package nodestatus is where Node status is written (docs/design.md, "Where status is written"). For every node whose
+// sidecar reported, it keeps the dkc.dev/config-status annotation, the ConfigOK condition and — where the apiserver
+// keeps it — status.config equal to the node's reported NodeConfigStatus, with the sync error of the service's own
 // resolution taking the place of the reported error while there is one (the original kubelet's "error
 // override"). It also records the KubeletConfigChanged Event of each kubelet restart.
 //

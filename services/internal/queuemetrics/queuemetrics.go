@@ -37,19 +37,23 @@ func New(reg prometheus.Registerer) *Provider {
 	label := []string{"name"}
 	p := &Provider{
 		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: "workqueue", Name: "depth",
-			Help: "Current depth of the workqueue: items waiting for a worker (also one added again while a worker has it)."}, label),
+			Help: "Current depth of the workqueue: items waiting for a worker (also one added again while a worker has it)."},
+			label),
 		adds: prometheus.NewCounterVec(prometheus.CounterOpts{Subsystem: "workqueue", Name: "adds_total",
 			Help: "Items added to the workqueue (adding an item that is already waiting changes nothing)."}, label),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Subsystem: "workqueue", Name: "queue_duration_seconds",
 			Help: "How long an item waits in the workqueue before a worker takes it.", Buckets: buckets}, label),
-		workDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Subsystem: "workqueue", Name: "work_duration_seconds",
-			Help: "How long a worker takes to process an item.", Buckets: buckets}, label),
+		workDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Subsystem: "workqueue",
+			Name: "work_duration_seconds", Help: "How long a worker takes to process an item.", Buckets: buckets}, label),
 		unfinished: prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: "workqueue", Name: "unfinished_work_seconds",
-			Help: "Seconds of work in progress not yet observed by work_duration_seconds; a large value means stuck workers."}, label),
-		longest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: "workqueue", Name: "longest_running_processor_seconds",
+			Help: "Seconds of work in progress not yet observed by work_duration_seconds; a large value means stuck workers."},
+			label),
+		longest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: "workqueue",
+			Name: "longest_running_processor_seconds",
 			Help: "How long the longest-running worker has been processing its item."}, label),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Subsystem: "workqueue", Name: "retries_total",
-			Help: "Items re-queued with a delay: retries after a failed attempt, and the status writer's hold of a restart in progress."}, label),
+			Help: "Items re-queued with a delay: retries after a failed attempt, and the status writer's " +
+				"hold of a restart in progress."}, label),
 	}
 	reg.MustRegister(p.depth, p.adds, p.latency, p.workDuration, p.unfinished, p.longest, p.retries)
 	return p

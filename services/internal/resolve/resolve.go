@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package resolve is where a Node's config source is read and resolved (docs/design.md, "Where a Node's config source is read"): spec.configSource
-// where the apiserver kept it, else the dkc.dev/config-source annotation, validated with the apiserver's
-// own rules and messages, then resolved against the referenced ConfigMap to a fully resolved Assignment
+// Package resolve is where a Node's config source is read and resolved (docs/design.md, "Where a Node's config source
+// is read"): spec.configSource where the apiserver kept it, else the dkc.dev/config-source annotation, validated with
+// the apiserver's own rules and messages, then resolved against the referenced ConfigMap to a fully resolved Assignment
 // (UID + ResourceVersion + every data file + content hash).
 package resolve
 
@@ -130,7 +130,8 @@ func Validate(src *corev1.NodeConfigSource, path *field.Path) error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return &SourceError{Status: nodeconfig.StatusError(nodeconfig.SyncErrorPrefix + nodeconfig.InvalidSourcePrefix + errs.ToAggregate().Error())}
+	return &SourceError{Status: nodeconfig.StatusError(nodeconfig.SyncErrorPrefix + nodeconfig.InvalidSourcePrefix +
+		errs.ToAggregate().Error())}
 }
 
 // Assignment resolves a validated ConfigMap source against the ConfigMap it names: the result carries the

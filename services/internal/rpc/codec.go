@@ -89,8 +89,8 @@ type encoded struct {
 
 // response returns the message telling a node its state; st.Assignment may be nil (no assignment).
 func (e *encodings) response(st assignment.State) (*response, error) {
-	r := &response{own: &dkcv1.WatchConfigResponse{SyncError: st.SyncError, ResolvedTime: timestamppb.New(st.Changed), NodeUid: st.NodeUID,
-		KubeletVersion: st.KubeletVersion}}
+	r := &response{own: &dkcv1.WatchConfigResponse{SyncError: st.SyncError, ResolvedTime: timestamppb.New(st.Changed),
+		NodeUid: st.NodeUID, KubeletVersion: st.KubeletVersion}}
 	a := st.Assignment
 	if a == nil {
 		return r, nil

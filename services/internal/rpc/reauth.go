@@ -104,14 +104,16 @@ func (r *recheck) handle(res recheckResult, log *zap.Logger) error {
 	case status.Code(res.err) == codes.Unavailable:
 		r.retry = min(max(2*r.retry, reauthRetryInitial), reauthRetryMax)
 		wait := r.retry/2 + rand.N(r.retry/2)
-		log.Warn("could not check the node's token again; keeping its stream and retrying", zap.Error(res.err), zap.Duration("in", wait))
+		log.Warn("could not check the node's token again; keeping its stream and retrying", zap.Error(res.err),
+			zap.Duration("in", wait))
 		r.timer = r.clock.NewTimer(wait)
 		return nil
 	case status.Code(res.err) == codes.Canceled || status.Code(res.err) == codes.DeadlineExceeded:
 		return res.err // the stream ended while its token was being checked
 	case errors.Is(res.err, auth.ErrTokenExpired):
 		log.Info("node's token expired; ending its stream so that it reconnects with its current token")
-		return status.Error(codes.Unavailable, "the token this stream was opened with has expired; reconnect with the current one")
+		return status.Error(codes.Unavailable,
+			"the token this stream was opened with has expired; reconnect with the current one")
 	default:
 		msg := status.Convert(res.err).Message()
 		log.Warn("node's token refused when checked again; ending its stream", zap.String("reason", msg))

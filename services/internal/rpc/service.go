@@ -117,8 +117,8 @@ func New(cfg Config) *Service {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	return &Service{log: cfg.Log, table: cfg.Table, status: cfg.Status, metrics: cfg.Metrics, shutdown: make(chan struct{}),
-		streams: cfg.Streams, reauth: cfg.Reauth, clock: cfg.Clock}
+	return &Service{log: cfg.Log, table: cfg.Table, status: cfg.Status, metrics: cfg.Metrics,
+		shutdown: make(chan struct{}), streams: cfg.Streams, reauth: cfg.Reauth, clock: cfg.Clock}
 }
 
 // register makes a new stream the node's only one, ending the previous one. The newest stream wins: a
@@ -231,11 +231,13 @@ type watchState struct {
 }
 
 //go:noinline
-func (s *Service) startWatch(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) (*watchState, error) {
+func (s *Service) startWatch(req *dkcv1.WatchConfigRequest,
+	stream dkcv1.ConfigService_WatchConfigServer) (*watchState, error) {
 	ctx := stream.Context()
 	node := req.GetNodeName()
 	if err := auth.Authorize(ctx, node); err != nil {
-		s.log.Warn("node watch refused", zap.String("node", node), zap.Stringer("grpc.code", status.Code(err)), zap.Error(err))
+		s.log.Warn("node watch refused", zap.String("node", node), zap.Stringer("grpc.code", status.Code(err)),
+			zap.Error(err))
 		return nil, err
 	}
 	ws := &watchState{ctx: ctx, start: time.Now(), node: node, w: s.register(node), base: s.log}
@@ -251,7 +253,8 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigS
 	ws.log().Info("node watching", zap.Bool("resume", req.GetLastApplied() != nil))
 	ws.known = req.GetLastApplied() != nil
 	if ws.known {
-		ws.has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(), ContentHash: req.GetLastApplied().GetContentHash()}
+		ws.has = &dkcv1.Assignment{Source: req.GetLastApplied().GetSource(),
+			ContentHash: req.GetLastApplied().GetContentHash()}
 	}
 	ws.sentSyncError = req.GetSyncError()
 	ws.nodeUID, ws.followsNodeUID, ws.kubeletVersion = req.GetNodeUid(), req.GetFollowsNodeUid(), req.GetKubeletVersion()
@@ -268,7 +271,8 @@ func (ws *watchState) log() *zap.Logger { return ws.base.With(zap.String("node",
 //go:noinline
 func (s *Service) endWatch(ws *watchState, err error) {
 	ws.rc.stop()
-	ws.log().Info("node watch ended", zap.Stringer("grpc.code", status.Code(err)), zap.Duration("took", time.Since(ws.start)), zap.Error(err))
+	ws.log().Info("node watch ended", zap.Stringer("grpc.code", status.Code(err)),
+		zap.Duration("took", time.Since(ws.start)), zap.Error(err))
 	s.metrics.connected(-1)
 	s.unregister(ws.node, ws.w)
 }
@@ -323,7 +327,8 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 
 // ReportStatus hands the node's report to the status writer and acknowledges it once the status is on its
 // Node or queued to be written (docs/design.md, "What a status acknowledgement means").
-func (s *Service) ReportStatus(ctx context.Context, req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
+func (s *Service) ReportStatus(ctx context.Context,
+	req *dkcv1.ReportStatusRequest) (*dkcv1.ReportStatusResponse, error) {
 	node := req.GetNodeName()
 	if err := auth.Authorize(ctx, node); err != nil {
 		return nil, err
@@ -361,14 +366,17 @@ type Metrics struct {
 // NewMetrics registers the service's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		connectedNodes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "connected_nodes",
-			Help: "Open WatchConfig streams."}),
+		connectedNodes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "connected_nodes", Help: "Open WatchConfig streams."}),
 		pushes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "pushes_total",
 			Help: "Messages sent on WatchConfig streams."}),
-		pushLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dkc", Subsystem: "server", Name: "push_latency_seconds",
+		pushLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "push_latency_seconds",
 			Help: "Time from a node's state change to its push.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
-		replacedStreams: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "replaced_streams_total",
-			Help: "WatchConfig streams ended because their node opened a newer one: reconnects over half-dead connections; a steady rate means two clients share a node's token."}),
+		replacedStreams: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "replaced_streams_total",
+			Help: "WatchConfig streams ended because their node opened a newer one: reconnects over half-dead connections; a " +
+				"steady rate means two clients share a node's token."}),
 	}
 	reg.MustRegister(m.connectedNodes, m.pushes, m.pushLatency, m.replacedStreams)
 	return m

@@ -132,7 +132,8 @@ type Config struct {
 // reconnecting after a drain.
 var (
 	kubeAPIScale     = scale{qps: 50, burst: 100, qpsPerNode: 0.2, burstPerNode: 1}
-	tokenReviewScale = scale{qps: auth.DefaultReviewQPS, burst: auth.DefaultReviewBurst, qpsPerNode: 0.05, burstPerNode: 0.2}
+	tokenReviewScale = scale{qps: auth.DefaultReviewQPS, burst: auth.DefaultReviewBurst, qpsPerNode: 0.05,
+		burstPerNode: 0.2}
 )
 
 // DefaultConfig returns the defaults, chosen for a production cluster of up to 10,000 nodes.
@@ -246,62 +247,176 @@ func (s stringList) Set(v string) error {
 // BindFlags registers the configuration's flags on fs, with c's values as defaults.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig of the apiserver; empty means in-cluster config")
-	fs.Float64Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, fmt.Sprintf("sustained requests per second to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g (a fan-out costs each node three requests; API Priority and Fairness, deploy/base/server-apf.yaml, is what protects the apiserver)", kubeAPIScale.qpsPerNode, kubeAPIScale.qps))
-	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, fmt.Sprintf("burst of requests to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g", kubeAPIScale.burstPerNode, kubeAPIScale.burst))
-	fs.StringVar(&c.ListenAddress, "listen-address", c.ListenAddress, "address of the gRPC API (dkc.v1.ConfigService, health, reflection)")
-	fs.StringVar(&c.MetricsAddr, "metrics-address", c.MetricsAddr, "address of the endpoint for /metrics (with --metrics-auth: over HTTPS, for callers allowed get on it, the ClusterRole dkc-metrics-reader), /healthz and /readyz (to anyone: the kubelet's probes); empty disables it")
+	fs.Float64Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, fmt.Sprintf(
+		"sustained requests per second to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g "+
+			"(a fan-out costs each node three requests; API Priority and Fairness, deploy/base/server-apf.yaml, "+
+			"is what protects the apiserver)", kubeAPIScale.qpsPerNode, kubeAPIScale.qps))
+	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, fmt.Sprintf(
+		"burst of requests to the apiserver; 0 sizes it to the cluster: %g per Node, at least %g", kubeAPIScale.burstPerNode,
+		kubeAPIScale.burst))
+	fs.StringVar(&c.ListenAddress, "listen-address", c.ListenAddress,
+		"address of the gRPC API (dkc.v1.ConfigService, health, reflection)")
+	fs.StringVar(&c.MetricsAddr, "metrics-address", c.MetricsAddr,
+		"address of the endpoint for /metrics (with --metrics-auth: over HTTPS, for callers allowed get on it, the "+
+			"ClusterRole dkc-metrics-reader), /healthz and /readyz (to anyone: the kubelet's probes); empty disables it")
 	c.MetricsAuth.BindFlags(fs)
-	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "serve Go profiles at /debug/pprof/ on the metrics address (with --metrics-auth, for callers allowed get on /debug/pprof/*)")
-	fs.StringVar(&c.WebhookAddress, "webhook-address", c.WebhookAddress, "address of the HTTPS validating webhook for Node writes that change dkc.dev/config-source (path /validate-node); empty disables it, and so does --insecure")
-	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "serving certificate (PEM); reloaded when the file changes")
+	fs.BoolVar(&c.Profiling, "profiling", c.Profiling,
+		"serve Go profiles at /debug/pprof/ on the metrics address (with --metrics-auth, for callers "+
+			"allowed get on /debug/pprof/*)")
+	fs.StringVar(&c.WebhookAddress, "webhook-address", c.WebhookAddress,
+		"address of the HTTPS validating webhook for Node writes that change dkc.dev/config-source (path /validate-node); "+
+			"empty disables it, and so does --insecure")
+	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile,
+		"serving certificate (PEM); reloaded when the file changes")
 	fs.StringVar(&c.TLSKeyFile, "tls-key-file", c.TLSKeyFile, "serving key (PEM); reloaded when the file changes")
-	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "serve plaintext gRPC without TLS. FOR TESTS ONLY: tokens cross the network in the clear")
-	fs.Var(stringList{&c.AllowedServiceAccounts}, "allowed-service-accounts", "comma-separated namespace/name of the service accounts sidecars run as")
-	fs.Var(stringList{&c.ConfigNamespaces}, "config-namespaces", "comma-separated namespaces whose ConfigMaps Nodes may use as config sources; a source elsewhere is refused by the webhook and reported as a sync error. dkc-server needs a Role to list and watch ConfigMaps in each")
-	fs.DurationVar(&c.TokenCacheTTL, "token-cache-ttl", c.TokenCacheTTL, "how long a TokenReview result is reused (never past the token's expiry); also how often an open config stream's token is checked again, so a revoked token loses its stream within it")
-	fs.Float64Var(&c.TokenReviewQPS, "token-review-qps", c.TokenReviewQPS, fmt.Sprintf("sustained TokenReviews per second, through a client and rate limiter of their own so that callers with new or garbage tokens cannot spend the budget of Node status writes (--kube-api-qps); a connected sidecar needs one per new token and one per --token-cache-ttl (its stream's token is checked again that often). 0 sizes it to the cluster: %g per Node, at least %g", tokenReviewScale.qpsPerNode, tokenReviewScale.qps))
-	fs.IntVar(&c.TokenReviewBurst, "token-review-burst", c.TokenReviewBurst, fmt.Sprintf("burst of TokenReviews (sidecars reconnecting after a restart); 0 sizes it to the cluster: %g per Node, at least %g", tokenReviewScale.burstPerNode, tokenReviewScale.burst))
-	fs.Float64Var(&c.TokenReviewPeerQPS, "token-review-per-peer-qps", c.TokenReviewPeerQPS, "TokenReviews per second one caller IP address (IPv4 or IPv6, each address on its own, not per /64: the nodes of one subnet share its /64) may cause for tokens not in the cache; beyond it calls get ResourceExhausted without a review, and cached tokens are never limited. 0 disables it: only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
-	fs.IntVar(&c.TokenReviewPeerBurst, "token-review-per-peer-burst", c.TokenReviewPeerBurst, "TokenReviews one caller address may cause at once (nodes sharing an address that reconnect together)")
+	fs.BoolVar(&c.Insecure, "insecure", c.Insecure,
+		"serve plaintext gRPC without TLS. FOR TESTS ONLY: tokens cross the network in the clear")
+	fs.Var(stringList{&c.AllowedServiceAccounts}, "allowed-service-accounts",
+		"comma-separated namespace/name of the service accounts sidecars run as")
+	fs.Var(stringList{&c.ConfigNamespaces}, "config-namespaces",
+		"comma-separated namespaces whose ConfigMaps Nodes may use as config sources; a source elsewhere is refused by the "+
+			"webhook and reported as a sync error. dkc-server needs a Role to list and watch ConfigMaps in each")
+	fs.DurationVar(&c.TokenCacheTTL, "token-cache-ttl", c.TokenCacheTTL,
+		"how long a TokenReview result is reused (never past the token's expiry); also how often an open config stream's "+
+			"token is checked again, so a revoked token loses its stream within it")
+	fs.Float64Var(&c.TokenReviewQPS, "token-review-qps", c.TokenReviewQPS, fmt.Sprintf(
+		"sustained TokenReviews per second, through a client and rate limiter of their own so that callers with new or "+
+			"garbage tokens cannot spend the budget of Node status writes (--kube-api-qps); a connected sidecar needs one "+
+			"per new token and one per --token-cache-ttl (its stream's token is checked again that often). 0 sizes it to the "+
+			"cluster: %g per Node, at least %g", tokenReviewScale.qpsPerNode, tokenReviewScale.qps))
+	fs.IntVar(&c.TokenReviewBurst, "token-review-burst", c.TokenReviewBurst, fmt.Sprintf(
+		"burst of TokenReviews (sidecars reconnecting after a restart); 0 sizes it to the cluster: %g per Node, at least %g",
+		tokenReviewScale.burstPerNode, tokenReviewScale.burst))
+	fs.Float64Var(&c.TokenReviewPeerQPS, "token-review-per-peer-qps", c.TokenReviewPeerQPS,
+		"TokenReviews per second one caller IP address (IPv4 or IPv6, each address on its own, not per /64: the nodes of "+
+			"one subnet share its /64) may cause for tokens not in the cache; beyond it calls get ResourceExhausted without "+
+			"a review, and cached tokens are never limited. 0 disables it: only where many nodes share one address (a NAT, "+
+			"the benchmark's simulated nodes)")
+	fs.IntVar(&c.TokenReviewPeerBurst, "token-review-per-peer-burst", c.TokenReviewPeerBurst,
+		"TokenReviews one caller address may cause at once (nodes sharing an address that reconnect together)")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "nodes resolved in parallel")
-	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers, "node status writes in parallel from the status queue (sync errors, retries, held restarts and the reports past --max-inline-status-writes)")
-	fs.IntVar(&c.MaxDirectConfigChanges, "max-direct-config-changes", c.MaxDirectConfigChanges, "nodes at most that this replica sends a new version of a directly assigned ConfigMap (dkc.dev/config-source, not a pool's snapshot) before they report its outcome (running it, or an error): an in-place edit of a ConfigMap many Nodes name restarts this many kubelets at a time, and the others keep their config until a slot frees (first come, first served; a slot without an outcome frees after 10m). Nodes not Ready are not held back, nor pool nodes (their pool paces them), nor a return to the local config. Each replica paces alone: the bound is this times the replicas. 0: no bound")
-	fs.IntVar(&c.MaxInlineStatusWrites, "max-inline-status-writes", c.MaxInlineStatusWrites, "status reports written while their call waits, at most; past it a report is acknowledged as queued and written by the status workers (docs/design.md, \"What a status acknowledgement means\"): each waiting call holds a goroutine and its stack. 0: no bound")
-	fs.DurationVar(&c.RestartingStatusDelay, "restarting-status-delay", c.RestartingStatusDelay, "how long a node's \"config assigned, kubelet not yet running it\" status waits for the kubelet restart's outcome before it is written to the Node; an outcome reported in time is written instead, which saves a Node write per assignment (the original kubelet exited to restart before writing that step, too). 0 writes it at once")
-	fs.DurationVar(&c.KeepaliveTime, "keepalive-time", c.KeepaliveTime, "ping an idle connection after this long, to find dead nodes")
-	fs.DurationVar(&c.KeepaliveTimeout, "keepalive-timeout", c.KeepaliveTimeout, "close a connection whose ping is unanswered this long")
-	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", c.MaxConnectionAge, "ask clients to reconnect after this long, spreading nodes over replicas; resuming streams re-deliver nothing")
-	fs.DurationVar(&c.MaxConnAgeGrace, "max-connection-age-grace", c.MaxConnAgeGrace, "time streams get to move after max-connection-age")
+	fs.IntVar(&c.StatusWorkers, "status-workers", c.StatusWorkers,
+		"node status writes in parallel from the status queue (sync errors, retries, held restarts and the reports "+
+			"past --max-inline-status-writes)")
+	fs.IntVar(&c.MaxDirectConfigChanges, "max-direct-config-changes", c.MaxDirectConfigChanges,
+		"nodes at most that this replica sends a new version of a directly assigned ConfigMap (dkc.dev/config-source, not "+
+			"a pool's snapshot) before they report its outcome (running it, or an error): an in-place edit of a ConfigMap "+
+			"many Nodes name restarts this many kubelets at a time, and the others keep their config until a slot frees "+
+			"(first come, first served; a slot without an outcome frees after 10m). Nodes not Ready are not held back, nor "+
+			"pool nodes (their pool paces them), nor a return to the local config. Each replica paces alone: the bound is "+
+			"this times the replicas. 0: no bound")
+	fs.IntVar(&c.MaxInlineStatusWrites, "max-inline-status-writes", c.MaxInlineStatusWrites,
+		"status reports written while their call waits, at most; past it a report is acknowledged as queued and written by "+
+			"the status workers (docs/design.md, \"What a status acknowledgement means\"): each waiting call holds a "+
+			"goroutine and its stack. 0: no bound")
+	fs.DurationVar(&c.RestartingStatusDelay, "restarting-status-delay", c.RestartingStatusDelay,
+		"how long a node's \"config assigned, kubelet not yet running it\" status waits for the kubelet restart's outcome "+
+			"before it is written to the Node; an outcome reported in time is written instead, which saves a Node write per "+
+			"assignment (the original kubelet exited to restart before writing that step, too). 0 writes it at once")
+	fs.DurationVar(&c.KeepaliveTime, "keepalive-time", c.KeepaliveTime,
+		"ping an idle connection after this long, to find dead nodes")
+	fs.DurationVar(&c.KeepaliveTimeout, "keepalive-timeout", c.KeepaliveTimeout,
+		"close a connection whose ping is unanswered this long")
+	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", c.MaxConnectionAge,
+		"ask clients to reconnect after this long, spreading nodes over replicas; resuming streams re-deliver nothing")
+	fs.DurationVar(&c.MaxConnAgeGrace, "max-connection-age-grace", c.MaxConnAgeGrace,
+		"time streams get to move after max-connection-age")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "time in-flight calls get to finish on shutdown")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.BoolVar(&c.LogDevelopment, "log-development", c.LogDevelopment, "human-readable console logs instead of JSON")
-	fs.IntVar(&c.ReadBufferSize, "grpc-read-buffer-size", c.ReadBufferSize, "per-connection read buffer in bytes; 0 (default) reads frames straight from the TLS connection, which costs idle streams nothing")
-	fs.IntVar(&c.WriteBufferSize, "grpc-write-buffer-size", c.WriteBufferSize, "per-connection write buffer in bytes (shared between writes)")
-	fs.IntVar(&c.MaxSendMsgSizeMiB, "max-send-msg-size-mib", c.MaxSendMsgSizeMiB, fmt.Sprintf("largest message sent, in MiB; at least %d, the largest a node accepts (configs beyond %d files or %d MiB are never sent: the node gets a sync error)",
+	fs.IntVar(&c.ReadBufferSize, "grpc-read-buffer-size", c.ReadBufferSize,
+		"per-connection read buffer in bytes; 0 (default) reads frames straight from the TLS connection, "+
+			"which costs idle streams nothing")
+	fs.IntVar(&c.WriteBufferSize, "grpc-write-buffer-size", c.WriteBufferSize,
+		"per-connection write buffer in bytes (shared between writes)")
+	fs.IntVar(&c.MaxSendMsgSizeMiB, "max-send-msg-size-mib", c.MaxSendMsgSizeMiB, fmt.Sprintf(
+		"largest message sent, in MiB; at least %d, the largest a node accepts (configs beyond %d files or %d MiB are "+
+			"never sent: the node gets a sync error)",
 		(payload.MaxMessageBytes+1<<20-1)>>20, payload.MaxFiles, payload.MaxBytes>>20))
-	fs.IntVar(&c.MaxConcurrentStreams, "max-concurrent-streams", c.MaxConcurrentStreams, "calls open at once on one client connection; grpc-go clients queue further calls, a client that opens more anyway has them refused. A sidecar needs 2 (its config stream and a status report), and a node has at most one config stream per replica: a newer one ends the older. Each open call may hold a request of --max-recv-msg-size-kib before it is authenticated")
-	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, fmt.Sprintf("gRPC connections open at once, authenticated or not; a connection past it is closed as soon as it is accepted (a sidecar retries within 3s). Each sidecar holds one, and one replica must hold every node while the other is drained. 0 sizes it to the cluster: %g per Node, at least %d", connPerNode, connFloor))
-	fs.IntVar(&c.MaxUnauthenticatedConnections, "max-unauthenticated-connections", c.MaxUnauthenticatedConnections, "gRPC connections open at once on which no call has been authenticated yet (a new connection until its first call with a valid token); past it a new connection is closed as soon as it is accepted. Bounds what callers without a token can make dkc-server hold, whatever the node count; sidecars reconnecting together wait their turn (each retries within 3s). 0: only --max-connections")
-	fs.IntVar(&c.MaxUnauthenticatedConnectionsPerAddress, "max-unauthenticated-connections-per-address", c.MaxUnauthenticatedConnectionsPerAddress, "of --max-unauthenticated-connections, how many one caller IP address may hold (IPv6 addresses one by one); a node's sidecar needs one. 0: no limit per address, only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
-	fs.DurationVar(&c.AuthenticationTimeout, "authentication-timeout", c.AuthenticationTimeout, "time a new connection gets to make its first call with a valid token (TLS handshake included); a connection that has not is closed. Health checks and reflection (grpcurl) carry no token: their connections are closed after it too. 0: no limit")
-	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", c.HandshakeTimeout, "time a new connection gets to complete its TLS handshake and HTTP/2 preface; a connection that has not is closed (grpc-go's default is 120s)")
-	fs.DurationVar(&c.MaxConnectionIdle, "max-connection-idle", c.MaxConnectionIdle, "close a connection that has had no call open this long (a caller whose calls were all refused, a tool that went quiet). A sidecar's config stream is always open, so its connection is never idle; grpc-go's default is never")
-	fs.IntVar(&c.MaxRecvMsgSizeKiB, "max-recv-msg-size-kib", c.MaxRecvMsgSizeKiB, "largest request message, in KiB. grpc-go reads a unary request whole before the auth interceptor runs, so this is what each open call of an unauthenticated caller may cost. The largest request dkc's sidecars send is a status report: three config sources (under 1 KiB each), an error and its detail (the kubelet's validation message)")
-	fs.IntVar(&c.MaxConnectionsPerNode, "max-connections-per-node", c.MaxConnectionsPerNode, "authenticated gRPC connections one node may hold to this replica: a node's call that would take one more is refused with ResourceExhausted, and its connection is then treated as one without a token (--max-unauthenticated-connections-per-address, --authentication-timeout). A sidecar needs one, and two while a reconnect overlaps a connection not yet found dead; the rest is room for grpcurl. Bounds what a copy of one node's token can hold, so that it cannot fill --max-connections. 0: no limit")
-	fs.IntVar(&c.MaxConnectionsPerAddress, "max-connections-per-address", c.MaxConnectionsPerAddress, "gRPC connections one caller IP address may hold, authenticated or not (IPv6 addresses one by one); a connection past it is closed as soon as it is accepted. A node's sidecar needs one. 0: no limit, only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
-	fs.Float64Var(&c.NewConnectionsPerAddressQPS, "new-connections-per-address-qps", c.NewConnectionsPerAddressQPS, "new gRPC connections per second one caller IP address may open; a connection past it is closed as soon as it is accepted, before its TLS handshake, so a client that connects and closes in a loop costs dkc-server no handshakes past it. A sidecar connects when its stream ends and retries within 3s while refused. 0: no limit, only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
-	fs.IntVar(&c.NewConnectionsPerAddressBurst, "new-connections-per-address-burst", c.NewConnectionsPerAddressBurst, "new gRPC connections one caller IP address may open at once (grpcurl sessions, a sidecar's retries)")
-	fs.Float64Var(&c.StatusReportsPerNodeQPS, "status-reports-per-node-qps", c.StatusReportsPerNodeQPS, "ReportStatus calls per second one node may make; past it a call gets ResourceExhausted, which a sidecar retries after its backoff with its latest status. A report can cost a Node write, which every node's reports share (--kube-api-qps): one node's token must not spend it. A sidecar reports when its status changes, a few times per assignment. 0: no limit")
-	fs.IntVar(&c.StatusReportsPerNodeBurst, "status-reports-per-node-burst", c.StatusReportsPerNodeBurst, "ReportStatus calls one node may make at once")
-	fs.BoolVar(&c.LeaderElect, "leader-elect", c.LeaderElect, "run the KubeletConfigPool controller only on the replica holding a Lease (coordination.k8s.io); the rest of dkc-server runs on every replica. false runs it on every replica: only with one replica")
-	fs.StringVar(&c.LeaderElectionID, "leader-election-id", c.LeaderElectionID, "name of the Lease the replicas elect the KubeletConfigPool controller's leader with; deploy/base/server-rbac.yaml grants get and update of this name only")
-	fs.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", c.LeaderElectionNamespace, "namespace of the Lease; empty is --namespace, or kube-system when that is empty too")
-	fs.DurationVar(&c.LeaderElectionLeaseDuration, "leader-election-lease-duration", c.LeaderElectionLeaseDuration, "how long the other replicas wait after the leader's last renewal before taking the Lease (a crashed leader's pools wait this long)")
-	fs.DurationVar(&c.LeaderElectionRenewDeadline, "leader-election-renew-deadline", c.LeaderElectionRenewDeadline, "how long the leader keeps trying to renew before it stops the controller; less than the lease duration")
-	fs.DurationVar(&c.LeaderElectionRetryPeriod, "leader-election-retry-period", c.LeaderElectionRetryPeriod, "how often the replicas try to acquire or renew the Lease")
+	fs.IntVar(&c.MaxConcurrentStreams, "max-concurrent-streams", c.MaxConcurrentStreams,
+		"calls open at once on one client connection; grpc-go clients queue further calls, a client that opens more "+
+			"anyway has them refused. A sidecar needs 2 (its config stream and a status report), and a node has at most one "+
+			"config stream per replica: a newer one ends the older. Each open call may hold a request of "+
+			"--max-recv-msg-size-kib before it is authenticated")
+	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, fmt.Sprintf(
+		"gRPC connections open at once, authenticated or not; a connection past it is closed as soon as it is accepted (a "+
+			"sidecar retries within 3s). Each sidecar holds one, and one replica must hold every node while the other is "+
+			"drained. 0 sizes it to the cluster: %g per Node, at least %d", connPerNode, connFloor))
+	fs.IntVar(&c.MaxUnauthenticatedConnections, "max-unauthenticated-connections", c.MaxUnauthenticatedConnections,
+		"gRPC connections open at once on which no call has been authenticated yet (a new connection until its first call "+
+			"with a valid token); past it a new connection is closed as soon as it is accepted. Bounds what callers without "+
+			"a token can make dkc-server hold, whatever the node count; sidecars reconnecting together wait their turn (each "+
+			"retries within 3s). 0: only --max-connections")
+	fs.IntVar(&c.MaxUnauthenticatedConnectionsPerAddress, "max-unauthenticated-connections-per-address",
+		c.MaxUnauthenticatedConnectionsPerAddress,
+		"of --max-unauthenticated-connections, how many one caller IP address may hold (IPv6 addresses one by "+
+			"one); a node's sidecar needs one. 0: no limit per address, only where many nodes share one address (a "+
+			"NAT, the benchmark's simulated nodes)")
+	fs.DurationVar(&c.AuthenticationTimeout, "authentication-timeout", c.AuthenticationTimeout,
+		"time a new connection gets to make its first call with a valid token (TLS handshake included); a connection "+
+			"that has not is closed. Health checks and reflection (grpcurl) carry no token: their connections are "+
+			"closed after it too. 0: no limit")
+	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", c.HandshakeTimeout,
+		"time a new connection gets to complete its TLS handshake and HTTP/2 preface; a connection that has not is "+
+			"closed (grpc-go's default is 120s)")
+	fs.DurationVar(&c.MaxConnectionIdle, "max-connection-idle", c.MaxConnectionIdle,
+		"close a connection that has had no call open this long (a caller whose calls were all refused, a tool that went "+
+			"quiet). A sidecar's config stream is always open, so its connection is never idle; grpc-go's default is never")
+	fs.IntVar(&c.MaxRecvMsgSizeKiB, "max-recv-msg-size-kib", c.MaxRecvMsgSizeKiB,
+		"largest request message, in KiB. grpc-go reads a unary request whole before the auth interceptor runs, so this is "+
+			"what each open call of an unauthenticated caller may cost. The largest request dkc's sidecars send is a status "+
+			"report: three config sources (under 1 KiB each), an error and its detail (the kubelet's validation message)")
+	fs.IntVar(&c.MaxConnectionsPerNode, "max-connections-per-node", c.MaxConnectionsPerNode,
+		"authenticated gRPC connections one node may hold to this replica: a node's call that would take one more is "+
+			"refused with ResourceExhausted, and its connection is then treated as one without a token "+
+			"(--max-unauthenticated-connections-per-address, --authentication-timeout). A sidecar needs one, and two while a "+
+			"reconnect overlaps a connection not yet found dead; the rest is room for grpcurl. Bounds what a copy of one "+
+			"node's token can hold, so that it cannot fill --max-connections. 0: no limit")
+	fs.IntVar(&c.MaxConnectionsPerAddress, "max-connections-per-address", c.MaxConnectionsPerAddress,
+		"gRPC connections one caller IP address may hold, authenticated or not (IPv6 addresses one by one); a connection "+
+			"past it is closed as soon as it is accepted. A node's sidecar needs one. 0: no limit, only where many nodes "+
+			"share one address (a NAT, the benchmark's simulated nodes)")
+	fs.Float64Var(&c.NewConnectionsPerAddressQPS, "new-connections-per-address-qps", c.NewConnectionsPerAddressQPS,
+		"new gRPC connections per second one caller IP address may open; a connection past it is closed as soon as it is "+
+			"accepted, before its TLS handshake, so a client that connects and closes in a loop costs dkc-server no "+
+			"handshakes past it. A sidecar connects when its stream ends and retries within 3s while refused. 0: no limit, "+
+			"only where many nodes share one address (a NAT, the benchmark's simulated nodes)")
+	fs.IntVar(&c.NewConnectionsPerAddressBurst, "new-connections-per-address-burst", c.NewConnectionsPerAddressBurst,
+		"new gRPC connections one caller IP address may open at once (grpcurl sessions, a sidecar's retries)")
+	fs.Float64Var(&c.StatusReportsPerNodeQPS, "status-reports-per-node-qps", c.StatusReportsPerNodeQPS,
+		"ReportStatus calls per second one node may make; past it a call gets ResourceExhausted, which a sidecar "+
+			"retries after its backoff with its latest status. A report can cost a Node write, which every node's reports "+
+			"share (--kube-api-qps): one node's token must not spend it. A sidecar reports when its status changes, a few "+
+			"times per assignment. 0: no limit")
+	fs.IntVar(&c.StatusReportsPerNodeBurst, "status-reports-per-node-burst", c.StatusReportsPerNodeBurst,
+		"ReportStatus calls one node may make at once")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", c.LeaderElect,
+		"run the KubeletConfigPool controller only on the replica holding a Lease (coordination.k8s.io); the rest of "+
+			"dkc-server runs on every replica. false runs it on every replica: only with one replica")
+	fs.StringVar(&c.LeaderElectionID, "leader-election-id", c.LeaderElectionID,
+		"name of the Lease the replicas elect the KubeletConfigPool controller's leader with; deploy/base/server-rbac.yaml "+
+			"grants get and update of this name only")
+	fs.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", c.LeaderElectionNamespace,
+		"namespace of the Lease; empty is --namespace, or kube-system when that is empty too")
+	fs.DurationVar(&c.LeaderElectionLeaseDuration, "leader-election-lease-duration", c.LeaderElectionLeaseDuration,
+		"how long the other replicas wait after the leader's last renewal before taking the Lease (a crashed "+
+			"leader's pools wait this long)")
+	fs.DurationVar(&c.LeaderElectionRenewDeadline, "leader-election-renew-deadline", c.LeaderElectionRenewDeadline,
+		"how long the leader keeps trying to renew before it stops the controller; less than the lease duration")
+	fs.DurationVar(&c.LeaderElectionRetryPeriod, "leader-election-retry-period", c.LeaderElectionRetryPeriod,
+		"how often the replicas try to acquire or renew the Lease")
 	fs.IntVar(&c.PoolWorkers, "pool-workers", c.PoolWorkers, "KubeletConfigPools synced in parallel (on the leader)")
-	fs.StringVar(&c.KubeletConfigCheckers, "kubelet-config-checkers", c.KubeletConfigCheckers, "directory of the dkc-kubelet-check-<minor> helpers (one per kubelet minor, as in the sidecar's image): a pool's config is checked with the kubelet's own loading and validation for every kubelet minor among the pool's nodes before any node gets it, and a refusal sets the pool's ConfigInvalid. Empty: the dkc-server executable's directory, where its image has them (without helpers there dkc-server logs a warning and leaves the check to the nodes); a directory named here must hold helpers; \"none\": no check here")
-	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "the namespace dkc-server runs in (default $POD_NAMESPACE, which deploy/ sets from the downward API). When set, dkc-server refuses to start if --allowed-service-accounts names no ServiceAccount in it, or if its serving certificate names a Service of another namespace (NAME.NAMESPACE.svc) and none of this one: what a kustomize namespace: override that missed those leaves behind. Empty skips both checks")
+	fs.StringVar(&c.KubeletConfigCheckers, "kubelet-config-checkers", c.KubeletConfigCheckers,
+		"directory of the dkc-kubelet-check-<minor> helpers (one per kubelet minor, as in the sidecar's image): a pool's "+
+			"config is checked with the kubelet's own loading and validation for every kubelet minor among the pool's nodes "+
+			"before any node gets it, and a refusal sets the pool's ConfigInvalid. Empty: the dkc-server executable's "+
+			"directory, where its image has them (without helpers there dkc-server logs a warning and leaves the check to "+
+			"the nodes); a directory named here must hold helpers; \"none\": no check here")
+	fs.StringVar(&c.Namespace, "namespace", c.Namespace,
+		"the namespace dkc-server runs in (default $POD_NAMESPACE, which deploy/ sets from the downward API). When set, "+
+			"dkc-server refuses to start if --allowed-service-accounts names no ServiceAccount in it, or if its serving "+
+			"certificate names a Service of another namespace (NAME.NAMESPACE.svc) and none of this one: what a kustomize "+
+			"namespace: override that missed those leaves behind. Empty skips both checks")
 }
 
 // Validate checks the configuration. It reports every problem at once, in the order of the checks below,
@@ -504,9 +619,11 @@ func (c Config) checkNamespace() error {
 			return nil
 		}
 	}
-	return fmt.Errorf("dkc-server runs in namespace %q (--namespace, $POD_NAMESPACE) but --allowed-service-accounts=%s names no ServiceAccount there, "+
-		"so every sidecar would be refused: deploy/ puts the sidecars' ServiceAccount beside dkc-server, and a kustomize namespace: override does not move "+
-		"the whole install. Set --allowed-service-accounts=%s/dkc-sidecar and replace kube-system throughout a copy of deploy/base, with a serving "+
-		"certificate for dkc-server.%s.svc (docs/install.md, \"Another namespace\"); if the sidecars really run elsewhere, set --namespace= to skip this check",
+	return fmt.Errorf("dkc-server runs in namespace %q (--namespace, $POD_NAMESPACE) but --allowed-service-accounts=%s "+
+		"names no ServiceAccount there, so every sidecar would be refused: deploy/ puts the sidecars' ServiceAccount "+
+		"beside dkc-server, and a kustomize namespace: override does not move the whole install. Set "+
+		"--allowed-service-accounts=%s/dkc-sidecar and replace kube-system throughout a copy of deploy/base, with a "+
+		"serving certificate for dkc-server.%s.svc (docs/install.md, \"Another namespace\"); if the sidecars really run "+
+		"elsewhere, set --namespace= to skip this check",
 		c.Namespace, strings.Join(c.AllowedServiceAccounts, ","), c.Namespace, c.Namespace)
 }

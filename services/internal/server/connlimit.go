@@ -87,22 +87,33 @@ type connLimits struct {
 }
 
 func newConnLimiter(lim connLimits, reg prometheus.Registerer) *connLimiter {
-	c := &connLimiter{fixedCap: lim.max > 0, unauthLimit: int64(lim.maxUnauthenticated), perAddress: lim.maxUnauthenticatedPerAddress,
-		perAddressAll: lim.maxPerAddress, perNode: lim.maxPerNode, accepts: newKeyedLimiter(lim.newPerAddressQPS, lim.newPerAddressBurst),
+	c := &connLimiter{fixedCap: lim.max > 0,
+		unauthLimit: int64(lim.maxUnauthenticated), perAddress: lim.maxUnauthenticatedPerAddress,
+		perAddressAll: lim.maxPerAddress, perNode: lim.maxPerNode, accepts: newKeyedLimiter(lim.newPerAddressQPS,
+			lim.newPerAddressBurst),
 		authTimeout: lim.authTimeout, userTimeout: lim.tcpUserTimeout,
 		conns: map[string]*countedConn{}, byAddr: map[string]int{}, byAddrAll: map[string]int{}, byNode: map[string]int{},
-		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "connections_refused_total",
-			Help: "gRPC connections closed at accept because --max-connections were open."}),
-		unauthRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "unauthenticated_connections_refused_total",
-			Help: "gRPC connections closed at accept because --max-unauthenticated-connections (in all, or from the caller's address: --max-unauthenticated-connections-per-address) were open and not yet authenticated."}),
-		unauthExpired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "unauthenticated_connections_expired_total",
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "connections_refused_total", Help: "gRPC connections closed at accept because --max-connections were open."}),
+		unauthRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "unauthenticated_connections_refused_total",
+			Help: "gRPC connections closed at accept because --max-unauthenticated-connections (in all, or from the caller's " +
+				"address: --max-unauthenticated-connections-per-address) were open and not yet authenticated."}),
+		unauthExpired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "unauthenticated_connections_expired_total",
 			Help: "gRPC connections closed because no call on them was authenticated within --authentication-timeout."}),
-		addrRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "address_connections_refused_total",
-			Help: "gRPC connections closed at accept because the caller's IP address held --max-connections-per-address, authenticated or not."}),
-		rateRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "connections_rate_limited_total",
-			Help: "gRPC connections closed at accept, before their TLS handshake, because the caller's IP address opened new connections faster than --new-connections-per-address-qps (burst --new-connections-per-address-burst)."}),
-		nodeRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "node_connections_refused_total",
-			Help: "Calls refused with ResourceExhausted because their node already held --max-connections-per-node authenticated connections to this replica; the refused call's connection stays unauthenticated."}),
+		addrRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "address_connections_refused_total",
+			Help: "gRPC connections closed at accept because the caller's IP address held " +
+				"--max-connections-per-address, authenticated or not."}),
+		rateRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "connections_rate_limited_total",
+			Help: "gRPC connections closed at accept, before their TLS handshake, because the caller's IP address opened new " +
+				"connections faster than --new-connections-per-address-qps (burst --new-connections-per-address-burst)."}),
+		nodeRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "node_connections_refused_total",
+			Help: "Calls refused with ResourceExhausted because their node already held --max-connections-per-node " +
+				"authenticated connections to this replica; the refused call's connection stays unauthenticated."}),
 	}
 	limit := lim.max
 	if limit <= 0 {
@@ -113,10 +124,13 @@ func newConnLimiter(lim connLimits, reg prometheus.Registerer) *connLimiter {
 		reg.MustRegister(c.refused, c.unauthRefused, c.unauthExpired, c.addrRefused, c.rateRefused, c.nodeRefused,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "connections",
 				Help: "gRPC connections open (accepted, authenticated or not)."}, func() float64 { return float64(c.open.Load()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "unauthenticated_connections",
-				Help: "gRPC connections open on which no call has been authenticated yet."}, func() float64 { return float64(c.unauth.Load()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server",
+				Name: "unauthenticated_connections",
+				Help: "gRPC connections open on which no call has been authenticated yet."},
+				func() float64 { return float64(c.unauth.Load()) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "max_connections",
-				Help: "The cap on open gRPC connections (--max-connections, or sized to the Node count)."}, func() float64 { return float64(c.limit.Load()) }))
+				Help: "The cap on open gRPC connections (--max-connections, or sized to the Node count)."},
+				func() float64 { return float64(c.limit.Load()) }))
 	}
 	return c
 }
@@ -255,7 +269,8 @@ func (c *connLimiter) authenticated(ctx context.Context, node string) error {
 		c.mu.Unlock()
 		c.nodeRefused.Inc()
 		return status.Errorf(codes.ResourceExhausted,
-			"node %q already holds %d connections to this replica (--max-connections-per-node); a sidecar needs one: close another or retry later",
+			"node %q already holds %d connections to this replica (--max-connections-per-node); a sidecar needs "+
+				"one: close another or retry later",
 			node, c.perNode)
 	}
 	// Close and expire take the state without the lock: this may lose to them, and then counts nothing.

@@ -78,7 +78,8 @@ func newGRPCServer(cfg Config, log *zap.Logger, p grpcParts) *grpc.Server {
 			// stream's life on top of every interceptor's frame, and the logging interceptor's frames and
 			// fields cost every connected node 8 KiB of stack more (rpc.Service.WatchConfig).
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(logger, logOpts...), notWatchConfig),
-			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(watchRefusals(authFunc, log.Named("rpc"))), onlyConfigService),
+			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(watchRefusals(authFunc, log.Named("rpc"))),
+				onlyConfigService),
 			recovery.StreamServerInterceptor(recoveryOpts...),
 		),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
@@ -154,7 +155,8 @@ func watchRefusals(authFunc grpcauth.AuthFunc, log *zap.Logger) grpcauth.AuthFun
 				if p, ok := peer.FromContext(ctx); ok {
 					addr = p.Addr.String()
 				}
-				log.Warn("node watch refused", zap.String("peer", addr), zap.Stringer("grpc.code", status.Code(err)), zap.Error(err))
+				log.Warn("node watch refused", zap.String("peer", addr), zap.Stringer("grpc.code", status.Code(err)),
+					zap.Error(err))
 			}
 		}
 		return out, err

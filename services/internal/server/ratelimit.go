@@ -133,7 +133,8 @@ func newKeyedLimiter(qps float64, burst int) *keyedLimiter {
 	if qps <= 0 {
 		return nil
 	}
-	return &keyedLimiter{qps: rate.Limit(qps), burst: max(burst, 1), clock: clock.RealClock{}, buckets: lru.New(maxLimiterKeys)}
+	return &keyedLimiter{qps: rate.Limit(qps), burst: max(burst, 1), clock: clock.RealClock{},
+		buckets: lru.New(maxLimiterKeys)}
 }
 
 // allow takes a token from key's bucket.
@@ -164,8 +165,10 @@ type reportLimiter struct {
 
 func newReportLimiter(qps float64, burst int, reg prometheus.Registerer) *reportLimiter {
 	r := &reportLimiter{nodes: newKeyedLimiter(qps, burst),
-		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server", Name: "status_reports_rate_limited_total",
-			Help: "ReportStatus calls refused with ResourceExhausted because their node reported faster than --status-reports-per-node-qps (burst --status-reports-per-node-burst)."})}
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "server",
+			Name: "status_reports_rate_limited_total",
+			Help: "ReportStatus calls refused with ResourceExhausted because their node reported faster than " +
+				"--status-reports-per-node-qps (burst --status-reports-per-node-burst)."})}
 	if reg != nil {
 		reg.MustRegister(r.refused)
 	}

@@ -253,7 +253,8 @@ func (s *server) buildGRPC(creds credentials.TransportCredentials, authn *auth.A
 
 // buildPools prepares the KubeletConfigPool controller, which runs only while this replica leads
 // (runPools): its metrics and event recorder are made once.
-func (s *server) buildPools(client kubernetes.Interface, pools clientset.Interface, nodes coreinformers.NodeInformer, queueMetrics workqueue.MetricsProvider) error {
+func (s *server) buildPools(client kubernetes.Interface, pools clientset.Interface, nodes coreinformers.NodeInformer,
+	queueMetrics workqueue.MetricsProvider) error {
 	s.client = client
 	scheme := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
@@ -268,7 +269,8 @@ func (s *server) buildPools(client kubernetes.Interface, pools clientset.Interfa
 	}
 	s.newPools = func() *poolcontroller.Controller {
 		return poolcontroller.New(poolcontroller.Config{Log: s.log.Named("pools"), Client: client, Pools: pools, Nodes: nodes,
-			Namespaces: s.namespaces, Recorder: recorder, Metrics: metrics, Workers: s.cfg.PoolWorkers, QueueMetrics: queueMetrics,
+			Namespaces: s.namespaces, Recorder: recorder, Metrics: metrics,
+			Workers: s.cfg.PoolWorkers, QueueMetrics: queueMetrics,
 			Kubelets: kubelets})
 	}
 	return nil
@@ -281,12 +283,14 @@ func (s *server) kubeletCheckers() (poolcontroller.KubeletChecker, error) {
 	dir, named := s.cfg.KubeletConfigCheckers, true
 	switch dir {
 	case "none":
-		s.log.Info("pool configs are not checked with the kubelet's code before their rollout (--kubelet-config-checkers=none); each node checks them")
+		s.log.Info("pool configs are not checked with the kubelet's code before their rollout " +
+			"(--kubelet-config-checkers=none); each node checks them")
 		return nil, nil
 	case "":
 		exe, err := os.Executable()
 		if err != nil {
-			s.log.Warn("pool configs are not checked with the kubelet's code before their rollout; each node checks them", zap.Error(err))
+			s.log.Warn("pool configs are not checked with the kubelet's code before their rollout; each node checks them",
+				zap.Error(err))
 			return nil, nil
 		}
 		dir, named = filepath.Dir(exe), false
@@ -294,12 +298,14 @@ func (s *server) kubeletCheckers() (poolcontroller.KubeletChecker, error) {
 	h, err := configcheck.FindHelpers(dir)
 	switch {
 	case err != nil && !named:
-		s.log.Warn("pool configs are not checked with the kubelet's code before their rollout; each node checks them", zap.Error(err))
+		s.log.Warn("pool configs are not checked with the kubelet's code before their rollout; each node checks them",
+			zap.Error(err))
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("--kubelet-config-checkers: %w", err)
 	}
-	s.log.Info("pool configs are checked with the kubelet's code before their rollout", zap.String("dir", dir), zap.String("kubeletMinors", h.Range()))
+	s.log.Info("pool configs are checked with the kubelet's code before their rollout", zap.String("dir", dir),
+		zap.String("kubeletMinors", h.Range()))
 	return h, nil
 }
 
@@ -315,9 +321,10 @@ func (s *server) runPools(ctx context.Context) error {
 		return s.newPools().Run(ctx)
 	}
 	identity := hostname() + "_" + string(uuid.NewUUID())
-	return elect(ctx, s.client.CoordinationV1(), cfg, identity, s.log.Named("leader-election"), func(ctx context.Context) error {
-		return s.newPools().Run(ctx)
-	})
+	return elect(ctx, s.client.CoordinationV1(), cfg, identity, s.log.Named("leader-election"),
+		func(ctx context.Context) error {
+			return s.newPools().Run(ctx)
+		})
 }
 
 // elect runs lead while identity holds the Lease cfg names, competing again after each term, until ctx
@@ -327,8 +334,8 @@ func (s *server) runPools(ctx context.Context) error {
 // The elector runs on a context of its own, which ends only once the lead has returned: ReleaseOnCancel
 // releases the Lease as soon as the elector's context ends, and a lead still finishing a Node patch would
 // then overlap the next leader's first sync. Not leading, the elector stops with ctx.
-func elect(ctx context.Context, leases coordinationv1.CoordinationV1Interface, cfg Config, identity string, log *zap.Logger,
-	lead func(context.Context) error) error {
+func elect(ctx context.Context, leases coordinationv1.CoordinationV1Interface, cfg Config, identity string,
+	log *zap.Logger, lead func(context.Context) error) error {
 	id := cfg.LeaderElectionID
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.LeaseNamespace(), Name: id},
@@ -350,7 +357,8 @@ func elect(ctx context.Context, leases coordinationv1.CoordinationV1Interface, c
 		})
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock: lock, Name: id, ReleaseOnCancel: true,
-			LeaseDuration: cfg.LeaderElectionLeaseDuration, RenewDeadline: cfg.LeaderElectionRenewDeadline, RetryPeriod: cfg.LeaderElectionRetryPeriod,
+			LeaseDuration: cfg.LeaderElectionLeaseDuration, RenewDeadline: cfg.LeaderElectionRenewDeadline,
+			RetryPeriod: cfg.LeaderElectionRetryPeriod,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(lctx context.Context) {
 					term.Lock()
@@ -412,14 +420,22 @@ func hostname() string {
 }
 
 func (s *server) registerGauges(table *assignment.Table) {
-	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "watched_configmaps",
-		Help: "ConfigMap watches held because some Node references a ConfigMap: one per ConfigMap, or one per namespace past configmaps.NamespaceThreshold referenced in it."}, func() float64 { return float64(s.ctrl.WatchedConfigMaps()) }))
-	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "resolved_nodes",
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server",
+		Name: "watched_configmaps",
+		Help: "ConfigMap watches held because some Node references a ConfigMap: one per ConfigMap, or one per namespace " +
+			"past configmaps.NamespaceThreshold referenced in it."},
+		func() float64 { return float64(s.ctrl.WatchedConfigMaps()) }))
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server",
+		Name: "resolved_nodes",
 		Help: "Nodes with a resolved desired state."}, func() float64 { return float64(table.Len()) }))
-	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "resolved_configs",
-		Help: "ConfigMap versions held resolved, each shared by the Nodes on it."}, func() float64 { return float64(s.ctrl.ResolvedConfigs()) }))
-	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server", Name: "reported_nodes",
-		Help: "Nodes whose latest status report this replica holds."}, func() float64 { return float64(s.writer.Reported()) }))
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server",
+		Name: "resolved_configs",
+		Help: "ConfigMap versions held resolved, each shared by the Nodes on it."},
+		func() float64 { return float64(s.ctrl.ResolvedConfigs()) }))
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "server",
+		Name: "reported_nodes",
+		Help: "Nodes whose latest status report this replica holds."},
+		func() float64 { return float64(s.writer.Reported()) }))
 }
 
 func (s *server) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
@@ -436,7 +452,8 @@ func (s *server) run(ctx context.Context) error {
 		return fmt.Errorf("listen on %s: %w", cfg.ListenAddress, err)
 	}
 	lis := s.conns.wrap(tcp)
-	s.log.Info("config service starting", zap.String("version", version.Get()), zap.String("address", lis.Addr().String()), zap.Bool("tls", !cfg.Insecure),
+	s.log.Info("config service starting", zap.String("version", version.Get()), zap.String("address", lis.Addr().String()),
+		zap.Bool("tls", !cfg.Insecure),
 		zap.Strings("allowedServiceAccounts", cfg.AllowedServiceAccounts), zap.Stringer("configNamespaces", s.namespaces))
 
 	g, gctx := errgroup.WithContext(ctx)
@@ -470,8 +487,8 @@ func (s *server) run(ctx context.Context) error {
 		if cfg.Profiling {
 			writeTimeout = profileWriteTimeout
 		}
-		l := httpserve.Listener{Name: "metrics", Addr: cfg.MetricsAddr, Handler: metricsMux(s.reg, s.ctrl.Synced, cfg.Profiling),
-			Grace: cfg.ShutdownGrace, WriteTimeout: writeTimeout}
+		l := httpserve.Listener{Name: "metrics", Addr: cfg.MetricsAddr,
+			Handler: metricsMux(s.reg, s.ctrl.Synced, cfg.Profiling), Grace: cfg.ShutdownGrace, WriteTimeout: writeTimeout}
 		if s.metricsGuard != nil {
 			l.Handler, l.TLS = s.metricsGuard.Handler(l.Handler), s.metricsGuard.TLS()
 		}

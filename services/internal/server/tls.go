@@ -114,8 +114,9 @@ func checkCertNamespace(certFile string, cert *tls.Certificate, ns string) error
 	if len(others) == 0 {
 		return nil
 	}
-	return fmt.Errorf("serving certificate %s is for %s, but dkc-server runs in namespace %q (--namespace, $POD_NAMESPACE): "+
-		"sidecars verify dkc-server.%s.svc and would fail every handshake. Issue the certificate for this namespace "+
-		"(deploy/overlays/self-signed: NAMESPACE=%s ./gen-certs.sh; cert-manager: the Certificate's dnsNames; docs/install.md, \"Another namespace\"), or install into the namespace it names",
+	return fmt.Errorf("serving certificate %s is for %s, but dkc-server runs in namespace %q (--namespace, "+
+		"$POD_NAMESPACE): sidecars verify dkc-server.%s.svc and would fail every handshake. Issue the certificate for "+
+		"this namespace (deploy/overlays/self-signed: NAMESPACE=%s ./gen-certs.sh; cert-manager: the Certificate's "+
+		"dnsNames; docs/install.md, \"Another namespace\"), or install into the namespace it names",
 		certFile, strings.Join(others, ", "), ns, ns, ns)
 }

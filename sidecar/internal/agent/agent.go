@@ -161,7 +161,8 @@ type Agent struct {
 	activeKnown    bool                     // active proven by this process; else active is the last proven one
 	activeRecorded bool                     // active was ever proven on this node (state file or this process)
 	clearPending   bool                     // the assignment's clearAssigned failed: retried with it
-	retry          bool                     // the last reconcile could not decide (e.g. kubelet flags unknown yet): try again
+	// the last reconcile could not decide (e.g. kubelet flags unknown yet): try again
+	retry bool
 	// unsynced is the last assignment from the service that could not be checkpointed (a failed disk write,
 	// not a refused payload). The service sends an assignment once per change, so without this the node
 	// would drop it until its next reconnect; it is retried at every tick instead, as the original re-synced
@@ -190,8 +191,10 @@ func New(cfg Config) *Agent {
 		cfg.Log = zap.NewNop()
 	}
 	return &Agent{trial: cfg.TrialClock,
-		cfg: cfg, log: cfg.Log, store: cfg.Store, env: kubeletunit.New(cfg.Store.Dir()), svc: cfg.Service, kubelet: cfg.Kubelet,
-		reporter: cfg.Reporter, metrics: cfg.Metrics, clock: cfg.Clock, state: &stateFile{path: filepath.Join(cfg.Store.Dir(), StateFileName)},
+		cfg: cfg, log: cfg.Log, store: cfg.Store, env: kubeletunit.New(cfg.Store.Dir()),
+		svc: cfg.Service, kubelet: cfg.Kubelet,
+		reporter: cfg.Reporter, metrics: cfg.Metrics, clock: cfg.Clock,
+		state: &stateFile{path: filepath.Join(cfg.Store.Dir(), StateFileName)},
 	}
 }
 
@@ -240,7 +243,8 @@ func (a *Agent) Init(ctx context.Context) error {
 				a.log.Warn("cannot read the kubelet unit's own --config; not checked against --kubelet-config", zap.Error(err))
 			} else if config != "" && filepath.Clean(config) != filepath.Clean(a.cfg.LocalConfig) {
 				return fmt.Errorf("%w: the kubelet unit gives the kubelet --config=%s ($%s), but --kubelet-config is %s; "+
-					"fix --kubelet-config (resetting the node would switch the kubelet to that file)", errForeignConfig, config, kubeletunit.Variable, a.cfg.LocalConfig)
+					"fix --kubelet-config (resetting the node would switch the kubelet to that file)", errForeignConfig, config,
+					kubeletunit.Variable, a.cfg.LocalConfig)
 			}
 		}
 	}
@@ -300,7 +304,8 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 				if a.state.s.KubeletVersion != v {
 					a.state.s.KubeletVersion = v
 					if err := a.state.save(); err != nil {
-						a.log.Warn("cannot record the kubelet's version; an uninstall would not validate the local config with it", zap.Error(err))
+						a.log.Warn("cannot record the kubelet's version; an uninstall would not validate the local config with it",
+							zap.Error(err))
 					}
 				}
 			}

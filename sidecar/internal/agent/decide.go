@@ -52,7 +52,8 @@ const (
 )
 
 // Phases lists every phase, for the metric.
-var Phases = []Phase{PhaseUnknown, PhaseWaitingForKubeletVersion, PhaseLocal, PhaseTrial, PhaseGood, PhaseRolledBack, PhaseLocalFallback, PhaseRetrying, PhaseHeld, PhaseFailed}
+var Phases = []Phase{PhaseUnknown, PhaseWaitingForKubeletVersion, PhaseLocal, PhaseTrial, PhaseGood, PhaseRolledBack,
+	PhaseLocalFallback, PhaseRetrying, PhaseHeld, PhaseFailed}
 
 // Outcome is what making the kubelet run a config came to. Only OutcomeConfigFault blames the config (it
 // is marked failed and rolled back); every other failure is retried with the config unblamed.
@@ -249,12 +250,14 @@ func (r *round) next() decision {
 			}
 			d.action, d.detail = actMarkFailed, why
 		case OutcomeUnverifiable:
-			d.status, d.detail, d.retry, d.activeUnknown, d.phase = nodeconfig.VerifyError, ran.err.Error(), true, true, PhaseRetrying
+			d.status, d.detail, d.retry, d.activeUnknown, d.phase =
+				nodeconfig.VerifyError, ran.err.Error(), true, true, PhaseRetrying
 			if errors.Is(ran.err, probe.ErrNoAnswer) {
 				d.status = nodeconfig.VerifyTimeoutError
 			}
 		case OutcomeTransient:
-			d.status, d.detail, d.retry, d.activeUnknown, d.phase = nodeconfig.RestartError, ran.err.Error(), true, true, PhaseRetrying
+			d.status, d.detail, d.retry, d.activeUnknown, d.phase =
+				nodeconfig.RestartError, ran.err.Error(), true, true, PhaseRetrying
 		default: // OutcomeStopped: the status stays what the round found so far
 			d.activeUnknown = true
 		}
@@ -283,7 +286,8 @@ func (r *round) running(s slot) Phase {
 
 // statusError is the node's one config error, by precedence: the service's sync error (the original
 // kubelet's "error override"), then a failure to checkpoint here, then what the assigned config came to.
-func statusError(sync, localSync nodeconfig.StatusError, localWhy string, config nodeconfig.StatusError, detail string) (nodeconfig.StatusError, string) {
+func statusError(sync, localSync nodeconfig.StatusError, localWhy string, config nodeconfig.StatusError,
+	detail string) (nodeconfig.StatusError, string) {
 	switch {
 	case sync != "":
 		if localSync != "" {

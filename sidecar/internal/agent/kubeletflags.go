@@ -26,7 +26,8 @@ func (a *Agent) kubeletFlags(ctx context.Context) ([]string, error) {
 		if err != nil {
 			// E.g. a host /proc mounted with hidepid, which hides the kubelet (it holds capabilities this
 			// process lacks): say so; --kubelet-flags is the way out.
-			a.log.Warn("cannot read the kubelet's command line; using the flags seen last (--kubelet-flags gives them)", zap.Int("pid", pid), zap.Error(err))
+			a.log.Warn("cannot read the kubelet's command line; using the flags seen last (--kubelet-flags gives them)",
+				zap.Int("pid", pid), zap.Error(err))
 		} else if len(args) > 0 {
 			config, rest := configcheck.ConfigFlag(args[1:])
 			if err := checkConfigFlag(config, a.cfg.LocalConfig, a.store.Dir()); err != nil {
@@ -72,6 +73,7 @@ func checkConfigFlag(running, local, dynamicConfigDir string) error {
 		rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 		return nil
 	}
-	return fmt.Errorf("%w: the kubelet runs with --config=%s, which is neither --kubelet-config=%s nor inside --dynamic-config-dir=%s; "+
-		"fix --kubelet-config (a restart by dkc would switch the kubelet to that file)", errForeignConfig, running, local, dynamicConfigDir)
+	return fmt.Errorf("%w: the kubelet runs with --config=%s, which is neither --kubelet-config=%s nor inside "+
+		"--dynamic-config-dir=%s; fix --kubelet-config (a restart by dkc would switch the kubelet to that file)",
+		errForeignConfig, running, local, dynamicConfigDir)
 }

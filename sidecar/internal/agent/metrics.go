@@ -17,7 +17,8 @@ type Metrics struct {
 	phase                 *prometheus.GaugeVec
 }
 
-var sourceLabels = []string{"node_config_source", "node_config_uid", "node_config_resource_version", "node_config_kubelet_key"}
+var sourceLabels = []string{"node_config_source", "node_config_uid", "node_config_resource_version",
+	"node_config_kubelet_key"}
 
 // NewMetrics registers the agent's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -25,15 +26,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Name: name, Help: help}, sourceLabels)
 	}
 	m := &Metrics{
-		assigned: gauge("node_config_assigned", "The node's assigned config: 1 on the series naming it (source \"local\" for the local config)."),
-		active:   gauge("node_config_active", "The config the kubelet runs: 1 on the series naming it."),
-		lkg:      gauge("node_config_last_known_good", "The node's last-known-good config: 1 on the series naming it."),
+		assigned: gauge("node_config_assigned",
+			"The node's assigned config: 1 on the series naming it (source \"local\" for the local config)."),
+		active: gauge("node_config_active", "The config the kubelet runs: 1 on the series naming it."),
+		lkg:    gauge("node_config_last_known_good", "The node's last-known-good config: 1 on the series naming it."),
 		errorGauge: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dkc", Name: "node_config_error",
 			Help: "1 when the node's config status has an error, else 0."}),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dkc", Name: "sidecar_kubelet_restarts_total",
 			Help: "Kubelet restarts the sidecar performed to change the config."}),
 		phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Name: "sidecar_phase",
-			Help: "Where the node stands in the rollback rules (docs/design.md): 1 on the current phase, 0 on the others."}, []string{"phase"}),
+			Help: "Where the node stands in the rollback rules (docs/design.md): 1 on the current phase, 0 on the others."},
+			[]string{"phase"}),
 	}
 	reg.MustRegister(m.assigned, m.active, m.lkg, m.errorGauge, m.restarts, m.phase)
 	return m
@@ -42,7 +45,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func labels(src *dkcv1.NodeConfigSource) prometheus.Labels {
 	cm := src.GetConfigMap()
 	if cm == nil {
-		return prometheus.Labels{"node_config_source": "local", "node_config_uid": "", "node_config_resource_version": "", "node_config_kubelet_key": ""}
+		return prometheus.Labels{"node_config_source": "local", "node_config_uid": "", "node_config_resource_version": "",
+			"node_config_kubelet_key": ""}
 	}
 	return prometheus.Labels{
 		"node_config_source":           "/api/v1/namespaces/" + cm.GetNamespace() + "/configmaps/" + cm.GetName(),
@@ -56,7 +60,8 @@ func (m *Metrics) set(st *dkcv1.NodeConfigStatus) {
 	if m == nil {
 		return
 	}
-	for g, src := range map[*prometheus.GaugeVec]*dkcv1.NodeConfigSource{m.assigned: st.GetAssigned(), m.active: st.GetActive(), m.lkg: st.GetLastKnownGood()} {
+	for g, src := range map[*prometheus.GaugeVec]*dkcv1.NodeConfigSource{m.assigned: st.GetAssigned(),
+		m.active: st.GetActive(), m.lkg: st.GetLastKnownGood()} {
 		g.Reset() // the previous label set goes, as in the original
 		g.With(labels(src)).Set(1)
 	}

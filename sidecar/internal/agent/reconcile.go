@@ -61,7 +61,8 @@ func (a *Agent) reconcile(ctx context.Context) {
 	flags, err := a.kubeletFlags(ctx)
 	if err != nil {
 		a.configError, a.detail = nodeconfig.InternalError, err.Error()
-		a.log.Error("kubelet command line unknown or not dkc's to manage; not changing the kubelet, will retry", zap.Error(err))
+		a.log.Error("kubelet command line unknown or not dkc's to manage; not changing the kubelet, will retry",
+			zap.Error(err))
 		a.retry = true
 		a.setPhase(PhaseRetrying, assigned) // what the next round starts with
 		return
@@ -89,11 +90,13 @@ func (a *Agent) reconcile(ctx context.Context) {
 			if err != nil {
 				switch d.slot {
 				case slotAssigned:
-					a.log.Warn("assigned config unusable; falling back", append(sourceFields(src), zap.Stringer("status", statusFor(err)), zap.Error(err))...)
+					a.log.Warn("assigned config unusable; falling back",
+						append(sourceFields(src), zap.Stringer("status", statusFor(err)), zap.Error(err))...)
 				case slotLastKnownGood:
 					a.log.Error("last-known-good config unusable; falling back to local", append(sourceFields(src), zap.Error(err))...)
 				default:
-					a.log.Error("local kubelet config unusable; leaving the kubelet alone", zap.String("file", a.cfg.LocalConfig), zap.Error(err))
+					a.log.Error("local kubelet config unusable; leaving the kubelet alone", zap.String("file", a.cfg.LocalConfig),
+						zap.Error(err))
 				}
 			}
 		case actRun:
@@ -102,11 +105,14 @@ func (a *Agent) reconcile(ctx context.Context) {
 			switch outcome {
 			case OutcomeHealthy:
 			case OutcomeConfigFault:
-				a.log.Error("kubelet did not come back healthy with the target config", append(sourceFields(src), zap.Error(err))...)
+				a.log.Error("kubelet did not come back healthy with the target config",
+					append(sourceFields(src), zap.Error(err))...)
 			case OutcomeUnverifiable:
-				a.log.Warn("kubelet healthy but /configz refused or unanswered; the config is not blamed, verifying again", append(sourceFields(src), zap.Error(err))...)
+				a.log.Warn("kubelet healthy but /configz refused or unanswered; the config is not blamed, verifying again",
+					append(sourceFields(src), zap.Error(err))...)
 			case OutcomeTransient:
-				a.log.Error("could not make the kubelet run the target config; retrying, the config is not blamed", append(sourceFields(src), zap.Error(err))...)
+				a.log.Error("could not make the kubelet run the target config; retrying, the config is not blamed",
+					append(sourceFields(src), zap.Error(err))...)
 			}
 		case actMarkFailed:
 			a.state.markFailed(src, d.detail)
@@ -136,7 +142,8 @@ func (a *Agent) finish(r round, d decision) {
 			if err := a.state.save(); err != nil {
 				a.log.Error("persist trial start", zap.Error(err))
 			}
-			a.log.Info("assigned config active; trial started", append(sourceFields(r.assigned), zap.Duration("trialDuration", a.cfg.TrialDuration))...)
+			a.log.Info("assigned config active; trial started",
+				append(sourceFields(r.assigned), zap.Duration("trialDuration", a.cfg.TrialDuration))...)
 		}
 	}
 	if d.healthy {

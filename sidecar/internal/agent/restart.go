@@ -83,7 +83,8 @@ func (a *Agent) run(ctx context.Context, target candidate) (Outcome, error) {
 		return a.judge(ctx, target, err)
 	}
 	a.setActive(target.src)
-	a.log.Info("kubelet healthy with config", append(sourceFields(target.src), zap.Duration("took", a.clock.Since(start)))...)
+	a.log.Info("kubelet healthy with config",
+		append(sourceFields(target.src), zap.Duration("took", a.clock.Since(start)))...)
 	return OutcomeHealthy, nil
 }
 

@@ -23,7 +23,8 @@ func (a *Agent) CheckTrial(ctx context.Context) {
 	// Every node asks every second: memory answers first. trialOver needs the kubelet proven on the assigned
 	// config with that config's trial run for d; without such a trial of what runs, it is false whatever
 	// the store holds.
-	if elapsed, ok := a.state.trialElapsed(a.active, a.trial.Now()); !a.activeKnown || !ok || elapsed < a.cfg.TrialDuration {
+	if elapsed, ok := a.state.trialElapsed(a.active, a.trial.Now()); !a.activeKnown || !ok ||
+		elapsed < a.cfg.TrialDuration {
 		return
 	}
 	assigned, err := a.store.Assigned()
@@ -35,8 +36,8 @@ func (a *Agent) CheckTrial(ctx context.Context) {
 		return
 	}
 	elapsed, ok := a.state.trialElapsed(assigned, a.trial.Now())
-	if !trialOver(trial{assigned: assigned, lkg: lkg, active: a.active, activeKnown: a.activeKnown, recorded: ok, elapsed: elapsed},
-		a.cfg.TrialDuration) {
+	if !trialOver(trial{assigned: assigned, lkg: lkg, active: a.active, activeKnown: a.activeKnown, recorded: ok,
+		elapsed: elapsed}, a.cfg.TrialDuration) {
 		return
 	}
 	flags, err := a.kubeletFlags(ctx)

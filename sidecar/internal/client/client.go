@@ -30,8 +30,8 @@ import (
 type Backoff struct {
 	Initial, Max time.Duration
 	// Spread is the window over which a node reconnects after the service ended its stream or refused it
-	// with Unavailable (a replica draining, --max-connection-age, a replica gone); 0 means DefaultSpread. Every node of that
-	// replica sees the same end at the same instant: reconnecting within the usual 125-250ms would bring
+	// with Unavailable (a replica draining, --max-connection-age, a replica gone); 0 means DefaultSpread. Every node of
+	// that replica sees the same end at the same instant: reconnecting within the usual 125-250ms would bring
 	// them all to the other replica, and its TokenReviews, at once.
 	Spread time.Duration
 }
@@ -129,9 +129,10 @@ func New(conn grpc.ClientConnInterface, cfg Config, opts ...Option) *Client {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Client{node: cfg.Node, tokenFile: cfg.TokenFile, rpc: dkcv1.NewConfigServiceClient(conn), log: cfg.Log, backoff: cfg.Backoff,
-		clock:  o.clock,
-		outbox: outbox.New(outbox.Config{Node: cfg.Node, Incarnation: o.incarnation, Log: cfg.Log, Clock: o.clock}), wake: make(chan struct{}, 1)}
+	return &Client{node: cfg.Node, tokenFile: cfg.TokenFile, rpc: dkcv1.NewConfigServiceClient(conn), log: cfg.Log,
+		backoff: cfg.Backoff, clock: o.clock,
+		outbox: outbox.New(outbox.Config{Node: cfg.Node, Incarnation: o.incarnation, Log: cfg.Log, Clock: o.clock}),
+		wake:   make(chan struct{}, 1)}
 }
 
 func (c *Client) authed(ctx context.Context) (context.Context, error) {
@@ -144,7 +145,8 @@ func (c *Client) authed(ctx context.Context) (context.Context, error) {
 
 // Watch streams desired states into updates until ctx ends; applied says what the node has, for resuming.
 // updates is bidirectional because an unread older update is dropped in favour of the newest.
-func (c *Client) Watch(ctx context.Context, applied func() *dkcv1.AppliedConfig, updates chan *dkcv1.WatchConfigResponse) error {
+func (c *Client) Watch(ctx context.Context, applied func() *dkcv1.AppliedConfig,
+	updates chan *dkcv1.WatchConfigResponse) error {
 	var delay time.Duration
 	for ctx.Err() == nil {
 		received, err := c.watchOnce(ctx, applied, updates)
@@ -168,7 +170,8 @@ func (c *Client) Watch(ctx context.Context, applied func() *dkcv1.AppliedConfig,
 	return nil
 }
 
-func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedConfig, updates chan *dkcv1.WatchConfigResponse) (bool, error) {
+func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedConfig,
+	updates chan *dkcv1.WatchConfigResponse) (bool, error) {
 	actx, err := c.authed(ctx)
 	if err != nil {
 		return false, err
@@ -176,8 +179,8 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	sctx, cancel := context.WithCancel(actx)
 	defer cancel()
 	c.mu.Lock()
-	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError, NodeUid: c.outbox.NodeUID(), FollowsNodeUid: true,
-		KubeletVersion: c.kubeletVersion}
+	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError,
+		NodeUid: c.outbox.NodeUID(), FollowsNodeUid: true, KubeletVersion: c.kubeletVersion}
 	c.mu.Unlock()
 	stream, err := c.rpc.WatchConfig(sctx, req)
 	if err != nil {
@@ -306,7 +309,8 @@ func (c *Client) send(ctx context.Context, req *dkcv1.ReportStatusRequest) (*dkc
 	if err != nil {
 		return nil, err
 	}
-	c.log.Debug("status reported", zap.String("error", req.GetStatus().GetError()), zap.Bool("restart", req.GetRestart() != nil),
-		zap.Bool("restartQueued", resp.GetRestartQueued()), zap.Uint64("incarnation", req.GetIncarnation()), zap.Uint64("sequence", req.GetSequence()))
+	c.log.Debug("status reported", zap.String("error", req.GetStatus().GetError()),
+		zap.Bool("restart", req.GetRestart() != nil), zap.Bool("restartQueued", resp.GetRestartQueued()),
+		zap.Uint64("incarnation", req.GetIncarnation()), zap.Uint64("sequence", req.GetSequence()))
 	return resp, nil
 }

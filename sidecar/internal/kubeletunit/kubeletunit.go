@@ -34,7 +34,8 @@ const Variable = "KUBELET_CONFIG_ARGS"
 // Environment= lines (systemd.exec(5)), so this overrides kubeadm's KUBELET_CONFIG_ARGS only while the file
 // exists; the leading "-" keeps the kubelet starting when it does not.
 func DropIn(dynamicConfigDir string) string {
-	return fmt.Sprintf(`# Installed by dkc: lets dkc-sidecar choose the kubelet's --config (local, assigned or last-known-good)
+	return fmt.Sprintf(
+		`# Installed by dkc: lets dkc-sidecar choose the kubelet's --config (local, assigned or last-known-good)
 # by rewriting %[1]s atomically. Remove this file to take dkc out of the loop.
 [Service]
 EnvironmentFile=-%[1]s
@@ -91,7 +92,8 @@ func (e EnvFile) Set(configFile string) error {
 	if err := ValidatePath(configFile); err != nil {
 		return fmt.Errorf("write %s: %w", e.Path, err)
 	}
-	content := fmt.Sprintf("# Written by dkc-sidecar: the kubelet config in use. Do not edit.\n%s=--config=%s\n", Variable, configFile)
+	content := fmt.Sprintf("# Written by dkc-sidecar: the kubelet config in use. Do not edit.\n%s=--config=%s\n", Variable,
+		configFile)
 	return durable.WriteFile(e.Path, []byte(content), 0o644)
 }
 

@@ -201,7 +201,8 @@ func (k *Kubelet) target(field, addr string) (string, error) {
 	}
 	ip := net.ParseIP(addr)
 	if ip == nil {
-		return "", fmt.Errorf("%w: %s %q is not an IP address; the sidecar sends requests only to loopback or an address of this node's interfaces (--kubelet-host overrides)",
+		return "", fmt.Errorf("%w: %s %q is not an IP address; the sidecar sends requests only to loopback or an address "+
+			"of this node's interfaces (--kubelet-host overrides)",
 			ErrForeignAddress, field, addr)
 	}
 	if ip.IsUnspecified() {
@@ -219,7 +220,8 @@ func (k *Kubelet) target(field, addr string) (string, error) {
 			return addr, nil
 		}
 	}
-	return "", fmt.Errorf("%w: %s %s is neither loopback nor an address of this node's interfaces, so the kubelet cannot listen there, and the sidecar sends its token only to this node's kubelet (--kubelet-host overrides)",
+	return "", fmt.Errorf("%w: %s %s is neither loopback nor an address of this node's interfaces, so the kubelet "+
+		"cannot listen there, and the sidecar sends its token only to this node's kubelet (--kubelet-host overrides)",
 		ErrForeignAddress, field, addr)
 }
 
@@ -282,7 +284,8 @@ func (k *Kubelet) withheld(err error) {
 		return
 	}
 	k.refusal = err.Error()
-	k.log.Error("kubelet token withheld: the kubelet cannot be reached on this node or recognised by its certificate", zap.Error(err))
+	k.log.Error("kubelet token withheld: the kubelet cannot be reached on this node or recognised by its certificate",
+		zap.Error(err))
 }
 
 // trust returns the check the certificate presented for /configz must pass, before the token is sent.
@@ -290,7 +293,8 @@ func (k *Kubelet) trust(kc *configcheck.Checked) (func(tls.ConnectionState) erro
 	if k.caFile != "" {
 		pool, err := loadPool(k.caFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrServingCert, err) //nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
+			//nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
+			return nil, fmt.Errorf("%w: %v", ErrServingCert, err)
 		}
 		return func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 {
@@ -304,7 +308,8 @@ func (k *Kubelet) trust(kc *configcheck.Checked) (func(tls.ConnectionState) erro
 			// the loopback address it is probed on. Only this node's addresses are dialled.
 			if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter,
 				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-				return fmt.Errorf("%w: not signed by --kubelet-ca-file %s: %v; token not sent", ErrServingCert, k.caFile, err) //nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
+				//nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
+				return fmt.Errorf("%w: not signed by --kubelet-ca-file %s: %v; token not sent", ErrServingCert, k.caFile, err)
 			}
 			return nil
 		}, nil
@@ -314,17 +319,20 @@ func (k *Kubelet) trust(kc *configcheck.Checked) (func(tls.ConnectionState) erro
 	k.mu.Unlock()
 	file, err := ServingCertFile(kc.Fields, certDir)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrServingCert, err) //nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
+		//nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
+		return nil, fmt.Errorf("%w: %v", ErrServingCert, err)
 	}
 	pinned, err := leaf(file)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v; the sidecar sends its token only to a kubelet whose certificate it can check: "+
-			"make the kubelet's certificate readable to the sidecar at the same path (its --cert-dir, default %s), or give --kubelet-ca-file",
+		return nil, fmt.Errorf("%w: %v; the sidecar sends its token only to a kubelet whose certificate it can "+
+			"check: make the kubelet's certificate readable to the sidecar at the same path (its --cert-dir, default "+
+			"%s), or give --kubelet-ca-file",
 			ErrServingCert, err, DefaultCertDir)
 	}
 	return func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 || !bytes.Equal(cs.PeerCertificates[0].Raw, pinned.Raw) {
-			return fmt.Errorf("%w: the certificate presented is not the kubelet's %s (another process on its port, or a rotation in progress); token not sent",
+			return fmt.Errorf("%w: the certificate presented is not the kubelet's %s (another process on its port, or a "+
+				"rotation in progress); token not sent",
 				ErrServingCert, file)
 		}
 		return nil
@@ -359,13 +367,15 @@ func ServingCertFile(fields map[string]any, certDir string) (string, error) {
 	if certFile != "" && keyFile != "" {
 		candidates = append(candidates, [2]string{certFile, keyFile})
 	}
-	candidates = append(candidates, [2]string{filepath.Join(certDir, "kubelet-server.crt"), filepath.Join(certDir, "kubelet-server.key")})
+	candidates = append(candidates,
+		[2]string{filepath.Join(certDir, "kubelet-server.crt"), filepath.Join(certDir, "kubelet-server.key")})
 	for _, c := range candidates {
 		if exists(c[0]) && (c[1] == "" || exists(c[1])) {
 			return c[0], nil
 		}
 	}
-	return "", fmt.Errorf("serverTLSBootstrap: no serving certificate in %s yet (is the kubelet's CSR approved? is the directory visible to the sidecar?)", current)
+	return "", fmt.Errorf("serverTLSBootstrap: no serving certificate in %s yet (is the kubelet's CSR approved? is the "+
+		"directory visible to the sidecar?)", current)
 }
 
 func exists(path string) bool {
@@ -430,7 +440,8 @@ func (k *Kubelet) get(ctx context.Context, url string, verify func(tls.Connectio
 	resp, err := client.Do(req)
 	if err != nil {
 		if auth && answerTimedOut(err) {
-			return nil, fmt.Errorf("%w: %v", ErrNoAnswer, err) //nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
+			//nolint:errorlint // callers decide on the sentinel alone; the cause is for the reader
+			return nil, fmt.Errorf("%w: %v", ErrNoAnswer, err)
 		}
 		return nil, err
 	}

@@ -120,7 +120,8 @@ func (m *Manager) CheckUnit(ctx context.Context) error {
 	}
 	if state, _ := p.Value.Value().(string); state != "loaded" {
 		return fmt.Errorf("%w: %s is %q; dkc-sidecar switches configs by restarting the kubelet's unit (--kubelet-unit), "+
-			"so the kubelet must run under this node's systemd (a kubelet supervised otherwise: --restart-mode=signal, with the host's PID namespace)", ErrNoUnit, m.unit, state)
+			"so the kubelet must run under this node's systemd (a kubelet supervised otherwise: --restart-mode=signal, "+
+			"with the host's PID namespace)", ErrNoUnit, m.unit, state)
 	}
 	return nil
 }
@@ -149,7 +150,8 @@ func (e *StartFailedError) Unwrap() error { return e.Err }
 func (e *StartFailedError) KubeletFailed() bool { return true }
 
 // processFailures are the service Results that mean the main process failed (systemd.exec(5), "$SERVICE_RESULT").
-var processFailures = map[string]bool{"exit-code": true, "signal": true, "core-dump": true, "timeout": true, "watchdog": true}
+var processFailures = map[string]bool{"exit-code": true, "signal": true, "core-dump": true, "timeout": true,
+	"watchdog": true}
 
 // Restart is `systemctl restart UNIT`, made safe to call in bursts. Every start counts against the unit's
 // start limit (systemd's default: 5 starts in 10 s; kubeadm's kubelet unit sets none), the kubelet's own
@@ -191,7 +193,8 @@ func (m *Manager) Restart(ctx context.Context) error {
 		return err
 	}
 	if rerr := m.resetFailed(ctx); rerr != nil {
-		return fmt.Errorf("%w; reset-failed: %v", err, rerr) //nolint:errorlint // the restart's error decides; reset-failed's is for the reader
+		//nolint:errorlint // the restart's error decides; reset-failed's is for the reader
+		return fmt.Errorf("%w; reset-failed: %v", err, rerr)
 	}
 	m.pacer.record()
 	if err := m.job(ctx, "start", (*sddbus.Conn).StartUnitContext); err != nil {
@@ -260,7 +263,8 @@ func (m *Manager) startLimit(ctx context.Context) (time.Duration, int, error) {
 // job queues a unit job (mode "replace") and waits for its result; anything but "done" wraps ErrJobFailed. The
 // result comes as a bus signal: a connection that closes before it (or before the call's reply) ends the
 // wait with ErrBusLost, and the job itself may or may not have run (see afterBusLoss).
-func (m *Manager) job(ctx context.Context, verb string, queue func(*sddbus.Conn, context.Context, string, string, chan<- string) (int, error)) error {
+func (m *Manager) job(ctx context.Context, verb string,
+	queue func(*sddbus.Conn, context.Context, string, string, chan<- string) (int, error)) error {
 	c, err := m.bus(ctx)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
@@ -268,7 +272,8 @@ func (m *Manager) job(ctx context.Context, verb string, queue func(*sddbus.Conn,
 	done := make(chan string, 1)
 	if _, err := queue(c, ctx, m.unit, "replace", done); err != nil {
 		if !c.Connected() {
-			return fmt.Errorf("%s %s: %w: %v", verb, m.unit, ErrBusLost, err) //nolint:errorlint // callers decide on ErrBusLost alone
+			//nolint:errorlint // callers decide on ErrBusLost alone
+			return fmt.Errorf("%s %s: %w: %v", verb, m.unit, ErrBusLost, err)
 		}
 		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
 	}
@@ -306,13 +311,15 @@ func (m *Manager) afterBusLoss(ctx context.Context, before string, lost error) e
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w; then the unit's job could not be followed: %v", lost, ctx.Err()) //nolint:errorlint // the lost bus decides, not the context that ended the wait
+			//nolint:errorlint // the lost bus decides, not the context that ended the wait
+			return fmt.Errorf("%w; then the unit's job could not be followed: %v", lost, ctx.Err())
 		case <-m.pacer.clock.After(500 * time.Millisecond):
 		}
 	}
 	after, err := m.invocationID(ctx)
 	if err != nil {
-		return fmt.Errorf("%w; then: %v", lost, err) //nolint:errorlint // the lost bus decides; what followed is for the reader
+		//nolint:errorlint // the lost bus decides; what followed is for the reader
+		return fmt.Errorf("%w; then: %v", lost, err)
 	}
 	if before != "" && after == before {
 		return fmt.Errorf("%w; %s was not restarted", lost, m.unit)
@@ -320,13 +327,15 @@ func (m *Manager) afterBusLoss(ctx context.Context, before string, lost error) e
 	state, result, err := m.State(ctx)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%w; then: %v", lost, err) //nolint:errorlint // the lost bus decides; what followed is for the reader
+		//nolint:errorlint // the lost bus decides; what followed is for the reader
+		return fmt.Errorf("%w; then: %v", lost, err)
 	case state == "active":
 		return nil
 	case processFailures[result]:
 		return &StartFailedError{Unit: m.unit, Result: result, Err: lost}
 	default:
-		return fmt.Errorf("restart %s: %w: %s is %s (Result=%s) after the bus came back", m.unit, ErrJobFailed, m.unit, state, result)
+		return fmt.Errorf("restart %s: %w: %s is %s (Result=%s) after the bus came back", m.unit, ErrJobFailed, m.unit, state,
+			result)
 	}
 }
 

@@ -311,9 +311,11 @@ func (c *Cleaner) removeState() error {
 // checkLayout refuses a local config inside what Clean removes: it must never go.
 func (c *Cleaner) checkLayout() error {
 	local := filepath.Clean(c.cfg.KubeletConfig)
-	for _, name := range append([]string{"meta", "checkpoints", failedLocalFile, kubeletunit.EnvFileName}, c.cfg.Files...) {
+	for _, name := range append([]string{"meta", "checkpoints", failedLocalFile, kubeletunit.EnvFileName},
+		c.cfg.Files...) {
 		if within(filepath.Join(c.cfg.DynamicConfigDir, name), local) {
-			return fmt.Errorf("--kubelet-config %s is inside %s, which the uninstall removes: refusing to touch the node's local config", local, name)
+			return fmt.Errorf("--kubelet-config %s is inside %s, which the uninstall removes: refusing "+
+				"to touch the node's local config", local, name)
 		}
 	}
 	if filepath.Clean(c.cfg.DropIn) == local {
@@ -369,9 +371,10 @@ func (c *Cleaner) waitHealthy(ctx context.Context) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the kubelet is not healthy on its local config %s after %v: %w; dkc's drop-in and env file stay removed "+
-				"(its unit runs the local config from now on) and the checkpoints stay in %s until it is: fix the local config or the kubelet "+
-				"(journalctl -u kubelet)", c.cfg.KubeletConfig, c.cfg.HealthTimeout, err, c.cfg.DynamicConfigDir)
+			return fmt.Errorf("the kubelet is not healthy on its local config %s after %v: %w; dkc's drop-in and env file "+
+				"stay removed (its unit runs the local config from now on) and the checkpoints stay in %s until it is: fix the "+
+				"local config or the kubelet (journalctl -u kubelet)", c.cfg.KubeletConfig, c.cfg.HealthTimeout, err,
+				c.cfg.DynamicConfigDir)
 		}
 		select {
 		case <-ctx.Done():
@@ -430,8 +433,9 @@ func (c *Cleaner) checkLocal(ctx context.Context) (back string, err error) {
 	}
 	if failed, err := os.ReadFile(filepath.Join(c.cfg.DynamicConfigDir, failedLocalFile)); err == nil &&
 		strings.TrimSpace(string(failed)) == hash(content) {
-		return "", fmt.Errorf("%w: the kubelet did not run healthy on its local config %s before, which has not changed since; "+
-			"the node stays on its dkc config %s: fix the local config (journalctl -u kubelet said why), this then continues by itself",
+		return "", fmt.Errorf("%w: the kubelet did not run healthy on its local config %s before, which has not "+
+			"changed since; the node stays on its dkc config %s: fix the local config (journalctl -u kubelet said "+
+			"why), this then continues by itself",
 			ErrRefused, c.cfg.KubeletConfig, back)
 	}
 	if c.cfg.Checker == nil {
@@ -449,16 +453,21 @@ func (c *Cleaner) checkLocal(ctx context.Context) (back string, err error) {
 	if flags == nil {
 		flags = []string{}
 	}
-	if _, err := c.cfg.Checker.Check(ctx, configcheck.Request{File: c.cfg.KubeletConfig, Flags: flags, KubeletVersion: c.cfg.KubeletVersion}); err != nil {
-		if errors.Is(err, configcheck.ErrLoad) || errors.Is(err, configcheck.ErrValidate) || errors.Is(err, configcheck.ErrFlags) {
-			return "", fmt.Errorf("%w: the local kubelet config %s does not pass the kubelet's validation (kubelet %s, its flags applied): %w; "+
-				"the node stays on its dkc config %s, not restarted: fix the local config, this then continues by itself",
+	if _, err := c.cfg.Checker.Check(ctx,
+		configcheck.Request{File: c.cfg.KubeletConfig, Flags: flags, KubeletVersion: c.cfg.KubeletVersion}); err != nil {
+		if errors.Is(err, configcheck.ErrLoad) || errors.Is(err, configcheck.ErrValidate) ||
+			errors.Is(err, configcheck.ErrFlags) {
+			return "", fmt.Errorf("%w: the local kubelet config %s does not pass the kubelet's validation (kubelet "+
+				"%s, its flags applied): %w; the node stays on its dkc config %s, not restarted: fix the local "+
+				"config, this then continues by itself",
 				ErrRefused, c.cfg.KubeletConfig, c.cfg.KubeletVersion, err, back)
 		}
-		return "", fmt.Errorf("validate the local kubelet config %s (kubelet %s): %w; the node stays on its dkc config, retried",
+		return "", fmt.Errorf("validate the local kubelet config %s (kubelet %s): %w; the node "+
+			"stays on its dkc config, retried",
 			c.cfg.KubeletConfig, c.cfg.KubeletVersion, err)
 	}
-	c.log.Info("uninstall: local config validated", zap.String("local", c.cfg.KubeletConfig), zap.String("kubeletVersion", c.cfg.KubeletVersion))
+	c.log.Info("uninstall: local config validated", zap.String("local", c.cfg.KubeletConfig),
+		zap.String("kubeletVersion", c.cfg.KubeletVersion))
 	return back, nil
 }
 
@@ -480,11 +489,13 @@ func (c *Cleaner) putBack(ctx context.Context, back string, why error) error {
 	c.log.Error("uninstall: the kubelet is not healthy on its local config; putting it back on its dkc config",
 		zap.String("local", cfg.KubeletConfig), zap.String("dkcConfig", back), zap.Error(why))
 	fail := func(err error) error {
-		return fmt.Errorf("%w: the kubelet did not come up healthy on its local config %s (%w), and putting it back on its dkc config %s "+
-			"failed: %w; the checkpoints stay in %s", ErrRefused, cfg.KubeletConfig, why, back, err, cfg.DynamicConfigDir)
+		return fmt.Errorf("%w: the kubelet did not come up healthy on its local config %s (%w), and putting it back on its "+
+			"dkc config %s failed: %w; the checkpoints stay in %s", ErrRefused, cfg.KubeletConfig, why, back, err,
+			cfg.DynamicConfigDir)
 	}
 	if content, err := os.ReadFile(cfg.KubeletConfig); err == nil {
-		if err := durable.WriteFile(filepath.Join(cfg.DynamicConfigDir, failedLocalFile), []byte(hash(content)+"\n"), 0o644); err != nil {
+		if err := durable.WriteFile(filepath.Join(cfg.DynamicConfigDir, failedLocalFile), []byte(hash(content)+"\n"),
+			0o644); err != nil {
 			c.log.Warn("uninstall: cannot record the local config that failed; the next pass may try it again", zap.Error(err))
 		}
 	}
@@ -518,8 +529,9 @@ func (c *Cleaner) putBack(ctx context.Context, back string, why error) error {
 		}
 	}
 	c.log.Info("uninstall: the kubelet is back on its dkc config, healthy", zap.String("dkcConfig", back))
-	return fmt.Errorf("%w: the kubelet did not come up healthy on its local config %s: %w; it was put back on its dkc config %s, "+
-		"healthy, and the local config is not tried again until it changes: fix it (journalctl -u kubelet says why), this then continues by itself",
+	return fmt.Errorf("%w: the kubelet did not come up healthy on its local config %s: %w; it was put back on its dkc "+
+		"config %s, healthy, and the local config is not tried again until it changes: fix it (journalctl -u kubelet says "+
+		"why), this then continues by itself",
 		ErrRefused, cfg.KubeletConfig, why, back)
 }
 

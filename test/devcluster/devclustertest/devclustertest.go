@@ -23,7 +23,9 @@ import (
 )
 
 // heldLock keeps this process's cluster lock (see freshDir) open, hence held, until the process exits.
-var heldLock *os.File //nolint:unused // never read: it keeps the file reachable, whose finalizer would close it and release the lock
+//
+//nolint:unused // never read: it keeps the file reachable, whose finalizer would close it and release the lock
+var heldLock *os.File
 
 // Dir is where the cluster of the test binary called name lives: _output/test/<name> in the repository, so
 // that its logs survive a failing run for reading. $DKC_TEST_CLUSTER_SUFFIX, when set, is appended to name,
@@ -64,10 +66,10 @@ func Main(m *testing.M, name string, out **devcluster.Cluster) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, KubeVersion: os.Getenv("KUBE_VERSION"), KubeletVersions: versions,
-		ServiceBinary: bins["dkc-server"], SidecarBinary: bins["dkc-sidecar"],
-		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: SimNodes, TrialDuration: TrialDuration, SimTrialDuration: SimTrialDuration,
-		HealthTimeout: HealthTimeout, Progress: os.Stderr})
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, KubeVersion: os.Getenv("KUBE_VERSION"),
+		KubeletVersions: versions, ServiceBinary: bins["dkc-server"], SidecarBinary: bins["dkc-sidecar"],
+		FakeKubeletBinary: bins["fake-kubelet"], SimNodes: SimNodes, TrialDuration: TrialDuration,
+		SimTrialDuration: SimTrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster: %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
 		return 1
@@ -110,7 +112,8 @@ func freshDir(name string) (string, error) {
 func runAndStop(m *testing.M, c *devcluster.Cluster) int {
 	code := runRecapped(m.Run)
 	if code != 0 {
-		fmt.Fprintf(os.Stderr, "tests failed; logs are in %s (a node's units and pods: %s)\n", c.LogDir(), c.NodeLogDir("<node>"))
+		fmt.Fprintf(os.Stderr, "tests failed; logs are in %s (a node's units and pods: %s)\n", c.LogDir(),
+			c.NodeLogDir("<node>"))
 	}
 	if err := c.Stop(context.Background()); err != nil {
 		fmt.Fprintf(os.Stderr, "stop dev cluster: %v\n", err)
@@ -173,8 +176,8 @@ func MainInstalled(m *testing.M, name string, bySlowest []string, out **devclust
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, KubeVersion: os.Getenv("KUBE_VERSION"), KubeletVersions: versions,
-		Installed: true, ImagesDir: images, DevBinary: devBin,
+	c, err := devcluster.Start(ctx, devcluster.Config{Dir: dir, KubeVersion: os.Getenv("KUBE_VERSION"),
+		KubeletVersions: versions, Installed: true, ImagesDir: images, DevBinary: devBin,
 		TrialDuration: TrialDuration, HealthTimeout: HealthTimeout, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start dev cluster (installed form): %v\nlogs: %s\n", err, filepath.Join(dir, "logs"))
@@ -268,7 +271,8 @@ func Build(ctx context.Context, dir string) (map[string]string, error) {
 	}
 	out := filepath.Join(dir, "bin")
 	// Built as the images build them (hack/images): static and path-free, sharing their compile cache.
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-o", out+"/", "./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./hack/fake-kubelet")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-o", out+"/",
+		"./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./hack/fake-kubelet")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

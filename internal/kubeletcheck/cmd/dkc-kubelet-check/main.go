@@ -41,6 +41,7 @@ func run(args []string) error {
 		_, err = os.Stdout.Write(append(data, '\n'))
 		return err
 	}
+	//nolint:lll // the usage text is printed as its lines stand
 	fmt.Fprintln(os.Stderr, `usage: dkc-kubelet-check < {"file": "<kubelet config>", "flags": ["<kubelet flag>", ...], "kubeletVersion": "v1.37.2"}
        dkc-kubelet-check version | defaults`)
 	os.Exit(2)

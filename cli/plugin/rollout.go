@@ -85,13 +85,19 @@ to follow it (it waits for the edit's revision).`,
 			return o.rollout(cmd.Context(), args[0], f)
 		},
 	}
-	cmd.Flags().StringVar(&f.configMap, "configmap", "", "the ConfigMap holding the KubeletConfiguration, NAMESPACE/NAME (required to create a pool)")
+	cmd.Flags().StringVar(&f.configMap, "configmap", "",
+		"the ConfigMap holding the KubeletConfiguration, NAMESPACE/NAME (required to create a pool)")
 	cmd.Flags().StringVar(&f.key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
-	cmd.Flags().StringVarP(&f.selector, "selector", "l", "", "label selector of the pool's nodes (required to create a pool; -l '' selects every node)")
-	cmd.Flags().StringVar(&f.maxUnavailable, "max-unavailable", "1", "nodes in progress at once: a number, or a percentage of the selected nodes (rounded down, at least 1)")
-	cmd.Flags().Int32Var(&f.maxFailures, "max-failures", v1alpha1.DefaultMaxFailures, "nodes that may fail the config before the pool halts")
-	cmd.Flags().DurationVar(&f.nodeTimeout, "node-timeout", 30*time.Minute, "how long a node may stay in progress (its trial included) before it counts as failed")
-	cmd.Flags().DurationVar(&f.pauseBetween, "pause-between-batches", 0, "wait this long after each batch is done before the next (0: fill a free slot at once)")
+	cmd.Flags().StringVarP(&f.selector, "selector", "l", "",
+		"label selector of the pool's nodes (required to create a pool; -l '' selects every node)")
+	cmd.Flags().StringVar(&f.maxUnavailable, "max-unavailable", "1",
+		"nodes in progress at once: a number, or a percentage of the selected nodes (rounded down, at least 1)")
+	cmd.Flags().Int32Var(&f.maxFailures, "max-failures", v1alpha1.DefaultMaxFailures,
+		"nodes that may fail the config before the pool halts")
+	cmd.Flags().DurationVar(&f.nodeTimeout, "node-timeout", 30*time.Minute,
+		"how long a node may stay in progress (its trial included) before it counts as failed")
+	cmd.Flags().DurationVar(&f.pauseBetween, "pause-between-batches", 0,
+		"wait this long after each batch is done before the next (0: fill a free slot at once)")
 	addFollowFlags(cmd, &f)
 	cmd.AddCommand(o.rolloutStatusCommand(), o.rolloutPauseCommand(true), o.rolloutPauseCommand(false),
 		o.rolloutRetryCommand(), o.rolloutUndoCommand(), o.rolloutHistoryCommand())
@@ -137,12 +143,14 @@ func (o *Options) rollout(ctx context.Context, name string, f poolFlags) error {
 		pool, err = o.createPool(ctx, pool)
 	case !apiequality.Semantic.DeepEqual(before, &pool.Spec):
 		verb = "updated"
-		pool, err = o.modifyPool(ctx, name, func(p *v1alpha1.KubeletConfigPool) error { return applyPoolFlags(&p.Spec, f, false) })
+		pool, err = o.modifyPool(ctx, name,
+			func(p *v1alpha1.KubeletConfigPool) error { return applyPoolFlags(&p.Spec, f, false) })
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s %s: %s/%s key %s, revision %s\n", name, verb, ref.Namespace, ref.Name, ref.KubeletConfigKey, want)
+	fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s %s: %s/%s key %s, revision %s\n", name, verb, ref.Namespace, ref.Name,
+		ref.KubeletConfigKey, want)
 	if !f.wait {
 		return nil
 	}
@@ -230,7 +238,8 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 		return fmt.Sprintf("rollout complete: %d nodes run revision %s", n.Updated, rev), true, nil
 	}
 	if updated != nil && updated.Reason == v1alpha1.ReasonNoNodesSelected {
-		return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: updated.Reason, Message: "the pool's nodeSelector matches no node"}
+		return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: updated.Reason,
+			Message: "the pool's nodeSelector matches no node"}
 	}
 	if p.Spec.Paused {
 		return line + "; paused (kubectl dkc rollout resume " + p.Name + ")", true, nil
@@ -248,7 +257,8 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 		if counting > 0 {
 			return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: updating.Reason, Message: updating.Message}
 		}
-		return line + "; nothing more to assign: the others are held or failed before a retry (kubectl dkc rollout status " + p.Name + ")", true, nil
+		return line + "; nothing more to assign: the others are held or failed before a retry (kubectl dkc rollout status " +
+			p.Name + ")", true, nil
 	}
 	if updating != nil && updating.Status == metav1.ConditionFalse &&
 		updating.Reason == v1alpha1.ReasonInvalidMaintenanceWindow {
@@ -256,17 +266,20 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 	}
 	if w := windowSummary(p.Status.MaintenanceWindow, time.Now()); w != "" && !p.Status.MaintenanceWindow.Open {
 		line += "; " + w
-	} else if updating != nil && updating.Status == metav1.ConditionTrue && updating.Reason != v1alpha1.ReasonRollingOut {
+	} else if updating != nil && updating.Status == metav1.ConditionTrue &&
+		updating.Reason != v1alpha1.ReasonRollingOut {
 		line += " (" + updating.Reason + ")"
 	}
-	if c := cond(v1alpha1.ConditionDegraded); c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonSelectorOverlap {
+	if c := cond(v1alpha1.ConditionDegraded); c != nil && c.Status == metav1.ConditionTrue &&
+		c.Reason == v1alpha1.ReasonSelectorOverlap {
 		line += "; " + c.Message
 	}
 	return line, false, nil
 }
 
 // follow prints the pool's progress as it changes until verdict says done, or timeout.
-func (o *Options) follow(ctx context.Context, name string, generation int64, revision string, timeout, poll time.Duration) error {
+func (o *Options) follow(ctx context.Context, name string, generation int64, revision string, timeout,
+	poll time.Duration) error {
 	poll = max(poll, 100*time.Millisecond)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -293,7 +306,8 @@ func (o *Options) follow(ctx context.Context, name string, generation int64, rev
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("kubeletconfigpool %s: not done after %v (the rollout goes on; follow it with kubectl dkc rollout status %s): %s",
+			return fmt.Errorf("kubeletconfigpool %s: not done after %v (the rollout goes on; follow it with "+
+				"kubectl dkc rollout status %s): %s",
 				name, timeout, name, last)
 		case <-time.After(poll):
 		}
@@ -306,11 +320,14 @@ func (o *Options) explainStop(p *v1alpha1.KubeletConfigPool) {
 	for _, f := range p.Status.FailedNodes {
 		fmt.Fprintf(w, "  node %s failed revision %s (%s): %s\n", f.Name, f.Revision, f.Reason, f.Error)
 	}
-	if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionConfigInvalid); c != nil && c.Status == metav1.ConditionTrue {
-		fmt.Fprintf(w, "no node was touched for this config; fix the ConfigMap (or point the pool at another) and run kubectl dkc rollout %s again\n", p.Name)
+	if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionConfigInvalid); c != nil &&
+		c.Status == metav1.ConditionTrue {
+		fmt.Fprintf(w, "no node was touched for this config; fix the ConfigMap (or point the pool at another) and run "+
+			"kubectl dkc rollout %s again\n", p.Name)
 		return
 	}
-	if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionHalted); c == nil || c.Status != metav1.ConditionTrue {
+	if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionHalted); c == nil ||
+		c.Status != metav1.ConditionTrue {
 		if len(p.Status.FailedNodes) > 0 {
 			fmt.Fprintln(w, "failed nodes run their last-known-good config; every other node is updated or held.")
 			fmt.Fprintf(w, "to roll back: kubectl dkc rollout undo %s; to fix forward: edit the ConfigMap\n", p.Name)
@@ -364,7 +381,8 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 	fmt.Fprintf(w, "Config:\t%s/%s key %s\n", ref.Namespace, ref.Name, ref.KubeletConfigKey)
 	fmt.Fprintf(w, "Selector:\t%s\n", sel)
 	mu := p.Spec.MaxUnavailableOrDefault()
-	fmt.Fprintf(w, "Max unavailable:\t%s\tmax failures: %d\tnode timeout: %v\tpaused: %v\n", mu.String(), p.Spec.MaxFailuresOrDefault(), p.Spec.NodeTimeoutOrDefault(), p.Spec.Paused)
+	fmt.Fprintf(w, "Max unavailable:\t%s\tmax failures: %d\tnode timeout: %v\tpaused: %v\n", mu.String(),
+		p.Spec.MaxFailuresOrDefault(), p.Spec.NodeTimeoutOrDefault(), p.Spec.Paused)
 	if len(p.Spec.MaintenanceWindows) > 0 {
 		fmt.Fprintf(w, "Maintenance windows:\t%s\t%s\n", windowsSpec(p.Spec.MaintenanceWindows),
 			orNone(windowSummary(p.Status.MaintenanceWindow, time.Now())))
@@ -377,7 +395,8 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 	w = tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CONDITION\tSTATUS\tREASON\tAGE\tMESSAGE")
 	for _, c := range p.Status.Conditions {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Type, c.Status, c.Reason, duration.HumanDuration(time.Since(c.LastTransitionTime.Time)), c.Message)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Type, c.Status, c.Reason,
+			duration.HumanDuration(time.Since(c.LastTransitionTime.Time)), c.Message)
 	}
 	_ = w.Flush()
 	if len(p.Status.FailedNodes) > 0 {
@@ -577,10 +596,12 @@ once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the ch
 					return err
 				}
 				if _, ok := snap.Data[p.Spec.ConfigMap.KubeletConfigKey]; !ok {
-					return fmt.Errorf("revision %s (%s/%s) has no key %q", rev, snap.Namespace, snap.Name, p.Spec.ConfigMap.KubeletConfigKey)
+					return fmt.Errorf("revision %s (%s/%s) has no key %q", rev, snap.Namespace, snap.Name,
+						p.Spec.ConfigMap.KubeletConfigKey)
 				}
 				from = p.Spec.ConfigMap
-				p.Spec.ConfigMap = v1alpha1.ConfigMapReference{Namespace: snap.Namespace, Name: snap.Name, KubeletConfigKey: from.KubeletConfigKey}
+				p.Spec.ConfigMap = v1alpha1.ConfigMapReference{Namespace: snap.Namespace, Name: snap.Name,
+					KubeletConfigKey: from.KubeletConfigKey}
 				return nil
 			})
 			if err != nil {
@@ -589,9 +610,11 @@ once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the ch
 			// The revision hashes the key too: with the key the pool has now, the snapshot may be another one.
 			want := v1alpha1.RevisionName(snap.Namespace, from.KubeletConfigKey, snap.Data)
 			if want != rev {
-				fmt.Fprintf(o.io.ErrOut, "revision %s was taken with another kubeletConfigKey: with %q it is revision %s\n", rev, from.KubeletConfigKey, want)
+				fmt.Fprintf(o.io.ErrOut, "revision %s was taken with another kubeletConfigKey: with %q it is revision %s\n", rev,
+					from.KubeletConfigKey, want)
 			}
-			fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s rolled back to revision %s: configMap %s/%s → %s/%s\n", p.Name, rev, from.Namespace, from.Name, snap.Namespace, snap.Name)
+			fmt.Fprintf(o.io.Out, "kubeletconfigpool/%s rolled back to revision %s: configMap %s/%s → %s/%s\n", p.Name, rev,
+				from.Namespace, from.Name, snap.Namespace, snap.Name)
 			if !f.wait {
 				return nil
 			}
@@ -606,7 +629,8 @@ once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the ch
 // snapshot finds the snapshot ConfigMap of the pool's revision where the pool's snapshots live
 // (snapshotNamespaces: the namespace its status records for the revision, else its ConfigMap's), and
 // refuses one that is not the revision's (checkSnapshot).
-func (o *Options) snapshot(ctx context.Context, pool *v1alpha1.KubeletConfigPool, rev string) (*corev1.ConfigMap, error) {
+func (o *Options) snapshot(ctx context.Context, pool *v1alpha1.KubeletConfigPool,
+	rev string) (*corev1.ConfigMap, error) {
 	name := v1alpha1.SnapshotName(pool.Name, rev)
 	ns := pool.Spec.ConfigMap.Namespace
 	if r, ok := pool.Status.RevisionSnapshots.Snapshot(rev); ok {
@@ -615,7 +639,8 @@ func (o *Options) snapshot(ctx context.Context, pool *v1alpha1.KubeletConfigPool
 	cm, err := o.client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("kubeletconfigpool %s has no revision %s in namespace %s (kubectl dkc rollout history %s lists those kept)",
+		return nil, fmt.Errorf("kubeletconfigpool %s has no revision %s in namespace %s (kubectl dkc "+
+			"rollout history %s lists those kept)",
 			pool.Name, rev, ns, pool.Name)
 	case err != nil:
 		return nil, fmt.Errorf("configmap %s/%s: %w", ns, name, err)
@@ -656,7 +681,8 @@ func checkSnapshot(p *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap, rev stri
 	}
 	r, recorded := p.Status.RevisionSnapshots.Snapshot(rev)
 	if !recorded {
-		return refuse("the pool records no snapshot of that revision: not created by the pool, or taken by a dkc that did not record its snapshots")
+		return refuse("the pool records no snapshot of that revision: not created by the pool, or taken by a dkc " +
+			"that did not record its snapshots")
 	}
 	if r.Namespace != cm.Namespace || r.UID != cm.UID {
 		return refuse(fmt.Sprintf("the pool records %s/%s with UID %s: created by someone else, or deleted and created again",
@@ -686,7 +712,8 @@ differs: undo never takes it, and dkc-server never sends it to a node that does 
 			}
 			var revs []corev1.ConfigMap
 			for _, ns := range snapshotNamespaces(p) {
-				list, err := o.client.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + p.Name})
+				list, err := o.client.CoreV1().ConfigMaps(ns).List(ctx,
+					metav1.ListOptions{LabelSelector: v1alpha1.LabelPool + "=" + p.Name})
 				if err != nil {
 					return fmt.Errorf("list the revisions of kubeletconfigpool %s in namespace %s: %w", p.Name, ns, err)
 				}
@@ -713,7 +740,8 @@ differs: undo never takes it, and dkc-server never sends it to a node that does 
 					state = "REFUSED"
 					fmt.Fprintf(o.io.ErrOut, "warning: %v\n", err)
 				}
-				fmt.Fprintf(w, "%s\t%s/%s\t%s\t%s\n", rev, cm.Namespace, cm.Name, duration.HumanDuration(time.Since(cm.CreationTimestamp.Time))+" ago", state)
+				fmt.Fprintf(w, "%s\t%s/%s\t%s\t%s\n", rev, cm.Namespace, cm.Name,
+					duration.HumanDuration(time.Since(cm.CreationTimestamp.Time))+" ago", state)
 			}
 			return w.Flush()
 		},
@@ -736,7 +764,8 @@ func (o *Options) getPool(ctx context.Context, name string) (*v1alpha1.KubeletCo
 }
 
 func (o *Options) createPool(ctx context.Context, p *v1alpha1.KubeletConfigPool) (*v1alpha1.KubeletConfigPool, error) {
-	out, err := o.pools.DkcV1alpha1().KubeletConfigPools().Create(ctx, withoutStatus(p), metav1.CreateOptions{FieldManager: fieldManager})
+	out, err := o.pools.DkcV1alpha1().KubeletConfigPools().Create(ctx, withoutStatus(p),
+		metav1.CreateOptions{FieldManager: fieldManager})
 	if err != nil {
 		return nil, fmt.Errorf("create kubeletconfigpool %s: %w", p.Name, err)
 	}
@@ -746,7 +775,8 @@ func (o *Options) createPool(ctx context.Context, p *v1alpha1.KubeletConfigPool)
 
 // modifyPool reads the pool, lets change edit it and writes it back, again on a Conflict: the controller's
 // status writes change the pool's resourceVersion all through a rollout.
-func (o *Options) modifyPool(ctx context.Context, name string, change func(*v1alpha1.KubeletConfigPool) error) (*v1alpha1.KubeletConfigPool, error) {
+func (o *Options) modifyPool(ctx context.Context, name string,
+	change func(*v1alpha1.KubeletConfigPool) error) (*v1alpha1.KubeletConfigPool, error) {
 	var out *v1alpha1.KubeletConfigPool
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		p, err := o.getPool(ctx, name)
@@ -756,7 +786,8 @@ func (o *Options) modifyPool(ctx context.Context, name string, change func(*v1al
 		if err := change(p); err != nil {
 			return err
 		}
-		if out, err = o.pools.DkcV1alpha1().KubeletConfigPools().Update(ctx, withoutStatus(p), metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
+		if out, err = o.pools.DkcV1alpha1().KubeletConfigPools().Update(ctx, withoutStatus(p),
+			metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
 			return fmt.Errorf("update kubeletconfigpool %s: %w", name, err) // a Conflict stays one (errors.As)
 		}
 		out.TypeMeta = poolKind
@@ -766,7 +797,8 @@ func (o *Options) modifyPool(ctx context.Context, name string, change func(*v1al
 }
 
 func (o *Options) patchPool(ctx context.Context, name string, patch []byte) (*v1alpha1.KubeletConfigPool, error) {
-	p, err := o.pools.DkcV1alpha1().KubeletConfigPools().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
+	p, err := o.pools.DkcV1alpha1().KubeletConfigPools().Patch(ctx, name, types.MergePatchType, patch,
+		metav1.PatchOptions{FieldManager: fieldManager})
 	if err != nil {
 		return nil, poolError(name, err)
 	}
@@ -789,8 +821,10 @@ const fieldManager = "kubectl-dkc"
 // the requested resource".
 func poolError(name string, err error) error {
 	var status apierrors.APIStatus
-	if apierrors.IsNotFound(err) && errors.As(err, &status) && (status.Status().Details == nil || status.Status().Details.Name == "") {
-		return fmt.Errorf("kubeletconfigpools are not served by this cluster (is dkc's CRD installed? kubectl apply -k deploy/crds): %w", err)
+	if apierrors.IsNotFound(err) && errors.As(err, &status) &&
+		(status.Status().Details == nil || status.Status().Details.Name == "") {
+		return fmt.Errorf("kubeletconfigpools are not served by this cluster (is dkc's CRD installed? "+
+			"kubectl apply -k deploy/crds): %w", err)
 	}
 	return fmt.Errorf("kubeletconfigpool %s: %w", name, err)
 }

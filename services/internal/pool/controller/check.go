@@ -40,10 +40,12 @@ const (
 func checkConfig(ref v1alpha1.ConfigMapReference, allowed resolve.Namespaces, cm *corev1.ConfigMap) *plan.Invalid {
 	if !allowed.Allows(ref.Namespace) {
 		return &plan.Invalid{Reason: v1alpha1.ReasonNamespaceNotAllowed,
-			Message: fmt.Sprintf("namespace %q is not one dkc-server reads configs from; allowed: %s (dkc-server --config-namespaces)", ref.Namespace, allowed)}
+			Message: fmt.Sprintf("namespace %q is not one dkc-server reads configs from; allowed: %s "+
+				"(dkc-server --config-namespaces)", ref.Namespace, allowed)}
 	}
 	if cm == nil {
-		return &plan.Invalid{Reason: v1alpha1.ReasonConfigMapNotFound, Message: fmt.Sprintf("configmap %s/%s not found", ref.Namespace, ref.Name)}
+		return &plan.Invalid{Reason: v1alpha1.ReasonConfigMapNotFound,
+			Message: fmt.Sprintf("configmap %s/%s not found", ref.Namespace, ref.Name)}
 	}
 	content, ok := cm.Data[ref.KubeletConfigKey]
 	if !ok {
@@ -54,7 +56,8 @@ func checkConfig(ref v1alpha1.ConfigMapReference, allowed resolve.Namespaces, cm
 	// tells by it whether a finding is about the edit or about the content before it.
 	rev := revision.Name(ref.Namespace, ref.KubeletConfigKey, cm.Data)
 	if err := payload.CheckSize(cm.Data); err != nil {
-		return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: fmt.Sprintf("configmap %s/%s (revision %s): %v", ref.Namespace, ref.Name, rev, err)}
+		return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed,
+			Message: fmt.Sprintf("configmap %s/%s (revision %s): %v", ref.Namespace, ref.Name, rev, err)}
 	}
 	var doc struct {
 		APIVersion string `json:"apiVersion"`
@@ -62,11 +65,13 @@ func checkConfig(ref v1alpha1.ConfigMapReference, allowed resolve.Namespaces, cm
 	}
 	if err := sigsyaml.Unmarshal([]byte(content), &doc); err != nil {
 		return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed,
-			Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q is not a YAML or JSON object: %v", ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, err)}
+			Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q is not a YAML or JSON object: %v", ref.Namespace,
+				ref.Name, rev, ref.KubeletConfigKey, err)}
 	}
 	if doc.APIVersion != kubeletConfigAPIVersion || doc.Kind != kubeletConfigKind {
 		return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed,
-			Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q is apiVersion %q kind %q, not %s %s", ref.Namespace, ref.Name, rev, ref.KubeletConfigKey,
+			Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q is apiVersion %q kind %q, not %s %s", ref.Namespace,
+				ref.Name, rev, ref.KubeletConfigKey,
 				doc.APIVersion, doc.Kind, kubeletConfigAPIVersion, kubeletConfigKind)}
 	}
 	return nil
@@ -115,7 +120,8 @@ type kubeletCheckKey struct{ revision, minor string }
 // A check that cannot be made (a minor no helper speaks, a helper that crashed or timed out) is logged
 // and passes: each node still checks the config itself before its kubelet uses it. The error is ctx's:
 // the sync ends, deciding nothing.
-func (k *kubeletChecks) check(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte, versions map[string]minorNodes) (*plan.Invalid, error) {
+func (k *kubeletChecks) check(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte,
+	versions map[string]minorNodes) (*plan.Invalid, error) {
 	if k == nil || k.checker == nil {
 		return nil, nil
 	}
@@ -132,17 +138,19 @@ func (k *kubeletChecks) check(ctx context.Context, ref v1alpha1.ConfigMapReferen
 		}
 		if err != nil {
 			return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed,
-				Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet %s refuses it (%s; checked with kubelet %s's code "+
-					"before any node is touched, without the nodes' flags and drop-ins: a feature gate the nodes enable by flag must be "+
-					"in the config's featureGates too): %v",
-					ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, minor, plural(v.nodes, "selected node runs it", "selected nodes run it"), v.version, err)}, nil
+				Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet %s refuses it (%s; checked "+
+					"with kubelet %s's code before any node is touched, without the nodes' flags and drop-ins: a feature "+
+					"gate the nodes enable by flag must be in the config's featureGates too): %v",
+					ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, minor,
+					plural(v.nodes, "selected node runs it", "selected nodes run it"), v.version, err)}, nil
 		}
 	}
 	return nil, nil
 }
 
 // outcome is the kept outcome of (rev, minor), or a new check's; the second error is ctx's.
-func (k *kubeletChecks) outcome(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte, minor, version string) (error, error) {
+func (k *kubeletChecks) outcome(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte, minor,
+	version string) (error, error) {
 	key := kubeletCheckKey{revision: rev, minor: minor}
 	k.mu.Lock()
 	err, done := k.outcomes[key]
@@ -170,7 +178,8 @@ func (k *kubeletChecks) outcome(ctx context.Context, ref v1alpha1.ConfigMapRefer
 	}
 	if err != nil && !errors.Is(err, configcheck.ErrLoad) && !errors.Is(err, configcheck.ErrValidate) {
 		k.log.Warn("could not check a pool's config with the kubelet's code; its nodes check it themselves",
-			zap.String("configMap", ref.Namespace+"/"+ref.Name), zap.String("revision", rev), zap.String("kubelet", version), zap.Error(err))
+			zap.String("configMap", ref.Namespace+"/"+ref.Name), zap.String("revision", rev), zap.String("kubelet", version),
+			zap.Error(err))
 		err = nil
 	}
 	k.mu.Lock()

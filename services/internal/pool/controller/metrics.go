@@ -22,10 +22,12 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		nodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "pool", Name: "nodes",
-			Help: "Nodes a KubeletConfigPool selects, by state: selected, updated, ready, in_progress, failed, held (the pool's status.nodes)."},
+			Help: "Nodes a KubeletConfigPool selects, by state: selected, updated, ready, in_progress, failed, " +
+				"held (the pool's status.nodes)."},
 			[]string{"pool", "state"}),
 		halted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "pool", Name: "halted",
-			Help: "1 while a KubeletConfigPool is halted (its Halted condition is True): it assigns nothing until its config, maxFailures or spec.retry changes."},
+			Help: "1 while a KubeletConfigPool is halted (its Halted condition is True): it assigns nothing until its config, " +
+				"maxFailures or spec.retry changes."},
 			[]string{"pool"}),
 		halts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dkc", Subsystem: "pool", Name: "halts_total",
 			Help: "Times a KubeletConfigPool halted: its failures reached maxFailures (the Halted condition turned True)."},

@@ -39,7 +39,8 @@ func (c *Controller) ensureSnapshot(ctx context.Context, pool *v1alpha1.KubeletC
 	k := snap.Namespace + "/" + snap.Name
 	got := c.cachedSnapshot(k)
 	if got == nil {
-		created, err := c.cfg.Client.CoreV1().ConfigMaps(snap.Namespace).Create(ctx, snap, metav1.CreateOptions{FieldManager: FieldManager})
+		created, err := c.cfg.Client.CoreV1().ConfigMaps(snap.Namespace).Create(ctx, snap,
+			metav1.CreateOptions{FieldManager: FieldManager})
 		switch {
 		case err == nil:
 			got = created
@@ -70,7 +71,8 @@ func (c *Controller) ensureSnapshot(ctx context.Context, pool *v1alpha1.KubeletC
 		return pool, &plan.Invalid{Reason: v1alpha1.ReasonSnapshotMismatch,
 			Message: err.Error() + "; delete it and the pool creates the snapshot again"}, nil
 	}
-	rec = withSnapshot(rec, v1alpha1.RevisionSnapshot{Revision: rev, Namespace: got.Namespace, Name: got.Name, UID: got.UID, KubeletConfigKey: key})
+	rec = withSnapshot(rec, v1alpha1.RevisionSnapshot{Revision: rev, Namespace: got.Namespace, Name: got.Name,
+		UID: got.UID, KubeletConfigKey: key})
 	if apiequality.Semantic.DeepEqual(rec, pool.Status.RevisionSnapshots) {
 		return pool, nil, nil
 	}
@@ -103,7 +105,8 @@ func checkSnapshot(got *corev1.ConfigMap, pool, rev, key string, rec *v1alpha1.R
 		}
 		return &revision.Mismatch{Namespace: got.Namespace, Name: got.Name, UID: string(got.UID), Detail: detail}
 	}
-	mineRec := withSnapshot(rec, v1alpha1.RevisionSnapshot{Revision: rev, Namespace: got.Namespace, Name: got.Name, UID: got.UID, KubeletConfigKey: key})
+	mineRec := withSnapshot(rec, v1alpha1.RevisionSnapshot{Revision: rev, Namespace: got.Namespace, Name: got.Name,
+		UID: got.UID, KubeletConfigKey: key})
 	return revision.Verify(got, pool, rev, key, mineRec, false)
 }
 
@@ -115,7 +118,8 @@ func checkSnapshot(got *corev1.ConfigMap, pool, rev, key string, rec *v1alpha1.R
 // left to compare its snapshot with. Those stay unrecorded: dkc-server serves one only to nodes that
 // already run it, and undo refuses it (docs/pools.md, "Upgrading from a dkc that did not record
 // snapshots"). Once the record is stored this happens no more.
-func (c *Controller) adopt(pool *v1alpha1.KubeletConfigPool, rev string, snap *corev1.ConfigMap) *v1alpha1.RevisionSnapshots {
+func (c *Controller) adopt(pool *v1alpha1.KubeletConfigPool, rev string,
+	snap *corev1.ConfigMap) *v1alpha1.RevisionSnapshots {
 	if pool.Status.RevisionSnapshots != nil {
 		return pool.Status.RevisionSnapshots.DeepCopy()
 	}
@@ -125,8 +129,10 @@ func (c *Controller) adopt(pool *v1alpha1.KubeletConfigPool, rev string, snap *c
 	}
 	for _, s := range c.snapshotsOf(pool.Name) {
 		k := s.Namespace + "/" + s.Name
-		if s.Namespace != snap.Namespace || s.Name != snap.Name || s.Labels[v1alpha1.LabelRevision] != rev || !sameContent(s, snap) {
-			c.log.Warn("revision snapshot not adopted: not the pool's ConfigMap as it is now; nodes that run it keep it, undo refuses it",
+		if s.Namespace != snap.Namespace || s.Name != snap.Name || s.Labels[v1alpha1.LabelRevision] != rev ||
+			!sameContent(s, snap) {
+			c.log.Warn("revision snapshot not adopted: not the pool's ConfigMap as it is now; nodes that "+
+				"run it keep it, undo refuses it",
 				zap.String("pool", pool.Name), zap.String("revision", s.Labels[v1alpha1.LabelRevision]), zap.String("configmap", k),
 				zap.String("uid", string(s.UID)))
 			continue
@@ -162,13 +168,15 @@ func withSnapshot(rec *v1alpha1.RevisionSnapshots, s v1alpha1.RevisionSnapshot) 
 // keptSnapshots is the record the pool's status keeps: the snapshots that still exist, and those of the
 // current and previous revisions whatever the cache shows (one just created may not be there yet). A
 // pruned or deleted snapshot's record goes with it; the record's size follows revisionHistoryLimit.
-func (c *Controller) keptSnapshots(rec *v1alpha1.RevisionSnapshots, st v1alpha1.KubeletConfigPoolStatus) *v1alpha1.RevisionSnapshots {
+func (c *Controller) keptSnapshots(rec *v1alpha1.RevisionSnapshots,
+	st v1alpha1.KubeletConfigPoolStatus) *v1alpha1.RevisionSnapshots {
 	if rec == nil {
 		return nil
 	}
 	out := &v1alpha1.RevisionSnapshots{}
 	for _, r := range rec.Items {
-		if r.Revision == st.CurrentRevision || r.Revision == st.PreviousRevision || c.cachedSnapshot(r.Namespace+"/"+r.Name) != nil {
+		if r.Revision == st.CurrentRevision || r.Revision == st.PreviousRevision ||
+			c.cachedSnapshot(r.Namespace+"/"+r.Name) != nil {
 			out.Items = append(out.Items, r)
 		}
 	}

@@ -88,7 +88,8 @@ func names(src *corev1.NodeConfigSource, s corev1.ConfigMapNodeConfigSource) boo
 // with the snapshot the pool last assigned it (its AnnotationAssignment), its reported status, Ready, the
 // other pools whose selectors pick it. A source that is not usable (malformed, outside
 // --config-namespaces) is no pool's snapshot: the node is then not assigned anything of the pool.
-func view(n *corev1.Node, pool *v1alpha1.KubeletConfigPool, target plan.Target, others []selector, allowed resolve.Namespaces) plan.Node {
+func view(n *corev1.Node, pool *v1alpha1.KubeletConfigPool, target plan.Target, others []selector,
+	allowed resolve.Namespaces) plan.Node {
 	src, _, err := resolve.NodeSource(n, allowed)
 	if err != nil {
 		src = nil
@@ -166,19 +167,22 @@ func (e *expectations) forget(pool string) {
 
 // apply returns v as the node would be once the cache showed the pool's pending assignment to it, and
 // drops the expectation once the cached Node shows it (its AnnotationAssignment is the one sent).
-func (e *expectations) apply(pool *v1alpha1.KubeletConfigPool, n *corev1.Node, v plan.Node, target plan.Target, now time.Time) plan.Node {
+func (e *expectations) apply(pool *v1alpha1.KubeletConfigPool, n *corev1.Node, v plan.Node, target plan.Target,
+	now time.Time) plan.Node {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	x, ok := e.m[pool.Name][n.Name]
 	if !ok {
 		return v
 	}
-	if cur, found := assignmentOf(n); (found && cur.Pool == x.a.Pool && cur.Revision == x.a.Revision && cur.Time.Equal(&x.a.Time)) ||
+	if cur, found := assignmentOf(n); (found && cur.Pool == x.a.Pool && cur.Revision == x.a.Revision &&
+		cur.Time.Equal(&x.a.Time)) ||
 		now.Sub(x.made) > expectationTTL {
 		delete(e.m[pool.Name], n.Name)
 		return v
 	}
-	v.Revision, v.Source, v.AssignedAt, v.HandAssigned = x.a.Revision, revision.AssignedSource(pool, x.a), x.a.Time.Time, false
+	v.Revision, v.Source, v.AssignedAt, v.HandAssigned =
+		x.a.Revision, revision.AssignedSource(pool, x.a), x.a.Time.Time, false
 	v.Assigned = x.a.Revision == target.Revision
 	return v
 }

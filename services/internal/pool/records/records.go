@@ -101,7 +101,8 @@ func (r *Records) Run(ctx context.Context) error {
 			return nil
 		}
 		if !logged && !apierrors.IsNotFound(err) {
-			r.cfg.Log.Warn("cannot list kubeletconfigpools: nodes whose source is a pool's snapshot they do not run yet wait until it can",
+			r.cfg.Log.Warn("cannot list kubeletconfigpools: nodes whose source is a pool's snapshot they "+
+				"do not run yet wait until it can",
 				zap.Error(err), zap.Duration("pollInterval", r.cfg.PollInterval))
 			logged = true
 		}

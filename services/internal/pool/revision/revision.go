@@ -175,12 +175,13 @@ func Verify(cm *corev1.ConfigMap, pool, rev, key string, rec *v1alpha1.RevisionS
 		return mismatch("labelled pool %q revision %q, whose snapshot is named %s", pool, rev, want)
 	}
 	if recorded && r.UID != cm.UID {
-		return mismatch("not the snapshot pool %s created for revision %s (UID %s): created by someone else, or deleted and created again",
+		return mismatch("not the snapshot pool %s created for revision %s (UID %s): created by someone "+
+			"else, or deleted and created again",
 			pool, rev, r.UID)
 	}
 	if !recorded && !running {
-		return mismatch("pool %s records no snapshot of revision %s (the pool does not exist, or did not create this object): "+
-			"only a node already running it is served it", pool, rev)
+		return mismatch("pool %s records no snapshot of revision %s (the pool does not exist, or did not create this "+
+			"object): only a node already running it is served it", pool, rev)
 	}
 	if got, ok := hashesTo(cm, rev, key, r.KubeletConfigKey); !ok {
 		return mismatch("its data is revision %s, not %s: not the content the revision names", got, rev)

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+
 # Runs the cluster suites (make test-integration): `go test -tags integration` over the packages given, each
 # test binary on a real local cluster of its own, INTEGRATION_P of them side by side. With INSTALLED_SHARDS=n
 # (n > 1, and INTEGRATION_P > 1) ./test/installed/ runs as n shards beside the others, each shard a test

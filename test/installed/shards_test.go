@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package installed
 
 // bySlowest is every test of the suite, slowest first as the last measured run had them (docs/results.md):

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package window says when a KubeletConfigPool's maintenance windows are open: whether one is open at a
 // given time, when it closes, and when the next one opens. It is pure, so every rule (days, a window
 // across midnight, time zones and their daylight-saving changes, overlapping windows) is a table row.

@@ -19,6 +19,8 @@ import (
 	"testing"
 
 	"github.com/dkc-dev/dkc/internal/ciskip"
+
+	"github.com/dkc-dev/dkc/test/reporoot"
 )
 
 // TestHeaders: every Go, shell, proto and make file git knows of (tracked, or new and not ignored) carries
@@ -196,19 +198,13 @@ func TestKindOf(t *testing.T) {
 // repoRoot is the root of the checkout: the directory of the main module's go.mod.
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	wd, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
-			strings.HasPrefix(string(data), "module github.com/dkc-dev/dkc\n") {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("not in the dkc checkout")
-		}
-		dir = parent
+	root, err := reporoot.Find(wd)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return root
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dkc-dev/dkc/test/reporoot"
 )
 
 // Binaries are the paths of the programs the cluster runs. ControllerManager, Scheduler, Proxy and CoreDNS
@@ -342,17 +343,7 @@ func lockFile(path string) (func(), error) {
 }
 
 // RepoRoot finds the dkc repository root (the directory with the main go.mod) from dir upwards.
-func RepoRoot(dir string) (string, error) {
-	for d := dir; ; d = filepath.Dir(d) {
-		data, err := os.ReadFile(filepath.Join(d, "go.mod"))
-		if err == nil && strings.HasPrefix(string(data), "module github.com/dkc-dev/dkc\n") {
-			return d, nil
-		}
-		if d == filepath.Dir(d) {
-			return "", errors.New("not inside the dkc repository (no go.mod of github.com/dkc-dev/dkc above " + dir + ")")
-		}
-	}
-}
+func RepoRoot(dir string) (string, error) { return reporoot.Find(dir) }
 
 // kubeVersionLDFlags reads the pinned version of module from a go.mod and returns the -X flags Kubernetes'
 // own build (hack/lib/version.sh) sets.

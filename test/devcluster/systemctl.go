@@ -50,6 +50,8 @@ func dialSystemctl(ctx context.Context, address string) (*systemctl, error) {
 	switch {
 	case err == nil:
 		return s, nil
+	case ctx.Err() != nil && lastErr == nil: // ended before the first dial
+		return nil, fmt.Errorf("connect to systemd on %s: %w", address, ctx.Err())
 	case ctx.Err() != nil:
 		return nil, fmt.Errorf("connect to systemd on %s: %w (last: %w)", address, ctx.Err(), lastErr)
 	}

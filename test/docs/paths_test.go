@@ -13,6 +13,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/dkc-dev/dkc/test/reporoot"
 )
 
 // TestDocsNameExistingPaths: every repository path a doc names in an inline code span or as a link target
@@ -262,19 +264,13 @@ func TestExists(t *testing.T) {
 // repoRoot is the checkout the test runs in: the nearest directory above with the main module's go.mod.
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	wd, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
-			strings.HasPrefix(string(data), "module "+strings.TrimSuffix(modulePath, "/")+"\n") {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("not in the dkc checkout")
-		}
-		dir = parent
+	root, err := reporoot.Find(wd)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return root
 }

@@ -131,8 +131,21 @@ func TestFaultsDuringRollouts(t *testing.T) {
 	done := make(chan error, 1)
 	revA := getPool(t, pool).Status.CurrentRevision
 	go func() { done <- rollout("faults-b", "2") }()
-	// The restarts come once the rollout is under way.
+	// The restarts come once the rollout is under way. A rollout that fails before that fails the test with
+	// its own error, not after the wait's minute.
+	var rolloutErr error
+	ended := false
 	poll.For(t, time.Minute, 200*time.Millisecond, "the pool to roll out b", func() bool {
+		if !ended {
+			select {
+			case rolloutErr = <-done:
+				ended = true
+			default:
+			}
+		}
+		if ended && rolloutErr != nil {
+			t.Fatalf("rollout of b, before it was under way: %v", rolloutErr)
+		}
 		return getPool(t, pool).Status.CurrentRevision != revA
 	})
 	for _, p := range []string{"dkc-server", "kube-apiserver"} {
@@ -141,8 +154,11 @@ func TestFaultsDuringRollouts(t *testing.T) {
 		}
 		faults++
 	}
-	if err := <-done; err != nil {
-		t.Fatalf("rollout through restarts: %v", err)
+	if !ended {
+		rolloutErr = <-done
+	}
+	if rolloutErr != nil {
+		t.Fatalf("rollout through restarts: %v", rolloutErr)
 	}
 	bn := current()
 	for _, s := range sims() {

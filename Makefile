@@ -13,16 +13,17 @@ BUF        := $(GO_TOOLS) buf
 # The branch `buf breaking` compares the API against; main itself compares with its previous commit.
 BUF_AGAINST ?= .git\#ref=HEAD~1
 # The cluster suites: each test binary starts a real cluster of its own, and the two suites run side by side
-# (INTEGRATION_P=1 runs them one after the other, the installed suite unsharded). Each cluster leases a block
-# of loopback ports below the kernel's ephemeral range (test/devcluster/ports.go), so clusters starting at
-# once never pick the same port. The installed suite, the longest, mostly waits (kubelet restarts, trials):
-# INSTALLED_SHARDS=n runs it as n shards beside the integration suite, each on a cluster of its own with a
-# share of its tests dealt slowest first (hack/clustersuites.sh, test/installed/shards_test.go); the default
-# is the count docs/results.md measured (INSTALLED_SHARDS=1: the suite whole). test/freshkernel changes
-# host-wide kernel settings and requires that no other cluster runs: it runs first, alone.
+# (INTEGRATION_P=1 runs them one after the other, unsharded). Each cluster leases a block of loopback ports
+# below the kernel's ephemeral range (test/devcluster/ports.go), so clusters starting at once never pick the
+# same port. The suites mostly wait (kubelet restarts, trials): INTEGRATION_SHARDS=n and INSTALLED_SHARDS=n
+# run each as n shards side by side, each on a cluster of its own with a share of its tests dealt slowest
+# first (hack/clustersuites.sh, the suites' shards_test.go); the defaults are the counts docs/results.md
+# measured (1: the suite whole). test/freshkernel changes host-wide kernel settings and requires that no
+# other cluster runs: it runs first, alone.
 INTEGRATION_SOLO_PKGS := ./test/freshkernel/
 INTEGRATION_PKGS := ./test/integration/ ./test/installed/
 INTEGRATION_P ?= 2
+INTEGRATION_SHARDS ?= 2
 INSTALLED_SHARDS ?= 2
 TEST_FLAGS ?=
 
@@ -81,12 +82,13 @@ verify-generated: generate ## fail if generated code differs from what is commit
 BUILD_VERSION := $(or $(VERSION),$(shell git describe --tags --always --dirty 2>/dev/null),devel)
 GO_BUILD := CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags '-X github.com/dkc-dev/dkc/internal/version.version=$(BUILD_VERSION)'
 
+# The pinned tools are linked once per machine until their pins change (hack/gobuild.sh), not per checkout.
 # The pinned Helm (hack/tools/helm), which the chart's tests and the installed suite's TestHelmInstall run.
 HELM_BIN := $(BIN)/helm
 GOLANGCI_LINT_BIN := $(BIN)/golangci-lint
 $(GOLANGCI_LINT_BIN): hack/tools/golangci-lint/go.mod hack/tools/golangci-lint/go.sum
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 go build -modfile=hack/tools/golangci-lint/go.mod -trimpath -o $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	CGO_ENABLED=0 hack/gobuild.sh $(BIN) -modfile=hack/tools/golangci-lint/go.mod github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 .PHONY: golangci-lint
 golangci-lint: $(GOLANGCI_LINT_BIN) ## golangci-lint with .golangci.yml over every Go module of the tree (part of make lint)
@@ -95,7 +97,7 @@ golangci-lint: $(GOLANGCI_LINT_BIN) ## golangci-lint with .golangci.yml over eve
 	cd test/monitoring && $(abspath $(GOLANGCI_LINT_BIN)) run ./...
 $(HELM_BIN): hack/tools/helm/go.mod hack/tools/helm/go.sum
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 go build -modfile=hack/tools/helm/go.mod -trimpath -o $@ helm.sh/helm/v4/cmd/helm
+	CGO_ENABLED=0 hack/gobuild.sh $(BIN) -modfile=hack/tools/helm/go.mod helm.sh/helm/v4/cmd/helm
 
 .PHONY: build
 build: ## build the binaries into _output/bin (with one dkc-kubelet-check-<minor> per supported kubelet minor)
@@ -171,28 +173,30 @@ FUZZ_TARGETS := ./services/internal/auth:FuzzParseToken:10000x ./internal/payloa
 test-fuzz: ## run each fuzz target for its count of executions (about 10s each; longer: make test-fuzz FUZZTIME=10m)
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; ft="$(FUZZTIME)"; [ -n "$$ft" ] || ft=$${rest#*:}; \
 		echo "go test -run=^$$ -fuzz=^$$fn\$$ -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg"; \
-		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg || exit 1; done
+		go test -trimpath -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg || exit 1; done
 
+# Every go test runs with -trimpath, as every build does: the checkout's path stays out of what is compiled,
+# so a fresh clone (CI's) compiles from the build cache what any earlier checkout compiled.
 # The unit tests run under the race detector: dkc is concurrent throughout (status workers, the outbox,
 # streams, leader election, informers), and a race is a bug whether or not a test's assertions see it. The
 # kubelet-check module is the exception: a loader around the kubelet's own code with no concurrency of
 # dkc's, whose instrumented build of the kubelet's dependency tree takes longer than the other tests.
 .PHONY: test-unit
 test-unit: $(HELM_BIN) ## unit tests under the race detector (no cluster; -tags helm: the chart rendered by the pinned helm)
-	go test -race -count=1 -timeout 30m $(TEST_FLAGS) ./...
-	HELM=$(abspath $(HELM_BIN)) go test -count=1 -tags helm $(TEST_FLAGS) ./hack/helmchart/...
-	cd $(KUBELETCHECK) && go test -count=1 $(TEST_FLAGS) ./...
-	cd test/monitoring && go test -count=1 $(TEST_FLAGS) ./...
+	go test -trimpath -race -count=1 -timeout 30m $(TEST_FLAGS) ./...
+	HELM=$(abspath $(HELM_BIN)) go test -trimpath -count=1 -tags helm $(TEST_FLAGS) ./hack/helmchart/...
+	cd $(KUBELETCHECK) && go test -trimpath -count=1 $(TEST_FLAGS) ./...
+	cd test/monitoring && go test -trimpath -count=1 $(TEST_FLAGS) ./...
 
 .PHONY: test-race
 test-race: test-unit ## the unit tests under the race detector (what test-unit runs)
 
 .PHONY: test-integration
-test-integration: build $(HELM_BIN) ## tests against real local clusters (root; INTEGRATION_P, INSTALLED_SHARDS)
-	@rc=0; $(if $(INTEGRATION_SOLO_PKGS),go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) \
+test-integration: build $(HELM_BIN) ## tests against real local clusters (root; INTEGRATION_P, INTEGRATION_SHARDS, INSTALLED_SHARDS)
+	@rc=0; $(if $(INTEGRATION_SOLO_PKGS),go test -trimpath -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) \
 		$(INTEGRATION_SOLO_PKGS) || rc=1;) \
-	HELM=$(abspath $(HELM_BIN)) OUT=$(OUT) INTEGRATION_P=$(INTEGRATION_P) INSTALLED_SHARDS=$(INSTALLED_SHARDS) \
-		TEST_FLAGS='$(TEST_FLAGS)' hack/clustersuites.sh $(INTEGRATION_PKGS) || rc=1; \
+	HELM=$(abspath $(HELM_BIN)) OUT=$(OUT) INTEGRATION_P=$(INTEGRATION_P) INTEGRATION_SHARDS=$(INTEGRATION_SHARDS) \
+		INSTALLED_SHARDS=$(INSTALLED_SHARDS) TEST_FLAGS='$(TEST_FLAGS)' hack/clustersuites.sh $(INTEGRATION_PKGS) || rc=1; \
 	for d in $(OUT)/test/*/; do [ -f "$$d/state.json" ] && $(BIN)/dkc-dev -dir "$$d" down; done; exit $$rc
 
 .PHONY: up

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 out=docs/reference
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
-CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$bin/" ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar ./cli/cmd/kubectl-dkc
+CGO_ENABLED=0 hack/gobuild.sh "$bin" -buildvcs=false ./services/cmd/dkc-server ./sidecar/cmd/dkc-sidecar ./cli/cmd/kubectl-dkc
 
 help() { # help PROGRAM ARGS...: the program's --help output, whatever its exit code
 	env -i HOME='$HOME' PATH=/usr/bin:/bin "$bin/$1" "${@:2}" --help 2>&1 || true

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -45,8 +46,8 @@ const previousReleaseFile = "hack/release/previous-release"
 // It takes dkc away and installs it again (it swaps the install), as TestUninstall does, so its file, swap_*,
 // sorts after the tests that only need dkc installed (a failed reinstall would break them) and before
 // uninstall_test.go; it leaves dkc installed as found.
-// The previous release's images come from its own `make images` in a worktree of its commit: with a warm
-// Go build cache nearly everything is a cache hit (-trimpath builds do not depend on the directory).
+// The previous release's images come from its own `make images` in a worktree of its commit, built once per
+// machine (buildReleaseImages keeps them).
 func TestUpgrade(t *testing.T) {
 	diagnoseOnFailure(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
@@ -265,11 +266,23 @@ func checkoutRelease(t *testing.T, ctx context.Context, root string, r release) 
 	return dir
 }
 
+// releaseImageFiles are the image tarballs of a release that TestUpgrade imports.
+var releaseImageFiles = []string{"dkc-server.tar", "dkc-sidecar.tar"}
+
 // buildReleaseImages runs the release's own `make images` in its worktree src, for the host's platform and
 // without the release overlay (as its `make up` does), tagged with its version; it returns the directory of
-// the image tarballs.
+// the image tarballs. A release is a fixed commit whose images build reproducibly (its `make images`:
+// timestamps from the commit, static -trimpath binaries), so the tarballs are kept in this machine's cache
+// (devcluster.CacheDir, per release, Go toolchain and platform) and a later run imports the same bytes
+// without building them again.
 func buildReleaseImages(t *testing.T, ctx context.Context, src string, r release) string {
 	t.Helper()
+	cached := filepath.Join(devcluster.CacheDir(), "release-images",
+		fmt.Sprintf("%s-%s-%s-%s_%s", r.version, r.commit, runtime.Version(), runtime.GOOS, runtime.GOARCH))
+	if _, err := os.Stat(cached); err == nil {
+		t.Logf("%s: images built earlier on this machine, from %s", r.version, cached)
+		return cached
+	}
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, "make", "-C", src, "images", "IMAGE_TAG="+r.version, "VERSION="+r.version, "IMAGE_PLATFORMS=", "RELEASE_OVERLAY=")
 	// Not the variables of the `make test-integration` this may run under: they would reach the release's make.
@@ -281,7 +294,43 @@ func buildReleaseImages(t *testing.T, ctx context.Context, src string, r release
 		t.Fatalf("%s: make images: %v\n%s", r.version, err, out)
 	}
 	t.Logf("%s: make images IMAGE_TAG=%s in %s (%s)", r.version, r.version, time.Since(start).Round(time.Second), src)
-	return filepath.Join(src, "_output", "images")
+	built := filepath.Join(src, "_output", "images")
+	// Kept whole or not at all: the directory appears by a rename once every tarball is in it.
+	tmp := ""
+	err = os.MkdirAll(filepath.Dir(cached), 0o755)
+	if err == nil {
+		tmp, err = os.MkdirTemp(filepath.Dir(cached), ".tmp-")
+	}
+	for _, f := range releaseImageFiles {
+		if err == nil {
+			err = copyFile(filepath.Join(built, f), filepath.Join(tmp, f))
+		}
+	}
+	if err == nil {
+		err = os.Rename(tmp, cached)
+	}
+	if err != nil {
+		t.Logf("%s: images not kept for later runs: %v", r.version, err)
+		_ = os.RemoveAll(tmp)
+	}
+	return built
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(to)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // tlsFiles are what gen-certs.sh writes into overlays/self-signed (its .gitignore), those an install keeps.

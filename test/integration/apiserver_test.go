@@ -26,7 +26,7 @@ import (
 
 var cluster *devcluster.Cluster
 
-func TestMain(m *testing.M) { os.Exit(devclustertest.Main(m, "integration", &cluster)) }
+func TestMain(m *testing.M) { os.Exit(devclustertest.Main(m, "integration", bySlowest, &cluster)) }
 
 func adminClient(t *testing.T) kubernetes.Interface {
 	t.Helper()

@@ -5,7 +5,7 @@
 //
 //	var cluster *devcluster.Cluster
 //
-//	func TestMain(m *testing.M) { os.Exit(devclustertest.Main(m, "mypkg", &cluster)) }
+//	func TestMain(m *testing.M) { os.Exit(devclustertest.Main(m, "mypkg", bySlowest, &cluster)) }
 package devclustertest
 
 import (
@@ -48,7 +48,15 @@ func Dir(name string) (string, error) {
 // A cluster left behind by an earlier run of the same binary that was killed is stopped first. $KUBE_VERSION
 // and $KUBELET_VERSIONS choose the control plane and the real nodes' kubelets as for `make up` (default:
 // devcluster.DefaultKubeVersion everywhere); tests read them back from Cluster.KubeletVersion.
-func Main(m *testing.M, name string, out **devcluster.Cluster) int {
+//
+// With $DKC_TEST_SHARD=<i>/<n> the binary runs shard i of its tests as Deal deals them over bySlowest (the
+// suite's tests, slowest first), on a cluster of its own in Dir(name-<i>); a shard whose tests -run leaves
+// out starts no cluster.
+func Main(m *testing.M, name string, bySlowest []string, out **devcluster.Cluster) int {
+	name, run, err := shardCluster(name, bySlowest)
+	if err != nil || !run {
+		return exitCode(err)
+	}
 	versions, err := devcluster.ParseKubeletVersions(os.Getenv("KUBELET_VERSIONS"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -108,6 +116,32 @@ func freshDir(name string) (string, error) {
 	return dir, os.RemoveAll(dir)
 }
 
+// shardCluster applies $DKC_TEST_SHARD (selectShard) and returns the name of this shard's cluster (name-<i>
+// when the suite runs as shards) and whether any of its tests is to run.
+func shardCluster(name string, bySlowest []string) (string, bool, error) {
+	shard, run, err := selectShard(bySlowest)
+	if err != nil {
+		return "", false, err
+	}
+	if !run {
+		fmt.Fprintf(os.Stderr, "shard %d/%d: no test of this shard matches -run; no cluster started\n", shard.I, shard.N)
+		return "", false, nil
+	}
+	if shard.N > 1 {
+		name += "-" + strconv.Itoa(shard.I)
+	}
+	return name, true, nil
+}
+
+// exitCode is a test binary's exit code when TestMain ends before the tests: 1 after err (printed), else 0.
+func exitCode(err error) int {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
 // runAndStop runs the tests against c, then stops c; it returns the exit code.
 func runAndStop(m *testing.M, c *devcluster.Cluster) int {
 	code := runRecapped(m.Run)
@@ -130,21 +164,11 @@ func runAndStop(m *testing.M, c *devcluster.Cluster) int {
 // checkout (hack/images) into the cluster's directory, or taken from $DKC_TEST_IMAGES_DIR, two real nodes
 // of different kubelet minors (InstalledKubeletVersions), dkc applied with kubectl apply -k.
 //
-// With $DKC_TEST_SHARD=<i>/<n> the binary runs shard i of its tests as Deal deals them over bySlowest (the
-// suite's tests, slowest first), on a cluster of its own in Dir(name-<i>); a shard whose tests -run leaves
-// out starts no cluster.
+// Sharded as Main is.
 func MainInstalled(m *testing.M, name string, bySlowest []string, out **devcluster.Cluster) int {
-	shard, run, err := selectShard(bySlowest)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if !run {
-		fmt.Fprintf(os.Stderr, "shard %d/%d: no test of this shard matches -run; no cluster started\n", shard.I, shard.N)
-		return 0
-	}
-	if shard.N > 1 {
-		name += "-" + strconv.Itoa(shard.I)
+	name, run, err := shardCluster(name, bySlowest)
+	if err != nil || !run {
+		return exitCode(err)
 	}
 	versions, err := InstalledKubeletVersions(os.Getenv("KUBE_VERSION"))
 	if err != nil {
@@ -225,7 +249,8 @@ func BuildImages(ctx context.Context, dir string, args ...string) error {
 	return nil
 }
 
-// goBuild builds the main package pkg of this checkout into out.
+// goBuild builds the main package pkg of this checkout into out, linking only when its code changed since
+// the last build on this machine (hack/gobuild.sh).
 func goBuild(ctx context.Context, out, pkg string) error {
 	wd, err := os.Getwd()
 	if err != nil {
@@ -235,10 +260,13 @@ func goBuild(ctx context.Context, out, pkg string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "bash", "hack/gobuild.sh", filepath.Dir(out), "-buildvcs=false", pkg)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build %s: %w\n%s", pkg, err, b)
+	}
+	if got := filepath.Join(filepath.Dir(out), filepath.Base(pkg)); got != out {
+		return os.Rename(got, out)
 	}
 	return nil
 }
@@ -270,8 +298,10 @@ func Build(ctx context.Context, dir string) (map[string]string, error) {
 		return nil, err
 	}
 	out := filepath.Join(dir, "bin")
-	// Built as the images build them (hack/images): static and path-free, sharing their compile cache.
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-o", out+"/",
+	// Built as the images build them (hack/images): static and path-free, sharing their compile cache, and
+	// linked only when their code changed since the last build on this machine (hack/gobuild.sh): the
+	// suites' shards and the fresh-kernel test each build the same binaries.
+	cmd := exec.CommandContext(ctx, "bash", "hack/gobuild.sh", out, "-buildvcs=false",
 		"./services/cmd/dkc-server", "./sidecar/cmd/dkc-sidecar", "./hack/fake-kubelet")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

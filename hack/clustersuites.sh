@@ -39,13 +39,31 @@ done
 # suite_of PKG: the suite's name, its directory's (./test/installed/ → installed).
 suite_of() { basename "$1"; }
 
+# The test binary's own flags for TEST_FLAGS: go test's -run X, -v, -count=1 … are -test.run X, -test.v …
+# to the binary itself.
+binflags=()
+for f in "${flags[@]}"; do
+	case $f in
+	-test.*) binflags+=("$f") ;;
+	-*) binflags+=("-test.${f#-}") ;;
+	*) binflags+=("$f") ;;
+	esac
+done
+
 # run_shards PKG runs the suite PKG as its shards side by side and waits for them; each shard's result goes
-# to <suite>-<i>.result ("ok" or "FAIL", and its seconds). The installed suite's images are built first, once.
+# to <suite>-<i>.result ("ok" or "FAIL", and its seconds). The suite's test binary is compiled once for its
+# shards, and the installed suite's images are built first, once.
 run_shards() {
-	local pkg=$1 suite n i pids=() env=()
+	local pkg=$1 suite n i pids=() env=() bin
 	suite=$(suite_of "$pkg")
 	n=$(shards_of "$pkg")
 	rm -f "$out/test/$suite"-*.result
+	bin=$out/test/$suite.test
+	echo "go test -c -trimpath -tags integration -o $bin $pkg (for the $n $suite shards)"
+	if ! go test -c -trimpath -tags integration -o "$bin" "$pkg"; then
+		for i in $(seq 1 "$n"); do echo "FAIL 0 (the test binary did not build)" >"$out/test/$suite-$i.result"; done
+		return 1
+	fi
 	if [ "$pkg" = ./test/installed/ ]; then
 		local images=$out/test/installed-images
 		rm -rf "$images"
@@ -58,15 +76,18 @@ run_shards() {
 		env=(DKC_TEST_IMAGES_DIR="$images")
 	fi
 	for i in $(seq 1 "$n"); do
+		# In the package's directory, as go test runs a test binary.
 		(
+			cd "$pkg"
 			start=$(date +%s)
 			rc=ok
-			env "${env[@]}" DKC_TEST_SHARD="$i/$n" "${gotest[@]}" "${flags[@]}" "$pkg" >"$out/test/$suite-$i.log" 2>&1 ||
-				rc=FAIL
+			env "${env[@]}" DKC_TEST_SHARD="$i/$n" "$bin" -test.count=1 -test.timeout=45m -test.v "${binflags[@]}" \
+				>"$out/test/$suite-$i.log" 2>&1 || rc=FAIL
 			echo "$rc $(($(date +%s) - start))" >"$out/test/$suite-$i.result"
 		) &
 		pids+=($!)
-		echo "DKC_TEST_SHARD=$i/$n ${gotest[*]} ${flags[*]} $pkg >$out/test/$suite-$i.log"
+		echo "(cd $pkg && DKC_TEST_SHARD=$i/$n $bin -test.count=1 -test.timeout=45m -test.v ${binflags[*]})" \
+			">$out/test/$suite-$i.log"
 	done
 	local rc=0
 	for pid in "${pids[@]}"; do wait "$pid" || rc=1; done

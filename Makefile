@@ -5,6 +5,13 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
+# One build configuration for every go command make runs, static and path-free as the images' binaries are
+# built: tests, vet, lint, code generators and builds then share one compile of each package, and a fresh
+# clone (CI's) compiles from the Go build cache what any earlier checkout compiled. The race detector needs
+# cgo: test-unit turns it back on for its run.
+export CGO_ENABLED := 0
+export GOFLAGS := -trimpath $(GOFLAGS)
+
 OUT        := _output
 BIN        := $(OUT)/bin
 DEV_DIR    := $(OUT)/dev
@@ -88,7 +95,7 @@ HELM_BIN := $(BIN)/helm
 GOLANGCI_LINT_BIN := $(BIN)/golangci-lint
 $(GOLANGCI_LINT_BIN): hack/tools/golangci-lint/go.mod hack/tools/golangci-lint/go.sum
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 hack/gobuild.sh $(BIN) -modfile=hack/tools/golangci-lint/go.mod github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	hack/gobuild.sh $(BIN) -modfile=hack/tools/golangci-lint/go.mod github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 .PHONY: golangci-lint
 golangci-lint: $(GOLANGCI_LINT_BIN) ## golangci-lint with .golangci.yml over every Go module of the tree (part of make lint)
@@ -97,7 +104,7 @@ golangci-lint: $(GOLANGCI_LINT_BIN) ## golangci-lint with .golangci.yml over eve
 	cd test/monitoring && $(abspath $(GOLANGCI_LINT_BIN)) run ./...
 $(HELM_BIN): hack/tools/helm/go.mod hack/tools/helm/go.sum
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 hack/gobuild.sh $(BIN) -modfile=hack/tools/helm/go.mod helm.sh/helm/v4/cmd/helm
+	hack/gobuild.sh $(BIN) -modfile=hack/tools/helm/go.mod helm.sh/helm/v4/cmd/helm
 
 .PHONY: build
 build: ## build the binaries into _output/bin (with one dkc-kubelet-check-<minor> per supported kubelet minor)
@@ -173,27 +180,26 @@ FUZZ_TARGETS := ./services/internal/auth:FuzzParseToken:10000x ./internal/payloa
 test-fuzz: ## run each fuzz target for its count of executions (about 10s each; longer: make test-fuzz FUZZTIME=10m)
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; ft="$(FUZZTIME)"; [ -n "$$ft" ] || ft=$${rest#*:}; \
 		echo "go test -run=^$$ -fuzz=^$$fn\$$ -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg"; \
-		go test -trimpath -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg || exit 1; done
+		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$$ft -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg || exit 1; done
 
-# Every go test runs with -trimpath, as every build does: the checkout's path stays out of what is compiled,
-# so a fresh clone (CI's) compiles from the build cache what any earlier checkout compiled.
 # The unit tests run under the race detector: dkc is concurrent throughout (status workers, the outbox,
 # streams, leader election, informers), and a race is a bug whether or not a test's assertions see it. The
 # kubelet-check module is the exception: a loader around the kubelet's own code with no concurrency of
-# dkc's, whose instrumented build of the kubelet's dependency tree takes longer than the other tests.
+# dkc's, whose instrumented build of the kubelet's dependency tree takes longer than the other tests. Its
+# tests build as its helpers do, so they compile nothing the helpers did not.
 .PHONY: test-unit
 test-unit: $(HELM_BIN) ## unit tests under the race detector (no cluster; -tags helm: the chart rendered by the pinned helm)
-	go test -trimpath -race -count=1 -timeout 30m $(TEST_FLAGS) ./...
-	HELM=$(abspath $(HELM_BIN)) go test -trimpath -count=1 -tags helm $(TEST_FLAGS) ./hack/helmchart/...
-	cd $(KUBELETCHECK) && go test -trimpath -count=1 $(TEST_FLAGS) ./...
-	cd test/monitoring && go test -trimpath -count=1 $(TEST_FLAGS) ./...
+	CGO_ENABLED=1 go test -race -count=1 -timeout 30m $(TEST_FLAGS) ./...
+	HELM=$(abspath $(HELM_BIN)) go test -count=1 -tags helm $(TEST_FLAGS) ./hack/helmchart/...
+	cd $(KUBELETCHECK) && go test -count=1 $(TEST_FLAGS) ./...
+	cd test/monitoring && go test -count=1 $(TEST_FLAGS) ./...
 
 .PHONY: test-race
 test-race: test-unit ## the unit tests under the race detector (what test-unit runs)
 
 .PHONY: test-integration
 test-integration: build $(HELM_BIN) ## tests against real local clusters (root; INTEGRATION_P, INTEGRATION_SHARDS, INSTALLED_SHARDS)
-	@rc=0; $(if $(INTEGRATION_SOLO_PKGS),go test -trimpath -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) \
+	@rc=0; $(if $(INTEGRATION_SOLO_PKGS),go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) \
 		$(INTEGRATION_SOLO_PKGS) || rc=1;) \
 	HELM=$(abspath $(HELM_BIN)) OUT=$(OUT) INTEGRATION_P=$(INTEGRATION_P) INTEGRATION_SHARDS=$(INTEGRATION_SHARDS) \
 		INSTALLED_SHARDS=$(INSTALLED_SHARDS) TEST_FLAGS='$(TEST_FLAGS)' hack/clustersuites.sh $(INTEGRATION_PKGS) || rc=1; \

@@ -17,8 +17,9 @@ out=${OUT:-_output}
 [[ $out = /* ]] || out=$PWD/$out
 p=${INTEGRATION_P:-2}
 read -r -a flags <<<"${TEST_FLAGS:-}"
-# The same flags as the Makefile's go test: -trimpath keeps the checkout's path out of the compile, so a
-# fresh clone compiles what an earlier one did from the build cache.
+# Built as dkc's binaries are (CGO_ENABLED=0, -trimpath), so the suites compile little that `make build` did
+# not, and a fresh clone compiles what an earlier one did from the build cache.
+export CGO_ENABLED=0
 gotest=(go test -trimpath -tags integration -count=1 -timeout 45m -v)
 
 # shards_of PKG: how many shards the suite PKG runs as (1: whole, with the others).

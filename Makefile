@@ -30,7 +30,9 @@ BUF_AGAINST ?= .git\#ref=HEAD~1
 INTEGRATION_SOLO_PKGS := ./test/freshkernel/
 INTEGRATION_PKGS := ./test/integration/ ./test/installed/
 INTEGRATION_P ?= 2
-INTEGRATION_SHARDS ?= 2
+# Four clusters at once (both suites as two shards) overloaded a 2-core machine into flaky waits
+# (docs/results.md): the integration suite runs whole by default; INTEGRATION_SHARDS=2 where cores allow.
+INTEGRATION_SHARDS ?= 1
 INSTALLED_SHARDS ?= 2
 TEST_FLAGS ?=
 

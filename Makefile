@@ -160,7 +160,7 @@ UNIT_BESIDE ?=
 ifeq ($(UNIT_BESIDE),1)
 test: $(HELM_BIN) ## run every test: unit and fuzzing (short) beside integration against real local clusters
 	@mkdir -p $(OUT); rc=0; \
-	nice -n 10 $(MAKE) --no-print-directory test-unit test-fuzz >$(OUT)/test-unit.log 2>&1 & unit=$$!; \
+	nice -n 19 $(MAKE) --no-print-directory test-unit test-fuzz >$(OUT)/test-unit.log 2>&1 & unit=$$!; \
 	$(MAKE) --no-print-directory test-integration || rc=1; \
 	wait $$unit || { rc=1; echo "== unit tests or fuzzing FAILED (log: $(OUT)/test-unit.log)"; }; \
 	echo "== unit tests and fuzzing ($(OUT)/test-unit.log):"; cat $(OUT)/test-unit.log; exit $$rc
@@ -189,9 +189,20 @@ test-fuzz: ## run each fuzz target for its count of executions (about 10s each; 
 # kubelet-check module is the exception: a loader around the kubelet's own code with no concurrency of
 # dkc's, whose instrumented build of the kubelet's dependency tree takes longer than the other tests. Its
 # tests build as its helpers do, so they compile nothing the helpers did not.
+#
+# Go's test cache reuses a package's passing result while its test binary, the environment it read and the
+# files it opened in the module are unchanged: a warm run tests only what a change reaches. Packages whose
+# tests start programs (go build, git, kubectl kustomize, the kubelet-check helpers) always run, since go
+# test cannot see what those read (hack/unitpkgs.sh). UNIT_CACHE=0 runs every package.
+UNIT_CACHE ?= 1
 .PHONY: test-unit
-test-unit: $(HELM_BIN) ## unit tests under the race detector (no cluster; -tags helm: the chart rendered by the pinned helm)
+test-unit: $(HELM_BIN) ## unit tests under the race detector (no cluster; -tags helm: the chart rendered by the pinned helm; UNIT_CACHE=0: no cached results)
+ifeq ($(UNIT_CACHE),1)
+	CGO_ENABLED=1 go test -race -timeout 30m $(TEST_FLAGS) $$(hack/unitpkgs.sh cached)
+	CGO_ENABLED=1 go test -race -count=1 -timeout 30m $(TEST_FLAGS) $$(hack/unitpkgs.sh fresh)
+else
 	CGO_ENABLED=1 go test -race -count=1 -timeout 30m $(TEST_FLAGS) ./...
+endif
 	HELM=$(abspath $(HELM_BIN)) go test -count=1 -tags helm $(TEST_FLAGS) ./hack/helmchart/...
 	cd $(KUBELETCHECK) && go test -count=1 $(TEST_FLAGS) ./...
 	cd test/monitoring && go test -count=1 $(TEST_FLAGS) ./...

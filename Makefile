@@ -210,8 +210,15 @@ endif
 .PHONY: test-race
 test-race: test-unit ## the unit tests under the race detector (what test-unit runs)
 
+# dkc-dev alone, unstamped: what the cluster suites need besides the binaries they build themselves (it stops
+# their clusters); linked only when its code changed since the last build on this machine (hack/gobuild.sh).
+.PHONY: dkc-dev
+dkc-dev:
+	@mkdir -p $(BIN)
+	hack/gobuild.sh $(BIN) -buildvcs=false ./hack/dkc-dev
+
 .PHONY: test-integration
-test-integration: build $(HELM_BIN) ## tests against real local clusters (root; INTEGRATION_P, INTEGRATION_SHARDS, INSTALLED_SHARDS)
+test-integration: dkc-dev $(HELM_BIN) ## tests against real local clusters (root; INTEGRATION_P, INTEGRATION_SHARDS, INSTALLED_SHARDS)
 	@rc=0; $(if $(INTEGRATION_SOLO_PKGS),go test -tags integration -count=1 -p 1 -timeout 20m -v $(TEST_FLAGS) \
 		$(INTEGRATION_SOLO_PKGS) || rc=1;) \
 	HELM=$(abspath $(HELM_BIN)) OUT=$(OUT) INTEGRATION_P=$(INTEGRATION_P) INTEGRATION_SHARDS=$(INTEGRATION_SHARDS) \

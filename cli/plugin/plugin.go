@@ -10,8 +10,10 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sort"
 	"strings"
 	"time"
@@ -154,10 +156,14 @@ func (o *Options) setSource(ctx context.Context, node *corev1.Node, src *corev1.
 	return where, err
 }
 
+// transient says whether err may pass by itself: the apiserver overloaded or restarting (refused, reset or
+// closed connections, a TLS handshake or response that timed out) or asking to be called again later. The
+// callers retry such errors within their own bounds.
 func transient(err error) bool {
+	var netErr net.Error
 	return apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsServerTimeout(err) ||
 		apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) || utilnet.IsConnectionRefused(err) ||
-		utilnet.IsConnectionReset(err)
+		utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) || (errors.As(err, &netErr) && netErr.Timeout())
 }
 
 func (o *Options) print(w io.Writer, v any) error {

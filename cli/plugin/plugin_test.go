@@ -5,14 +5,20 @@ package plugin
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"reflect"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
@@ -282,5 +288,40 @@ func TestParseConfigMap(t *testing.T) {
 		if (err == nil) != tc.ok || ns != tc.ns || name != tc.name {
 			t.Errorf("parseConfigMap(%q) = %q, %q, %v; want %q, %q, ok=%v", tc.ref, ns, name, err, tc.ns, tc.name, tc.ok)
 		}
+	}
+}
+
+// handshakeTimeout is what net/http returns when the apiserver accepts a connection but does not finish
+// the TLS handshake in time (an apiserver starting, or overloaded).
+type handshakeTimeout struct{}
+
+func (handshakeTimeout) Error() string   { return "net/http: TLS handshake timeout" }
+func (handshakeTimeout) Timeout() bool   { return true }
+func (handshakeTimeout) Temporary() bool { return true }
+
+func TestTransient(t *testing.T) {
+	get := func(err error) error { return &url.Error{Op: "Get", URL: "https://apiserver/apis", Err: err} }
+	pool := schema.GroupResource{Group: "dkc.dev", Resource: "kubeletconfigpools"}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", get(&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}), true},
+		{"connection reset", get(&net.OpError{Op: "read", Err: syscall.ECONNRESET}), true},
+		{"TLS handshake timeout", get(handshakeTimeout{}), true},
+		{"connection closed mid-response", get(io.ErrUnexpectedEOF), true},
+		{"too many requests", apierrors.NewTooManyRequests("slow down", 1), true},
+		{"service unavailable", apierrors.NewServiceUnavailable("starting"), true},
+		{"not found", apierrors.NewNotFound(pool, "blue"), false},
+		{"forbidden", apierrors.NewForbidden(pool, "blue", errors.New("no")), false},
+		{"invalid", apierrors.NewBadRequest("spec.maxUnavailable"), false},
+		{"certificate not trusted", get(errors.New("x509: certificate signed by unknown authority")), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := transient(tc.err); got != tc.want {
+				t.Errorf("transient(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
 	}
 }

@@ -111,6 +111,7 @@ func (k *steadyKubelet) MainPID(context.Context) (int, error) { return 4242, nil
 func (k *steadyKubelet) Healthz(context.Context, *configcheck.Checked) error {
 	return nil
 }
+func (k *steadyKubelet) Foreign(*configcheck.Checked) error { return nil }
 func (k *steadyKubelet) Configz(ctx context.Context, _ *configcheck.Checked) (map[string]any, error) {
 	r, err := kubeletcheck.Load(ctx, k.file, nil)
 	if err != nil {

@@ -103,6 +103,9 @@ func (k *standInKubelet) Healthz(context.Context, *configcheck.Checked) error {
 	return nil
 }
 
+// Foreign: the stand-in listens wherever it is told.
+func (k *standInKubelet) Foreign(*configcheck.Checked) error { return nil }
+
 func (k *standInKubelet) Configz(ctx context.Context, _ *configcheck.Checked) (map[string]any, error) {
 	file, err := app.KubeletConfigFile(k.dynamic)
 	if err != nil {

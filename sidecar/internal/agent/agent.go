@@ -56,6 +56,9 @@ type ServiceManager interface {
 type Prober interface {
 	Healthz(ctx context.Context, kc *configcheck.Checked) error
 	Configz(ctx context.Context, kc *configcheck.Checked) (map[string]any, error)
+	// Foreign says why the kubelet cannot listen where kc puts it on this node (an address that is not the
+	// node's), or nil.
+	Foreign(kc *configcheck.Checked) error
 }
 
 // Reporter delivers status to the config service, retrying until acknowledged; implemented by the client.

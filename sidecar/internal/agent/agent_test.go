@@ -118,6 +118,16 @@ func (k *fakeKubelet) Healthz(context.Context, *configcheck.Checked) error {
 	return nil
 }
 
+// Foreign: the fake node's addresses are loopback alone.
+func (k *fakeKubelet) Foreign(kc *configcheck.Checked) error {
+	switch kc.Address {
+	case "", "0.0.0.0", "::", "127.0.0.1":
+		return nil
+	}
+	return fmt.Errorf("%w: address %s is neither loopback nor an address of this node's interfaces",
+		probe.ErrForeignAddress, kc.Address)
+}
+
 func (k *fakeKubelet) Configz(context.Context, *configcheck.Checked) (map[string]any, error) {
 	k.mu.Lock()
 	configzErr := k.configzErr

@@ -69,7 +69,13 @@ func (a *Agent) run(ctx context.Context, target candidate) (Outcome, error) {
 			restart.Time = timestamp(a.clock.Now())
 			a.pendingRestarts = append(a.pendingRestarts, restart)
 			a.metrics.restarted()
-			return OutcomeConfigFault, fmt.Errorf("restart kubelet: %w", err)
+			err = fmt.Errorf("restart kubelet: %w", err)
+			// A kubelet told to listen on an address that is not this node's exits once it tries, before or
+			// after the service manager counts it started: the status names the address either way.
+			if ferr := a.kubelet.Foreign(target.config); ferr != nil {
+				err = fmt.Errorf("%w; %w", ferr, err)
+			}
+			return OutcomeConfigFault, err
 		}
 		return a.unblamed(ctx, fmt.Errorf("restart kubelet: %w", err))
 	}

@@ -4,6 +4,7 @@ package agent
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,6 +52,22 @@ func TestKubeletThatExitsAtStartIsTheConfigsFault(t *testing.T) {
 	}
 	if got := len(n.reporter.restarts); got != 2 {
 		t.Errorf("%d restart Events, want 2 (into the config, back to local)", got)
+	}
+}
+
+// TestKubeletThatExitsOnAForeignAddressNamesIt: a kubelet told to listen on an address that is not the
+// node's exits, and whether the service manager counted it started first (then /configz is refused for the
+// address) or not (the restart job fails), the failure names the address.
+func TestKubeletThatExitsOnAForeignAddressNamesIt(t *testing.T) {
+	n := newNode(t)
+	n.kubelet.exitOnStart = 1
+	n.apply(assignment("u", "1", cfgHeader+"address: 203.0.113.9\n"), "")
+	n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
+	f := n.agent.state.failure(n.mustAssigned())
+	for _, want := range []string{"address 203.0.113.9 is neither loopback", "the kubelet's process failed starting"} {
+		if !strings.Contains(f, want) {
+			t.Errorf("failure %q does not say %q", f, want)
+		}
 	}
 }
 

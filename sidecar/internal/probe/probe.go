@@ -225,6 +225,22 @@ func (k *Kubelet) target(field, addr string) (string, error) {
 		ErrForeignAddress, field, addr)
 }
 
+// Foreign says why the kubelet cannot listen where kc puts it on this node, or nil: its address, or its
+// healthzBindAddress while healthz is on, is neither loopback, all addresses, nor an address of the node's
+// interfaces (ErrForeignAddress). With --kubelet-host nothing is foreign: the operator says where the kubelet is.
+// An address that cannot be checked (the interfaces unreadable) is not called foreign.
+func (k *Kubelet) Foreign(kc *configcheck.Checked) error {
+	if _, err := k.target("address", kc.Address); errors.Is(err, ErrForeignAddress) {
+		return err
+	}
+	if kc.HealthzPort != 0 {
+		if _, err := k.target("healthzBindAddress", kc.HealthzBindAddress); errors.Is(err, ErrForeignAddress) {
+			return err
+		}
+	}
+	return nil
+}
+
 // Healthz checks http://<healthzBindAddress>:<healthzPort>/healthz of the config. No token is sent, but the
 // address must be this node's all the same: the sidecar talks to its own kubelet only.
 func (k *Kubelet) Healthz(ctx context.Context, kc *configcheck.Checked) error {

@@ -246,6 +246,36 @@ func TestTokenGoesOnlyToThisNode(t *testing.T) {
 	}
 }
 
+func TestForeign(t *testing.T) {
+	for _, tc := range []struct {
+		name, host string
+		kc         configcheck.Checked
+		want       string // "" for nil, else what the error says
+	}{
+		{name: "all addresses", kc: configcheck.Checked{Address: "0.0.0.0", HealthzBindAddress: "127.0.0.1", HealthzPort: 10248}},
+		{name: "the node's", kc: configcheck.Checked{Address: "198.18.0.10", HealthzBindAddress: "198.18.0.10", HealthzPort: 10248}},
+		{name: "address elsewhere", kc: configcheck.Checked{Address: "203.0.113.7"}, want: "address 203.0.113.7 is neither"},
+		{name: "healthz elsewhere", kc: configcheck.Checked{Address: "0.0.0.0", HealthzBindAddress: "203.0.113.7", HealthzPort: 10248},
+			want: "healthzBindAddress 203.0.113.7 is neither"},
+		{name: "healthz elsewhere but off", kc: configcheck.Checked{Address: "0.0.0.0", HealthzBindAddress: "203.0.113.7"}},
+		{name: "--kubelet-host says where", host: "10.1.2.3", kc: configcheck.Checked{Address: "203.0.113.7"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k, err := New(Config{Host: tc.host, InterfaceAddrs: addrs("127.0.0.1/8", "198.18.0.10/24")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = k.Foreign(&tc.kc)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Foreign = %v, want nil", err)
+			case tc.want != "" && (!errors.Is(err, ErrForeignAddress) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Foreign = %v, want ErrForeignAddress saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
 // TestServingCertificateIsPinned: the token goes only over a connection whose certificate is the one the
 // kubelet's config makes it serve (or, with --kubelet-ca-file, one the CA signed); a wrong or unreadable
 // certificate sends nothing, and the error is neither Unverifiable nor a foreign address.

@@ -187,6 +187,13 @@ func (m *Manager) Restart(ctx context.Context) error {
 		return err
 	}
 	if processFailures[result] {
+		// The Result may be an earlier process's: a restart job that catches a unit crash-looping under its
+		// Restart= (the config before this one failing) between two starts can fail before any process of
+		// its own runs. Only a process started since the job began ran the config the env file names now.
+		if after, ierr := m.invocationID(ctx); ierr == nil && before != "" && after == before {
+			return fmt.Errorf("%w (no kubelet process of this restart ran: %s Result=%s is an earlier one's)",
+				err, m.unit, result)
+		}
 		return &StartFailedError{Unit: m.unit, Result: result, Err: err}
 	}
 	if result != "start-limit-hit" {

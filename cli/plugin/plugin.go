@@ -158,8 +158,12 @@ func (o *Options) setSource(ctx context.Context, node *corev1.Node, src *corev1.
 
 // transient says whether err may pass by itself: the apiserver overloaded or restarting (refused, reset or
 // closed connections, a TLS handshake or response that timed out) or asking to be called again later. The
-// callers retry such errors within their own bounds.
+// callers retry such errors within their own bounds; their own context's end is not transient (a
+// context.DeadlineExceeded is a net.Error that timed out too).
 func transient(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
 	var netErr net.Error
 	return apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsServerTimeout(err) ||
 		apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) || utilnet.IsConnectionRefused(err) ||

@@ -3,6 +3,7 @@
 package plugin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -317,6 +318,8 @@ func TestTransient(t *testing.T) {
 		{"forbidden", apierrors.NewForbidden(pool, "blue", errors.New("no")), false},
 		{"invalid", apierrors.NewBadRequest("spec.maxUnavailable"), false},
 		{"certificate not trusted", get(errors.New("x509: certificate signed by unknown authority")), false},
+		{"the caller's deadline", get(context.DeadlineExceeded), false},
+		{"the caller gave up", get(context.Canceled), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := transient(tc.err); got != tc.want {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	_ "time/tzdata" // the zones as dkc-server ships them, not the host's zoneinfo
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"

@@ -192,17 +192,20 @@ test-fuzz: ## run each fuzz target for its count of executions (about 10s each; 
 #
 # Go's test cache reuses a package's passing result while its test binary, the environment it read and the
 # files it opened in the module are unchanged: a warm run tests only what a change reaches. Packages whose
-# tests start programs (go build, git, kubectl kustomize, the kubelet-check helpers) always run, since go
-# test cannot see what those read (hack/unitpkgs.sh). UNIT_CACHE=0 runs every package.
+# tests start programs through os/exec (go build, git, kubectl kustomize, the kubelet-check helpers) always
+# run, since go test cannot see what those read (hack/unitpkgs.sh). UNIT_CACHE=0 runs every package.
 UNIT_CACHE ?= 1
 .PHONY: test-unit
 test-unit: $(HELM_BIN) ## unit tests under the race detector (no cluster; -tags helm: the chart rendered by the pinned helm; UNIT_CACHE=0: no cached results)
 ifeq ($(UNIT_CACHE),1)
-	CGO_ENABLED=1 go test -race -timeout 30m $(TEST_FLAGS) $$(hack/unitpkgs.sh cached)
-	CGO_ENABLED=1 go test -race -count=1 -timeout 30m $(TEST_FLAGS) $$(hack/unitpkgs.sh fresh)
+	cached=$$(hack/unitpkgs.sh cached) && fresh=$$(hack/unitpkgs.sh fresh) && \
+		CGO_ENABLED=1 go test -race -timeout 30m $(TEST_FLAGS) $$cached && \
+		CGO_ENABLED=1 go test -race -count=1 -timeout 30m $(TEST_FLAGS) $$fresh
 else
 	CGO_ENABLED=1 go test -race -count=1 -timeout 30m $(TEST_FLAGS) ./...
 endif
+	@# Every program links (the suites build only what they run), unstamped and only when its code changed.
+	hack/gobuild.sh $(OUT)/mains -buildvcs=false $(MAINS)
 	HELM=$(abspath $(HELM_BIN)) go test -count=1 -tags helm $(TEST_FLAGS) ./hack/helmchart/...
 	cd $(KUBELETCHECK) && go test -count=1 $(TEST_FLAGS) ./...
 	cd test/monitoring && go test -count=1 $(TEST_FLAGS) ./...

@@ -7,15 +7,20 @@
 #   hack/unitpkgs.sh fresh    packages whose tests always run
 #
 # go test reuses a result only when the test binary, the environment variables the test read and the files
-# it opened inside the module are unchanged. It cannot see what a program the test starts reads: `go build`,
-# `git ls-files`, `kubectl kustomize`, a kubelet-check helper. So a package is fresh when its tests, or any
-# package of this module they import, import os/exec; every other package is cached. The rule is
-# conservative (a package that starts only `sh` is fresh too) and needs no list kept by hand: a test that
-# starts a program is fresh from the commit that adds it.
+# it opened or looked at inside the module (their content, size and modification time) are unchanged. It
+# cannot see what a program the test starts reads (`go build`, `git ls-files`, `kubectl kustomize`, a
+# kubelet-check helper), nor files outside the module (so the pool window tests compile the time zones in).
+# So a package is fresh when its tests, or any package of this module they import, import os/exec; every
+# other package is cached. The rule is conservative (a package that starts only `sh` is fresh too) and needs
+# no list kept by hand: a test that starts a program through os/exec is fresh from the commit that adds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: hack/unitpkgs.sh cached|fresh}
 mod=$(go list -m)
+# Listed with the settings the unit tests build with (make test-unit: cgo on, -race), so that files only
+# those settings select are counted.
+export CGO_ENABLED=1
+export GOFLAGS="${GOFLAGS:-} -race"
 
 # The module's packages that import os/exec (their own files), and each test package's test files' imports.
 execs=$(go list -f '{{range .Imports}}{{if eq . "os/exec"}}{{$.ImportPath}}{{"\n"}}{{end}}{{end}}' ./... | sort -u)

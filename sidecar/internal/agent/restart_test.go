@@ -56,8 +56,9 @@ func TestKubeletThatExitsAtStartIsTheConfigsFault(t *testing.T) {
 }
 
 // TestKubeletThatExitsOnAForeignAddressNamesIt: a kubelet told to listen on an address that is not the
-// node's exits, and whether the service manager counted it started first (then /configz is refused for the
-// address) or not (the restart job fails), the failure names the address.
+// node's exits. When the service manager counted it started first, /configz is refused for the address (the
+// integration test TestConfigPointingTheKubeletOffTheNodeGetsNoToken); when it did not, the restart job
+// fails, and the failure names the address all the same (this test).
 func TestKubeletThatExitsOnAForeignAddressNamesIt(t *testing.T) {
 	n := newNode(t)
 	n.kubelet.exitOnStart = 1

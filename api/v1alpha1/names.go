@@ -23,7 +23,8 @@ const (
 	ConditionPaused = "Paused"
 	// ConditionConfigInvalid is True when the pool's config cannot be rolled out at all (the ConfigMap or
 	// its key is missing, its namespace is not one dkc-server reads, the kubelet's own validation refuses
-	// it, or an object the pool did not create holds its snapshot's name): caught before any node is touched.
+	// it, an object the pool did not create holds its snapshot's name, or the nodes' kubelets would refuse
+	// it on their checkpointed state until drained): caught before any node is touched.
 	ConditionConfigInvalid = "ConfigInvalid"
 )
 
@@ -69,6 +70,10 @@ const (
 	ReasonKeyNotFound         = "KeyNotFound"
 	ReasonNamespaceNotAllowed = "NamespaceNotAllowed"
 	ReasonValidationFailed    = "ValidationFailed"
+	// The kubelet of a node that runs one of the pool's revisions would refuse the new one on the state its
+	// resource managers checkpointed (another CPU or memory manager policy, or other reservations under a
+	// static one) until the node is drained and the state file removed; dkc does not drain.
+	ReasonDrainRequired = "DrainRequired"
 	// An object with the snapshot's name that the pool did not create, or whose data is not its revision's.
 	ReasonSnapshotMismatch = "SnapshotMismatch"
 	ReasonConfigValid      = "ConfigValid"

@@ -164,7 +164,8 @@ func editConfig(t *testing.T, cm *corev1.ConfigMap, data string) {
 //     first node is assigned: the other replica takes over and finishes it; each kubelet starts once, the
 //     two starts at least a trial apart (never two kubelets restarting at once);
 //   - an in-place edit to a config the kubelet's validation refuses stops before any node is touched
-//     (ConfigInvalid: dkc-server checks it with the code of each node's kubelet minor);
+//     (ConfigInvalid: dkc-server checks it with the code of each node's kubelet minor), and so does one
+//     the kubelet refuses on its CPU manager's checkpointed state (DrainRequired: dkc does not drain);
 //   - an in-place edit to a config that validates but keeps the kubelet from starting fails the first node
 //     (rolled back to last-known-good) and halts the pool before the second is touched;
 //   - undo puts the pool back on the good revision, on both nodes;
@@ -240,6 +241,37 @@ func TestPoolOnRealNodes(t *testing.T) {
 	for _, n := range nodes {
 		if s := startsSince(t, n, since); len(s) != 0 {
 			t.Errorf("%s: kubelet started %v for a config dkc-server refused", n, s)
+		}
+		waitRunning(t, n, good, 10*time.Second)
+	}
+
+	// 2b. A change the kubelet refuses on the state its CPU manager checkpointed under the running revision
+	// (the static policy, on nodes whose checkpoint says none) needs a drain, which dkc does not do:
+	// refused before any node is touched, naming each node and the state file.
+	since = time.Now()
+	var pinned map[string]any
+	if err := yaml.Unmarshal([]byte(nodeConfig(t, "node-1", 43)), &pinned); err != nil {
+		t.Fatal(err)
+	}
+	pinned["cpuManagerPolicy"], pinned["reservedSystemCPUs"] = "static", "0"
+	if raw, err = yaml.Marshal(pinned); err != nil {
+		t.Fatal(err)
+	}
+	editConfig(t, cm, string(raw))
+	out, err = kubectlDKC(ctx, "rollout", pool, "--timeout", "1m")
+	if !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonDrainRequired {
+		t.Fatalf("rollout of a change that needs a drain: %v, want ConfigInvalid %s before any node\n%s", err, v1alpha1.ReasonDrainRequired, out)
+	}
+	for _, n := range nodes {
+		if want := "node " + n + " (revision "; !strings.Contains(stopped.Message, want) ||
+			!strings.Contains(stopped.Message, "cpu_manager_state (cpuManagerPolicy: none → static)") {
+			t.Errorf("DrainRequired %q does not name %s and cpu_manager_state (cpuManagerPolicy: none → static)", stopped.Message, n)
+		}
+	}
+	t.Logf("refused before any node: %s", stopped.Message)
+	for _, n := range nodes {
+		if s := startsSince(t, n, since); len(s) != 0 {
+			t.Errorf("%s: kubelet started %v for a change dkc-server refused", n, s)
 		}
 		waitRunning(t, n, good, 10*time.Second)
 	}

@@ -97,23 +97,34 @@ const maxKubeletChecks = 512
 // its failure budget on them. The pool's current revision is not checked again (nodes of a minor that
 // joins later check it themselves): what it refuses, it refuses before any node has it.
 //
-// An outcome is kept per revision (a content hash) and minor: syncs are many, configs few. One helper
-// runs at a time (each is a process of up to ~85 MiB inside dkc-server's memory limit); a worker whose
-// outcome is kept never waits for another's helper.
+// An outcome is kept per revision (a content hash) and minor, with the config as that kubelet runs it
+// (stateResets compares a node's running revision with the new one on it): syncs are many, configs few.
+// One helper runs at a time (each is a process of up to ~85 MiB inside dkc-server's memory limit); a
+// worker whose outcome is kept never waits for another's helper.
 type kubeletChecks struct {
 	checker KubeletChecker
 	log     *zap.Logger
 	slot    chan struct{} // one helper at a time
 
 	mu       sync.Mutex
-	outcomes map[kubeletCheckKey]error // nil: passed, or could not be checked (logged once)
+	outcomes map[kubeletCheckKey]checkOutcome
 }
 
 func newKubeletChecks(checker KubeletChecker, log *zap.Logger) *kubeletChecks {
-	return &kubeletChecks{checker: checker, log: log, slot: make(chan struct{}, 1), outcomes: map[kubeletCheckKey]error{}}
+	return &kubeletChecks{checker: checker, log: log, slot: make(chan struct{}, 1),
+		outcomes: map[kubeletCheckKey]checkOutcome{}}
 }
 
 type kubeletCheckKey struct{ revision, minor string }
+
+// checkOutcome is what one check of a revision with one minor's code found.
+type checkOutcome struct {
+	// err is why the kubelet refuses the config; nil when it passed, or could not be checked (logged once).
+	err error
+	// fields are the config as that kubelet runs it (its defaults applied, v1beta1 JSON names); nil when
+	// it was refused or could not be checked.
+	fields map[string]any
+}
 
 // check returns why no kubelet of the selected nodes' minors would load or validate content, or nil.
 // versions maps each minor to one kubelet version of it and the count of selected nodes running it.
@@ -132,11 +143,11 @@ func (k *kubeletChecks) check(ctx context.Context, ref v1alpha1.ConfigMapReferen
 	slices.SortFunc(minors, checkapi.CompareMinors)
 	for _, minor := range minors {
 		v := versions[minor]
-		err, err2 := k.outcome(ctx, ref, rev, content, minor, v.version)
-		if err2 != nil {
-			return nil, err2
-		}
+		o, err := k.outcome(ctx, ref, rev, content, minor, v.version)
 		if err != nil {
+			return nil, err
+		}
+		if err := o.err; err != nil {
 			return &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed,
 				Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet %s refuses it (%s; checked "+
 					"with kubelet %s's code before any node is touched, without the nodes' flags and drop-ins: a feature "+
@@ -148,47 +159,53 @@ func (k *kubeletChecks) check(ctx context.Context, ref v1alpha1.ConfigMapReferen
 	return nil, nil
 }
 
-// outcome is the kept outcome of (rev, minor), or a new check's; the second error is ctx's.
+// outcome is the kept outcome of (rev, minor), or a new check's; the error is ctx's.
 func (k *kubeletChecks) outcome(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte, minor,
-	version string) (error, error) {
+	version string) (checkOutcome, error) {
 	key := kubeletCheckKey{revision: rev, minor: minor}
 	k.mu.Lock()
-	err, done := k.outcomes[key]
+	o, done := k.outcomes[key]
 	k.mu.Unlock()
 	if done {
-		return err, nil
+		return o, nil
 	}
 	select {
 	case k.slot <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return checkOutcome{}, ctx.Err()
 	}
 	defer func() { <-k.slot }()
 	k.mu.Lock()
-	err, done = k.outcomes[key] // another worker may have checked it meanwhile
+	o, done = k.outcomes[key] // another worker may have checked it meanwhile
 	k.mu.Unlock()
 	if done {
-		return err, nil
+		return o, nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, kubeletCheckTimeout)
-	_, err = k.checker.CheckData(cctx, version, content)
+	checked, err := k.checker.CheckData(cctx, version, content)
 	cancel()
 	if ctx.Err() != nil {
-		return nil, ctx.Err() // shutting down or no longer leading: nothing is kept or decided
+		return checkOutcome{}, ctx.Err() // shutting down or no longer leading: nothing is kept or decided
 	}
-	if err != nil && !errors.Is(err, configcheck.ErrLoad) && !errors.Is(err, configcheck.ErrValidate) {
+	switch {
+	case err == nil:
+		if checked != nil {
+			o.fields = checked.Fields
+		}
+	case errors.Is(err, configcheck.ErrLoad) || errors.Is(err, configcheck.ErrValidate):
+		o.err = err
+	default:
 		k.log.Warn("could not check a pool's config with the kubelet's code; its nodes check it themselves",
 			zap.String("configMap", ref.Namespace+"/"+ref.Name), zap.String("revision", rev), zap.String("kubelet", version),
 			zap.Error(err))
-		err = nil
 	}
 	k.mu.Lock()
 	if len(k.outcomes) >= maxKubeletChecks {
 		clear(k.outcomes)
 	}
-	k.outcomes[key] = err
+	k.outcomes[key] = o
 	k.mu.Unlock()
-	return err, nil
+	return o, nil
 }
 
 // minorNodes is one kubelet version of a minor and how many selected nodes run that minor.

@@ -492,6 +492,12 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 			if invalid, err = c.kubelets.check(ctx, ref, rev, content, kubeletMinors(selected)); err != nil {
 				return nil, plan.Target{}, nil, err
 			}
+			// And what it would do on the state the nodes' kubelets checkpointed under what they run now.
+			if invalid == nil {
+				if invalid, err = c.stateResets(ctx, pool, rev, content, selected); err != nil {
+					return nil, plan.Target{}, nil, err
+				}
+			}
 		}
 		if invalid == nil {
 			if pool, invalid, err = c.ensureSnapshot(ctx, pool, ref.KubeletConfigKey, rev, snap); err != nil {

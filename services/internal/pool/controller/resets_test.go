@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/configcheck"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/services/internal/pool/revision"
+)
+
+// decodingKubelets decodes a config as the kubelet-check helper does, with the manager policies' defaults.
+type decodingKubelets struct{ calls int }
+
+func (d *decodingKubelets) CheckData(_ context.Context, _ string, data []byte) (*configcheck.Checked, error) {
+	d.calls++
+	fields := map[string]any{}
+	if err := sigsyaml.Unmarshal(data, &fields); err != nil {
+		return nil, err
+	}
+	for k, v := range map[string]any{"cpuManagerPolicy": "none", "memoryManagerPolicy": "None"} {
+		if _, ok := fields[k]; !ok {
+			fields[k] = v
+		}
+	}
+	return &configcheck.Checked{Fields: fields}, nil
+}
+
+// TestStateResetsRefuseBeforeAnyNode: a new revision that the kubelet of a node running one of the pool's
+// revisions would refuse on its checkpointed CPU or memory manager state (disruption.Resets, on both
+// configs as the node minor's helper decodes them) is ConfigInvalid DrainRequired naming the node, the state
+// file and the fields: no snapshot, no node assigned. A change the managers' state does not hold, and a
+// node whose running config the controller cannot know (local, or its snapshot not in the cache), roll out.
+func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
+	const header = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	static := header + "cpuManagerPolicy: static\nreservedSystemCPUs: \"0\"\n"
+	for _, tc := range []struct {
+		name, running, next string
+		local               bool   // the node runs its local config, not the pool's revision
+		snapshotGone        bool   // the running revision's snapshot is not in the cache
+		want                string // in ConfigInvalid DrainRequired's message; "" when the node is assigned
+	}{
+		{name: "policy none to static", running: header + "maxPods: 42\n", next: static,
+			want: "cpu_manager_state (cpuManagerPolicy: none → static)"},
+		{name: "another reservation under static", running: static, next: header + "cpuManagerPolicy: static\nreservedSystemCPUs: \"0-1\"\n",
+			want: "cpu_manager_state (reservedSystemCPUs: 0 → 0-1)"},
+		{name: "memory manager policy", running: header, next: header + "memoryManagerPolicy: Static\n",
+			want: "memory_manager_state (memoryManagerPolicy: None → Static)"},
+		{name: "a field the state does not hold", running: static, next: static + "maxPods: 50\n"},
+		{name: "a node on its local config", running: header, next: static, local: true},
+		{name: "the running snapshot not in the cache", running: header, next: static, snapshotGone: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := testPool()
+			was := configMap(map[string]string{"kubelet": tc.running})
+			wasRev, wasSnap := revision.Snapshot(pool, was)
+			pool.Status.CurrentRevision = wasRev
+			pool.Status.RevisionSnapshots = &v1alpha1.RevisionSnapshots{Items: []v1alpha1.RevisionSnapshot{{
+				Revision: wasRev, Namespace: wasSnap.Namespace, Name: wasSnap.Name, KubeletConfigKey: "kubelet"}}}
+			src := revision.Source(pool, wasRev)
+			active := &corev1.NodeConfigSource{ConfigMap: &src}
+			if tc.local {
+				active = nil
+			}
+			st, _ := json.Marshal(corev1.NodeConfigStatus{Assigned: active, Active: active, LastKnownGood: active})
+			n := node("a", map[string]string{nodeconfig.StatusAnnotation: string(st)}, nil)
+			n.Status.NodeInfo.KubeletVersion = "v1.37.1"
+
+			next := configMap(map[string]string{"kubelet": tc.next})
+			h := newHarness(t, pool, next, n)
+			if !tc.snapshotGone {
+				if err := h.c.snapshots["kube-system"].GetStore().Add(wasSnap); err != nil {
+					t.Fatal(err)
+				}
+			}
+			kubelets := &decodingKubelets{}
+			h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop())
+			for range 2 {
+				if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			last := h.pools.updates[len(h.pools.updates)-1]
+			c := meta.FindStatusCondition(last.Status.Conditions, v1alpha1.ConditionConfigInvalid)
+			if tc.want == "" {
+				if c == nil || c.Status != metav1.ConditionFalse || len(h.assigned()) != 1 {
+					t.Errorf("ConfigInvalid %+v, assigned %v; want False and node a assigned", c, h.assigned())
+				}
+				return
+			}
+			nextRev := revision.Name("kube-system", "kubelet", next.Data)
+			for _, want := range []string{tc.want, "(revision " + nextRev + ")", "node a (revision " + wasRev + ", kubelet 1.37)",
+				"nothing is assigned", "kubectl dkc assign --drained"} {
+				if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonDrainRequired || !strings.Contains(c.Message, want) {
+					t.Errorf("ConfigInvalid %+v, want True %s with %q", c, v1alpha1.ReasonDrainRequired, want)
+				}
+			}
+			if got := h.assigned(); len(got) != 0 {
+				t.Errorf("assigned %v a change its kubelet refuses on its state", got)
+			}
+			for _, a := range h.client.Actions() {
+				if a.GetVerb() == "create" && a.GetResource().Resource == "configmaps" {
+					t.Error("created a revision the nodes' kubelets refuse on their state")
+				}
+			}
+			if kubelets.calls != 2 {
+				t.Errorf("%d helper runs over two syncs, want 2 (each revision once)", kubelets.calls)
+			}
+		})
+	}
+}

@@ -219,7 +219,7 @@ override show up too: flags keep winning over any config.`,
 
 // kubeletCheckers are the dkc-kubelet-check-<minor> helpers in dir, or next to this executable, or beside
 // the first one on $PATH.
-func kubeletCheckers(dir string) (configcheck.Checker, error) {
+func kubeletCheckers(dir string) (configcheck.Helpers, error) {
 	const helper = configcheck.HelperPrefix + "*"
 	if dir == "" {
 		if self, err := os.Executable(); err == nil {
@@ -237,12 +237,12 @@ func kubeletCheckers(dir string) (configcheck.Checker, error) {
 		}
 	}
 	if dir == "" {
-		return nil, fmt.Errorf("the %s helpers, which load configs with the kubelet's code, are neither next to "+
+		return configcheck.Helpers{}, fmt.Errorf("the %s helpers, which load configs with the kubelet's code, are neither next to "+
 			"kubectl-dkc nor on $PATH (install them beside kubectl-dkc, or --kubelet-check-dir)", helper)
 	}
 	h, err := configcheck.FindHelpers(dir)
 	if err != nil {
-		return nil, fmt.Errorf("%w (--kubelet-check-dir)", err)
+		return configcheck.Helpers{}, fmt.Errorf("%w (--kubelet-check-dir)", err)
 	}
 	return h, nil
 }

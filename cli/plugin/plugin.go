@@ -75,7 +75,7 @@ point Nodes at a ConfigMap holding a KubeletConfiguration, watch them apply it, 
 	o.flags.AddFlags(root.PersistentFlags())
 	root.PersistentFlags().StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
 	root.AddCommand(o.assignCommand(), o.resetCommand(), o.statusCommand(), o.dumpCommand(), o.diffCommand(),
-		o.rolloutCommand(), o.uninstallCommand(), o.versionCommand())
+		o.checkCommand(), o.rolloutCommand(), o.uninstallCommand(), o.versionCommand())
 	return root
 }
 

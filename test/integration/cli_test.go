@@ -23,6 +23,7 @@ import (
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/cli/plugin"
 	"github.com/dkc-dev/dkc/internal/kubeletcheck"
+	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
@@ -300,5 +301,67 @@ func TestKubectlDKCRolloutDrivesAPool(t *testing.T) {
 	if _, _, err := kubectlDKC(t, "rollout", "undo", pool, "--to-revision", unrecorded, "--wait=false"); err == nil ||
 		!strings.Contains(err.Error(), "the pool records no snapshot of that revision") {
 		t.Errorf("undo to the unrecorded %s: %v, want it refused", unrecorded, err)
+	}
+}
+
+// TestKubectlDKCCheckBeforeAKubeletUpgrade: `kubectl dkc check --kubelet-version X.Y` loads every pool's and
+// node's config with the code of kubelet X.Y. A pool's revision that sets a feature gate removed after 1.35
+// (MemoryManager, GA in 1.32) is refused by 1.36 with the kubelet's own error, and passes 1.34; the real
+// node's running config passes its own kubelet's minor.
+func TestKubectlDKCCheckBeforeAKubeletUpgrade(t *testing.T) {
+	const pool = "check-gated"
+	createConfigMap(t, pool, map[string]string{"kubelet": poolHeader + "featureGates:\n  MemoryManager: true\n"})
+	usePoolOn(t, pool, nil)
+	// A pool that selects no node: its revision exists, and no kubelet is touched.
+	kubectl(t, strings.Replace(poolManifest(pool, pool, "1"), poolLabel+`: "true"`, poolLabel+`: "none"`, 1), "apply", "-f", "-")
+	p := waitPool(t, pool, time.Minute, nil, func(p *v1alpha1.KubeletConfigPool) bool { return p.Status.CurrentRevision != "" })
+	row := "configmap kube-system/" + v1alpha1.SnapshotName(pool, p.Status.CurrentRevision) + " key kubelet (current revision " +
+		p.Status.CurrentRevision + ")"
+
+	check := func(minor string, args ...string) ([]plugin.CheckResult, error) {
+		t.Helper()
+		out, _, err := kubectlDKC(t, append([]string{"check", "--kubelet-version", minor, "-o", "json",
+			"--kubelet-check-dir", cluster.KubeletCheckDir()}, args...)...)
+		var rows []plugin.CheckResult
+		if jerr := json.Unmarshal([]byte(out), &rows); jerr != nil {
+			t.Fatalf("check --kubelet-version %s -o json: %v (%v)\n%s", minor, jerr, err, out)
+		}
+		return rows, err
+	}
+	find := func(rows []plugin.CheckResult, object, config string) plugin.CheckResult {
+		t.Helper()
+		for _, r := range rows {
+			if r.Object == object && r.Config == config {
+				return r
+			}
+		}
+		t.Fatalf("no row for %s %s in %+v", object, config, rows)
+		return plugin.CheckResult{}
+	}
+
+	rows, err := check("1.36")
+	if !errors.Is(err, plugin.ErrConfigsRefused) {
+		t.Errorf("check with a refused config: %v, want %v", err, plugin.ErrConfigsRefused)
+	}
+	if r := find(rows, "pool/"+pool, row); r.Result != plugin.CheckRefused || !strings.Contains(r.Error, "unrecognized feature gate: MemoryManager") {
+		t.Errorf("kubelet 1.36 on the gated revision: %+v, want refused naming the gate", r)
+	}
+	rows, _ = check("1.34")
+	if r := find(rows, "pool/"+pool, row); r.Result != plugin.CheckOK || r.KubeletVersion == "" || !strings.HasPrefix(r.KubeletVersion, "v1.34.") {
+		t.Errorf("kubelet 1.34 on the gated revision: %+v, want ok, checked by a 1.34 kubelet's code", r)
+	}
+
+	n, err := adminClient(t).CoreV1().Nodes().Get(testContext(t), realNode, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	minor := checkapi.Minor(n.Status.NodeInfo.KubeletVersion)
+	rows, err = check(minor, realNode)
+	if err != nil || len(rows) != 1 || rows[0].Object != "node/"+realNode || rows[0].Result != plugin.CheckOK {
+		t.Errorf("kubelet %s on the config node %s runs with it: %v %+v, want one row, ok", minor, realNode, err, rows)
+	}
+	if _, _, err := kubectlDKC(t, "check", "--kubelet-version", "1.99", "--kubelet-check-dir", cluster.KubeletCheckDir()); err == nil ||
+		!strings.Contains(err.Error(), "kubelet minors 1.34") {
+		t.Errorf("check with a minor no helper speaks: %v, want the helpers' range", err)
 	}
 }

@@ -34,6 +34,7 @@ var bySlowest = []string{
 	"TestServerIdentityIsConfinedToConfigNamespaces",
 	"TestGenCertsRotationKeepsTrust",
 	"TestKubectlDKCAssignStatusDumpDiffReset",
+	"TestKubectlDKCCheckBeforeAKubeletUpgrade",
 	"TestE2EDeleteAndRecreateConfigMap",
 	"TestSyncErrorClearedWhileTheServiceWasAwayClears",
 	"TestDirectChangesArePaced",

@@ -4,6 +4,7 @@ package plugin
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,8 +44,24 @@ type CheckResult struct {
 	Warnings []string `json:"warnings,omitempty"`
 }
 
-// ErrConfigsRefused is check's error when a kubelet of the minor asked about would refuse a config.
-var ErrConfigsRefused = errors.New("configs refused")
+// Errors of check, after its table: a kubelet of the minor asked about would refuse a config, or a config
+// could not be checked (nothing is known of it, so an upgrade is not known to be safe either).
+var (
+	ErrConfigsRefused = errors.New("configs refused")
+	ErrConfigsUnknown = errors.New("configs not checked")
+)
+
+// checkVerdict is check's error for its results.
+func checkVerdict(results []CheckResult, minor string) error {
+	refused, unknown := countResults(results, CheckRefused), countResults(results, CheckUnknown)
+	switch {
+	case refused > 0:
+		return fmt.Errorf("%w: kubelet %s refuses %d of %d configs", ErrConfigsRefused, minor, refused, len(results))
+	case unknown > 0:
+		return fmt.Errorf("%w: %d of %d configs could not be checked (see the rows)", ErrConfigsUnknown, unknown, len(results))
+	}
+	return nil
+}
 
 // dataChecker checks a config held in memory with the code of a kubelet version (configcheck.Helpers).
 type dataChecker interface {
@@ -64,9 +81,11 @@ config a kubelet would run after an upgrade to X.Y:
   - each node's active dkc config (the ConfigMap its status says the kubelet runs) or, for a node on its
     local config, the config its kubelet runs now (/configz, through the API server's node proxy).
 A config the X.Y kubelet refuses (a feature gate it removed, a field value it no longer accepts) is named with
-the kubelet's error; exit status 1 if any is. Configs are checked as files alone: the nodes' kubelet flags and
---config-dir drop-ins, which only the nodes know, are checked by each node's sidecar before its kubelet uses a
-config. With NODE or -l, only those nodes are checked, and no pool.`,
+the kubelet's error. Exit status 1 if any config is refused or could not be checked (a ConfigMap that cannot
+be read, a node whose /configz cannot be: the row says why). ConfigMaps are checked as files alone: the nodes'
+kubelet flags and --config-dir drop-ins, which only the nodes know, are checked by each node's sidecar before
+its kubelet uses a config; a local config's row is what the kubelet runs, its flags applied. With NODE or -l,
+only those nodes are checked, and no pool.`,
 		Example: `  # before upgrading the kubelets to 1.37
   kubectl dkc check --kubelet-version 1.37`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -83,7 +102,7 @@ config. With NODE or -l, only those nodes are checked, and no pool.`,
 			if pools {
 				list, err := o.client.CoreV1().Nodes().List(cmd.Context(), metav1.ListOptions{})
 				if err != nil {
-					return err
+					return fmt.Errorf("list nodes: %w", err)
 				}
 				nodes = list.Items
 				sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
@@ -97,10 +116,7 @@ config. With NODE or -l, only those nodes are checked, and no pool.`,
 			if err := o.printCheck(results, minor); err != nil {
 				return err
 			}
-			if n := countResults(results, CheckRefused); n > 0 {
-				return fmt.Errorf("%w: kubelet %s refuses %d of %d configs", ErrConfigsRefused, minor, n, len(results))
-			}
-			return nil
+			return checkVerdict(results, minor)
 		},
 	}
 	cmd.Flags().StringVar(&minor, "kubelet-version", "", "the kubelet minor to check the configs with, X.Y (e.g. 1.37)")
@@ -113,11 +129,12 @@ config. With NODE or -l, only those nodes are checked, and no pool.`,
 }
 
 // checkMinor checks the pools' configs (when pools is set) and the nodes' with the kubelet code of minor.
-// A ConfigMap key is checked once however many objects have it.
+// A config is checked once however many objects have it.
 func (o *Options) checkMinor(ctx context.Context, checker dataChecker, minor string, pools bool,
 	nodes []corev1.Node) ([]CheckResult, error) {
-	c := &configChecks{o: o, checker: checker, version: "v" + minor + ".0", done: map[string]CheckResult{}}
-	var out []CheckResult
+	c := &configChecks{o: o, checker: checker, version: "v" + minor + ".0", done: map[[sha256.Size]byte]CheckResult{},
+		configMaps: map[string]*corev1.ConfigMap{}, getErrs: map[string]error{}}
+	out := []CheckResult{}
 	if pools {
 		list, err := o.pools.DkcV1alpha1().KubeletConfigPools().List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -134,12 +151,14 @@ func (o *Options) checkMinor(ctx context.Context, checker dataChecker, minor str
 	return out, nil
 }
 
-// configChecks checks configs for check, each ConfigMap key once.
+// configChecks checks configs for check: each ConfigMap read once, each content checked once.
 type configChecks struct {
-	o       *Options
-	checker dataChecker
-	version string
-	done    map[string]CheckResult // by namespace/name/key
+	o          *Options
+	checker    dataChecker
+	version    string
+	done       map[[sha256.Size]byte]CheckResult // by content
+	configMaps map[string]*corev1.ConfigMap      // by namespace/name
+	getErrs    map[string]error
 }
 
 // pool checks the pool's current revision and, when the pool's ConfigMap holds another, that one.
@@ -152,37 +171,39 @@ func (c *configChecks) pool(ctx context.Context, p *v1alpha1.KubeletConfigPool) 
 		if s, ok := p.Status.RevisionSnapshots.Snapshot(current); ok {
 			ns, key = s.Namespace, s.KubeletConfigKey
 		}
-		r := c.configMap(ctx, ns, v1alpha1.SnapshotName(p.Name, current), key)
+		r, _ := c.configMap(ctx, ns, v1alpha1.SnapshotName(p.Name, current), key)
 		r.Object, r.Config = obj, r.Config+" (current revision "+current+")"
 		out = append(out, r)
 	}
-	cm, err := c.o.client.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-	if err != nil {
-		return append(out, CheckResult{Object: obj, Config: configMapKey(ref.Namespace, ref.Name, ref.KubeletConfigKey),
-			Result: CheckUnknown, Error: err.Error()})
+	r, cm := c.configMap(ctx, ref.Namespace, ref.Name, ref.KubeletConfigKey)
+	if cm == nil {
+		r.Object = obj
+		return append(out, r)
 	}
 	if rev := v1alpha1.RevisionName(ref.Namespace, ref.KubeletConfigKey, cm.Data); rev != current {
-		r := c.data(ctx, configMapKey(ref.Namespace, ref.Name, ref.KubeletConfigKey)+"@"+cm.ResourceVersion, cm,
-			ref.KubeletConfigKey)
-		r.Object, r.Config = obj, configMapKey(ref.Namespace, ref.Name, ref.KubeletConfigKey)+
-			" (revision "+rev+", not rolled out)"
+		r.Object, r.Config = obj, r.Config+" (revision "+rev+", not rolled out)"
 		out = append(out, r)
 	}
 	return out
 }
 
 // node checks the config the node's kubelet runs: its active dkc config, or its local config as /configz
-// shows it.
+// shows it (the node's flags and drop-ins included).
 func (c *configChecks) node(ctx context.Context, n *corev1.Node) CheckResult {
 	obj := "node/" + n.Name
 	st := StatusOf(n)
 	if st.Reported && st.Status.Active != nil && st.Status.Active.ConfigMap != nil {
 		a := st.Status.Active.ConfigMap
-		r := c.configMap(ctx, a.Namespace, a.Name, a.KubeletConfigKey)
+		r, cm := c.configMap(ctx, a.Namespace, a.Name, a.KubeletConfigKey)
 		r.Object, r.Config = obj, r.Config+" (active)"
+		if cm != nil && a.ResourceVersion != "" && a.ResourceVersion != cm.ResourceVersion {
+			// Edited since the kubelet took it: the node applies the edit next, so that is what is checked.
+			r.Config = fmt.Sprintf("%s (active at resourceVersion %s; checked as edited since, %s)",
+				configMapKey(a.Namespace, a.Name, a.KubeletConfigKey), a.ResourceVersion, cm.ResourceVersion)
+		}
 		return r
 	}
-	r := CheckResult{Object: obj, Config: "local config, as the kubelet runs it (/configz)"}
+	r := CheckResult{Object: obj, Config: "local config, as the kubelet runs it with its flags (/configz)"}
 	running, _, err := c.o.runningConfig(ctx, n.Name)
 	var data []byte
 	if err == nil {
@@ -192,41 +213,43 @@ func (c *configChecks) node(ctx context.Context, n *corev1.Node) CheckResult {
 		r.Result, r.Error = CheckUnknown, err.Error()
 		return r
 	}
-	checked, err := c.checker.CheckData(ctx, c.version, data)
-	return c.result(r, checked, err)
+	return c.content(ctx, r, data)
 }
 
-// configMap checks namespace/name's key, once.
-func (c *configChecks) configMap(ctx context.Context, namespace, name, key string) CheckResult {
-	id := configMapKey(namespace, name, key)
-	if r, ok := c.done[id]; ok {
-		return r
+// configMap checks namespace/name's key; cm is nil when the ConfigMap could not be read.
+func (c *configChecks) configMap(ctx context.Context, namespace, name, key string) (CheckResult, *corev1.ConfigMap) {
+	r := CheckResult{Config: configMapKey(namespace, name, key)}
+	id := namespace + "/" + name
+	cm, err := c.configMaps[id], c.getErrs[id]
+	if cm == nil && err == nil {
+		if cm, err = c.o.client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			cm, c.getErrs[id] = nil, fmt.Errorf("read configmap %s: %w", id, err)
+		} else {
+			c.configMaps[id] = cm
+		}
 	}
-	cm, err := c.o.client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		r := CheckResult{Config: id, Result: CheckUnknown, Error: err.Error()}
-		c.done[id] = r
-		return r
+	if err = c.getErrs[id]; err != nil {
+		r.Result, r.Error = CheckUnknown, err.Error()
+		return r, nil
 	}
-	r := c.data(ctx, id, cm, key)
-	c.done[id] = r
-	return r
-}
-
-// data checks cm's key, once per id.
-func (c *configChecks) data(ctx context.Context, id string, cm *corev1.ConfigMap, key string) CheckResult {
-	if r, ok := c.done[id]; ok {
-		return r
-	}
-	r := CheckResult{Config: configMapKey(cm.Namespace, cm.Name, key)}
 	content, ok := cm.Data[key]
 	if !ok {
-		r.Result, r.Error = CheckUnknown, fmt.Sprintf("configmap %s/%s has no key %q", cm.Namespace, cm.Name, key)
-	} else {
-		checked, err := c.checker.CheckData(ctx, c.version, []byte(content))
-		r = c.result(r, checked, err)
+		r.Result, r.Error = CheckUnknown, fmt.Sprintf("configmap %s has no key %q", id, key)
+		return r, cm
 	}
-	c.done[id] = r
+	return c.content(ctx, r, []byte(content)), cm
+}
+
+// content checks a config, once per content.
+func (c *configChecks) content(ctx context.Context, r CheckResult, data []byte) CheckResult {
+	sum := sha256.Sum256(data)
+	if done, ok := c.done[sum]; ok {
+		done.Object, done.Config = r.Object, r.Config
+		return done
+	}
+	checked, err := c.checker.CheckData(ctx, c.version, data)
+	r = c.result(r, checked, err)
+	c.done[sum] = r
 	return r
 }
 

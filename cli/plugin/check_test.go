@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -43,7 +44,7 @@ func (g *gateChecker) CheckData(_ context.Context, version string, data []byte) 
 // TestCheckMinor: check names each pool's current revision and its ConfigMap's newer content, and each
 // node's active config, with what the kubelet of the minor makes of it; a config several objects share is
 // checked once, a missing ConfigMap or a failed check is unknown (not refused), and the command fails when
-// anything is refused.
+// anything is refused or unknown.
 func TestCheckMinor(t *testing.T) {
 	const header = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
 	cm := func(name, content string) *corev1.ConfigMap {
@@ -60,15 +61,18 @@ func TestCheckMinor(t *testing.T) {
 		Status: v1alpha1.KubeletConfigPoolStatus{CurrentRevision: current}}
 	settled := pool.DeepCopy()
 	settled.Name, settled.Spec.ConfigMap.Name, settled.Status.CurrentRevision = "green", "green-config", ""
-	active := func(name, cmName string) *corev1.Node {
+	active := func(name, cmName string, rv ...string) *corev1.Node {
 		src := &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: "kube-system",
 			Name: cmName, KubeletConfigKey: "kubelet"}}
+		if len(rv) > 0 {
+			src.ConfigMap.ResourceVersion = rv[0]
+		}
 		st, _ := json.Marshal(corev1.NodeConfigStatus{Assigned: src, Active: src})
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
 			Annotations: map[string]string{nodeconfig.StatusAnnotation: string(st)}}}
 	}
 	nodes := []corev1.Node{*active("a", snapshot.Name), *active("b", snapshot.Name), *active("c", "hand-gated"),
-		*active("d", "gone"), *active("e", "crashing")}
+		*active("d", "gone"), *active("e", "crashing"), *active("f", "hand-gated", "3")}
 	var out bytes.Buffer
 	o := &Options{io: genericiooptions.IOStreams{Out: &out}, output: "table",
 		client: fake.NewClientset(edited, snapshot, cm("hand-gated", gated), cm("crashing", header+"# crash\n")),
@@ -88,6 +92,8 @@ func TestCheckMinor(t *testing.T) {
 		{Object: "node/c", Config: "configmap kube-system/hand-gated key kubelet (active)", Result: CheckRefused},
 		{Object: "node/d", Config: "configmap kube-system/gone key kubelet (active)", Result: CheckUnknown},
 		{Object: "node/e", Config: "configmap kube-system/crashing key kubelet (active)", Result: CheckUnknown},
+		{Object: "node/f", Config: "configmap kube-system/hand-gated key kubelet (active at resourceVersion 3; checked as edited since, 7)",
+			Result: CheckRefused},
 	}
 	if len(results) != len(want) {
 		t.Fatalf("%d results, want %d: %+v", len(results), len(want), results)
@@ -103,14 +109,24 @@ func TestCheckMinor(t *testing.T) {
 	if e := results[3].KubeletVersion; e != "v1.36.3" {
 		t.Errorf("kubelet version %q, want the helper's v1.36.3", e)
 	}
-	// The snapshot two nodes and the pool run is checked once; nothing but the 1.36 code is asked.
-	if checker.checks != 4 || len(checker.versions) != 1 || !checker.versions["v1.36.0"] {
-		t.Errorf("%d checks with %v, want 4 with v1.36.0 only", checker.checks, checker.versions)
+	// Each content once (the snapshot two nodes and the pool run; the gated content of two ConfigMaps); nothing
+	// but the 1.36 code is asked.
+	if checker.checks != 3 || len(checker.versions) != 1 || !checker.versions["v1.36.0"] {
+		t.Errorf("%d checks with %v, want 3 with v1.36.0 only", checker.checks, checker.versions)
+	}
+	if err := checkVerdict(results, "1.36"); !errors.Is(err, ErrConfigsRefused) || !strings.Contains(err.Error(), "refuses 3 of 9") {
+		t.Errorf("verdict %v, want %v: kubelet 1.36 refuses 3 of 9 configs", err, ErrConfigsRefused)
+	}
+	if err := checkVerdict(results[2:3], "1.36"); !errors.Is(err, ErrConfigsUnknown) {
+		t.Errorf("verdict on an unknown row %v, want %v", err, ErrConfigsUnknown)
+	}
+	if err := checkVerdict(results[:1], "1.36"); err != nil {
+		t.Errorf("verdict on an ok row: %v", err)
 	}
 	if err := o.printCheck(results, "1.36"); err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range []string{"OBJECT", "KUBELET 1.36", "refused: ", "8 configs: 3 ok, 2 refused by kubelet 1.36, 3 unknown"} {
+	for _, line := range []string{"OBJECT", "KUBELET 1.36", "refused: ", "9 configs: 3 ok, 3 refused by kubelet 1.36, 3 unknown"} {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("table lacks %q:\n%s", line, out.String())
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/dkc-dev/dkc/internal/disruption"
 	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
+	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 )
 
 // maxResetNodes bounds the nodes a DrainRequired message names; the rest are counted.
@@ -50,8 +51,11 @@ func (c *Controller) stateResets(ctx context.Context, pool *v1alpha1.KubeletConf
 			return nil, err
 		}
 		cm := c.cachedSnapshot(snapshot.Namespace + "/" + snapshot.Name)
-		if next.fields == nil || cm == nil {
-			continue // not checked (logged), or the snapshot is gone: the node's kubelet decides
+		if next.fields == nil || cm == nil ||
+			revision.Verify(cm, pool.Name, running, snapshot.KubeletConfigKey, pool.Status.RevisionSnapshots, true) != nil {
+			// Not checked (logged), the snapshot gone, or not the one the pool made (its outcome would be kept
+			// as the revision's): the node's kubelet decides.
+			continue
 		}
 		was, err := c.kubelets.outcome(ctx, ref, running, []byte(cm.Data[snapshot.KubeletConfigKey]), minor, version)
 		if err != nil {
@@ -80,15 +84,18 @@ func (c *Controller) stateResets(ctx context.Context, pool *v1alpha1.KubeletConf
 	if nodes > maxResetNodes {
 		found = append(found, fmt.Sprintf("and %d more nodes", nodes-maxResetNodes))
 	}
-	c.log.Info("refused a pool's revision: its nodes' kubelets would refuse it on their checkpointed state",
+	// Each sync while the revision stays refused decides the same; the condition's change makes the Event.
+	c.log.Debug("refused a pool's revision: its nodes' kubelets would refuse it on their checkpointed state",
 		zap.String("pool", pool.Name), zap.String("revision", rev), zap.Int("nodes", nodes))
 	return &plan.Invalid{Reason: v1alpha1.ReasonDrainRequired,
 		Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet refuses to start with it on the "+
 			"state its resource managers checkpointed under the revision the node runs, until the node is drained and "+
-			"the state file removed; dkc does not drain nodes, so nothing is assigned: %s. To make the change, take the "+
-			"nodes out of the pool and, one at a time, drain each (kubectl drain NODE --ignore-daemonsets), remove the "+
-			"named file from the kubelet's root directory (/var/lib/kubelet), run kubectl dkc assign --drained, and "+
-			"uncordon it", ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, strings.Join(found, "; "))}, nil
+			"the state file removed; dkc does not drain nodes, so nothing is assigned while a selected node runs a revision "+
+			"it conflicts with: %s. To make the change, take the nodes out of the pool and, one at a time, drain each "+
+			"(kubectl drain NODE --ignore-daemonsets), remove the named file from the kubelet's root directory "+
+			"(/var/lib/kubelet), run kubectl dkc assign NODE --configmap %s/%s --key %s --drained, and uncordon it",
+			ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, strings.Join(found, "; "), ref.Namespace, ref.Name,
+			ref.KubeletConfigKey)}, nil
 }
 
 // runningRevision is the pool's revision a node's kubelet runs, by its status's active source, and that

@@ -41,7 +41,8 @@ func (d *decodingKubelets) CheckData(_ context.Context, _ string, data []byte) (
 // revisions would refuse on its checkpointed CPU or memory manager state (disruption.Resets, on both
 // configs as the node minor's helper decodes them) is ConfigInvalid DrainRequired naming the node, the state
 // file and the fields: no snapshot, no node assigned. A change the managers' state does not hold, and a
-// node whose running config the controller cannot know (local, or its snapshot not in the cache), roll out.
+// node whose running config the controller cannot know (local, its snapshot not in the cache or not the
+// one the pool created), roll out.
 func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
 	const header = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
 	static := header + "cpuManagerPolicy: static\nreservedSystemCPUs: \"0\"\n"
@@ -49,6 +50,7 @@ func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
 		name, running, next string
 		local               bool   // the node runs its local config, not the pool's revision
 		snapshotGone        bool   // the running revision's snapshot is not in the cache
+		recreated           bool   // an object of the snapshot's name that the pool did not create
 		want                string // in ConfigInvalid DrainRequired's message; "" when the node is assigned
 	}{
 		{name: "policy none to static", running: header + "maxPods: 42\n", next: static,
@@ -60,14 +62,16 @@ func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
 		{name: "a field the state does not hold", running: static, next: static + "maxPods: 50\n"},
 		{name: "a node on its local config", running: header, next: static, local: true},
 		{name: "the running snapshot not in the cache", running: header, next: static, snapshotGone: true},
+		{name: "the running snapshot re-created by someone else", running: header, next: static, recreated: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := testPool()
 			was := configMap(map[string]string{"kubelet": tc.running})
 			wasRev, wasSnap := revision.Snapshot(pool, was)
 			pool.Status.CurrentRevision = wasRev
+			wasSnap.UID = "snapshot-uid"
 			pool.Status.RevisionSnapshots = &v1alpha1.RevisionSnapshots{Items: []v1alpha1.RevisionSnapshot{{
-				Revision: wasRev, Namespace: wasSnap.Namespace, Name: wasSnap.Name, KubeletConfigKey: "kubelet"}}}
+				Revision: wasRev, Namespace: wasSnap.Namespace, Name: wasSnap.Name, UID: wasSnap.UID, KubeletConfigKey: "kubelet"}}}
 			src := revision.Source(pool, wasRev)
 			active := &corev1.NodeConfigSource{ConfigMap: &src}
 			if tc.local {
@@ -79,6 +83,10 @@ func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
 
 			next := configMap(map[string]string{"kubelet": tc.next})
 			h := newHarness(t, pool, next, n)
+			if tc.recreated {
+				wasSnap = wasSnap.DeepCopy()
+				wasSnap.UID = "another-uid"
+			}
 			if !tc.snapshotGone {
 				if err := h.c.snapshots["kube-system"].GetStore().Add(wasSnap); err != nil {
 					t.Fatal(err)
@@ -101,7 +109,7 @@ func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
 			}
 			nextRev := revision.Name("kube-system", "kubelet", next.Data)
 			for _, want := range []string{tc.want, "(revision " + nextRev + ")", "node a (revision " + wasRev + ", kubelet 1.37)",
-				"nothing is assigned", "kubectl dkc assign --drained"} {
+				"nothing is assigned", "kubectl dkc assign NODE --configmap kube-system/blue-config --key kubelet --drained"} {
 				if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonDrainRequired || !strings.Contains(c.Message, want) {
 					t.Errorf("ConfigInvalid %+v, want True %s with %q", c, v1alpha1.ReasonDrainRequired, want)
 				}

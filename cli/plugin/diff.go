@@ -169,7 +169,11 @@ func (o *Options) diffCommand() *cobra.Command {
 		Long: `diff compares the node's running config (/configz) with the ConfigMap's config as the kubelet would load
 it — both with the code and defaults of the node kubelet's own minor — and marks each changed field restart-safe, needs-state-reset-and-drain (e.g. cpuManagerPolicy,
 memoryManagerPolicy, topologyManagerPolicy) or disruptive, with the reason. Fields the node's kubelet flags
-override show up too: flags keep winning over any config.`,
+override show up too: flags keep winning over any config.
+When the change moves the node's allocatable (maxPods, podsPerCore, kubeReserved, systemReserved,
+evictionHard), the table is followed by the node's pods, CPU and memory allocatable now and under the new
+config, what the pods bound to the node request, and the pods the kubelet would reject when it restarts with
+it: it admits them again, oldest first (OutOfpods, OutOfcpu, OutOfmemory).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ns, name, err := parseConfigMap(cm)
@@ -204,6 +208,9 @@ override show up too: flags keep winning over any config.`,
 			for _, r := range disruption.Resets(running, next) {
 				fmt.Fprintf(o.io.Out, "the kubelet refuses to start with this on its current state: "+
 					"drain node %s and remove %s first\n", args[0], r)
+			}
+			if capacityChanges(running, next) {
+				return o.printCapacity(cmd.Context(), args[0], next)
 			}
 			return nil
 		},

@@ -52,6 +52,9 @@ type poolFlags struct {
 	wait                      bool
 	timeout, poll             time.Duration
 	changed                   func(flag string) bool
+	// dryRun: write nothing; show what the change does to each selected node (preview.go).
+	dryRun   bool
+	checkDir string
 }
 
 func (o *Options) rolloutCommand() *cobra.Command {
@@ -99,6 +102,13 @@ to follow it (it waits for the edit's revision).`,
 	cmd.Flags().DurationVar(&f.pauseBetween, "pause-between-batches", 0,
 		"wait this long after each batch is done before the next (0: fill a free slot at once)")
 	addFollowFlags(cmd, &f)
+	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false,
+		"write nothing: show, for each node the pool would select, what the change needs (restart-safe, "+
+			"needs-state-reset-and-drain, disruptive), its allocatable now and under the config, and the pods its "+
+			"kubelet would no longer admit")
+	cmd.Flags().StringVar(&f.checkDir, "kubelet-check-dir", "",
+		"with --dry-run: directory of the dkc-kubelet-check-<minor> helpers; default: next to kubectl-dkc, else the "+
+			"directory of the first on $PATH")
 	cmd.AddCommand(o.rolloutStatusCommand(), o.rolloutPauseCommand(true), o.rolloutPauseCommand(false),
 		o.rolloutRetryCommand(), o.rolloutUndoCommand(), o.rolloutHistoryCommand())
 	return cmd
@@ -125,6 +135,9 @@ func (o *Options) rollout(ctx context.Context, name string, f poolFlags) error {
 	before := pool.Spec.DeepCopy()
 	if err := applyPoolFlags(&pool.Spec, f, creating); err != nil {
 		return err
+	}
+	if f.dryRun {
+		return o.preview(ctx, pool, f.checkDir)
 	}
 	// The ConfigMap is read here too, so that a typo fails now rather than as the pool's ConfigInvalid.
 	ref := pool.Spec.ConfigMap

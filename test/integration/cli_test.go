@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
@@ -25,6 +27,7 @@ import (
 	"github.com/dkc-dev/dkc/internal/kubeletcheck"
 	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // kubectlDKC runs `kubectl dkc args...` in process against the test cluster.
@@ -363,5 +366,82 @@ func TestKubectlDKCCheckBeforeAKubeletUpgrade(t *testing.T) {
 	if _, _, err := kubectlDKC(t, "check", "--kubelet-version", "1.99", "--kubelet-check-dir", cluster.KubeletCheckDir()); err == nil ||
 		!strings.Contains(err.Error(), "kubelet minors 1.34") {
 		t.Errorf("check with a minor no helper speaks: %v, want the helpers' range", err)
+	}
+}
+
+// TestKubectlDKCDiffNamesPodsThatNoLongerFit: `kubectl dkc diff` of a config that lowers maxPods below the
+// pods bound to the real node shows the node's allocatable now and under the config, and names the pod the
+// kubelet would reject when it restarts with it: the newest (it admits the node's pods again, oldest
+// first), with OutOfpods. `kubectl dkc rollout --dry-run` says the same for each node a pool would select,
+// and writes nothing.
+func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
+	resetRealNode(t)
+	client, ctx := adminClient(t), testContext(t)
+	// No controller-manager here to make the namespace's ServiceAccount: the pods need one to be admitted.
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "default"}}
+	if _, err := client.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	existing, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + realNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := 0
+	for _, p := range existing.Items {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && p.DeletionTimestamp == nil {
+			bound++
+		}
+	}
+	var last time.Time
+	for _, name := range []string{"capacity-a", "capacity-b"} {
+		// One second apart at least: creation times have seconds, and the kubelet admits the older first.
+		poll.For(t, 5*time.Second, 50*time.Millisecond, "a new second", func() bool { return time.Now().Truncate(time.Second).After(last) })
+		no := false
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}, Spec: corev1.PodSpec{
+			NodeName: realNode, AutomountServiceAccountToken: &no, TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{Name: "c", Image: "dkc.invalid/capacity:none"}}}}
+		created, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = created.CreationTimestamp.Time
+		t.Cleanup(func() {
+			_ = client.CoreV1().Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		})
+	}
+	createConfigMap(t, "cli-capacity", map[string]string{"kubelet": kubeletConfig(t, fmt.Sprintf("maxPods: %d\n", bound+1))})
+	out, _, err := kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-capacity", "--kubelet-check-dir", cluster.KubeletCheckDir())
+	if err != nil {
+		t.Fatalf("diff: %v\n%s", err, out)
+	}
+	for _, want := range []string{"maxPods", "capacity of node " + realNode,
+		fmt.Sprintf("default/capacity-b: pod %d of %d allowed (OutOfpods)", bound+2, bound+1)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("diff lacks %q:\n%s", want, out)
+		}
+	}
+	// RESOURCE NOW NEW REQUESTED: the new maxPods, and the pods bound to the node.
+	if row := fmt.Sprintf(`(?m)^pods\s+\d+\s+%d\s+%d$`, bound+1, bound+2); !regexp.MustCompile(row).MatchString(out) {
+		t.Errorf("diff has no pods row matching %s:\n%s", row, out)
+	}
+	if strings.Contains(out, "default/capacity-a:") {
+		t.Errorf("diff names the older pod, which the kubelet admits first:\n%s", out)
+	}
+
+	// rollout --dry-run: the same finding for each node the pool would select, and nothing written.
+	out, _, err = kubectlDKC(t, "rollout", "capacity-preview", "--dry-run", "--configmap", "kube-system/cli-capacity",
+		"-l", "kubernetes.io/hostname="+realNode, "--kubelet-check-dir", cluster.KubeletCheckDir())
+	if err != nil {
+		t.Fatalf("rollout --dry-run: %v\n%s", err, out)
+	}
+	for _, want := range []string{"dry run, nothing written", realNode, "disruptive",
+		fmt.Sprintf("%s: default/capacity-b would not be admitted again when the kubelet restarts: pod %d of %d allowed (OutOfpods)",
+			realNode, bound+2, bound+1)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rollout --dry-run lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := cluster.KubeletConfigPool(ctx, "capacity-preview"); !apierrors.IsNotFound(err) {
+		t.Errorf("rollout --dry-run wrote the pool: %v", err)
 	}
 }

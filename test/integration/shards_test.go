@@ -35,6 +35,7 @@ var bySlowest = []string{
 	"TestGenCertsRotationKeepsTrust",
 	"TestKubectlDKCAssignStatusDumpDiffReset",
 	"TestKubectlDKCCheckBeforeAKubeletUpgrade",
+	"TestKubectlDKCDiffNamesPodsThatNoLongerFit",
 	"TestE2EDeleteAndRecreateConfigMap",
 	"TestSyncErrorClearedWhileTheServiceWasAwayClears",
 	"TestDirectChangesArePaced",

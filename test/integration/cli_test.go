@@ -378,8 +378,8 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 	resetRealNode(t)
 	client, ctx := adminClient(t), testContext(t)
 	// No controller-manager here to make the namespace's ServiceAccount: the pods need one to be admitted.
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "default"}}
-	if _, err := client.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "default"}}
+	if _, err := client.CoreV1().ServiceAccounts("kube-system").Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	existing, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + realNode})
@@ -397,25 +397,43 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 		// One second apart at least: creation times have seconds, and the kubelet admits the older first.
 		poll.For(t, 5*time.Second, 50*time.Millisecond, "a new second", func() bool { return time.Now().Truncate(time.Second).After(last) })
 		no := false
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}, Spec: corev1.PodSpec{
+		// Node-critical: a kubelet under disk pressure (a full disk on the test machine) admits only those.
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name}, Spec: corev1.PodSpec{
 			NodeName: realNode, AutomountServiceAccountToken: &no, TerminationGracePeriodSeconds: new(int64),
-			Containers: []corev1.Container{{Name: "c", Image: "dkc.invalid/capacity:none"}}}}
-		created, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
+			PriorityClassName: "system-node-critical",
+			Containers:        []corev1.Container{{Name: "c", Image: "dkc.invalid/capacity:none"}}}}
+		created, err := client.CoreV1().Pods("kube-system").Create(ctx, pod, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		last = created.CreationTimestamp.Time
 		t.Cleanup(func() {
-			_ = client.CoreV1().Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+			_ = client.CoreV1().Pods("kube-system").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 		})
 	}
+	// Admitted by the kubelet (its status written: the pods count against its allocatable), not refused.
+	poll.For(t, time.Minute, 200*time.Millisecond, "the kubelet to admit both pods", func() bool {
+		admitted := 0
+		for _, name := range []string{"capacity-a", "capacity-b"} {
+			p, err := client.CoreV1().Pods("kube-system").Get(ctx, name, metav1.GetOptions{})
+			switch {
+			case err != nil:
+				t.Fatal(err)
+			case p.Status.Phase == corev1.PodFailed:
+				t.Fatalf("the kubelet refused pod %s: %s: %s", name, p.Status.Reason, p.Status.Message)
+			case p.Status.Phase == corev1.PodPending && len(p.Status.Conditions) > 1:
+				admitted++
+			}
+		}
+		return admitted == 2
+	})
 	createConfigMap(t, "cli-capacity", map[string]string{"kubelet": kubeletConfig(t, fmt.Sprintf("maxPods: %d\n", bound+1))})
 	out, _, err := kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-capacity", "--kubelet-check-dir", cluster.KubeletCheckDir())
 	if err != nil {
 		t.Fatalf("diff: %v\n%s", err, out)
 	}
 	for _, want := range []string{"maxPods", "capacity of node " + realNode,
-		fmt.Sprintf("default/capacity-b: pod %d of %d allowed (OutOfpods)", bound+2, bound+1)} {
+		fmt.Sprintf("kube-system/capacity-b: pod %d of %d allowed (OutOfpods)", bound+2, bound+1)} {
 		if !strings.Contains(out, want) {
 			t.Errorf("diff lacks %q:\n%s", want, out)
 		}
@@ -424,7 +442,7 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 	if row := fmt.Sprintf(`(?m)^pods\s+\d+\s+%d\s+%d$`, bound+1, bound+2); !regexp.MustCompile(row).MatchString(out) {
 		t.Errorf("diff has no pods row matching %s:\n%s", row, out)
 	}
-	if strings.Contains(out, "default/capacity-a:") {
+	if strings.Contains(out, "kube-system/capacity-a:") {
 		t.Errorf("diff names the older pod, which the kubelet admits first:\n%s", out)
 	}
 
@@ -435,7 +453,7 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 		t.Fatalf("rollout --dry-run: %v\n%s", err, out)
 	}
 	for _, want := range []string{"dry run, nothing written", realNode, "disruptive",
-		fmt.Sprintf("%s: default/capacity-b would not be admitted again when the kubelet restarts: pod %d of %d allowed (OutOfpods)",
+		fmt.Sprintf("%s: kube-system/capacity-b would not be admitted again when the kubelet restarts: pod %d of %d allowed (OutOfpods)",
 			realNode, bound+2, bound+1)} {
 		if !strings.Contains(out, want) {
 			t.Errorf("rollout --dry-run lacks %q:\n%s", want, out)

@@ -6,7 +6,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -19,71 +21,109 @@ import (
 // capacityFields are the config fields that change a node's allocatable.
 var capacityFields = []string{"maxPods", "podsPerCore", "kubeReserved", "systemReserved", "evictionHard"}
 
+// systemCriticalPriority is the priority from which the kubelet treats a pod as critical
+// (scheduling.SystemCriticalPriority): it evicts other pods to admit one rather than reject it.
+const systemCriticalPriority = 2000000000
+
+// mirrorAnnotation marks a static pod's mirror in the API (kubelettypes.ConfigMirrorAnnotationKey).
+const mirrorAnnotation = "kubernetes.io/config.mirror"
+
 // ResourceFit is one resource of a node: what the kubelet allocates now, what it would under a config, and
-// what the pods on the node request.
+// what the pods on the node request; "-" where the node has none of it.
 type ResourceFit struct {
 	Resource  corev1.ResourceName `json:"resource"`
-	Now       string              `json:"allocatable"`
+	Now       string              `json:"now"`
 	Next      string              `json:"next"`
 	Requested string              `json:"requested"`
 }
 
-// UnfitPod is a pod the kubelet would reject when it restarts with a config: it admits the pods bound to
-// the node again, oldest first, each against what the config leaves once the earlier ones are admitted.
+// UnfitPod is a pod the kubelet may reject when it restarts with a config: it admits the pods bound to the
+// node again, oldest first, each against what the config leaves once the earlier ones are admitted. A
+// critical pod is not rejected: the kubelet evicts lower-priority pods to admit it (Preempts).
 type UnfitPod struct {
 	Pod      string              `json:"pod"` // namespace/name
 	Resource corev1.ResourceName `json:"resource"`
 	Reason   string              `json:"reason"`
+	Preempts bool                `json:"preempts,omitempty"`
 }
 
 // Capacity is a config's effect on a node's allocatable and on the pods running there.
 type Capacity struct {
 	Resources []ResourceFit `json:"resources"`
 	Unfit     []UnfitPod    `json:"unfit,omitempty"`
+	// NotStarting says why the kubelet would refuse to start: reservations over the node's capacity.
+	NotStarting string `json:"notStarting,omitempty"`
+	// Unpredicted says why no pod is named: the node's allocatable now is not what its running config gives
+	// (a flag such as --max-pods or --kube-reserved wins over the config), so neither is the prediction.
+	Unpredicted string `json:"unpredicted,omitempty"`
 }
 
 // capacityChanges says whether going from running to next changes what the kubelet allocates.
 func capacityChanges(running, next map[string]any) bool {
 	for _, f := range capacityFields {
-		if compact(running[f]) != compact(next[f]) {
+		if !reflect.DeepEqual(running[f], next[f]) {
 			return true
 		}
 	}
 	return false
 }
 
-// CapacityUnder computes what node's kubelet allocates under cfg (a complete v1beta1 config as JSON values)
-// as the kubelet does — capacity less kubeReserved, systemReserved and, for memory, the hard eviction
-// threshold; pods from maxPods and podsPerCore — and which of pods it would no longer admit.
-func CapacityUnder(node *corev1.Node, cfg map[string]any, pods []corev1.Pod) (Capacity, error) {
-	next, err := allocatableUnder(node.Status.Capacity, cfg)
+// CapacityUnder computes what node's kubelet allocates under next (a complete v1beta1 config as JSON values)
+// as the kubelet does — capacity less kubeReserved, systemReserved, the hard eviction threshold of memory and
+// the hugepages; pods from maxPods and podsPerCore — and which of pods it may no longer admit. running is
+// the config the kubelet runs: only where it gives the node's allocatable now is the prediction made.
+func CapacityUnder(node *corev1.Node, running, next map[string]any, pods []corev1.Pod) (Capacity, error) {
+	after, err := allocatableUnder(node.Status.Capacity, next)
 	if err != nil {
 		return Capacity{}, fmt.Errorf("node %s: %w", node.Name, err)
 	}
-	live := running(pods)
+	live := admitted(pods)
 	requested := corev1.ResourceList{corev1.ResourcePods: *resource.NewQuantity(int64(len(live)), resource.DecimalSI)}
 	for i := range live {
-		for r, q := range resourcehelper.PodRequests(&live[i], resourcehelper.PodResourcesOptions{}) {
+		for r, q := range podRequests(&live[i]) {
 			sum := requested[r]
 			sum.Add(q)
 			requested[r] = sum
 		}
 	}
-	var c Capacity
+	c := Capacity{NotStarting: after.notStarting}
 	for _, r := range []corev1.ResourceName{corev1.ResourcePods, corev1.ResourceCPU, corev1.ResourceMemory} {
-		now, n, req := node.Status.Allocatable[r], next[r], requested[r]
-		c.Resources = append(c.Resources, ResourceFit{Resource: r, Now: now.String(), Next: n.String(), Requested: req.String()})
+		f := ResourceFit{Resource: r, Now: "-", Next: "-", Requested: "-"}
+		if q, ok := node.Status.Allocatable[r]; ok {
+			f.Now = q.String()
+		}
+		if q, ok := after.list[r]; ok {
+			f.Next = q.String()
+		}
+		if q, ok := requested[r]; ok {
+			f.Requested = q.String()
+		}
+		c.Resources = append(c.Resources, f)
 	}
-	c.Unfit = admit(live, next)
+	if c.NotStarting != "" {
+		return c, nil
+	}
+	if now, err := allocatableUnder(node.Status.Capacity, running); err == nil {
+		for _, r := range []corev1.ResourceName{corev1.ResourcePods, corev1.ResourceCPU, corev1.ResourceMemory} {
+			a, b := node.Status.Allocatable[r], now.list[r]
+			if a.Cmp(b) != 0 {
+				c.Unpredicted = fmt.Sprintf("the node's allocatable %s is %s, not the %s its running config gives (a "+
+					"kubelet flag wins over the config): no pod is named", r, a.String(), b.String())
+				return c, nil
+			}
+		}
+	}
+	c.Unfit = admit(live, after.list)
 	return c, nil
 }
 
-// running are the pods the kubelet admits again when it restarts: those not finished, oldest first (as the
-// kubelet orders them; by name among pods of the same second).
-func running(pods []corev1.Pod) []corev1.Pod {
+// admitted are the pods the kubelet admits again when it restarts: those bound to the node that have not
+// finished, oldest first (by name among pods of the same second: the kubelet's own sort of them is not
+// stable). Mirror pods stand for static pods, which the kubelet admits from their files, as critical.
+func admitted(pods []corev1.Pod) []corev1.Pod {
 	var out []corev1.Pod
 	for _, p := range pods {
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && p.DeletionTimestamp == nil {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 			out = append(out, p)
 		}
 	}
@@ -97,44 +137,60 @@ func running(pods []corev1.Pod) []corev1.Pod {
 	return out
 }
 
+// critical is the kubelet's IsCriticalPod for a pod as the API has it.
+func critical(p *corev1.Pod) bool {
+	_, mirror := p.Annotations[mirrorAnnotation]
+	return mirror || (p.Spec.Priority != nil && *p.Spec.Priority >= systemCriticalPriority)
+}
+
+// podRequests is what the kubelet admits a pod with: its allocated resources where the status has them
+// (an in-place resize), else its spec's.
+func podRequests(p *corev1.Pod) corev1.ResourceList {
+	return resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{UseStatusResources: true})
+}
+
 // admit plays the kubelet's admission of pods, in order, against alloc: a pod that does not fit (one pod
-// too many, or more CPU or memory requested than is left) is rejected and takes nothing.
+// too many, or more CPU or memory requested than is left) is rejected and takes nothing, unless it is
+// critical: then the kubelet evicts lower-priority pods to admit it, and it takes its share.
 func admit(pods []corev1.Pod, alloc corev1.ResourceList) []UnfitPod {
 	var unfit []UnfitPod
-	admitted := int64(0)
+	admittedPods := int64(0)
 	used := corev1.ResourceList{}
 	maxPods := alloc[corev1.ResourcePods]
 	for i := range pods {
 		p := &pods[i]
-		name := p.Namespace + "/" + p.Name
-		if admitted+1 > maxPods.Value() {
-			unfit = append(unfit, UnfitPod{Pod: name, Resource: corev1.ResourcePods,
-				Reason: fmt.Sprintf("pod %d of %d allowed (OutOfpods)", admitted+1, maxPods.Value())})
-			continue
-		}
-		reqs := resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{})
+		reqs := podRequests(p)
 		var short *UnfitPod
+		if admittedPods+1 > maxPods.Value() {
+			short = &UnfitPod{Resource: corev1.ResourcePods,
+				Reason: fmt.Sprintf("pod %d of %d allowed (OutOfpods)", admittedPods+1, maxPods.Value())}
+		}
 		for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 			q, ok := reqs[r]
-			if !ok || q.IsZero() {
+			a, has := alloc[r]
+			if short != nil || !ok || q.IsZero() || !has {
 				continue
 			}
-			total := used[r]
+			total := used[r].DeepCopy()
 			total.Add(q)
-			if a := alloc[r]; total.Cmp(a) > 0 {
+			if total.Cmp(a) > 0 {
 				left := a.DeepCopy()
-				u := used[r]
-				left.Sub(u)
-				short = &UnfitPod{Pod: name, Resource: r, Reason: fmt.Sprintf("requests %s of %s, %s left (OutOf%s)",
-					q.String(), r, left.String(), r)}
-				break
+				left.Sub(used[r])
+				short = &UnfitPod{Resource: r, Reason: fmt.Sprintf("requests %s of %s, %s left (OutOf%s)", q.String(), r,
+					left.String(), r)}
 			}
 		}
 		if short != nil {
+			short.Pod = p.Namespace + "/" + p.Name
+			if !critical(p) {
+				unfit = append(unfit, *short)
+				continue
+			}
+			short.Preempts = true
+			short.Reason = "critical, " + short.Reason + ": the kubelet evicts lower-priority pods to admit it"
 			unfit = append(unfit, *short)
-			continue
 		}
-		admitted++
+		admittedPods++
 		for r, q := range reqs {
 			sum := used[r]
 			sum.Add(q)
@@ -144,35 +200,61 @@ func admit(pods []corev1.Pod, alloc corev1.ResourceList) []UnfitPod {
 	return unfit
 }
 
+// allocation is what a config leaves of a node's capacity.
+type allocation struct {
+	list corev1.ResourceList
+	// notStarting: the reservations exceed the capacity, and the kubelet refuses to start.
+	notStarting string
+}
+
 // allocatableUnder is the kubelet's allocatable for capacity under cfg: capacity − kubeReserved −
-// systemReserved − the hard eviction threshold of memory.available (a quantity, or a percentage of
-// capacity), never below zero; pods are maxPods, or podsPerCore × CPUs when that is set and lower.
-func allocatableUnder(capacity corev1.ResourceList, cfg map[string]any) (corev1.ResourceList, error) {
-	out := corev1.ResourceList{}
+// systemReserved − for memory the hard eviction threshold of memory.available (a quantity, or a
+// percentage of capacity) and the hugepages, never below zero; pods are maxPods, or podsPerCore × CPUs
+// when that is set and lower. Reservations over the capacity keep the kubelet from starting
+// (validateNodeAllocatable).
+func allocatableUnder(capacity corev1.ResourceList, cfg map[string]any) (allocation, error) {
+	out := allocation{list: corev1.ResourceList{}}
+	var over []string
 	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
-		q, ok := capacity[r]
+		c, ok := capacity[r]
 		if !ok {
 			continue
 		}
-		q = q.DeepCopy()
+		var reservation resource.Quantity
 		for _, f := range []string{"kubeReserved", "systemReserved"} {
 			v, err := reserved(cfg, f, r)
 			if err != nil {
-				return nil, err
+				return allocation{}, err
 			}
-			q.Sub(v)
+			reservation.Add(v)
 		}
 		if r == corev1.ResourceMemory {
-			v, err := evictionMemory(cfg, capacity[r])
+			v, err := evictionMemory(cfg, c)
 			if err != nil {
-				return nil, err
+				return allocation{}, err
 			}
-			q.Sub(v)
+			reservation.Add(v)
+		}
+		if reservation.Cmp(c) > 0 {
+			over = append(over, fmt.Sprintf("%s reserved %s, capacity %s", r, reservation.String(), c.String()))
+		}
+		q := c.DeepCopy()
+		q.Sub(reservation)
+		if r == corev1.ResourceMemory {
+			for name, h := range capacity {
+				if strings.HasPrefix(string(name), corev1.ResourceHugePagesPrefix) {
+					q.Sub(h)
+				}
+			}
 		}
 		if q.Sign() < 0 {
 			q = *resource.NewQuantity(0, q.Format)
 		}
-		out[r] = q
+		out.list[r] = q
+	}
+	if len(over) > 0 {
+		out.notStarting = "the kubelet refuses to start: invalid Node Allocatable configuration (" +
+			strings.Join(over, "; ") + ")"
 	}
 	pods := number(cfg["maxPods"])
 	if perCore := number(cfg["podsPerCore"]); perCore > 0 {
@@ -180,7 +262,7 @@ func allocatableUnder(capacity corev1.ResourceList, cfg map[string]any) (corev1.
 			pods = math.Min(pods, perCore*float64(cpu.Value()))
 		}
 	}
-	out[corev1.ResourcePods] = *resource.NewQuantity(int64(pods), resource.DecimalSI)
+	out.list[corev1.ResourcePods] = *resource.NewQuantity(int64(pods), resource.DecimalSI)
 	return out, nil
 }
 
@@ -198,20 +280,20 @@ func reserved(cfg map[string]any, field string, r corev1.ResourceName) (resource
 	return q, nil
 }
 
-// evictionMemory is the hard eviction threshold of memory.available: a quantity, or a percentage of
-// capacity.
+// evictionMemory is the hard eviction threshold of memory.available as the kubelet parses it: a quantity,
+// or a percentage of capacity (float32, as the kubelet's; 0% and 100% mean none).
 func evictionMemory(cfg map[string]any, capacity resource.Quantity) (resource.Quantity, error) {
 	m, _ := cfg["evictionHard"].(map[string]any)
 	s, _ := m["memory.available"].(string)
-	if s == "" {
+	if s == "" || s == "0%" || s == "100%" {
 		return resource.Quantity{}, nil
 	}
 	if pct, ok := strings.CutSuffix(s, "%"); ok {
-		var f float64
-		if _, err := fmt.Sscanf(pct, "%g", &f); err != nil {
-			return resource.Quantity{}, fmt.Errorf("evictionHard memory.available %q: %w", s, err)
+		v, err := strconv.ParseFloat(pct, 32)
+		if err != nil || v < 0 {
+			return resource.Quantity{}, fmt.Errorf("evictionHard memory.available %q: not a percentage", s)
 		}
-		return *resource.NewQuantity(int64(f/100*float64(capacity.Value())), resource.BinarySI), nil
+		return *resource.NewQuantity(int64(float64(float32(v)/100)*float64(capacity.Value())), resource.BinarySI), nil
 	}
 	q, err := resource.ParseQuantity(s)
 	if err != nil {
@@ -234,21 +316,21 @@ func number(v any) float64 {
 }
 
 // capacityOf is CapacityUnder with the pods bound to node.
-func (o *Options) capacityOf(ctx context.Context, node *corev1.Node, next map[string]any) (Capacity, error) {
+func (o *Options) capacityOf(ctx context.Context, node *corev1.Node, running, next map[string]any) (Capacity, error) {
 	pods, err := o.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
 	if err != nil {
 		return Capacity{}, fmt.Errorf("list the pods of node %s: %w", node.Name, err)
 	}
-	return CapacityUnder(node, next, pods.Items)
+	return CapacityUnder(node, running, next, pods.Items)
 }
 
 // printCapacity prints what next does to node's allocatable and to the pods bound to it.
-func (o *Options) printCapacity(ctx context.Context, nodeName string, next map[string]any) error {
+func (o *Options) printCapacity(ctx context.Context, nodeName string, running, next map[string]any) error {
 	node, err := o.client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("node %s: %w", nodeName, err)
 	}
-	c, err := o.capacityOf(ctx, node, next)
+	c, err := o.capacityOf(ctx, node, running, next)
 	if err != nil {
 		return err
 	}
@@ -261,14 +343,30 @@ func (o *Options) printCapacity(ctx context.Context, nodeName string, next map[s
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	if len(c.Unfit) == 0 {
-		fmt.Fprintf(o.io.Out, "every pod on node %s still fits\n", nodeName)
-		return nil
-	}
-	fmt.Fprintf(o.io.Out, "the kubelet would reject these pods when it restarts with this config (it admits the "+
-		"node's pods again, oldest first):\n")
-	for _, u := range c.Unfit {
-		fmt.Fprintf(o.io.Out, "  %s: %s\n", u.Pod, u.Reason)
+	for _, line := range c.findings(nodeName) {
+		fmt.Fprintln(o.io.Out, line)
 	}
 	return nil
+}
+
+// findings are what c says of node, a line each.
+func (c Capacity) findings(node string) []string {
+	switch {
+	case c.NotStarting != "":
+		return []string{node + ": " + c.NotStarting}
+	case c.Unpredicted != "":
+		return []string{node + ": " + c.Unpredicted}
+	case len(c.Unfit) == 0:
+		return []string{node + ": every pod still fits its pods, CPU and memory"}
+	}
+	var out []string
+	for _, u := range c.Unfit {
+		if u.Preempts {
+			out = append(out, fmt.Sprintf("%s: %s: %s", node, u.Pod, u.Reason))
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: %s may not be admitted again when the kubelet restarts (it admits the "+
+			"node's pods again, oldest first): %s", node, u.Pod, u.Reason))
+	}
+	return out
 }

@@ -12,12 +12,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// TestCapacityUnder: allocatable under a config is capacity less the reservations and the memory eviction
-// threshold, pods the lower of maxPods and podsPerCore × CPUs; the node's pods are admitted again oldest
-// first, and each one that no longer fits is named with the resource, taking nothing from the pods after it.
+// TestCapacityUnder: allocatable under a config is capacity less the reservations, the memory eviction
+// threshold and the hugepages, pods the lower of maxPods and podsPerCore × CPUs; the node's pods are admitted
+// again oldest first, and each that no longer fits is named with the resource, taking nothing from the pods
+// after it — unless it is critical (it evicts others). Reservations over the capacity keep the kubelet from
+// starting, and a node whose allocatable its running config does not explain gets no prediction.
 func TestCapacityUnder(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	pod := func(name string, age int, cpu, memory string, phase corev1.PodPhase) corev1.Pod {
+	pod := func(name string, age int, cpu, memory string) corev1.Pod {
 		req := corev1.ResourceList{}
 		if cpu != "" {
 			req[corev1.ResourceCPU] = resource.MustParse(cpu)
@@ -28,42 +30,80 @@ func TestCapacityUnder(t *testing.T) {
 		return corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, CreationTimestamp: metav1.NewTime(t0.Add(time.Duration(age) * time.Second))},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Requests: req}}}},
-			Status:     corev1.PodStatus{Phase: phase},
+			Status:     corev1.PodStatus{Phase: corev1.PodRunning},
 		}
 	}
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
-		Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi"),
-			corev1.ResourcePods: resource.MustParse("110")},
-		Allocatable: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("7900Mi"),
-			corev1.ResourcePods: resource.MustParse("110")},
-	}}
-	pods := []corev1.Pod{
-		pod("newest", 30, "", "", corev1.PodRunning),
-		pod("oldest", 10, "1", "1Gi", corev1.PodRunning),
-		pod("middle", 20, "2500m", "", corev1.PodPending),
-		pod("done", 5, "3", "", corev1.PodSucceeded), // finished: not admitted again
+	done := pod("done", 5, "2", "")
+	done.Status.Phase = corev1.PodSucceeded // finished: not admitted again
+	terminating := pod("newest", 30, "", "")
+	terminating.DeletionTimestamp = &metav1.Time{Time: t0} // not stopped yet: admitted again
+	mirror := pod("static", 40, "", "")
+	mirror.Annotations = map[string]string{mirrorAnnotation: "x"}
+	pods := []corev1.Pod{terminating, pod("oldest", 10, "500m", "1Gi"), pod("middle", 20, "1500m", ""), done}
+	running := map[string]any{"maxPods": float64(110), "evictionHard": map[string]any{"memory.available": "100Mi"}}
+	capacity := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("8Gi"),
+		corev1.ResourcePods: resource.MustParse("110")}
+	with := func(cfg map[string]any) map[string]any {
+		out := map[string]any{}
+		for k, v := range running {
+			out[k] = v
+		}
+		for k, v := range cfg {
+			out[k] = v
+		}
+		return out
 	}
 	for _, tc := range []struct {
-		name      string
-		cfg       map[string]any
-		want      map[corev1.ResourceName]string // new allocatable
-		wantUnfit []string                       // "pod resource"
+		name        string
+		capacity    corev1.ResourceList
+		next        map[string]any
+		pods        []corev1.Pod
+		flagged     bool                           // the node's allocatable is not its running config's
+		want        map[corev1.ResourceName]string // new allocatable
+		wantUnfit   []string                       // "pod resource"
+		notStarting string
 	}{
-		{name: "defaults", cfg: map[string]any{"maxPods": float64(110), "evictionHard": map[string]any{"memory.available": "100Mi"}},
-			want: map[corev1.ResourceName]string{corev1.ResourcePods: "110", corev1.ResourceCPU: "4", corev1.ResourceMemory: "8092Mi"}},
-		{name: "maxPods below the pods", cfg: map[string]any{"maxPods": float64(2)},
+		{name: "unchanged", next: running,
+			want: map[corev1.ResourceName]string{corev1.ResourcePods: "110", corev1.ResourceCPU: "2", corev1.ResourceMemory: "8092Mi"}},
+		{name: "maxPods below the pods", next: with(map[string]any{"maxPods": float64(2)}),
 			want: map[corev1.ResourceName]string{corev1.ResourcePods: "2"}, wantUnfit: []string{"default/newest pods"}},
-		{name: "podsPerCore lower than maxPods", cfg: map[string]any{"maxPods": float64(110), "podsPerCore": float64(0.5)},
+		{name: "podsPerCore lower than maxPods", next: with(map[string]any{"podsPerCore": float64(1)}),
 			want: map[corev1.ResourceName]string{corev1.ResourcePods: "2"}, wantUnfit: []string{"default/newest pods"}},
-		{name: "reserved CPU", cfg: map[string]any{"maxPods": float64(110), "systemReserved": map[string]any{"cpu": "500m"},
-			"kubeReserved": map[string]any{"cpu": "500m"}},
-			want: map[corev1.ResourceName]string{corev1.ResourceCPU: "3"}, wantUnfit: []string{"default/middle cpu"}},
-		{name: "memory threshold as a percentage", cfg: map[string]any{"maxPods": float64(110),
-			"evictionHard": map[string]any{"memory.available": "90%"}, "kubeReserved": map[string]any{"memory": "1Gi"}},
-			want: map[corev1.ResourceName]string{corev1.ResourceMemory: "0"}, wantUnfit: []string{"default/oldest memory"}},
+		{name: "reserved CPU", next: with(map[string]any{"systemReserved": map[string]any{"cpu": "250m"},
+			"kubeReserved": map[string]any{"cpu": "250m"}}),
+			want: map[corev1.ResourceName]string{corev1.ResourceCPU: "1500m"}, wantUnfit: []string{"default/middle cpu"}},
+		{name: "a critical pod over the limit evicts others", next: with(map[string]any{"maxPods": float64(3)}),
+			pods: append(pods[:len(pods):len(pods)], mirror), wantUnfit: []string{"default/static pods preempts"}},
+		{name: "a memory threshold as a percentage", next: with(map[string]any{"evictionHard": map[string]any{"memory.available": "50%"}}),
+			want: map[corev1.ResourceName]string{corev1.ResourceMemory: "4Gi"}},
+		{name: "100% is no threshold", next: with(map[string]any{"evictionHard": map[string]any{"memory.available": "100%"}}),
+			want: map[corev1.ResourceName]string{corev1.ResourceMemory: "8Gi"}},
+		{name: "hugepages are not allocatable memory", next: running,
+			capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("8Gi"),
+				corev1.ResourcePods: resource.MustParse("110"), "hugepages-2Mi": resource.MustParse("1Gi")},
+			want: map[corev1.ResourceName]string{corev1.ResourceMemory: "7068Mi"}},
+		{name: "reservations over the capacity", next: with(map[string]any{"kubeReserved": map[string]any{"memory": "9Gi"}}),
+			notStarting: "memory reserved"},
+		{name: "a flag the config does not show", next: with(map[string]any{"maxPods": float64(2)}), flagged: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := CapacityUnder(node, tc.cfg, pods)
+			if tc.capacity == nil {
+				tc.capacity = capacity
+			}
+			if tc.pods == nil {
+				tc.pods = pods
+			}
+			now, err := allocatableUnder(tc.capacity, running)
+			if err != nil {
+				t.Fatal(err)
+			}
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{Capacity: tc.capacity,
+				Allocatable: now.list}}
+			if tc.flagged {
+				node.Status.Allocatable = node.Status.Allocatable.DeepCopy()
+				node.Status.Allocatable[corev1.ResourcePods] = resource.MustParse("30") // --max-pods=30
+			}
+			c, err := CapacityUnder(node, running, tc.next, tc.pods)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,13 +113,26 @@ func TestCapacityUnder(t *testing.T) {
 						t.Errorf("%s under the config: %s, want %s", r.Resource, r.Next, want)
 					}
 				}
-				if r.Resource == corev1.ResourcePods && r.Requested != "3" {
-					t.Errorf("pods requested %s, want 3 (the finished one not counted)", r.Requested)
+				if r.Resource == corev1.ResourcePods && tc.pods[len(tc.pods)-1].Name != "static" && r.Requested != "3" {
+					t.Errorf("pods requested %s, want 3 (the finished one not counted, the terminating one counted)", r.Requested)
 				}
+			}
+			if tc.notStarting != "" {
+				if !strings.Contains(c.NotStarting, tc.notStarting) || len(c.Unfit) != 0 {
+					t.Errorf("not starting %q, unfit %v; want %q and no pod named", c.NotStarting, c.Unfit, tc.notStarting)
+				}
+				return
+			}
+			if tc.flagged != (c.Unpredicted != "") {
+				t.Errorf("unpredicted %q, want it set: %v", c.Unpredicted, tc.flagged)
 			}
 			var got []string
 			for _, u := range c.Unfit {
-				got = append(got, u.Pod+" "+string(u.Resource))
+				g := u.Pod + " " + string(u.Resource)
+				if u.Preempts {
+					g += " preempts"
+				}
+				got = append(got, g)
 				if !strings.Contains(u.Reason, "OutOf"+string(u.Resource)) {
 					t.Errorf("reason %q does not name OutOf%s", u.Reason, u.Resource)
 				}
@@ -89,7 +142,7 @@ func TestCapacityUnder(t *testing.T) {
 			}
 		})
 	}
-	if _, err := CapacityUnder(node, map[string]any{"kubeReserved": map[string]any{"cpu": "lots"}}, nil); err == nil ||
+	if _, err := allocatableUnder(capacity, map[string]any{"kubeReserved": map[string]any{"cpu": "lots"}}); err == nil ||
 		!strings.Contains(err.Error(), `kubeReserved.cpu "lots"`) {
 		t.Errorf("a reservation that does not parse: %v", err)
 	}

@@ -172,8 +172,10 @@ memoryManagerPolicy, topologyManagerPolicy) or disruptive, with the reason. Fiel
 override show up too: flags keep winning over any config.
 When the change moves the node's allocatable (maxPods, podsPerCore, kubeReserved, systemReserved,
 evictionHard), the table is followed by the node's pods, CPU and memory allocatable now and under the new
-config, what the pods bound to the node request, and the pods the kubelet would reject when it restarts with
-it: it admits them again, oldest first (OutOfpods, OutOfcpu, OutOfmemory).`,
+config, what the pods bound to the node request, and the pods the kubelet may reject when it restarts with
+it: it admits them again, oldest first (OutOfpods, OutOfcpu, OutOfmemory); a critical pod evicts others
+instead. No pod is named where the node's allocatable now is not what its running config gives (a kubelet
+flag such as --max-pods wins over the config). Table output only.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ns, name, err := parseConfigMap(cm)
@@ -210,7 +212,7 @@ it: it admits them again, oldest first (OutOfpods, OutOfcpu, OutOfmemory).`,
 					"drain node %s and remove %s first\n", args[0], r)
 			}
 			if capacityChanges(running, next) {
-				return o.printCapacity(cmd.Context(), args[0], next)
+				return o.printCapacity(cmd.Context(), args[0], running, next)
 			}
 			return nil
 		},

@@ -68,7 +68,14 @@ func (o *Options) preview(ctx context.Context, pool *v1alpha1.KubeletConfigPool,
 			for _, f := range r.Capacity.Resources {
 				fit[f.Resource] = fmt.Sprintf("%s→%s (%s)", f.Now, f.Next, f.Requested)
 			}
-			unfit = fmt.Sprint(len(r.Capacity.Unfit))
+			switch {
+			case r.Capacity.NotStarting != "":
+				unfit = "kubelet would not start"
+			case r.Capacity.Unpredicted != "":
+				unfit = "?"
+			default:
+				unfit = fmt.Sprint(len(r.Capacity.Unfit))
+			}
 		}
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Node, r.KubeletVersion, len(r.Changes), dash(r.Needs),
 			dash(fit[corev1.ResourcePods]), dash(fit[corev1.ResourceCPU]), dash(fit[corev1.ResourceMemory]), unfit)
@@ -82,9 +89,8 @@ func (o *Options) preview(ctx context.Context, pool *v1alpha1.KubeletConfigPool,
 				"first\n", r.Node, reset)
 		}
 		if r.Capacity != nil {
-			for _, u := range r.Capacity.Unfit {
-				fmt.Fprintf(o.io.Out, "%s: %s would not be admitted again when the kubelet restarts: %s\n", r.Node, u.Pod,
-					u.Reason)
+			for _, line := range r.Capacity.findings(r.Node) {
+				fmt.Fprintln(o.io.Out, line)
 			}
 		}
 	}
@@ -114,7 +120,7 @@ func (o *Options) previewNode(ctx context.Context, n *corev1.Node, ref v1alpha1.
 		p.Resets = append(p.Resets, r.String())
 	}
 	if capacityChanges(running, next) {
-		c, err := o.capacityOf(ctx, n, next)
+		c, err := o.capacityOf(ctx, n, running, next)
 		if err != nil {
 			p.Error = err.Error()
 			return p

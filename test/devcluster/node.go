@@ -219,9 +219,11 @@ const cgroupV1Flag = "--fail-cgroupv1=false"
 const cgroupV1Config = "failCgroupV1: false\n"
 
 // kubeletConfig is the node's local config. cgroupsPerQOS is off so that the kubelet creates no cgroup
-// hierarchy that would outlive it (the dev nodes run no pods); failCgroupV1 is off because these machines
-// are cgroup v1 (cgroupV1Config); the rest is a production-like kubelet serving authenticated configz on the
-// node's address.
+// hierarchy that would outlive it (the dev nodes run no pods but the few a test binds to them); failCgroupV1
+// is off because these machines are cgroup v1 (cgroupV1Config); the disk eviction thresholds are 1%, as the
+// installed form's, because the disk is the test machine's: at its default 15% a fuller disk would put the
+// node under DiskPressure, and the kubelet would refuse those pods. The rest is a production-like kubelet
+// serving authenticated configz on the node's address.
 func kubeletConfig(n NodeState, caFile, containerdSock string) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -244,6 +246,10 @@ cgroupsPerQOS: false
 enforceNodeAllocatable: []
 failSwapOn: false
 containerRuntimeEndpoint: unix://%s
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%%
+  imagefs.available: 1%%
 rotateCertificates: false
 registerNode: true
 `, n.IP, n.KubeletPort, n.IP, n.HealthzPort, caFile, containerdSock) + cgroupV1Config

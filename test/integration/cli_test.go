@@ -371,11 +371,12 @@ func TestKubectlDKCCheckBeforeAKubeletUpgrade(t *testing.T) {
 
 // TestKubectlDKCDiffNamesPodsThatNoLongerFit: `kubectl dkc diff` of a config that lowers maxPods below the
 // pods bound to the real node shows the node's allocatable now and under the config, and names the pod the
-// kubelet would reject when it restarts with it: the newest (it admits the node's pods again, oldest
-// first), with OutOfpods. `kubectl dkc rollout --dry-run` says the same for each node a pool would select,
-// and writes nothing.
+// kubelet may reject when it restarts with it: the newest (it admits the node's pods again, oldest first),
+// with OutOfpods. `kubectl dkc rollout --dry-run` says the same for each node a pool would select, and writes
+// nothing. Then the config is assigned: the kubelet restarts and rejects exactly that pod.
 func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 	resetRealNode(t)
+	t.Cleanup(func() { resetRealNode(t) })
 	client, ctx := adminClient(t), testContext(t)
 	// No controller-manager here to make the namespace's ServiceAccount: the pods need one to be admitted.
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "default"}}
@@ -388,7 +389,7 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 	}
 	bound := 0
 	for _, p := range existing.Items {
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && p.DeletionTimestamp == nil {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 			bound++
 		}
 	}
@@ -397,11 +398,9 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 		// One second apart at least: creation times have seconds, and the kubelet admits the older first.
 		poll.For(t, 5*time.Second, 50*time.Millisecond, "a new second", func() bool { return time.Now().Truncate(time.Second).After(last) })
 		no := false
-		// Node-critical: a kubelet under disk pressure (a full disk on the test machine) admits only those.
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name}, Spec: corev1.PodSpec{
 			NodeName: realNode, AutomountServiceAccountToken: &no, TerminationGracePeriodSeconds: new(int64),
-			PriorityClassName: "system-node-critical",
-			Containers:        []corev1.Container{{Name: "c", Image: "dkc.invalid/capacity:none"}}}}
+			Containers: []corev1.Container{{Name: "c", Image: "dkc.invalid/capacity:none"}}}}
 		created, err := client.CoreV1().Pods("kube-system").Create(ctx, pod, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -411,29 +410,37 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 			_ = client.CoreV1().Pods("kube-system").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 		})
 	}
+	// phases reads the two pods' phases, failing the test on a pod the kubelet refused for another reason.
+	phases := func() (a, b *corev1.Pod) {
+		t.Helper()
+		var out [2]*corev1.Pod
+		for i, name := range []string{"capacity-a", "capacity-b"} {
+			p, err := client.CoreV1().Pods("kube-system").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[i] = p
+		}
+		return out[0], out[1]
+	}
 	// Admitted by the kubelet (its status written: the pods count against its allocatable), not refused.
 	poll.For(t, time.Minute, 200*time.Millisecond, "the kubelet to admit both pods", func() bool {
-		admitted := 0
-		for _, name := range []string{"capacity-a", "capacity-b"} {
-			p, err := client.CoreV1().Pods("kube-system").Get(ctx, name, metav1.GetOptions{})
-			switch {
-			case err != nil:
-				t.Fatal(err)
-			case p.Status.Phase == corev1.PodFailed:
-				t.Fatalf("the kubelet refused pod %s: %s: %s", name, p.Status.Reason, p.Status.Message)
-			case p.Status.Phase == corev1.PodPending && len(p.Status.Conditions) > 1:
-				admitted++
+		a, b := phases()
+		for _, p := range []*corev1.Pod{a, b} {
+			if p.Status.Phase == corev1.PodFailed {
+				t.Fatalf("the kubelet refused pod %s: %s: %s", p.Name, p.Status.Reason, p.Status.Message)
 			}
 		}
-		return admitted == 2
+		return len(a.Status.Conditions) > 1 && len(b.Status.Conditions) > 1
 	})
 	createConfigMap(t, "cli-capacity", map[string]string{"kubelet": kubeletConfig(t, fmt.Sprintf("maxPods: %d\n", bound+1))})
 	out, _, err := kubectlDKC(t, "diff", realNode, "--configmap", "kube-system/cli-capacity", "--kubelet-check-dir", cluster.KubeletCheckDir())
 	if err != nil {
 		t.Fatalf("diff: %v\n%s", err, out)
 	}
-	for _, want := range []string{"maxPods", "capacity of node " + realNode,
-		fmt.Sprintf("kube-system/capacity-b: pod %d of %d allowed (OutOfpods)", bound+2, bound+1)} {
+	finding := fmt.Sprintf("%s: kube-system/capacity-b may not be admitted again when the kubelet restarts (it admits the "+
+		"node's pods again, oldest first): pod %d of %d allowed (OutOfpods)", realNode, bound+2, bound+1)
+	for _, want := range []string{"maxPods", "capacity of node " + realNode, finding} {
 		if !strings.Contains(out, want) {
 			t.Errorf("diff lacks %q:\n%s", want, out)
 		}
@@ -442,7 +449,7 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 	if row := fmt.Sprintf(`(?m)^pods\s+\d+\s+%d\s+%d$`, bound+1, bound+2); !regexp.MustCompile(row).MatchString(out) {
 		t.Errorf("diff has no pods row matching %s:\n%s", row, out)
 	}
-	if strings.Contains(out, "kube-system/capacity-a:") {
+	if strings.Contains(out, "kube-system/capacity-a may") {
 		t.Errorf("diff names the older pod, which the kubelet admits first:\n%s", out)
 	}
 
@@ -452,14 +459,26 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 	if err != nil {
 		t.Fatalf("rollout --dry-run: %v\n%s", err, out)
 	}
-	for _, want := range []string{"dry run, nothing written", realNode, "disruptive",
-		fmt.Sprintf("%s: kube-system/capacity-b would not be admitted again when the kubelet restarts: pod %d of %d allowed (OutOfpods)",
-			realNode, bound+2, bound+1)} {
+	for _, want := range []string{"dry run, nothing written", "disruptive", finding} {
 		if !strings.Contains(out, want) {
 			t.Errorf("rollout --dry-run lacks %q:\n%s", want, out)
 		}
 	}
 	if _, err := cluster.KubeletConfigPool(ctx, "capacity-preview"); !apierrors.IsNotFound(err) {
 		t.Errorf("rollout --dry-run wrote the pool: %v", err)
+	}
+
+	// What was predicted happens: the kubelet restarted with the config rejects the newer pod, OutOfpods.
+	if out, _, err := kubectlDKC(t, "assign", realNode, "--configmap", "kube-system/cli-capacity",
+		"--kubelet-check-dir", cluster.KubeletCheckDir()); err != nil {
+		t.Fatalf("assign: %v\n%s", err, out)
+	}
+	poll.For(t, 3*time.Minute, time.Second, "the restarted kubelet to reject capacity-b", func() bool {
+		_, b := phases()
+		return b.Status.Phase == corev1.PodFailed
+	})
+	if a, b := phases(); b.Status.Reason != "OutOfpods" || a.Status.Phase == corev1.PodFailed {
+		t.Errorf("after the restart: capacity-a %s (%s), capacity-b %s (%s: %s); want capacity-a kept, capacity-b OutOfpods",
+			a.Status.Phase, a.Status.Reason, b.Status.Phase, b.Status.Reason, b.Status.Message)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
@@ -104,16 +105,21 @@ const maxKubeletChecks = 512
 type kubeletChecks struct {
 	checker KubeletChecker
 	log     *zap.Logger
+	clock   clock.PassiveClock
 	slot    chan struct{} // one helper at a time
 
 	mu       sync.Mutex
 	outcomes map[kubeletCheckKey]checkOutcome
 }
 
-func newKubeletChecks(checker KubeletChecker, log *zap.Logger) *kubeletChecks {
-	return &kubeletChecks{checker: checker, log: log, slot: make(chan struct{}, 1),
+func newKubeletChecks(checker KubeletChecker, log *zap.Logger, clk clock.PassiveClock) *kubeletChecks {
+	return &kubeletChecks{checker: checker, log: log, clock: clk, slot: make(chan struct{}, 1),
 		outcomes: map[kubeletCheckKey]checkOutcome{}}
 }
+
+// uncheckedRetry is how long a check that could not be made (a helper that crashed or timed out, say
+// under load) is left to the nodes before the next sync tries again: not for good, not at every sync.
+const uncheckedRetry = time.Minute
 
 type kubeletCheckKey struct{ revision, minor string }
 
@@ -124,13 +130,18 @@ type checkOutcome struct {
 	// fields are the config as that kubelet runs it (its defaults applied, v1beta1 JSON names); nil when
 	// it was refused or could not be checked.
 	fields map[string]any
+	// retryAt, for a check that could not be made, is when it is made again; zero: kept for good.
+	retryAt time.Time
 }
+
+// fresh says whether o answers for now: a pass or a refusal always, a failed check until retryAt.
+func (o checkOutcome) fresh(now time.Time) bool { return o.retryAt.IsZero() || now.Before(o.retryAt) }
 
 // check returns why no kubelet of the selected nodes' minors would load or validate content, or nil.
 // versions maps each minor to one kubelet version of it and the count of selected nodes running it.
 // A check that cannot be made (a minor no helper speaks, a helper that crashed or timed out) is logged
-// and passes: each node still checks the config itself before its kubelet uses it. The error is ctx's:
-// the sync ends, deciding nothing.
+// and passes: each node still checks the config itself before its kubelet uses it; a failed one is made
+// again at a sync after uncheckedRetry. The error is ctx's: the sync ends, deciding nothing.
 func (k *kubeletChecks) check(ctx context.Context, ref v1alpha1.ConfigMapReference, rev string, content []byte,
 	versions map[string]minorNodes) (*plan.Invalid, error) {
 	if k == nil || k.checker == nil {
@@ -166,7 +177,7 @@ func (k *kubeletChecks) outcome(ctx context.Context, ref v1alpha1.ConfigMapRefer
 	k.mu.Lock()
 	o, done := k.outcomes[key]
 	k.mu.Unlock()
-	if done {
+	if done && o.fresh(k.clock.Now()) {
 		return o, nil
 	}
 	select {
@@ -178,9 +189,10 @@ func (k *kubeletChecks) outcome(ctx context.Context, ref v1alpha1.ConfigMapRefer
 	k.mu.Lock()
 	o, done = k.outcomes[key] // another worker may have checked it meanwhile
 	k.mu.Unlock()
-	if done {
+	if done && o.fresh(k.clock.Now()) {
 		return o, nil
 	}
+	o = checkOutcome{}
 	cctx, cancel := context.WithTimeout(ctx, kubeletCheckTimeout)
 	checked, err := k.checker.CheckData(cctx, version, content)
 	cancel()
@@ -194,10 +206,16 @@ func (k *kubeletChecks) outcome(ctx context.Context, ref v1alpha1.ConfigMapRefer
 		}
 	case errors.Is(err, configcheck.ErrLoad) || errors.Is(err, configcheck.ErrValidate):
 		o.err = err
-	default:
-		k.log.Warn("could not check a pool's config with the kubelet's code; its nodes check it themselves",
+	case errors.Is(err, configcheck.ErrUnsupportedKubelet):
+		// No helper speaks the minor: asking again changes nothing until dkc-server is upgraded.
+		k.log.Warn("cannot check a pool's config with the kubelet's code; its nodes check it themselves",
 			zap.String("configMap", ref.Namespace+"/"+ref.Name), zap.String("revision", rev), zap.String("kubelet", version),
 			zap.Error(err))
+	default:
+		o.retryAt = k.clock.Now().Add(uncheckedRetry)
+		k.log.Warn("could not check a pool's config with the kubelet's code; its nodes check it themselves, and it is "+
+			"checked again after a while", zap.String("configMap", ref.Namespace+"/"+ref.Name), zap.String("revision", rev),
+			zap.String("kubelet", version), zap.Duration("retryAfter", uncheckedRetry), zap.Error(err))
 	}
 	k.mu.Lock()
 	if len(k.outcomes) >= maxKubeletChecks {

@@ -154,7 +154,7 @@ func New(cfg Config) *Controller {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
 		deleted: map[string]bool{}, created: map[string]types.UID{},
-		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log),
+		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log, cfg.Clock),
 	}
 	// An informer of its own rather than a factory's: it lives for one term, and dkc-server's other pool
 	// informer (package records) keeps only what it reads of each pool.

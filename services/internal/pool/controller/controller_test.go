@@ -995,7 +995,7 @@ func TestKubeletCheckBeforeAnyNode(t *testing.T) {
 				withVersion(node("a", nil, nil), "v1.36.4"), withVersion(node("b", nil, nil), "v1.37.1"),
 				withVersion(node("c", nil, nil), "v1.37.2-eks-1"), node("d", nil, nil))
 			kubelets := &fakeKubelets{errs: tc.errs}
-			h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop())
+			h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop(), h.clock)
 			for range 2 {
 				if _, err := h.c.sync(context.Background(), "blue"); err != nil {
 					t.Fatal(err)
@@ -1046,7 +1046,7 @@ func TestKubeletCheckOnlyForNewRevisions(t *testing.T) {
 	pool.Status.CurrentRevision = revision.Name("kube-system", "kubelet", cm.Data)
 	h := newHarness(t, pool, cm, n)
 	kubelets := &fakeKubelets{errs: map[string]error{"1.37": fmt.Errorf("%w: refused", configcheck.ErrValidate)}}
-	h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop())
+	h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop(), h.clock)
 	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
 		t.Fatal(err)
 	}
@@ -1055,7 +1055,7 @@ func TestKubeletCheckOnlyForNewRevisions(t *testing.T) {
 	}
 
 	h = newHarness(t, testPool(), cm, n)
-	h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop())
+	h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop(), h.clock)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := h.c.sync(ctx, "blue"); !errors.Is(err, context.Canceled) {
@@ -1063,5 +1063,44 @@ func TestKubeletCheckOnlyForNewRevisions(t *testing.T) {
 	}
 	if len(h.assigned()) != 0 || len(h.pools.updates) != 0 || len(h.c.kubelets.outcomes) != 0 {
 		t.Errorf("a cancelled check assigned %v, wrote %d statuses, kept %v", h.assigned(), len(h.pools.updates), h.c.kubelets.outcomes)
+	}
+}
+
+// TestKubeletCheckThatFailedIsMadeAgain: a check that could not be made (the helper crashed or timed out) is
+// not kept for good: syncs within uncheckedRetry take its outcome, the first after it checks again (the
+// revision's, and a running revision's for stateResets). A minor no helper speaks is not asked again.
+func TestKubeletCheckThatFailedIsMadeAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		first     error
+		wantCalls int // over three syncs, the last after uncheckedRetry
+	}{
+		{name: "helper crashed", first: errors.New("run dkc-kubelet-check-1.37: signal: killed"), wantCalls: 2},
+		{name: "no helper for the minor", first: fmt.Errorf("%w: kubelet v1.37.1 is not supported", configcheck.ErrUnsupportedKubelet), wantCalls: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := node("a", nil, nil)
+			n.Status.NodeInfo.KubeletVersion = "v1.37.1"
+			// Paused: nothing is assigned, so each sync decides on the revision again.
+			pool := testPool()
+			pool.Spec.Paused = true
+			h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), n)
+			kubelets := &fakeKubelets{errs: map[string]error{"1.37": tc.first}}
+			h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop(), h.clock)
+			sync := func() {
+				t.Helper()
+				if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sync()
+			h.clock.Step(uncheckedRetry / 2)
+			sync()
+			h.clock.Step(uncheckedRetry)
+			sync()
+			if len(kubelets.calls) != tc.wantCalls {
+				t.Errorf("helper asked %d times over three syncs, want %d", len(kubelets.calls), tc.wantCalls)
+			}
+		})
 	}
 }

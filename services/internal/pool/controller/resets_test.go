@@ -93,7 +93,7 @@ func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
 				}
 			}
 			kubelets := &decodingKubelets{}
-			h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop())
+			h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop(), h.clock)
 			for range 2 {
 				if _, err := h.c.sync(context.Background(), "blue"); err != nil {
 					t.Fatal(err)

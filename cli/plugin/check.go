@@ -58,7 +58,8 @@ func checkVerdict(results []CheckResult, minor string) error {
 	case refused > 0:
 		return fmt.Errorf("%w: kubelet %s refuses %d of %d configs", ErrConfigsRefused, minor, refused, len(results))
 	case unknown > 0:
-		return fmt.Errorf("%w: %d of %d configs could not be checked (see the rows)", ErrConfigsUnknown, unknown, len(results))
+		return fmt.Errorf("%w: %d of %d configs could not be checked (see the rows)", ErrConfigsUnknown, unknown,
+			len(results))
 	}
 	return nil
 }

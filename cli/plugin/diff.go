@@ -246,8 +246,8 @@ func kubeletCheckers(dir string) (configcheck.Helpers, error) {
 		}
 	}
 	if dir == "" {
-		return configcheck.Helpers{}, fmt.Errorf("the %s helpers, which load configs with the kubelet's code, are neither next to "+
-			"kubectl-dkc nor on $PATH (install them beside kubectl-dkc, or --kubelet-check-dir)", helper)
+		return configcheck.Helpers{}, fmt.Errorf("the %s helpers, which load configs with the kubelet's code, are "+
+			"neither next to kubectl-dkc nor on $PATH (install them beside kubectl-dkc, or --kubelet-check-dir)", helper)
 	}
 	h, err := configcheck.FindHelpers(dir)
 	if err != nil {

@@ -385,8 +385,11 @@ type WatchConfigRequest struct {
 	// The kubelet_version of the last WatchConfigResponse the node received ("" if none since the sidecar
 	// started). The service sends the node's state if the Node reports another kubelet version.
 	KubeletVersion string `protobuf:"bytes,6,opt,name=kubelet_version,json=kubeletVersion,proto3" json:"kubelet_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The drained of the last WatchConfigResponse the node received (false if none since the sidecar started).
+	// The service sends the node's state if it differs.
+	Drained       bool `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchConfigRequest) Reset() {
@@ -461,6 +464,13 @@ func (x *WatchConfigRequest) GetKubeletVersion() string {
 	return ""
 }
 
+func (x *WatchConfigRequest) GetDrained() bool {
+	if x != nil {
+		return x.Drained
+	}
+	return false
+}
+
 // WatchConfigResponse is the node's complete desired state; each message replaces the previous one.
 type WatchConfigResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -480,8 +490,15 @@ type WatchConfigResponse struct {
 	// sidecar validates configs with the kubelet code of that minor, and refuses a minor it has no code for.
 	// A new message is sent when it changes (a node upgraded in place).
 	KubeletVersion string `protobuf:"bytes,5,opt,name=kubelet_version,json=kubeletVersion,proto3" json:"kubelet_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// True while the node is cordoned and drained for exactly this assignment: its Node is unschedulable and
+	// its dkc.dev/drained annotation names the assigned ConfigMap's UID and resourceVersion. Only then may the
+	// sidecar remove the kubelet state that going from the running config to the assigned one invalidates
+	// (the CPU and memory managers' checkpoints), with the kubelet stopped. Without it, the sidecar refuses
+	// such an assignment before restarting the kubelet, and waits for it. A new message is sent when it
+	// changes; it never changes content_hash.
+	Drained       bool `protobuf:"varint,6,opt,name=drained,proto3" json:"drained,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchConfigResponse) Reset() {
@@ -547,6 +564,13 @@ func (x *WatchConfigResponse) GetKubeletVersion() string {
 		return x.KubeletVersion
 	}
 	return ""
+}
+
+func (x *WatchConfigResponse) GetDrained() bool {
+	if x != nil {
+		return x.Drained
+	}
+	return false
 }
 
 // KubeletRestart describes a restart of the kubelet the sidecar performed to change the active config.
@@ -810,7 +834,7 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
 	"\rAppliedConfig\x120\n" +
 	"\x06source\x18\x01 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06source\x12!\n" +
-	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xf8\x01\n" +
+	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\x92\x02\n" +
 	"\x12WatchConfigRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x128\n" +
 	"\flast_applied\x18\x02 \x01(\v2\x15.dkc.v1.AppliedConfigR\vlastApplied\x12\x1d\n" +
@@ -818,7 +842,8 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"sync_error\x18\x03 \x01(\tR\tsyncError\x12\x19\n" +
 	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\x12(\n" +
 	"\x10follows_node_uid\x18\x05 \x01(\bR\x0efollowsNodeUid\x12'\n" +
-	"\x0fkubelet_version\x18\x06 \x01(\tR\x0ekubeletVersion\"\xed\x01\n" +
+	"\x0fkubelet_version\x18\x06 \x01(\tR\x0ekubeletVersion\x12\x18\n" +
+	"\adrained\x18\a \x01(\bR\adrained\"\x87\x02\n" +
 	"\x13WatchConfigResponse\x122\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x12.dkc.v1.AssignmentR\n" +
@@ -827,7 +852,8 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"sync_error\x18\x02 \x01(\tR\tsyncError\x12?\n" +
 	"\rresolved_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fresolvedTime\x12\x19\n" +
 	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\x12'\n" +
-	"\x0fkubelet_version\x18\x05 \x01(\tR\x0ekubeletVersion\"\x82\x01\n" +
+	"\x0fkubelet_version\x18\x05 \x01(\tR\x0ekubeletVersion\x12\x18\n" +
+	"\adrained\x18\x06 \x01(\bR\adrained\"\x82\x01\n" +
 	"\x0eKubeletRestart\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
 	"\x06target\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06target\x12.\n" +

@@ -39,6 +39,9 @@ type State struct {
 	// KubeletVersion is the node's kubelet version (status.nodeInfo.kubeletVersion): the sidecar validates
 	// configs with the code of its minor, so a node upgraded in place is told.
 	KubeletVersion string
+	// Drained: the Node is cordoned and drained for exactly Assignment's ConfigMap version
+	// (nodeconfig.IsDrainedFor), so the sidecar may remove the kubelet state the change invalidates.
+	Drained bool
 	// Changed is when this state was set.
 	Changed time.Time
 }
@@ -46,7 +49,7 @@ type State struct {
 // Same reports whether two states tell a node the same thing (Changed aside).
 func (s State) Same(o State) bool {
 	return s.SyncError == o.SyncError && s.NodeUID == o.NodeUID && s.KubeletVersion == o.KubeletVersion &&
-		SameAssignment(s.Assignment, o.Assignment)
+		s.Drained == o.Drained && SameAssignment(s.Assignment, o.Assignment)
 }
 
 // SameAssignment compares by source and content hash, never by payload: cheap for thousands of nodes.

@@ -134,16 +134,20 @@ func New(cfg Config) *Controller {
 	return c
 }
 
-// sourceChanged says whether an update may change the node's source. It compares exactly (a source without
-// subfield is not nil here: it is an error to report), unlike nodeconfig.SameSource, which asks whether two
-// sources name the same config.
 // needsSync says whether a Node update can change the node's state. Heartbeats and status writes (our own
 // included) do not touch the source: they are skipped. Another UID is another object (deleted and
 // registered again, seen as an update across a relist): its node must be told, whatever its source. So is
-// another kubelet version (a node upgraded in place): configs are validated with that minor's code.
+// another kubelet version (a node upgraded in place): configs are validated with that minor's code. So is
+// a cordon or drain mark coming or going: it says whether the node may reset the kubelet's state.
 func needsSync(o, n *corev1.Node) bool {
-	return o.UID != n.UID || o.Status.NodeInfo.KubeletVersion != n.Status.NodeInfo.KubeletVersion || sourceChanged(o, n)
+	return o.UID != n.UID || o.Status.NodeInfo.KubeletVersion != n.Status.NodeInfo.KubeletVersion ||
+		sourceChanged(o, n) || o.Spec.Unschedulable != n.Spec.Unschedulable ||
+		o.Annotations[nodeconfig.DrainedAnnotation] != n.Annotations[nodeconfig.DrainedAnnotation]
 }
+
+// sourceChanged says whether an update may change the node's source. It compares exactly (a source without
+// subfield is not nil here: it is an error to report), unlike nodeconfig.SameSource, which asks whether two
+// sources name the same config.
 
 func sourceChanged(o, n *corev1.Node) bool {
 	return o.Annotations[nodeconfig.SourceAnnotation] != n.Annotations[nodeconfig.SourceAnnotation] ||
@@ -351,7 +355,9 @@ func (c *Controller) assignConfigMap(node *corev1.Node, origin resolve.Origin, r
 		c.logHeld(name, a)
 	}
 	prev, hadPrev, _ := c.table.Get(name)
-	next := assignment.State{Assignment: give, NodeUID: uid, KubeletVersion: kubeletVersion}
+	// Drained only for the version given: a node held back by the pacer keeps what it runs.
+	drained := !held && nodeconfig.IsDrainedFor(node, cm.UID, cm.ResourceVersion)
+	next := assignment.State{Assignment: give, NodeUID: uid, KubeletVersion: kubeletVersion, Drained: drained}
 	if !c.table.Set(name, next) || held {
 		return nil // unchanged; or held, and the pacer logged that the node waits: what it runs did not change
 	}
@@ -365,7 +371,7 @@ func (c *Controller) assignConfigMap(node *corev1.Node, origin resolve.Origin, r
 	c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
 		zap.String("source", configmaps.Key(ref.Namespace, ref.Name)), zap.String("uid", string(cm.UID)),
 		zap.String("resourceVersion", cm.ResourceVersion), zap.String("kubeletConfigKey", ref.KubeletConfigKey),
-		zap.String("kubeletVersion", kubeletVersion))
+		zap.String("kubeletVersion", kubeletVersion), zap.Bool("drained", drained))
 	return nil
 }
 

@@ -368,6 +368,10 @@ func TestNodeObjectFollowed(t *testing.T) {
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a", Annotations: map[string]string{nodeconfig.SourceAnnotation: "{}"}}}, true},
 		{"kubelet upgraded", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"}}},
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2"}}}, true},
+		{"cordoned", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Spec: corev1.NodeSpec{Unschedulable: true}}, true},
+		{"drain mark removed", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a", Annotations: map[string]string{nodeconfig.DrainedAnnotation: "{}"}}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}}, true},
 	} {
 		if got := needsSync(tc.o, tc.n); got != tc.want {
 			t.Errorf("%s: needsSync = %v, want %v", tc.name, got, tc.want)
@@ -395,5 +399,52 @@ func TestSameExceptVersion(t *testing.T) {
 				t.Errorf("sameExceptVersion = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A node may reset its kubelet's state only while cordoned and marked drained for exactly the version it
+// is given: a mark for an earlier version, or one left behind after the uncordon, allows nothing.
+func TestDrainedOnlyForTheMarkedVersion(t *testing.T) {
+	f := newFixture(t)
+	f.putConfigMap("cm", "1")
+	mark := func(unschedulable bool, rv string) {
+		t.Helper()
+		n, err := f.c.nodes.Get("n1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = n.DeepCopy()
+		n.Spec.Unschedulable = unschedulable
+		delete(n.Annotations, nodeconfig.DrainedAnnotation)
+		if rv != "" {
+			n.Annotations[nodeconfig.DrainedAnnotation] = nodeconfig.MarshalDrained("uid-cm", rv)
+		}
+		if err := f.store.Update(n); err != nil {
+			t.Fatal(err)
+		}
+		f.sync("n1")
+	}
+	drained := func() bool { st, _, _ := f.table.Get("n1"); return st.Drained }
+	f.assign("n1", "cm")
+	for _, step := range []struct {
+		name          string
+		unschedulable bool
+		rv            string
+		want          bool
+	}{
+		{"assigned, not drained", false, "", false},
+		{"cordoned and marked for the version", true, "1", true},
+		{"uncordoned, mark left behind", false, "1", false},
+		{"cordoned, mark of another version", true, "0", false},
+	} {
+		mark(step.unschedulable, step.rv)
+		if got := drained(); got != step.want {
+			t.Errorf("%s: Drained = %v, want %v", step.name, got, step.want)
+		}
+	}
+	mark(true, "1")
+	f.putConfigMap("cm", "2") // edited after the drain: the mark names the version before
+	if drained() {
+		t.Error("a ConfigMap changed after the drain is given as drained")
 	}
 }

@@ -228,6 +228,8 @@ type watchState struct {
 	// kubeletVersion is the node's kubelet version as the node says or was last sent: the sidecar validates
 	// with that minor's code, so a change (a node upgraded in place) is sent.
 	kubeletVersion string
+	// drained is what the node was last told of its drain (or says it was): a change is sent.
+	drained bool
 }
 
 //go:noinline
@@ -258,6 +260,7 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest,
 	}
 	ws.sentSyncError = req.GetSyncError()
 	ws.nodeUID, ws.followsNodeUID, ws.kubeletVersion = req.GetNodeUid(), req.GetFollowsNodeUid(), req.GetKubeletVersion()
+	ws.drained = req.GetDrained()
 	ws.rc = s.newRecheck(ctx)
 	return ws, nil
 }
@@ -301,7 +304,7 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
 		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
 		(st.NodeUID != "" && st.NodeUID != ws.nodeUID && (ws.nodeUID != "" || ws.followsNodeUID)) ||
-		(st.KubeletVersion != "" && st.KubeletVersion != ws.kubeletVersion)
+		(st.KubeletVersion != "" && st.KubeletVersion != ws.kubeletVersion) || st.Drained != ws.drained
 	if !send {
 		return changed, nil
 	}
@@ -319,6 +322,7 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 		zap.Bool("local", st.Assignment != nil && st.Assignment.GetSource().GetConfigMap() == nil),
 		zap.String("syncError", st.SyncError))
 	ws.known, ws.sentSyncError, ws.nodeUID, ws.kubeletVersion = true, st.SyncError, st.NodeUID, st.KubeletVersion
+	ws.drained = st.Drained
 	if st.Assignment != nil {
 		ws.has = st.Assignment
 	}

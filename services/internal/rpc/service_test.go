@@ -189,6 +189,8 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		follows       bool   // the request's follows_node_uid
 		nodeKubelet   string // the request's kubelet_version
 		kubelet       string // the table's KubeletVersion
+		nodeDrained   bool   // the request's drained
+		drained       bool   // the table's Drained
 	}{
 		{name: "cleared while away", nodeHolds: download, serviceHas: "", wantSyncError: ""},
 		{name: "appeared while away", nodeHolds: "", serviceHas: download, wantSyncError: download},
@@ -201,17 +203,20 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		{name: "kubelet upgraded while away", nodeKubelet: "v1.36.3", kubelet: "v1.37.2"},
 		{name: "sidecar knows no kubelet version", kubelet: "v1.37.2"},
 		{name: "same kubelet version", nodeKubelet: "v1.37.2", kubelet: "v1.37.2", wantNoMessage: true},
+		{name: "drained while away", drained: true},
+		{name: "uncordoned while away", nodeDrained: true},
+		{name: "still drained", nodeDrained: true, drained: true, wantNoMessage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := assignment.NewTable(nil)
 			client := start(t, table, &recordingWriter{})
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			table.Set("n1", assignment.State{Assignment: assign("1")})
+			table.Set("n1", assignment.State{Assignment: assign("1"), Drained: tc.drained})
 			table.SetSyncError("n1", tc.serviceUID, tc.kubelet, nodeconfig.StatusError(tc.serviceHas))
 			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds, NodeUid: tc.nodeUID, FollowsNodeUid: tc.follows,
-				KubeletVersion: tc.nodeKubelet,
-				LastApplied:    &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
+				KubeletVersion: tc.nodeKubelet, Drained: tc.nodeDrained,
+				LastApplied: &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -237,7 +242,7 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 					t.Fatalf("resumed stream sent %v; the node already has it", m)
 				}
 				if m.GetSyncError() != tc.wantSyncError || m.GetAssignment().GetContentHash() != "h1" || m.GetNodeUid() != tc.serviceUID ||
-					m.GetKubeletVersion() != tc.kubelet {
+					m.GetKubeletVersion() != tc.kubelet || m.GetDrained() != tc.drained {
 					t.Fatalf("resumed stream sent sync error %q, assignment %q, node %q, kubelet %q; want %q, h1, %q, %q",
 						m.GetSyncError(), m.GetAssignment().GetContentHash(), m.GetNodeUid(), m.GetKubeletVersion(), tc.wantSyncError, tc.serviceUID, tc.kubelet)
 				}

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package nodeconfig
+
+import (
+	"encoding/json"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// DrainedAnnotation on a Node says that whoever drained it (kubectl dkc assign --drain, a pool with
+// spec.disruption.drain: Allowed) drained it for exactly one ConfigMap version: the JSON of a Drained. While
+// the Node is also unschedulable and its source resolves to that version, the node's sidecar may remove the
+// kubelet state the change invalidates (docs/pools.md, "Changes that need a drain"). Bound to the version, a
+// mark left behind never lets a later change reset the state of a node whose pods came back.
+const DrainedAnnotation = "dkc.dev/drained"
+
+// Drained is the value of DrainedAnnotation.
+type Drained struct {
+	UID             types.UID `json:"uid"`
+	ResourceVersion string    `json:"resourceVersion"`
+}
+
+// MarshalDrained is the annotation's value for a ConfigMap version.
+func MarshalDrained(uid types.UID, resourceVersion string) string {
+	b, _ := json.Marshal(Drained{UID: uid, ResourceVersion: resourceVersion}) // two strings: cannot fail
+	return string(b)
+}
+
+// IsDrainedFor says whether the node is cordoned and drained for the ConfigMap version uid/resourceVersion:
+// it is unschedulable and its DrainedAnnotation names exactly that version. A mark that does not parse
+// names nothing.
+func IsDrainedFor(n *corev1.Node, uid types.UID, resourceVersion string) bool {
+	v, ok := n.Annotations[DrainedAnnotation]
+	if !ok || !n.Spec.Unschedulable || uid == "" {
+		return false
+	}
+	var d Drained
+	if err := json.Unmarshal([]byte(v), &d); err != nil {
+		return false
+	}
+	return d.UID == uid && d.ResourceVersion == resourceVersion
+}

@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package nodeconfig
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestIsDrainedFor(t *testing.T) {
+	mark := MarshalDrained("u1", "7")
+	tests := []struct {
+		name          string
+		mark          *string
+		unschedulable bool
+		want          bool
+	}{
+		{name: "cordoned and marked for the version", mark: &mark, unschedulable: true, want: true},
+		{name: "marked but uncordoned since", mark: &mark},
+		{name: "cordoned without a mark", unschedulable: true},
+		{name: "marked for another resourceVersion", mark: ptr(MarshalDrained("u1", "8")), unschedulable: true},
+		{name: "marked for another object of the name", mark: ptr(MarshalDrained("u2", "7")), unschedulable: true},
+		{name: "a mark that does not parse", mark: ptr("u1/7"), unschedulable: true},
+		{name: "an empty mark", mark: ptr(MarshalDrained("", "")), unschedulable: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{}},
+				Spec: corev1.NodeSpec{Unschedulable: tt.unschedulable}}
+			if tt.mark != nil {
+				n.Annotations[DrainedAnnotation] = *tt.mark
+			}
+			if got := IsDrainedFor(n, "u1", "7"); got != tt.want {
+				t.Errorf("IsDrainedFor = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	if IsDrainedFor(&corev1.Node{Spec: corev1.NodeSpec{Unschedulable: true}}, "", "") {
+		t.Error("a node without annotations is drained for no version")
+	}
+}
+
+func ptr(s string) *string { return &s }

@@ -72,7 +72,8 @@ const (
 	ReasonValidationFailed    = "ValidationFailed"
 	// The kubelet of a node that runs one of the pool's revisions would refuse the new one on the state its
 	// resource managers checkpointed (another CPU or memory manager policy, or other reservations under a
-	// static one) until the node is drained and the state file removed; dkc does not drain.
+	// static one) until the node is drained and the state file removed; a pool does not drain (kubectl dkc
+	// assign --drain does).
 	ReasonDrainRequired = "DrainRequired"
 	// An object with the snapshot's name that the pool did not create, or whose data is not its revision's.
 	ReasonSnapshotMismatch = "SnapshotMismatch"

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,11 +20,13 @@ import (
 	"github.com/dkc-dev/dkc/internal/configz"
 	"github.com/dkc-dev/dkc/internal/disruption"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/nodedrain"
 )
 
 func (o *Options) assignCommand() *cobra.Command {
 	var selector, cm, key, checkDir string
-	var drained bool
+	var drained, drain bool
+	var opts drainOptions
 	cmd := &cobra.Command{
 		Use:   "assign (NODE... | -l SELECTOR) --configmap NAMESPACE/NAME [--key kubelet]",
 		Short: "Point nodes at a ConfigMap holding a KubeletConfiguration",
@@ -33,12 +36,24 @@ validates it, restarts the kubelet onto it and proves it, or rolls back.
 Before assigning any node, assign compares each node's running config (/configz) with the new one, both as
 the node kubelet's own minor loads them (the dkc-kubelet-check helpers, as diff does), and refuses a change
 the kubelet refuses to start with on a node whose resource managers keep state: another cpuManagerPolicy or
-memoryManagerPolicy, or other reservations under their static policies. Such a node must be drained and its
-state file removed first; then assign it with --drained. Where the check cannot run (no helper for the
-node's minor, /configz unreadable), assign says so and assigns.`,
+memoryManagerPolicy, or other reservations under their static policies. Such a node must be drained first,
+and its sidecar then removes the state file, with the kubelet stopped, before it restarts the kubelet:
+
+  --drain    assign does it, one node after the other: cordons the node (unless someone else did), evicts
+             its pods through the Eviction API (PodDisruptionBudgets hold; DaemonSet and mirror pods stay),
+             assigns the config marked as drained for exactly the ConfigMap's version, waits until the node
+             reports it active (or failed and rolled back), then removes its mark and uncordons it.
+             Nodes that need no drain are assigned as usual.
+  --drained  you drained and cordoned the nodes yourself: assign marks them drained and assigns; uncordon
+             them once they report the config active.
+
+Where the check cannot run (no helper for the node's minor, /configz unreadable), assign says so and assigns;
+a node whose sidecar finds that the change needs a drain then refuses it (status "the node must be drained
+first") and keeps its config until it is drained.`,
 		Example: `  kubectl dkc assign node-1 --configmap kube-system/my-node-config-gkt4c2m4b2
   kubectl dkc assign -l pool=blue --configmap kube-system/my-node-config-gkt4c2m4b2 --key kubelet
-  kubectl dkc assign node-1 --configmap kube-system/static-cpus --drained   # drained, cpu_manager_state removed`,
+  kubectl dkc assign node-1 --configmap kube-system/static-cpus --drain
+  kubectl dkc assign node-1 --configmap kube-system/static-cpus --drained   # after kubectl drain node-1`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ns, name, err := parseConfigMap(cm)
 			if err != nil {
@@ -57,10 +72,16 @@ node's minor, /configz unreadable), assign says so and assigns.`,
 			if err != nil {
 				return err
 			}
-			if !drained {
-				if err := o.refuseStateResets(ctx, nodes, ns, name, key, checkDir); err != nil {
-					return err
-				}
+			switch {
+			case drain && drained:
+				return fmt.Errorf("give --drain or --drained, not both")
+			case drain:
+				return o.assignDraining(ctx, nodes, src, o.stateResets(ctx, nodes, ns, name, key, checkDir), opts)
+			case drained:
+				return o.assignDrained(ctx, nodes, src)
+			}
+			if err := refuseStateResets(ns, name, o.stateResets(ctx, nodes, ns, name, key, checkDir)); err != nil {
+				return err
 			}
 			for i := range nodes {
 				where, err := o.setSource(ctx, &nodes[i], src)
@@ -75,9 +96,17 @@ node's minor, /configz unreadable), assign says so and assigns.`,
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "label selector of the nodes")
 	cmd.Flags().StringVar(&cm, "configmap", "", "the ConfigMap, NAMESPACE/NAME")
 	cmd.Flags().StringVar(&key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
+	cmd.Flags().BoolVar(&drain, "drain", false,
+		"cordon and drain each node whose kubelet would refuse the change on its resource managers' state, one "+
+			"after the other, let its sidecar remove that state, wait until it runs the config, then uncordon it")
+	cmd.Flags().DurationVar(&opts.drainTimeout, "drain-timeout", 10*time.Minute,
+		"with --drain: how long to retry evictions a PodDisruptionBudget refuses, per node, before giving up "+
+			"(the node is then uncordoned and keeps its config)")
+	cmd.Flags().DurationVar(&opts.applyTimeout, "timeout", 5*time.Minute,
+		"with --drain: how long a node may take from its assignment to reporting the config active or failed")
 	cmd.Flags().BoolVar(&drained, "drained", false,
-		"the nodes are drained and the state files the change invalidates are removed (cpu_manager_state, "+
-			"memory_manager_state in the kubelet's root directory): assign without the state check")
+		"the nodes are cordoned and drained already (kubectl drain): mark them drained for the ConfigMap's "+
+			"version so that their sidecars remove the state the change invalidates, and assign")
 	cmd.Flags().StringVar(&checkDir, "kubelet-check-dir", "",
 		"directory of the dkc-kubelet-check-<minor> helpers; default: next to kubectl-dkc, else the "+
 			"directory of the first on $PATH")
@@ -85,10 +114,12 @@ node's minor, /configz unreadable), assign says so and assigns.`,
 	return cmd
 }
 
-// refuseStateResets fails, before any node is assigned, when the config would make a node's kubelet refuse
-// to start on the state its resource managers checkpointed under the running config.
-func (o *Options) refuseStateResets(ctx context.Context, nodes []corev1.Node, ns, name, key, checkDir string) error {
-	var refused []string
+// stateResets compares each node's running config (/configz) with the new one, both as the node kubelet's
+// minor loads them: the state files the change invalidates, per node. A node it cannot check is warned
+// about and left out (its sidecar checks again before it restarts the kubelet).
+func (o *Options) stateResets(ctx context.Context, nodes []corev1.Node, ns, name, key,
+	checkDir string) map[string][]disruption.Reset {
+	out := map[string][]disruption.Reset{}
 	for _, n := range nodes {
 		running, kubeletVersion, err := o.runningConfig(ctx, n.Name)
 		var next map[string]any
@@ -99,18 +130,56 @@ func (o *Options) refuseStateResets(ctx context.Context, nodes []corev1.Node, ns
 			fmt.Fprintf(o.io.ErrOut, "warning: node %s: state check skipped: %v\n", n.Name, err)
 			continue
 		}
-		for _, r := range disruption.Resets(running, next) {
-			refused = append(refused, fmt.Sprintf("  node %s: %s", n.Name, r))
+		if r := disruption.Resets(running, next); len(r) > 0 {
+			out[n.Name] = r
+		}
+	}
+	return out
+}
+
+// refuseStateResets fails, before any node is assigned, when the config would make a node's kubelet refuse
+// to start on the state its resource managers checkpointed under the running config.
+func refuseStateResets(ns, name string, resets map[string][]disruption.Reset) error {
+	var refused []string
+	for node, rs := range resets {
+		for _, r := range rs {
+			refused = append(refused, fmt.Sprintf("  node %s: %s", node, r))
 		}
 	}
 	if len(refused) == 0 {
 		return nil
 	}
+	sort.Strings(refused)
 	return fmt.Errorf("the kubelet refuses to start with %s/%s on state its resource managers "+
 		"checkpointed; nothing was assigned:\n"+
 		"%s\n"+
-		"drain each node (kubectl drain NODE --ignore-daemonsets), remove the named file from the kubelet's root "+
-		"directory (/var/lib/kubelet), then assign again with --drained", ns, name, strings.Join(refused, "\n"))
+		"assign again with --drain (dkc cordons and drains each such node, its sidecar removes the state), or "+
+		"drain the nodes yourself (kubectl drain NODE --ignore-daemonsets) and assign with --drained",
+		ns, name, strings.Join(refused, "\n"))
+}
+
+// assignDrained assigns nodes the user cordoned and drained, marked drained for the ConfigMap's version.
+func (o *Options) assignDrained(ctx context.Context, nodes []corev1.Node, src *corev1.NodeConfigSource) error {
+	ref := src.ConfigMap
+	cm, err := o.client.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("configmap %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	for i := range nodes {
+		if !nodes[i].Spec.Unschedulable {
+			return fmt.Errorf("node %s is not cordoned: drain it first (kubectl drain %s --ignore-daemonsets), "+
+				"or assign with --drain", nodes[i].Name, nodes[i].Name)
+		}
+	}
+	d := &nodedrain.Drainer{Client: o.client, FieldManager: "kubectl-dkc"}
+	for i := range nodes {
+		if err := d.MarkDrained(ctx, &nodes[i], src, cm); err != nil {
+			return err
+		}
+		fmt.Fprintf(o.io.Out, "node/%s assigned %s/%s (key %s) as drained for resourceVersion %s; uncordon it once "+
+			"it runs the config\n", nodes[i].Name, ref.Namespace, ref.Name, ref.KubeletConfigKey, cm.ResourceVersion)
+	}
+	return nil
 }
 
 func (o *Options) resetCommand() *cobra.Command {

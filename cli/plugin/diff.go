@@ -206,7 +206,7 @@ flag such as --max-pods wins over the config). Table output only.`,
 			if err := w.Flush(); err != nil {
 				return err
 			}
-			// What assign refuses without --drained: the kubelet would not start on its managers' state.
+			// What assign refuses without --drain or --drained: the kubelet would not start on its managers' state.
 			for _, r := range disruption.Resets(running, next) {
 				fmt.Fprintf(o.io.Out, "the kubelet refuses to start with this on its current state: "+
 					"drain node %s and remove %s first\n", args[0], r)

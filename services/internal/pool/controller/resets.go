@@ -90,10 +90,10 @@ func (c *Controller) stateResets(ctx context.Context, pool *v1alpha1.KubeletConf
 	return &plan.Invalid{Reason: v1alpha1.ReasonDrainRequired,
 		Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet refuses to start with it on the "+
 			"state its resource managers checkpointed under the revision the node runs, until the node is drained and "+
-			"the state file removed; dkc does not drain nodes, so nothing is assigned while a selected node runs a revision "+
-			"it conflicts with: %s. To make the change, take the nodes out of the pool and, one at a time, drain each "+
-			"(kubectl drain NODE --ignore-daemonsets), remove the named file from the kubelet's root directory "+
-			"(/var/lib/kubelet), run kubectl dkc assign NODE --configmap %s/%s --key %s --drained, and uncordon it",
+			"the state file removed; a pool does not drain nodes, so nothing is assigned while a selected node runs a revision "+
+			"it conflicts with: %s. To make the change, take the nodes out of the pool and run kubectl dkc assign "+
+			"NODE... --configmap %s/%s --key %s --drain (it drains one node at a time, its sidecar removes the state "+
+			"file, and it uncordons the node once it runs the config)",
 			ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, strings.Join(found, "; "), ref.Namespace, ref.Name,
 			ref.KubeletConfigKey)}, nil
 }

@@ -109,7 +109,7 @@ func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
 			}
 			nextRev := revision.Name("kube-system", "kubelet", next.Data)
 			for _, want := range []string{tc.want, "(revision " + nextRev + ")", "node a (revision " + wasRev + ", kubelet 1.37)",
-				"nothing is assigned", "kubectl dkc assign NODE --configmap kube-system/blue-config --key kubelet --drained"} {
+				"nothing is assigned", "kubectl dkc assign NODE... --configmap kube-system/blue-config --key kubelet --drain"} {
 				if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonDrainRequired || !strings.Contains(c.Message, want) {
 					t.Errorf("ConfigInvalid %+v, want True %s with %q", c, v1alpha1.ReasonDrainRequired, want)
 				}

@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package nodedrain cordons and drains a node for a kubelet config change that the kubelet refuses on the
+// state its resource managers checkpointed (internal/disruption), marks it drained for exactly the
+// ConfigMap version it then gets (nodeconfig.DrainedAnnotation: only then does its sidecar remove that
+// state), and undoes all of it afterwards. The eviction itself is kubectl's (k8s.io/kubectl/pkg/drain):
+// the Eviction API, so PodDisruptionBudgets hold; DaemonSet and mirror pods stay; terminating pods are
+// waited for.
+package nodedrain
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/kubectl/pkg/drain"
+
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+)
+
+// CordonedAnnotation marks a node that dkc cordoned, with who did ("kubectl-dkc", or "pool/NAME"): Release
+// uncordons only such a node. A node someone else cordoned stays cordoned.
+const CordonedAnnotation = "dkc.dev/cordoned"
+
+// Drainer drains nodes through one client.
+type Drainer struct {
+	Client kubernetes.Interface
+	// FieldManager names dkc's writes to the Node.
+	FieldManager string
+	// Timeout bounds one Drain: evictions that a PodDisruptionBudget refuses are retried until then.
+	Timeout time.Duration
+	// Out and ErrOut receive what the drain does, pod by pod (kubectl drain's lines); nil discards them.
+	Out, ErrOut io.Writer
+}
+
+// Cordon makes the node unschedulable and marks it as cordoned by by; a node already unschedulable is
+// left as it is, and ours is false. The patch carries the node's resourceVersion: a node changed meanwhile
+// is a Conflict, never a cordon mark on a node someone else cordoned in between.
+func (d *Drainer) Cordon(ctx context.Context, n *corev1.Node, by string) (ours bool, err error) {
+	if n.Spec.Unschedulable {
+		return false, nil
+	}
+	patch := map[string]any{
+		"metadata": map[string]any{"resourceVersion": n.ResourceVersion,
+			"annotations": map[string]any{CordonedAnnotation: by}},
+		"spec": map[string]any{"unschedulable": true},
+	}
+	if err := d.patch(ctx, n.Name, patch); err != nil {
+		return false, fmt.Errorf("cordon node %s: %w", n.Name, err)
+	}
+	return true, nil
+}
+
+// Drain evicts the node's pods and waits until they are gone, or until Timeout. Pods no controller
+// would recreate fail it (nothing brings them back), as kubectl drain without --force does; emptyDir data
+// goes with its pod.
+func (d *Drainer) Drain(ctx context.Context, node string) error {
+	out, errOut := d.Out, d.ErrOut
+	if out == nil {
+		out = io.Discard
+	}
+	if errOut == nil {
+		errOut = io.Discard
+	}
+	h := &drain.Helper{
+		Ctx: ctx, Client: d.Client, GracePeriodSeconds: -1, IgnoreAllDaemonSets: true, DeleteEmptyDirData: true,
+		Timeout: d.Timeout, Out: out, ErrOut: errOut,
+	}
+	if err := drain.RunNodeDrain(h, node); err != nil {
+		return fmt.Errorf("drain node %s: %w", node, err)
+	}
+	return nil
+}
+
+// MarkDrained points the node at src (the annotation; spec.configSource too where the node has it) and
+// marks it drained for exactly cm's version, in one patch: the node's sidecar never sees the one without
+// the other.
+func (d *Drainer) MarkDrained(ctx context.Context, n *corev1.Node, src *corev1.NodeConfigSource,
+	cm *corev1.ConfigMap) error {
+	raw, err := json.Marshal(src)
+	if err != nil {
+		return err
+	}
+	patch := map[string]any{"metadata": map[string]any{"annotations": map[string]any{
+		nodeconfig.SourceAnnotation:  string(raw),
+		nodeconfig.DrainedAnnotation: nodeconfig.MarshalDrained(cm.UID, cm.ResourceVersion),
+	}}}
+	if n.Spec.ConfigSource != nil {
+		patch["spec"] = map[string]any{"configSource": src}
+	}
+	if err := d.patch(ctx, n.Name, patch); err != nil {
+		return fmt.Errorf("assign node %s %s/%s as drained: %w", n.Name, cm.Namespace, cm.Name, err)
+	}
+	return nil
+}
+
+// Release removes the drained mark and, when dkc cordoned the node (CordonedAnnotation), uncordons it.
+func (d *Drainer) Release(ctx context.Context, node string) error {
+	n, err := d.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("release node %s: %w", node, err)
+	}
+	_, cordoned := n.Annotations[CordonedAnnotation]
+	_, marked := n.Annotations[nodeconfig.DrainedAnnotation]
+	if !cordoned && !marked {
+		return nil
+	}
+	patch := map[string]any{"metadata": map[string]any{"resourceVersion": n.ResourceVersion,
+		"annotations": map[string]any{CordonedAnnotation: nil, nodeconfig.DrainedAnnotation: nil}}}
+	if cordoned {
+		patch["spec"] = map[string]any{"unschedulable": false}
+	}
+	if err := d.patch(ctx, node, patch); err != nil {
+		return fmt.Errorf("release node %s: %w", node, err)
+	}
+	return nil
+}
+
+func (d *Drainer) patch(ctx context.Context, node string, patch map[string]any) error {
+	raw, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	_, err = d.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, raw,
+		metav1.PatchOptions{FieldManager: d.FieldManager})
+	return err
+}

@@ -99,11 +99,7 @@ first") and keeps its config until it is drained.`,
 	cmd.Flags().BoolVar(&drain, "drain", false,
 		"cordon and drain each node whose kubelet would refuse the change on its resource managers' state, one "+
 			"after the other, let its sidecar remove that state, wait until it runs the config, then uncordon it")
-	cmd.Flags().DurationVar(&opts.drainTimeout, "drain-timeout", 10*time.Minute,
-		"with --drain: how long to retry evictions a PodDisruptionBudget refuses, per node, before giving up "+
-			"(the node is then uncordoned and keeps its config)")
-	cmd.Flags().DurationVar(&opts.applyTimeout, "timeout", 5*time.Minute,
-		"with --drain: how long a node may take from its assignment to reporting the config active or failed")
+	drainFlags(cmd, &opts)
 	cmd.Flags().BoolVar(&drained, "drained", false,
 		"the nodes are cordoned and drained already (kubectl drain): mark them drained for the ConfigMap's "+
 			"version so that their sidecars remove the state the change invalidates, and assign")
@@ -184,13 +180,33 @@ func (o *Options) assignDrained(ctx context.Context, nodes []corev1.Node, src *c
 
 func (o *Options) resetCommand() *cobra.Command {
 	var selector string
+	var drain bool
+	var opts drainOptions
 	cmd := &cobra.Command{
 		Use:   "reset (NODE... | -l SELECTOR)",
 		Short: "Return nodes to their local kubelet config (forgets last-known-good)",
+		Long: `reset returns nodes to their local kubelet config; each node's dkc-sidecar restarts the kubelet onto it.
+
+Going back can need a drain as much as leaving it did (a node that runs the static CPU manager policy under
+its dkc config and none under its local one): its sidecar then refuses, keeps what the kubelet runs, and
+says the node must be drained first. --drain does it, one node after the other, as assign --drain does:
+cordon, drain, reset marked as drained, wait until the node runs its local config, uncordon.`,
+		Example: `  kubectl dkc reset node-1
+  kubectl dkc reset node-1 --drain`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			nodes, err := o.selectNodes(cmd.Context(), args, selector)
 			if err != nil {
 				return err
+			}
+			if drain {
+				d := &nodedrain.Drainer{Client: o.client, FieldManager: "kubectl-dkc", Timeout: opts.drainTimeout,
+					Out: o.io.Out, ErrOut: o.io.ErrOut}
+				for i := range nodes {
+					if err := o.drainAndAssign(cmd.Context(), d, &nodes[i], nil, opts); err != nil {
+						return err
+					}
+				}
+				return nil
 			}
 			for i := range nodes {
 				if _, err := o.setSource(cmd.Context(), &nodes[i], nil); err != nil {
@@ -202,7 +218,20 @@ func (o *Options) resetCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "label selector of the nodes")
+	cmd.Flags().BoolVar(&drain, "drain", false,
+		"cordon and drain each node, one after the other, reset it marked as drained (its sidecar removes the "+
+			"kubelet state the change invalidates), wait until it runs its local config, then uncordon it")
+	drainFlags(cmd, &opts)
 	return cmd
+}
+
+// drainFlags are --drain's bounds, of assign and reset.
+func drainFlags(cmd *cobra.Command, opts *drainOptions) {
+	cmd.Flags().DurationVar(&opts.drainTimeout, "drain-timeout", 10*time.Minute,
+		"with --drain: how long to retry evictions a PodDisruptionBudget refuses, per node, before giving up "+
+			"(the node is then uncordoned and keeps its config)")
+	cmd.Flags().DurationVar(&opts.applyTimeout, "timeout", 5*time.Minute,
+		"with --drain: how long a node may take from its assignment to reporting the config active or failed")
 }
 
 // NodeStatus is one row of `kubectl dkc status`.

@@ -87,11 +87,13 @@ func (o *Options) drainAndAssign(ctx context.Context, d *nodedrain.Drainer, n *c
 		return err
 	}
 	fmt.Fprintf(o.io.Out, "node/%s drained\n", n.Name)
-	ref := src.ConfigMap
-	// The version the node gets is the one the mark names: read it after the drain, not before.
-	cm, err := o.client.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("configmap %s/%s: %w", ref.Namespace, ref.Name, err)
+	var cm *corev1.ConfigMap // nil: the local config
+	if src != nil && src.ConfigMap != nil {
+		ref := src.ConfigMap
+		// The version the node gets is the one the mark names: read it after the drain, not before.
+		if cm, err = o.client.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{}); err != nil {
+			return fmt.Errorf("configmap %s/%s: %w", ref.Namespace, ref.Name, err)
+		}
 	}
 	fresh, err := o.client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 	if err != nil {
@@ -100,15 +102,23 @@ func (o *Options) drainAndAssign(ctx context.Context, d *nodedrain.Drainer, n *c
 	if err := d.MarkDrained(ctx, fresh, src, cm); err != nil {
 		return err
 	}
-	fmt.Fprintf(o.io.Out, "node/%s assigned %s/%s (key %s) as drained for resourceVersion %s\n", n.Name,
-		ref.Namespace, ref.Name, ref.KubeletConfigKey, cm.ResourceVersion)
+	if cm == nil {
+		fmt.Fprintf(o.io.Out, "node/%s reset to its local config as drained\n", n.Name)
+	} else {
+		fmt.Fprintf(o.io.Out, "node/%s assigned %s/%s (key %s) as drained for resourceVersion %s\n", n.Name,
+			cm.Namespace, cm.Name, src.ConfigMap.KubeletConfigKey, cm.ResourceVersion)
+	}
 	return o.waitApplied(ctx, n.Name, cm, opts.applyTimeout)
 }
 
-// waitApplied waits until the node reports cm's version active (nil) or failed (an error naming the
-// node's status): the node's sidecar restarts its kubelet and proves the config, or rolls back. A refusal
-// for want of a drain is not final: it is what the node said before it saw the mark.
+// waitApplied waits until the node reports cm's version (nil: its local config) active (nil) or failed
+// (an error naming the node's status): the node's sidecar restarts its kubelet and proves the config, or
+// rolls back. A refusal for want of a drain is not final: it is what the node said before it saw the mark.
 func (o *Options) waitApplied(ctx context.Context, node string, cm *corev1.ConfigMap, timeout time.Duration) error {
+	what := "its local config"
+	if cm != nil {
+		what = cm.Namespace + "/" + cm.Name
+	}
 	var last NodeStatus
 	var failed error
 	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, timeout, true, func(ctx context.Context) (bool, error) {
@@ -125,7 +135,7 @@ func (o *Options) waitApplied(ctx context.Context, node string, cm *corev1.Confi
 			return true, nil
 		}
 		if isVersion(st.Assigned, cm) && st.Error != "" && st.Error != string(nodeconfig.DrainRequiredError) {
-			failed = fmt.Errorf("node %s failed %s/%s: %s (%s)", node, cm.Namespace, cm.Name, st.Error, last.Message)
+			failed = fmt.Errorf("node %s failed %s: %s (%s)", node, what, st.Error, last.Message)
 			return true, nil
 		}
 		return false, nil
@@ -134,18 +144,20 @@ func (o *Options) waitApplied(ctx context.Context, node string, cm *corev1.Confi
 	case failed != nil:
 		return failed
 	case err != nil:
-		return fmt.Errorf("node %s did not report %s/%s active within %v (last status: assigned %s, active %s, "+
-			"error %q): %w", node, cm.Namespace, cm.Name, timeout, describe(statusSource(last, true)),
+		return fmt.Errorf("node %s did not report %s active within %v (last status: assigned %s, active %s, "+
+			"error %q): %w", node, what, timeout, describe(statusSource(last, true)),
 			describe(statusSource(last, false)), errorOf(last), err)
 	}
-	fmt.Fprintf(o.io.Out, "node/%s runs %s/%s\n", node, cm.Namespace, cm.Name)
+	fmt.Fprintf(o.io.Out, "node/%s runs %s\n", node, what)
 	return nil
 }
 
-// isVersion says whether src names exactly cm's version.
+// isVersion says whether src names exactly cm's version (nil cm: the local config, a nil or empty src).
 func isVersion(src *corev1.NodeConfigSource, cm *corev1.ConfigMap) bool {
-	return src != nil && src.ConfigMap != nil && src.ConfigMap.UID == cm.UID &&
-		src.ConfigMap.ResourceVersion == cm.ResourceVersion
+	if src == nil || src.ConfigMap == nil {
+		return cm == nil
+	}
+	return cm != nil && src.ConfigMap.UID == cm.UID && src.ConfigMap.ResourceVersion == cm.ResourceVersion
 }
 
 func statusSource(s NodeStatus, assigned bool) *corev1.NodeConfigSource {

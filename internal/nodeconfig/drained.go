@@ -16,24 +16,25 @@ import (
 // mark left behind never lets a later change reset the state of a node whose pods came back.
 const DrainedAnnotation = "dkc.dev/drained"
 
-// Drained is the value of DrainedAnnotation.
+// Drained is the value of DrainedAnnotation. Empty UID and resourceVersion name the node's local config
+// (kubectl dkc reset --drain): going back to it can need a drain as much as leaving it.
 type Drained struct {
 	UID             types.UID `json:"uid"`
 	ResourceVersion string    `json:"resourceVersion"`
 }
 
-// MarshalDrained is the annotation's value for a ConfigMap version.
+// MarshalDrained is the annotation's value for a ConfigMap version ("", "": the local config).
 func MarshalDrained(uid types.UID, resourceVersion string) string {
 	b, _ := json.Marshal(Drained{UID: uid, ResourceVersion: resourceVersion}) // two strings: cannot fail
 	return string(b)
 }
 
-// IsDrainedFor says whether the node is cordoned and drained for the ConfigMap version uid/resourceVersion:
-// it is unschedulable and its DrainedAnnotation names exactly that version. A mark that does not parse
-// names nothing.
+// IsDrainedFor says whether the node is cordoned and drained for the ConfigMap version uid/resourceVersion
+// ("", "": the local config): it is unschedulable and its DrainedAnnotation names exactly that version. A
+// mark that does not parse names nothing.
 func IsDrainedFor(n *corev1.Node, uid types.UID, resourceVersion string) bool {
 	v, ok := n.Annotations[DrainedAnnotation]
-	if !ok || !n.Spec.Unschedulable || uid == "" {
+	if !ok || !n.Spec.Unschedulable {
 		return false
 	}
 	var d Drained

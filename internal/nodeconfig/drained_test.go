@@ -23,7 +23,7 @@ func TestIsDrainedFor(t *testing.T) {
 		{name: "marked for another resourceVersion", mark: ptr(MarshalDrained("u1", "8")), unschedulable: true},
 		{name: "marked for another object of the name", mark: ptr(MarshalDrained("u2", "7")), unschedulable: true},
 		{name: "a mark that does not parse", mark: ptr("u1/7"), unschedulable: true},
-		{name: "an empty mark", mark: ptr(MarshalDrained("", "")), unschedulable: true},
+		{name: "a mark for the local config", mark: ptr(MarshalDrained("", "")), unschedulable: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -39,6 +39,11 @@ func TestIsDrainedFor(t *testing.T) {
 	}
 	if IsDrainedFor(&corev1.Node{Spec: corev1.NodeSpec{Unschedulable: true}}, "", "") {
 		t.Error("a node without annotations is drained for no version")
+	}
+	local := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+		DrainedAnnotation: MarshalDrained("", "")}}, Spec: corev1.NodeSpec{Unschedulable: true}}
+	if !IsDrainedFor(local, "", "") {
+		t.Error("a node marked drained for its local config is not drained for it")
 	}
 }
 

@@ -80,22 +80,27 @@ func (d *Drainer) Drain(ctx context.Context, node string) error {
 
 // MarkDrained points the node at src (the annotation; spec.configSource too where the node has it) and
 // marks it drained for exactly cm's version, in one patch: the node's sidecar never sees the one without
-// the other.
+// the other. A nil src and cm are the node's local config.
 func (d *Drainer) MarkDrained(ctx context.Context, n *corev1.Node, src *corev1.NodeConfigSource,
 	cm *corev1.ConfigMap) error {
-	raw, err := json.Marshal(src)
-	if err != nil {
-		return err
+	var source any // null: the annotation removed, the local config
+	what, mark := "its local config", nodeconfig.MarshalDrained("", "")
+	if src != nil {
+		raw, err := json.Marshal(src)
+		if err != nil {
+			return err
+		}
+		source, what = string(raw), cm.Namespace+"/"+cm.Name
+		mark = nodeconfig.MarshalDrained(cm.UID, cm.ResourceVersion)
 	}
 	patch := map[string]any{"metadata": map[string]any{"annotations": map[string]any{
-		nodeconfig.SourceAnnotation:  string(raw),
-		nodeconfig.DrainedAnnotation: nodeconfig.MarshalDrained(cm.UID, cm.ResourceVersion),
+		nodeconfig.SourceAnnotation: source, nodeconfig.DrainedAnnotation: mark,
 	}}}
 	if n.Spec.ConfigSource != nil {
 		patch["spec"] = map[string]any{"configSource": src}
 	}
 	if err := d.patch(ctx, n.Name, patch); err != nil {
-		return fmt.Errorf("assign node %s %s/%s as drained: %w", n.Name, cm.Namespace, cm.Name, err)
+		return fmt.Errorf("assign node %s %s as drained: %w", n.Name, what, err)
 	}
 	return nil
 }

@@ -289,7 +289,7 @@ func (c *Controller) assignLocal(node *corev1.Node) {
 	c.shared.use(name, "")
 	c.paceDone(name) // back to the local config: an escape hatch is never held back
 	next := assignment.State{Assignment: resolve.Local(), NodeUID: string(node.UID),
-		KubeletVersion: node.Status.NodeInfo.KubeletVersion}
+		KubeletVersion: node.Status.NodeInfo.KubeletVersion, Drained: nodeconfig.IsDrainedFor(node, "", "")}
 	if c.table.Set(name, next) {
 		c.log.Info("node assigned local config", zap.String("node", name))
 	}

@@ -71,6 +71,17 @@ func Resets(running, next map[string]any) []Reset {
 	return out
 }
 
+// Files are the names of every state file Resets may name, in its order: what a node drained for a change
+// may lose when it cannot tell what the kubelet runs. A caller that removes files takes their names from
+// here or from a Reset, never from elsewhere.
+func Files() []string {
+	out := make([]string, 0, len(managers))
+	for _, m := range managers {
+		out = append(out, m.file)
+	}
+	return out
+}
+
 // lookup reads a field, or a key of one ("kubeReserved.cpu"); nil when absent.
 func lookup(cfg map[string]any, path string) any {
 	field, key, nested := strings.Cut(path, ".")

@@ -56,3 +56,19 @@ func TestResets(t *testing.T) {
 		})
 	}
 }
+
+// TestFiles: every file a Reset can name is listed, and nothing else.
+func TestFiles(t *testing.T) {
+	if got := fmt.Sprint(Files()); got != "[cpu_manager_state memory_manager_state]" {
+		t.Errorf("Files = %s", got)
+	}
+	all := Resets(map[string]any{}, map[string]any{"cpuManagerPolicy": "static", "memoryManagerPolicy": "Static"})
+	if len(all) != len(Files()) {
+		t.Fatalf("Resets named %v, Files %v", all, Files())
+	}
+	for i, r := range all {
+		if r.File != Files()[i] {
+			t.Errorf("Reset %d names %s, Files %s", i, r.File, Files()[i])
+		}
+	}
+}

@@ -51,3 +51,15 @@ func testTruncate(t *testing.T, truncate func(string) string, log string) {
 		})
 	}
 }
+
+// TestDrainRequiredErrorText pins the text of DrainRequiredError, a dkc status error that users and pool
+// tooling match on like the others of the status contract (contract_test.go): if it fails, restore the text.
+func TestDrainRequiredErrorText(t *testing.T) {
+	const want = "failed to use config, the node must be drained first, see dkc-sidecar log for details"
+	if got := string(DrainRequiredError); got != want {
+		t.Errorf("%q, the contract says %q", got, want)
+	}
+	if strings.HasPrefix(want, SyncErrorPrefix) {
+		t.Errorf("%q reads as a sync error: it is an error of using the config", want)
+	}
+}

@@ -79,8 +79,8 @@ func (s *Sidecar) follow(ctx context.Context, log *zap.Logger) error {
 
 	reg, metrics := newRegistry(cfg)
 	ag := agent.New(agent.Config{
-		Log: log.Named("agent"), Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc, Kubelet: prober,
-		Reporter: cl, Metrics: metrics, LocalConfig: cfg.KubeletConfig, KubeletFlags: kubeletFlags(cfg),
+		Log: log.Named("agent"), NodeName: cfg.NodeName, Store: checkpoint.New(cfg.DynamicConfigDir), Service: svc,
+		Kubelet: prober, Reporter: cl, Metrics: metrics, LocalConfig: cfg.KubeletConfig, KubeletFlags: kubeletFlags(cfg),
 		TrialDuration: cfg.TrialDuration, HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints,
 		ProcDir: cfg.HostProc, KubeletVersion: cfg.KubeletVersion, KubeletVersionRequired: cfg.Checker == nil,
 		TrialCheckInterval: cfg.TrialCheckInterval, Checker: checker, Trace: cfg.Trace,

@@ -52,6 +52,19 @@ type ServiceManager interface {
 	MainPID(ctx context.Context) (int, error)
 }
 
+// StateResetter is a ServiceManager that can also remove the kubelet state a config change invalidates,
+// with the kubelet stopped; implemented by systemd.Manager. A ServiceManager without it (systemd.Signal,
+// whose kubelet another supervisor restarts at once) cannot make such a change: the node says why and
+// waits. (An interface of its own rather than more methods on ServiceManager: the simulated nodes and the
+// benchmark's stand-ins are ServiceManagers that never reset state.)
+type StateResetter interface {
+	// Stop is `systemctl stop kubelet`: it returns when the stop job finished.
+	Stop(ctx context.Context) error
+	// RemoveFiles is `systemd-run --wait --property Type=oneshot /bin/rm -f -- PATHS` (absolute paths): it
+	// returns when rm has exited, with an error unless it succeeded.
+	RemoveFiles(ctx context.Context, paths []string) error
+}
+
 // Prober asks the running kubelet how it is; implemented by probe.Kubelet.
 type Prober interface {
 	Healthz(ctx context.Context, kc *configcheck.Checked) error
@@ -77,12 +90,19 @@ type Desired struct {
 	Assignment *dkcv1.Assignment
 	// SyncError is the service's error for the node's source, "" when it syncs.
 	SyncError string
+	// Drained: the node is cordoned and drained for Assignment (WatchConfigResponse.drained), so the kubelet
+	// state that going from the running config to Assignment's invalidates may be removed. It holds for that
+	// assignment only; without an assignment, false withdraws what an earlier update said.
+	Drained bool
 }
 
 // Config of the agent: what it acts through, then how it behaves.
 type Config struct {
 	// Log is where the agent logs; nil: nowhere.
 	Log *zap.Logger
+	// NodeName names the node in the few messages an operator acts on from another machine (a drain to
+	// make); "": NODE.
+	NodeName string
 	// Store is the node's checkpoint store (--dynamic-config-dir), which also holds the kubelet env file and
 	// the state file. Required.
 	Store *checkpoint.Store
@@ -171,6 +191,9 @@ type Agent struct {
 	// would drop it until its next reconnect; it is retried at every tick instead, as the original re-synced
 	// every 10s, until written or replaced by a newer one.
 	unsynced *dkcv1.Assignment
+	// drained is the service's last word on the node's drain, with the assignment it came with: the node is
+	// drained for that assignment only (a later one needs its own drain).
+	drained drainMark
 	// phase is where the node stands in the rollback rules (decide.go); outcome is the last one logged.
 	phase   Phase
 	outcome string
@@ -312,11 +335,12 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 					}
 				}
 			}
-			a.Apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError()})
+			a.Apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError(), Drained: u.GetDrained()})
 		case <-tick.C():
 			if a.unsynced != nil {
 				a.log.Info("retrying checkpoint of the last assignment", sourceFields(checkpoint.SourceOf(a.unsynced))...)
-				a.Apply(ctx, Desired{Assignment: a.unsynced, SyncError: string(a.syncError)})
+				a.Apply(ctx, Desired{Assignment: a.unsynced, SyncError: string(a.syncError),
+					Drained: a.drained.of(checkpoint.SourceOf(a.unsynced))})
 			} else if a.retry {
 				a.reconcile(ctx)
 			}
@@ -336,6 +360,7 @@ func (a *Agent) follow(uid string) {
 // Apply takes a desired state from the service.
 func (a *Agent) Apply(ctx context.Context, d Desired) {
 	a.syncError = nodeconfig.StatusError(d.SyncError)
+	a.takeDrain(d)
 	if d.Assignment != nil {
 		a.unsynced = nil // a newer assignment replaces one not yet written
 		before, _ := a.store.Assigned()

@@ -54,6 +54,46 @@ type fakeKubelet struct {
 	// configzErr: /configz fails with it, as for a kubelet that cannot reach the apiserver to authenticate
 	// (probe.ErrRefused: 401; probe.ErrNoAnswer: no answer in time).
 	configzErr error
+	// cpuState is the CPU manager policy the kubelet's cpu_manager_state was written under ("": no file).
+	// A start with another policy fails as the kubelet's does (it exits: a systemd.StartFailedError); any
+	// other start writes the file under its policy.
+	cpuState string
+	// calls are the stops, removals and restarts, in order: "stop", "remove PATHS", "restart FILE".
+	calls []string
+	// failRemove: so many next removals fail, as a failed transient unit does.
+	failRemove int
+}
+
+// Stop is `systemctl stop kubelet`.
+func (k *fakeKubelet) Stop(context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.stopped = true
+	k.calls = append(k.calls, "stop")
+	return nil
+}
+
+// RemoveFiles is the transient unit's rm: it removes the fake's cpu_manager_state when named.
+func (k *fakeKubelet) RemoveFiles(_ context.Context, paths []string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, "remove "+strings.Join(paths, " "))
+	if k.failRemove > 0 {
+		k.failRemove--
+		return errors.New("remove: start dkc-remove-kubelet-state-1.service: job did not complete: failed")
+	}
+	for _, p := range paths {
+		if filepath.Base(p) == "cpu_manager_state" {
+			k.cpuState = ""
+		}
+	}
+	return nil
+}
+
+func (k *fakeKubelet) callLog() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.calls...)
 }
 
 func (k *fakeKubelet) Restart(context.Context) error {
@@ -71,11 +111,25 @@ func (k *fakeKubelet) Restart(context.Context) error {
 		k.restarts = append(k.restarts, f)
 		return &systemd.StartFailedError{Unit: "kubelet.service", Result: "exit-code", Err: errors.New("restart kubelet.service: job did not complete: failed")}
 	}
-	k.stopped = false
 	f, _ := k.env.Get()
 	if f == "" {
 		f = k.local
 	}
+	k.calls = append(k.calls, "restart "+f)
+	policy := "none"
+	if r, err := kubeletcheck.Load(context.Background(), f, nil); err == nil {
+		policy = r.Config.CPUManagerPolicy
+	}
+	if k.cpuState != "" && k.cpuState != policy {
+		// "configured policy ... differs from state checkpoint policy ..., please drain this node and delete
+		// the CPU manager checkpoint file": the kubelet exits.
+		k.stopped, k.running = true, f
+		k.restarts = append(k.restarts, f)
+		return &systemd.StartFailedError{Unit: "kubelet.service", Result: "exit-code",
+			Err: errors.New("restart kubelet.service: job did not complete: failed")}
+	}
+	k.cpuState = policy
+	k.stopped = false
 	k.running = f
 	k.restarts = append(k.restarts, f)
 	return nil
@@ -130,8 +184,11 @@ func (k *fakeKubelet) Foreign(kc *configcheck.Checked) error {
 
 func (k *fakeKubelet) Configz(context.Context, *configcheck.Checked) (map[string]any, error) {
 	k.mu.Lock()
-	configzErr := k.configzErr
+	configzErr, stopped := k.configzErr, k.stopped
 	k.mu.Unlock()
+	if stopped {
+		return nil, errors.New("dial tcp 127.0.0.1:10250: connection refused")
+	}
 	kc, err := k.runningConfig()
 	if err != nil {
 		return nil, err

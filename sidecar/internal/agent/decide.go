@@ -43,6 +43,11 @@ const (
 	// PhaseRetrying: the kubelet could not be brought to the chosen config, or what it runs could not be
 	// verified, for reasons that do not blame the config; retried at every trial tick.
 	PhaseRetrying Phase = "Retrying"
+	// PhaseWaitingForDrain: the kubelet would refuse the chosen config on the state its resource managers
+	// checkpointed under the config it runs, and the node is not drained for its assignment: the kubelet is
+	// left running what it runs, nothing is blamed, and nothing is retried at the ticks — the next round
+	// comes with the service's next word (the node drained for this assignment, or another assignment).
+	PhaseWaitingForDrain Phase = "WaitingForDrain"
 	// PhaseHeld: no config dkc could choose is safe (the local config does not check, or dkc has no code for
 	// this kubelet): the kubelet is left alone.
 	PhaseHeld Phase = "Held"
@@ -53,7 +58,7 @@ const (
 
 // Phases lists every phase, for the metric.
 var Phases = []Phase{PhaseUnknown, PhaseWaitingForKubeletVersion, PhaseLocal, PhaseTrial, PhaseGood, PhaseRolledBack,
-	PhaseLocalFallback, PhaseRetrying, PhaseHeld, PhaseFailed}
+	PhaseLocalFallback, PhaseRetrying, PhaseWaitingForDrain, PhaseHeld, PhaseFailed}
 
 // Outcome is what making the kubelet run a config came to. Only OutcomeConfigFault blames the config (it
 // is marked failed and rolled back); every other failure is retried with the config unblamed.
@@ -72,6 +77,10 @@ const (
 	OutcomeTransient
 	// OutcomeStopped: the sidecar is stopping; the next start picks up from what is on disk.
 	OutcomeStopped
+	// OutcomeNeedsDrain: the kubelet would refuse the config on the state its resource managers checkpointed
+	// under the config it runs, and the node is not drained for its assignment; the kubelet was not touched.
+	// The config is not to blame: it may run once that state is removed, on a drained node.
+	OutcomeNeedsDrain
 )
 
 func (o Outcome) String() string {
@@ -86,6 +95,8 @@ func (o Outcome) String() string {
 		return "transient"
 	case OutcomeStopped:
 		return "stopped"
+	case OutcomeNeedsDrain:
+		return "needs drain"
 	default:
 		return "none"
 	}
@@ -258,6 +269,15 @@ func (r *round) next() decision {
 		case OutcomeTransient:
 			d.status, d.detail, d.retry, d.activeUnknown, d.phase =
 				nodeconfig.RestartError, ran.err.Error(), true, true, PhaseRetrying
+		case OutcomeNeedsDrain:
+			// Neither marked failed (it may run once the node is drained) nor retried at the ticks (a retry
+			// would find the same state): the service's next message for the node starts the next round. The
+			// kubelet was left alone, so what it runs stays as proven — unless this round restarted it into a
+			// config before (one that then failed).
+			d.status, d.detail, d.phase = nodeconfig.DrainRequiredError, ran.err.Error(), PhaseWaitingForDrain
+			for x := slotAssigned; x < s; x++ {
+				d.activeUnknown = d.activeUnknown || r.ran[x] != nil
+			}
 		default: // OutcomeStopped: the status stays what the round found so far
 			d.activeUnknown = true
 		}

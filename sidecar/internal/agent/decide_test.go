@@ -24,7 +24,7 @@ import (
 // State: "A" is assigned, "L" last-known-good ("A=L": the assigned config is last-known-good); "A!" / "L!":
 // that config failed to run before. Events: "<slot>:<result>" with slot A, L or local; check results ok,
 // load, validate, internal, unsupported (default ok); run outcomes healthy, fault, unverifiable, noanswer,
-// transient, stopped (default healthy). Steps: "check X", "run X", "mark X failed".
+// transient, stopped, needsdrain (default healthy). Steps: "check X", "run X", "mark X failed".
 func TestRollbackRules(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -65,6 +65,10 @@ func TestRollbackRules(t *testing.T) {
 		{"stopped during the health wait: nothing decided", "A L", "run A:stopped", "check A, run A", "", "", false},
 		{"stopped while rolling back: the assigned error stays", "A L", "run A:fault run L:stopped",
 			"check A, run A, mark A failed, check L, run L", "", nodeconfig.HealthError, false},
+		{"needs a drain: kubelet left alone, not blamed, waits for the service", "A L", "run A:needsdrain", "check A, run A",
+			PhaseWaitingForDrain, nodeconfig.DrainRequiredError, false},
+		{"rolling back needs a drain: waits, the failure stays marked", "A L", "run A:fault run L:needsdrain",
+			"check A, run A, mark A failed, check L, run L", PhaseWaitingForDrain, nodeconfig.DrainRequiredError, false},
 
 		// Saved failures.
 		{"assigned failed before: not tried again", "A! L", "", "check L, run L", PhaseRolledBack, nodeconfig.HealthError, false},
@@ -176,6 +180,7 @@ func parseRule(t *testing.T, state, events string) (*round, ruleEvents) {
 				"noanswer":     {outcome: OutcomeUnverifiable, err: fmt.Errorf("%w: timeout", probe.ErrNoAnswer)},
 				"transient":    {outcome: OutcomeTransient, err: fmt.Errorf("restart kubelet: job failed")},
 				"stopped":      {outcome: OutcomeStopped, err: fmt.Errorf("context canceled")},
+				"needsdrain":   {outcome: OutcomeNeedsDrain, err: fmt.Errorf("node not drained: cpu_manager_state")},
 			}[result]
 			if e.run[s].outcome == 0 {
 				t.Fatalf("outcome %q", result)
@@ -231,6 +236,39 @@ func TestTrialRules(t *testing.T) {
 	} {
 		if got := trialOver(tc.trial, 10*time.Minute); got != tc.want {
 			t.Errorf("%s: trialOver = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestNeedsDrainKeepsWhatRuns: a round that waits for a drain left the kubelet alone, so what it runs stays
+// proven — unless the round restarted it into a config before, which then failed.
+func TestNeedsDrainKeepsWhatRuns(t *testing.T) {
+	for _, tc := range []struct {
+		events        string
+		activeUnknown bool
+	}{
+		{"run A:needsdrain", false},
+		{"run A:fault run L:needsdrain", true},
+	} {
+		r, events := parseRule(t, "A L", tc.events)
+		var d decision
+		for i := 0; i < 20; i++ {
+			if d = r.next(); d.action == actDone {
+				break
+			}
+			switch d.action {
+			case actCheck:
+				err := events.check[d.slot]
+				r.checked[d.slot] = &err
+			case actRun:
+				o := events.run[d.slot]
+				r.ran[d.slot] = &o
+			case actMarkFailed:
+				r.markFailed(d.slot, d.detail)
+			}
+		}
+		if d.action != actDone || d.activeUnknown != tc.activeUnknown {
+			t.Errorf("%s: %s, activeUnknown %v; want done, %v", tc.events, d.action, d.activeUnknown, tc.activeUnknown)
 		}
 	}
 }

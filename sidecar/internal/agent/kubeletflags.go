@@ -77,3 +77,35 @@ func checkConfigFlag(running, local, dynamicConfigDir string) error {
 		"--dynamic-config-dir=%s; fix --kubelet-config (a restart by dkc would switch the kubelet to that file)",
 		errForeignConfig, running, local, dynamicConfigDir)
 }
+
+// DefaultRootDir is the kubelet's --root-dir default, where its resource managers keep their state.
+const DefaultRootDir = "/var/lib/kubelet"
+
+// rootDir is the kubelet's --root-dir in its command line (pflag syntax: --root-dir=DIR or --root-dir DIR,
+// `_` for `-`, the last one wins, nothing after `--`), DefaultRootDir without one.
+func rootDir(flags []string) string {
+	dir := DefaultRootDir
+	for i := 0; i < len(flags); i++ {
+		a := flags[i]
+		if a == "--" {
+			break
+		}
+		name, ok := strings.CutPrefix(a, "--")
+		if !ok {
+			continue
+		}
+		name, value, hasValue := strings.Cut(name, "=")
+		if strings.ReplaceAll(name, "_", "-") != "root-dir" {
+			continue
+		}
+		if !hasValue {
+			if i+1 >= len(flags) {
+				break
+			}
+			i++
+			value = flags[i]
+		}
+		dir = value
+	}
+	return dir
+}

@@ -25,11 +25,7 @@ func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []
 	if src != nil {
 		c.file = a.store.ConfigFile(src.ConfigMap)
 	}
-	version := a.kubeletVersion
-	if a.cfg.KubeletVersion != "" {
-		version = a.cfg.KubeletVersion
-	}
-	r, err := a.cfg.Checker.Check(ctx, configcheck.Request{File: c.file, Flags: flags, KubeletVersion: version})
+	r, err := a.cfg.Checker.Check(ctx, configcheck.Request{File: c.file, Flags: flags, KubeletVersion: a.checkVersion()})
 	if err != nil {
 		return c, err
 	}
@@ -38,6 +34,14 @@ func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []
 	}
 	c.config = r
 	return c, nil
+}
+
+// checkVersion is the kubelet version configs are checked for: the operator's, else the service's.
+func (a *Agent) checkVersion() string {
+	if a.cfg.KubeletVersion != "" {
+		return a.cfg.KubeletVersion
+	}
+	return a.kubeletVersion
 }
 
 // reconcile decides the target config and brings the kubelet to it, then reports. The decisions are
@@ -77,6 +81,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 		r.failed[slotLastKnownGood] = ""
 	}
 	var candidates [numSlots]candidate
+	drain := a.drainState(assigned)
 	// Each step fills one of the round's finite records (a check, a run or a failure per slot), so the
 	// round ends; the bound only guards against a broken rule.
 	for step := 0; step < 4*int(numSlots); step++ {
@@ -100,7 +105,8 @@ func (a *Agent) reconcile(ctx context.Context) {
 				}
 			}
 		case actRun:
-			outcome, err := a.run(ctx, candidates[d.slot])
+			outcome, err := a.run(ctx, candidates[d.slot], drain)
+			drain = a.drainState(assigned) // a reset in the run is recorded: a fallback removes the same files
 			r.ran[d.slot] = &ranResult{outcome: outcome, err: err}
 			switch outcome {
 			case OutcomeHealthy:

@@ -25,7 +25,9 @@ import (
 // run makes the kubelet run target: it restarts the kubelet only when the env file must change, or when the
 // kubelet demonstrably does not run what the env file says (a crash between writing the file and restarting).
 // The outcome says whom a failure blames; the error says what failed, for the status's detail and the log.
-func (a *Agent) run(ctx context.Context, target candidate) (Outcome, error) {
+// Before a restart it removes the kubelet state the change invalidates, if the node is drained for its
+// assignment (drain), or leaves the kubelet alone if not (OutcomeNeedsDrain; reset.go).
+func (a *Agent) run(ctx context.Context, target candidate, drain drainState) (Outcome, error) {
 	current, err := a.env.Get()
 	if err != nil {
 		a.log.Warn("kubelet env file unreadable; rewriting it", zap.Error(err))
@@ -57,8 +59,24 @@ func (a *Agent) run(ctx context.Context, target candidate) (Outcome, error) {
 			a.log.Info("kubelet runs another config than its env file names; restarting it", sourceFields(target.src)...)
 		}
 	}
+	// Decided before the env file changes: a kubelet left running its config must not start into target if
+	// it restarts by itself meanwhile.
+	reset, outcome, err := a.planReset(ctx, current, target, drain)
+	if err != nil {
+		if outcome == OutcomeTransient {
+			return a.unblamed(ctx, err)
+		}
+		return outcome, err
+	}
 	if err := a.env.Set(target.file); err != nil {
 		return a.unblamed(ctx, fmt.Errorf("write kubelet env file: %w", err))
+	}
+	if len(reset.paths) > 0 {
+		// The restart below starts the stopped kubelet: a restart of a stopped unit is a start, paced and
+		// judged as every restart is.
+		if err := a.resetState(ctx, target, drain, reset); err != nil {
+			return a.unblamed(ctx, err)
+		}
 	}
 	restart := &dkcv1.KubeletRestart{Id: newRestartID(), Target: wire.SourceFromCore(target.src), Time: nil}
 	a.log.Info("restarting kubelet to use config", append(sourceFields(target.src), zap.String("file", target.file))...)
@@ -144,11 +162,18 @@ func (a *Agent) authLikeLocal(ctx context.Context, target candidate) bool {
 }
 
 // setActive records that the kubelet was proven to run src, on disk too for the next sidecar's first status.
+// A state reset made before is over: the kubelet runs healthy, and may run pods again.
 func (a *Agent) setActive(src *corev1.NodeConfigSource) {
 	a.active, a.activeKnown, a.activeRecorded = src, true, true
-	if a.state.setActive(src) {
+	changed := a.state.setActive(src)
+	if a.state.s.Reset != nil {
+		a.state.s.Reset, changed = nil, true
+	}
+	if changed {
 		if err := a.state.save(); err != nil {
-			// Only a restarted sidecar's first status depends on it, until it proves the active config again.
+			// A restarted sidecar's first status depends on it, until it proves the active config again; and
+			// a reset left on disk would let it remove the same state again in a fallback before it hears
+			// of the drain — on a node drained for that assignment when it was made.
 			a.log.Warn("persist active config", zap.Error(err))
 		}
 	}

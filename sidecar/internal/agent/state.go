@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -53,6 +54,49 @@ type persisted struct {
 	// Phase is where the node stood in the rollback rules when it last changed (a Phase); absent in the
 	// files of older sidecars, which read past it.
 	Phase string `json:"phase,omitempty"`
+	// Reset names the kubelet state files a sidecar set out to remove (written before the kubelet is
+	// stopped) while the node was drained for Reset.Source, its assignment then. Until a config is proven
+	// to run healthy, the kubelet's state comes from configs dkc started on that drained node: a fallback
+	// removes the same files again, also after a sidecar restart, before the service has said anything of
+	// the drain to the new process. Cleared by a healthy config and by a new assignment.
+	Reset *resetRecord `json:"reset,omitempty"`
+}
+
+// resetRecord is a kubelet state reset made for an assignment.
+type resetRecord struct {
+	Source *corev1.NodeConfigSource `json:"source,omitempty"`
+	// Files are names from package disruption's list, in the kubelet's root directory.
+	Files []string `json:"files"`
+}
+
+// recordReset durably records that files are being removed for assignment src, with the files recorded
+// for it before. The state in memory changes only once it is on disk; on error nothing changed.
+func (f *stateFile) recordReset(src *corev1.NodeConfigSource, files []string) error {
+	next := f.s
+	rec := &resetRecord{Source: src, Files: files}
+	if old := f.s.Reset; old != nil && nodeconfig.SameSource(old.Source, src) {
+		rec.Files = union(old.Files, files)
+	}
+	if old := f.s.Reset; old != nil && nodeconfig.SameSource(old.Source, src) && equalStrings(old.Files, rec.Files) {
+		return nil
+	}
+	next.Reset = rec
+	if err := saveState(f.path, next); err != nil {
+		return err
+	}
+	f.s = next
+	return nil
+}
+
+// union is a's names, then those of b not in a.
+func union(a, b []string) []string {
+	out := append([]string(nil), a...)
+	for _, x := range b {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // NextIncarnation records and returns this start's incarnation: one more than the last start's, or the
@@ -188,6 +232,11 @@ func (f *stateFile) clearAssigned(src, lkg *corev1.NodeConfigSource) error {
 		}
 	}
 	if len(next.Failed) != len(f.s.Failed) {
+		changed = true
+	}
+	// A reset was made under the previous assignment's drain: the new one needs its own.
+	if next.Reset != nil {
+		next.Reset = nil
 		changed = true
 	}
 	if !changed {

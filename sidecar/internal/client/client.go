@@ -89,7 +89,10 @@ type Client struct {
 	// kubeletVersion is the node's kubelet version the service last sent; resuming, the service sends the
 	// state again when the Node says otherwise.
 	kubeletVersion string
-	wake           chan struct{}
+	// drained is the drained of the last response received: resuming, the service sends the state again
+	// when the node's drain says otherwise.
+	drained bool
+	wake    chan struct{}
 }
 
 // Option configures a Client.
@@ -180,7 +183,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	defer cancel()
 	c.mu.Lock()
 	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError,
-		NodeUid: c.outbox.NodeUID(), FollowsNodeUid: true, KubeletVersion: c.kubeletVersion}
+		NodeUid: c.outbox.NodeUID(), FollowsNodeUid: true, KubeletVersion: c.kubeletVersion, Drained: c.drained}
 	c.mu.Unlock()
 	stream, err := c.rpc.WatchConfig(sctx, req)
 	if err != nil {
@@ -207,10 +210,12 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 		if v := d.GetKubeletVersion(); v != "" {
 			c.kubeletVersion = v
 		}
+		c.drained = d.GetDrained()
 		c.mu.Unlock()
 		// Latest wins: an update the agent has not taken yet is replaced, so that a burst of reassignments
 		// costs one kubelet restart, not one each. An update without an assignment (only a sync error: the
-		// service could not resolve the new source) does not drop an assignment still waiting.
+		// service could not resolve the new source) does not drop an assignment still waiting; the newer drained
+		// goes with it, as the service's word on the node now.
 		select {
 		case updates <- d:
 		default:
@@ -218,7 +223,8 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 			case old := <-updates:
 				if d.GetAssignment() == nil {
 					d = &dkcv1.WatchConfigResponse{Assignment: old.GetAssignment(), SyncError: d.GetSyncError(),
-						ResolvedTime: d.GetResolvedTime(), NodeUid: d.GetNodeUid(), KubeletVersion: d.GetKubeletVersion()}
+						ResolvedTime: d.GetResolvedTime(), NodeUid: d.GetNodeUid(), KubeletVersion: d.GetKubeletVersion(),
+						Drained: d.GetDrained()}
 				}
 			default:
 			}

@@ -348,3 +348,86 @@ func TestSameStatusAboutAnotherObjectIsSent(t *testing.T) {
 		return nil
 	})
 }
+
+// drainService sends each stream's script, then ends the first stream and holds the next ones open.
+type drainService struct {
+	dkcv1.UnimplementedConfigServiceServer
+	script  []*dkcv1.WatchConfigResponse
+	mu      sync.Mutex
+	watches []*dkcv1.WatchConfigRequest
+}
+
+func (s *drainService) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.ConfigService_WatchConfigServer) error {
+	s.mu.Lock()
+	s.watches = append(s.watches, req)
+	first := len(s.watches) == 1
+	s.mu.Unlock()
+	if err := stream.SendHeader(nil); err != nil {
+		return err
+	}
+	if !first {
+		<-stream.Context().Done()
+		return nil
+	}
+	for _, r := range s.script {
+		if err := stream.Send(r); err != nil {
+			return err
+		}
+	}
+	return status.Error(codes.Aborted, "ended by the test")
+}
+
+// TestDrainedIsKeptAndResumed: an update that replaces one the agent has not taken yet keeps that one's
+// assignment and carries the newer drained (the service's word on the node now), and a resumed stream tells
+// the service the drained last received, so that it sends the node's state again if it differs.
+func TestDrainedIsKeptAndResumed(t *testing.T) {
+	a := &dkcv1.Assignment{Source: &dkcv1.NodeConfigSource{ConfigMap: &dkcv1.ConfigMapNodeConfigSource{
+		Namespace: "kube-system", Name: "c", Uid: "u", ResourceVersion: "1", KubeletConfigKey: "kubelet"}}, ContentHash: "h"}
+	svc := &drainService{script: []*dkcv1.WatchConfigResponse{
+		{Assignment: a},
+		{SyncError: "failed to sync: e", Drained: true},
+	}}
+	lis := bufconn.Listen(1 << 20)
+	s := grpc.NewServer()
+	dkcv1.RegisterConfigServiceServer(s, svc)
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := New(conn, Config{Node: "n1", TokenFile: token, Backoff: Backoff{Initial: time.Millisecond, Max: time.Millisecond,
+		Spread: time.Millisecond}})
+	updates := make(chan *dkcv1.WatchConfigResponse, 1) // never read before the resume: the two coalesce
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Watch(ctx, func() *dkcv1.AppliedConfig { return nil }, updates); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	var resumed *dkcv1.WatchConfigRequest
+	poll.UntilNil(t, "the stream resumed", func() error {
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		if len(svc.watches) < 2 {
+			return fmt.Errorf("%d watches", len(svc.watches))
+		}
+		resumed = svc.watches[1]
+		return nil
+	})
+	if svc.watches[0].GetDrained() {
+		t.Error("the first watch says drained: nothing was received yet")
+	}
+	if !resumed.GetDrained() {
+		t.Error("the resumed watch does not say drained, the last drained received")
+	}
+	u := <-updates
+	if !proto.Equal(u.GetAssignment(), a) || !u.GetDrained() || u.GetSyncError() != "failed to sync: e" {
+		t.Errorf("coalesced update %v, want the first's assignment with the second's sync error and drained", u)
+	}
+}

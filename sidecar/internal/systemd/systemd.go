@@ -272,31 +272,39 @@ func (m *Manager) startLimit(ctx context.Context) (time.Duration, int, error) {
 // wait with ErrBusLost, and the job itself may or may not have run (see afterBusLoss).
 func (m *Manager) job(ctx context.Context, verb string,
 	queue func(*sddbus.Conn, context.Context, string, string, chan<- string) (int, error)) error {
+	return m.jobOn(ctx, verb, m.unit, func(c *sddbus.Conn, done chan<- string) (int, error) {
+		return queue(c, ctx, m.unit, "replace", done)
+	})
+}
+
+// jobOn queues a job on unit with queue and waits for its result, as job does.
+func (m *Manager) jobOn(ctx context.Context, verb, unit string,
+	queue func(c *sddbus.Conn, done chan<- string) (int, error)) error {
 	c, err := m.bus(ctx)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
+		return fmt.Errorf("%s %s: %w", verb, unit, err)
 	}
 	done := make(chan string, 1)
-	if _, err := queue(c, ctx, m.unit, "replace", done); err != nil {
+	if _, err := queue(c, done); err != nil {
 		if !c.Connected() {
 			//nolint:errorlint // callers decide on ErrBusLost alone
-			return fmt.Errorf("%s %s: %w: %v", verb, m.unit, ErrBusLost, err)
+			return fmt.Errorf("%s %s: %w: %v", verb, unit, ErrBusLost, err)
 		}
-		return fmt.Errorf("%s %s: %w", verb, m.unit, err)
+		return fmt.Errorf("%s %s: %w", verb, unit, err)
 	}
 	for {
 		select {
 		case result := <-done:
 			if result != "done" {
-				return fmt.Errorf("%s %s: %w: %s", verb, m.unit, ErrJobFailed, result)
+				return fmt.Errorf("%s %s: %w: %s", verb, unit, ErrJobFailed, result)
 			}
 			return nil
 		case <-m.pacer.clock.After(time.Second):
 			if !c.Connected() {
-				return fmt.Errorf("%s %s: %w", verb, m.unit, ErrBusLost)
+				return fmt.Errorf("%s %s: %w", verb, unit, ErrBusLost)
 			}
 		case <-ctx.Done():
-			return fmt.Errorf("%s %s: %w", verb, m.unit, ctx.Err())
+			return fmt.Errorf("%s %s: %w", verb, unit, ctx.Err())
 		}
 	}
 }

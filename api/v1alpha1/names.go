@@ -90,6 +90,12 @@ const (
 	FailureConfigRefused = "ConfigRefused"
 	// FailureTimeout: the node stayed in progress past nodeTimeout.
 	FailureTimeout = "Timeout"
+	// FailureDrainRequired: the node's sidecar found that the revision needs a drain (the kubelet would
+	// refuse it on its resource managers' state) and the pool may not drain (spec.disruption.drain Never).
+	FailureDrainRequired = "DrainRequired"
+	// FailureDrainFailed: the pool's drain of the node did not finish (a PodDisruptionBudget held past
+	// drainTimeout, a pod no controller recreates, an eviction refused); the node is uncordoned.
+	FailureDrainFailed = "DrainFailed"
 )
 
 // MaxHeldNodesListed bounds status.heldNodes: a pool over thousands of nodes without a sidecar must not
@@ -149,6 +155,20 @@ func (s *KubeletConfigPoolSpec) NodeTimeoutOrDefault() time.Duration {
 		return d
 	}
 	return s.NodeTimeout.Duration
+}
+
+// MayDrain says whether spec.disruption.drain is Allowed.
+func (s *KubeletConfigPoolSpec) MayDrain() bool {
+	return s.Disruption != nil && s.Disruption.Drain == DrainAllowed
+}
+
+// DrainTimeoutOrDefault is spec.disruption.drainTimeout, or its default.
+func (s *KubeletConfigPoolSpec) DrainTimeoutOrDefault() time.Duration {
+	if s.Disruption == nil || s.Disruption.DrainTimeout == nil || s.Disruption.DrainTimeout.Duration <= 0 {
+		d, _ := time.ParseDuration(DefaultDrainTimeout)
+		return d
+	}
+	return s.Disruption.DrainTimeout.Duration
 }
 
 // PauseBetweenBatchesOrDefault is spec.pauseBetweenBatches, or 0.

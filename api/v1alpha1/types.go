@@ -61,6 +61,7 @@ const (
 	DefaultMaxFailures          = 1
 	DefaultNodeTimeout          = "30m"
 	DefaultRevisionHistoryLimit = 10
+	DefaultDrainTimeout         = "10m"
 )
 
 // KubeletConfigPoolSpec is what the operator declares.
@@ -137,6 +138,48 @@ type KubeletConfigPoolSpec struct {
 	// +listType=atomic
 	// +optional
 	MaintenanceWindows []MaintenanceWindow `json:"maintenanceWindows,omitempty"`
+
+	// disruption says what the pool may do to a node's workloads for a change that needs it. Unset: drain
+	// Never.
+	// +optional
+	Disruption *Disruption `json:"disruption,omitempty"`
+}
+
+// DrainPolicy says whether a pool may drain nodes.
+// +kubebuilder:validation:Enum=Never;Allowed
+type DrainPolicy string
+
+const (
+	// DrainNever: a change that needs a drain is refused before any node is touched (ConfigInvalid,
+	// reason DrainRequired); a node whose sidecar finds that it needs one fails the revision.
+	DrainNever DrainPolicy = "Never"
+	// DrainAllowed: a node whose sidecar says the change needs a drain is cordoned and drained, then its
+	// sidecar removes the kubelet state the change invalidates and restarts the kubelet into it.
+	DrainAllowed DrainPolicy = "Allowed"
+)
+
+// Disruption is what a pool may do to a node's workloads (in the spirit of the Machine Config Operator's
+// NodeDisruptionPolicy). Today one change needs more than a kubelet restart: one the kubelet refuses to
+// start with on the state its CPU or memory manager checkpointed (another policy, or other reservations
+// under the static ones), which needs the node drained and that state removed.
+type Disruption struct {
+	// drain: Never (default) or Allowed. Allowed: such a node, once assigned, is cordoned (unless it was
+	// already), its pods are evicted through the Eviction API (PodDisruptionBudgets hold; DaemonSet and
+	// mirror pods stay; pods no controller recreates fail the drain), its sidecar removes exactly the state
+	// the change invalidates with the kubelet stopped and restarts the kubelet, and the node is uncordoned
+	// once it runs the revision (or failed it). The node counts as in progress, within maxUnavailable,
+	// throughout.
+	// +kubebuilder:default=Never
+	// +optional
+	Drain DrainPolicy `json:"drain,omitempty"`
+
+	// drainTimeout bounds a node's drain: evictions a PodDisruptionBudget refuses are retried until then,
+	// and a drain not done by then fails the node (counted against maxFailures); the node is uncordoned and
+	// keeps the config it runs. Default 10m.
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="drainTimeout must be positive"
+	// +optional
+	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
 }
 
 // MaintenanceWindow is a time of the week when a pool may start assigning nodes. It opens on each of its

@@ -105,6 +105,17 @@ func (d *Drainer) MarkDrained(ctx context.Context, n *corev1.Node, src *corev1.N
 	return nil
 }
 
+// Mark marks the node drained for exactly the ConfigMap version uid/resourceVersion it is assigned
+// already (a pool's snapshot: immutable, so its version is known before the node reports it).
+func (d *Drainer) Mark(ctx context.Context, node string, uid types.UID, resourceVersion string) error {
+	patch := map[string]any{"metadata": map[string]any{"annotations": map[string]any{
+		nodeconfig.DrainedAnnotation: nodeconfig.MarshalDrained(uid, resourceVersion)}}}
+	if err := d.patch(ctx, node, patch); err != nil {
+		return fmt.Errorf("mark node %s drained: %w", node, err)
+	}
+	return nil
+}
+
 // Release removes the drained mark and, when dkc cordoned the node (CordonedAnnotation), uncordons it.
 func (d *Drainer) Release(ctx context.Context, node string) error {
 	n, err := d.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})

@@ -215,7 +215,13 @@ func TestServerMayChangeOnlyItsNodeFields(t *testing.T) {
 		{"other annotation removed", "", edit(func(n *corev1.Node) { delete(n.Annotations, "other") }), false},
 		{"other annotation added", "", edit(func(n *corev1.Node) { n.Annotations["new"] = "" }), false},
 		{"taint", "", edit(func(n *corev1.Node) { n.Spec.Taints = nil }), false},
-		{"unschedulable", "", edit(func(n *corev1.Node) { n.Spec.Unschedulable = true }), false},
+		// A pool's drain (spec.disruption.drain Allowed): cordon with dkc's marks, and the reverse.
+		{"cordoned by a pool's drain", "", edit(func(n *corev1.Node) {
+			n.Spec.Unschedulable = true
+			n.Annotations["dkc.dev/cordoned"] = "pool/blue"
+			n.Annotations["dkc.dev/drained"] = `{"uid":"u","resourceVersion":"1"}`
+		}), true},
+		{"drain marks via status", "status", edit(func(n *corev1.Node) { n.Annotations["dkc.dev/drained"] = "{}" }), false},
 		{"finalizer", "", edit(func(n *corev1.Node) { n.Finalizers = []string{"x"} }), false},
 		{"status write", "status", edit(func(n *corev1.Node) {
 			n.Annotations["dkc.dev/config-status"] = `{"active":{"configMap":{"namespace":"kube-system","name":"a","kubeletConfigKey":"kubelet"}}}`

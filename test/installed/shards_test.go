@@ -13,6 +13,8 @@ var bySlowest = []string{
 	"TestPoolOnRealNodes",
 	"TestPoolWaitsForItsMaintenanceWindow",
 	"TestHelmInstall",
+	"TestAssignDrainToTheStaticCPUManager",
+	"TestPoolDrainsForTheStaticCPUManager",
 	"TestSidecarRollingUpdate",
 	"TestSidecarRestartedDuringAnAPIServerOutage",
 	"TestUninstall",

@@ -24,6 +24,7 @@ import (
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/nodedrain"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/test/devcluster"
 )
@@ -188,7 +189,8 @@ func TestServerIdentityIsConfinedToConfigNamespaces(t *testing.T) {
 
 // What RBAC grants dkc-server on ConfigMaps and Nodes, the admission policies narrow: it creates and
 // deletes only revision snapshots (not coredns, kube-proxy, a user's ConfigMap labelled dkc.dev/pool...), and through a Node changes
-// only its source and pool assignment record — no label, taint or unschedulable — and through its status only
+// only its source, pool assignment record and a pool drain's cordon and marks — no label, taint or other
+// annotation — and through its status only
 // its status report. Dry runs: admission runs,
 // nothing is written.
 func TestServerWritesAreNarrowedByAdmission(t *testing.T) {
@@ -242,7 +244,6 @@ func TestServerWritesAreNarrowedByAdmission(t *testing.T) {
 	for _, patch := range []string{
 		`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`,
 		`{"metadata":{"annotations":{"other":"x"}}}`,
-		`{"spec":{"unschedulable":true}}`,
 		`{"spec":{"taints":[{"key":"k","effect":"NoSchedule"}]}}`,
 	} {
 		_, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{DryRun: dry})
@@ -256,6 +257,11 @@ func TestServerWritesAreNarrowedByAdmission(t *testing.T) {
 		v1alpha1.AnnotationAssignment, `{"pool":"probe","revision":"x","time":"2026-01-01T00:00:00Z"}`)
 	if _, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(assign), metav1.PatchOptions{DryRun: dry}); err != nil {
 		t.Errorf("dkc-server assigns a node: %v", err)
+	}
+	cordon := fmt.Sprintf(`{"metadata":{"annotations":{%q:"pool/probe",%q:"{}"}},"spec":{"unschedulable":true}}`,
+		nodedrain.CordonedAnnotation, nodeconfig.DrainedAnnotation)
+	if _, err := server.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(cordon), metav1.PatchOptions{DryRun: dry}); err != nil {
+		t.Errorf("dkc-server cordons a node for a pool's drain: %v", err)
 	}
 	// The Node status strategy resets spec, not metadata: through status, too, dkc-server changes no label or
 	// other annotation.

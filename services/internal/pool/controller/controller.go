@@ -132,6 +132,10 @@ type Controller struct {
 	// termStart is when this term's workers started (set before they do, read-only after): no node's
 	// nodeTimeout counts time before it, when no leader watched.
 	termStart time.Time
+	// runCtx is Run's context (set before the workers start): drains end with the term.
+	runCtx context.Context
+	// drains are the node drains of pools that may drain (drain.go).
+	drains *drains
 }
 
 // New builds a controller; it does nothing until Run.
@@ -154,7 +158,8 @@ func New(cfg Config) *Controller {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
 		deleted: map[string]bool{}, created: map[string]types.UID{},
-		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log, cfg.Clock),
+		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log, cfg.Clock), drains: newDrains(),
+		runCtx: context.Background(),
 	}
 	// An informer of its own rather than a factory's: it lives for one term, and dkc-server's other pool
 	// informer (package records) keeps only what it reads of each pool.
@@ -254,6 +259,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForNamedCacheSync("kubeletconfigpools", ctx.Done(), synced...) {
 		return nil
 	}
+	c.runCtx = ctx
+	defer c.drains.stopAll() // before wg.Wait: a drain in flight ends with the term
 	c.startTerm()
 	c.log.Info("rolling out kubeletconfigpools", zap.Int("workers", c.cfg.Workers), zap.Time("termStart", c.termStart))
 	for range c.cfg.Workers {
@@ -428,6 +435,7 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 	if err := c.writeStatus(ctx, pool, p.Status); err != nil {
 		return 0, err
 	}
+	c.drainNodes(ctx, pool, target, p.Nodes, byName)
 	if target.Revision != "" {
 		if err := c.prune(ctx, pool, p.Status, all); err != nil {
 			return 0, err
@@ -492,8 +500,9 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 			if invalid, err = c.kubelets.check(ctx, ref, rev, content, kubeletMinors(selected)); err != nil {
 				return nil, plan.Target{}, nil, err
 			}
-			// And what it would do on the state the nodes' kubelets checkpointed under what they run now.
-			if invalid == nil {
+			// And what it would do on the state the nodes' kubelets checkpointed under what they run now: a
+			// pool that may drain drains the nodes whose sidecars say so (drain.go) instead.
+			if invalid == nil && !pool.Spec.MayDrain() {
 				if invalid, err = c.stateResets(ctx, pool, rev, content, selected); err != nil {
 					return nil, plan.Target{}, nil, err
 				}
@@ -524,7 +533,9 @@ func (c *Controller) decide(pool *v1alpha1.KubeletConfigPool, target plan.Target
 	var views []plan.Node
 	for _, n := range selected {
 		byName[n.Name] = n
-		views = append(views, c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now))
+		v := c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now)
+		v.Draining, v.DrainFailed = c.drains.of(pool.Name, target.Revision, n.Name)
+		views = append(views, v)
 	}
 	p = plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views,
 		Now: now, TermStart: c.termStart})

@@ -78,6 +78,9 @@ type Node struct {
 	// scheduled there, not started yet, never connected), or the annotation was lost. Status is then zero
 	// and says nothing.
 	NoStatus bool
+	// Draining says how the pool's drain of the node goes ("" when none runs), for the verdict's detail;
+	// DrainFailed why it failed ("" unless it did).
+	Draining, DrainFailed string
 }
 
 // Input is everything a decision depends on.
@@ -120,6 +123,8 @@ const (
 	ReasonRetrying  = "Retrying"  // the node reports an error it retries (not the config's fault)
 	ReasonNotReady  = "NotReady"  // the node runs it, the Node is not Ready
 	ReasonInTrial   = "InTrial"   // runs it, Ready, not yet last-known-good
+	// ReasonDraining: its sidecar says the node must be drained first, and the pool drains it.
+	ReasonDraining = "Draining"
 	// the pool assigned the node an earlier revision (an in-place edit or an undo since), not yet proven
 	ReasonPreviousRevision = "PreviousRevision"
 	// Updated
@@ -316,7 +321,7 @@ func judgeNodes(in Input) judged {
 	clk := clock{timeout: timeout, termStart: in.TermStart, now: in.Now}
 	j := judged{gone: map[string]bool{}}
 	for _, n := range nodes {
-		v, failure := judge(n, in.Pool.Name, in.Target, recorded, clk, in.Pool.Spec.Retry)
+		v, failure := judge(n, in.Pool, in.Target, recorded, clk)
 		if v.State == InProgress && !n.AssignedAt.IsZero() && !n.NoStatus {
 			j.requeue = append(j.requeue, later(n.AssignedAt, in.TermStart).Add(timeout).Sub(in.Now))
 		}
@@ -604,8 +609,9 @@ func (c clock) timedOut(assignedAt time.Time, noStatus bool) (bool, string) {
 }
 
 // judge applies the node rules (Decide's 1–7). It returns the failure to record, if the node failed.
-func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNode, c clock,
-	retry int64) (Verdict, *v1alpha1.FailedNode) {
+func judge(n Node, p *v1alpha1.KubeletConfigPool, t Target, recorded map[string]v1alpha1.FailedNode,
+	c clock) (Verdict, *v1alpha1.FailedNode) {
+	pool, retry := p.Name, p.Spec.Retry
 	v := Verdict{Name: n.Name, Ready: n.Ready}
 	if f, ok := recorded[n.Name]; ok {
 		v.State, v.Reason, v.Detail = Failed, f.Reason, f.Error
@@ -634,7 +640,7 @@ func judge(n Node, pool string, t Target, recorded map[string]v1alpha1.FailedNod
 		}
 		return v, nil
 	}
-	return judgeTarget(n, t, c, retry, v)
+	return judgeTarget(n, t, c, retry, p.Spec.MayDrain(), v)
 }
 
 // hold applies rule 2: whether the pool leaves the node alone, and why. It comes before the node's own
@@ -666,7 +672,7 @@ func hold(n Node, pool string, t Target, v Verdict) (Verdict, bool) {
 }
 
 // judgeTarget applies rules 5–7 to a node assigned the target: its status decides, and nodeTimeout.
-func judgeTarget(n Node, t Target, c clock, retry int64, v Verdict) (Verdict, *v1alpha1.FailedNode) {
+func judgeTarget(n Node, t Target, c clock, retry int64, mayDrain bool, v Verdict) (Verdict, *v1alpha1.FailedNode) {
 	st := n.Status
 	fail := func(reason, msg string) (Verdict, *v1alpha1.FailedNode) {
 		v.State, v.Reason, v.Detail = Failed, reason, msg
@@ -674,6 +680,23 @@ func judgeTarget(n Node, t Target, c clock, retry int64, v Verdict) (Verdict, *v
 			Time: metav1.Time{Time: c.now}}
 	}
 	aboutTarget := sameSource(st.Assigned, t.Source)
+	if aboutTarget && st.Error == string(nodeconfig.DrainRequiredError) {
+		// The sidecar refused before touching the kubelet: it keeps what it runs until it is drained.
+		switch {
+		case !mayDrain:
+			return fail(v1alpha1.FailureDrainRequired, st.Error+" (spec.disruption.drain is Never)")
+		case n.DrainFailed != "":
+			return fail(v1alpha1.FailureDrainFailed, n.DrainFailed)
+		}
+		v.State, v.Reason, v.Detail = InProgress, ReasonDraining, n.Draining
+		if v.Detail == "" {
+			v.Detail = "the node must be drained first: draining it"
+		}
+		if out, why := c.timedOut(n.AssignedAt, n.NoStatus); out {
+			return fail(v1alpha1.FailureTimeout, fmt.Sprintf("%s: %s: %s", why, v.Reason, v.Detail))
+		}
+		return v, nil
+	}
 	if aboutTarget && st.Error != "" && !retried(nodeconfig.StatusError(st.Error)) {
 		if st.Error == string(nodeconfig.HealthError) {
 			return fail(v1alpha1.FailureRolledBack, st.Error)

@@ -217,6 +217,14 @@ func TestNodeRules(t *testing.T) {
 			state: Failed, reason: v1alpha1.FailureTimeout},
 		{name: "previous revision before a leaderless hour, leader for 10m: in progress", node: since(2*time.Hour, onR1("n1", status(r1, r0, r0, ""))),
 			leaderFor: 10 * time.Minute, state: InProgress, reason: ReasonPreviousRevision, wantUnavailable: true},
+		{name: "must be drained, the pool may not drain: failed", node: assigned("n1", status(on, nil, nil, nodeconfig.DrainRequiredError)),
+			state: Failed, reason: v1alpha1.FailureDrainRequired},
+		{name: "must be drained, the pool drains it: in progress", node: assigned("n1", status(on, nil, nil, nodeconfig.DrainRequiredError)),
+			pool: mods(mayDrain), state: InProgress, reason: ReasonDraining, wantUnavailable: true},
+		{name: "must be drained, the drain failed: failed", node: drainFailed(assigned("n1", status(on, nil, nil, nodeconfig.DrainRequiredError))),
+			pool: mods(mayDrain), state: Failed, reason: v1alpha1.FailureDrainFailed},
+		{name: "draining for nodeTimeout: failed", node: since(30*time.Minute, assigned("n1", status(on, nil, nil, nodeconfig.DrainRequiredError))),
+			pool: mods(mayDrain), state: Failed, reason: v1alpha1.FailureTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := Input{Pool: pool(tc.pool...), Target: r2, Nodes: []Node{tc.node}, Now: t0}
@@ -243,6 +251,15 @@ func TestNodeRules(t *testing.T) {
 }
 
 func mods(m ...func(*v1alpha1.KubeletConfigPool)) []func(*v1alpha1.KubeletConfigPool) { return m }
+
+func mayDrain(p *v1alpha1.KubeletConfigPool) {
+	p.Spec.Disruption = &v1alpha1.Disruption{Drain: v1alpha1.DrainAllowed}
+}
+
+func drainFailed(n Node) Node {
+	n.DrainFailed = "drain of node n1 not done within drainTimeout 10m0s: global timeout reached: 10m0s"
+	return n
+}
 
 // names returns nodes called prefix00, prefix01, ... made by mk.
 func names(n int, mk func(string) Node) []Node {

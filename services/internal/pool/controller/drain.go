@@ -1,0 +1,232 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/nodedrain"
+	"github.com/dkc-dev/dkc/services/internal/pool/plan"
+)
+
+// A pool with spec.disruption.drain Allowed drains a node when the node itself says it must: its sidecar
+// refused the revision before touching the kubelet (nodeconfig.DrainRequiredError), as the kubelet would
+// refuse it on the state its resource managers checkpointed. The node, assigned, counts as in progress
+// throughout (plan: ReasonDraining). The controller then cordons it (marked nodedrain.CordonedAnnotation
+// "pool/NAME", unless someone else cordoned it), evicts its pods (kubectl's drain: the Eviction API), and
+// marks it drained for the snapshot's version: the sidecar then removes the state with the kubelet
+// stopped and restarts it. Once the node runs the revision, or failed it, the marks go and the node is
+// uncordoned if the pool cordoned it. Everything the drain needs to go on is on the Node (its assignment,
+// status and marks), so a new leader takes over a drain in progress where the last one stopped:
+// evicting again what is left, never what came back (nothing schedules onto a cordoned node).
+
+// drainJob is one node's drain, run by its own goroutine.
+type drainJob struct {
+	pool, revision string
+	cancel         context.CancelFunc
+	// Guarded by drains.mu:
+	phase  string // what it does now, for the verdict's detail
+	failed string // why it failed; "" unless it did
+	done   bool
+}
+
+// drains are the controller's drain jobs, by node.
+type drains struct {
+	mu   sync.Mutex
+	jobs map[string]*drainJob
+}
+
+func newDrains() *drains { return &drains{jobs: map[string]*drainJob{}} }
+
+// of is what the planner sees of node's drain for pool's revision.
+func (d *drains) of(pool, revision, node string) (phase, failed string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j, ok := d.jobs[node]
+	if !ok || j.pool != pool || j.revision != revision {
+		return "", ""
+	}
+	return j.phase, j.failed
+}
+
+func (d *drains) set(j *drainJob, phase, failed string, done bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j.phase, j.failed, j.done = phase, failed, done
+}
+
+// forget ends node's job, if any.
+func (d *drains) forget(node string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if j, ok := d.jobs[node]; ok {
+		j.cancel()
+		delete(d.jobs, node)
+	}
+}
+
+// stopAll ends every job (the term ends: the next leader takes them over).
+func (d *drains) stopAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for n, j := range d.jobs {
+		j.cancel()
+		delete(d.jobs, n)
+	}
+}
+
+// cordonedBy is what the pool writes into nodedrain.CordonedAnnotation.
+func cordonedBy(pool string) string { return "pool/" + pool }
+
+// drainNodes starts the drains the verdicts ask for and releases the nodes done with theirs. It runs after
+// the status is written: a drain that failed is recorded (status.failedNodes) before its node is released.
+func (c *Controller) drainNodes(ctx context.Context, pool *v1alpha1.KubeletConfigPool, target plan.Target,
+	verdicts []plan.Verdict, byName map[string]*corev1.Node) {
+	for _, v := range verdicts {
+		n := byName[v.Name]
+		if n == nil {
+			continue
+		}
+		switch {
+		case v.State == plan.InProgress && v.Reason == plan.ReasonDraining:
+			c.startDrain(pool, target, n)
+		case waitsForKubelet(v):
+			// Marked drained: the sidecar resets the state and restarts the kubelet; released once it runs it.
+		case n.Annotations[nodedrain.CordonedAnnotation] == cordonedBy(pool.Name) ||
+			(n.Annotations[nodeconfig.DrainedAnnotation] != "" && c.drains.mine(pool.Name, n.Name)):
+			c.release(ctx, pool, n, v)
+		}
+	}
+}
+
+// waitsForKubelet: in progress towards the target, and not running it yet (the sidecar checks, resets the
+// state, restarts the kubelet): a node released now could take pods the kubelet then loses (a rollback
+// resets the state again).
+func waitsForKubelet(v plan.Verdict) bool {
+	return v.State == plan.InProgress && (v.Reason == plan.ReasonNotActive || v.Reason == plan.ReasonRetrying ||
+		v.Reason == plan.ReasonNotReported)
+}
+
+// mine says whether the controller drained node for pool this term.
+func (d *drains) mine(pool, node string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j, ok := d.jobs[node]
+	return ok && j.pool == pool
+}
+
+// startDrain starts node's drain for the target unless one runs or ran for it.
+func (c *Controller) startDrain(pool *v1alpha1.KubeletConfigPool, target plan.Target, n *corev1.Node) {
+	c.drains.mu.Lock()
+	if j, ok := c.drains.jobs[n.Name]; ok {
+		if j.pool == pool.Name && j.revision == target.Revision {
+			c.drains.mu.Unlock()
+			return
+		}
+		j.cancel() // another pool's or revision's: this one is the node's now
+	}
+	ctx, cancel := context.WithTimeout(c.runCtx, pool.Spec.DrainTimeoutOrDefault())
+	j := &drainJob{pool: pool.Name, revision: target.Revision, cancel: cancel, phase: "cordoning the node"}
+	c.drains.jobs[n.Name] = j
+	c.drains.mu.Unlock()
+	c.log.Info("draining node: its sidecar says the revision needs it", zap.String("pool", pool.Name),
+		zap.String("node", n.Name), zap.String("revision", target.Revision),
+		zap.Duration("drainTimeout", pool.Spec.DrainTimeoutOrDefault()))
+	go func() {
+		defer cancel()
+		err := c.drain(ctx, j, pool.Name, target, n.Name, pool.Spec.DrainTimeoutOrDefault())
+		switch {
+		case err == nil:
+			c.drains.set(j, "drained; the sidecar resets the kubelet's state and restarts it", "", true)
+			c.log.Info("node drained and marked; its sidecar goes on", zap.String("pool", pool.Name),
+				zap.String("node", n.Name), zap.String("revision", target.Revision))
+		case c.runCtx.Err() != nil:
+			return // the term ended: the next leader takes the drain over
+		default:
+			c.drains.set(j, "", err.Error(), true)
+			c.log.Warn("drain of node failed", zap.String("pool", pool.Name), zap.String("node", n.Name),
+				zap.String("revision", target.Revision), zap.Error(err))
+		}
+		c.queue.Add(pool.Name)
+	}()
+}
+
+// drain is one drain job's work: cordon, evict, mark.
+func (c *Controller) drain(ctx context.Context, j *drainJob, pool string, target plan.Target, node string,
+	timeout time.Duration) error {
+	d := c.drainer(timeout)
+	n, err := c.cfg.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("drain node %s: %w", node, err)
+	}
+	if _, err := d.Cordon(ctx, n, cordonedBy(pool)); err != nil {
+		return err
+	}
+	c.drains.set(j, "cordoned; evicting its pods (PodDisruptionBudgets hold)", "", false)
+	if err := d.Drain(ctx, node); err != nil {
+		if ctx.Err() != nil && c.runCtx.Err() == nil {
+			return fmt.Errorf("drain of node %s not done within drainTimeout %v: %w", node, timeout, err)
+		}
+		return err
+	}
+	snap, err := c.snapshot(target.Source.Namespace, target.Source.Name)
+	if err != nil {
+		return err
+	}
+	return d.Mark(ctx, node, snap.UID, snap.ResourceVersion)
+}
+
+// drainer drains through the controller's client; what kubectl's drain prints goes to the debug log.
+func (c *Controller) drainer(timeout time.Duration) *nodedrain.Drainer {
+	return &nodedrain.Drainer{Client: c.cfg.Client, FieldManager: FieldManager, Timeout: timeout,
+		Out: zapWriter{c.log.Named("drain")}, ErrOut: zapWriter{c.log.Named("drain")}}
+}
+
+// snapshot is the revision snapshot namespace/name from the controller's cache.
+func (c *Controller) snapshot(namespace, name string) (*corev1.ConfigMap, error) {
+	inf, ok := c.snapshots[namespace]
+	if !ok {
+		return nil, fmt.Errorf("snapshot %s/%s: namespace not watched", namespace, name)
+	}
+	obj, exists, err := inf.GetIndexer().GetByKey(namespace + "/" + name)
+	if err != nil || !exists {
+		return nil, fmt.Errorf("snapshot %s/%s not in the cache (%v)", namespace, name, err)
+	}
+	cm, ok := obj.(*corev1.ConfigMap)
+	if !ok {
+		return nil, fmt.Errorf("snapshot %s/%s: unexpected %T", namespace, name, obj)
+	}
+	return cm, nil
+}
+
+// release takes the pool's marks off a node done with its drain (it runs the revision, failed it, or no
+// longer waits for the drain) and uncordons it if the pool cordoned it.
+func (c *Controller) release(ctx context.Context, pool *v1alpha1.KubeletConfigPool, n *corev1.Node, v plan.Verdict) {
+	if err := c.drainer(0).Release(ctx, n.Name); err != nil {
+		// The next sync tries again: the node's marks are still there.
+		c.log.Warn("release drained node", zap.String("pool", pool.Name), zap.String("node", n.Name), zap.Error(err))
+		c.queue.AddAfter(pool.Name, 5*time.Second)
+		return
+	}
+	c.drains.forget(n.Name)
+	c.log.Info("node released after its drain", zap.String("pool", pool.Name), zap.String("node", n.Name),
+		zap.String("verdict", string(v.State)), zap.String("reason", v.Reason),
+		zap.Bool("uncordoned", n.Annotations[nodedrain.CordonedAnnotation] == cordonedBy(pool.Name)))
+}
+
+// zapWriter logs each write (a line of kubectl's drain) at debug level.
+type zapWriter struct{ log *zap.Logger }
+
+func (w zapWriter) Write(p []byte) (int, error) {
+	w.log.Debug(string(p))
+	return len(p), nil
+}

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+)
+
+// TestWaitApplied: what assign --drain takes for done, failed or not yet, from the node's status.
+func TestWaitApplied(t *testing.T) {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "static", UID: "u",
+		ResourceVersion: "7"}}
+	version := func(rv string) *corev1.NodeConfigSource {
+		return &corev1.NodeConfigSource{ConfigMap: &corev1.ConfigMapNodeConfigSource{Namespace: "kube-system",
+			Name: "static", KubeletConfigKey: "kubelet", UID: "u", ResourceVersion: rv}}
+	}
+	for _, tc := range []struct {
+		name   string
+		cm     *corev1.ConfigMap // nil: the local config
+		status *corev1.NodeConfigStatus
+		err    string // a substring; "" for done
+	}{
+		{name: "runs it", cm: cm, status: &corev1.NodeConfigStatus{Assigned: version("7"), Active: version("7")}},
+		{name: "rolled back", cm: cm, status: &corev1.NodeConfigStatus{Assigned: version("7"),
+			Error: string(nodeconfig.HealthError)}, err: "node n1 failed kube-system/static: failed to run kubelet"},
+		{name: "still refusing for want of the drain: not final", cm: cm, status: &corev1.NodeConfigStatus{
+			Assigned: version("7"), Error: string(nodeconfig.DrainRequiredError)}, err: "did not report"},
+		{name: "an error about an earlier version: not final", cm: cm, status: &corev1.NodeConfigStatus{
+			Assigned: version("6"), Error: string(nodeconfig.HealthError)}, err: "did not report"},
+		{name: "runs an earlier version: not yet", cm: cm, status: &corev1.NodeConfigStatus{Assigned: version("7"),
+			Active: version("6")}, err: "did not report"},
+		{name: "nothing reported", cm: cm, err: "did not report"},
+		{name: "back on its local config", status: &corev1.NodeConfigStatus{}},
+		{name: "local config refused", status: &corev1.NodeConfigStatus{Active: version("7"),
+			Error: string(nodeconfig.ValidateError)}, err: "node n1 failed its local config"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{}}}
+			if tc.status != nil {
+				raw, _ := json.Marshal(tc.status)
+				n.Annotations[nodeconfig.StatusAnnotation] = string(raw)
+			}
+			var out bytes.Buffer
+			o := &Options{io: genericiooptions.IOStreams{Out: &out, ErrOut: &out}, client: fake.NewClientset(n)}
+			err := o.waitApplied(context.Background(), "n1", tc.cm, 100*time.Millisecond)
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("waitApplied: %v, want %q", err, tc.err)
+			}
+		})
+	}
+}

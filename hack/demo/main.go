@@ -66,6 +66,9 @@ func main() {
 			if err = d.run(ctx); err == nil {
 				err = d.pool(ctx)
 			}
+			if err == nil {
+				err = d.drain(ctx)
+			}
 		}
 	}
 	stop()
@@ -73,7 +76,8 @@ func main() {
 		fmt.Fprintf(os.Stderr, "\nDEMO FAILED: %v\n", err)
 		os.Exit(1)
 	}
-	fmt.Println("\nDemo complete: every step behaved as the seed document describes, and the pool as docs/pools.md does.")
+	fmt.Println("\nDemo complete: every step behaved as the seed document describes, and the pool and the drain as " +
+		"docs/pools.md describes.")
 }
 
 // run is the seed document's workflow on d.node, act by act: each act starts where the one before left the

@@ -62,7 +62,7 @@ func (o *Options) assignDraining(ctx context.Context, nodes []corev1.Node, src *
 // (but when the release itself fails: the error says so).
 func (o *Options) drainAndAssign(ctx context.Context, d *nodedrain.Drainer, n *corev1.Node,
 	src *corev1.NodeConfigSource, opts drainOptions) (err error) {
-	ours, err := d.Cordon(ctx, n, cordonedBy)
+	ours, err := d.Cordon(ctx, n.Name, cordonedBy)
 	if err != nil {
 		return err
 	}
@@ -75,7 +75,7 @@ func (o *Options) drainAndAssign(ctx context.Context, d *nodedrain.Drainer, n *c
 		// Its own context: a command interrupted (Ctrl-C) must still take its marks back.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		if rerr := d.Release(rctx, n.Name); rerr != nil {
+		if rerr := d.Release(rctx, n.Name, cordonedBy); rerr != nil {
 			err = errors.Join(err, rerr)
 			return
 		}

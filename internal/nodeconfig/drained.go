@@ -30,16 +30,30 @@ func MarshalDrained(uid types.UID, resourceVersion string) string {
 }
 
 // IsDrainedFor says whether the node is cordoned and drained for the ConfigMap version uid/resourceVersion
-// ("", "": the local config): it is unschedulable and its DrainedAnnotation names exactly that version. A
-// mark that does not parse names nothing.
+// ("", "": the local config): it is unschedulable, its DrainedAnnotation names exactly that version, and
+// its status does not say yet that it runs that version. Once it does, the drain has served: a mark left
+// behind, on a node cordoned again later for another reason, allows nothing. A mark that does not parse
+// names nothing.
 func IsDrainedFor(n *corev1.Node, uid types.UID, resourceVersion string) bool {
 	v, ok := n.Annotations[DrainedAnnotation]
 	if !ok || !n.Spec.Unschedulable {
 		return false
 	}
 	var d Drained
-	if err := json.Unmarshal([]byte(v), &d); err != nil {
+	if err := json.Unmarshal([]byte(v), &d); err != nil || d.UID != uid || d.ResourceVersion != resourceVersion {
 		return false
 	}
-	return d.UID == uid && d.ResourceVersion == resourceVersion
+	var st corev1.NodeConfigStatus
+	if raw, ok := n.Annotations[StatusAnnotation]; ok && json.Unmarshal([]byte(raw), &st) == nil && st.Error == "" {
+		active := st.Active
+		runs := active == nil || active.ConfigMap == nil // the local config
+		if uid != "" {
+			runs = active != nil && active.ConfigMap != nil && active.ConfigMap.UID == uid &&
+				active.ConfigMap.ResourceVersion == resourceVersion
+		}
+		if runs {
+			return false
+		}
+	}
+	return true
 }

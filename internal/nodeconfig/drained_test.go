@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 func TestIsDrainedFor(t *testing.T) {
@@ -41,9 +42,30 @@ func TestIsDrainedFor(t *testing.T) {
 		t.Error("a node without annotations is drained for no version")
 	}
 	local := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
-		DrainedAnnotation: MarshalDrained("", "")}}, Spec: corev1.NodeSpec{Unschedulable: true}}
+		DrainedAnnotation: MarshalDrained("", ""),
+		StatusAnnotation:  `{"active":{"configMap":{"uid":"u1","resourceVersion":"7"}}}`}},
+		Spec: corev1.NodeSpec{Unschedulable: true}}
 	if !IsDrainedFor(local, "", "") {
 		t.Error("a node marked drained for its local config is not drained for it")
+	}
+	// Once the node runs the version marked, the mark has served.
+	for _, tc := range []struct {
+		name, status string
+		uid, rv      string
+		want         bool
+	}{
+		{"runs the version", `{"active":{"configMap":{"uid":"u1","resourceVersion":"7"}}}`, "u1", "7", false},
+		{"runs an earlier version", `{"active":{"configMap":{"uid":"u1","resourceVersion":"6"}}}`, "u1", "7", true},
+		{"reports an error about it", `{"active":{"configMap":{"uid":"u1","resourceVersion":"7"}},"error":"e"}`,
+			"u1", "7", true},
+		{"runs its local config, marked for it", `{}`, "", "", false},
+	} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+			DrainedAnnotation: MarshalDrained(types.UID(tc.uid), tc.rv), StatusAnnotation: tc.status}},
+			Spec: corev1.NodeSpec{Unschedulable: true}}
+		if got := IsDrainedFor(n, types.UID(tc.uid), tc.rv); got != tc.want {
+			t.Errorf("%s: IsDrainedFor = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/kubectl/pkg/drain"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
@@ -39,22 +40,31 @@ type Drainer struct {
 	Out, ErrOut io.Writer
 }
 
-// Cordon makes the node unschedulable and marks it as cordoned by by; a node already unschedulable is
-// left as it is, and ours is false. The patch carries the node's resourceVersion: a node changed meanwhile
-// is a Conflict, never a cordon mark on a node someone else cordoned in between.
-func (d *Drainer) Cordon(ctx context.Context, n *corev1.Node, by string) (ours bool, err error) {
-	if n.Spec.Unschedulable {
-		return false, nil
+// Cordon makes the node unschedulable and marks it as cordoned by by; a node someone else cordoned is left
+// as it is, and ours is false (true when by's own mark is on it already: a drain taken over). Each patch
+// carries the resourceVersion it read, so a node changed meanwhile is read again, never marked as ours
+// when someone else cordoned it in between.
+func (d *Drainer) Cordon(ctx context.Context, node, by string) (ours bool, err error) {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := d.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Spec.Unschedulable {
+			ours = n.Annotations[CordonedAnnotation] == by
+			return nil
+		}
+		ours = true
+		return d.patch(ctx, node, map[string]any{
+			"metadata": map[string]any{"resourceVersion": n.ResourceVersion,
+				"annotations": map[string]any{CordonedAnnotation: by}},
+			"spec": map[string]any{"unschedulable": true},
+		})
+	})
+	if err != nil {
+		return false, fmt.Errorf("cordon node %s: %w", node, err)
 	}
-	patch := map[string]any{
-		"metadata": map[string]any{"resourceVersion": n.ResourceVersion,
-			"annotations": map[string]any{CordonedAnnotation: by}},
-		"spec": map[string]any{"unschedulable": true},
-	}
-	if err := d.patch(ctx, n.Name, patch); err != nil {
-		return false, fmt.Errorf("cordon node %s: %w", n.Name, err)
-	}
-	return true, nil
+	return ours, nil
 }
 
 // Drain evicts the node's pods and waits until they are gone, or until Timeout. Pods no controller
@@ -116,23 +126,29 @@ func (d *Drainer) Mark(ctx context.Context, node string, uid types.UID, resource
 	return nil
 }
 
-// Release removes the drained mark and, when dkc cordoned the node (CordonedAnnotation), uncordons it.
-func (d *Drainer) Release(ctx context.Context, node string) error {
-	n, err := d.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+// Release undoes by's drain of the node: it removes the drained mark and, when by cordoned the node
+// (CordonedAnnotation is by), the cordon. Another party's cordon stays, and so does its mark.
+func (d *Drainer) Release(ctx context.Context, node, by string) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := d.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cordoner, cordoned := n.Annotations[CordonedAnnotation]
+		_, marked := n.Annotations[nodeconfig.DrainedAnnotation]
+		mine := cordoned && cordoner == by
+		if cordoned && !mine || !mine && !marked {
+			return nil // another party's drain, or nothing of by's left
+		}
+		patch := map[string]any{"metadata": map[string]any{"resourceVersion": n.ResourceVersion,
+			"annotations": map[string]any{nodeconfig.DrainedAnnotation: nil}}}
+		if mine {
+			patch["metadata"].(map[string]any)["annotations"].(map[string]any)[CordonedAnnotation] = nil
+			patch["spec"] = map[string]any{"unschedulable": false}
+		}
+		return d.patch(ctx, node, patch)
+	})
 	if err != nil {
-		return fmt.Errorf("release node %s: %w", node, err)
-	}
-	_, cordoned := n.Annotations[CordonedAnnotation]
-	_, marked := n.Annotations[nodeconfig.DrainedAnnotation]
-	if !cordoned && !marked {
-		return nil
-	}
-	patch := map[string]any{"metadata": map[string]any{"resourceVersion": n.ResourceVersion,
-		"annotations": map[string]any{CordonedAnnotation: nil, nodeconfig.DrainedAnnotation: nil}}}
-	if cordoned {
-		patch["spec"] = map[string]any{"unschedulable": false}
-	}
-	if err := d.patch(ctx, node, patch); err != nil {
 		return fmt.Errorf("release node %s: %w", node, err)
 	}
 	return nil

@@ -157,7 +157,8 @@ func (t *Table) SetSyncError(node, nodeUID, kubeletVersion string, syncError nod
 		s = e.state
 	}
 	t.mu.Unlock()
-	s.SyncError, s.NodeUID, s.KubeletVersion = string(syncError), nodeUID, kubeletVersion
+	// The node keeps the assignment it has, but no drain is vouched for while its source does not resolve.
+	s.SyncError, s.NodeUID, s.KubeletVersion, s.Drained = string(syncError), nodeUID, kubeletVersion, false
 	return t.Set(node, s) // a concurrent Set in between is fine: the controller is the only writer per node
 }
 

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 	"github.com/dkc-dev/dkc/services/internal/auth"
@@ -212,8 +211,8 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 			client := start(t, table, &recordingWriter{})
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			table.Set("n1", assignment.State{Assignment: assign("1"), Drained: tc.drained})
-			table.SetSyncError("n1", tc.serviceUID, tc.kubelet, nodeconfig.StatusError(tc.serviceHas))
+			table.Set("n1", assignment.State{Assignment: assign("1"), Drained: tc.drained, SyncError: tc.serviceHas,
+				NodeUID: tc.serviceUID, KubeletVersion: tc.kubelet})
 			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds, NodeUid: tc.nodeUID, FollowsNodeUid: tc.follows,
 				KubeletVersion: tc.nodeKubelet, Drained: tc.nodeDrained,
 				LastApplied: &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})

@@ -45,6 +45,7 @@ import (
 	poollisters "github.com/dkc-dev/dkc/api/generated/listers/api/v1alpha1"
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/nodedrain"
 	"github.com/dkc-dev/dkc/services/internal/configmaps"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
@@ -308,12 +309,14 @@ func (c *Controller) waitForAPI(ctx context.Context) bool {
 
 // nodeChanged says whether a Node update can change what a pool sees of it: heartbeats cannot.
 func nodeChanged(o, n *corev1.Node) bool {
-	for _, a := range []string{nodeconfig.SourceAnnotation, nodeconfig.StatusAnnotation, v1alpha1.AnnotationAssignment} {
+	for _, a := range []string{nodeconfig.SourceAnnotation, nodeconfig.StatusAnnotation, v1alpha1.AnnotationAssignment,
+		nodedrain.CordonedAnnotation, nodeconfig.DrainedAnnotation} {
 		if o.Annotations[a] != n.Annotations[a] {
 			return true
 		}
 	}
 	return o.UID != n.UID || ready(o) != ready(n) || !labels.Equals(o.Labels, n.Labels) ||
+		o.Spec.Unschedulable != n.Spec.Unschedulable ||
 		!apiequality.Semantic.DeepEqual(o.Spec.ConfigSource, n.Spec.ConfigSource)
 }
 
@@ -382,6 +385,7 @@ func (c *Controller) sync(ctx context.Context, name string) (time.Duration, erro
 	switch {
 	case apierrors.IsNotFound(err):
 		c.forget(name)
+		c.releaseGone(ctx, name)
 		return c.collect(ctx, name)
 	case err != nil:
 		return 0, err
@@ -435,7 +439,7 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 	if err := c.writeStatus(ctx, pool, p.Status); err != nil {
 		return 0, err
 	}
-	c.drainNodes(ctx, pool, target, p.Nodes, byName)
+	c.drainNodes(ctx, pool, target, p.Nodes, byName, all)
 	if target.Revision != "" {
 		if err := c.prune(ctx, pool, p.Status, all); err != nil {
 			return 0, err

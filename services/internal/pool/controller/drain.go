@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
@@ -87,10 +87,11 @@ func (d *drains) stopAll() {
 // cordonedBy is what the pool writes into nodedrain.CordonedAnnotation.
 func cordonedBy(pool string) string { return "pool/" + pool }
 
-// drainNodes starts the drains the verdicts ask for and releases the nodes done with theirs. It runs after
-// the status is written: a drain that failed is recorded (status.failedNodes) before its node is released.
+// drainNodes starts the drains the verdicts ask for and releases the nodes done with theirs, and those the
+// pool no longer selects. It runs after the status is written: a drain that failed is recorded
+// (status.failedNodes) before its node is released.
 func (c *Controller) drainNodes(ctx context.Context, pool *v1alpha1.KubeletConfigPool, target plan.Target,
-	verdicts []plan.Verdict, byName map[string]*corev1.Node) {
+	verdicts []plan.Verdict, byName map[string]*corev1.Node, all []*corev1.Node) {
 	for _, v := range verdicts {
 		n := byName[v.Name]
 		if n == nil {
@@ -101,9 +102,33 @@ func (c *Controller) drainNodes(ctx context.Context, pool *v1alpha1.KubeletConfi
 			c.startDrain(pool, target, n)
 		case waitsForKubelet(v):
 			// Marked drained: the sidecar resets the state and restarts the kubelet; released once it runs it.
-		case n.Annotations[nodedrain.CordonedAnnotation] == cordonedBy(pool.Name) ||
-			(n.Annotations[nodeconfig.DrainedAnnotation] != "" && c.drains.mine(pool.Name, n.Name)):
-			c.release(ctx, pool, n, v)
+		case drainedBy(n, pool.Name):
+			c.release(ctx, pool.Name, n.Name, string(v.State)+"/"+v.Reason)
+		}
+	}
+	for _, n := range all {
+		if byName[n.Name] == nil && drainedBy(n, pool.Name) {
+			c.release(ctx, pool.Name, n.Name, "no longer selected")
+		}
+	}
+}
+
+// drainedBy says whether node n carries pool's drain: its cordon, or a drained mark while the pool
+// assigned it (a node someone else had cordoned gets the mark alone).
+func drainedBy(n *corev1.Node, pool string) bool {
+	if n.Annotations[nodedrain.CordonedAnnotation] == cordonedBy(pool) {
+		return true
+	}
+	a, ok := assignmentOf(n)
+	return n.Annotations[nodeconfig.DrainedAnnotation] != "" && ok && a.Pool == pool
+}
+
+// releaseGone releases the nodes a deleted pool had drained.
+func (c *Controller) releaseGone(ctx context.Context, pool string) {
+	nodes, _ := c.nodes.List(labels.Everything()) // a cache's List never fails
+	for _, n := range nodes {
+		if n.Annotations[nodedrain.CordonedAnnotation] == cordonedBy(pool) {
+			c.release(ctx, pool, n.Name, "pool deleted")
 		}
 	}
 }
@@ -114,14 +139,6 @@ func (c *Controller) drainNodes(ctx context.Context, pool *v1alpha1.KubeletConfi
 func waitsForKubelet(v plan.Verdict) bool {
 	return v.State == plan.InProgress && (v.Reason == plan.ReasonNotActive || v.Reason == plan.ReasonRetrying ||
 		v.Reason == plan.ReasonNotReported)
-}
-
-// mine says whether the controller drained node for pool this term.
-func (d *drains) mine(pool, node string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	j, ok := d.jobs[node]
-	return ok && j.pool == pool
 }
 
 // startDrain starts node's drain for the target unless one runs or ran for it.
@@ -164,11 +181,7 @@ func (c *Controller) startDrain(pool *v1alpha1.KubeletConfigPool, target plan.Ta
 func (c *Controller) drain(ctx context.Context, j *drainJob, pool string, target plan.Target, node string,
 	timeout time.Duration) error {
 	d := c.drainer(timeout)
-	n, err := c.cfg.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("drain node %s: %w", node, err)
-	}
-	if _, err := d.Cordon(ctx, n, cordonedBy(pool)); err != nil {
+	if _, err := d.Cordon(ctx, node, cordonedBy(pool)); err != nil {
 		return err
 	}
 	c.drains.set(j, "cordoned; evicting its pods (PodDisruptionBudgets hold)", "", false)
@@ -208,19 +221,18 @@ func (c *Controller) snapshot(namespace, name string) (*corev1.ConfigMap, error)
 	return cm, nil
 }
 
-// release takes the pool's marks off a node done with its drain (it runs the revision, failed it, or no
-// longer waits for the drain) and uncordons it if the pool cordoned it.
-func (c *Controller) release(ctx context.Context, pool *v1alpha1.KubeletConfigPool, n *corev1.Node, v plan.Verdict) {
-	if err := c.drainer(0).Release(ctx, n.Name); err != nil {
+// release ends the pool's drain of a node done with it (it runs the revision, failed it, left the pool,
+// or the pool is gone): its job stops, its marks go, and it is uncordoned if the pool cordoned it.
+func (c *Controller) release(ctx context.Context, pool, node, why string) {
+	c.drains.forget(node)
+	if err := c.drainer(0).Release(ctx, node, cordonedBy(pool)); err != nil {
 		// The next sync tries again: the node's marks are still there.
-		c.log.Warn("release drained node", zap.String("pool", pool.Name), zap.String("node", n.Name), zap.Error(err))
-		c.queue.AddAfter(pool.Name, 5*time.Second)
+		c.log.Warn("release drained node", zap.String("pool", pool), zap.String("node", node), zap.Error(err))
+		c.queue.AddAfter(pool, 5*time.Second)
 		return
 	}
-	c.drains.forget(n.Name)
-	c.log.Info("node released after its drain", zap.String("pool", pool.Name), zap.String("node", n.Name),
-		zap.String("verdict", string(v.State)), zap.String("reason", v.Reason),
-		zap.Bool("uncordoned", n.Annotations[nodedrain.CordonedAnnotation] == cordonedBy(pool.Name)))
+	c.log.Info("node released after its drain", zap.String("pool", pool), zap.String("node", node),
+		zap.String("why", why))
 }
 
 // zapWriter logs each write (a line of kubectl's drain) at debug level.

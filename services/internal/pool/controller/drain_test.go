@@ -66,6 +66,7 @@ func TestPoolDrainsANodeItsSidecarSaysMustBe(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			snap.UID = "snapshot-uid" // the fake clientset gives none; an empty one is the local config's mark
 			if err := h.c.snapshots["kube-system"].GetIndexer().Add(snap); err != nil {
 				t.Fatal(err)
 			}
@@ -115,6 +116,9 @@ func TestPoolDrainsANodeItsSidecarSaysMustBe(t *testing.T) {
 				}
 			} else {
 				poll.For(t, 10*time.Second, 10*time.Millisecond, "node a marked drained", func() bool {
+					if _, f := h.c.drains.of("blue", last.Status.CurrentRevision, "a"); f != "" {
+						t.Fatalf("drain failed: %s", f)
+					}
 					return nodeconfig.IsDrainedFor(stored(), snap.UID, snap.ResourceVersion)
 				})
 				if n := stored(); n.Annotations[nodedrain.CordonedAnnotation] != "pool/blue" {

@@ -222,6 +222,7 @@ func TestServerMayChangeOnlyItsNodeFields(t *testing.T) {
 			n.Annotations["dkc.dev/drained"] = `{"uid":"u","resourceVersion":"1"}`
 		}), true},
 		{"drain marks via status", "status", edit(func(n *corev1.Node) { n.Annotations["dkc.dev/drained"] = "{}" }), false},
+		{"cordoned without dkc's mark", "", edit(func(n *corev1.Node) { n.Spec.Unschedulable = true }), false},
 		{"finalizer", "", edit(func(n *corev1.Node) { n.Finalizers = []string{"x"} }), false},
 		{"status write", "status", edit(func(n *corev1.Node) {
 			n.Annotations["dkc.dev/config-status"] = `{"active":{"configMap":{"namespace":"kube-system","name":"a","kubeletConfigKey":"kubelet"}}}`

@@ -112,7 +112,7 @@ first") and keeps its config until it is drained.`,
 
 // stateResets compares each node's running config (/configz) with the new one, both as the node kubelet's
 // minor loads them: the state files the change invalidates, per node. A node it cannot check is warned
-// about and left out (its sidecar checks again before it restarts the kubelet).
+// about and has a nil entry (its sidecar checks again before it restarts the kubelet).
 func (o *Options) stateResets(ctx context.Context, nodes []corev1.Node, ns, name, key,
 	checkDir string) map[string][]disruption.Reset {
 	out := map[string][]disruption.Reset{}
@@ -124,6 +124,7 @@ func (o *Options) stateResets(ctx context.Context, nodes []corev1.Node, ns, name
 		}
 		if err != nil {
 			fmt.Fprintf(o.io.ErrOut, "warning: node %s: state check skipped: %v\n", n.Name, err)
+			out[n.Name] = nil
 			continue
 		}
 		if r := disruption.Resets(running, next); len(r) > 0 {

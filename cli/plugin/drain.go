@@ -38,7 +38,11 @@ func (o *Options) assignDraining(ctx context.Context, nodes []corev1.Node, src *
 	ref := src.ConfigMap
 	for i := range nodes {
 		n := &nodes[i]
-		if len(resets[n.Name]) == 0 {
+		found, checked := resets[n.Name]
+		if checked && found == nil {
+			// Not checked: drained all the same, as asked, rather than left to its sidecar's refusal.
+			fmt.Fprintf(o.io.Out, "node/%s: its state could not be checked; draining it\n", n.Name)
+		} else if len(found) == 0 {
 			where, err := o.setSource(ctx, n, src)
 			if err != nil {
 				return fmt.Errorf("assign node %s: %w", n.Name, err)
@@ -47,7 +51,7 @@ func (o *Options) assignDraining(ctx context.Context, nodes []corev1.Node, src *
 				ref.Name, ref.KubeletConfigKey, where)
 			continue
 		}
-		for _, r := range resets[n.Name] {
+		for _, r := range found {
 			fmt.Fprintf(o.io.Out, "node/%s needs a drain: %s\n", n.Name, r)
 		}
 		if err := o.drainAndAssign(ctx, d, n, src, opts); err != nil {

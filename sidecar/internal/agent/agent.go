@@ -54,9 +54,10 @@ type ServiceManager interface {
 
 // StateResetter is a ServiceManager that can also remove the kubelet state a config change invalidates,
 // with the kubelet stopped; implemented by systemd.Manager. A ServiceManager without it (systemd.Signal,
-// whose kubelet another supervisor restarts at once) cannot make such a change: the node says why and
-// waits. (An interface of its own rather than more methods on ServiceManager: the simulated nodes and the
-// benchmark's stand-ins are ServiceManagers that never reset state.)
+// whose kubelet another supervisor restarts at once) cannot make such a change, drained or not: the config
+// is refused as one the kubelet would not run (reset.go, cannotReset). (An interface of its own rather than
+// more methods on ServiceManager: the simulated nodes and the benchmark's stand-ins are ServiceManagers that
+// never reset state.)
 type StateResetter interface {
 	// Stop is `systemctl stop kubelet`: it returns when the stop job finished.
 	Stop(ctx context.Context) error

@@ -62,6 +62,12 @@ type fakeKubelet struct {
 	calls []string
 	// failRemove: so many next removals fail, as a failed transient unit does.
 	failRemove int
+	// failStop: so many next stops fail, as a stop job that failed does — after killing the kubelet all
+	// the same (the worst case: a caller that believes the failure leaves it stopped).
+	failStop int
+	// afterRemove, if set, runs at each removal before its result (outside the lock), as what happens on
+	// the node meanwhile (the sidecar told to stop, a disk that fails).
+	afterRemove func()
 }
 
 // Stop is `systemctl stop kubelet`.
@@ -70,11 +76,21 @@ func (k *fakeKubelet) Stop(context.Context) error {
 	defer k.mu.Unlock()
 	k.stopped = true
 	k.calls = append(k.calls, "stop")
+	if k.failStop > 0 {
+		k.failStop--
+		return errors.New("stop kubelet.service: job did not complete: failed")
+	}
 	return nil
 }
 
 // RemoveFiles is the transient unit's rm: it removes the fake's cpu_manager_state when named.
 func (k *fakeKubelet) RemoveFiles(_ context.Context, paths []string) error {
+	k.mu.Lock()
+	after := k.afterRemove
+	k.mu.Unlock()
+	if after != nil {
+		after()
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls = append(k.calls, "remove "+strings.Join(paths, " "))
@@ -96,9 +112,13 @@ func (k *fakeKubelet) callLog() []string {
 	return append([]string(nil), k.calls...)
 }
 
-func (k *fakeKubelet) Restart(context.Context) error {
+func (k *fakeKubelet) Restart(ctx context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		// As systemd.Manager's: the job is not queued, or not waited for, once ctx is done.
+		return fmt.Errorf("restart kubelet.service: %w", err)
+	}
 	if k.failRestarts > 0 {
 		k.failRestarts--
 		k.stopped = true

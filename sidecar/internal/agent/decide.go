@@ -81,6 +81,11 @@ const (
 	// under the config it runs, and the node is not drained for its assignment; the kubelet was not touched.
 	// The config is not to blame: it may run once that state is removed, on a drained node.
 	OutcomeNeedsDrain
+	// OutcomeCannotReset: the kubelet would refuse the config on the state its resource managers checkpointed
+	// under the config it runs, and this node's service manager cannot remove that state (--restart-mode=
+	// signal); the kubelet was not touched. Final, as a config fault is: no drain or retry would change it
+	// (reset.go, cannotReset).
+	OutcomeCannotReset
 )
 
 func (o Outcome) String() string {
@@ -97,6 +102,8 @@ func (o Outcome) String() string {
 		return "stopped"
 	case OutcomeNeedsDrain:
 		return "needs drain"
+	case OutcomeCannotReset:
+		return "cannot reset"
 	default:
 		return "none"
 	}
@@ -273,17 +280,55 @@ func (r *round) next() decision {
 			// Neither marked failed (it may run once the node is drained) nor retried at the ticks (a retry
 			// would find the same state): the service's next message for the node starts the next round. The
 			// kubelet was left alone, so what it runs stays as proven — unless this round restarted it into a
-			// config before (one that then failed).
-			d.status, d.detail, d.phase = nodeconfig.DrainRequiredError, ran.err.Error(), PhaseWaitingForDrain
-			for x := slotAssigned; x < s; x++ {
-				d.activeUnknown = d.activeUnknown || r.ran[x] != nil
+			// config before (one that then failed). A fallback that waits for the drain does not hide why the
+			// assigned config was given up (it failed, or does not check): that stays the status, the
+			// detail says what the fallback waits for.
+			d.status, d.detail = fallbackStatus(d, s, nodeconfig.DrainRequiredError, ran.err.Error())
+			d.phase = PhaseWaitingForDrain
+			d.activeUnknown = r.restartedBefore(s)
+		case OutcomeCannotReset:
+			if s != slotLocal {
+				// The kubelet would refuse it on this node, and nothing here can change that: marked failed
+				// and rolled back from, as a config the kubelet does not run.
+				d.action, d.detail = actMarkFailed, ran.err.Error()
+				return d
 			}
+			// Nor can the node's own config run: nothing dkc can pick runs, so touch nothing more, as for a
+			// local config that does not check.
+			if d.status == "" {
+				d.status, d.detail = nodeconfig.InternalError, "local config: "+ran.err.Error()
+			} else {
+				d.status, d.detail = fallbackStatus(d, s, nodeconfig.InternalError, ran.err.Error())
+			}
+			d.phase = PhaseHeld
+			d.activeUnknown = r.restartedBefore(s)
 		default: // OutcomeStopped: the status stays what the round found so far
 			d.activeUnknown = true
 		}
 		return d
 	}
 	panic("unreachable: the local config is always checked, and then held, run, or failed")
+}
+
+// restartedBefore says whether the round ran a config before slot s: what the kubelet runs is then not the
+// one proven before the round.
+func (r *round) restartedBefore(s slot) bool {
+	for x := slotAssigned; x < s; x++ {
+		if r.ran[x] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// fallbackStatus is the status of a round that ends at slot s with own and detail (why it cannot run s's
+// config): the assigned config's own problem when it has one (d.status: a pool or the CLI must see that the
+// assigned config failed, not what its fallback needs), with detail after its own.
+func fallbackStatus(d decision, s slot, own nodeconfig.StatusError, detail string) (nodeconfig.StatusError, string) {
+	if d.status == "" || s == slotAssigned {
+		return own, detail
+	}
+	return d.status, d.detail + "; the fallback to the " + s.String() + " config: " + detail
 }
 
 // running is the phase of a node whose kubelet runs slot s's config, healthy.

@@ -24,7 +24,7 @@ import (
 // State: "A" is assigned, "L" last-known-good ("A=L": the assigned config is last-known-good); "A!" / "L!":
 // that config failed to run before. Events: "<slot>:<result>" with slot A, L or local; check results ok,
 // load, validate, internal, unsupported (default ok); run outcomes healthy, fault, unverifiable, noanswer,
-// transient, stopped, needsdrain (default healthy). Steps: "check X", "run X", "mark X failed".
+// transient, stopped, needsdrain, cannotreset (default healthy). Steps: "check X", "run X", "mark X failed".
 func TestRollbackRules(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -67,8 +67,18 @@ func TestRollbackRules(t *testing.T) {
 			"check A, run A, mark A failed, check L, run L", "", nodeconfig.HealthError, false},
 		{"needs a drain: kubelet left alone, not blamed, waits for the service", "A L", "run A:needsdrain", "check A, run A",
 			PhaseWaitingForDrain, nodeconfig.DrainRequiredError, false},
-		{"rolling back needs a drain: waits, the failure stays marked", "A L", "run A:fault run L:needsdrain",
-			"check A, run A, mark A failed, check L, run L", PhaseWaitingForDrain, nodeconfig.DrainRequiredError, false},
+		{"rolling back needs a drain: waits, the assigned config's failure is the status", "A L",
+			"run A:fault run L:needsdrain",
+			"check A, run A, mark A failed, check L, run L", PhaseWaitingForDrain, nodeconfig.HealthError, false},
+		{"assigned does not validate, local needs a drain: waits, the validation error is the status", "A",
+			"check A:validate run local:needsdrain",
+			"check A, check local, run local", PhaseWaitingForDrain, nodeconfig.ValidateError, false},
+		{"no reset possible here: marked failed, rolled back", "A L", "run A:cannotreset",
+			"check A, run A, mark A failed, check L, run L", PhaseRolledBack, nodeconfig.HealthError, false},
+		{"no reset possible for local either: kubelet left alone", "A", "run A:cannotreset run local:cannotreset",
+			"check A, run A, mark A failed, check local, run local", PhaseHeld, nodeconfig.HealthError, false},
+		{"nothing assigned, no reset possible for local: kubelet left alone", "", "run local:cannotreset",
+			"check local, run local", PhaseHeld, nodeconfig.InternalError, false},
 
 		// Saved failures.
 		{"assigned failed before: not tried again", "A! L", "", "check L, run L", PhaseRolledBack, nodeconfig.HealthError, false},
@@ -181,6 +191,7 @@ func parseRule(t *testing.T, state, events string) (*round, ruleEvents) {
 				"transient":    {outcome: OutcomeTransient, err: fmt.Errorf("restart kubelet: job failed")},
 				"stopped":      {outcome: OutcomeStopped, err: fmt.Errorf("context canceled")},
 				"needsdrain":   {outcome: OutcomeNeedsDrain, err: fmt.Errorf("node not drained: cpu_manager_state")},
+				"cannotreset":  {outcome: OutcomeCannotReset, err: fmt.Errorf("kubelet state cannot be reset: cpu_manager_state")},
 			}[result]
 			if e.run[s].outcome == 0 {
 				t.Fatalf("outcome %q", result)
@@ -240,17 +251,25 @@ func TestTrialRules(t *testing.T) {
 	}
 }
 
-// TestNeedsDrainKeepsWhatRuns: a round that waits for a drain left the kubelet alone, so what it runs stays
-// proven — unless the round restarted it into a config before, which then failed.
+// TestNeedsDrainKeepsWhatRuns: a round that waits for a drain (or cannot reset the kubelet's state) left the
+// kubelet alone, so what it runs stays proven — unless the round restarted it into a config before, which
+// then failed. The detail says why the assigned config was given up, then what its fallback stands on.
 func TestNeedsDrainKeepsWhatRuns(t *testing.T) {
 	for _, tc := range []struct {
-		events        string
+		state, events string
 		activeUnknown bool
+		detail        string
 	}{
-		{"run A:needsdrain", false},
-		{"run A:fault run L:needsdrain", true},
+		{"A L", "run A:needsdrain", false, "node not drained: cpu_manager_state"},
+		{"A L", "run A:fault run L:needsdrain", true, "kubelet not healthy with config: not healthy after 1m; " +
+			"the fallback to the last-known-good config: node not drained: cpu_manager_state"},
+		{"A", "check A:validate run local:needsdrain", false, "maxPods: must be positive; " +
+			"the fallback to the local config: node not drained: cpu_manager_state"},
+		{"A", "run A:fault run local:cannotreset", true, "kubelet not healthy with config: not healthy after 1m; " +
+			"the fallback to the local config: kubelet state cannot be reset: cpu_manager_state"},
+		{"", "run local:cannotreset", false, "local config: kubelet state cannot be reset: cpu_manager_state"},
 	} {
-		r, events := parseRule(t, "A L", tc.events)
+		r, events := parseRule(t, tc.state, tc.events)
 		var d decision
 		for i := 0; i < 20; i++ {
 			if d = r.next(); d.action == actDone {
@@ -269,6 +288,9 @@ func TestNeedsDrainKeepsWhatRuns(t *testing.T) {
 		}
 		if d.action != actDone || d.activeUnknown != tc.activeUnknown {
 			t.Errorf("%s: %s, activeUnknown %v; want done, %v", tc.events, d.action, d.activeUnknown, tc.activeUnknown)
+		}
+		if !strings.HasSuffix(d.detail, tc.detail) {
+			t.Errorf("%s: detail %q, want it to end %q", tc.events, d.detail, tc.detail)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
@@ -61,7 +62,7 @@ type drainState struct {
 	assigned *corev1.NodeConfigSource
 	// drained: the service says the node is drained for assigned.
 	drained bool
-	// recorded are the files a reset for assigned removed, with no config proven healthy since.
+	// recorded are the files a reset for assigned set out to remove, with no config proven healthy since.
 	recorded []string
 }
 
@@ -73,10 +74,23 @@ func (a *Agent) drainState(assigned *corev1.NodeConfigSource) drainState {
 	return ds
 }
 
-// mayReset says whether the kubelet's state may be removed: the node is drained for its assignment, or
-// was when this node's sidecar removed state for it and nothing has run healthy since (the kubelet's state
-// then comes only from configs dkc started on the drained node).
-func (ds drainState) mayReset() bool { return ds.drained || len(ds.recorded) > 0 }
+// mayReset says whether the kubelet's state may be removed: only while the service says the node is drained
+// for its assignment. A reset recorded earlier never allows one by itself: the drain it was made under may
+// have been withdrawn since (the node uncordoned on a timeout, an interrupted drain, a pool that released
+// it), and pods whose CPUs and memory that state assigns may run again. The record only adds its files to
+// a reset the drain allows (toRemove).
+func (ds drainState) mayReset() bool { return ds.drained }
+
+// toRemove are the names to remove for a change that invalidates files: those, and, when the node may lose
+// its state, the files of a reset recorded for the same assignment (a fallback after a reset, or a sidecar
+// restarted in the middle of one, removes them again: what the failed config wrote would make the next
+// start refuse too).
+func (ds drainState) toRemove(files []string) []string {
+	if !ds.mayReset() {
+		return files
+	}
+	return union(files, ds.recorded)
+}
 
 // stateReset is the kubelet state to remove before restarting into a config.
 type stateReset struct {
@@ -108,11 +122,16 @@ func (sr stateReset) String() string {
 
 // planReset compares the config the kubelet runs (its /configz) with target's and returns the state to
 // remove before restarting into target (none: restart as always), or an outcome that stops the restart
-// before anything is touched: OutcomeNeedsDrain when the node may not lose that state, OutcomeTransient
-// when it cannot be removed here. current is the config file the kubelet was last started with.
+// before anything is touched: OutcomeCannotReset when this node's service manager cannot remove that state,
+// OutcomeNeedsDrain when the node may not lose it, OutcomeTransient when it cannot be removed here. current
+// is the config file the kubelet was last started with.
+//
+// The service manager's capability is asked before the drain: a node that can never make the change must
+// not have a pool drain it for nothing, nor wait for a drain that changes nothing.
 func (a *Agent) planReset(ctx context.Context, current string, target candidate, ds drainState) (stateReset,
 	Outcome, error) {
 	var sr stateReset
+	_, canReset := a.svc.(StateResetter)
 	running, err := a.runningFields(ctx, current, target)
 	switch {
 	case err == nil:
@@ -123,7 +142,7 @@ func (a *Agent) planReset(ctx context.Context, current string, target candidate,
 		for _, r := range sr.resets {
 			sr.files = append(sr.files, r.File)
 		}
-	case ds.mayReset():
+	case canReset && ds.mayReset():
 		// What the kubelet runs is unknown (stopped, crash-looping, /configz refused), and so is what its
 		// state was written under. The node is drained for its assignment: it loses nothing by losing every
 		// resource manager's state, while a file the kubelet refuses would fail the restart and blame the config.
@@ -131,16 +150,15 @@ func (a *Agent) planReset(ctx context.Context, current string, target candidate,
 		a.log.Info("running kubelet config unknown, node drained for its assignment: removing every resource "+
 			"manager state file before the restart", append(a.resetFields(target, sr), zap.Error(err))...)
 	default:
-		// Unknown, and not drained: restart as dkc always has. Holding a node whose kubelet may be down on a
-		// guess would be worse: if the kubelet refuses its state, the health wait says so and the node rolls
-		// back to what ran before (which that state was written under).
+		// Unknown, and not drained (or nothing here could remove the state anyway): restart as dkc always
+		// has. A reset recorded for this assignment does not change that (mayReset). Holding a node whose
+		// kubelet may be down on a guess would be worse: if the kubelet refuses its state, the health wait
+		// says so and the node rolls back to what ran before (which that state was written under).
 		a.log.Info("running kubelet config unknown; not compared with the resource managers' state",
 			append(sourceFields(target.src), zap.Error(err))...)
 		return sr, 0, nil
 	}
-	// A fallback after a reset removes the same files again: what the failed config wrote would make the
-	// fallback refuse too.
-	sr.files = union(sr.files, ds.recorded)
+	sr.files = ds.toRemove(sr.files)
 	if len(sr.files) == 0 {
 		return sr, 0, nil
 	}
@@ -150,16 +168,17 @@ func (a *Agent) planReset(ctx context.Context, current string, target candidate,
 		return sr, OutcomeTransient, err
 	}
 	sr.paths = paths
+	if !canReset {
+		err := a.cannotReset(target, sr)
+		a.log.Error("the kubelet would refuse the config on its resource managers' state, and this restart mode "+
+			"cannot remove it; the config is marked failed", append(a.resetFields(target, sr), zap.Error(err))...)
+		return sr, OutcomeCannotReset, err
+	}
 	if !ds.mayReset() {
 		err := a.drainRequired(target, ds, sr)
 		a.log.Warn("the kubelet would refuse the config on its resource managers' state, and the node is not "+
 			"drained for its assignment; leaving the kubelet alone", append(a.resetFields(target, sr), zap.Error(err))...)
 		return sr, OutcomeNeedsDrain, err
-	}
-	if _, ok := a.svc.(StateResetter); !ok {
-		return sr, OutcomeTransient, fmt.Errorf("the config needs kubelet state removed with the kubelet stopped (%s), "+
-			"and this node's service manager (%T) cannot stop the kubelet and remove files: only --restart-mode=systemd "+
-			"can; to make the change, stop the kubelet, remove %s and start it", sr, a.svc, strings.Join(paths, " "))
 	}
 	return sr, 0, nil
 }
@@ -239,6 +258,23 @@ func (a *Agent) drainRequired(target candidate, ds drainState, sr stateReset) er
 
 var errNeedsDrain = errors.New("node not drained")
 
+// cannotReset says why target cannot run on this node as it stands. The service manager (--restart-mode=signal:
+// another supervisor restarts the kubelet at once) can neither hold the kubelet stopped nor remove files, so
+// no drain would help, and a retry would find the same state: the outcome is final, the config marked
+// failed and rolled back from as a config the kubelet does not run (HealthError) — what the kubelet would
+// make of it, without the restart. (Not DrainRequiredError, which would have a pool drain the node for
+// nothing; not RestartError, retried at every tick for ever; not ValidateError: the config is valid, only
+// not on this node's state.)
+func (a *Agent) cannotReset(target candidate, sr stateReset) error {
+	return fmt.Errorf("%w: the kubelet would refuse to start with %s on the state its resource managers "+
+		"checkpointed under the config it runs: %s. This restart mode (%T) cannot stop the kubelet and remove "+
+		"%s; run the sidecar with --restart-mode=systemd, which does on a drained node, or stop the kubelet, "+
+		"remove the files and start it yourself", errCannotReset, describe(target.src), sr, a.svc,
+		strings.Join(sr.paths, " "))
+}
+
+var errCannotReset = errors.New("kubelet state cannot be reset by this restart mode")
+
 func describe(src *corev1.NodeConfigSource) string {
 	if src == nil || src.ConfigMap == nil {
 		return "the local config"
@@ -256,8 +292,10 @@ func (a *Agent) resetFields(target candidate, sr stateReset) []zap.Field {
 }
 
 // resetState removes sr's files with the kubelet stopped: recorded first (a sidecar restarted in the middle
-// finishes it), then `systemctl stop kubelet`, then rm in a transient unit of the node's systemd. The caller
-// starts the kubelet after.
+// knows which files it set out to remove, and removes them again once drained), then `systemctl stop
+// kubelet`, then rm in a transient unit of the node's systemd. On success the kubelet is left stopped, for
+// the caller to write the env file and start it; on failure it is started again (startAgain) on the
+// config it ran, the env file untouched.
 func (a *Agent) resetState(ctx context.Context, target candidate, ds drainState, sr stateReset) error {
 	rs := a.svc.(StateResetter) // planReset checked it
 	if err := a.state.recordReset(ds.assigned, sr.files); err != nil {
@@ -266,11 +304,33 @@ func (a *Agent) resetState(ctx context.Context, target candidate, ds drainState,
 	a.log.Info("stopping kubelet to remove the resource manager state the config invalidates",
 		a.resetFields(target, sr)...)
 	if err := rs.Stop(ctx); err != nil {
-		return fmt.Errorf("stop kubelet to remove %s: %w", strings.Join(sr.paths, " "), err)
+		// A failed stop job may have stopped it all the same: start it either way (a start of a running
+		// unit restarts it on the same config, harmless on a drained node; one left stopped is not).
+		return a.startAgain(ctx, fmt.Errorf("stop kubelet to remove %s: %w", strings.Join(sr.paths, " "), err))
 	}
 	if err := rs.RemoveFiles(ctx, sr.paths); err != nil {
-		return fmt.Errorf("remove kubelet state with the kubelet stopped: %w", err)
+		return a.startAgain(ctx, fmt.Errorf("remove kubelet state with the kubelet stopped: %w", err))
 	}
 	a.log.Info("removed kubelet state", a.resetFields(target, sr)...)
 	return nil
+}
+
+// startAgainTimeout bounds starting a kubelet stopped for a reset that failed: the service manager may first
+// wait for room in the unit's start limit.
+const startAgainTimeout = 2 * time.Minute
+
+// startAgain starts the kubelet a failed reset stopped, on the config it ran before (the env file is
+// written only once the files are gone), and returns the failure, with what became of the start: a
+// transient error the next tick retries, with the kubelet running meanwhile — never a kubelet left stopped
+// until someone notices. It survives the caller's cancellation (the sidecar stopping mid-reset): a stopped
+// kubelet is worse than a late sidecar exit.
+func (a *Agent) startAgain(ctx context.Context, cause error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startAgainTimeout)
+	defer cancel()
+	a.log.Warn("kubelet state reset failed; starting the kubelet again with the config it ran", zap.Error(cause))
+	if err := a.svc.Restart(ctx); err != nil {
+		a.log.Error("could not start the kubelet again after a failed state reset", zap.Error(err))
+		return fmt.Errorf("%w; starting the kubelet again with the config it ran failed too: %w", cause, err)
+	}
+	return fmt.Errorf("%w; the kubelet was started again with the config it ran", cause)
 }

@@ -26,7 +26,8 @@ import (
 // kubelet demonstrably does not run what the env file says (a crash between writing the file and restarting).
 // The outcome says whom a failure blames; the error says what failed, for the status's detail and the log.
 // Before a restart it removes the kubelet state the change invalidates, if the node is drained for its
-// assignment (drain), or leaves the kubelet alone if not (OutcomeNeedsDrain; reset.go).
+// assignment (drain), or leaves the kubelet alone if not (OutcomeNeedsDrain) or if this service manager
+// cannot remove it (OutcomeCannotReset; reset.go).
 func (a *Agent) run(ctx context.Context, target candidate, drain drainState) (Outcome, error) {
 	current, err := a.env.Get()
 	if err != nil {
@@ -68,19 +69,36 @@ func (a *Agent) run(ctx context.Context, target candidate, drain drainState) (Ou
 		}
 		return outcome, err
 	}
-	if err := a.env.Set(target.file); err != nil {
-		return a.unblamed(ctx, fmt.Errorf("write kubelet env file: %w", err))
-	}
+	// With a reset, the order is stop, remove, write the env file, start: until the files are gone the env
+	// file keeps naming the config the kubelet ran, so a failure on the way (or a sidecar that dies there)
+	// leaves nothing that would start the kubelet into target on the state it refuses, and resetState starts
+	// the kubelet it stopped again on that config.
 	if len(reset.paths) > 0 {
-		// The restart below starts the stopped kubelet: a restart of a stopped unit is a start, paced and
-		// judged as every restart is.
 		if err := a.resetState(ctx, target, drain, reset); err != nil {
 			return a.unblamed(ctx, err)
 		}
 	}
+	if err := a.env.Set(target.file); err != nil {
+		err = fmt.Errorf("write kubelet env file: %w", err)
+		if len(reset.paths) > 0 {
+			// Stopped for the reset: start it again. A write that failed after its rename (syncing the
+			// directory) names target already; the kubelet then starts into it on a drained node, its
+			// state gone, and the next round verifies what it runs.
+			err = a.startAgain(ctx, err)
+		}
+		return a.unblamed(ctx, err)
+	}
+	restartCtx := ctx
+	if len(reset.paths) > 0 {
+		// The restart starts the kubelet the reset stopped (a restart of a stopped unit is a start, paced and
+		// judged as every restart is), also when the sidecar is stopping meanwhile: never left stopped.
+		var cancel context.CancelFunc
+		restartCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), startAgainTimeout)
+		defer cancel()
+	}
 	restart := &dkcv1.KubeletRestart{Id: newRestartID(), Target: wire.SourceFromCore(target.src), Time: nil}
 	a.log.Info("restarting kubelet to use config", append(sourceFields(target.src), zap.String("file", target.file))...)
-	if err := a.svc.Restart(ctx); err != nil {
+	if err := a.svc.Restart(restartCtx); err != nil {
 		if kubeletFailed(err) {
 			// The kubelet was stopped and started, and failed running this config: a restart that happened
 			// (its Event), and the config's fault as a kubelet that does not become healthy is.
@@ -171,9 +189,9 @@ func (a *Agent) setActive(src *corev1.NodeConfigSource) {
 	}
 	if changed {
 		if err := a.state.save(); err != nil {
-			// A restarted sidecar's first status depends on it, until it proves the active config again; and
-			// a reset left on disk would let it remove the same state again in a fallback before it hears
-			// of the drain — on a node drained for that assignment when it was made.
+			// A restarted sidecar's first status depends on it, until it proves the active config again; a
+			// reset left on disk only adds its files to a later reset while the node is drained for the
+			// same assignment (drainState.toRemove).
 			a.log.Warn("persist active config", zap.Error(err))
 		}
 	}

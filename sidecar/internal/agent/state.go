@@ -55,10 +55,11 @@ type persisted struct {
 	// files of older sidecars, which read past it.
 	Phase string `json:"phase,omitempty"`
 	// Reset names the kubelet state files a sidecar set out to remove (written before the kubelet is
-	// stopped) while the node was drained for Reset.Source, its assignment then. Until a config is proven
-	// to run healthy, the kubelet's state comes from configs dkc started on that drained node: a fallback
-	// removes the same files again, also after a sidecar restart, before the service has said anything of
-	// the drain to the new process. Cleared by a healthy config and by a new assignment.
+	// stopped) while the node was drained for Reset.Source, its assignment then. It never allows a removal
+	// by itself — only the service's word that the node is drained for that assignment now does, the drain
+	// it was made under may be over — but while the node is drained for it, a fallback (or a sidecar
+	// restarted in the middle of the reset) removes these files too. Cleared by a healthy config and by a
+	// new assignment.
 	Reset *resetRecord `json:"reset,omitempty"`
 }
 

@@ -29,6 +29,9 @@ import (
 // uncordons only such a node. A node someone else cordoned stays cordoned.
 const CordonedAnnotation = "dkc.dev/cordoned"
 
+// evictRetryDelay is the pause after an eviction the apiserver refuses (a PodDisruptionBudget).
+const evictRetryDelay = 5 * time.Second
+
 // Drainer drains nodes through one client.
 type Drainer struct {
 	Client kubernetes.Interface
@@ -81,6 +84,9 @@ func (d *Drainer) Drain(ctx context.Context, node string) error {
 	h := &drain.Helper{
 		Ctx: ctx, Client: d.Client, GracePeriodSeconds: -1, IgnoreAllDaemonSets: true, DeleteEmptyDirData: true,
 		Timeout: d.Timeout, Out: out, ErrOut: errOut,
+		// kubectl drain's own pause between evictions a PodDisruptionBudget refuses; the library's zero
+		// would ask the apiserver again at once, for as long as the budget holds.
+		EvictErrorRetryDelay: evictRetryDelay,
 	}
 	if err := drain.RunNodeDrain(h, node); err != nil {
 		return fmt.Errorf("drain node %s: %w", node, err)

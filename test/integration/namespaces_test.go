@@ -149,7 +149,7 @@ func TestServerIdentityIsConfinedToConfigNamespaces(t *testing.T) {
 		{"kube-system", "create", "", "events", "", "", false},
 		{"", "list", "", "nodes", "", "", true},
 		{"", "watch", "", "nodes", "", "", true},
-		{"", "get", "", "nodes", "", "", true},    // a pool's drain reads the Node it cordons and releases
+		{"", "get", "", "nodes", "", "", true},   // a pool's drain reads the Node it cordons and releases
 		{"", "patch", "", "nodes", "", "", true}, // pool assignments; the Node policy narrows the fields (below)
 		// A pool's drain (kubectl's drain library): a node's pods, their evictions, their DaemonSets.
 		{"", "list", "", "pods", "", "", true},

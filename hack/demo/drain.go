@@ -175,7 +175,7 @@ func (d *demo) webOn(ctx context.Context, node string) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the workload's pod does not run on %s (%v)", node, err)
+			return fmt.Errorf("the workload's pod does not run on %s (%w)", node, err)
 		}
 		select {
 		case <-ctx.Done():

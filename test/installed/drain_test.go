@@ -237,7 +237,7 @@ spec:
 	poll.ForNil(t, time.Minute, 300*time.Millisecond, state+" written again under the static policy", func() error {
 		raw, err := os.ReadFile(state)
 		if err != nil || !strings.Contains(string(raw), `"policyName":"static"`) {
-			return fmt.Errorf("%v: %s", err, raw)
+			return fmt.Errorf("%w: %s", err, raw)
 		}
 		return nil
 	})

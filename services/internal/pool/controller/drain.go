@@ -212,7 +212,7 @@ func (c *Controller) snapshot(namespace, name string) (*corev1.ConfigMap, error)
 	}
 	obj, exists, err := inf.GetIndexer().GetByKey(namespace + "/" + name)
 	if err != nil || !exists {
-		return nil, fmt.Errorf("snapshot %s/%s not in the cache (%v)", namespace, name, err)
+		return nil, fmt.Errorf("snapshot %s/%s not in the cache (%w)", namespace, name, err)
 	}
 	cm, ok := obj.(*corev1.ConfigMap)
 	if !ok {

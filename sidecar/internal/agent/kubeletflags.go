@@ -13,6 +13,7 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
+	"github.com/dkc-dev/dkc/sidecar/internal/probe"
 )
 
 // kubeletFlags returns the kubelet's command-line flags without --config.
@@ -81,31 +82,5 @@ func checkConfigFlag(running, local, dynamicConfigDir string) error {
 // DefaultRootDir is the kubelet's --root-dir default, where its resource managers keep their state.
 const DefaultRootDir = "/var/lib/kubelet"
 
-// rootDir is the kubelet's --root-dir in its command line (pflag syntax: --root-dir=DIR or --root-dir DIR,
-// `_` for `-`, the last one wins, nothing after `--`), DefaultRootDir without one.
-func rootDir(flags []string) string {
-	dir := DefaultRootDir
-	for i := 0; i < len(flags); i++ {
-		a := flags[i]
-		if a == "--" {
-			break
-		}
-		name, ok := strings.CutPrefix(a, "--")
-		if !ok {
-			continue
-		}
-		name, value, hasValue := strings.Cut(name, "=")
-		if strings.ReplaceAll(name, "_", "-") != "root-dir" {
-			continue
-		}
-		if !hasValue {
-			if i+1 >= len(flags) {
-				break
-			}
-			i++
-			value = flags[i]
-		}
-		dir = value
-	}
-	return dir
-}
+// rootDir is the kubelet's --root-dir in its command line, DefaultRootDir without one.
+func rootDir(flags []string) string { return probe.FlagValue(flags, "root-dir", DefaultRootDir) }

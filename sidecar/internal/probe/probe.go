@@ -159,21 +159,24 @@ func (o flagObserver) Check(ctx context.Context, req configcheck.Request) (*conf
 	return o.Checker.Check(ctx, req)
 }
 
-// CertDir is the kubelet's --cert-dir in its command line (pflag syntax: --cert-dir=DIR or --cert-dir DIR,
-// `_` for `-`, the last one wins, nothing after `--`), DefaultCertDir without one.
-func CertDir(flags []string) string {
-	dir := DefaultCertDir
+// CertDir is the kubelet's --cert-dir in its command line, DefaultCertDir without one.
+func CertDir(flags []string) string { return FlagValue(flags, "cert-dir", DefaultCertDir) }
+
+// FlagValue is the value of the kubelet flag --name in its command line (pflag syntax: --name=VALUE or
+// --name VALUE, `_` for `-`, the last one wins, nothing after `--`), def without one.
+func FlagValue(flags []string, name, def string) string {
+	value := def
 	for i := 0; i < len(flags); i++ {
 		a := flags[i]
 		if a == "--" {
 			break
 		}
-		name, ok := strings.CutPrefix(a, "--")
+		flag, ok := strings.CutPrefix(a, "--")
 		if !ok {
 			continue
 		}
-		name, value, hasValue := strings.Cut(name, "=")
-		if strings.ReplaceAll(name, "_", "-") != "cert-dir" {
+		flag, v, hasValue := strings.Cut(flag, "=")
+		if strings.ReplaceAll(flag, "_", "-") != name {
 			continue
 		}
 		if !hasValue {
@@ -181,11 +184,11 @@ func CertDir(flags []string) string {
 				break
 			}
 			i++
-			value = flags[i]
+			v = flags[i]
 		}
-		dir = value
+		value = v
 	}
-	return dir
+	return value
 }
 
 // target is where to reach a kubelet that listens on addr, the config's field: the operator's

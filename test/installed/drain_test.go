@@ -48,10 +48,7 @@ func TestAssignDrainToTheStaticCPUManager(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	c := admin(t)
-	worker := nodes[0]
-	if worker == cluster.ControlPlaneNode() {
-		worker = nodes[1]
-	}
+	worker := workerNode()
 	other := cluster.ControlPlaneNode()
 	t.Cleanup(func() { undrain(t, worker) })
 
@@ -161,10 +158,7 @@ func TestPoolDrainsForTheStaticCPUManager(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	c := admin(t)
-	worker := nodes[0]
-	if worker == cluster.ControlPlaneNode() {
-		worker = nodes[1]
-	}
+	worker := workerNode()
 	t.Cleanup(func() { undrain(t, worker) })
 	const pool = "drain-pool"
 	deletePoolAtEnd(t, pool) // runs before undrain: the pool would assign the node again
@@ -303,6 +297,14 @@ func webBehindABudget(ctx context.Context, t *testing.T, ns, worker string) core
 	}
 
 	return before
+}
+
+// workerNode is the installed form's node without the control-plane role.
+func workerNode() string {
+	if nodes[0] == cluster.ControlPlaneNode() {
+		return nodes[1]
+	}
+	return nodes[0]
 }
 
 // syncBuffer is a bytes.Buffer that a running command writes while the test reads it.

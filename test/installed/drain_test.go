@@ -289,8 +289,11 @@ func webBehindABudget(ctx context.Context, t *testing.T, ns, worker string) core
 		// Until the disruption controller has counted the pod, the budget refuses nothing.
 		poll.ForNil(t, time.Minute, 200*time.Millisecond, "the budget counts the pod", func() error {
 			got, err := c.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, pdb.Name, metav1.GetOptions{})
-			if err != nil || got.Status.ObservedGeneration != got.Generation || got.Status.ExpectedPods != 1 {
-				return fmt.Errorf("%v: %+v", err, got.Status)
+			if err != nil {
+				return err
+			}
+			if got.Status.ObservedGeneration != got.Generation || got.Status.ExpectedPods != 1 {
+				return fmt.Errorf("budget status %+v", got.Status)
 			}
 			return nil
 		})

@@ -40,6 +40,9 @@ const (
 	ReasonRollingOut            = "RollingOut"
 	ReasonWaitingBetweenBatches = "WaitingBetweenBatches"
 	ReasonWaitingForAvailable   = "WaitingForAvailableNodes"
+	// Nodes in progress run the revision and wait for pods that ran there before their kubelet restarted
+	// to be Ready again (spec.disruption.podReadinessTimeout).
+	ReasonWaitingForPods = "WaitingForPods"
 	// Outside every maintenance window: nothing new is assigned until the next opens.
 	ReasonWaitingForMaintenanceWindow = "WaitingForMaintenanceWindow"
 	// Updating (False)
@@ -96,6 +99,12 @@ const (
 	// FailureDrainFailed: the pool's drain of the node did not finish (a PodDisruptionBudget held past
 	// drainTimeout, a pod no controller recreates, an eviction refused); the node is uncordoned.
 	FailureDrainFailed = "DrainFailed"
+	// FailurePodsFailed: the kubelet failed or evicted a pod that ran on the node before the assignment
+	// (OutOfpods, OutOfcpu, OutOfmemory, Evicted, ...) after it was assigned the revision.
+	FailurePodsFailed = "PodsFailed"
+	// FailurePodsNotReady: a pod that ran on the node before the assignment lost its readiness since and
+	// was not Ready again within spec.disruption.podReadinessTimeout.
+	FailurePodsNotReady = "PodsNotReady"
 )
 
 // MaxHeldNodesListed bounds status.heldNodes: a pool over thousands of nodes without a sidecar must not
@@ -169,6 +178,16 @@ func (s *KubeletConfigPoolSpec) DrainTimeoutOrDefault() time.Duration {
 		return d
 	}
 	return s.Disruption.DrainTimeout.Duration
+}
+
+// PodReadinessTimeoutOrDefault is spec.disruption.podReadinessTimeout, or its default; 0 turns the workload gate
+// off.
+func (s *KubeletConfigPoolSpec) PodReadinessTimeoutOrDefault() time.Duration {
+	if s.Disruption == nil || s.Disruption.PodReadinessTimeout == nil || s.Disruption.PodReadinessTimeout.Duration < 0 {
+		d, _ := time.ParseDuration(DefaultPodReadinessTimeout)
+		return d
+	}
+	return s.Disruption.PodReadinessTimeout.Duration
 }
 
 // PauseBetweenBatchesOrDefault is spec.pauseBetweenBatches, or 0.

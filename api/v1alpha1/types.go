@@ -62,6 +62,7 @@ const (
 	DefaultNodeTimeout          = "30m"
 	DefaultRevisionHistoryLimit = 10
 	DefaultDrainTimeout         = "10m"
+	DefaultPodReadinessTimeout      = "5m"
 )
 
 // KubeletConfigPoolSpec is what the operator declares.
@@ -180,6 +181,17 @@ type Disruption struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="drainTimeout must be positive"
 	// +optional
 	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
+
+	// podReadinessTimeout gates each node on its workloads: a node whose kubelet restarted into the revision
+	// counts as in progress until every pod that ran there before the assignment and lost its readiness
+	// since is Ready again (a 1.34 kubelet's restart sets every container not Ready until its probes pass),
+	// and a pod still not Ready this long after it lost readiness fails the node. A pod the kubelet failed
+	// or evicted since the assignment (OutOfpods, OutOfcpu, Evicted, ...) fails the node at once. "0s"
+	// turns the gate off. Default 5m.
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="podReadinessTimeout must not be negative"
+	// +optional
+	PodReadinessTimeout *metav1.Duration `json:"podReadinessTimeout,omitempty"`
 }
 
 // MaintenanceWindow is a time of the week when a pool may start assigning nodes. It opens on each of its

@@ -14,6 +14,12 @@ import (
 )
 
 func main() {
+	// -v prints a version and exits 0, as upstream's pause does: the installed suite's workloads use it as
+	// an exec readiness probe that passes.
+	if len(os.Args) > 1 && os.Args[1] == "-v" {
+		_, _ = os.Stdout.WriteString("pause (dkc)\n")
+		return
+	}
 	sigs := make(chan os.Signal, 8)
 	// A handler for SIGTERM is required, not just tidy: PID 1 ignores signals it has no handler for.
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)

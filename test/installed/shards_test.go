@@ -12,6 +12,7 @@ var bySlowest = []string{
 	"TestFloodWithOneNodesTokenLeavesOtherNodesConnected",
 	"TestPoolOnRealNodes",
 	"TestPoolWaitsForItsMaintenanceWindow",
+	"TestPoolWaitsForPodsReadyAgain",
 	"TestHelmInstall",
 	"TestAssignDrainToTheStaticCPUManager",
 	"TestPoolDrainsForTheStaticCPUManager",

@@ -137,6 +137,8 @@ type Controller struct {
 	runCtx context.Context
 	// drains are the node drains of pools that may drain (drain.go).
 	drains *drains
+	// gated are the nodes through the workload gate this term (pods.go).
+	gated *podsGated
 }
 
 // New builds a controller; it does nothing until Run.
@@ -159,7 +161,7 @@ func New(cfg Config) *Controller {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
 		deleted: map[string]bool{}, created: map[string]types.UID{},
-		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log, cfg.Clock), drains: newDrains(),
+		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log, cfg.Clock), drains: newDrains(), gated: newPodsGated(),
 		runCtx: context.Background(),
 	}
 	// An informer of its own rather than a factory's: it lives for one term, and dkc-server's other pool
@@ -405,6 +407,7 @@ func (c *Controller) forget(name string) {
 	c.mu.Unlock()
 	c.cms.Track(name, "")
 	c.cfg.Metrics.forget(name)
+	c.gated.forget(name)
 }
 
 // rollout is sync for a live pool, one step after the other: its config read and its nodes selected,
@@ -431,7 +434,10 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 	if selectorErr != nil {
 		invalid = &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: "spec.nodeSelector: " + selectorErr.Error()}
 	}
-	p, byName := c.decide(pool, target, invalid, selected, now)
+	p, byName, err := c.decide(ctx, pool, target, invalid, selected, now)
+	if err != nil {
+		return 0, err
+	}
 	if err := c.assignBatch(ctx, pool, target, p.Assign, byName, now); err != nil {
 		return 0, err
 	}
@@ -529,21 +535,35 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 }
 
 // decide plans the pool's next step on the selected nodes as the controller sees them: with the
-// assignments it made that its cache does not show yet (expectations). byName are the selected nodes.
-func (c *Controller) decide(pool *v1alpha1.KubeletConfigPool, target plan.Target, invalid *plan.Invalid,
-	selected []*corev1.Node, now time.Time) (p plan.Plan, byName map[string]*corev1.Node) {
+// assignments it made that its cache does not show yet (expectations), and the pods of the nodes in the
+// workload gate (pods.go). byName are the selected nodes.
+func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPool, target plan.Target,
+	invalid *plan.Invalid, selected []*corev1.Node, now time.Time) (plan.Plan, map[string]*corev1.Node, error) {
 	others := c.selectors()
-	byName = map[string]*corev1.Node{}
+	byName := map[string]*corev1.Node{}
+	looked := map[string]bool{} // the nodes whose pods were judged
 	var views []plan.Node
 	for _, n := range selected {
 		byName[n.Name] = n
 		v := c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now)
 		v.Draining, v.DrainFailed = c.drains.of(pool.Name, target.Revision, n.Name)
+		if c.gatesPods(pool, target, v, now) {
+			pods, err := c.nodePods(ctx, n.Name)
+			if err != nil {
+				return plan.Plan{}, nil, err
+			}
+			v.Pods, looked[n.Name] = fared(pods, v.AssignedAt), true
+		}
 		views = append(views, v)
 	}
-	p = plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views,
+	p := plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views,
 		Now: now, TermStart: c.termStart})
-	return p, byName
+	for _, v := range p.Nodes {
+		if v.State == plan.Updated && looked[v.Name] {
+			c.gated.pass(pool.Name, v.Name, target.Revision)
+		}
+	}
+	return p, byName, nil
 }
 
 // assignBatch assigns the nodes the target, each expected before it is patched, and records one Event

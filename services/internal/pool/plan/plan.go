@@ -81,6 +81,21 @@ type Node struct {
 	// Draining says how the pool's drain of the node goes ("" when none runs), for the verdict's detail;
 	// DrainFailed why it failed ("" unless it did).
 	Draining, DrainFailed string
+	// Pods are the pods that ran on the node before it was assigned the target and fared badly since:
+	// lost their readiness, or were failed by the kubelet. Nil when the controller did not look (the gate
+	// is off, or the node is past it).
+	Pods []Pod
+}
+
+// Pod is a pod that ran on a node before the pool assigned the node the target, and fared badly since.
+type Pod struct {
+	// Name is namespace/name.
+	Name string
+	// NotReadySince is when it lost its readiness, after the assignment; zero when Failed is set.
+	NotReadySince time.Time
+	// Failed says how the kubelet failed or evicted it after the assignment ("OutOfpods: ..."); "" unless
+	// it did.
+	Failed string
 }
 
 // Input is everything a decision depends on.
@@ -123,6 +138,8 @@ const (
 	ReasonRetrying  = "Retrying"  // the node reports an error it retries (not the config's fault)
 	ReasonNotReady  = "NotReady"  // the node runs it, the Node is not Ready
 	ReasonInTrial   = "InTrial"   // runs it, Ready, not yet last-known-good
+	// ReasonPodsNotReady: runs it as last-known-good; pods that ran there before are not Ready again yet
+	ReasonPodsNotReady = "PodsNotReady"
 	// ReasonDraining: its sidecar says the node must be drained first, and the pool drains it.
 	ReasonDraining = "Draining"
 	// the pool assigned the node an earlier revision (an in-place edit or an undo since), not yet proven
@@ -218,7 +235,7 @@ func Decide(in Input) Plan {
 	w := maintenance(pool, now)
 	st.MaintenanceWindow = w.status
 
-	g := gates(in, t, b.halted, st.BatchCompletionTime, p.MaxUnavailable, w)
+	g := gates(in, t, b.halted, st.BatchCompletionTime, p.MaxUnavailable, w, j.podWaits)
 	setCondition(&st, pool, now, v1alpha1.ConditionUpdating, g.status, g.reason, g.message)
 	if len(g.assign) > 0 {
 		p.Assign = g.assign
@@ -298,8 +315,10 @@ type judged struct {
 	gone map[string]bool
 	// overlaps say which pools select each node another pool selects too.
 	overlaps []string
-	// requeue are when in-progress nodes reach nodeTimeout.
+	// requeue are when in-progress nodes reach nodeTimeout, and podPoll while a node waits for its pods.
 	requeue []time.Duration
+	// podWaits name the nodes that wait for their pods, and the pods.
+	podWaits []string
 }
 
 // judgeNodes applies the node rules (judge) to every selected node, in name order, and keeps the
@@ -318,12 +337,17 @@ func judgeNodes(in Input) judged {
 	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
 
 	timeout := in.Pool.Spec.NodeTimeoutOrDefault()
-	clk := clock{timeout: timeout, termStart: in.TermStart, now: in.Now}
+	clk := clock{timeout: timeout, podReadinessTimeout: in.Pool.Spec.PodReadinessTimeoutOrDefault(), termStart: in.TermStart,
+		now: in.Now}
 	j := judged{gone: map[string]bool{}}
 	for _, n := range nodes {
 		v, failure := judge(n, in.Pool, in.Target, recorded, clk)
 		if v.State == InProgress && !n.AssignedAt.IsZero() && !n.NoStatus {
 			j.requeue = append(j.requeue, later(n.AssignedAt, in.TermStart).Add(timeout).Sub(in.Now))
+		}
+		if v.Reason == ReasonPodsNotReady {
+			j.requeue = append(j.requeue, podPoll)
+			j.podWaits = append(j.podWaits, "node "+n.Name+": "+strings.TrimPrefix(v.Detail, podsDetailPrefix))
 		}
 		if failure != nil {
 			j.failed = append(j.failed, *failure)
@@ -453,8 +477,9 @@ type gate struct {
 // gates decides whether anything is assigned now, and why not: the first gate that holds decides, in the
 // order of what an operator must act on first (an invalid config or window, a halt, a pause), then what
 // only waits (a closed maintenance window, a running batch, a pause between batches, no free slot).
-// batchDone is status.batchCompletionTime after this decision's nodes (batchCompletion).
-func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailable int, w win) gate {
+// batchDone is status.batchCompletionTime after this decision's nodes (batchCompletion); podWaits name the
+// nodes in progress that wait for their pods (judged.podWaits).
+func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailable int, w win, podWaits []string) gate {
 	spec, now, n := &in.Pool.Spec, in.Now, t.nodes
 	prog := progress(n)
 	pause := spec.PauseBetweenBatchesOrDefault()
@@ -464,6 +489,14 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 	}
 	rolling := func(reason, msg string) gate {
 		return gate{status: metav1.ConditionTrue, reason: reason, message: msg}
+	}
+	// inProgress: what runs must finish first; when nodes wait for their pods, the reason says so.
+	inProgress := func(msg string) gate {
+		if len(podWaits) > 0 {
+			return rolling(v1alpha1.ReasonWaitingForPods, msg+"; pods that ran before their kubelet restarted are "+
+				"not Ready again: "+joinCapped(podWaits, "; "))
+		}
+		return rolling(v1alpha1.ReasonRollingOut, msg)
 	}
 	switch {
 	case in.Invalid != nil:
@@ -483,7 +516,7 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 		return stopped(v1alpha1.ReasonNothingToAssign,
 			fmt.Sprintf("%s; the others are failed (%d) or held (%d)", prog, n.Failed, n.Held))
 	case t.notAssigned() == 0:
-		return rolling(v1alpha1.ReasonRollingOut, prog)
+		return inProgress(prog)
 	case !w.state.Open:
 		g := rolling(v1alpha1.ReasonWaitingForMaintenanceWindow,
 			fmt.Sprintf("%s; outside the pool's maintenance windows: nothing new is assigned until the next opens at %s",
@@ -491,7 +524,7 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 		g.wait = w.state.Next.Sub(now)
 		return g
 	case pause > 0 && n.InProgress > 0:
-		return rolling(v1alpha1.ReasonRollingOut, prog+"; the next batch starts when none is")
+		return inProgress(prog + "; the next batch starts when none is")
 	case pause > 0 && batchDone != nil && now.Before(batchDone.Add(pause)):
 		g := rolling(v1alpha1.ReasonWaitingBetweenBatches,
 			fmt.Sprintf("%s; the next batch starts at %s (pauseBetweenBatches %v)",
@@ -500,7 +533,7 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 		return g
 	case slots <= 0 || len(t.pending) == 0:
 		if n.InProgress > 0 {
-			return rolling(v1alpha1.ReasonRollingOut, prog)
+			return inProgress(prog)
 		}
 		return rolling(v1alpha1.ReasonWaitingForAvailable,
 			fmt.Sprintf("%s; %d selected nodes are not Ready (maxUnavailable %d): nothing is assigned until one is",
@@ -574,11 +607,46 @@ func soonest(ds []time.Duration) time.Duration {
 	return out
 }
 
-// clock is what nodeTimeout is judged with.
+// clock is what nodeTimeout and podReadinessTimeout are judged with.
 type clock struct {
-	timeout   time.Duration
-	termStart time.Time
-	now       time.Time
+	timeout         time.Duration
+	podReadinessTimeout time.Duration
+	termStart       time.Time
+	now             time.Time
+}
+
+// podsDetailPrefix starts the detail of a node in progress for its pods.
+const podsDetailPrefix = "the node runs it; waiting for pods that ran there before its kubelet restarted to be Ready again: "
+
+// podPoll is how often a pool with a node waiting for its pods decides again: a pod's readiness is no
+// Node event, so nothing else would wake it.
+const podPoll = 5 * time.Second
+
+// failedPods names the pods the kubelet failed, "" when none.
+func failedPods(pods []Pod) string {
+	var items []string
+	for _, p := range pods {
+		if p.Failed != "" {
+			items = append(items, p.Name+" ("+p.Failed+")")
+		}
+	}
+	return joinCapped(items, ", ")
+}
+
+// notReadyPods names the pods not Ready again, "" when none, and when the first of them lost readiness.
+func notReadyPods(pods []Pod) (string, time.Time) {
+	var items []string
+	var since time.Time
+	for _, p := range pods {
+		if p.Failed != "" || p.NotReadySince.IsZero() {
+			continue
+		}
+		items = append(items, p.Name)
+		if since.IsZero() || p.NotReadySince.Before(since) {
+			since = p.NotReadySince
+		}
+	}
+	return joinCapped(items, ", "), since
 }
 
 // later is the later of two times.
@@ -703,8 +771,30 @@ func judgeTarget(n Node, t Target, c clock, retry int64, mayDrain bool, v Verdic
 		}
 		return fail(v1alpha1.FailureConfigRefused, st.Error)
 	}
+	pods := n.Pods
+	if c.podReadinessTimeout == 0 {
+		pods = nil // the gate is off
+	}
+	if failed := failedPods(pods); failed != "" {
+		return fail(v1alpha1.FailurePodsFailed, "the kubelet failed pods that ran on the node before it was assigned "+
+			"the revision: "+failed)
+	}
 	if sameSource(st.Active, t.Source) && sameSource(st.LastKnownGood, t.Source) {
-		v.State, v.Reason = Updated, ReasonProven
+		waiting, since := notReadyPods(pods)
+		if waiting == "" {
+			v.State, v.Reason = Updated, ReasonProven
+			return v, nil
+		}
+		if !c.now.Before(since.Add(c.podReadinessTimeout)) {
+			return fail(v1alpha1.FailurePodsNotReady, fmt.Sprintf("pods that ran on the node before its kubelet "+
+				"restarted are not Ready again %v after they lost readiness (podReadinessTimeout %v): %s",
+				c.now.Sub(since).Round(time.Second), c.podReadinessTimeout, waiting))
+		}
+		v.State, v.Reason, v.Detail = InProgress, ReasonPodsNotReady,
+			podsDetailPrefix+waiting
+		if out, why := c.timedOut(n.AssignedAt, n.NoStatus); out {
+			return fail(v1alpha1.FailureTimeout, fmt.Sprintf("%s: %s: %s", why, v.Reason, v.Detail))
+		}
 		return v, nil
 	}
 

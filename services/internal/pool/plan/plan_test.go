@@ -225,6 +225,23 @@ func TestNodeRules(t *testing.T) {
 			pool: mods(mayDrain), state: Failed, reason: v1alpha1.FailureDrainFailed},
 		{name: "draining for nodeTimeout: failed", node: since(30*time.Minute, assigned("n1", status(on, nil, nil, nodeconfig.DrainRequiredError))),
 			pool: mods(mayDrain), state: Failed, reason: v1alpha1.FailureTimeout},
+		{name: "proven, a pod not Ready again for a minute: in progress", node: notReadyFor(time.Minute, updated("n1")),
+			state: InProgress, reason: ReasonPodsNotReady, wantUnavailable: true},
+		{name: "proven, a pod not Ready for podReadinessTimeout: failed", node: notReadyFor(5*time.Minute, updated("n1")),
+			state: Failed, reason: v1alpha1.FailurePodsNotReady},
+		{name: "proven, a pod not Ready for a longer podReadinessTimeout: in progress", node: notReadyFor(5*time.Minute, updated("n1")),
+			pool: mods(podReadinessTimeout(10 * time.Minute)), state: InProgress, reason: ReasonPodsNotReady, wantUnavailable: true},
+		{name: "gate off (podReadinessTimeout 0s), a pod not Ready: updated", node: notReadyFor(time.Hour, updated("n1")),
+			pool: mods(podReadinessTimeout(0)), state: Updated, reason: ReasonProven},
+		{name: "gate off, a pod the kubelet failed: updated", node: podFailed(updated("n1")),
+			pool: mods(podReadinessTimeout(0)), state: Updated, reason: ReasonProven},
+		{name: "waiting for pods for nodeTimeout: failed", node: since(30*time.Minute, notReadyFor(time.Minute, updated("n1"))),
+			state: Failed, reason: v1alpha1.FailureTimeout},
+		{name: "in its trial, a pod not Ready: in its trial", node: notReadyFor(time.Minute, inTrial("n1")),
+			state: InProgress, reason: ReasonInTrial, wantUnavailable: true},
+		{name: "a pod the kubelet failed: failed", node: podFailed(updated("n1")), state: Failed, reason: v1alpha1.FailurePodsFailed},
+		{name: "a pod the kubelet failed while the node restarts: failed", node: podFailed(inTrial("n1")),
+			state: Failed, reason: v1alpha1.FailurePodsFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := Input{Pool: pool(tc.pool...), Target: r2, Nodes: []Node{tc.node}, Now: t0}
@@ -254,6 +271,23 @@ func mods(m ...func(*v1alpha1.KubeletConfigPool)) []func(*v1alpha1.KubeletConfig
 
 func mayDrain(p *v1alpha1.KubeletConfigPool) {
 	p.Spec.Disruption = &v1alpha1.Disruption{Drain: v1alpha1.DrainAllowed}
+}
+
+// notReadyFor has a pod of n lose its readiness d ago.
+func notReadyFor(d time.Duration, n Node) Node {
+	n.Pods = append(n.Pods, Pod{Name: "default/web-1", NotReadySince: t0.Add(-d)})
+	return n
+}
+
+func podFailed(n Node) Node {
+	n.Pods = append(n.Pods, Pod{Name: "default/web-2", Failed: "OutOfpods: Node didn't have enough resource: pods"})
+	return n
+}
+
+func podReadinessTimeout(d time.Duration) func(*v1alpha1.KubeletConfigPool) {
+	return func(p *v1alpha1.KubeletConfigPool) {
+		p.Spec.Disruption = &v1alpha1.Disruption{PodReadinessTimeout: &metav1.Duration{Duration: d}}
+	}
 }
 
 func drainFailed(n Node) Node {

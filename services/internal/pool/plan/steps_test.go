@@ -176,6 +176,8 @@ func TestGates(t *testing.T) {
 		unavailable, maxUnavailable int
 		// batchDone is how long ago the last batch completed (0: never).
 		batchDone time.Duration
+		// podWaits are the nodes in progress that wait for their pods.
+		podWaits []string
 
 		updating string // status/reason
 		message  string // a substring
@@ -224,6 +226,16 @@ func TestGates(t *testing.T) {
 			message: `spec.maintenanceWindows[0]: timeZone "Mars/Olympus_Mons"`},
 		{name: "no free slot, a node in progress: rolling out", counts: "3/0/0/1/0/0", pending: []string{"b", "c"},
 			unavailable: 1, maxUnavailable: 1, updating: "True/RollingOut"},
+		{name: "no free slot, a node waits for its pods: waiting for pods", counts: "3/0/0/1/0/0",
+			pending: []string{"b", "c"}, unavailable: 1, maxUnavailable: 1, podWaits: []string{"node a: default/web-1"},
+			updating: "True/WaitingForPods", message: "not Ready again: node a: default/web-1"},
+		{name: "every node assigned, the last waits for its pods", counts: "2/1/1/1/0/0", unavailable: 1,
+			maxUnavailable: 1, podWaits: []string{"node b: default/web-2"}, updating: "True/WaitingForPods",
+			message: "node b: default/web-2"},
+		{name: "a pause between batches waits for the pods of the running batch", pool: mods(pausing),
+			counts: "3/0/0/1/0/0", pending: []string{"b", "c"}, unavailable: 1, maxUnavailable: 2,
+			podWaits: []string{"node a: default/web-1"}, updating: "True/WaitingForPods",
+			message: "the next batch starts when none is; pods that ran"},
 		{name: "no free slot, nothing in progress: waiting for available nodes", counts: "3/1/0/0/0/0",
 			pending: []string{"b", "c"}, unavailable: 1, maxUnavailable: 1,
 			updating: "True/WaitingForAvailableNodes", message: "1 selected nodes are not Ready (maxUnavailable 1)"},
@@ -246,7 +258,7 @@ func TestGates(t *testing.T) {
 			if tc.batchDone > 0 {
 				batchDone = &metav1.Time{Time: t0.Add(-tc.batchDone)}
 			}
-			g := gates(in, tl, tc.halted, batchDone, tc.maxUnavailable, maintenance(in.Pool, t0))
+			g := gates(in, tl, tc.halted, batchDone, tc.maxUnavailable, maintenance(in.Pool, t0), tc.podWaits)
 			if got := string(g.status) + "/" + g.reason; got != tc.updating {
 				t.Errorf("Updating %s (%s), want %s", got, g.message, tc.updating)
 			}

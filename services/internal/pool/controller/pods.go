@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/services/internal/pool/plan"
+)
+
+// The workload gate (spec.disruption.podReadinessTimeout): a node that runs the revision counts as in
+// progress until the pods that ran there before it was assigned are Ready again, and a pod the kubelet
+// failed or evicted since fails it (plan: ReasonPodsNotReady, FailurePodsFailed). A kubelet restart
+// re-admits every running pod against the new allocatable (a smaller maxPods or a larger reservation
+// fails the newest with OutOfpods, OutOfcpu, ...), and a 1.34 kubelet's restart sets every container not
+// Ready until its readiness probe passes again (kubernetes#100277).
+//
+// The controller keeps no pod informer: a cluster's pods outnumber its Nodes by far, and only the few
+// nodes in progress matter. It lists a node's pods (by spec.nodeName, from the apiserver's watch cache)
+// while the node is assigned the target, within its nodeTimeout and not yet through the gate; once
+// through, the node is remembered for the revision (gated) and not looked at again this term. What a
+// pod went through is read from its status alone (the Ready condition's transition time), so a new
+// leader judges a node as the last one did.
+
+// podsGated remembers the nodes through the workload gate, by pool, then node: the revision they passed
+// it with.
+type podsGated struct {
+	mu sync.Mutex
+	m  map[string]map[string]string
+}
+
+func newPodsGated() *podsGated { return &podsGated{m: map[string]map[string]string{}} }
+
+func (g *podsGated) passed(pool, node, revision string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.m[pool][node] == revision
+}
+
+func (g *podsGated) pass(pool, node, revision string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.m[pool] == nil {
+		g.m[pool] = map[string]string{}
+	}
+	g.m[pool][node] = revision
+}
+
+func (g *podsGated) forget(pool string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.m, pool)
+}
+
+// gatesPods says whether the controller must look at the pods of node v for the pool's target: the gate
+// is on, v is assigned the target (with a known time) and did not fail it, it is within its nodeTimeout
+// (counted as plan counts it: from the assignment or the term's start), and it has not passed the gate.
+func (c *Controller) gatesPods(pool *v1alpha1.KubeletConfigPool, target plan.Target, v plan.Node, now time.Time) bool {
+	spec := &pool.Spec
+	if spec.PodReadinessTimeoutOrDefault() == 0 || target.Revision == "" || !v.Assigned ||
+		v.Revision != target.Revision || v.AssignedAt.IsZero() {
+		return false
+	}
+	for _, f := range pool.Status.FailedNodes {
+		if f.Name == v.Name && f.Revision == target.Revision {
+			return false
+		}
+	}
+	start := v.AssignedAt
+	if c.termStart.After(start) {
+		start = c.termStart
+	}
+	if !now.Before(start.Add(spec.NodeTimeoutOrDefault())) {
+		return false
+	}
+	return !c.gated.passed(pool.Name, v.Name, target.Revision)
+}
+
+// nodePods lists the pods bound to node; from the watch cache (ResourceVersion "0"): a pod's readiness a
+// moment stale only delays the next decision by a poll.
+func (c *Controller) nodePods(ctx context.Context, node string) ([]corev1.Pod, error) {
+	list, err := c.cfg.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector:   fields.OneTermEqualSelector("spec.nodeName", node).String(),
+		ResourceVersion: "0",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list pods of node %s: %w", node, err)
+	}
+	out := list.Items[:0]
+	for _, p := range list.Items {
+		if p.Spec.NodeName == node { // a client that ignores field selectors (a fake) must not mix nodes
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// fared is how the pods that ran on a node before at (its assignment) fared since: those that lost their
+// readiness after at and are not Ready again, and those the kubelet failed after at. Pods created at or
+// after at, pods being deleted (a drain's evictions, a scale-down) and pods that were already not Ready
+// or failed before at are left out: they say nothing of what the assignment did.
+func fared(pods []corev1.Pod, at time.Time) []plan.Pod {
+	var out []plan.Pod
+	for _, p := range pods {
+		if !p.CreationTimestamp.Time.Before(at) || p.DeletionTimestamp != nil {
+			continue
+		}
+		name := p.Namespace + "/" + p.Name
+		ready, readyChanged := readiness(&p)
+		switch p.Status.Phase {
+		case corev1.PodSucceeded:
+			continue
+		case corev1.PodFailed:
+			when := readyChanged
+			if c := condition(&p, corev1.DisruptionTarget); c != nil && c.Status == corev1.ConditionTrue {
+				when = c.LastTransitionTime.Time
+			}
+			// Only the kubelet's own verdicts on the pod, and only those it reached after the
+			// assignment: a pod whose failure time is unknown is left out rather than blamed.
+			if kubeletFailure(p.Status.Reason) && !when.IsZero() && !when.Before(at) {
+				out = append(out, plan.Pod{Name: name, Failed: strings.TrimSpace(p.Status.Reason + ": " + p.Status.Message)})
+			}
+		default:
+			if !ready && !readyChanged.IsZero() && !readyChanged.Before(at) {
+				out = append(out, plan.Pod{Name: name, NotReadySince: readyChanged})
+			}
+		}
+	}
+	return out
+}
+
+// kubeletFailure says whether a failed pod's reason is the kubelet's verdict on the node's capacity: its
+// admission (OutOfpods, OutOfcpu, OutOfmemory, OutOf<extended resource>, UnexpectedAdmissionError) or
+// its eviction manager (Evicted).
+func kubeletFailure(reason string) bool {
+	return strings.HasPrefix(reason, "OutOf") || reason == "Evicted" || reason == "UnexpectedAdmissionError"
+}
+
+// readiness is a pod's Ready condition: whether it is True, and when it last changed (zero if the pod
+// has none).
+func readiness(p *corev1.Pod) (bool, time.Time) {
+	c := condition(p, corev1.PodReady)
+	if c == nil {
+		return false, time.Time{}
+	}
+	return c.Status == corev1.ConditionTrue, c.LastTransitionTime.Time
+}
+
+func condition(p *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == t {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}

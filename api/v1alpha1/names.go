@@ -78,6 +78,10 @@ const (
 	// static one) until the node is drained and the state file removed; a pool does not drain (kubectl dkc
 	// assign --drain does).
 	ReasonDrainRequired = "DrainRequired"
+	// A kubelet restarted with the config would no longer admit pods running on a node that runs one of
+	// the pool's revisions (a lower maxPods, larger reservations or eviction thresholds), or would not start
+	// at all (reservations over its capacity).
+	ReasonCapacityRefused = "CapacityRefused"
 	// An object with the snapshot's name that the pool did not create, or whose data is not its revision's.
 	ReasonSnapshotMismatch = "SnapshotMismatch"
 	ReasonConfigValid      = "ConfigValid"

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dkc-dev/dkc/internal/capacity"
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/configz"
 	"github.com/dkc-dev/dkc/internal/disruption"
@@ -211,7 +212,7 @@ flag such as --max-pods wins over the config). Table output only.`,
 				fmt.Fprintf(o.io.Out, "the kubelet refuses to start with this on its current state: "+
 					"drain node %s and remove %s first\n", args[0], r)
 			}
-			if capacityChanges(running, next) {
+			if capacity.Changes(running, next) {
 				return o.printCapacity(cmd.Context(), args[0], running, next)
 			}
 			return nil

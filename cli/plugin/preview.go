@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/capacity"
 	"github.com/dkc-dev/dkc/internal/disruption"
 )
 
@@ -26,7 +27,7 @@ type NodePreview struct {
 	// Resets are the state files the kubelet refuses to start on, with the fields (disruption.Resets).
 	Resets []string `json:"resets,omitempty"`
 	// Capacity, when the change moves the node's allocatable.
-	Capacity *Capacity `json:"capacity,omitempty"`
+	Capacity *capacity.Capacity `json:"capacity,omitempty"`
 	// Error says why the node could not be previewed (its /configz or its minor's helper).
 	Error string `json:"error,omitempty"`
 }
@@ -89,7 +90,7 @@ func (o *Options) preview(ctx context.Context, pool *v1alpha1.KubeletConfigPool,
 				"first\n", r.Node, reset)
 		}
 		if r.Capacity != nil {
-			for _, line := range r.Capacity.findings(r.Node) {
+			for _, line := range r.Capacity.Findings(r.Node) {
 				fmt.Fprintln(o.io.Out, line)
 			}
 		}
@@ -119,7 +120,7 @@ func (o *Options) previewNode(ctx context.Context, n *corev1.Node, ref v1alpha1.
 	for _, r := range disruption.Resets(running, next) {
 		p.Resets = append(p.Resets, r.String())
 	}
-	if capacityChanges(running, next) {
+	if capacity.Changes(running, next) {
 		c, err := o.capacityOf(ctx, n, running, next)
 		if err != nil {
 			p.Error = err.Error()

@@ -99,7 +99,7 @@ const maxKubeletChecks = 512
 // joins later check it themselves): what it refuses, it refuses before any node has it.
 //
 // An outcome is kept per revision (a content hash) and minor, with the config as that kubelet runs it
-// (stateResets compares a node's running revision with the new one on it): syncs are many, configs few.
+// (nodeChecks compares a node's running revision with the new one on it): syncs are many, configs few.
 // One helper runs at a time (each is a process of up to ~85 MiB inside dkc-server's memory limit); a
 // worker whose outcome is kept never waits for another's helper.
 type kubeletChecks struct {

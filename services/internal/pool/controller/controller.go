@@ -139,6 +139,8 @@ type Controller struct {
 	drains *drains
 	// gated are the nodes through the workload gate this term (pods.go).
 	gated *podsGated
+	// capacity are the pools' last CapacityRefused verdicts (nodeChecks), guarded by mu.
+	capacity map[string]capacityVerdict
 }
 
 // New builds a controller; it does nothing until Run.
@@ -160,7 +162,7 @@ func New(cfg Config) *Controller {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pools", MetricsProvider: cfg.QueueMetrics}),
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
-		deleted: map[string]bool{}, created: map[string]types.UID{},
+		deleted: map[string]bool{}, created: map[string]types.UID{}, capacity: map[string]capacityVerdict{},
 		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log, cfg.Clock), drains: newDrains(), gated: newPodsGated(),
 		runCtx: context.Background(),
 	}
@@ -408,6 +410,9 @@ func (c *Controller) forget(name string) {
 	c.cms.Track(name, "")
 	c.cfg.Metrics.forget(name)
 	c.gated.forget(name)
+	c.mu.Lock()
+	delete(c.capacity, name)
+	c.mu.Unlock()
 }
 
 // rollout is sync for a live pool, one step after the other: its config read and its nodes selected,
@@ -510,10 +515,11 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 			if invalid, err = c.kubelets.check(ctx, ref, rev, content, kubeletMinors(selected)); err != nil {
 				return nil, plan.Target{}, nil, err
 			}
-			// And what it would do on the state the nodes' kubelets checkpointed under what they run now: a
-			// pool that may drain drains the nodes whose sidecars say so (drain.go) instead.
-			if invalid == nil && !pool.Spec.MayDrain() {
-				if invalid, err = c.stateResets(ctx, pool, rev, content, selected); err != nil {
+			// And what it would do on the nodes that run one of the pool's revisions: to the state their
+			// kubelets checkpointed (a pool that may drain drains the nodes whose sidecars say so instead,
+			// drain.go), and to the pods running there.
+			if invalid == nil {
+				if invalid, err = c.nodeChecks(ctx, pool, rev, content, selected); err != nil {
 					return nil, plan.Target{}, nil, err
 				}
 			}

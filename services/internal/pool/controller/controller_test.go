@@ -1068,7 +1068,7 @@ func TestKubeletCheckOnlyForNewRevisions(t *testing.T) {
 
 // TestKubeletCheckThatFailedIsMadeAgain: a check that could not be made (the helper crashed or timed out) is
 // not kept for good: syncs within uncheckedRetry take its outcome, the first after it checks again (the
-// revision's, and a running revision's for stateResets). A minor no helper speaks is not asked again.
+// revision's, and a running revision's for nodeChecks). A minor no helper speaks is not asked again.
 func TestKubeletCheckThatFailedIsMadeAgain(t *testing.T) {
 	for _, tc := range []struct {
 		name      string

@@ -216,4 +216,3 @@ func proveOn(t *testing.T, h *harness, node, rev string) {
 		t.Fatal(err)
 	}
 }
-

@@ -7,38 +7,61 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/capacity"
 	"github.com/dkc-dev/dkc/internal/disruption"
 	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 )
 
-// maxResetNodes bounds the nodes a DrainRequired message names; the rest are counted.
-const maxResetNodes = 5
+// maxNamedNodes bounds the nodes a DrainRequired or CapacityRefused message names; the rest are counted.
+const maxNamedNodes = 5
 
-// stateResets refuses a new revision that the kubelet would refuse to start with on the state its
-// resource managers checkpointed under the config a selected node runs now (disruption.Resets: another
-// CPU or memory manager policy, or other reservations under a static one). dkc does not drain nodes: each
-// node assigned such a revision would only fail it and be rolled back, and the pool halt, so nothing is
-// assigned and ConfigInvalid says which nodes and state files, and how to make the change by hand.
+// capacityRecheck is how long a revision refused for its nodes' pods stays refused before the pods are
+// listed again: the refusal lasts while the config does, and syncs come with every Node event.
+const capacityRecheck = 30 * time.Second
+
+// capacityVerdict is the last capacity check of a pool's new revision.
+type capacityVerdict struct {
+	revision string
+	at       time.Time
+	invalid  *plan.Invalid
+}
+
+// nodeChecks refuses a new revision for what it would do on the selected nodes, before any is assigned it:
+//
+//   - DrainRequired (unless the pool may drain): the kubelet would refuse to start with it on the state its
+//     resource managers checkpointed under the config the node runs now (disruption.Resets: another CPU or
+//     memory manager policy, or other reservations under a static one). Each node assigned such a
+//     revision would only fail it and be rolled back, and the pool halt; ConfigInvalid says which nodes and
+//     state files, and how to make the change by hand.
+//   - CapacityRefused: the kubelet, restarted with it, would no longer admit pods running on the node (a
+//     lower maxPods, larger reservations or eviction thresholds: capacity.Under, oldest pods first as the
+//     kubelet re-admits them; critical pods evict others and are not counted), or would not start at all
+//     (reservations over the node's capacity). The pods would fail with OutOfpods, OutOfcpu, ... — which
+//     the workload gate would then count as the node's failure, too late for the pods.
 //
 // A node is judged when it runs one of the pool's own revisions (its status's active source is one of the
 // pool's snapshots): both configs are then known, and compared as the kubelet of the node's minor
 // runs them (its defaults applied, by the same helper as the kubelet check). The config of a node on
-// its local config, or on a source the pool did not assign, is not known here: its kubelet refuses the
-// change itself, and its sidecar rolls it back. A node's flags (which the helper does not see here) are
-// not compared either; the manager settings are seldom set by flag.
-func (c *Controller) stateResets(ctx context.Context, pool *v1alpha1.KubeletConfigPool, rev string, content []byte,
+// its local config, or on a source the pool did not assign, is not known here: its kubelet decides, its
+// sidecar rolls a failed start back, and the workload gate counts failed pods. A node's flags (which the
+// helper does not see here) are not compared either; where a flag makes the node's allocatable other than
+// its config gives, no pod is predicted (capacity.Capacity.Unpredicted).
+func (c *Controller) nodeChecks(ctx context.Context, pool *v1alpha1.KubeletConfigPool, rev string, content []byte,
 	selected []*corev1.Node) (*plan.Invalid, error) {
+	if v, ok := c.capacityVerdict(pool.Name, rev); ok {
+		return v, nil
+	}
 	ref := pool.Spec.ConfigMap
 	versions := kubeletMinors(selected)
-	var found []string
-	nodes := 0
+	var resets, unfit findings
 	for _, n := range sortedByName(selected) {
 		minor := checkapi.Minor(n.Status.NodeInfo.KubeletVersion)
 		running, snapshot := runningRevision(pool, statusOf(n))
@@ -64,38 +87,117 @@ func (c *Controller) stateResets(ctx context.Context, pool *v1alpha1.KubeletConf
 		if was.fields == nil {
 			continue
 		}
-		resets := disruption.Resets(was.fields, next.fields)
-		if len(resets) == 0 {
-			continue
-		}
-		nodes++
-		if nodes <= maxResetNodes {
-			r := make([]string, len(resets))
-			for i, x := range resets {
-				r[i] = x.String()
+		at := fmt.Sprintf("node %s (revision %s, kubelet %s)", n.Name, running, minor)
+		if r := disruption.Resets(was.fields, next.fields); len(r) > 0 && !pool.Spec.MayDrain() {
+			items := make([]string, len(r))
+			for i, x := range r {
+				items[i] = x.String()
 			}
-			found = append(found, fmt.Sprintf("node %s (revision %s, kubelet %s): %s", n.Name, running, minor,
-				strings.Join(r, ", ")))
+			resets.add(at + ": " + strings.Join(items, ", "))
+		}
+		if capacity.Changes(was.fields, next.fields) {
+			pods, err := c.nodePods(ctx, n.Name)
+			if err != nil {
+				return nil, err
+			}
+			got, err := capacity.Under(n, was.fields, next.fields, pods)
+			if err != nil {
+				return nil, err
+			}
+			if f := refusedFor(got); f != "" {
+				unfit.add(at + ": " + f)
+			}
 		}
 	}
-	if nodes == 0 {
-		return nil, nil
+	var invalid *plan.Invalid
+	switch {
+	case resets.nodes > 0:
+		// Each sync while the revision stays refused decides the same; the condition's change makes the Event.
+		c.log.Debug("refused a pool's revision: its nodes' kubelets would refuse it on their checkpointed state",
+			zap.String("pool", pool.Name), zap.String("revision", rev), zap.Int("nodes", resets.nodes))
+		invalid = &plan.Invalid{Reason: v1alpha1.ReasonDrainRequired,
+			Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet refuses to start with it on the "+
+				"state its resource managers checkpointed under the revision the node runs, until the node is drained and "+
+				"the state file removed; a pool does not drain nodes, so nothing is assigned while a selected node runs a revision "+
+				"it conflicts with: %s. To make the change, take the nodes out of the pool and run kubectl dkc assign "+
+				"NODE... --configmap %s/%s --key %s --drain (it drains one node at a time, its sidecar removes the state "+
+				"file, and it uncordons the node once it runs the config)",
+				ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, resets.String(), ref.Namespace, ref.Name,
+				ref.KubeletConfigKey)}
+	case unfit.nodes > 0:
+		c.log.Debug("refused a pool's revision: its nodes' kubelets would no longer admit their pods",
+			zap.String("pool", pool.Name), zap.String("revision", rev), zap.Int("nodes", unfit.nodes))
+		invalid = &plan.Invalid{Reason: v1alpha1.ReasonCapacityRefused,
+			Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: a kubelet restarted with it re-admits the pods "+
+				"running on the node against less room, and would fail some (OutOfpods, OutOfcpu, ...); nothing is "+
+				"assigned while a selected node's running pods do not fit: %s. Move pods off those nodes (kubectl drain), or "+
+				"change the config; kubectl dkc rollout --dry-run shows each node's allocatable and pods",
+				ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, unfit.String())}
 	}
-	if nodes > maxResetNodes {
-		found = append(found, fmt.Sprintf("and %d more nodes", nodes-maxResetNodes))
+	if invalid != nil && invalid.Reason == v1alpha1.ReasonCapacityRefused {
+		// Kept a while: listing the nodes' pods at every sync would cost the apiserver while the config
+		// stays refused. (The resets' verdict is cheap to make again: the helper's outcomes are cached.)
+		c.keepCapacityVerdict(pool.Name, rev, invalid)
 	}
-	// Each sync while the revision stays refused decides the same; the condition's change makes the Event.
-	c.log.Debug("refused a pool's revision: its nodes' kubelets would refuse it on their checkpointed state",
-		zap.String("pool", pool.Name), zap.String("revision", rev), zap.Int("nodes", nodes))
-	return &plan.Invalid{Reason: v1alpha1.ReasonDrainRequired,
-		Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet refuses to start with it on the "+
-			"state its resource managers checkpointed under the revision the node runs, until the node is drained and "+
-			"the state file removed; a pool does not drain nodes, so nothing is assigned while a selected node runs a revision "+
-			"it conflicts with: %s. To make the change, take the nodes out of the pool and run kubectl dkc assign "+
-			"NODE... --configmap %s/%s --key %s --drain (it drains one node at a time, its sidecar removes the state "+
-			"file, and it uncordons the node once it runs the config)",
-			ref.Namespace, ref.Name, rev, ref.KubeletConfigKey, strings.Join(found, "; "), ref.Namespace, ref.Name,
-			ref.KubeletConfigKey)}, nil
+	return invalid, nil
+}
+
+// refusedFor says why the kubelet would fail pods on a node under a config, "" if it would not.
+func refusedFor(got capacity.Capacity) string {
+	if got.NotStarting != "" {
+		return got.NotStarting
+	}
+	var pods []string
+	for _, u := range got.Unfit {
+		if !u.Preempts {
+			pods = append(pods, u.Pod+" ("+u.Reason+")")
+		}
+	}
+	if len(pods) > maxNamedPods {
+		pods = append(pods[:maxNamedPods], fmt.Sprintf("and %d more", len(pods)-maxNamedPods))
+	}
+	return strings.Join(pods, ", ")
+}
+
+// maxNamedPods bounds the pods a CapacityRefused message names per node.
+const maxNamedPods = 10
+
+// capacityVerdict is the pool's last capacity verdict on rev while it is fresh.
+func (c *Controller) capacityVerdict(pool, rev string) (*plan.Invalid, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.capacity[pool]
+	if !ok || v.revision != rev || c.clock.Since(v.at) >= capacityRecheck {
+		return nil, false
+	}
+	return v.invalid, true
+}
+
+func (c *Controller) keepCapacityVerdict(pool, rev string, invalid *plan.Invalid) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.capacity[pool] = capacityVerdict{revision: rev, at: c.clock.Now(), invalid: invalid}
+}
+
+// findings are the nodes a refusal names: the first maxNamedNodes, and how many more.
+type findings struct {
+	named []string
+	nodes int
+}
+
+func (f *findings) add(s string) {
+	f.nodes++
+	if f.nodes <= maxNamedNodes {
+		f.named = append(f.named, s)
+	}
+}
+
+func (f findings) String() string {
+	s := strings.Join(f.named, "; ")
+	if f.nodes > maxNamedNodes {
+		s += fmt.Sprintf("; and %d more nodes", f.nodes-maxNamedNodes)
+	}
+	return s
 }
 
 // runningRevision is the pool's revision a node's kubelet runs, by its status's active source, and that

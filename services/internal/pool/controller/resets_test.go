@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 
@@ -65,22 +67,8 @@ func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
 		{name: "the running snapshot re-created by someone else", running: header, next: static, recreated: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pool := testPool()
-			was := configMap(map[string]string{"kubelet": tc.running})
-			wasRev, wasSnap := revision.Snapshot(pool, was)
-			pool.Status.CurrentRevision = wasRev
-			wasSnap.UID = "snapshot-uid"
-			pool.Status.RevisionSnapshots = &v1alpha1.RevisionSnapshots{Items: []v1alpha1.RevisionSnapshot{{
-				Revision: wasRev, Namespace: wasSnap.Namespace, Name: wasSnap.Name, UID: wasSnap.UID, KubeletConfigKey: "kubelet"}}}
-			src := revision.Source(pool, wasRev)
-			active := &corev1.NodeConfigSource{ConfigMap: &src}
-			if tc.local {
-				active = nil
-			}
-			st, _ := json.Marshal(corev1.NodeConfigStatus{Assigned: active, Active: active, LastKnownGood: active})
-			n := node("a", map[string]string{nodeconfig.StatusAnnotation: string(st)}, nil)
-			n.Status.NodeInfo.KubeletVersion = "v1.37.1"
-
+			pool, n, wasSnap := runningRevisionOf(tc.running, !tc.local)
+			wasRev := pool.Status.CurrentRevision
 			next := configMap(map[string]string{"kubelet": tc.next})
 			h := newHarness(t, pool, next, n)
 			if tc.recreated {
@@ -124,6 +112,99 @@ func TestStateResetsRefuseBeforeAnyNode(t *testing.T) {
 			}
 			if kubelets.calls != 2 {
 				t.Errorf("%d helper runs over two syncs, want 2 (each revision once)", kubelets.calls)
+			}
+		})
+	}
+}
+
+// runningRevisionOf is a pool whose current revision is running, and node a (kubelet 1.37) that runs it
+// (onIt; else its local config), and the revision's snapshot, which the caller adds to the cache.
+func runningRevisionOf(running string, onIt bool) (*v1alpha1.KubeletConfigPool, *corev1.Node, *corev1.ConfigMap) {
+	pool := testPool()
+	wasRev, wasSnap := revision.Snapshot(pool, configMap(map[string]string{"kubelet": running}))
+	pool.Status.CurrentRevision = wasRev
+	wasSnap.UID = "snapshot-uid"
+	pool.Status.RevisionSnapshots = &v1alpha1.RevisionSnapshots{Items: []v1alpha1.RevisionSnapshot{{
+		Revision: wasRev, Namespace: wasSnap.Namespace, Name: wasSnap.Name, UID: wasSnap.UID, KubeletConfigKey: "kubelet"}}}
+	src := revision.Source(pool, wasRev)
+	active := &corev1.NodeConfigSource{ConfigMap: &src}
+	if !onIt {
+		active = nil
+	}
+	st, _ := json.Marshal(corev1.NodeConfigStatus{Assigned: active, Active: active, LastKnownGood: active})
+	n := node("a", map[string]string{nodeconfig.StatusAnnotation: string(st)}, nil)
+	n.Status.NodeInfo.KubeletVersion = "v1.37.1"
+	return pool, n, wasSnap
+}
+
+// TestCapacityRefusedBeforeAnyNode: a new revision under which the kubelet of a node running one of the
+// pool's revisions would no longer admit the pods running there (capacity.Under: a lower maxPods fails
+// the newest pod) is ConfigInvalid CapacityRefused naming the node and the pod: no snapshot, no node
+// assigned, and the node's pods are not listed again at every sync (the verdict is kept capacityRecheck).
+// One the pods still fit rolls out.
+func TestCapacityRefusedBeforeAnyNode(t *testing.T) {
+	const header = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+	for _, tc := range []struct {
+		name, next string
+		want       string // in ConfigInvalid CapacityRefused's message; "" when the node is assigned
+	}{
+		{name: "maxPods below the pods running", next: header + "maxPods: 1\n", want: "default/newer (pod 2 of 1 allowed (OutOfpods))"},
+		{name: "maxPods still above", next: header + "maxPods: 5\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, n, wasSnap := runningRevisionOf(header+"maxPods: 3\n", true)
+			n.Status.Capacity = corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"),
+				corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi")}
+			n.Status.Allocatable = corev1.ResourceList{corev1.ResourcePods: resource.MustParse("3"),
+				corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi")}
+			next := configMap(map[string]string{"kubelet": tc.next})
+			h := newHarness(t, pool, next, n)
+			if err := h.c.snapshots["kube-system"].GetStore().Add(wasSnap); err != nil {
+				t.Fatal(err)
+			}
+			t0 := h.clock.Now()
+			for i, name := range []string{"older", "newer"} {
+				p := workload(name, "a", t0.Add(time.Duration(i-10)*time.Minute), readyAt(true, t0.Add(-time.Hour)))
+				if _, err := h.client.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			kubelets := &decodingKubelets{}
+			h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop(), h.clock)
+			for range 2 {
+				if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			last := h.pools.updates[len(h.pools.updates)-1]
+			c := meta.FindStatusCondition(last.Status.Conditions, v1alpha1.ConditionConfigInvalid)
+			if tc.want == "" {
+				if c == nil || c.Status != metav1.ConditionFalse || len(h.assigned()) != 1 {
+					t.Errorf("ConfigInvalid %+v, assigned %v; want False and node a assigned", c, h.assigned())
+				}
+				return
+			}
+			for _, want := range []string{tc.want, "node a (revision " + pool.Status.CurrentRevision + ", kubelet 1.37)",
+				"nothing is assigned"} {
+				if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonCapacityRefused ||
+					!strings.Contains(c.Message, want) {
+					t.Errorf("ConfigInvalid %+v, want True %s with %q", c, v1alpha1.ReasonCapacityRefused, want)
+				}
+			}
+			if strings.Contains(c.Message, "default/older") {
+				t.Errorf("ConfigInvalid names the older pod, which the kubelet admits first: %s", c.Message)
+			}
+			if got := h.assigned(); len(got) != 0 {
+				t.Errorf("assigned %v a change that fails its pods", got)
+			}
+			lists := 0
+			for _, a := range h.client.Actions() {
+				if a.GetVerb() == "list" && a.GetResource().Resource == "pods" {
+					lists++
+				}
+			}
+			if lists != 1 {
+				t.Errorf("the node's pods listed %d times over two syncs within %v, want once", lists, capacityRecheck)
 			}
 		})
 	}

@@ -609,10 +609,10 @@ func soonest(ds []time.Duration) time.Duration {
 
 // clock is what nodeTimeout and podReadinessTimeout are judged with.
 type clock struct {
-	timeout         time.Duration
+	timeout             time.Duration
 	podReadinessTimeout time.Duration
-	termStart       time.Time
-	now             time.Time
+	termStart           time.Time
+	now                 time.Time
 }
 
 // podsDetailPrefix starts the detail of a node in progress for its pods.

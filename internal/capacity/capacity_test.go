@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package plugin
+package capacity
 
 import (
 	"strings"
@@ -12,12 +12,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// TestCapacityUnder: allocatable under a config is capacity less the reservations, the memory eviction
+// TestUnder: allocatable under a config is capacity less the reservations, the memory eviction
 // threshold and the hugepages, pods the lower of maxPods and podsPerCore × CPUs; the node's pods are admitted
 // again oldest first, and each that no longer fits is named with the resource, taking nothing from the pods
 // after it — unless it is critical (it evicts others). Reservations over the capacity keep the kubelet from
 // starting, and a node whose allocatable its running config does not explain gets no prediction.
-func TestCapacityUnder(t *testing.T) {
+func TestUnder(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	pod := func(name string, age int, cpu, memory string) corev1.Pod {
 		req := corev1.ResourceList{}
@@ -103,7 +103,7 @@ func TestCapacityUnder(t *testing.T) {
 				node.Status.Allocatable = node.Status.Allocatable.DeepCopy()
 				node.Status.Allocatable[corev1.ResourcePods] = resource.MustParse("30") // --max-pods=30
 			}
-			c, err := CapacityUnder(node, running, tc.next, tc.pods)
+			c, err := Under(node, running, tc.next, tc.pods)
 			if err != nil {
 				t.Fatal(err)
 			}

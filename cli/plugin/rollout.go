@@ -233,7 +233,8 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 		// controller has not seen yet. So is a finding on content that names another revision than the
 		// one the caller read (the controller's messages on content say "(revision R)").
 		stale := !taken && (c.Reason == v1alpha1.ReasonConfigMapNotFound || c.Reason == v1alpha1.ReasonKeyNotFound ||
-			((c.Reason == v1alpha1.ReasonValidationFailed || c.Reason == v1alpha1.ReasonDrainRequired) && revision != "" &&
+			((c.Reason == v1alpha1.ReasonValidationFailed || c.Reason == v1alpha1.ReasonDrainRequired ||
+				c.Reason == v1alpha1.ReasonCapacityRefused) && revision != "" &&
 				strings.Contains(c.Message, "(revision ") &&
 				!strings.Contains(c.Message, "(revision "+revision+")")))
 		if !stale {

@@ -6,6 +6,7 @@ package installed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,8 +24,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/informers"
+	"sigs.k8s.io/yaml"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/cli/plugin"
 	"github.com/dkc-dev/dkc/internal/poll"
 	"github.com/dkc-dev/dkc/test/devcluster"
 )
@@ -314,4 +317,68 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// TestPoolRefusesAConfigThatFailsPods: a pool over the worker runs a revision; an in-place edit lowers
+// maxPods below the pods running there. Its kubelet, restarted, would re-admit them oldest first and fail
+// the newest (a Deployment's pod) with OutOfpods, so the pool refuses the revision before the node is
+// touched (ConfigInvalid CapacityRefused, naming the node and the pod): the kubelet does not restart and
+// the pod keeps running.
+func TestPoolRefusesAConfigThatFailsPods(t *testing.T) {
+	resetAfter(t)
+	const pool = "installed-capacity"
+	deletePoolAtEnd(t, pool)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	worker := workerNode()
+	web := webBehindABudget(ctx, t, "capacity", worker)
+	cm := createConfig(t, pool, worker, 48)
+	out, err := kubectlDKC(ctx, "rollout", pool, "--configmap", "kube-system/"+pool, "-l",
+		corev1.LabelHostname+"="+worker, "--timeout", "5m")
+	if err != nil || !strings.Contains(out, "rollout complete: 1 nodes run revision") {
+		t.Fatalf("kubectl dkc rollout: %v\n%s", err, out)
+	}
+
+	// maxPods one below the pods the kubelet would admit again.
+	pods, err := admin(t).CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + worker})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := 0
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			live++
+		}
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(nodeConfig(t, worker, 48)), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["maxPods"] = live - 1
+	raw, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now()
+	editConfig(t, cm, string(raw))
+	out, err = kubectlDKC(ctx, "rollout", pool, "--timeout", "1m")
+	var stopped *plugin.ErrRolloutStopped
+	want := []string{"node " + worker, web.Namespace + "/" + web.Name + " (pod ", "OutOfpods", "nothing is assigned"}
+	if !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonCapacityRefused {
+		t.Fatalf("rollout of maxPods %d below the %d pods on %s: %v, want ConfigInvalid %s\n%s", live-1, live, worker,
+			err, v1alpha1.ReasonCapacityRefused, out)
+	}
+	for _, w := range want {
+		if !strings.Contains(stopped.Message, w) {
+			t.Errorf("CapacityRefused message lacks %q: %s", w, stopped.Message)
+		}
+	}
+	t.Logf("refused before the node: %s", stopped.Message)
+	if s := startsSince(t, worker, since); len(s) != 0 {
+		t.Errorf("%s: kubelet started %v for a config that fails its pods", worker, s)
+	}
+	got, err := admin(t).CoreV1().Pods(web.Namespace).Get(ctx, web.Name, metav1.GetOptions{})
+	if err != nil || got.Status.Phase != corev1.PodRunning || !podReady(got) {
+		t.Errorf("pod %s/%s after the refusal: %v %+v, want Running and Ready", web.Namespace, web.Name, err, got.Status)
+	}
 }

@@ -13,6 +13,7 @@ var bySlowest = []string{
 	"TestPoolOnRealNodes",
 	"TestPoolWaitsForItsMaintenanceWindow",
 	"TestPoolWaitsForPodsReadyAgain",
+	"TestPoolRefusesAConfigThatFailsPods",
 	"TestHelmInstall",
 	"TestAssignDrainToTheStaticCPUManager",
 	"TestPoolDrainsForTheStaticCPUManager",

@@ -53,6 +53,9 @@ func main() {
 	cpuProfile := fs.String("cpuprofile", "",
 		"write the benchmark process's own CPU profile (the simulated nodes) to this file")
 	fs.IntVar(&cfg.PoolNodes, "pool-nodes", 2000, "nodes the pool phase's KubeletConfigPool selects (at most -max-nodes)")
+	fs.BoolVar(&cfg.PoolGatesOff, "pool-gates-off", false, "roll the pool phase's pool out with its workload gates "+
+		"off (drain Never, podReadinessTimeout 0s) instead of on (drain Allowed, podReadinessTimeout 5m): run both to "+
+		"compare pool_seconds_per_batch")
 	phases := fs.String("phases", "", "comma-separated phases to run: idle, propagation, fanout, watches, scale, max, "+
 		"pool (default all; setup always runs)")
 	fs.Usage = func() {

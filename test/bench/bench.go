@@ -75,6 +75,10 @@ type Config struct {
 	PropagationNodes, FanoutNodes, ScaleNodes, MaxNodes int
 	// PoolNodes (2000, at most MaxNodes): the nodes the pool phase's KubeletConfigPool selects.
 	PoolNodes int
+	// PoolGatesOff rolls the pool phase's KubeletConfigPool out with its workload gates off (drain Never,
+	// podReadinessTimeout 0s) instead of on (drain Allowed, the default podReadinessTimeout): run the phase
+	// both ways to see what the gates cost the controller per batch.
+	PoolGatesOff bool
 	// Repetitions of the propagation measurement in one run (3); the goal is held on the worst.
 	Repetitions int
 	// Disk is where the simulated nodes' durable writes go: DiskSimulated (default) or DiskShared.

@@ -456,7 +456,12 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 			return 0, err
 		}
 	}
-	return c.requeueAfter(pool.Name, p.RequeueAfter), nil
+	after := p.RequeueAfter
+	if invalid != nil && invalid.Reason == v1alpha1.ReasonCapacityRefused && (after == 0 || after > capacityRecheck) {
+		// The pods that do not fit may go (a drain, a scale-down) without any event the pool watches.
+		after = capacityRecheck
+	}
+	return c.requeueAfter(pool.Name, after), nil
 }
 
 // configMap is the pool's ConfigMap, which the tracker watches for the pool from now on: nil when there
@@ -558,7 +563,8 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 			if err != nil {
 				return plan.Plan{}, nil, err
 			}
-			v.Pods, looked[n.Name] = fared(pods, v.AssignedAt), true
+			seen := c.gated.sawRunning(pool.Name, n.Name, target.Revision, pods, v.AssignedAt)
+			v.Pods, looked[n.Name] = fared(pods, v.AssignedAt, seen), true
 		}
 		views = append(views, v)
 	}

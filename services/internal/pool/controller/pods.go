@@ -5,6 +5,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
@@ -32,13 +34,20 @@ import (
 // leader judges a node as the last one did.
 
 // podsGated remembers the nodes through the workload gate, by pool, then node: the revision they passed
-// it with.
+// it with. And, for the nodes in it, the pods seen running (by UID): a pod the kubelet rejects when it
+// re-admits it after a restart may carry no time of its failure (the rejection writes no condition), and
+// having seen it running since the assignment is what blames the restart.
 type podsGated struct {
-	mu sync.Mutex
-	m  map[string]map[string]string
+	mu   sync.Mutex
+	m    map[string]map[string]string
+	live map[gateKey]map[types.UID]bool
 }
 
-func newPodsGated() *podsGated { return &podsGated{m: map[string]map[string]string{}} }
+type gateKey struct{ pool, node, revision string }
+
+func newPodsGated() *podsGated {
+	return &podsGated{m: map[string]map[string]string{}, live: map[gateKey]map[types.UID]bool{}}
+}
 
 func (g *podsGated) passed(pool, node, revision string) bool {
 	g.mu.Lock()
@@ -53,17 +62,47 @@ func (g *podsGated) pass(pool, node, revision string) {
 		g.m[pool] = map[string]string{}
 	}
 	g.m[pool][node] = revision
+	delete(g.live, gateKey{pool, node, revision})
+}
+
+// sawRunning records the pods of node that ran before at and have not finished, and returns whether a pod
+// (by UID) was seen so while the node was in the gate.
+func (g *podsGated) sawRunning(pool, node, revision string, pods []corev1.Pod, at time.Time) func(types.UID) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := gateKey{pool, node, revision}
+	seen := g.live[k]
+	if seen == nil {
+		seen = map[types.UID]bool{}
+		g.live[k] = seen
+	}
+	for _, p := range pods {
+		if p.CreationTimestamp.Time.Before(at) && p.Status.Phase != corev1.PodSucceeded &&
+			p.Status.Phase != corev1.PodFailed {
+			seen[p.UID] = true
+		}
+	}
+	snapshot := maps.Clone(seen)
+	return func(uid types.UID) bool { return snapshot[uid] }
 }
 
 func (g *podsGated) forget(pool string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.m, pool)
+	for k := range g.live {
+		if k.pool == pool {
+			delete(g.live, k)
+		}
+	}
 }
 
 // gatesPods says whether the controller must look at the pods of node v for the pool's target: the gate
-// is on, v is assigned the target (with a known time) and did not fail it, it is within its nodeTimeout
-// (counted as plan counts it: from the assignment or the term's start), and it has not passed the gate.
+// is on, v is assigned the target (with a known time) and did not fail it, it is within nodeTimeout of its
+// assignment (and a little past, for a node still waiting then to fail its Timeout), and it has not passed
+// the gate this term. The window counts from the assignment alone, not from the term's start as
+// nodeTimeout does: a new leader must not hold every node it finds on the target (proven, maybe days
+// ago) to its pods again.
 func (c *Controller) gatesPods(pool *v1alpha1.KubeletConfigPool, target plan.Target, v plan.Node, now time.Time) bool {
 	spec := &pool.Spec
 	if spec.PodReadinessTimeoutOrDefault() == 0 || target.Revision == "" || !v.Assigned ||
@@ -75,15 +114,15 @@ func (c *Controller) gatesPods(pool *v1alpha1.KubeletConfigPool, target plan.Tar
 			return false
 		}
 	}
-	start := v.AssignedAt
-	if c.termStart.After(start) {
-		start = c.termStart
-	}
-	if !now.Before(start.Add(spec.NodeTimeoutOrDefault())) {
+	if !now.Before(v.AssignedAt.Add(spec.NodeTimeoutOrDefault() + podWindowGrace)) {
 		return false
 	}
 	return !c.gated.passed(pool.Name, v.Name, target.Revision)
 }
+
+// podWindowGrace is how long past nodeTimeout a node's pods are still looked at: long enough for the
+// decision that fails a node still waiting for them with Timeout (plan polls every few seconds).
+const podWindowGrace = 30 * time.Second
 
 // nodePods lists the pods bound to node; from the watch cache (ResourceVersion "0"): a pod's readiness a
 // moment stale only delays the next decision by a poll.
@@ -105,10 +144,11 @@ func (c *Controller) nodePods(ctx context.Context, node string) ([]corev1.Pod, e
 }
 
 // fared is how the pods that ran on a node before at (its assignment) fared since: those that lost their
-// readiness after at and are not Ready again, and those the kubelet failed after at. Pods created at or
-// after at, pods being deleted (a drain's evictions, a scale-down) and pods that were already not Ready
-// or failed before at are left out: they say nothing of what the assignment did.
-func fared(pods []corev1.Pod, at time.Time) []plan.Pod {
+// readiness after at and are not Ready again, and those the kubelet failed after at (by the time their
+// status gives, or, when it gives none, because seenRunning saw them running since the assignment). Pods
+// created at or after at, pods being deleted (a drain's evictions, a scale-down) and pods that were
+// already not Ready or failed before at are left out: they say nothing of what the assignment did.
+func fared(pods []corev1.Pod, at time.Time, seenRunning func(types.UID) bool) []plan.Pod {
 	var out []plan.Pod
 	for _, p := range pods {
 		if !p.CreationTimestamp.Time.Before(at) || p.DeletionTimestamp != nil {
@@ -124,9 +164,10 @@ func fared(pods []corev1.Pod, at time.Time) []plan.Pod {
 			if c := condition(&p, corev1.DisruptionTarget); c != nil && c.Status == corev1.ConditionTrue {
 				when = c.LastTransitionTime.Time
 			}
-			// Only the kubelet's own verdicts on the pod, and only those it reached after the
-			// assignment: a pod whose failure time is unknown is left out rather than blamed.
-			if kubeletFailure(p.Status.Reason) && !when.IsZero() && !when.Before(at) {
+			// Only the kubelet's own verdicts on the pod, and only those it reached after the assignment;
+			// a pod whose failure time is unknown counts only if it was seen running since.
+			after := !when.IsZero() && !when.Before(at) || when.IsZero() && seenRunning(p.UID)
+			if kubeletFailure(p.Status.Reason) && after {
 				out = append(out, plan.Pod{Name: name, Failed: strings.TrimSpace(p.Status.Reason + ": " + p.Status.Message)})
 			}
 		default:

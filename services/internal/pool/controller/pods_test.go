@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
@@ -21,7 +22,7 @@ import (
 
 // workload is a pod on node created at created; mods shape its status.
 func workload(name, node string, created time.Time, mods ...func(*corev1.Pod)) *corev1.Pod {
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default",
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid"),
 		CreationTimestamp: metav1.Time{Time: created}}, Spec: corev1.PodSpec{NodeName: node},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 	for _, m := range mods {
@@ -74,11 +75,13 @@ func TestFared(t *testing.T) {
 					Status: corev1.ConditionTrue, LastTransitionTime: metav1.Time{Time: after}})
 			}), want: "failed"},
 		{name: "rejected before the assignment: not the assignment's doing", pod: workload("p", "a", before, readyAt(false, before), failedWith("OutOfpods"))},
-		{name: "failed, time unknown: left out rather than blamed", pod: workload("p", "a", before, failedWith("OutOfpods"))},
+		{name: "failed, time unknown, never seen running: left out rather than blamed", pod: workload("p", "a", before, failedWith("OutOfpods"))},
+		{name: "rejected with no time, seen running since the assignment: failed", pod: workload("p", "a", before, failedWith("OutOfpods"),
+			func(p *corev1.Pod) { p.UID = "seen" }), want: "failed"},
 		{name: "failed by its own containers: not the kubelet's verdict", pod: workload("p", "a", before, readyAt(false, after), failedWith("Error"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := fared([]corev1.Pod{*tc.pod}, at)
+			got := fared([]corev1.Pod{*tc.pod}, at, func(uid types.UID) bool { return uid == "seen" })
 			kind := ""
 			if len(got) == 1 {
 				switch {
@@ -140,12 +143,13 @@ func TestPoolWaitsForThePodsOfItsNodes(t *testing.T) {
 			if got := h.assigned(); strings.Join(got, ",") != "a" {
 				t.Fatalf("assigned %v, want [a]", got)
 			}
+			sync() // a is in progress, its pod still runs: seen running
 			// a's kubelet restarts into the revision, the pod loses its readiness (or is rejected), and a
 			// proves the revision: the cache shows a as assigned, active and last-known-good.
 			h.clock.Step(30 * time.Second)
 			pod.Status.Conditions = nil
 			if tc.rejects {
-				readyAt(false, h.clock.Now().Add(-20*time.Second))(pod)
+				// As the kubelet writes a rejection: no condition, so no time; seen running before.
 				failedWith("OutOfpods")(pod)
 			} else {
 				readyAt(false, h.clock.Now().Add(-20*time.Second))(pod)

@@ -88,14 +88,21 @@ func (c *Controller) nodeChecks(ctx context.Context, pool *v1alpha1.KubeletConfi
 			continue
 		}
 		at := fmt.Sprintf("node %s (revision %s, kubelet %s)", n.Name, running, minor)
-		if r := disruption.Resets(was.fields, next.fields); len(r) > 0 && !pool.Spec.MayDrain() {
-			items := make([]string, len(r))
-			for i, x := range r {
-				items[i] = x.String()
+		if r := disruption.Resets(was.fields, next.fields); len(r) > 0 {
+			if !pool.Spec.MayDrain() {
+				items := make([]string, len(r))
+				for i, x := range r {
+					items[i] = x.String()
+				}
+				resets.add(at + ": " + strings.Join(items, ", "))
 			}
-			resets.add(at + ": " + strings.Join(items, ", "))
+			// A pool that may drain empties such a node before its kubelet restarts: its pods will not be
+			// admitted again there.
+			continue
 		}
-		if capacity.Changes(was.fields, next.fields) {
+		if resets.nodes == 0 && capacity.Changes(was.fields, next.fields) {
+			// (Once a node needs a drain the pool may not make, the revision is refused for that: the other
+			// nodes' pods need not be listed.)
 			pods, err := c.nodePods(ctx, n.Name)
 			if err != nil {
 				return nil, err

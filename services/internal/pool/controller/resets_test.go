@@ -171,8 +171,10 @@ func TestCapacityRefusedBeforeAnyNode(t *testing.T) {
 			}
 			kubelets := &decodingKubelets{}
 			h.c.cfg.Kubelets, h.c.kubelets = kubelets, newKubeletChecks(kubelets, zap.NewNop(), h.clock)
+			var after time.Duration
 			for range 2 {
-				if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+				var err error
+				if after, err = h.c.sync(context.Background(), "blue"); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -190,6 +192,9 @@ func TestCapacityRefusedBeforeAnyNode(t *testing.T) {
 					!strings.Contains(c.Message, want) {
 					t.Errorf("ConfigInvalid %+v, want True %s with %q", c, v1alpha1.ReasonCapacityRefused, want)
 				}
+			}
+			if after <= 0 || after > capacityRecheck {
+				t.Errorf("requeued after %v, want within %v: the pods may go without an event the pool watches", after, capacityRecheck)
 			}
 			if strings.Contains(c.Message, "default/older") {
 				t.Errorf("ConfigInvalid names the older pod, which the kubelet admits first: %s", c.Message)

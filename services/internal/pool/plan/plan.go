@@ -785,6 +785,9 @@ func judgeTarget(n Node, t Target, c clock, retry int64, mayDrain bool, v Verdic
 			v.State, v.Reason = Updated, ReasonProven
 			return v, nil
 		}
+		// As nodeTimeout, only time a leader watched counts: after an outage of dkc-server its sidecars'
+		// pods (Ready while their stream is open) are not Ready until they reconnect to the new leader.
+		since = later(since, c.termStart)
 		if !c.now.Before(since.Add(c.podReadinessTimeout)) {
 			return fail(v1alpha1.FailurePodsNotReady, fmt.Sprintf("pods that ran on the node before its kubelet "+
 				"restarted are not Ready again %v after they lost readiness (podReadinessTimeout %v): %s",

@@ -229,6 +229,8 @@ func TestNodeRules(t *testing.T) {
 			state: InProgress, reason: ReasonPodsNotReady, wantUnavailable: true},
 		{name: "proven, a pod not Ready for podReadinessTimeout: failed", node: notReadyFor(5*time.Minute, updated("n1")),
 			state: Failed, reason: v1alpha1.FailurePodsNotReady},
+		{name: "a pod not Ready for podReadinessTimeout, a leader for a minute: in progress", node: notReadyFor(time.Hour, updated("n1")),
+			leaderFor: time.Minute, state: InProgress, reason: ReasonPodsNotReady, wantUnavailable: true},
 		{name: "proven, a pod not Ready for a longer podReadinessTimeout: in progress", node: notReadyFor(5*time.Minute, updated("n1")),
 			pool: mods(podReadinessTimeout(10 * time.Minute)), state: InProgress, reason: ReasonPodsNotReady, wantUnavailable: true},
 		{name: "gate off (podReadinessTimeout 0s), a pod not Ready: updated", node: notReadyFor(time.Hour, updated("n1")),

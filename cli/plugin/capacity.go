@@ -14,7 +14,8 @@ import (
 )
 
 // capacityOf is capacity.Under with the pods bound to node.
-func (o *Options) capacityOf(ctx context.Context, node *corev1.Node, running, next map[string]any) (capacity.Capacity, error) {
+func (o *Options) capacityOf(ctx context.Context, node *corev1.Node, running, next map[string]any) (capacity.Capacity,
+	error) {
 	pods, err := o.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
 	if err != nil {
 		return capacity.Capacity{}, fmt.Errorf("list the pods of node %s: %w", node.Name, err)

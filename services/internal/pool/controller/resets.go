@@ -125,7 +125,8 @@ func (c *Controller) nodeChecks(ctx context.Context, pool *v1alpha1.KubeletConfi
 		invalid = &plan.Invalid{Reason: v1alpha1.ReasonDrainRequired,
 			Message: fmt.Sprintf("configmap %s/%s (revision %s) key %q: the kubelet refuses to start with it on the "+
 				"state its resource managers checkpointed under the revision the node runs, until the node is drained and "+
-				"the state file removed; a pool does not drain nodes, so nothing is assigned while a selected node runs a revision "+
+				"the state file removed; a pool does not drain nodes, so nothing is assigned while a selected node runs a "+
+				"revision "+
 				"it conflicts with: %s. To make the change, take the nodes out of the pool and run kubectl dkc assign "+
 				"NODE... --configmap %s/%s --key %s --drain (it drains one node at a time, its sidecar removes the state "+
 				"file, and it uncordons the node once it runs the config)",

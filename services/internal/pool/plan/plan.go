@@ -337,8 +337,8 @@ func judgeNodes(in Input) judged {
 	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
 
 	timeout := in.Pool.Spec.NodeTimeoutOrDefault()
-	clk := clock{timeout: timeout, podReadinessTimeout: in.Pool.Spec.PodReadinessTimeoutOrDefault(), termStart: in.TermStart,
-		now: in.Now}
+	clk := clock{timeout: timeout, podReadinessTimeout: in.Pool.Spec.PodReadinessTimeoutOrDefault(),
+		termStart: in.TermStart, now: in.Now}
 	j := judged{gone: map[string]bool{}}
 	for _, n := range nodes {
 		v, failure := judge(n, in.Pool, in.Target, recorded, clk)
@@ -616,7 +616,8 @@ type clock struct {
 }
 
 // podsDetailPrefix starts the detail of a node in progress for its pods.
-const podsDetailPrefix = "the node runs it; waiting for pods that ran there before its kubelet restarted to be Ready again: "
+const podsDetailPrefix = "the node runs it; waiting for pods that ran there before its kubelet restarted " +
+	"to be Ready again: "
 
 // podPoll is how often a pool with a node waiting for its pods decides again: a pod's readiness is no
 // Node event, so nothing else would wake it.

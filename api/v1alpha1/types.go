@@ -62,7 +62,7 @@ const (
 	DefaultNodeTimeout          = "30m"
 	DefaultRevisionHistoryLimit = 10
 	DefaultDrainTimeout         = "10m"
-	DefaultPodReadinessTimeout      = "5m"
+	DefaultPodReadinessTimeout  = "5m"
 )
 
 // KubeletConfigPoolSpec is what the operator declares.

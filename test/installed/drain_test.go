@@ -124,9 +124,7 @@ func TestAssignDrainToTheStaticCPUManager(t *testing.T) {
 	if got := configzField(t, worker, "cpuManagerPolicy"); got != `"static"` {
 		t.Errorf("%s: /configz says cpuManagerPolicy %v, want static", worker, got)
 	}
-	if got := checkpointPolicy(t, state); got != "static" {
-		t.Errorf("%s says policy %q, want static: the checkpoint was not removed and written again", state, got)
-	}
+	waitCheckpoint(t, state, "static") // not removed and written again: still "none"
 	if got := kubeletStarts(t, worker) - startsBeforeDrain; got != 1 {
 		t.Errorf("%s: the kubelet started %d times for the change, want once", worker, got)
 	}
@@ -140,9 +138,7 @@ func TestAssignDrainToTheStaticCPUManager(t *testing.T) {
 	if got := configzField(t, worker, "cpuManagerPolicy"); got != `"none"` {
 		t.Errorf("%s after reset --drain: /configz says cpuManagerPolicy %v, want none", worker, got)
 	}
-	if got := checkpointPolicy(t, state); got != "none" {
-		t.Errorf("%s after reset --drain says policy %q, want none", state, got)
-	}
+	waitCheckpoint(t, state, "none")
 	released(t, worker)
 }
 
@@ -227,14 +223,7 @@ spec:
 	if got := configzField(t, worker, "cpuManagerPolicy"); got != `"static"` {
 		t.Errorf("%s: /configz says cpuManagerPolicy %v, want static", worker, got)
 	}
-	// The kubelet writes its new checkpoint as its CPU manager starts, which /configz does not wait for.
-	poll.ForNil(t, time.Minute, 300*time.Millisecond, state+" written again under the static policy", func() error {
-		raw, err := os.ReadFile(state)
-		if err != nil || !strings.Contains(string(raw), `"policyName":"static"`) {
-			return fmt.Errorf("%w: %s", err, raw)
-		}
-		return nil
-	})
+	waitCheckpoint(t, state, "static")
 	if got := kubeletStarts(t, worker) - starts; got != 1 {
 		t.Errorf("%s: the kubelet started %d times for the revision, want once", worker, got)
 	}
@@ -371,6 +360,28 @@ func rootDir(t *testing.T, node string) string {
 	}
 	t.Fatalf("no node %s", node)
 	return ""
+}
+
+// waitCheckpoint waits for the CPU manager's checkpoint at path to name policy: a kubelet that starts
+// without one writes it as its CPU manager starts, which /configz does not wait for.
+func waitCheckpoint(t *testing.T, path, policy string) {
+	t.Helper()
+	poll.ForNil(t, time.Minute, 300*time.Millisecond, path+" written under the "+policy+" policy", func() error {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		var c struct {
+			PolicyName string `json:"policyName"`
+		}
+		if err := json.Unmarshal(raw, &c); err != nil {
+			return fmt.Errorf("%w: %s", err, raw)
+		}
+		if c.PolicyName != policy {
+			return fmt.Errorf("policy %q", c.PolicyName)
+		}
+		return nil
+	})
 }
 
 // checkpointPolicy is the policy the CPU manager's checkpoint file names.

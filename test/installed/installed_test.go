@@ -21,6 +21,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -276,9 +277,36 @@ func waitServerSettled(t *testing.T) []corev1.Pod {
 		if len(pods) != 2 || serving != 2 {
 			return fmt.Errorf("%d pods, %d ready and not terminating", len(pods), serving)
 		}
-		return nil
+		// A Ready pod is not yet a webhook backend: the EndpointSlice controller adds it a moment later, and
+		// until then an assignment meets "no endpoints available" (the webhook fails closed).
+		return serverEndpointsReady(t, pods)
 	})
 	return pods
+}
+
+// serverEndpointsReady says whether the dkc-server Service's EndpointSlices list every one of pods as ready.
+func serverEndpointsReady(t *testing.T, pods []corev1.Pod) error {
+	t.Helper()
+	slices, err := admin(t).DiscoveryV1().EndpointSlices("kube-system").List(ctxFor(t), metav1.ListOptions{
+		LabelSelector: discoveryv1.LabelServiceName + "=dkc-server",
+	})
+	if err != nil {
+		return fmt.Errorf("list dkc-server's EndpointSlices: %w", err)
+	}
+	readyPods := map[string]bool{}
+	for _, s := range slices.Items {
+		for _, e := range s.Endpoints {
+			if e.TargetRef != nil && (e.Conditions.Ready == nil || *e.Conditions.Ready) {
+				readyPods[e.TargetRef.Name] = true
+			}
+		}
+	}
+	for _, p := range pods {
+		if !readyPods[p.Name] {
+			return fmt.Errorf("pod %s is not a ready endpoint of service dkc-server yet", p.Name)
+		}
+	}
+	return nil
 }
 
 // waitRolledOut waits until `kubectl rollout status` says the workload is rolled out.

@@ -43,6 +43,9 @@ const (
 	// Nodes in progress run the revision and wait for pods that ran there before their kubelet restarted
 	// to be Ready again (spec.disruption.podReadinessTimeout).
 	ReasonWaitingForPods = "WaitingForPods"
+	// No pending node can restart now without taking a PodDisruptionBudget below what it allows (a restart
+	// that costs its pods their readiness: 1.34 kubelets).
+	ReasonWaitingForDisruptionBudget = "WaitingForDisruptionBudget"
 	// Outside every maintenance window: nothing new is assigned until the next opens.
 	ReasonWaitingForMaintenanceWindow = "WaitingForMaintenanceWindow"
 	// Updating (False)

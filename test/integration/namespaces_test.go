@@ -158,6 +158,11 @@ func TestServerIdentityIsConfinedToConfigNamespaces(t *testing.T) {
 		{"", "delete", "", "pods", "", "", false},
 		{"", "get", "apps", "daemonsets", "", "", true},
 		{"", "list", "apps", "daemonsets", "", "", false},
+		// Batches that keep PodDisruptionBudgets read them; the Eviction API alone enforces them.
+		{"", "list", "policy", "poddisruptionbudgets", "", "", true},
+		{"", "watch", "policy", "poddisruptionbudgets", "", "", true},
+		{"", "get", "policy", "poddisruptionbudgets", "", "", false},
+		{"", "update", "policy", "poddisruptionbudgets", "", "", false},
 		{"", "update", "", "nodes", "", "", false},
 		{"", "delete", "", "nodes", "", "", false},
 		{"", "patch", "", "nodes", "status", "", true},

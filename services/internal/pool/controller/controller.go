@@ -33,8 +33,10 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	coreinformers "k8s.io/client-go/informers/core/v1"
+	policyinformers "k8s.io/client-go/informers/policy/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	policylisters "k8s.io/client-go/listers/policy/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -141,6 +143,9 @@ type Controller struct {
 	gated *podsGated
 	// capacity are the pools' last CapacityRefused verdicts (nodeChecks), guarded by mu.
 	capacity map[string]capacityVerdict
+	// pdbs are the cluster's PodDisruptionBudgets, which batches keep (budgets.go).
+	pdbs    cache.SharedIndexInformer
+	pdbList policylisters.PodDisruptionBudgetLister
 }
 
 // New builds a controller; it does nothing until Run.
@@ -170,6 +175,10 @@ func New(cfg Config) *Controller {
 	// informer (package records) keeps only what it reads of each pool.
 	c.pools = poolinformers.NewKubeletConfigPoolInformer(cfg.Pools, 0, cache.Indexers{})
 	c.poolList = poollisters.NewKubeletConfigPoolLister(c.pools.GetIndexer())
+	// No handler: a pool held back by a budget polls (plan), as the budget moves with pods it cannot see.
+	c.pdbs = policyinformers.NewPodDisruptionBudgetInformer(cfg.Client, metav1.NamespaceAll, 0,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	c.pdbList = policylisters.NewPodDisruptionBudgetLister(c.pdbs.GetIndexer())
 	_, _ = c.pools.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: func(_, n any) { c.enqueue(n) },
@@ -238,7 +247,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	run := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 	run(func() { c.pools.RunWithContext(ctx) })
-	synced := []cache.InformerSynced{c.pools.HasSynced, c.cfg.Nodes.Informer().HasSynced}
+	run(func() { c.pdbs.RunWithContext(ctx) })
+	synced := []cache.InformerSynced{c.pools.HasSynced, c.pdbs.HasSynced, c.cfg.Nodes.Informer().HasSynced}
 	for _, inf := range c.snapshots {
 		run(func() { inf.RunWithContext(ctx) })
 		synced = append(synced, inf.HasSynced)
@@ -553,13 +563,14 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 	others := c.selectors()
 	byName := map[string]*corev1.Node{}
 	looked := map[string]bool{} // the nodes whose pods were judged
+	reads := c.newPodReads(ctx)
 	var views []plan.Node
 	for _, n := range selected {
 		byName[n.Name] = n
 		v := c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now)
 		v.Draining, v.DrainFailed = c.drains.of(pool.Name, target.Revision, n.Name)
 		if c.gatesPods(pool, target, v, now) {
-			pods, err := c.nodePods(ctx, n.Name)
+			pods, err := reads.of(n.Name)
 			if err != nil {
 				return plan.Plan{}, nil, err
 			}
@@ -568,8 +579,19 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 		}
 		views = append(views, v)
 	}
-	p := plan.Decide(plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views,
-		Now: now, TermStart: c.termStart})
+	in := plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views,
+		Now: now, TermStart: c.termStart}
+	budgets, err := c.budgets(ctx, byName, reads)
+	if err != nil {
+		return plan.Plan{}, nil, fmt.Errorf("list poddisruptionbudgets: %w", err)
+	}
+	if budgets != nil {
+		in.Budgets = budgets
+	}
+	p := plan.Decide(in)
+	if budgets != nil && budgets.err != nil {
+		return plan.Plan{}, nil, budgets.err
+	}
 	for _, v := range p.Nodes {
 		if v.State == plan.Updated && looked[v.Name] {
 			c.gated.pass(pool.Name, v.Name, target.Revision)

@@ -111,6 +111,23 @@ type Input struct {
 	// it, when no leader watched the nodes (dkc-server down, or a status annotation not written because
 	// no replica ran), counts towards no node's nodeTimeout. Zero: unknown, the assignment time alone.
 	TermStart time.Time
+	// Budgets, when set, are the PodDisruptionBudgets a batch must keep: no node is assigned whose
+	// kubelet's restart, with those of the nodes restarting now, would take a budget below what it allows.
+	Budgets Budgets
+}
+
+// Budgets is what kubelet restarts cost PodDisruptionBudgets: the Ready pods they would take from Ready
+// (a 1.34 kubelet's restart sets every container with a readiness or startup probe not Ready until the
+// probe passes again, kubernetes#100277). Decide asks only about the nodes restarting now and the
+// candidates of a batch, so the caller reads the pods of no other node.
+type Budgets interface {
+	// Allowed is how many more of the budget's pods may stop being Ready now (the budget's healthy pods
+	// less its desired healthy); budgets are named namespace/name.
+	Allowed(budget string) int
+	// Most is what the budget allows with every pod it expects healthy (expected less desired healthy).
+	Most(budget string) int
+	// Takes is how many Ready pods of each budget a restart of node's kubelet takes from Ready (nil: none).
+	Takes(node string) map[string]int
 }
 
 // State is where a node stands with the target revision.
@@ -379,6 +396,9 @@ type tally struct {
 	pending []string
 	// unavailable are the nodes that take one of maxUnavailable's slots (Verdict.Unavailable).
 	unavailable int
+	// restarting are the nodes whose kubelet restarts or may restart now, by name: in progress, or held
+	// and changing.
+	restarting []string
 }
 
 // notAssigned are the selected nodes not assigned the target: pending, Ready or not.
@@ -420,6 +440,9 @@ func count(verdicts []Verdict) tally {
 		}
 		if v.Unavailable() {
 			t.unavailable++
+		}
+		if v.State == InProgress || v.Changing {
+			t.restarting = append(t.restarting, v.Name)
 		}
 	}
 	return t
@@ -539,12 +562,104 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 			fmt.Sprintf("%s; %d selected nodes are not Ready (maxUnavailable %d): nothing is assigned until one is",
 				prog, t.unavailable, maxUnavailable))
 	default:
-		assign := t.pending[:min(slots, len(t.pending))]
+		assign, held, alone := fit(in, t, slots)
+		if len(assign) == 0 && len(podWaits) > 0 {
+			return inProgress(prog)
+		}
+		if len(assign) == 0 {
+			g := rolling(v1alpha1.ReasonWaitingForDisruptionBudget,
+				fmt.Sprintf("%s; no node can restart now without taking a PodDisruptionBudget below what it allows: %s",
+					prog, joinCapped(held, "; ")))
+			g.wait = podPoll
+			return g
+		}
 		g := rolling(v1alpha1.ReasonRollingOut,
 			fmt.Sprintf("%s; assigning %d: %s", prog, len(assign), joinCapped(assign, ", ")))
+		if alone != "" {
+			g.message += "; " + alone
+		}
+		if len(held) > 0 {
+			// The budgets move with pods elsewhere (no event the pool watches): look again soon.
+			g.message += "; held back by PodDisruptionBudgets: " + joinCapped(held, "; ")
+			g.wait = podPoll
+		}
 		g.assign = assign
 		return g
 	}
+}
+
+// maxBudgetCandidates bounds how many pending nodes one decision weighs against the PodDisruptionBudgets:
+// each costs a read of the node's pods.
+const maxBudgetCandidates = 50
+
+// fit picks up to slots of the Ready pending nodes, in order, whose kubelet restarts the
+// PodDisruptionBudgets allow on top of the nodes restarting now: each budget's allowed disruptions less
+// its Ready pods on the restarting nodes (about to lose their readiness, or lost it and Ready again — a
+// moment of caution until the node is through), less those of the nodes picked before. held says, of each
+// node left out, which budgets hold it. Without budgets the first slots are picked.
+//
+// A node that runs more of a budget's pods than the budget allows even with all of them healthy (both
+// replicas of a two-replica Deployment with minAvailable 1, as dkc-server's own on a cluster with one
+// control-plane node) could never restart by that rule, though an eviction-based drain would get through
+// one pod at a time. It restarts alone instead — the least disruption there is: when no other node
+// restarts, nothing else is picked, and every such budget has all the room it ever has; alone says so.
+// A budget that allows nothing at all (maxUnavailable 0) still holds it, as it holds a drain.
+func fit(in Input, t tally, slots int) (assign, held []string, alone string) {
+	if in.Budgets == nil {
+		return t.pending[:min(slots, len(t.pending))], nil, ""
+	}
+	left := map[string]int{}
+	room := func(b string) int {
+		if _, ok := left[b]; !ok {
+			left[b] = in.Budgets.Allowed(b)
+		}
+		return left[b]
+	}
+	take := func(takes map[string]int) {
+		for b, k := range takes {
+			left[b] = room(b) - k
+		}
+	}
+	for _, n := range t.restarting {
+		take(in.Budgets.Takes(n))
+	}
+	for i, n := range t.pending {
+		if len(assign) == slots || i == maxBudgetCandidates {
+			break
+		}
+		takes := in.Budgets.Takes(n)
+		first := len(t.restarting) == 0 && len(assign) == 0
+		var short, over []string
+		for _, b := range slices.Sorted(maps.Keys(takes)) {
+			k := takes[b]
+			if k <= room(b) {
+				continue
+			}
+			if most := in.Budgets.Most(b); most >= 1 && k > most {
+				if first && room(b) == most {
+					over = append(over, fmt.Sprintf("%s (%d of its pods, it allows %d)", b, k, most))
+					continue
+				}
+				short = append(short, fmt.Sprintf("%s allows %d more not Ready, its restart takes %d, more than "+
+					"it ever allows (%d): it restarts alone once no other node does and the budget's pods are all healthy",
+					b, max(room(b), 0), k, most))
+				continue
+			}
+			short = append(short, fmt.Sprintf("%s allows %d more not Ready, its restart takes %d", b, max(room(b), 0), k))
+		}
+		if len(short) > 0 {
+			held = append(held, "node "+n+": PodDisruptionBudget "+strings.Join(short, ", "))
+			continue
+		}
+		take(takes)
+		assign = append(assign, n)
+		if len(over) > 0 {
+			alone = "node " + n + " restarts alone: it runs more pods of PodDisruptionBudget " +
+				strings.Join(over, ", ") + " than the budget allows at once"
+			break
+		}
+	}
+	return assign, held, alone
 }
 
 // conditions sets the pool's conditions other than Updating (gates): Paused, ConfigInvalid, Halted,

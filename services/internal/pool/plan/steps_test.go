@@ -178,6 +178,9 @@ func TestGates(t *testing.T) {
 		batchDone time.Duration
 		// podWaits are the nodes in progress that wait for their pods.
 		podWaits []string
+		// restarting are the nodes in progress; budgets, when set, the PodDisruptionBudgets.
+		restarting []string
+		budgets    *budgetsOf
 
 		updating string // status/reason
 		message  string // a substring
@@ -246,6 +249,58 @@ func TestGates(t *testing.T) {
 			updating: "True/RollingOut", message: "assigning 2: a, b", assign: "a,b"},
 		{name: "more slots than pending nodes: all of them", counts: "2/0/0/0/0/0", pending: []string{"a", "b"},
 			maxUnavailable: 5, updating: "True/RollingOut", assign: "a,b"},
+		{name: "budgets that allow the restarts: the first pending nodes", counts: "3/0/0/0/0/0",
+			pending: []string{"a", "b", "c"}, maxUnavailable: 2,
+			budgets: &budgetsOf{allowed: map[string]int{"default/web": 2}, takes: map[string]map[string]int{
+				"a": {"default/web": 1}, "b": {"default/web": 1}}},
+			updating: "True/RollingOut", message: "assigning 2: a, b", assign: "a,b"},
+		{name: "a budget's room is shared by the batch: the second node waits, the next without pods goes",
+			counts: "3/0/0/0/0/0", pending: []string{"a", "b", "c"}, maxUnavailable: 2,
+			budgets: &budgetsOf{allowed: map[string]int{"default/web": 1}, takes: map[string]map[string]int{
+				"a": {"default/web": 1}, "b": {"default/web": 1}}},
+			updating: "True/RollingOut", assign: "a,c", wait: 5 * time.Second,
+			message: "held back by PodDisruptionBudgets: node b: PodDisruptionBudget default/web allows 0 more not Ready, its restart takes 1"},
+		{name: "a node in progress holds its Ready pods' budget", counts: "3/0/0/1/0/0",
+			pending: []string{"b", "c"}, restarting: []string{"a"}, unavailable: 1, maxUnavailable: 2,
+			budgets: &budgetsOf{allowed: map[string]int{"default/web": 1}, takes: map[string]map[string]int{
+				"a": {"default/web": 1}, "b": {"default/web": 1}, "c": {"default/web": 1, "default/db": 1}}},
+			updating: "True/WaitingForDisruptionBudget", wait: 5 * time.Second,
+			message: "without taking a PodDisruptionBudget below what it allows: node b: PodDisruptionBudget default/web allows 0"},
+		{name: "a node whose restart takes more than its budget allows waits, naming each budget",
+			counts: "1/0/0/0/0/0", pending: []string{"a"}, maxUnavailable: 1,
+			budgets: &budgetsOf{allowed: map[string]int{"default/web": 1}, most: map[string]int{"default/web": 3},
+				takes: map[string]map[string]int{"a": {"default/web": 2, "default/db": 1}}},
+			updating: "True/WaitingForDisruptionBudget", wait: 5 * time.Second,
+			message: "node a: PodDisruptionBudget default/db allows 0 more not Ready, its restart takes 1, default/web allows 1 more not Ready, its restart takes 2"},
+		{name: "a node with more of a budget's pods than it ever allows restarts alone, with the budget whole",
+			counts: "3/0/0/0/0/0", pending: []string{"a", "b", "c"}, maxUnavailable: 3,
+			budgets: &budgetsOf{allowed: map[string]int{"kube-system/dkc-server": 1}, takes: map[string]map[string]int{
+				"a": {"kube-system/dkc-server": 2}}},
+			updating: "True/RollingOut", assign: "a",
+			message: "node a restarts alone: it runs more pods of PodDisruptionBudget kube-system/dkc-server (2 of its pods, it allows 1)"},
+		{name: "such a node waits while another restarts", counts: "3/0/0/1/0/0",
+			pending: []string{"b", "c"}, restarting: []string{"a"}, unavailable: 1, maxUnavailable: 3,
+			budgets: &budgetsOf{allowed: map[string]int{"kube-system/dkc-server": 1}, takes: map[string]map[string]int{
+				"b": {"kube-system/dkc-server": 2}}},
+			updating: "True/RollingOut", assign: "c", wait: 5 * time.Second,
+			message: "node b: PodDisruptionBudget kube-system/dkc-server allows 1 more not Ready, its restart takes 2, more than it ever allows (1): it restarts alone once"},
+		{name: "such a node waits while a pod of its budget is not Ready", counts: "1/0/0/0/0/0",
+			pending: []string{"a"}, maxUnavailable: 1,
+			budgets: &budgetsOf{allowed: map[string]int{"default/web": 0}, most: map[string]int{"default/web": 1},
+				takes: map[string]map[string]int{"a": {"default/web": 2}}},
+			updating: "True/WaitingForDisruptionBudget", wait: 5 * time.Second, message: "it restarts alone once"},
+		{name: "a budget that allows nothing holds a node for good (maxUnavailable 0)", counts: "1/0/0/0/0/0",
+			pending: []string{"a"}, maxUnavailable: 1,
+			budgets: &budgetsOf{allowed: map[string]int{"default/web": 0}, takes: map[string]map[string]int{
+				"a": {"default/web": 1}}},
+			updating: "True/WaitingForDisruptionBudget", wait: 5 * time.Second,
+			message: "node a: PodDisruptionBudget default/web allows 0 more not Ready, its restart takes 1"},
+		{name: "held by a budget while a node waits for its pods: waiting for pods", counts: "2/0/0/1/0/0",
+			pending: []string{"b"}, restarting: []string{"a"}, unavailable: 1, maxUnavailable: 2,
+			podWaits: []string{"node a: default/web-1"},
+			budgets: &budgetsOf{allowed: map[string]int{"default/web": 0}, takes: map[string]map[string]int{
+				"b": {"default/web": 1}}},
+			updating: "True/WaitingForPods", message: "not Ready again: node a: default/web-1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := r2
@@ -253,7 +308,11 @@ func TestGates(t *testing.T) {
 				target = *tc.target
 			}
 			in := Input{Pool: pool(tc.pool...), Target: target, Invalid: tc.invalid, Now: t0}
-			tl := tally{nodes: counts(t, tc.counts), pending: tc.pending, unavailable: tc.unavailable}
+			if tc.budgets != nil {
+				in.Budgets = tc.budgets
+			}
+			tl := tally{nodes: counts(t, tc.counts), pending: tc.pending, unavailable: tc.unavailable,
+				restarting: tc.restarting}
 			var batchDone *metav1.Time
 			if tc.batchDone > 0 {
 				batchDone = &metav1.Time{Time: t0.Add(-tc.batchDone)}
@@ -393,3 +452,19 @@ func TestMaintenanceWindowStatus(t *testing.T) {
 		})
 	}
 }
+
+// budgetsOf are PodDisruptionBudgets given as tables: what each allows, what each node's restart takes.
+type budgetsOf struct {
+	allowed map[string]int
+	most    map[string]int // default: allowed
+	takes   map[string]map[string]int
+}
+
+func (b *budgetsOf) Allowed(budget string) int { return b.allowed[budget] }
+func (b *budgetsOf) Most(budget string) int {
+	if m, ok := b.most[budget]; ok {
+		return m
+	}
+	return b.allowed[budget]
+}
+func (b *budgetsOf) Takes(node string) map[string]int { return b.takes[node] }

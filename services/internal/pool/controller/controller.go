@@ -574,8 +574,8 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 			if err != nil {
 				return plan.Plan{}, nil, err
 			}
-			seen := c.gated.sawRunning(pool.Name, n.Name, target.Revision, pods, v.AssignedAt)
-			v.Pods, looked[n.Name] = fared(pods, v.AssignedAt, seen), true
+			mem := c.gated.saw(pool.Name, n.Name, target.Revision, pods, v.AssignedAt)
+			v.Pods, looked[n.Name] = fared(pods, v.AssignedAt, mem), true
 		}
 		views = append(views, v)
 	}
@@ -591,6 +591,16 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 	p := plan.Decide(in)
 	if budgets != nil && budgets.err != nil {
 		return plan.Plan{}, nil, budgets.err
+	}
+	if pool.Spec.PodReadinessTimeoutOrDefault() > 0 {
+		// The gate's "before": which pods are not Ready as the nodes are assigned (podsGated).
+		for _, node := range p.Assign {
+			pods, err := reads.of(node)
+			if err != nil {
+				return plan.Plan{}, nil, err
+			}
+			c.gated.assigning(pool.Name, node, target.Revision, pods)
+		}
 	}
 	for _, v := range p.Nodes {
 		if v.State == plan.Updated && looked[v.Name] {

@@ -36,17 +36,21 @@ import (
 // podsGated remembers the nodes through the workload gate, by pool, then node: the revision they passed
 // it with. And, for the nodes in it, the pods seen running (by UID): a pod the kubelet rejects when it
 // re-admits it after a restart may carry no time of its failure (the rejection writes no condition), and
-// having seen it running since the assignment is what blames the restart.
+// having seen it running since the assignment is what blames the restart. And the pods that were not
+// Ready when the node was assigned, until seen Ready: a kubelet restart writes their Ready condition
+// anew, with a new transition time, which would read as a loss the assignment caused.
 type podsGated struct {
-	mu   sync.Mutex
-	m    map[string]map[string]string
-	live map[gateKey]map[types.UID]bool
+	mu       sync.Mutex
+	m        map[string]map[string]string
+	live     map[gateKey]map[types.UID]bool
+	notReady map[gateKey]map[types.UID]bool
 }
 
 type gateKey struct{ pool, node, revision string }
 
 func newPodsGated() *podsGated {
-	return &podsGated{m: map[string]map[string]string{}, live: map[gateKey]map[types.UID]bool{}}
+	return &podsGated{m: map[string]map[string]string{}, live: map[gateKey]map[types.UID]bool{},
+		notReady: map[gateKey]map[types.UID]bool{}}
 }
 
 func (g *podsGated) passed(pool, node, revision string) bool {
@@ -63,11 +67,34 @@ func (g *podsGated) pass(pool, node, revision string) {
 	}
 	g.m[pool][node] = revision
 	delete(g.live, gateKey{pool, node, revision})
+	delete(g.notReady, gateKey{pool, node, revision})
 }
 
-// sawRunning records the pods of node that ran before at and have not finished, and returns whether a pod
-// (by UID) was seen so while the node was in the gate.
-func (g *podsGated) sawRunning(pool, node, revision string, pods []corev1.Pod, at time.Time) func(types.UID) bool {
+// assigning records the pods of node that are not Ready as the pool assigns it revision.
+func (g *podsGated) assigning(pool, node, revision string, pods []corev1.Pod) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := gateKey{pool, node, revision}
+	set := map[types.UID]bool{}
+	for i := range pods {
+		if ready, _ := readiness(&pods[i]); !ready {
+			set[pods[i].UID] = true
+		}
+	}
+	g.notReady[k] = set
+}
+
+// podMemory is what the controller saw of a node's pods since its assignment.
+type podMemory struct {
+	// running: the pod was seen running while the node was in the gate.
+	running func(types.UID) bool
+	// notReadyBefore: the pod was not Ready when the node was assigned, and not seen Ready since.
+	notReadyBefore func(types.UID) bool
+}
+
+// saw records the pods of node that ran before at and have not finished, and those seen Ready, and
+// returns what was seen of them while the node was in the gate.
+func (g *podsGated) saw(pool, node, revision string, pods []corev1.Pod, at time.Time) podMemory {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	k := gateKey{pool, node, revision}
@@ -76,14 +103,20 @@ func (g *podsGated) sawRunning(pool, node, revision string, pods []corev1.Pod, a
 		seen = map[types.UID]bool{}
 		g.live[k] = seen
 	}
-	for _, p := range pods {
+	notReady := g.notReady[k]
+	for i := range pods {
+		p := &pods[i]
 		if p.CreationTimestamp.Time.Before(at) && p.Status.Phase != corev1.PodSucceeded &&
 			p.Status.Phase != corev1.PodFailed {
 			seen[p.UID] = true
 		}
+		if ready, _ := readiness(p); ready {
+			delete(notReady, p.UID)
+		}
 	}
-	snapshot := maps.Clone(seen)
-	return func(uid types.UID) bool { return snapshot[uid] }
+	running, before := maps.Clone(seen), maps.Clone(notReady)
+	return podMemory{running: func(uid types.UID) bool { return running[uid] },
+		notReadyBefore: func(uid types.UID) bool { return before[uid] }}
 }
 
 func (g *podsGated) forget(pool string) {
@@ -93,6 +126,11 @@ func (g *podsGated) forget(pool string) {
 	for k := range g.live {
 		if k.pool == pool {
 			delete(g.live, k)
+		}
+	}
+	for k := range g.notReady {
+		if k.pool == pool {
+			delete(g.notReady, k)
 		}
 	}
 }
@@ -145,10 +183,12 @@ func (c *Controller) nodePods(ctx context.Context, node string) ([]corev1.Pod, e
 
 // fared is how the pods that ran on a node before at (its assignment) fared since: those that lost their
 // readiness after at and are not Ready again, and those the kubelet failed after at (by the time their
-// status gives, or, when it gives none, because seenRunning saw them running since the assignment). Pods
-// created at or after at, pods being deleted (a drain's evictions, a scale-down) and pods that were
-// already not Ready or failed before at are left out: they say nothing of what the assignment did.
-func fared(pods []corev1.Pod, at time.Time, seenRunning func(types.UID) bool) []plan.Pod {
+// status gives, or, when it gives none, because mem saw them running since the assignment). Pods created
+// at or after at, pods being deleted (a drain's evictions, a scale-down) and pods that were already not
+// Ready or failed before at are left out: they say nothing of what the assignment did. Not Ready before
+// is what mem saw at the assignment (a restart moves the transition time of a Ready condition that was
+// False already), else what the condition's time says (a new leader has no memory of the assignment).
+func fared(pods []corev1.Pod, at time.Time, mem podMemory) []plan.Pod {
 	var out []plan.Pod
 	for _, p := range pods {
 		if !p.CreationTimestamp.Time.Before(at) || p.DeletionTimestamp != nil {
@@ -166,12 +206,12 @@ func fared(pods []corev1.Pod, at time.Time, seenRunning func(types.UID) bool) []
 			}
 			// Only the kubelet's own verdicts on the pod, and only those it reached after the assignment;
 			// a pod whose failure time is unknown counts only if it was seen running since.
-			after := !when.IsZero() && !when.Before(at) || when.IsZero() && seenRunning(p.UID)
+			after := !when.IsZero() && !when.Before(at) || when.IsZero() && mem.running(p.UID)
 			if kubeletFailure(p.Status.Reason) && after {
 				out = append(out, plan.Pod{Name: name, Failed: strings.TrimSpace(p.Status.Reason + ": " + p.Status.Message)})
 			}
 		default:
-			if !ready && !readyChanged.IsZero() && !readyChanged.Before(at) {
+			if !ready && !readyChanged.IsZero() && !readyChanged.Before(at) && !mem.notReadyBefore(p.UID) {
 				out = append(out, plan.Pod{Name: name, NotReadySince: readyChanged})
 			}
 		}

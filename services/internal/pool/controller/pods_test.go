@@ -61,6 +61,8 @@ func TestFared(t *testing.T) {
 		{name: "lost readiness after the assignment: not ready", pod: workload("p", "a", before, readyAt(false, after)), want: "notready"},
 		{name: "lost it in the assignment's second: not ready", pod: workload("p", "a", before, readyAt(false, at)), want: "notready"},
 		{name: "not Ready since before the assignment: not the assignment's doing", pod: workload("p", "a", before, readyAt(false, before))},
+		{name: "not Ready at the assignment, its condition rewritten by the restart: left out",
+			pod: workload("p", "a", before, readyAt(false, after), func(p *corev1.Pod) { p.UID = "not-ready-before" })},
 		{name: "created after the assignment: left out", pod: workload("p", "a", after, readyAt(false, after))},
 		{name: "no Ready condition yet: left out", pod: workload("p", "a", before)},
 		{name: "being deleted (evicted by a drain): left out", pod: workload("p", "a", before, readyAt(false, after),
@@ -81,7 +83,8 @@ func TestFared(t *testing.T) {
 		{name: "failed by its own containers: not the kubelet's verdict", pod: workload("p", "a", before, readyAt(false, after), failedWith("Error"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := fared([]corev1.Pod{*tc.pod}, at, func(uid types.UID) bool { return uid == "seen" })
+			got := fared([]corev1.Pod{*tc.pod}, at, podMemory{running: func(uid types.UID) bool { return uid == "seen" },
+				notReadyBefore: func(uid types.UID) bool { return uid == "not-ready-before" }})
 			kind := ""
 			if len(got) == 1 {
 				switch {
@@ -124,8 +127,12 @@ func TestPoolWaitsForThePodsOfItsNodes(t *testing.T) {
 			h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), node("a", nil, nil), node("b", nil, nil))
 			t0 := h.clock.Now()
 			pod := workload("web-1", "a", t0.Add(-time.Hour), readyAt(true, t0.Add(-time.Hour)))
-			if _, err := h.client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
+			// Not Ready since before the assignment; the restart writes its condition anew (a new time).
+			stale := workload("web-0", "a", t0.Add(-time.Hour), readyAt(false, t0.Add(-time.Hour)))
+			for _, p := range []*corev1.Pod{pod, stale} {
+				if _, err := h.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			sync := func() time.Duration {
 				t.Helper()
@@ -157,6 +164,11 @@ func TestPoolWaitsForThePodsOfItsNodes(t *testing.T) {
 			if _, err := h.client.CoreV1().Pods("default").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			stale.Status.Conditions = nil
+			readyAt(false, h.clock.Now().Add(-20*time.Second))(stale)
+			if _, err := h.client.CoreV1().Pods("default").UpdateStatus(ctx, stale, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
 			last := h.pools.updates[len(h.pools.updates)-1]
 			proveOn(t, h, "a", last.Status.CurrentRevision)
 			after := sync()
@@ -176,7 +188,7 @@ func TestPoolWaitsForThePodsOfItsNodes(t *testing.T) {
 				return
 			}
 			if st.Nodes.InProgress != 1 || updating.Reason != v1alpha1.ReasonWaitingForPods ||
-				!strings.Contains(updating.Message, "node a: default/web-1") {
+				!strings.HasSuffix(updating.Message, "node a: default/web-1") {
 				t.Fatalf("nodes %+v, Updating %s %q; want a in progress, WaitingForPods naming node a: default/web-1",
 					st.Nodes, updating.Reason, updating.Message)
 			}

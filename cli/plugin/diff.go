@@ -212,7 +212,7 @@ flag such as --max-pods wins over the config). Table output only.`,
 				fmt.Fprintf(o.io.Out, "the kubelet refuses to start with this on its current state: "+
 					"drain node %s and remove %s first\n", args[0], r)
 			}
-			if capacity.Changes(running, next) {
+			if capacity.Changes(running, next) || capacity.EvictionChanges(running, next) {
 				return o.printCapacity(cmd.Context(), args[0], running, next)
 			}
 			return nil

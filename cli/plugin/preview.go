@@ -57,15 +57,21 @@ func (o *Options) preview(ctx context.Context, pool *v1alpha1.KubeletConfigPool,
 	fmt.Fprintf(o.io.Out, "dry run, nothing written: kubeletconfigpool/%s with configmap %s/%s key %s on %d nodes\n",
 		pool.Name, ref.Namespace, ref.Name, ref.KubeletConfigKey, len(rows))
 	w := tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tKUBELET\tCHANGES\tNEEDS\tPODS\tCPU\tMEMORY\tNOT ADMITTED")
+	fmt.Fprintln(w, "NODE\tKUBELET\tCHANGES\tNEEDS\tPODS\tCPU\tMEMORY\tNOT ADMITTED\tEVICTED")
 	for _, r := range rows {
 		if r.Error != "" {
-			fmt.Fprintf(w, "%s\t%s\t<%s>\t\t\t\t\t\n", r.Node, r.KubeletVersion, r.Error)
+			fmt.Fprintf(w, "%s\t%s\t<%s>\t\t\t\t\t\t\n", r.Node, r.KubeletVersion, r.Error)
 			continue
 		}
 		fit := map[corev1.ResourceName]string{}
-		unfit := "-"
+		unfit, evicted := "-", "-"
 		if r.Capacity != nil {
+			switch {
+			case r.Capacity.Eviction != nil:
+				evicted = fmt.Sprint(len(r.Capacity.Eviction.Evicted))
+			case r.Capacity.EvictionUnpredicted != "":
+				evicted = "?"
+			}
 			for _, f := range r.Capacity.Resources {
 				fit[f.Resource] = fmt.Sprintf("%s→%s (%s)", f.Now, f.Next, f.Requested)
 			}
@@ -78,8 +84,8 @@ func (o *Options) preview(ctx context.Context, pool *v1alpha1.KubeletConfigPool,
 				unfit = fmt.Sprint(len(r.Capacity.Unfit))
 			}
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Node, r.KubeletVersion, len(r.Changes), dash(r.Needs),
-			dash(fit[corev1.ResourcePods]), dash(fit[corev1.ResourceCPU]), dash(fit[corev1.ResourceMemory]), unfit)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, r.KubeletVersion, len(r.Changes), dash(r.Needs),
+			dash(fit[corev1.ResourcePods]), dash(fit[corev1.ResourceCPU]), dash(fit[corev1.ResourceMemory]), unfit, evicted)
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -120,7 +126,7 @@ func (o *Options) previewNode(ctx context.Context, n *corev1.Node, ref v1alpha1.
 	for _, r := range disruption.Resets(running, next) {
 		p.Resets = append(p.Resets, r.String())
 	}
-	if capacity.Changes(running, next) {
+	if capacity.Changes(running, next) || capacity.EvictionChanges(running, next) {
 		c, err := o.capacityOf(ctx, n, running, next)
 		if err != nil {
 			p.Error = err.Error()

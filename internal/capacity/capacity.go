@@ -56,6 +56,10 @@ type Capacity struct {
 	// Unpredicted says why no pod is named: the node's allocatable now is not what its running config gives
 	// (a flag such as --max-pods or --kube-reserved wins over the config), so neither is the prediction.
 	Unpredicted string `json:"unpredicted,omitempty"`
+	// Eviction is what the config's eviction thresholds do to the node as its stats show it now; nil when
+	// they do not change or were not looked at (EvictionUnpredicted says why).
+	Eviction            *Eviction `json:"eviction,omitempty"`
+	EvictionUnpredicted string    `json:"evictionUnpredicted,omitempty"`
 }
 
 // Changes says whether going from running to next changes what the kubelet allocates.
@@ -315,8 +319,21 @@ func number(v any) float64 {
 	return 0
 }
 
-// Findings are what c says of node, a line each.
+// Findings are what c says of node, a line each: admission, then eviction.
 func (c Capacity) Findings(node string) []string {
+	out := c.admission(node)
+	switch {
+	case c.Eviction != nil && len(c.Eviction.Pressure) == 0:
+		out = append(out, node+": no eviction threshold is crossed at the node's current use")
+	case c.Eviction != nil:
+		out = append(out, c.Eviction.Findings(node)...)
+	case c.EvictionUnpredicted != "":
+		out = append(out, node+": "+c.EvictionUnpredicted)
+	}
+	return out
+}
+
+func (c Capacity) admission(node string) []string {
 	switch {
 	case c.NotStarting != "":
 		return []string{node + ": " + c.NotStarting}

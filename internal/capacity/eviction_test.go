@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package capacity
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+)
+
+const mi = 1 << 20
+
+func TestEvictions(t *testing.T) {
+	// The node: 4Gi of memory, 1.5Gi available; 100Gi of nodefs, 20Gi available.
+	summary := func(pods ...statsapi.PodStats) *statsapi.Summary {
+		u := func(v uint64) *uint64 { return &v }
+		return &statsapi.Summary{
+			Node: statsapi.NodeStats{
+				Memory: &statsapi.MemoryStats{AvailableBytes: u(1536 * mi), WorkingSetBytes: u(2560 * mi)},
+				Fs:     &statsapi.FsStats{AvailableBytes: u(20 << 30), CapacityBytes: u(100 << 30)},
+			},
+			Pods: pods,
+		}
+	}
+	usage := func(name string, ws uint64) statsapi.PodStats {
+		ws *= mi
+		return statsapi.PodStats{PodRef: statsapi.PodReference{Name: name, Namespace: "default", UID: name + "-uid"},
+			Memory: &statsapi.MemoryStats{WorkingSetBytes: &ws}}
+	}
+	pod := func(name string, requestMi int64, priority int32, mods ...func(*corev1.Pod)) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid")},
+			Spec:   corev1.PodSpec{Priority: &priority, Containers: []corev1.Container{{Name: "c"}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		if requestMi > 0 {
+			p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{
+				corev1.ResourceMemory: *resource.NewQuantity(requestMi*mi, resource.BinarySI)}
+		}
+		for _, m := range mods {
+			m(&p)
+		}
+		return p
+	}
+	mirror := func(p *corev1.Pod) { p.Annotations = map[string]string{mirrorAnnotation: "x"} }
+	pods := []corev1.Pod{
+		pod("best-effort", 0, 0), // uses 300Mi, over its request
+		pod("within", 1024, 0),   // uses 500Mi of 1Gi requested
+		pod("over-high", 100, 1000),
+		pod("static", 0, 0, mirror), // critical: never evicted
+		pod("no-stats", 0, 0),
+	}
+	stats := summary(usage("best-effort", 300), usage("within", 500), usage("over-high", 400), usage("static", 800))
+	hard := func(kv ...string) map[string]any {
+		m := map[string]any{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return map[string]any{"evictionHard": m}
+	}
+	for _, tc := range []struct {
+		name          string
+		running, next map[string]any
+		summary       *statsapi.Summary
+		pressure      string // signal/kind/already, comma-separated
+		evicted       string // pods, comma-separated
+		short         string // a substring
+	}{
+		{name: "a threshold below what is available: nothing", running: hard("memory.available", "100Mi"),
+			next: hard("memory.available", "1Gi")},
+		{name: "memory above the new threshold: the kubelet's order until it is met",
+			running: hard("memory.available", "100Mi"), next: hard("memory.available", "2Gi"),
+			// 512Mi to free: no stats first, then those over their requests by priority, then the rest
+			pressure: "memory.available/hard/false", evicted: "no-stats,best-effort,over-high"},
+		{name: "a percentage of capacity, and the minimum reclaim on top",
+			running: hard("memory.available", "100Mi"),
+			next: map[string]any{"evictionHard": map[string]any{"memory.available": "50%"}, // 2Gi of 4Gi
+				"evictionMinimumReclaim": map[string]any{"memory.available": "300Mi"}},
+			pressure: "memory.available/hard/false", evicted: "no-stats,best-effort,over-high,within"},
+		{name: "crossed under the running config too: the kubelet evicts already",
+			running: hard("memory.available", "1600Mi"), next: hard("memory.available", "1700Mi"),
+			pressure: "memory.available/hard/true", evicted: "no-stats,best-effort"},
+		{name: "more than every evictable pod frees: what is missing", running: hard("memory.available", "100Mi"),
+			next: hard("memory.available", "4000Mi"), pressure: "memory.available/hard/false",
+			evicted: "no-stats,best-effort,over-high,within", short: "memory.available still 1264Mi below its hard threshold"},
+		{name: "a soft threshold names the pods too", running: hard(),
+			next:     map[string]any{"evictionSoft": map[string]any{"memory.available": "1600Mi"}},
+			pressure: "memory.available/soft/false", evicted: "no-stats,best-effort"},
+		{name: "hard and soft crossed: the pods are named once",
+			running: hard(), next: map[string]any{"evictionHard": map[string]any{"memory.available": "1600Mi"},
+				"evictionSoft": map[string]any{"memory.available": "2Gi"}},
+			pressure: "memory.available/hard/false,memory.available/soft/false", evicted: "no-stats,best-effort"},
+		{name: "disk pressure is reported, not named", running: hard("nodefs.available", "10%"),
+			next: hard("nodefs.available", "25%"), pressure: "nodefs.available/hard/false"},
+		{name: "0% means no threshold", running: hard(), next: hard("nodefs.available", "0%")},
+		{name: "no memory stats: no memory signal", running: hard(), next: hard("memory.available", "4Gi"),
+			summary: &statsapi.Summary{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := stats
+			if tc.summary != nil {
+				s = tc.summary
+			}
+			e, err := Evictions(s, tc.running, tc.next, pods)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pressure, evicted []string
+			for _, p := range e.Pressure {
+				already := "false"
+				if p.Already {
+					already = "true"
+				}
+				pressure = append(pressure, p.Signal+"/"+p.Kind+"/"+already)
+			}
+			for _, ev := range e.Evicted {
+				evicted = append(evicted, strings.TrimPrefix(ev.Pod, "default/"))
+			}
+			if got := strings.Join(pressure, ","); got != tc.pressure {
+				t.Errorf("pressure %q, want %q", got, tc.pressure)
+			}
+			if got := strings.Join(evicted, ","); got != tc.evicted {
+				t.Errorf("evicted %q, want %q", got, tc.evicted)
+			}
+			if got := strings.Join(e.Short, "; "); tc.short == "" && got != "" || !strings.Contains(got, tc.short) {
+				t.Errorf("short %q, want %q", got, tc.short)
+			}
+		})
+	}
+}
+
+func TestEvictionsRefuseABadThreshold(t *testing.T) {
+	s := &statsapi.Summary{Node: statsapi.NodeStats{Fs: &statsapi.FsStats{AvailableBytes: new(uint64(1)),
+		CapacityBytes: new(uint64(2))}}}
+	_, err := Evictions(s, nil, map[string]any{"evictionHard": map[string]any{"nodefs.available": "ten%"}}, nil)
+	if err == nil || !strings.Contains(err.Error(), `evictionHard nodefs.available "ten%"`) {
+		t.Fatalf("err %v, want one naming the field, signal and value", err)
+	}
+}
+
+func TestEvictionFindings(t *testing.T) {
+	e := Eviction{
+		Pressure: []Pressure{{Signal: "memory.available", Kind: "hard", Observed: "1536Mi", Threshold: "2Gi"},
+			{Signal: "nodefs.available", Kind: "hard", Observed: "20Gi", Threshold: "25Gi", Already: true}},
+		Evicted: []EvictedPod{{Pod: "default/web", Signal: "memory.available", Usage: "300Mi"}},
+	}
+	got := strings.Join(e.Findings("node-2"), "\n")
+	for _, want := range []string{
+		"node-2: memory.available 1536Mi is below the new hard eviction threshold 2Gi",
+		"node-2: nodefs.available 20Gi is below the new hard eviction threshold 25Gi (and below the running config's: the kubelet evicts already): the kubelet reports pressure",
+		"node-2: default/web would be evicted (memory.available; it uses 300Mi)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("findings\n%s\nlack %q", got, want)
+		}
+	}
+}

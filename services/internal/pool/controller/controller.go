@@ -589,6 +589,7 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 		in.Budgets = budgets
 	}
 	p := plan.Decide(in)
+	c.gated.prune(pool.Name, byName)
 	if budgets != nil && budgets.err != nil {
 		return plan.Plan{}, nil, budgets.err
 	}

@@ -119,6 +119,24 @@ func (g *podsGated) saw(pool, node, revision string, pods []corev1.Pod, at time.
 		notReadyBefore: func(uid types.UID) bool { return before[uid] }}
 }
 
+// prune forgets the pool's nodes that are no longer selected (deleted, relabelled).
+func (g *podsGated) prune(pool string, selected map[string]*corev1.Node) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for node := range g.m[pool] {
+		if selected[node] == nil {
+			delete(g.m[pool], node)
+		}
+	}
+	for _, m := range []map[gateKey]map[types.UID]bool{g.live, g.notReady} {
+		for k := range m {
+			if k.pool == pool && selected[k.node] == nil {
+				delete(m, k)
+			}
+		}
+	}
+}
+
 func (g *podsGated) forget(pool string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -220,10 +238,11 @@ func fared(pods []corev1.Pod, at time.Time, mem podMemory) []plan.Pod {
 }
 
 // kubeletFailure says whether a failed pod's reason is the kubelet's verdict on the node's capacity: its
-// admission (OutOfpods, OutOfcpu, OutOfmemory, OutOf<extended resource>, UnexpectedAdmissionError) or
-// its eviction manager (Evicted).
+// admission (OutOfpods, OutOfcpu, OutOfmemory, OutOf<extended resource>, UnexpectedAdmissionError), its
+// eviction manager (Evicted), or its preemption of the pod to admit a critical one (Preempting).
 func kubeletFailure(reason string) bool {
-	return strings.HasPrefix(reason, "OutOf") || reason == "Evicted" || reason == "UnexpectedAdmissionError"
+	return strings.HasPrefix(reason, "OutOf") || reason == "Evicted" || reason == "UnexpectedAdmissionError" ||
+		reason == "Preempting"
 }
 
 // readiness is a pod's Ready condition: whether it is True, and when it last changed (zero if the pod

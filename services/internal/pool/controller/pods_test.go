@@ -70,6 +70,7 @@ func TestFared(t *testing.T) {
 		{name: "succeeded: left out", pod: workload("p", "a", before, readyAt(false, after),
 			func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded })},
 		{name: "rejected OutOfpods after the assignment: failed", pod: workload("p", "a", before, readyAt(false, after), failedWith("OutOfpods")), want: "failed"},
+		{name: "preempted to admit a critical pod: failed", pod: workload("p", "a", before, readyAt(false, after), failedWith("Preempting")), want: "failed"},
 		{name: "OutOfcpu: failed", pod: workload("p", "a", before, readyAt(false, after), failedWith("OutOfcpu")), want: "failed"},
 		{name: "evicted by the kubelet (DisruptionTarget after): failed", pod: workload("p", "a", before, readyAt(false, before), failedWith("Evicted"),
 			func(p *corev1.Pod) {
@@ -230,5 +231,30 @@ func proveOn(t *testing.T, h *harness, node, rev string) {
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	if err := h.nodes.Update(n); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPodsGatedForgetsNodesNoLongerSelected: a node deleted or relabelled leaves nothing behind in the
+// gate's memory; the nodes still selected keep theirs.
+func TestPodsGatedForgetsNodesNoLongerSelected(t *testing.T) {
+	g := newPodsGated()
+	at := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	pods := []corev1.Pod{*workload("p", "a", at.Add(-time.Hour))}
+	for _, n := range []string{"a", "gone"} {
+		g.pass("blue", n, "r1")
+		g.assigning("blue", n, "r2", pods)
+		g.saw("blue", n, "r2", pods, at)
+	}
+	g.prune("blue", map[string]*corev1.Node{"a": {}})
+	if !g.passed("blue", "a", "r1") || g.passed("blue", "gone", "r1") {
+		t.Errorf("passed a %v, gone %v; want a kept, gone forgotten", g.passed("blue", "a", "r1"), g.passed("blue", "gone", "r1"))
+	}
+	for _, m := range []map[gateKey]map[types.UID]bool{g.live, g.notReady} {
+		if _, ok := m[gateKey{"blue", "gone", "r2"}]; ok {
+			t.Error("the gone node's pods are still remembered")
+		}
+		if _, ok := m[gateKey{"blue", "a", "r2"}]; !ok {
+			t.Error("a's pods were forgotten")
+		}
 	}
 }

@@ -39,11 +39,13 @@ type Pressure struct {
 	Already bool `json:"already,omitempty"`
 }
 
-// EvictedPod is a pod the kubelet would evict to get a signal back above its threshold.
+// EvictedPod is a pod the kubelet would evict to get a signal back above its threshold, or reject when
+// it admits the node's pods again under the pressure (BestEffort pods under MemoryPressure).
 type EvictedPod struct {
-	Pod    string `json:"pod"` // namespace/name
-	Signal string `json:"signal"`
-	Usage  string `json:"usage"`
+	Pod      string `json:"pod"` // namespace/name
+	Signal   string `json:"signal"`
+	Usage    string `json:"usage"`
+	Rejected bool   `json:"rejected,omitempty"`
 }
 
 // Eviction is what a config's eviction thresholds do to a node as it is now.
@@ -117,10 +119,12 @@ func threshold(cfg map[string]any, field, signal string, capacity int64) (int64,
 
 // Evictions predicts what next's eviction thresholds do to the node as summary shows it now: each
 // signal the kubelet observes below a threshold of next (a hard one at once, a soft one once it held for
-// its grace period) is pressure; for memory.available it names the pods the kubelet would evict, in its
-// order (pkg/kubelet/eviction rankMemoryPressure: pods using more than they request first, then lower
-// priority, then the largest use above the request), until the signal is back above the threshold plus
-// evictionMinimumReclaim. Critical pods are never evicted. Disk and PID pressure is reported without
+// its grace period) is pressure; for memory.available it names the pods the kubelet would stop: under a
+// hard threshold the restarted kubelet sees MemoryPressure as it admits the node's pods again, and rejects
+// every BestEffort pod (its eviction manager's admission: "The node had condition: [MemoryPressure]");
+// then it evicts in its order (pkg/kubelet/eviction rankMemoryPressure: pods using more than they request
+// first, then lower priority, then the largest use above the request) until the signal is back above the
+// threshold plus evictionMinimumReclaim. Critical pods are never evicted. Disk and PID pressure is reported without
 // names: the kubelet first reclaims images and dead containers there.
 func Evictions(summary *statsapi.Summary, running, next map[string]any, pods []corev1.Pod) (Eviction, error) {
 	var e Eviction
@@ -154,7 +158,7 @@ func Evictions(summary *statsapi.Summary, running, next map[string]any, pods []c
 			if err != nil {
 				return Eviction{}, err
 			}
-			evicted, short := evictForMemory(summary, pods, thr+reclaim-o.available)
+			evicted, short := evictForMemory(summary, pods, thr+reclaim-o.available, kind == "hard")
 			e.Evicted = append(e.Evicted, evicted...)
 			if short > 0 {
 				e.Short = append(e.Short, fmt.Sprintf("%s still %s below its %s threshold after every pod that can be "+
@@ -181,9 +185,11 @@ func quantity(signal string, v int64) string {
 	return resource.NewQuantity(v, resource.BinarySI).String()
 }
 
-// evictForMemory ranks the pods the kubelet may evict as it does under memory pressure and takes them
-// until their working sets free need bytes; short is what is still missing after all of them.
-func evictForMemory(summary *statsapi.Summary, pods []corev1.Pod, need int64) (evicted []EvictedPod, short int64) {
+// evictForMemory takes, when rejecting, the BestEffort pods the kubelet rejects as it admits them again
+// under MemoryPressure, then ranks the others as the kubelet does under memory pressure and takes them
+// until the working sets of all taken free need bytes; short is what is still missing after all of them.
+func evictForMemory(summary *statsapi.Summary, pods []corev1.Pod, need int64, rejecting bool) (evicted []EvictedPod,
+	short int64) {
 	usage := map[types.UID]int64{}
 	for _, ps := range summary.Pods {
 		if ps.Memory != nil && ps.Memory.WorkingSetBytes != nil {
@@ -194,6 +200,13 @@ func evictForMemory(summary *statsapi.Summary, pods []corev1.Pod, need int64) (e
 	for i := range pods {
 		p := &pods[i]
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || critical(p) {
+			continue
+		}
+		if rejecting && p.Status.QOSClass == corev1.PodQOSBestEffort { // the apiserver sets it on every pod
+			u := usage[p.UID]
+			evicted = append(evicted, EvictedPod{Pod: p.Namespace + "/" + p.Name, Signal: "memory.available",
+				Usage: quantity("memory.available", u), Rejected: true})
+			need -= u
 			continue
 		}
 		cands = append(cands, p)
@@ -256,6 +269,11 @@ func (e Eviction) Findings(node string) []string {
 		out = append(out, line)
 	}
 	for _, ev := range e.Evicted {
+		if ev.Rejected {
+			out = append(out, fmt.Sprintf("%s: %s would be evicted: BestEffort, rejected under MemoryPressure when the "+
+				"kubelet admits it again (it uses %s)", node, ev.Pod, ev.Usage))
+			continue
+		}
 		out = append(out, fmt.Sprintf("%s: %s would be evicted (memory.available; it uses %s)", node, ev.Pod, ev.Usage))
 	}
 	for _, s := range e.Short {

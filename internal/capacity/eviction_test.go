@@ -46,6 +46,7 @@ func TestEvictions(t *testing.T) {
 		return p
 	}
 	mirror := func(p *corev1.Pod) { p.Annotations = map[string]string{mirrorAnnotation: "x"} }
+	bestEffort := func(p *corev1.Pod) { p.Status.QOSClass = corev1.PodQOSBestEffort }
 	pods := []corev1.Pod{
 		pod("best-effort", 0, 0), // uses 300Mi, over its request
 		pod("within", 1024, 0),   // uses 500Mi of 1Gi requested
@@ -53,6 +54,8 @@ func TestEvictions(t *testing.T) {
 		pod("static", 0, 0, mirror), // critical: never evicted
 		pod("no-stats", 0, 0),
 	}
+	// The same with best-effort's QoS class as the apiserver sets it: rejected under a hard threshold.
+	withBestEffort := append([]corev1.Pod{pod("best-effort", 0, 0, bestEffort)}, pods[1:]...)
 	stats := summary(usage("best-effort", 300), usage("within", 500), usage("over-high", 400), usage("static", 800))
 	hard := func(kv ...string) map[string]any {
 		m := map[string]any{}
@@ -65,9 +68,10 @@ func TestEvictions(t *testing.T) {
 		name          string
 		running, next map[string]any
 		summary       *statsapi.Summary
-		pressure      string // signal/kind/already, comma-separated
-		evicted       string // pods, comma-separated
-		short         string // a substring
+		pods          []corev1.Pod // default pods
+		pressure      string       // signal/kind/already, comma-separated
+		evicted       string       // pods, comma-separated
+		short         string       // a substring
 	}{
 		{name: "a threshold below what is available: nothing", running: hard("memory.available", "100Mi"),
 			next: hard("memory.available", "1Gi")},
@@ -93,6 +97,12 @@ func TestEvictions(t *testing.T) {
 			running: hard(), next: map[string]any{"evictionHard": map[string]any{"memory.available": "1600Mi"},
 				"evictionSoft": map[string]any{"memory.available": "2Gi"}},
 			pressure: "memory.available/hard/false,memory.available/soft/false", evicted: "no-stats,best-effort"},
+		{name: "BestEffort pods are rejected as the kubelet admits them again, the others ranked after",
+			running: hard("memory.available", "100Mi"), next: hard("memory.available", "1600Mi"), pods: withBestEffort,
+			pressure: "memory.available/hard/false", evicted: "best-effort(rejected)"},
+		{name: "under a soft threshold nothing is rejected at admission",
+			running: hard(), next: map[string]any{"evictionSoft": map[string]any{"memory.available": "1600Mi"}},
+			pods: withBestEffort, pressure: "memory.available/soft/false", evicted: "no-stats,best-effort"},
 		{name: "disk pressure is reported, not named", running: hard("nodefs.available", "10%"),
 			next: hard("nodefs.available", "25%"), pressure: "nodefs.available/hard/false"},
 		{name: "0% means no threshold", running: hard(), next: hard("nodefs.available", "0%")},
@@ -104,7 +114,11 @@ func TestEvictions(t *testing.T) {
 			if tc.summary != nil {
 				s = tc.summary
 			}
-			e, err := Evictions(s, tc.running, tc.next, pods)
+			in := pods
+			if tc.pods != nil {
+				in = tc.pods
+			}
+			e, err := Evictions(s, tc.running, tc.next, in)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -117,7 +131,11 @@ func TestEvictions(t *testing.T) {
 				pressure = append(pressure, p.Signal+"/"+p.Kind+"/"+already)
 			}
 			for _, ev := range e.Evicted {
-				evicted = append(evicted, strings.TrimPrefix(ev.Pod, "default/"))
+				name := strings.TrimPrefix(ev.Pod, "default/")
+				if ev.Rejected {
+					name += "(rejected)"
+				}
+				evicted = append(evicted, name)
 			}
 			if got := strings.Join(pressure, ","); got != tc.pressure {
 				t.Errorf("pressure %q, want %q", got, tc.pressure)

@@ -14,6 +14,8 @@ var bySlowest = []string{
 	"TestPoolWaitsForItsMaintenanceWindow",
 	"TestPoolWaitsForPodsReadyAgain",
 	"TestPoolRefusesAConfigThatFailsPods",
+	"TestPoolKeepsPodDisruptionBudgets",
+	"TestDiffNamesThePodsANewEvictionThresholdEvicts",
 	"TestHelmInstall",
 	"TestAssignDrainToTheStaticCPUManager",
 	"TestPoolDrainsForTheStaticCPUManager",

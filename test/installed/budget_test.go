@@ -57,7 +57,7 @@ func TestPoolKeepsPodDisruptionBudgets(t *testing.T) {
 			NodeSelector:                  map[string]string{corev1.LabelHostname: node},
 			Containers: []corev1.Container{{Name: "app", Image: devcluster.ImageRepo + "/pause:" + devcluster.ImageTag,
 				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: ready}},
+					ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: ready}},
 					// As TestPoolWaitsForPodsReadyAgain's: Ready again a minute after a 1.34 kubelet's restart,
 					// long enough that the loss reaches the API.
 					PeriodSeconds: 10, SuccessThreshold: 6, TimeoutSeconds: 5,

@@ -62,7 +62,7 @@ func TestDiffNamesThePodsANewEvictionThresholdEvicts(t *testing.T) {
 		Spec: corev1.PodSpec{
 			TerminationGracePeriodSeconds: &grace, RestartPolicy: corev1.RestartPolicyNever,
 			NodeSelector: map[string]string{corev1.LabelHostname: worker},
-			Containers: []corev1.Container{{Name: "app", Image: devcluster.ImageRepo + "/pause:" + devcluster.ImageTag}},
+			Containers:   []corev1.Container{{Name: "app", Image: devcluster.ImageRepo + "/pause:" + devcluster.ImageTag}},
 		},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

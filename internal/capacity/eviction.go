@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
 
@@ -39,13 +40,14 @@ type Pressure struct {
 	Already bool `json:"already,omitempty"`
 }
 
-// EvictedPod is a pod the kubelet would evict to get a signal back above its threshold, or reject when
-// it admits the node's pods again under the pressure (BestEffort pods under MemoryPressure).
+// EvictedPod is a pod the kubelet would stop: evict to get memory.available back above its threshold
+// (Signal), or reject as it admits the node's pods again under pressure conditions (Rejected names them).
 type EvictedPod struct {
 	Pod      string `json:"pod"` // namespace/name
-	Signal   string `json:"signal"`
+	Signal   string `json:"signal,omitempty"`
 	Usage    string `json:"usage"`
-	Rejected bool   `json:"rejected,omitempty"`
+	Rejected string `json:"rejected,omitempty"`
+	bytes    int64
 }
 
 // Eviction is what a config's eviction thresholds do to a node as it is now.
@@ -117,15 +119,16 @@ func threshold(cfg map[string]any, field, signal string, capacity int64) (int64,
 	return q.Value(), true, nil
 }
 
-// Evictions predicts what next's eviction thresholds do to the node as summary shows it now: each
-// signal the kubelet observes below a threshold of next (a hard one at once, a soft one once it held for
-// its grace period) is pressure; for memory.available it names the pods the kubelet would stop: under a
-// hard threshold the restarted kubelet sees MemoryPressure as it admits the node's pods again, and rejects
-// every BestEffort pod (its eviction manager's admission: "The node had condition: [MemoryPressure]");
-// then it evicts in its order (pkg/kubelet/eviction rankMemoryPressure: pods using more than they request
-// first, then lower priority, then the largest use above the request) until the signal is back above the
-// threshold plus evictionMinimumReclaim. Critical pods are never evicted. Disk and PID pressure is reported without
-// names: the kubelet first reclaims images and dead containers there.
+// Evictions predicts what next's eviction thresholds do to the node as summary shows it now, as
+// pkg/kubelet/eviction decides. Each signal observed below a threshold of next is pressure, and sets the
+// node's pressure condition at once (a soft threshold's grace period delays only its evictions). The
+// restarted kubelet admits the node's pods again under those conditions: under MemoryPressure alone it
+// rejects BestEffort pods that do not tolerate the memory-pressure taint, under any other every pod;
+// critical pods never (Admit). Whether the first eviction check comes before the pods are admitted again
+// is a race, hence "may" for those. Then, for memory.available, it evicts in its order (rankMemoryPressure:
+// pods using more than they request first, then lower priority, then the largest use above the request)
+// until the signal is back above the threshold plus evictionMinimumReclaim. Disk and PID pressure names
+// no further pods: the kubelet first reclaims images and dead containers there.
 func Evictions(summary *statsapi.Summary, running, next map[string]any, pods []corev1.Pod) (Eviction, error) {
 	var e Eviction
 	obs := observe(summary)
@@ -134,6 +137,12 @@ func Evictions(summary *statsapi.Summary, running, next map[string]any, pods []c
 		signals = append(signals, s)
 	}
 	sort.Strings(signals)
+	type memoryNeed struct {
+		kind      string
+		need, thr int64
+	}
+	var needs []memoryNeed
+	conditions := map[corev1.NodeConditionType]bool{}
 	for _, signal := range signals {
 		o := obs[signal]
 		for _, kind := range []string{"hard", "soft"} {
@@ -151,65 +160,130 @@ func Evictions(summary *statsapi.Summary, running, next map[string]any, pods []c
 			}
 			e.Pressure = append(e.Pressure, Pressure{Signal: signal, Kind: kind, Observed: quantity(signal, o.available),
 				Threshold: quantity(signal, thr), Already: wasSet && o.available < was})
-			if signal != "memory.available" || kind == "soft" && hasHard(e.Pressure, signal) {
+			conditions[conditionOf(signal)] = true
+			if signal != "memory.available" {
 				continue
 			}
 			reclaim, _, err := threshold(next, "evictionMinimumReclaim", signal, o.capacity)
 			if err != nil {
 				return Eviction{}, err
 			}
-			evicted, short := evictForMemory(summary, pods, thr+reclaim-o.available, kind == "hard")
-			e.Evicted = append(e.Evicted, evicted...)
-			if short > 0 {
-				e.Short = append(e.Short, fmt.Sprintf("%s still %s below its %s threshold after every pod that can be "+
-					"evicted", signal, quantity(signal, short), kind))
-			}
+			needs = append(needs, memoryNeed{kind: kind, need: thr + reclaim - o.available})
+		}
+	}
+	usage := podUsage(summary)
+	e.Evicted = rejectedUnder(conditions, pods, usage)
+	freed := int64(0)
+	for _, r := range e.Evicted {
+		freed += r.bytes
+	}
+	// The largest need decides which pods go; the hard threshold's when both are crossed.
+	var worst *memoryNeed
+	for i := range needs {
+		if worst == nil || needs[i].kind == "hard" && worst.kind == "soft" ||
+			needs[i].kind == worst.kind && needs[i].need > worst.need {
+			worst = &needs[i]
+		}
+	}
+	if worst != nil {
+		evicted, short := evictForMemory(pods, usage, worst.need-freed, e.Evicted)
+		e.Evicted = append(e.Evicted, evicted...)
+		if short > 0 {
+			e.Short = append(e.Short, fmt.Sprintf("memory.available still %s below its %s threshold after every pod "+
+				"that can be evicted", quantity("memory.available", short), worst.kind))
 		}
 	}
 	return e, nil
 }
 
-func hasHard(ps []Pressure, signal string) bool {
-	for _, p := range ps {
-		if p.Signal == signal && p.Kind == "hard" {
+// conditionOf is the node condition a signal's pressure sets.
+func conditionOf(signal string) corev1.NodeConditionType {
+	switch {
+	case signal == "memory.available":
+		return corev1.NodeMemoryPressure
+	case signal == "pid.available":
+		return corev1.NodePIDPressure
+	}
+	return corev1.NodeDiskPressure
+}
+
+// podUsage is each pod's memory working set in the summary, by UID; a pod in the summary without memory
+// stats uses 0 (the kubelet finds it and reads no usage), one missing is not in the map.
+func podUsage(summary *statsapi.Summary) map[types.UID]int64 {
+	usage := map[types.UID]int64{}
+	for _, ps := range summary.Pods {
+		var u int64
+		if ps.Memory != nil && ps.Memory.WorkingSetBytes != nil {
+			u = int64(*ps.Memory.WorkingSetBytes)
+		}
+		usage[types.UID(ps.PodRef.UID)] = u
+	}
+	return usage
+}
+
+// evictable are the pods the kubelet may stop for pressure: running, not critical.
+func evictable(pods []corev1.Pod) []*corev1.Pod {
+	var out []*corev1.Pod
+	for i := range pods {
+		p := &pods[i]
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && !critical(p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// memoryPressureTaint is what a BestEffort pod must tolerate to be admitted under MemoryPressure.
+var memoryPressureTaint = corev1.Taint{Key: corev1.TaintNodeMemoryPressure, Effect: corev1.TaintEffectNoSchedule}
+
+// rejectedUnder are the pods the restarted kubelet may reject as it admits them again under conditions
+// (the eviction manager's Admit).
+func rejectedUnder(conditions map[corev1.NodeConditionType]bool, pods []corev1.Pod,
+	usage map[types.UID]int64) []EvictedPod {
+	if len(conditions) == 0 {
+		return nil
+	}
+	var names []string
+	for c := range conditions {
+		names = append(names, string(c))
+	}
+	sort.Strings(names)
+	onlyMemory := len(conditions) == 1 && conditions[corev1.NodeMemoryPressure]
+	var out []EvictedPod
+	for _, p := range evictable(pods) {
+		if onlyMemory && (p.Status.QOSClass != corev1.PodQOSBestEffort || tolerates(p, &memoryPressureTaint)) {
+			continue // the apiserver sets status.qosClass on every pod
+		}
+		u := usage[p.UID]
+		out = append(out, EvictedPod{Pod: p.Namespace + "/" + p.Name, Usage: quantity("memory.available", u),
+			Rejected: strings.Join(names, ", "), bytes: u})
+	}
+	return out
+}
+
+func tolerates(p *corev1.Pod, taint *corev1.Taint) bool {
+	for i := range p.Spec.Tolerations {
+		if p.Spec.Tolerations[i].ToleratesTaint(klog.Background(), taint, false) {
 			return true
 		}
 	}
 	return false
 }
 
-func quantity(signal string, v int64) string {
-	if strings.HasSuffix(signal, "inodesFree") || signal == "pid.available" {
-		return strconv.FormatInt(v, 10)
-	}
-	return resource.NewQuantity(v, resource.BinarySI).String()
-}
-
-// evictForMemory takes, when rejecting, the BestEffort pods the kubelet rejects as it admits them again
-// under MemoryPressure, then ranks the others as the kubelet does under memory pressure and takes them
-// until the working sets of all taken free need bytes; short is what is still missing after all of them.
-func evictForMemory(summary *statsapi.Summary, pods []corev1.Pod, need int64, rejecting bool) (evicted []EvictedPod,
-	short int64) {
-	usage := map[types.UID]int64{}
-	for _, ps := range summary.Pods {
-		if ps.Memory != nil && ps.Memory.WorkingSetBytes != nil {
-			usage[types.UID(ps.PodRef.UID)] = int64(*ps.Memory.WorkingSetBytes)
-		}
+// evictForMemory ranks the pods the kubelet may evict as it does under memory pressure (leaving out those
+// already rejected) and takes them until their working sets free need bytes; short is what is still
+// missing after all of them.
+func evictForMemory(pods []corev1.Pod, usage map[types.UID]int64, need int64, rejected []EvictedPod) (
+	evicted []EvictedPod, short int64) {
+	gone := map[string]bool{}
+	for _, r := range rejected {
+		gone[r.Pod] = true
 	}
 	var cands []*corev1.Pod
-	for i := range pods {
-		p := &pods[i]
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || critical(p) {
-			continue
+	for _, p := range evictable(pods) {
+		if !gone[p.Namespace+"/"+p.Name] {
+			cands = append(cands, p)
 		}
-		if rejecting && p.Status.QOSClass == corev1.PodQOSBestEffort { // the apiserver sets it on every pod
-			u := usage[p.UID]
-			evicted = append(evicted, EvictedPod{Pod: p.Namespace + "/" + p.Name, Signal: "memory.available",
-				Usage: quantity("memory.available", u), Rejected: true})
-			need -= u
-			continue
-		}
-		cands = append(cands, p)
 	}
 	request := func(p *corev1.Pod) int64 {
 		q := podRequests(p)[corev1.ResourceMemory]
@@ -269,9 +343,9 @@ func (e Eviction) Findings(node string) []string {
 		out = append(out, line)
 	}
 	for _, ev := range e.Evicted {
-		if ev.Rejected {
-			out = append(out, fmt.Sprintf("%s: %s would be evicted: BestEffort, rejected under MemoryPressure when the "+
-				"kubelet admits it again (it uses %s)", node, ev.Pod, ev.Usage))
+		if ev.Rejected != "" {
+			out = append(out, fmt.Sprintf("%s: %s may be rejected (Evicted) when the restarted kubelet admits it again "+
+				"under %s (it uses %s)", node, ev.Pod, ev.Rejected, ev.Usage))
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s: %s would be evicted (memory.available; it uses %s)", node, ev.Pod, ev.Usage))
@@ -280,4 +354,11 @@ func (e Eviction) Findings(node string) []string {
 		out = append(out, node+": "+s)
 	}
 	return out
+}
+
+func quantity(signal string, v int64) string {
+	if strings.HasSuffix(signal, "inodesFree") || signal == "pid.available" {
+		return strconv.FormatInt(v, 10)
+	}
+	return resource.NewQuantity(v, resource.BinarySI).String()
 }

@@ -100,11 +100,20 @@ func TestEvictions(t *testing.T) {
 		{name: "BestEffort pods are rejected as the kubelet admits them again, the others ranked after",
 			running: hard("memory.available", "100Mi"), next: hard("memory.available", "1600Mi"), pods: withBestEffort,
 			pressure: "memory.available/hard/false", evicted: "best-effort(rejected)"},
-		{name: "under a soft threshold nothing is rejected at admission",
+		{name: "a soft threshold sets MemoryPressure at once: rejected too (only evictions wait for the grace period)",
 			running: hard(), next: map[string]any{"evictionSoft": map[string]any{"memory.available": "1600Mi"}},
-			pods: withBestEffort, pressure: "memory.available/soft/false", evicted: "no-stats,best-effort"},
-		{name: "disk pressure is reported, not named", running: hard("nodefs.available", "10%"),
-			next: hard("nodefs.available", "25%"), pressure: "nodefs.available/hard/false"},
+			pods: withBestEffort, pressure: "memory.available/soft/false", evicted: "best-effort(rejected)"},
+		{name: "a BestEffort pod that tolerates the memory-pressure taint is admitted",
+			running: hard("memory.available", "100Mi"), next: hard("memory.available", "1600Mi"),
+			pods: append([]corev1.Pod{pod("best-effort", 0, 0, bestEffort, func(p *corev1.Pod) {
+				p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeMemoryPressure,
+					Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+			})}, pods[1:]...),
+			pressure: "memory.available/hard/false", evicted: "no-stats,best-effort"},
+		{name: "disk pressure: every pod but the critical may be rejected as the kubelet admits it again",
+			running: hard("nodefs.available", "10%"), next: hard("nodefs.available", "25%"),
+			pressure: "nodefs.available/hard/false",
+			evicted:  "best-effort(rejected),within(rejected),over-high(rejected),no-stats(rejected)"},
 		{name: "0% means no threshold", running: hard(), next: hard("nodefs.available", "0%")},
 		{name: "no memory stats: no memory signal", running: hard(), next: hard("memory.available", "4Gi"),
 			summary: &statsapi.Summary{}},
@@ -132,7 +141,7 @@ func TestEvictions(t *testing.T) {
 			}
 			for _, ev := range e.Evicted {
 				name := strings.TrimPrefix(ev.Pod, "default/")
-				if ev.Rejected {
+				if ev.Rejected != "" {
 					name += "(rejected)"
 				}
 				evicted = append(evicted, name)
@@ -163,13 +172,15 @@ func TestEvictionFindings(t *testing.T) {
 	e := Eviction{
 		Pressure: []Pressure{{Signal: "memory.available", Kind: "hard", Observed: "1536Mi", Threshold: "2Gi"},
 			{Signal: "nodefs.available", Kind: "hard", Observed: "20Gi", Threshold: "25Gi", Already: true}},
-		Evicted: []EvictedPod{{Pod: "default/web", Signal: "memory.available", Usage: "300Mi"}},
+		Evicted: []EvictedPod{{Pod: "default/web", Signal: "memory.available", Usage: "300Mi"},
+			{Pod: "default/cache", Usage: "0", Rejected: "MemoryPressure"}},
 	}
 	got := strings.Join(e.Findings("node-2"), "\n")
 	for _, want := range []string{
 		"node-2: memory.available 1536Mi is below the new hard eviction threshold 2Gi",
 		"node-2: nodefs.available 20Gi is below the new hard eviction threshold 25Gi (and below the running config's: the kubelet evicts already): the kubelet reports pressure",
 		"node-2: default/web would be evicted (memory.available; it uses 300Mi)",
+		"node-2: default/cache may be rejected (Evicted) when the restarted kubelet admits it again under MemoryPressure (it uses 0)",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("findings\n%s\nlack %q", got, want)

@@ -105,8 +105,8 @@ func TestDiffNamesThePodsANewEvictionThresholdEvicts(t *testing.T) {
 	cm := createConfigData(t, "installed-eviction", string(raw))
 
 	pressure := fmt.Sprintf("%s: memory.available ", worker)
-	evicted := fmt.Sprintf("%s: %s/hungry would be evicted: BestEffort, rejected under MemoryPressure when the "+
-		"kubelet admits it again", worker, ns)
+	evicted := fmt.Sprintf("%s: %s/hungry may be rejected (Evicted) when the restarted kubelet admits it again "+
+		"under MemoryPressure", worker, ns)
 	out, err := kubectlDKC(ctx, "diff", worker, "--configmap", "kube-system/"+cm.Name, "--kubelet-check-dir",
 		cluster.KubeletCheckDir())
 	if err != nil {

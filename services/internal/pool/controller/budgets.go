@@ -16,6 +16,7 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
+	"github.com/dkc-dev/dkc/services/internal/resolve"
 )
 
 // PodDisruptionBudget-aware batches (plan.Budgets): a 1.34 kubelet's restart sets every container with a
@@ -111,7 +112,9 @@ type budgetView struct {
 	pods  *podReads
 	room  map[string]int
 	takes map[string]map[string]int
-	err   error
+	// elsewhere: restartingElsewhere's answers, by node.
+	elsewhere map[string]bool
+	err       error
 }
 
 // budgets is the view of the PodDisruptionBudgets for a decision over the selected nodes, or nil when
@@ -127,10 +130,19 @@ func (c *Controller) budgets(ctx context.Context, nodes map[string]*corev1.Node,
 	for _, n := range nodes {
 		if restartCostsReadiness(n) {
 			return &budgetView{c: c, ctx: ctx, nodes: nodes, pods: pods, room: map[string]int{},
-				takes: map[string]map[string]int{}}, nil
+				takes: map[string]map[string]int{}, elsewhere: map[string]bool{}}, nil
 		}
 	}
 	return nil, nil
+}
+
+// anyBudget says whether the cluster has a PodDisruptionBudget.
+func (c *Controller) anyBudget() bool {
+	if c.pdbList == nil {
+		return false
+	}
+	all, err := c.pdbList.List(labels.Everything())
+	return err == nil && len(all) > 0
 }
 
 func (b *budgetView) fail(err error) {
@@ -174,23 +186,53 @@ func (b *budgetView) Takes(node string) map[string]int {
 	return out
 }
 
-// Allowed is how many more of the budget's pods may stop being Ready now: its healthy pods, read now,
-// less status.desiredHealthy. None while the disruption controller has not observed the budget's spec or
-// could not compute it (as the Eviction API refuses then).
+// Allowed is how many more of the budget's pods may stop being Ready now: its healthy pods less
+// status.desiredHealthy, less its healthy probed pods on nodes outside the pool whose kubelet restarts or
+// may restart now (another pool's, or one assigned by hand: the plan counts only the pool's own). The
+// healthy pods are the fewer of those read now and status.currentHealthy: whichever lags (a pod that just
+// lost its readiness, a scale-up the disruption controller has not counted), the smaller is the cautious
+// one. None while the disruption controller has not observed the budget's spec, could not compute it, or
+// expects no pods (it allows nothing then, as the Eviction API refuses).
 func (b *budgetView) Allowed(budget string) int {
 	if v, ok := b.room[budget]; ok {
 		return v
 	}
 	v := 0
-	if pdb := b.budget(budget); pdb != nil {
-		n, err := b.healthyPods(pdb)
+	if pdb := b.budget(budget); pdb != nil && pdb.Status.ExpectedPods > 0 {
+		pods, err := b.healthyPods(pdb)
 		if err != nil {
 			b.fail(err)
 		}
-		v = n - int(pdb.Status.DesiredHealthy)
+		elsewhere := 0
+		for _, p := range pods {
+			if probed(p) && b.restartingElsewhere(p.Spec.NodeName) {
+				elsewhere++
+			}
+		}
+		v = min(len(pods), int(pdb.Status.CurrentHealthy)) - int(pdb.Status.DesiredHealthy) - elsewhere
 	}
 	b.room[budget] = v
 	return v
+}
+
+// restartingElsewhere says whether node is outside the pool and its kubelet, one that loses its pods'
+// readiness on a restart, restarts or may restart now: another pool of this controller assigned it a
+// moment ago (expectations), or its status shows it has yet to apply its source or is not settled on it
+// (plan.Unsettled).
+func (b *budgetView) restartingElsewhere(node string) bool {
+	if _, mine := b.nodes[node]; mine || node == "" {
+		return false
+	}
+	if r, ok := b.elsewhere[node]; ok {
+		return r
+	}
+	r := false
+	if n, err := b.c.nodes.Get(node); err == nil && restartCostsReadiness(n) {
+		src, _, srcErr := resolve.NodeSource(n, b.c.cfg.Namespaces)
+		r = b.c.exp.assignedAnywhere(node) || srcErr == nil && plan.Unsettled(src, statusOf(n))
+	}
+	b.elsewhere[node] = r
+	return r
 }
 
 // Most is what the budget allows with every pod it expects healthy: status.expectedPods less
@@ -213,25 +255,25 @@ func (b *budgetView) budget(name string) *policyv1.PodDisruptionBudget {
 	return pdb
 }
 
-// healthyPods counts the budget's healthy pods, listed by its selector from the watch cache.
-func (b *budgetView) healthyPods(pdb *policyv1.PodDisruptionBudget) (int, error) {
+// healthyPods are the budget's healthy pods, listed by its selector from the watch cache.
+func (b *budgetView) healthyPods(pdb *policyv1.PodDisruptionBudget) ([]*corev1.Pod, error) {
 	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
 	if err != nil {
-		return 0, nil // selects nothing, as the disruption controller reads it
+		return nil, nil // selects nothing, as the disruption controller reads it
 	}
 	list, err := b.c.cfg.Client.CoreV1().Pods(pdb.Namespace).List(b.ctx, metav1.ListOptions{
 		LabelSelector: sel.String(), ResourceVersion: "0",
 	})
 	if err != nil {
-		return 0, fmt.Errorf("list pods of poddisruptionbudget %s/%s: %w", pdb.Namespace, pdb.Name, err)
+		return nil, fmt.Errorf("list pods of poddisruptionbudget %s/%s: %w", pdb.Namespace, pdb.Name, err)
 	}
-	n := 0
+	var out []*corev1.Pod
 	for i := range list.Items {
 		if p := &list.Items[i]; sel.Matches(labels.Set(p.Labels)) && healthy(p, pdb) {
-			n++
+			out = append(out, p)
 		}
 	}
-	return n, nil
+	return out, nil
 }
 
 // syncFailed says whether the disruption controller could not compute the budget (its DisruptionAllowed

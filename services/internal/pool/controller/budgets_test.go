@@ -4,6 +4,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -12,10 +13,13 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 )
 
 func TestRestartCostsReadiness(t *testing.T) {
@@ -151,5 +155,97 @@ func TestBatchesKeepPodDisruptionBudgets(t *testing.T) {
 	sync()
 	if got := strings.Join(h.assigned(), ","); got != "a,c,b" {
 		t.Fatalf("assigned %s once a is through, want a,c,b", got)
+	}
+}
+
+// TestBudgetsHoldWhatTheyCannotRead: two 1.34 nodes each running a Ready probed pod of a budget that
+// allows one not Ready (minAvailable 1 of 2): a is assigned, b held. Each row changes one thing: a budget
+// the disruption controller has not observed at its spec, could not compute, or expects no pods of allows
+// nothing; so does one whose pod on a node of another pool is about to restart; a pod being evicted is not
+// healthy (a waits, b takes nothing); a pod read that fails fails the sync rather than let a node through.
+func TestBudgetsHoldWhatTheyCannotRead(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name      string
+		pdb       func(*policyv1.PodDisruptionBudget)
+		elsewhere bool // node x, of another pool, has a source its sidecar has not applied yet
+		failList  bool
+		assigned  string
+		err       string
+	}{
+		{name: "room for one: a", assigned: "a"},
+		{name: "not observed at its spec yet: nothing", pdb: func(p *policyv1.PodDisruptionBudget) {
+			p.Generation, p.Status.ObservedGeneration = 2, 1
+		}},
+		{name: "not computed (SyncFailed): nothing", pdb: func(p *policyv1.PodDisruptionBudget) {
+			p.Status.Conditions = []metav1.Condition{{Type: policyv1.DisruptionAllowedCondition,
+				Status: metav1.ConditionFalse, Reason: policyv1.SyncFailedReason}}
+		}},
+		{name: "expects no pods: nothing", pdb: func(p *policyv1.PodDisruptionBudget) { p.Status.ExpectedPods = 0 }},
+		{name: "a pod being evicted is not healthy: a waits, b (whose pod it is) takes nothing",
+			pdb: func(p *policyv1.PodDisruptionBudget) {
+				p.Status.DisruptedPods = map[string]metav1.Time{"web-b": {Time: now}}
+			}, assigned: "b"},
+		{name: "another pool's node about to restart its pod: nothing", elsewhere: true},
+		{name: "a pod read that fails: the sync fails, nothing", failList: true, err: "list pods of node a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool := testPool()
+			all := intstr.FromInt32(2)
+			pool.Spec.MaxUnavailable = &all
+			on134 := func(n *corev1.Node) *corev1.Node { n.Status.NodeInfo.KubeletVersion = "v1.34.4"; return n }
+			nodes := []*corev1.Node{on134(node("a", nil, nil)), on134(node("b", nil, nil))}
+			pods := []*corev1.Pod{}
+			web := func(name, node string) *corev1.Pod {
+				p := workload(name, node, now.Add(-time.Hour), readyAt(true, now.Add(-time.Hour)))
+				p.Labels = map[string]string{"app": "web"}
+				p.Spec.Containers = []corev1.Container{{Name: "web", ReadinessProbe: &corev1.Probe{}}}
+				return p
+			}
+			pods = append(pods, web("web-a", "a"), web("web-b", "b"))
+			expected := int32(2)
+			if tc.elsewhere {
+				x := on134(node("x", map[string]string{nodeconfig.SourceAnnotation: sourceJSON(corev1.ConfigMapNodeConfigSource{
+					Namespace: "kube-system", Name: "by-hand", KubeletConfigKey: "kubelet"})}, map[string]string{"pool": "green"}))
+				nodes = append(nodes, x)
+				pods = append(pods, web("web-x", "x"))
+				expected = 3
+			}
+			h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), nodes...)
+			for _, p := range pods {
+				if _, err := h.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.failList {
+				h.client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+					return true, nil, errors.New("etcdserver: request timed out")
+				})
+			}
+			one := intstr.FromInt32(expected - 1)
+			pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
+				Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &one,
+					Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}},
+				Status: policyv1.PodDisruptionBudgetStatus{CurrentHealthy: expected, DesiredHealthy: expected - 1,
+					DisruptionsAllowed: 1, ExpectedPods: expected}}
+			if tc.pdb != nil {
+				tc.pdb(pdb)
+			}
+			if err := h.c.pdbs.GetStore().Add(pdb); err != nil {
+				t.Fatal(err)
+			}
+			_, err := h.c.sync(ctx, "blue")
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("sync: %v, want an error with %q", err, tc.err)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(h.assigned(), ","); got != tc.assigned {
+				t.Errorf("assigned %q, want %q", got, tc.assigned)
+			}
+		})
 	}
 }

@@ -146,6 +146,9 @@ type Controller struct {
 	// pdbs are the cluster's PodDisruptionBudgets, which batches keep (budgets.go).
 	pdbs    cache.SharedIndexInformer
 	pdbList policylisters.PodDisruptionBudgetLister
+	// budgetMu serialises the pools' decisions and assignments while budgets exist: two workers deciding
+	// at once would each see a budget's room before the other's assignment takes from it.
+	budgetMu sync.Mutex
 }
 
 // New builds a controller; it does nothing until Run.
@@ -448,6 +451,10 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 	}
 	if selectorErr != nil {
 		invalid = &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: "spec.nodeSelector: " + selectorErr.Error()}
+	}
+	if c.anyBudget() {
+		c.budgetMu.Lock()
+		defer c.budgetMu.Unlock()
 	}
 	p, byName, err := c.decide(ctx, pool, target, invalid, selected, now)
 	if err != nil {

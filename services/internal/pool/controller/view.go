@@ -200,6 +200,18 @@ func (e *expectations) unconfirmed(pool string, now time.Time) time.Duration {
 	return wait
 }
 
+// assignedAnywhere says whether any pool has an unconfirmed assignment of node.
+func (e *expectations) assignedAnywhere(node string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, m := range e.m {
+		if _, ok := m[node]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // pending counts a pool's unconfirmed assignments (for tests and logs).
 func (e *expectations) pending(pool string) int {
 	e.mu.Lock()

@@ -564,7 +564,11 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 	default:
 		assign, held, alone := fit(in, t, slots)
 		if len(assign) == 0 && len(podWaits) > 0 {
-			return inProgress(prog)
+			g := inProgress(prog)
+			if len(held) > 0 {
+				g.message += "; held back by PodDisruptionBudgets: " + joinCapped(held, "; ")
+			}
+			return g
 		}
 		if len(assign) == 0 {
 			g := rolling(v1alpha1.ReasonWaitingForDisruptionBudget,
@@ -601,9 +605,10 @@ const maxBudgetCandidates = 50
 // A node that runs more of a budget's pods than the budget allows even with all of them healthy (both
 // replicas of a two-replica Deployment with minAvailable 1, as dkc-server's own on a cluster with one
 // control-plane node) could never restart by that rule, though an eviction-based drain would get through
-// one pod at a time. It restarts alone instead — the least disruption there is: when no other node
-// restarts, nothing else is picked, and every such budget has all the room it ever has; alone says so.
-// A budget that allows nothing at all (maxUnavailable 0) still holds it, as it holds a drain.
+// one pod at a time. It restarts alone among that budget's pods instead — the least disruption there is:
+// when the budget has all the room it ever has (no node restarting now, nor picked before, takes from it),
+// and then takes it all, so no other node that takes from it goes until it is through; alone says so. A
+// budget that allows nothing at all (maxUnavailable 0) still holds it, as it holds a drain.
 func fit(in Input, t tally, slots int) (assign, held []string, alone string) {
 	if in.Budgets == nil {
 		return t.pending[:min(slots, len(t.pending))], nil, ""
@@ -628,7 +633,6 @@ func fit(in Input, t tally, slots int) (assign, held []string, alone string) {
 			break
 		}
 		takes := in.Budgets.Takes(n)
-		first := len(t.restarting) == 0 && len(assign) == 0
 		var short, over []string
 		for _, b := range slices.Sorted(maps.Keys(takes)) {
 			k := takes[b]
@@ -636,13 +640,13 @@ func fit(in Input, t tally, slots int) (assign, held []string, alone string) {
 				continue
 			}
 			if most := in.Budgets.Most(b); most >= 1 && k > most {
-				if first && room(b) == most {
+				if room(b) >= most {
 					over = append(over, fmt.Sprintf("%s (%d of its pods, it allows %d)", b, k, most))
 					continue
 				}
 				short = append(short, fmt.Sprintf("%s allows %d more not Ready, its restart takes %d, more than "+
-					"it ever allows (%d): it restarts alone once no other node does and the budget's pods are all healthy",
-					b, max(room(b), 0), k, most))
+					"it ever allows (%d): it restarts alone once no other node restarting takes from it and its pods "+
+					"are all healthy", b, max(room(b), 0), k, most))
 				continue
 			}
 			short = append(short, fmt.Sprintf("%s allows %d more not Ready, its restart takes %d", b, max(room(b), 0), k))
@@ -654,9 +658,8 @@ func fit(in Input, t tally, slots int) (assign, held []string, alone string) {
 		take(takes)
 		assign = append(assign, n)
 		if len(over) > 0 {
-			alone = "node " + n + " restarts alone: it runs more pods of PodDisruptionBudget " +
-				strings.Join(over, ", ") + " than the budget allows at once"
-			break
+			alone = "node " + n + " restarts alone among the pods of PodDisruptionBudget " + strings.Join(over, ", ") +
+				": it runs more of them than the budget allows at once"
 		}
 	}
 	return assign, held, alone
@@ -950,6 +953,13 @@ func settled(st corev1.NodeConfigStatus, s corev1.ConfigMapNodeConfigSource) boo
 // proven says whether a node runs s as its last-known-good.
 func proven(st corev1.NodeConfigStatus, s corev1.ConfigMapNodeConfigSource) bool {
 	return sameSource(st.Active, s) && sameSource(st.LastKnownGood, s)
+}
+
+// Unsettled says whether a node may restart its kubelet soon, whatever assigned it: its source src (nil:
+// its local config) is not what its status shows assigned yet (its sidecar has yet to act on it), or its
+// own config is not settled (changing).
+func Unsettled(src *corev1.NodeConfigSource, st corev1.NodeConfigStatus) bool {
+	return !equalSource(src, st.Assigned) || changing(st)
 }
 
 // changing says whether a node's own config is not settled, whatever its source: it does not run what it

@@ -272,18 +272,25 @@ func TestGates(t *testing.T) {
 				takes: map[string]map[string]int{"a": {"default/web": 2, "default/db": 1}}},
 			updating: "True/WaitingForDisruptionBudget", wait: 5 * time.Second,
 			message: "node a: PodDisruptionBudget default/db allows 0 more not Ready, its restart takes 1, default/web allows 1 more not Ready, its restart takes 2"},
-		{name: "a node with more of a budget's pods than it ever allows restarts alone, with the budget whole",
+		{name: "a node with more of a budget's pods than it ever allows goes with the budget whole; nodes without them beside it",
 			counts: "3/0/0/0/0/0", pending: []string{"a", "b", "c"}, maxUnavailable: 3,
 			budgets: &budgetsOf{allowed: map[string]int{"kube-system/dkc-server": 1}, takes: map[string]map[string]int{
 				"a": {"kube-system/dkc-server": 2}}},
-			updating: "True/RollingOut", assign: "a",
-			message: "node a restarts alone: it runs more pods of PodDisruptionBudget kube-system/dkc-server (2 of its pods, it allows 1)"},
-		{name: "such a node waits while another restarts", counts: "3/0/0/1/0/0",
+			updating: "True/RollingOut", assign: "a,b,c",
+			message: "node a restarts alone among the pods of PodDisruptionBudget kube-system/dkc-server (2 of its pods, it allows 1)"},
+		{name: "such a node waits while another restarting takes from its budget", counts: "3/0/0/1/0/0",
 			pending: []string{"b", "c"}, restarting: []string{"a"}, unavailable: 1, maxUnavailable: 3,
 			budgets: &budgetsOf{allowed: map[string]int{"kube-system/dkc-server": 1}, takes: map[string]map[string]int{
-				"b": {"kube-system/dkc-server": 2}}},
+				"a": {"kube-system/dkc-server": 1}, "b": {"kube-system/dkc-server": 2}}},
 			updating: "True/RollingOut", assign: "c", wait: 5 * time.Second,
-			message: "node b: PodDisruptionBudget kube-system/dkc-server allows 1 more not Ready, its restart takes 2, more than it ever allows (1): it restarts alone once"},
+			message: "node b: PodDisruptionBudget kube-system/dkc-server allows 0 more not Ready, its restart takes 2, more than it ever allows (1): it restarts alone once"},
+		{name: "such a node goes beside a node that takes from no budget of its", counts: "3/0/0/1/0/0",
+			pending: []string{"b", "c"}, restarting: []string{"a"}, unavailable: 1, maxUnavailable: 3,
+			budgets: &budgetsOf{allowed: map[string]int{"kube-system/dkc-server": 1, "default/web": 1},
+				takes: map[string]map[string]int{"a": {"default/web": 1}, "b": {"kube-system/dkc-server": 2},
+					"c": {"kube-system/dkc-server": 1}}},
+			updating: "True/RollingOut", assign: "b", wait: 5 * time.Second,
+			message: "node b restarts alone among the pods of PodDisruptionBudget kube-system/dkc-server (2 of its pods, it allows 1)"},
 		{name: "such a node waits while a pod of its budget is not Ready", counts: "1/0/0/0/0/0",
 			pending: []string{"a"}, maxUnavailable: 1,
 			budgets: &budgetsOf{allowed: map[string]int{"default/web": 0}, most: map[string]int{"default/web": 1},
@@ -300,7 +307,8 @@ func TestGates(t *testing.T) {
 			podWaits: []string{"node a: default/web-1"},
 			budgets: &budgetsOf{allowed: map[string]int{"default/web": 0}, takes: map[string]map[string]int{
 				"b": {"default/web": 1}}},
-			updating: "True/WaitingForPods", message: "not Ready again: node a: default/web-1"},
+			updating: "True/WaitingForPods",
+			message:  "not Ready again: node a: default/web-1; held back by PodDisruptionBudgets: node b: PodDisruptionBudget default/web allows 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := r2

@@ -138,8 +138,8 @@ func Evictions(summary *statsapi.Summary, running, next map[string]any, pods []c
 	}
 	sort.Strings(signals)
 	type memoryNeed struct {
-		kind      string
-		need, thr int64
+		kind string
+		need int64
 	}
 	var needs []memoryNeed
 	conditions := map[corev1.NodeConditionType]bool{}
@@ -198,10 +198,10 @@ func Evictions(summary *statsapi.Summary, running, next map[string]any, pods []c
 
 // conditionOf is the node condition a signal's pressure sets.
 func conditionOf(signal string) corev1.NodeConditionType {
-	switch {
-	case signal == "memory.available":
+	switch signal {
+	case "memory.available":
 		return corev1.NodeMemoryPressure
-	case signal == "pid.available":
+	case "pid.available":
 		return corev1.NodePIDPressure
 	}
 	return corev1.NodeDiskPressure

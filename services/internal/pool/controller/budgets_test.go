@@ -9,17 +9,25 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/poll"
+	"github.com/dkc-dev/dkc/services/internal/resolve"
 )
 
 func TestRestartCostsReadiness(t *testing.T) {
@@ -247,5 +255,29 @@ func TestBudgetsHoldWhatTheyCannotRead(t *testing.T) {
 				t.Errorf("assigned %q, want %q", got, tc.assigned)
 			}
 		})
+	}
+}
+
+// TestForbiddenBudgetsAreLogged: with a ClusterRole that predates the budgets (no list on
+// poddisruptionbudgets), the informer Run waits for never syncs; the controller says why, naming the fix.
+func TestForbiddenBudgetsAreLogged(t *testing.T) {
+	core, logs := observer.New(zap.ErrorLevel)
+	client := fake.NewClientset()
+	client.PrependReactor("list", "poddisruptionbudgets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "policy", Resource: "poddisruptionbudgets"},
+			"", errors.New("RBAC: access denied"))
+	})
+	c := New(Config{Log: zap.New(core), Client: client, Pools: newFakePools(),
+		Nodes: informers.NewSharedInformerFactory(client, 0).Core().V1().Nodes(), Namespaces: resolve.NewNamespaces("kube-system"),
+		ConfigMaps: func(func(string)) ConfigMaps { return &fakeConfigMaps{} }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.pdbs.RunWithContext(ctx) }()
+	defer func() { cancel(); <-done }()
+	poll.For(t, 10*time.Second, 20*time.Millisecond, "the forbidden list logged", func() bool {
+		return logs.FilterMessageSnippet("grants list and watch on poddisruptionbudgets").Len() > 0
+	})
+	if c.pdbs.HasSynced() {
+		t.Error("the informer synced without a list")
 	}
 }

@@ -182,6 +182,16 @@ func New(cfg Config) *Controller {
 	c.pdbs = policyinformers.NewPodDisruptionBudgetInformer(cfg.Client, metav1.NamespaceAll, 0,
 		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	c.pdbList = policylisters.NewPodDisruptionBudgetLister(c.pdbs.GetIndexer())
+	// Run waits for this informer like the others: an install whose ClusterRole predates it (a new image,
+	// the old RBAC) would wait silently, every pool stopped. Say so, naming the fix.
+	_ = c.pdbs.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		if apierrors.IsForbidden(err) {
+			c.log.Error("cannot list PodDisruptionBudgets: no pool rolls out until dkc-server's ClusterRole "+
+				"grants list and watch on poddisruptionbudgets (deploy/base/server-rbac.yaml)", zap.Error(err))
+			return
+		}
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	})
 	_, _ = c.pools.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: func(_, n any) { c.enqueue(n) },

@@ -177,11 +177,11 @@ func Evictions(summary *statsapi.Summary, running, next map[string]any, pods []c
 	for _, r := range e.Evicted {
 		freed += r.bytes
 	}
-	// The largest need decides which pods go; the hard threshold's when both are crossed.
+	// The largest need decides which pods go: with a hard and a soft threshold crossed, the kubelet evicts
+	// for the hard one at once and goes on for the soft one once its grace period passed.
 	var worst *memoryNeed
 	for i := range needs {
-		if worst == nil || needs[i].kind == "hard" && worst.kind == "soft" ||
-			needs[i].kind == worst.kind && needs[i].need > worst.need {
+		if worst == nil || needs[i].need > worst.need {
 			worst = &needs[i]
 		}
 	}
@@ -251,14 +251,35 @@ func rejectedUnder(conditions map[corev1.NodeConditionType]bool, pods []corev1.P
 	onlyMemory := len(conditions) == 1 && conditions[corev1.NodeMemoryPressure]
 	var out []EvictedPod
 	for _, p := range evictable(pods) {
-		if onlyMemory && (p.Status.QOSClass != corev1.PodQOSBestEffort || tolerates(p, &memoryPressureTaint)) {
-			continue // the apiserver sets status.qosClass on every pod
+		if onlyMemory && (!bestEffort(p) || tolerates(p, &memoryPressureTaint)) {
+			continue
 		}
 		u := usage[p.UID]
 		out = append(out, EvictedPod{Pod: p.Namespace + "/" + p.Name, Usage: quantity("memory.available", u),
 			Rejected: strings.Join(names, ", "), bytes: u})
 	}
 	return out
+}
+
+// bestEffort says whether the pod's QoS class is BestEffort: status.qosClass, which the apiserver sets on
+// every pod; where it is empty, no container (init containers included) requests or limits CPU or memory.
+func bestEffort(p *corev1.Pod) bool {
+	if p.Status.QOSClass != "" {
+		return p.Status.QOSClass == corev1.PodQOSBestEffort
+	}
+	for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for _, c := range cs {
+			for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+				if _, ok := c.Resources.Requests[r]; ok {
+					return false
+				}
+				if _, ok := c.Resources.Limits[r]; ok {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
 func tolerates(p *corev1.Pod, taint *corev1.Taint) bool {

@@ -35,7 +35,7 @@ func TestEvictions(t *testing.T) {
 	pod := func(name string, requestMi int64, priority int32, mods ...func(*corev1.Pod)) corev1.Pod {
 		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid")},
 			Spec:   corev1.PodSpec{Priority: &priority, Containers: []corev1.Container{{Name: "c"}}},
-			Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, QOSClass: corev1.PodQOSBurstable}}
 		if requestMi > 0 {
 			p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{
 				corev1.ResourceMemory: *resource.NewQuantity(requestMi*mi, resource.BinarySI)}
@@ -93,10 +93,10 @@ func TestEvictions(t *testing.T) {
 		{name: "a soft threshold names the pods too", running: hard(),
 			next:     map[string]any{"evictionSoft": map[string]any{"memory.available": "1600Mi"}},
 			pressure: "memory.available/soft/false", evicted: "no-stats,best-effort"},
-		{name: "hard and soft crossed: the pods are named once",
+		{name: "hard and soft crossed: named once, as many as the larger need takes",
 			running: hard(), next: map[string]any{"evictionHard": map[string]any{"memory.available": "1600Mi"},
 				"evictionSoft": map[string]any{"memory.available": "2Gi"}},
-			pressure: "memory.available/hard/false,memory.available/soft/false", evicted: "no-stats,best-effort"},
+			pressure: "memory.available/hard/false,memory.available/soft/false", evicted: "no-stats,best-effort,over-high"},
 		{name: "BestEffort pods are rejected as the kubelet admits them again, the others ranked after",
 			running: hard("memory.available", "100Mi"), next: hard("memory.available", "1600Mi"), pods: withBestEffort,
 			pressure: "memory.available/hard/false", evicted: "best-effort(rejected)"},
@@ -184,6 +184,26 @@ func TestEvictionFindings(t *testing.T) {
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("findings\n%s\nlack %q", got, want)
+		}
+	}
+}
+
+func TestBestEffort(t *testing.T) {
+	mem := corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Mi")}
+	for _, tc := range []struct {
+		name string
+		pod  corev1.Pod
+		want bool
+	}{
+		{"the status says so", corev1.Pod{Status: corev1.PodStatus{QOSClass: corev1.PodQOSBestEffort},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Requests: mem}}}}}, true},
+		{"the status says otherwise", corev1.Pod{Status: corev1.PodStatus{QOSClass: corev1.PodQOSBurstable}}, false},
+		{"no status, no resources", corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{}}}}, true},
+		{"no status, an init container's limit", corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{}},
+			InitContainers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: mem}}}}}, false},
+	} {
+		if got := bestEffort(&tc.pod); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

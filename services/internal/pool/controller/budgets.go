@@ -66,6 +66,12 @@ func probed(p *corev1.Pod) bool {
 	return false
 }
 
+// losesReadiness says whether a restart of its node's kubelet (one that loses readiness) takes the pod
+// from Ready: it runs, and has a probe its readiness depends on.
+func losesReadiness(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodRunning && probed(p)
+}
+
 // healthy says whether the disruption controller counts the pod among its budget's healthy pods: Ready,
 // not being deleted, and not being evicted (status.disruptedPods).
 func healthy(p *corev1.Pod, pdb *policyv1.PodDisruptionBudget) bool {
@@ -136,15 +142,6 @@ func (c *Controller) budgets(ctx context.Context, nodes map[string]*corev1.Node,
 	return nil, nil
 }
 
-// anyBudget says whether the cluster has a PodDisruptionBudget.
-func (c *Controller) anyBudget() bool {
-	if c.pdbList == nil {
-		return false
-	}
-	all, err := c.pdbList.List(labels.Everything())
-	return err == nil && len(all) > 0
-}
-
 func (b *budgetView) fail(err error) {
 	if b.err == nil {
 		b.err = err
@@ -165,7 +162,7 @@ func (b *budgetView) Takes(node string) map[string]int {
 		}
 		for i := range pods {
 			p := &pods[i]
-			if !probed(p) || p.Status.Phase != corev1.PodRunning {
+			if !losesReadiness(p) {
 				continue
 			}
 			pdbs, err := b.c.pdbList.GetPodPodDisruptionBudgets(p)
@@ -205,7 +202,7 @@ func (b *budgetView) Allowed(budget string) int {
 		}
 		elsewhere := 0
 		for _, p := range pods {
-			if probed(p) && b.restartingElsewhere(p.Spec.NodeName) {
+			if losesReadiness(p) && b.restartingElsewhere(p.Spec.NodeName) {
 				elsewhere++
 			}
 		}
@@ -229,7 +226,7 @@ func (b *budgetView) restartingElsewhere(node string) bool {
 	r := false
 	if n, err := b.c.nodes.Get(node); err == nil && restartCostsReadiness(n) {
 		src, _, srcErr := resolve.NodeSource(n, b.c.cfg.Namespaces)
-		r = b.c.exp.assignedAnywhere(node) || srcErr == nil && plan.Unsettled(src, statusOf(n))
+		r = b.c.exp.assignedAnywhere(node, b.c.clock.Now()) || srcErr == nil && plan.Unsettled(src, statusOf(n))
 	}
 	b.elsewhere[node] = r
 	return r

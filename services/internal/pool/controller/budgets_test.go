@@ -174,12 +174,14 @@ func TestBatchesKeepPodDisruptionBudgets(t *testing.T) {
 func TestBudgetsHoldWhatTheyCannotRead(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
-		name      string
-		pdb       func(*policyv1.PodDisruptionBudget)
-		elsewhere bool // node x, of another pool, has a source its sidecar has not applied yet
-		failList  bool
-		assigned  string
-		err       string
+		name string
+		pdb  func(*policyv1.PodDisruptionBudget)
+		// x, of another pool, runs a pod of the budget: "unsettled" (a source its sidecar has not applied
+		// yet), "expected" (another pool assigned it a moment ago), "expired" (that long ago), "" (no x).
+		x        string
+		failList bool
+		assigned string
+		err      string
 	}{
 		{name: "room for one: a", assigned: "a"},
 		{name: "not observed at its spec yet: nothing", pdb: func(p *policyv1.PodDisruptionBudget) {
@@ -194,7 +196,11 @@ func TestBudgetsHoldWhatTheyCannotRead(t *testing.T) {
 			pdb: func(p *policyv1.PodDisruptionBudget) {
 				p.Status.DisruptedPods = map[string]metav1.Time{"web-b": {Time: now}}
 			}, assigned: "b"},
-		{name: "another pool's node about to restart its pod: nothing", elsewhere: true},
+		{name: "another pool's node about to restart its pod: nothing", x: "unsettled"},
+		{name: "another pool assigned a node with its pod a moment ago: nothing", x: "expected"},
+		{name: "an assignment of another pool's never confirmed, expired: a", x: "expired", assigned: "a"},
+		{name: "the budget's status counts a pod fewer than read (it lags a loss): nothing",
+			pdb: func(p *policyv1.PodDisruptionBudget) { p.Status.CurrentHealthy = 1 }},
 		{name: "a pod read that fails: the sync fails, nothing", failList: true, err: "list pods of node a"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -213,14 +219,24 @@ func TestBudgetsHoldWhatTheyCannotRead(t *testing.T) {
 			}
 			pods = append(pods, web("web-a", "a"), web("web-b", "b"))
 			expected := int32(2)
-			if tc.elsewhere {
-				x := on134(node("x", map[string]string{nodeconfig.SourceAnnotation: sourceJSON(corev1.ConfigMapNodeConfigSource{
-					Namespace: "kube-system", Name: "by-hand", KubeletConfigKey: "kubelet"})}, map[string]string{"pool": "green"}))
-				nodes = append(nodes, x)
+			if tc.x != "" {
+				annotations := map[string]string{}
+				if tc.x == "unsettled" {
+					annotations[nodeconfig.SourceAnnotation] = sourceJSON(corev1.ConfigMapNodeConfigSource{
+						Namespace: "kube-system", Name: "by-hand", KubeletConfigKey: "kubelet"})
+				}
+				nodes = append(nodes, on134(node("x", annotations, map[string]string{"pool": "green"})))
 				pods = append(pods, web("web-x", "x"))
 				expected = 3
 			}
 			h := newHarness(t, pool, configMap(map[string]string{"kubelet": goodConfig}), nodes...)
+			switch tc.x {
+			case "expected":
+				h.c.exp.expect("green", "x", v1alpha1.Assignment{Pool: "green", Revision: "r1"}, h.clock.Now())
+			case "expired":
+				h.c.exp.expect("green", "x", v1alpha1.Assignment{Pool: "green", Revision: "r1"},
+					h.clock.Now().Add(-expectationTTL-time.Second))
+			}
 			for _, p := range pods {
 				if _, err := h.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)

@@ -146,8 +146,7 @@ type Controller struct {
 	// pdbs are the cluster's PodDisruptionBudgets, which batches keep (budgets.go).
 	pdbs    cache.SharedIndexInformer
 	pdbList policylisters.PodDisruptionBudgetLister
-	// budgetMu serialises the pools' decisions and assignments while budgets exist: two workers deciding
-	// at once would each see a budget's room before the other's assignment takes from it.
+	// budgetMu serialises the pools' decisions and assignments (decideAndAssign).
 	budgetMu sync.Mutex
 }
 
@@ -462,15 +461,8 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 	if selectorErr != nil {
 		invalid = &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: "spec.nodeSelector: " + selectorErr.Error()}
 	}
-	if c.anyBudget() {
-		c.budgetMu.Lock()
-		defer c.budgetMu.Unlock()
-	}
-	p, byName, err := c.decide(ctx, pool, target, invalid, selected, now)
+	p, byName, err := c.decideAndAssign(ctx, pool, target, invalid, selected, now)
 	if err != nil {
-		return 0, err
-	}
-	if err := c.assignBatch(ctx, pool, target, p.Assign, byName, now); err != nil {
 		return 0, err
 	}
 	p.Status.RevisionSnapshots = c.keptSnapshots(pool.Status.RevisionSnapshots, p.Status)
@@ -624,6 +616,23 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 		if v.State == plan.Updated && looked[v.Name] {
 			c.gated.pass(pool.Name, v.Name, target.Revision)
 		}
+	}
+	return p, byName, nil
+}
+
+// decideAndAssign decides the pool's step and assigns its nodes, one pool at a time: with
+// PodDisruptionBudgets, two workers deciding at once would each spend a budget's room before the other's
+// assignment shows (the expectations assignBatch records are what the next decision sees).
+func (c *Controller) decideAndAssign(ctx context.Context, pool *v1alpha1.KubeletConfigPool, target plan.Target,
+	invalid *plan.Invalid, selected []*corev1.Node, now time.Time) (plan.Plan, map[string]*corev1.Node, error) {
+	c.budgetMu.Lock()
+	defer c.budgetMu.Unlock()
+	p, byName, err := c.decide(ctx, pool, target, invalid, selected, now)
+	if err != nil {
+		return plan.Plan{}, nil, err
+	}
+	if err := c.assignBatch(ctx, pool, target, p.Assign, byName, now); err != nil {
+		return plan.Plan{}, nil, err
 	}
 	return p, byName, nil
 }

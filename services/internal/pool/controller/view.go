@@ -200,12 +200,13 @@ func (e *expectations) unconfirmed(pool string, now time.Time) time.Duration {
 	return wait
 }
 
-// assignedAnywhere says whether any pool has an unconfirmed assignment of node.
-func (e *expectations) assignedAnywhere(node string) bool {
+// assignedAnywhere says whether any pool has an unconfirmed assignment of node that has not expired (one
+// of a node that left its pool is never confirmed, as apply runs only for selected nodes).
+func (e *expectations) assignedAnywhere(node string, now time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, m := range e.m {
-		if _, ok := m[node]; ok {
+		if x, ok := m[node]; ok && now.Sub(x.made) <= expectationTTL {
 			return true
 		}
 	}

@@ -579,8 +579,8 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 		}
 		g := rolling(v1alpha1.ReasonRollingOut,
 			fmt.Sprintf("%s; assigning %d: %s", prog, len(assign), joinCapped(assign, ", ")))
-		if alone != "" {
-			g.message += "; " + alone
+		if len(alone) > 0 {
+			g.message += "; " + joinCapped(alone, "; ")
 		}
 		if len(held) > 0 {
 			// The budgets move with pods elsewhere (no event the pool watches): look again soon.
@@ -609,9 +609,9 @@ const maxBudgetCandidates = 50
 // when the budget has all the room it ever has (no node restarting now, nor picked before, takes from it),
 // and then takes it all, so no other node that takes from it goes until it is through; alone says so. A
 // budget that allows nothing at all (maxUnavailable 0) still holds it, as it holds a drain.
-func fit(in Input, t tally, slots int) (assign, held []string, alone string) {
+func fit(in Input, t tally, slots int) (assign, held, alone []string) {
 	if in.Budgets == nil {
-		return t.pending[:min(slots, len(t.pending))], nil, ""
+		return t.pending[:min(slots, len(t.pending))], nil, nil
 	}
 	left := map[string]int{}
 	room := func(b string) int {
@@ -658,8 +658,8 @@ func fit(in Input, t tally, slots int) (assign, held []string, alone string) {
 		take(takes)
 		assign = append(assign, n)
 		if len(over) > 0 {
-			alone = "node " + n + " restarts alone among the pods of PodDisruptionBudget " + strings.Join(over, ", ") +
-				": it runs more of them than the budget allows at once"
+			alone = append(alone, "node "+n+" restarts alone among the pods of PodDisruptionBudget "+
+				strings.Join(over, ", ")+": it runs more of them than the budget allows at once")
 		}
 	}
 	return assign, held, alone

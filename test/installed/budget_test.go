@@ -7,8 +7,6 @@ package installed
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -114,22 +112,7 @@ func TestPoolKeepsPodDisruptionBudgets(t *testing.T) {
 	defer minHealthy.stop()
 
 	since := time.Now()
-	manifest := fmt.Sprintf(`apiVersion: dkc.dev/v1alpha1
-kind: KubeletConfigPool
-metadata:
-  name: %s
-spec:
-  nodeSelector: {matchLabels: {kubernetes.io/os: linux}}
-  configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
-  maxUnavailable: 2
-`, pool, pool)
-	file := filepath.Join(t.TempDir(), "pool.yaml")
-	if err := os.WriteFile(file, []byte(manifest), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := kubectl(t, "apply", "-f", file); err != nil {
-		t.Fatalf("kubectl apply the pool: %v\n%s", err, out)
-	}
+	applyPool(t, pool, "  maxUnavailable: 2\n")
 
 	// node-2 goes, node-1 waits for the budget.
 	want := "node node-1: PodDisruptionBudget " + ns + "/budget allows 0 more not Ready, its restart takes 1"

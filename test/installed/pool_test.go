@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -352,4 +353,25 @@ func TestPoolOnRealNodes(t *testing.T) {
 	}
 	oneAtATime(t, since)
 	waitRolledOut(t, "deployment/dkc-server")
+}
+
+// applyPool applies, with kubectl as a user would, the KubeletConfigPool pool over every Linux node with
+// kube-system/<pool> as its ConfigMap and rest (YAML lines of spec, two-space indented) added to its spec.
+func applyPool(t *testing.T, pool, rest string) {
+	t.Helper()
+	manifest := fmt.Sprintf(`apiVersion: dkc.dev/v1alpha1
+kind: KubeletConfigPool
+metadata:
+  name: %s
+spec:
+  nodeSelector: {matchLabels: {kubernetes.io/os: linux}}
+  configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
+%s`, pool, pool, rest)
+	file := filepath.Join(t.TempDir(), "pool.yaml")
+	if err := os.WriteFile(file, []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kubectl(t, "apply", "-f", file); err != nil {
+		t.Fatalf("kubectl apply the pool: %v\n%s\n%s", err, out, manifest)
+	}
 }

@@ -8,8 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -104,22 +102,7 @@ func TestPoolWaitsForPodsReadyAgain(t *testing.T) {
 
 	// The pool, over both nodes, one at a time.
 	since := time.Now()
-	manifest := fmt.Sprintf(`apiVersion: dkc.dev/v1alpha1
-kind: KubeletConfigPool
-metadata:
-  name: %s
-spec:
-  nodeSelector: {matchLabels: {kubernetes.io/os: linux}}
-  configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
-  maxUnavailable: 1
-`, pool, pool)
-	file := filepath.Join(t.TempDir(), "pool.yaml")
-	if err := os.WriteFile(file, []byte(manifest), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := kubectl(t, "apply", "-f", file); err != nil {
-		t.Fatalf("kubectl apply the pool: %v\n%s", err, out)
-	}
+	applyPool(t, pool, "  maxUnavailable: 1\n")
 	sawWaiting := make(chan string, 1)
 	go func() { // the pool's reason, looked at as often as the pods
 		for ctx.Err() == nil {

@@ -8,8 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,26 +38,12 @@ func TestPoolWaitsForItsMaintenanceWindow(t *testing.T) {
 	since := time.Now()
 	opens := since.Truncate(time.Minute).Add(2 * time.Minute)
 	local := opens.In(loc)
-	manifest := fmt.Sprintf(`apiVersion: dkc.dev/v1alpha1
-kind: KubeletConfigPool
-metadata:
-  name: %s
-spec:
-  nodeSelector: {matchLabels: {kubernetes.io/os: linux}}
-  configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
-  maintenanceWindows:
+	applyPool(t, pool, fmt.Sprintf(`  maintenanceWindows:
   - days: [%s]
     start: "%s"
     duration: 30m
     timeZone: Asia/Kolkata
-`, pool, pool, local.Weekday().String()[:3], local.Format("15:04"))
-	file := filepath.Join(t.TempDir(), "pool.yaml")
-	if err := os.WriteFile(file, []byte(manifest), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := kubectl(t, "apply", "-f", file); err != nil {
-		t.Fatalf("kubectl apply the pool: %v\n%s\n%s", err, out, manifest)
-	}
+`, local.Weekday().String()[:3], local.Format("15:04")))
 	t.Logf("pool applied at %s, its window opens at %s (%s in Asia/Kolkata)",
 		since.UTC().Format(time.RFC3339), opens.UTC().Format(time.RFC3339), local.Format("Mon 15:04"))
 

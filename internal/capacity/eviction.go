@@ -346,6 +346,21 @@ func evictForMemory(pods []corev1.Pod, usage map[types.UID]int64, need int64, re
 	return evicted, max(need, 0)
 }
 
+// Stops says whether a restart into the config stops pods the running config does not: pods would be
+// evicted or rejected, and some signal is crossed that the running thresholds do not cross (where they do,
+// the kubelet evicts already, restart or not).
+func (e Eviction) Stops() bool {
+	if len(e.Evicted) == 0 {
+		return false
+	}
+	for _, p := range e.Pressure {
+		if !p.Already {
+			return true
+		}
+	}
+	return false
+}
+
 // Findings are what e says of node, a line each.
 func (e Eviction) Findings(node string) []string {
 	var out []string

@@ -207,3 +207,27 @@ func TestBestEffort(t *testing.T) {
 		}
 	}
 }
+
+// TestStops: a restart stops pods only where some pod goes and some crossed signal is not crossed under the
+// running thresholds already.
+func TestStops(t *testing.T) {
+	pod := []EvictedPod{{Pod: "web/a"}}
+	for _, tc := range []struct {
+		name string
+		e    Eviction
+		want bool
+	}{
+		{"nothing crossed", Eviction{}, false},
+		{"crossed, no pod to stop", Eviction{Pressure: []Pressure{{Signal: "memory.available"}}}, false},
+		{"crossed anew, a pod stopped", Eviction{Pressure: []Pressure{{Signal: "memory.available"}}, Evicted: pod}, true},
+		{"crossed already", Eviction{Pressure: []Pressure{{Signal: "memory.available", Already: true}}, Evicted: pod}, false},
+		{"one already, one anew", Eviction{Pressure: []Pressure{{Signal: "memory.available", Already: true},
+			{Signal: "nodefs.available"}}, Evicted: pod}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.e.Stops(); got != tc.want {
+				t.Errorf("Stops() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -82,11 +82,12 @@ const (
 	VerifyTimeoutError StatusError = "failed to verify config, the kubelet did not answer /configz, will retry, " +
 		"see dkc-sidecar log for details"
 	// DrainRequiredError (dkc): the kubelet would refuse to start with the assigned config on the state its
-	// resource managers checkpointed under the config it runs (package disruption), and the node is not
-	// drained for this assignment (WatchConfigResponse.drained). Not the config's fault: the kubelet is not
-	// restarted and keeps what it runs, nothing is rolled back, and the node goes ahead — removing the state
-	// files with the kubelet stopped — once it is drained for this assignment. The message names the files,
-	// the fields that invalidate them and how to drain the node.
+	// resource managers checkpointed under the config it runs (package disruption), or, restarted with it,
+	// would evict pods under its new eviction thresholds (package capacity), and the node is not drained for
+	// this assignment (WatchConfigResponse.drained). Not the config's fault: the kubelet is not restarted and
+	// keeps what it runs, nothing is rolled back, and the node goes ahead — removing the state files with the
+	// kubelet stopped — once it is drained for this assignment. The message names the files and the fields
+	// that invalidate them, or the pods, and how to drain the node.
 	DrainRequiredError StatusError = "failed to use config, the node must be drained first, " +
 		"see dkc-sidecar log for details"
 )

@@ -150,7 +150,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.KubeletPIDFile, "kubelet-pid-file", c.KubeletPIDFile,
 		"with --restart-mode=signal: file holding the kubelet's PID")
 	fs.StringVar(&c.KubeletTokenFile, "kubelet-token-file", c.KubeletTokenFile,
-		"token the kubelet accepts for GET /configz (RBAC: get nodes/configz)")
+		"token the kubelet accepts for GET /configz, /stats/summary and /pods (RBAC: get nodes/configz, "+
+			"nodes/stats, nodes/pods)")
 	fs.StringVar(&c.KubeletHost, "kubelet-host", c.KubeletHost,
 		"address of the kubelet, used as given; default: from its config (127.0.0.1 when it binds all addresses), which "+
 			"must be loopback or an address of this node's interfaces, or nothing is sent")

@@ -67,12 +67,14 @@ func (c *Cluster) sidecarArgs(n NodeState) []string {
 	}
 }
 
-// sidecarRBAC lets the sidecars read their kubelet's /configz (fine-grained kubelet authorization).
+// sidecarRBAC lets the sidecars read their kubelet's /configz (fine-grained kubelet authorization), and its
+// /stats/summary and /pods (what new eviction thresholds would evict), as deploy/base/sidecar-rbac.yaml does.
 func sidecarRBAC() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: "dkc-sidecar"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes/configz", "nodes/healthz"},
-			Verbs: []string{"get"}}},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""},
+			Resources: []string{"nodes/configz", "nodes/healthz", "nodes/stats", "nodes/pods"},
+			Verbs:     []string{"get"}}},
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "dkc-sidecar"},

@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
 
 	clocktesting "k8s.io/utils/clock/testing"
@@ -68,6 +70,28 @@ type fakeKubelet struct {
 	// afterRemove, if set, runs at each removal before its result (outside the lock), as what happens on
 	// the node meanwhile (the sidecar told to stop, a disk that fails).
 	afterRemove func()
+	// summary and pods are what /stats/summary and /pods answer; a nil summary fails both, as a kubelet
+	// refusing a sidecar without nodes/stats does.
+	summary *statsapi.Summary
+	pods    []corev1.Pod
+}
+
+func (k *fakeKubelet) Summary(context.Context, *configcheck.Checked) (*statsapi.Summary, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.summary == nil {
+		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/stats/summary: 403 Forbidden", probe.ErrRefused)
+	}
+	return k.summary, nil
+}
+
+func (k *fakeKubelet) Pods(context.Context, *configcheck.Checked) ([]corev1.Pod, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.summary == nil {
+		return nil, fmt.Errorf("%w: GET https://127.0.0.1:10250/pods: 403 Forbidden", probe.ErrRefused)
+	}
+	return k.pods, nil
 }
 
 // Stop is `systemctl stop kubelet`.

@@ -132,7 +132,7 @@ func (a *Agent) planReset(ctx context.Context, current string, target candidate,
 	Outcome, error) {
 	var sr stateReset
 	_, canReset := a.svc.(StateResetter)
-	running, err := a.runningFields(ctx, current, target)
+	running, listening, err := a.runningFields(ctx, current, target)
 	switch {
 	case err == nil:
 		// Both are complete v1beta1 configs as JSON values, as disruption wants them: /configz shows the
@@ -141,6 +141,16 @@ func (a *Agent) planReset(ctx context.Context, current string, target candidate,
 		sr.resets = disruption.Resets(running, target.config.Fields)
 		for _, r := range sr.resets {
 			sr.files = append(sr.files, r.File)
+		}
+		if len(sr.resets) == 0 && !ds.drained {
+			// (A change that needs a drain for the resource managers' state gets one, which also empties the
+			// node of the pods new thresholds would evict.)
+			if err := a.evictions(ctx, listening, running, target, ds); err != nil {
+				a.log.Warn("the kubelet would evict pods under the config's eviction thresholds, and the node is not "+
+					"drained for its assignment; leaving the kubelet alone",
+					append(sourceFields(target.src), zap.String("node", a.cfg.NodeName), zap.Error(err))...)
+				return sr, OutcomeNeedsDrain, err
+			}
 		}
 	case canReset && ds.mayReset():
 		// What the kubelet runs is unknown (stopped, crash-looping, /configz refused), and so is what its
@@ -186,7 +196,8 @@ func (a *Agent) planReset(ctx context.Context, current string, target candidate,
 // runningFields is the config the kubelet runs, from its /configz, reached where the config it was started
 // with (current) makes it listen and with the certificate that config makes it serve; where that config
 // does not check any more, as target would.
-func (a *Agent) runningFields(ctx context.Context, current string, target candidate) (map[string]any, error) {
+func (a *Agent) runningFields(ctx context.Context, current string, target candidate) (map[string]any,
+	*configcheck.Checked, error) {
 	startedWith := current
 	if current == target.file && a.activeRecorded {
 		// The env file names target, but the kubelet was not restarted into it since (or not successfully):
@@ -204,7 +215,8 @@ func (a *Agent) runningFields(ctx context.Context, current string, target candid
 				"would listen", zap.String("file", startedWith), zap.Error(err))
 		}
 	}
-	return a.kubelet.Configz(ctx, kc)
+	fields, err := a.kubelet.Configz(ctx, kc)
+	return fields, kc, err
 }
 
 // configFile is the file the kubelet runs src from.
@@ -237,23 +249,27 @@ func statePaths(root string, files []string) ([]string, error) {
 
 // drainRequired says what stands in the way, and what to do.
 func (a *Agent) drainRequired(target candidate, ds drainState, sr stateReset) error {
+	return fmt.Errorf("%w: the kubelet would refuse to start with %s on the state its resource managers "+
+		"checkpointed under the config it runs: %s; it keeps running that config. To make the change, %s",
+		errNeedsDrain, describe(target.src), sr,
+		a.drainHow(ds, "stops the kubelet, removes "+strings.Join(sr.paths, " ")+" and starts it"))
+}
+
+// drainHow says how to drain the node for its assignment, after which the sidecar does then (and the
+// kubelet runs the config).
+func (a *Agent) drainHow(ds drainState, then string) string {
 	node := a.cfg.NodeName
 	if node == "" {
 		node = "NODE"
 	}
-	how := "drain the node for this assignment"
 	if ds.assigned != nil && ds.assigned.ConfigMap != nil {
 		cm := ds.assigned.ConfigMap
-		how += fmt.Sprintf(": kubectl dkc assign %s --configmap %s/%s --key %s --drain, or a KubeletConfigPool with "+
-			"spec.disruption.drain: Allowed; the sidecar then stops the kubelet, removes %s and starts it with the config",
-			node, cm.Namespace, cm.Name, cm.KubeletConfigKey, strings.Join(sr.paths, " "))
-	} else {
-		how += fmt.Sprintf(": kubectl dkc reset %s --drain; the sidecar then stops the kubelet, removes %s and "+
-			"starts it with its local config", node, strings.Join(sr.paths, " "))
+		return fmt.Sprintf("drain the node for this assignment: kubectl dkc assign %s --configmap %s/%s --key %s "+
+			"--drain, or a KubeletConfigPool with spec.disruption.drain: Allowed; the sidecar then %s with the config",
+			node, cm.Namespace, cm.Name, cm.KubeletConfigKey, then)
 	}
-	return fmt.Errorf("%w: the kubelet would refuse to start with %s on the state its resource managers "+
-		"checkpointed under the config it runs: %s; it keeps running that config. To make the change, %s",
-		errNeedsDrain, describe(target.src), sr, how)
+	return fmt.Sprintf("drain the node for this assignment: kubectl dkc reset %s --drain; the sidecar then %s "+
+		"with its local config", node, then)
 }
 
 var errNeedsDrain = errors.New("node not drained")

@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dkc-dev/dkc/internal/configcheck"
@@ -282,6 +284,11 @@ func (k *Kubelet) Configz(ctx context.Context, kc *configcheck.Checked) (map[str
 }
 
 func (k *Kubelet) configz(ctx context.Context, kc *configcheck.Checked) ([]byte, error) {
+	return k.authorized(ctx, kc, "/configz")
+}
+
+// authorized GETs path from the kubelet's authenticated port, where kc makes it listen, with the token.
+func (k *Kubelet) authorized(ctx context.Context, kc *configcheck.Checked, path string) ([]byte, error) {
 	host, err := k.target("address", kc.Address)
 	if err != nil {
 		return nil, err
@@ -290,8 +297,36 @@ func (k *Kubelet) configz(ctx context.Context, kc *configcheck.Checked) ([]byte,
 	if err != nil {
 		return nil, err
 	}
-	url := "https://" + net.JoinHostPort(host, strconv.Itoa(int(kc.Port))) + "/configz"
+	url := "https://" + net.JoinHostPort(host, strconv.Itoa(int(kc.Port))) + path
 	return k.get(ctx, url, verify)
+}
+
+// Summary is the kubelet's stats summary (/stats/summary; RBAC get nodes/stats): what its eviction manager
+// observes. Sent the way /configz is: this node only, the kubelet's own certificate.
+func (k *Kubelet) Summary(ctx context.Context, kc *configcheck.Checked) (*statsapi.Summary, error) {
+	body, err := k.authorized(ctx, kc, "/stats/summary")
+	if err != nil {
+		return nil, err
+	}
+	var s statsapi.Summary
+	if err := json.Unmarshal(body, &s); err != nil {
+		return nil, fmt.Errorf("decode /stats/summary: %w", err)
+	}
+	return &s, nil
+}
+
+// Pods are the pods the kubelet runs (/pods; RBAC get nodes/pods, fine-grained kubelet authorization): what
+// its eviction manager ranks and its admission admits again after a restart.
+func (k *Kubelet) Pods(ctx context.Context, kc *configcheck.Checked) ([]corev1.Pod, error) {
+	body, err := k.authorized(ctx, kc, "/pods")
+	if err != nil {
+		return nil, err
+	}
+	var l corev1.PodList
+	if err := json.Unmarshal(body, &l); err != nil {
+		return nil, fmt.Errorf("decode /pods: %w", err)
+	}
+	return l.Items, nil
 }
 
 // withheld logs, once per reason, that the token was not sent: an operator must act (a missing mount, a

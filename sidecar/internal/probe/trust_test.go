@@ -89,7 +89,14 @@ func newKubeletServer(t *testing.T, addr string, serving *keyPair) *kubeletServe
 		s.mu.Lock()
 		s.tokens = append(s.tokens, r.Header.Get("Authorization"))
 		s.mu.Unlock()
-		_, _ = w.Write([]byte(`{"kubeletconfig":{"eventRecordQPS":7}}`))
+		switch r.URL.Path {
+		case "/stats/summary":
+			_, _ = w.Write([]byte(`{"node":{"nodeName":"node-1","memory":{"availableBytes":1024,"workingSetBytes":3072}}}`))
+		case "/pods":
+			_, _ = w.Write([]byte(`{"kind":"PodList","apiVersion":"v1","items":[{"metadata":{"namespace":"web","name":"hungry"}}]}`))
+		default:
+			_, _ = w.Write([]byte(`{"kubeletconfig":{"eventRecordQPS":7}}`))
+		}
 	}))
 	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
 	if err != nil {
@@ -489,5 +496,38 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 	}
 	if conns, tokens := elsewhere.seen(); conns != 0 || len(tokens) != 0 {
 		t.Errorf("redirect target got %d connections, tokens %q", conns, tokens)
+	}
+}
+
+// TestUsageGoesWhereConfigzGoes: /stats/summary and /pods are read from the kubelet's own certificate with
+// the token, as /configz is; another certificate gets no token.
+func TestUsageGoesWhereConfigzGoes(t *testing.T) {
+	pair := newPair(t, nil, false)
+	srv := newKubeletServer(t, "127.0.0.1", pair)
+	certFile := filepath.Join(t.TempDir(), "kubelet.crt")
+	writeFile(t, certFile, pair.certPEM)
+	k, err := New(Config{TokenFile: tokenFile(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := &configcheck.Checked{Address: "127.0.0.1", Port: srv.port(), Fields: map[string]any{"tlsCertFile": certFile}}
+	summary, err := k.Summary(context.Background(), kc)
+	if err != nil || summary.Node.Memory == nil || *summary.Node.Memory.AvailableBytes != 1024 {
+		t.Fatalf("Summary = %+v, %v; want the node's memory", summary, err)
+	}
+	pods, err := k.Pods(context.Background(), kc)
+	if err != nil || len(pods) != 1 || pods[0].Namespace+"/"+pods[0].Name != "web/hungry" {
+		t.Fatalf("Pods = %+v, %v; want web/hungry", pods, err)
+	}
+	if _, tokens := srv.seen(); len(tokens) != 2 || tokens[0] != "Bearer secret-token" {
+		t.Fatalf("the kubelet got tokens %q, want the token twice", tokens)
+	}
+	other := newPair(t, nil, false)
+	writeFile(t, certFile, other.certPEM)
+	if _, err := k.Summary(context.Background(), kc); !errors.Is(err, ErrServingCert) {
+		t.Errorf("Summary from a kubelet presenting another certificate: %v, want ErrServingCert", err)
+	}
+	if _, tokens := srv.seen(); len(tokens) != 2 {
+		t.Errorf("the token went to a kubelet presenting another certificate: %q", tokens)
 	}
 }

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package agent
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+)
+
+// hungryNode is a node with 1Gi of memory available out of 4Gi, running BestEffort pod web/hungry, which
+// uses 100Mi.
+func hungryNode() (*statsapi.Summary, []corev1.Pod) {
+	gi := func(n float64) *uint64 { v := uint64(n * (1 << 30)); return &v }
+	pod := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "hungry", UID: types.UID("p1")},
+		Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, QOSClass: corev1.PodQOSBestEffort}}
+	return &statsapi.Summary{
+		Node: statsapi.NodeStats{NodeName: "node-1", Memory: &statsapi.MemoryStats{AvailableBytes: gi(1), WorkingSetBytes: gi(3)}},
+		Pods: []statsapi.PodStats{{PodRef: statsapi.PodReference{Namespace: "web", Name: "hungry", UID: "p1"},
+			Memory: &statsapi.MemoryStats{WorkingSetBytes: gi(0.1)}}},
+	}, []corev1.Pod{pod}
+}
+
+// TestEvictionsWaitForADrain: a config whose eviction thresholds the node's usage crosses is not restarted
+// into while the node is not drained for it — the kubelet would evict its pods at once, past their
+// budgets — and the status names them; drained, the kubelet restarts into it (no state to remove). A
+// prediction that cannot be made, or that finds nothing to evict or only what the running thresholds evict
+// already, restarts as always.
+func TestEvictionsWaitForADrain(t *testing.T) {
+	const high = cfgHeader + "evictionHard:\n  memory.available: 2Gi\n"
+	tests := []struct {
+		name string
+		// running is the local config (eventRecordQPS: 50 when "").
+		running    string
+		assigned   string
+		noStats    bool
+		wantDrain  bool
+		wantDetail []string
+	}{
+		{name: "new threshold above what is available", assigned: high, wantDrain: true,
+			wantDetail: []string{"node-1: memory.available 1Gi is below the new hard eviction threshold 2Gi",
+				"web/hungry", "honours no PodDisruptionBudget",
+				"kubectl dkc assign node-1 --configmap kube-system/c --key kubelet --drain"}},
+		{name: "new threshold below what is available", assigned: cfgHeader + "evictionHard:\n  memory.available: 512Mi\n"},
+		{name: "stats not readable", assigned: high, noStats: true},
+		{name: "thresholds unchanged", assigned: cfgHeader + "eventRecordQPS: 40\n"},
+		{name: "running thresholds crossed already", running: cfgHeader + "evictionHard:\n  memory.available: 1500Mi\n",
+			assigned: high},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newNode(t)
+			n.agent.cfg.NodeName = "node-1"
+			if tt.running != "" {
+				// What the kubelet runs (the fake reads its file at each /configz).
+				if err := os.WriteFile(n.local, []byte(tt.running), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !tt.noStats {
+				n.kubelet.summary, n.kubelet.pods = hungryNode()
+			}
+			n.applyDrained(assignment("u", "1", tt.assigned), false)
+			if !tt.wantDrain {
+				n.expect("1", "1", "local", "", 1)
+				n.checkCalls("restart 1")
+				return
+			}
+			n.expect("1", "local", "local", string(nodeconfig.DrainRequiredError), 0)
+			n.checkCalls()
+			_, detail := n.agent.Status()
+			for _, want := range tt.wantDetail {
+				if !strings.Contains(detail, want) {
+					t.Errorf("detail %q does not say %q", detail, want)
+				}
+			}
+			if n.agent.phase != PhaseWaitingForDrain || n.agent.retry {
+				t.Errorf("phase %s, retry %v; want %s, no retry at the ticks", n.agent.phase, n.agent.retry, PhaseWaitingForDrain)
+			}
+			if f := n.agent.state.failure(n.mustAssigned()); f != "" {
+				t.Errorf("the config was marked failed: %s", f)
+			}
+			n.applyDrained(assignment("u", "1", tt.assigned), true)
+			n.expect("1", "1", "local", "", 1)
+			n.checkCalls("restart 1")
+		})
+	}
+}

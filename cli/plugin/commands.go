@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/dkc-dev/dkc/internal/capacity"
 	"github.com/dkc-dev/dkc/internal/configz"
 	"github.com/dkc-dev/dkc/internal/disruption"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
@@ -76,11 +77,13 @@ first") and keeps its config until it is drained.`,
 			case drain && drained:
 				return fmt.Errorf("give --drain or --drained, not both")
 			case drain:
-				return o.assignDraining(ctx, nodes, src, o.stateResets(ctx, nodes, ns, name, key, checkDir), opts)
+				evicts := map[string][]string{}
+				resets := o.stateResets(ctx, nodes, ns, name, key, checkDir, evicts)
+				return o.assignDraining(ctx, nodes, src, resets, evicts, opts)
 			case drained:
 				return o.assignDrained(ctx, nodes, src)
 			}
-			if err := refuseStateResets(ns, name, o.stateResets(ctx, nodes, ns, name, key, checkDir)); err != nil {
+			if err := refuseStateResets(ns, name, o.stateResets(ctx, nodes, ns, name, key, checkDir, nil)); err != nil {
 				return err
 			}
 			for i := range nodes {
@@ -97,8 +100,9 @@ first") and keeps its config until it is drained.`,
 	cmd.Flags().StringVar(&cm, "configmap", "", "the ConfigMap, NAMESPACE/NAME")
 	cmd.Flags().StringVar(&key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
 	cmd.Flags().BoolVar(&drain, "drain", false,
-		"cordon and drain each node whose kubelet would refuse the change on its resource managers' state, one "+
-			"after the other, let its sidecar remove that state, wait until it runs the config, then uncordon it")
+		"cordon and drain each node whose kubelet would refuse the change on its resource managers' state, or "+
+			"would evict pods under its new eviction thresholds, one after the other, let its sidecar remove that "+
+			"state and restart the kubelet, wait until it runs the config, then uncordon it")
 	drainFlags(cmd, &opts)
 	cmd.Flags().BoolVar(&drained, "drained", false,
 		"the nodes are cordoned and drained already (kubectl drain): mark them drained for the ConfigMap's "+
@@ -112,9 +116,11 @@ first") and keeps its config until it is drained.`,
 
 // stateResets compares each node's running config (/configz) with the new one, both as the node kubelet's
 // minor loads them: the state files the change invalidates, per node. A node it cannot check is warned
-// about and has a nil entry (its sidecar checks again before it restarts the kubelet).
+// about and has a nil entry (its sidecar checks again before it restarts the kubelet). With evicts, it also
+// records there, per node whose eviction thresholds the change raises past its usage, what the restarted
+// kubelet would stop (evictionsOf): such a node is drained too.
 func (o *Options) stateResets(ctx context.Context, nodes []corev1.Node, ns, name, key,
-	checkDir string) map[string][]disruption.Reset {
+	checkDir string, evicts map[string][]string) map[string][]disruption.Reset {
 	out := map[string][]disruption.Reset{}
 	for _, n := range nodes {
 		running, kubeletVersion, err := o.runningConfig(ctx, n.Name)
@@ -130,8 +136,35 @@ func (o *Options) stateResets(ctx context.Context, nodes []corev1.Node, ns, name
 		if r := disruption.Resets(running, next); len(r) > 0 {
 			out[n.Name] = r
 		}
+		if evicts != nil && capacity.EvictionChanges(running, next) {
+			if why := o.evictionsOf(ctx, &n, running, next); len(why) > 0 {
+				evicts[n.Name] = why
+			}
+		}
 	}
 	return out
+}
+
+// evictionsOf says what node's kubelet, restarted with next's eviction thresholds, would stop that it does
+// not under running's (the prediction its sidecar makes before it restarts the kubelet, which refuses an
+// undrained node the change); when that cannot be told, why.
+func (o *Options) evictionsOf(ctx context.Context, node *corev1.Node, running, next map[string]any) []string {
+	pods, err := o.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
+	if err != nil {
+		return []string{"its new eviction thresholds could not be checked: list its pods: " + err.Error()}
+	}
+	summary, err := o.statsSummary(ctx, node.Name)
+	if err != nil {
+		return []string{"its new eviction thresholds could not be checked: " + err.Error()}
+	}
+	e, err := capacity.Evictions(summary, running, next, pods.Items)
+	if err != nil {
+		return []string{"its new eviction thresholds could not be checked: " + err.Error()}
+	}
+	if !e.Stops() {
+		return nil
+	}
+	return e.Findings(node.Name)
 }
 
 // refuseStateResets fails, before any node is assigned, when the config would make a node's kubelet refuse

@@ -7,8 +7,8 @@ package installed
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,18 +18,27 @@ import (
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/internal/poll"
-	"github.com/dkc-dev/dkc/test/devcluster"
 )
 
-// TestDiffNamesThePodsANewEvictionThresholdEvicts: a config whose hard memory.available eviction threshold
-// is 2Gi above what the worker has available now (its stats summary) — `kubectl dkc diff` and `rollout
-// --dry-run` say the node is below it and name the workload's BestEffort pod as one the kubelet would stop
-// (rejected as it admits the pod again under MemoryPressure), and not the sidecar (critical). Checked
-// against the kubelet: assigned, the restarted kubelet stops exactly that pod with reason Evicted (its log
-// says so; the API may show the pod Succeeded, as pause exits 0 on SIGTERM) and keeps the sidecar.
-func TestDiffNamesThePodsANewEvictionThresholdEvicts(t *testing.T) {
+// TestANewEvictionThresholdWaitsForADrain: the worker runs a Deployment's BestEffort pod behind a
+// PodDisruptionBudget that allows no disruption. A config whose hard memory.available eviction threshold is
+// 2Gi above what the worker has available now (its stats summary):
+//   - `kubectl dkc diff` and `rollout --dry-run` say the node is below it and name the pod as one the
+//     restarted kubelet would stop (rejected as it admits the pod again under MemoryPressure), and not the
+//     sidecar (critical);
+//   - assigned through the annotation, the node's sidecar makes the same prediction from its own kubelet's
+//     /stats/summary and /pods, refuses the config before touching the kubelet and says the node must be
+//     drained first, naming the pod: the kubelet's eviction manager would stop it past its budget;
+//   - kubectl dkc assign --drain evicts it through the Eviction API only once the budget allows it, and the
+//     kubelet then restarts once, runs the config and reports MemoryPressure, as predicted.
+//
+// (That the restarted kubelet stops exactly the predicted pod, with reason Evicted, was checked against the
+// kubelet's log when the prediction was built: docs/results.md, fd65c0d.)
+func TestANewEvictionThresholdWaitsForADrain(t *testing.T) {
 	worker := workerNode()
+	other := cluster.ControlPlaneNode()
 	// After the reset (cleanups run last first): the worker's MemoryPressure gone, its taint with it, before
 	// the next test schedules there.
 	t.Cleanup(func() {
@@ -38,35 +47,19 @@ func TestDiffNamesThePodsANewEvictionThresholdEvicts(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			for _, c := range n.Status.Conditions {
-				if c.Type == corev1.NodeMemoryPressure && c.Status != corev1.ConditionFalse {
-					return fmt.Errorf("MemoryPressure %s: %s", c.Status, c.Message)
-				}
+			if c := memoryPressure(n); c != nil && c.Status != corev1.ConditionFalse {
+				return fmt.Errorf("MemoryPressure %s: %s", c.Status, c.Message)
 			}
 			return nil
 		})
 	})
 	resetAfter(t)
+	t.Cleanup(func() { undrain(t, worker) })
 	const ns = "eviction"
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	c := admin(t)
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
-		metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
-	grace := int64(1)
-	if _, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "hungry"},
-		Spec: corev1.PodSpec{
-			TerminationGracePeriodSeconds: &grace, RestartPolicy: corev1.RestartPolicyNever,
-			NodeSelector: map[string]string{corev1.LabelHostname: worker},
-			Containers:   []corev1.Container{{Name: "app", Image: devcluster.ImageRepo + "/pause:" + devcluster.ImageTag}},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	before := webBehindABudget(ctx, t, ns, worker)
 	var summary statsapi.Summary
 	poll.ForNil(t, 2*time.Minute, time.Second, "the worker's stats summary to show the pod's memory", func() error {
 		raw, err := c.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", worker, "proxy", "stats", "summary").DoRaw(ctx)
@@ -78,11 +71,11 @@ func TestDiffNamesThePodsANewEvictionThresholdEvicts(t *testing.T) {
 			return err
 		}
 		for _, p := range summary.Pods {
-			if p.PodRef.Namespace == ns && p.PodRef.Name == "hungry" && p.Memory != nil && p.Memory.WorkingSetBytes != nil {
+			if p.PodRef.Namespace == ns && p.PodRef.Name == before.Name && p.Memory != nil && p.Memory.WorkingSetBytes != nil {
 				return nil
 			}
 		}
-		return fmt.Errorf("no memory stats of %s/hungry yet", ns)
+		return fmt.Errorf("no memory stats of %s/%s yet", ns, before.Name)
 	})
 	if summary.Node.Memory == nil || summary.Node.Memory.AvailableBytes == nil {
 		t.Fatalf("the worker's summary has no memory.available: %+v", summary.Node.Memory)
@@ -105,14 +98,15 @@ func TestDiffNamesThePodsANewEvictionThresholdEvicts(t *testing.T) {
 	cm := createConfigData(t, "installed-eviction", string(raw))
 
 	pressure := fmt.Sprintf("%s: memory.available ", worker)
-	evicted := fmt.Sprintf("%s: %s/hungry may be rejected (Evicted) when the restarted kubelet admits it again "+
-		"under MemoryPressure", worker, ns)
+	below := fmt.Sprintf("is below the new hard eviction threshold %dMi", threshold)
+	evicted := fmt.Sprintf("%s: %s/%s may be rejected (Evicted) when the restarted kubelet admits it again "+
+		"under MemoryPressure", worker, ns, before.Name)
 	out, err := kubectlDKC(ctx, "diff", worker, "--configmap", "kube-system/"+cm.Name, "--kubelet-check-dir",
 		cluster.KubeletCheckDir())
 	if err != nil {
 		t.Fatalf("kubectl dkc diff: %v\n%s", err, out)
 	}
-	for _, want := range []string{pressure, fmt.Sprintf("is below the new hard eviction threshold %dMi", threshold), evicted} {
+	for _, want := range []string{pressure, below, evicted} {
 		if !strings.Contains(out, want) {
 			t.Errorf("diff lacks %q:\n%s", want, out)
 		}
@@ -127,39 +121,85 @@ func TestDiffNamesThePodsANewEvictionThresholdEvicts(t *testing.T) {
 		t.Errorf("kubectl dkc rollout --dry-run: %v, want the EVICTED column and %q\n%s", err, evicted, out)
 	}
 
-	// What the prediction claims is what the kubelet does.
+	// Through the annotation: the sidecar predicts the same and leaves the kubelet alone.
+	starts := kubeletStarts(t, worker)
 	assign(t, worker, cm)
-	poll.ForNil(t, 4*time.Minute, time.Second, "the restarted kubelet to stop "+ns+"/hungry for MemoryPressure", func() error {
-		p, err := c.CoreV1().Pods(ns).Get(ctx, "hungry", metav1.GetOptions{})
-		if err != nil {
-			return err
+	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, worker+" refuses the change for want of a drain", func() error {
+		v := view(t, worker)
+		if srcName(v.status.Assigned) != name(cm) || v.status.Error != string(nodeconfig.DrainRequiredError) ||
+			srcName(v.status.Active) != "local" || v.configOK == nil || v.configOK.Status != corev1.ConditionFalse {
+			return errors.New(v.String())
 		}
-		if p.Status.Phase != corev1.PodFailed && p.Status.Phase != corev1.PodSucceeded {
-			return fmt.Errorf("phase %s", p.Status.Phase)
-		}
-		raw, err := os.ReadFile(cluster.NodeLogDir(worker) + "/kubelet.log")
-		if err != nil {
-			return err
-		}
-		for _, line := range strings.Split(string(raw), "\n") {
-			if strings.Contains(line, `pod="`+ns+`/hungry"`) && strings.Contains(line, `reason="Evicted"`) {
-				t.Logf("the kubelet: %s", line)
-				return nil
+		for _, want := range []string{pressure, below, evicted, "honours no PodDisruptionBudget", "--drain"} {
+			if !strings.Contains(v.configOK.Message, want) {
+				t.Fatalf("ConfigOK %q lacks %q", v.configOK.Message, want)
 			}
 		}
-		t.Fatalf("%s/hungry stopped (%s %s: %s), but the kubelet's log does not say it was for MemoryPressure", ns,
-			p.Status.Phase, p.Status.Reason, p.Status.Message)
+		t.Logf("ConfigOK: %s", v.configOK.Message)
 		return nil
 	})
-	sidecars, err := c.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/name=dkc-sidecar", FieldSelector: "spec.nodeName=" + worker})
-	if err != nil {
+	if got := kubeletStarts(t, worker); got != starts {
+		t.Errorf("%s: the kubelet started %d times while the sidecar refused the change, want 0", worker, got-starts)
+	}
+	if p, err := c.CoreV1().Pods(ns).Get(ctx, before.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil ||
+		p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("pod %s stopped while the sidecar refused the change (%v)", before.Name, err)
+	}
+	assign(t, worker, nil)
+	waitRunning(t, worker, nil, 2*time.Minute)
+
+	// --drain: the budget holds the eviction back, the kubelet the restart.
+	out2, done := runKubectlDKC(ctx, "assign", worker, "--configmap", "kube-system/"+cm.Name, "--drain",
+		"--drain-timeout", "5m", "--timeout", "4m", "--kubelet-check-dir", cluster.KubeletCheckDir())
+	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, "the drain retries the eviction the budget refuses", func() error {
+		if s := out2.String(); !strings.Contains(s, "disruption budget") {
+			return fmt.Errorf("output so far:\n%s", s)
+		}
+		return nil
+	})
+	startsBeforeDrain := kubeletStarts(t, worker)
+	if startsBeforeDrain != starts {
+		t.Errorf("%s: the kubelet started %d times before the node was drained, want 0", worker, startsBeforeDrain-starts)
+	}
+	if _, err := c.PolicyV1().PodDisruptionBudgets(ns).Patch(ctx, "web", "application/merge-patch+json",
+		[]byte(`{"spec":{"maxUnavailable":1}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range sidecars.Items {
-		if p.Status.Phase != corev1.PodRunning {
-			t.Errorf("sidecar %s on %s: %s %s, want Running (critical pods are not evicted)", p.Name, worker,
-				p.Status.Phase, p.Status.Reason)
+	var cmdErr error
+	select {
+	case cmdErr = <-done:
+	case <-ctx.Done():
+		t.Fatalf("assign --drain did not return:\n%s", out2.String())
+	}
+	if cmdErr != nil {
+		t.Fatalf("assign --drain: %v\n%s", cmdErr, out2.String())
+	}
+	t.Logf("assign --drain:\n%s", out2.String())
+	if after := webPod(t, ns, other, 3*time.Minute); after.Name == before.Name {
+		t.Errorf("pod %s still runs; want it evicted and replaced on %s", before.Name, other)
+	}
+	if got := kubeletStarts(t, worker) - startsBeforeDrain; got != 1 {
+		t.Errorf("%s: the kubelet started %d times for the change, want once", worker, got)
+	}
+	waitRunning(t, worker, cm, time.Minute)
+	poll.ForNil(t, 2*time.Minute, time.Second, worker+" under MemoryPressure, as predicted", func() error {
+		n, err := c.CoreV1().Nodes().Get(ctx, worker, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if p := memoryPressure(n); p == nil || p.Status != corev1.ConditionTrue {
+			return fmt.Errorf("MemoryPressure %+v", p)
+		}
+		return nil
+	})
+	released(t, worker)
+}
+
+func memoryPressure(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeMemoryPressure {
+			return &n.Status.Conditions[i]
 		}
 	}
+	return nil
 }

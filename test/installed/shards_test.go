@@ -15,7 +15,7 @@ var bySlowest = []string{
 	"TestPoolWaitsForPodsReadyAgain",
 	"TestPoolRefusesAConfigThatFailsPods",
 	"TestPoolKeepsPodDisruptionBudgets",
-	"TestDiffNamesThePodsANewEvictionThresholdEvicts",
+	"TestANewEvictionThresholdWaitsForADrain",
 	"TestHelmInstall",
 	"TestAssignDrainToTheStaticCPUManager",
 	"TestPoolDrainsForTheStaticCPUManager",

@@ -4,6 +4,7 @@ package controller
 
 import (
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,6 +67,27 @@ func statusOf(n *corev1.Node) corev1.NodeConfigStatus {
 	return st
 }
 
+// maxDetail bounds the part of a node's ConfigOK message a pool repeats: its failed nodes' errors all go
+// into one condition message.
+const maxDetail = 2048
+
+// configDetail is the message of n's ConfigOK condition while it is False, without the status error it
+// starts with (statusErr): the config the node uses and the sidecar's detail, bounded by maxDetail; "" when
+// none.
+func configDetail(n *corev1.Node, statusErr string) string {
+	for _, c := range n.Status.Conditions {
+		if c.Type != nodeconfig.ConditionType || c.Status != corev1.ConditionFalse {
+			continue
+		}
+		msg := strings.TrimPrefix(c.Message, statusErr+"; ")
+		if len(msg) > maxDetail {
+			return strings.ToValidUTF8(msg[:maxDetail], "") + "…"
+		}
+		return msg
+	}
+	return ""
+}
+
 func ready(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
@@ -96,6 +118,9 @@ func view(n *corev1.Node, pool *v1alpha1.KubeletConfigPool, target plan.Target, 
 	}
 	_, reported := n.Annotations[nodeconfig.StatusAnnotation]
 	v := plan.Node{Name: n.Name, Status: statusOf(n), Ready: ready(n), NoSidecar: noSidecar(n), NoStatus: !reported}
+	if v.Status.Error != "" {
+		v.Detail = configDetail(n, v.Status.Error)
+	}
 	v.Assigned = target.Revision != "" && names(src, target.Source)
 	if a, ok := assignmentOf(n); ok && a.Pool == pool.Name {
 		assigned := revision.AssignedSource(pool, a)

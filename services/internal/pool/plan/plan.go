@@ -74,6 +74,10 @@ type Node struct {
 	// node selection leaves it out (not Linux, or labelled dkc.dev/sidecar=disabled). Nothing there
 	// would ever apply an assignment.
 	NoSidecar string
+	// Detail is the sidecar's account of Status.Error (what its ConfigOK condition says), "" when none: a
+	// node that must be drained first names there what stands in the way (state files, pods new eviction
+	// thresholds would evict).
+	Detail string
 	// NoStatus: the Node has no dkc.dev/config-status at all, so its sidecar never reported (not
 	// scheduled there, not started yet, never connected), or the annotation was lost. Status is then zero
 	// and says nothing.
@@ -871,7 +875,11 @@ func judgeTarget(n Node, t Target, c clock, retry int64, mayDrain bool, v Verdic
 		// The sidecar refused before touching the kubelet: it keeps what it runs until it is drained.
 		switch {
 		case !mayDrain:
-			return fail(v1alpha1.FailureDrainRequired, st.Error+" (spec.disruption.drain is Never)")
+			msg := st.Error + " (spec.disruption.drain is Never)"
+			if n.Detail != "" {
+				msg += ": " + n.Detail
+			}
+			return fail(v1alpha1.FailureDrainRequired, msg)
 		case n.DrainFailed != "":
 			return fail(v1alpha1.FailureDrainFailed, n.DrainFailed)
 		}

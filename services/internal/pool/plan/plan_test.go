@@ -271,6 +271,28 @@ func TestNodeRules(t *testing.T) {
 
 func mods(m ...func(*v1alpha1.KubeletConfigPool)) []func(*v1alpha1.KubeletConfigPool) { return m }
 
+// TestDrainRequiredSaysWhatStandsInTheWay: a node that must be drained first, in a pool that may not drain,
+// fails with what its sidecar said stands in the way (the pods new eviction thresholds would evict), and
+// the Degraded condition says it.
+func TestDrainRequiredSaysWhatStandsInTheWay(t *testing.T) {
+	n := assigned("n1", status(on, nil, nil, nodeconfig.DrainRequiredError))
+	n.Detail = "using current (local): node not drained: the kubelet, restarted with configmap kube-system/c, " +
+		"would evict or reject pods at once: n1: web/hungry would be evicted (memory.available; it uses 100Mi)"
+	p := Decide(Input{Pool: pool(), Target: r2, Nodes: []Node{n}, Now: t0})
+	if len(p.Status.FailedNodes) != 1 {
+		t.Fatalf("failed nodes %+v, want n1", p.Status.FailedNodes)
+	}
+	f := p.Status.FailedNodes[0]
+	want := string(nodeconfig.DrainRequiredError) + " (spec.disruption.drain is Never): " + n.Detail
+	if f.Reason != v1alpha1.FailureDrainRequired || f.Error != want {
+		t.Errorf("failure %s: %q, want %s: %q", f.Reason, f.Error, v1alpha1.FailureDrainRequired, want)
+	}
+	if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionDegraded); c == nil ||
+		!strings.Contains(c.Message, "web/hungry would be evicted") {
+		t.Errorf("Degraded %+v does not name the pod", c)
+	}
+}
+
 func mayDrain(p *v1alpha1.KubeletConfigPool) {
 	p.Spec.Disruption = &v1alpha1.Disruption{Drain: v1alpha1.DrainAllowed}
 }

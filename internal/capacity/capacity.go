@@ -28,6 +28,10 @@ const systemCriticalPriority = 2000000000
 // mirrorAnnotation marks a static pod's mirror in the API (kubelettypes.ConfigMirrorAnnotationKey).
 const mirrorAnnotation = "kubernetes.io/config.mirror"
 
+// sourceAnnotation is where the kubelet got a pod from (kubelettypes.ConfigSourceAnnotationKey): "api" for
+// pods from the apiserver; a static pod, as the kubelet's own /pods lists it, says "file" or "http".
+const sourceAnnotation = "kubernetes.io/config.source"
+
 // ResourceFit is one resource of a node: what the kubelet allocates now, what it would under a config, and
 // what the pods on the node request; "-" where the node has none of it.
 type ResourceFit struct {
@@ -144,7 +148,9 @@ func admitted(pods []corev1.Pod) []corev1.Pod {
 // critical is the kubelet's IsCriticalPod for a pod as the API has it.
 func critical(p *corev1.Pod) bool {
 	_, mirror := p.Annotations[mirrorAnnotation]
-	return mirror || (p.Spec.Priority != nil && *p.Spec.Priority >= systemCriticalPriority)
+	source, fromKubelet := p.Annotations[sourceAnnotation]
+	static := fromKubelet && source != "api"
+	return mirror || static || (p.Spec.Priority != nil && *p.Spec.Priority >= systemCriticalPriority)
 }
 
 // podRequests is what the kubelet admits a pod with: its allocated resources where the status has them

@@ -147,3 +147,31 @@ func TestUnder(t *testing.T) {
 		t.Errorf("a reservation that does not parse: %v", err)
 	}
 }
+
+// TestCritical: what the kubelet never evicts and admits first — static pods as the kubelet's own /pods
+// lists them (their source annotation), their mirrors as the apiserver has them, and critical priorities.
+func TestCritical(t *testing.T) {
+	high := int32(systemCriticalPriority)
+	low := int32(1000)
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		priority    *int32
+		want        bool
+	}{
+		{name: "a pod from the apiserver", want: false},
+		{name: "a pod the kubelet got from the apiserver", annotations: map[string]string{sourceAnnotation: "api"}, want: false},
+		{name: "a static pod from a file, as the kubelet lists it", annotations: map[string]string{sourceAnnotation: "file"}, want: true},
+		{name: "a static pod from a URL", annotations: map[string]string{sourceAnnotation: "http"}, want: true},
+		{name: "a mirror pod", annotations: map[string]string{mirrorAnnotation: "x", sourceAnnotation: "api"}, want: true},
+		{name: "system-node-critical", priority: &high, want: true},
+		{name: "a low priority", priority: &low, want: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: tc.annotations}, Spec: corev1.PodSpec{Priority: tc.priority}}
+			if got := critical(p); got != tc.want {
+				t.Errorf("critical = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -36,7 +36,8 @@ type Pressure struct {
 	Kind      string `json:"kind"` // "hard", or "soft" (evicts once it held for evictionSoftGracePeriod)
 	Observed  string `json:"observed"`
 	Threshold string `json:"threshold"`
-	// Already: the running config's threshold of the signal is crossed too; the kubelet is evicting now.
+	// Already: the running config's threshold of the signal is crossed too, and no lower: the kubelet is
+	// evicting as much now. (A higher new threshold has it evict more.)
 	Already bool `json:"already,omitempty"`
 }
 
@@ -159,7 +160,7 @@ func Evictions(summary *statsapi.Summary, running, next map[string]any, pods []c
 				was, wasSet = 0, false // the running config was read by the kubelet; a prediction does not need it
 			}
 			e.Pressure = append(e.Pressure, Pressure{Signal: signal, Kind: kind, Observed: quantity(signal, o.available),
-				Threshold: quantity(signal, thr), Already: wasSet && o.available < was})
+				Threshold: quantity(signal, thr), Already: wasSet && o.available < was && was >= thr})
 			conditions[conditionOf(signal)] = true
 			if signal != "memory.available" {
 				continue

@@ -52,8 +52,10 @@ func TestEvictionsWaitForADrain(t *testing.T) {
 		{name: "new threshold below what is available", assigned: cfgHeader + "evictionHard:\n  memory.available: 512Mi\n"},
 		{name: "stats not readable", assigned: high, noStats: true},
 		{name: "thresholds unchanged", assigned: cfgHeader + "eventRecordQPS: 40\n"},
-		{name: "running thresholds crossed already", running: cfgHeader + "evictionHard:\n  memory.available: 1500Mi\n",
+		{name: "running thresholds crossed already and higher", running: cfgHeader + "evictionHard:\n  memory.available: 3Gi\n",
 			assigned: high},
+		{name: "running thresholds crossed already but lower", running: cfgHeader + "evictionHard:\n  memory.available: 1500Mi\n",
+			assigned: high, wantDrain: true, wantDetail: []string{"web/hungry"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,5 +94,23 @@ func TestEvictionsWaitForADrain(t *testing.T) {
 			n.expect("1", "1", "local", "", 1)
 			n.checkCalls("restart 1")
 		})
+	}
+}
+
+// TestFallbackWaitsForNoDrain: a node whose local config's thresholds its usage crosses runs a config with
+// lower ones that then fails: the rollback to the local config restarts the kubelet at once, though the
+// local thresholds stop pods the failed config's do not — the way back never waits for a drain.
+func TestFallbackWaitsForNoDrain(t *testing.T) {
+	n := newNode(t)
+	n.agent.cfg.NodeName = "node-1"
+	if err := os.WriteFile(n.local, []byte(cfgHeader+"evictionHard:\n  memory.available: 2Gi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.kubelet.summary, n.kubelet.pods = hungryNode()
+	// Lower thresholds, and never healthy (maxPods 13).
+	n.applyDrained(assignment("u", "1", cfgHeader+"evictionHard:\n  memory.available: 100Mi\nmaxPods: 13\n"), false)
+	n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
+	if n.agent.phase == PhaseWaitingForDrain {
+		t.Errorf("phase %s: the rollback waits for a drain", n.agent.phase)
 	}
 }

@@ -142,9 +142,10 @@ func (a *Agent) planReset(ctx context.Context, current string, target candidate,
 		for _, r := range sr.resets {
 			sr.files = append(sr.files, r.File)
 		}
-		if len(sr.resets) == 0 && !ds.drained {
+		if len(sr.resets) == 0 && !ds.drained && nodeconfig.SameSource(target.src, ds.assigned) {
 			// (A change that needs a drain for the resource managers' state gets one, which also empties the
-			// node of the pods new thresholds would evict.)
+			// node of the pods new thresholds would evict. A fallback — last-known-good or the local config
+			// after the assignment failed — goes back to what ran before: the way back waits for no drain.)
 			if err := a.evictions(ctx, listening, running, target, ds); err != nil {
 				a.log.Warn("the kubelet would evict pods under the config's eviction thresholds, and the node is not "+
 					"drained for its assignment; leaving the kubelet alone",

@@ -20,7 +20,8 @@ import (
 
 // A pool with spec.disruption.drain Allowed drains a node when the node itself says it must: its sidecar
 // refused the revision before touching the kubelet (nodeconfig.DrainRequiredError), as the kubelet would
-// refuse it on the state its resource managers checkpointed. The node, assigned, counts as in progress
+// refuse it on the state its resource managers checkpointed, or would evict pods under its new eviction
+// thresholds. The node, assigned, counts as in progress
 // throughout (plan: ReasonDraining). The controller then cordons it (marked nodedrain.CordonedAnnotation
 // "pool/NAME", unless someone else cordoned it), evicts its pods (kubectl's drain: the Eviction API), and
 // marks it drained for the snapshot's version: the sidecar then removes the state with the kubelet
@@ -163,7 +164,7 @@ func (c *Controller) startDrain(pool *v1alpha1.KubeletConfigPool, target plan.Ta
 		err := c.drain(ctx, j, pool.Name, target, n.Name, pool.Spec.DrainTimeoutOrDefault())
 		switch {
 		case err == nil:
-			c.drains.set(j, "drained; the sidecar resets the kubelet's state and restarts it", "", true)
+			c.drains.set(j, "drained; the sidecar restarts the kubelet (removing the state the change invalidates, if any)", "", true)
 			c.log.Info("node drained and marked; its sidecar goes on", zap.String("pool", pool.Name),
 				zap.String("node", n.Name), zap.String("revision", target.Revision))
 		case c.runCtx.Err() != nil:

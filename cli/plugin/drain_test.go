@@ -61,3 +61,18 @@ func TestWaitApplied(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictionsOfUnreadableUsageDrain: assign --drain drains a node whose new eviction thresholds it cannot
+// check against the node's usage (here: a client without REST access for the stats summary), rather than
+// leave it to its sidecar's refusal. (The prediction itself, from a real kubelet's stats:
+// TestANewEvictionThresholdWaitsForADrain.)
+func TestEvictionsOfUnreadableUsageDrain(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	o := &Options{client: fake.NewClientset(n)}
+	running := map[string]any{"evictionHard": map[string]any{"memory.available": "100Mi"}}
+	next := map[string]any{"evictionHard": map[string]any{"memory.available": "2Gi"}}
+	got := o.evictionsOf(context.Background(), n, running, next)
+	if len(got) != 1 || !strings.Contains(got[0], "could not be checked") || !strings.Contains(got[0], "stats summary") {
+		t.Errorf("evictionsOf = %q, want one line saying the thresholds could not be checked", got)
+	}
+}

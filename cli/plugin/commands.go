@@ -48,6 +48,10 @@ and its sidecar then removes the state file, with the kubelet stopped, before it
   --drained  you drained and cordoned the nodes yourself: assign marks them drained and assigns; uncordon
              them once they report the config active.
 
+It refuses the same way a config whose eviction thresholds a node's current usage crosses (read from its
+kubelet's stats summary through the apiserver's node proxy: get nodes/proxy), naming the pods the restarted
+kubelet would evict or reject; --drain drains such nodes first (also where the usage cannot be read).
+
 Where the check cannot run (no helper for the node's minor, /configz unreadable), assign says so and assigns;
 a node whose sidecar finds that the change needs a drain then refuses it (status "the node must be drained
 first") and keeps its config until it is drained.`,
@@ -77,13 +81,17 @@ first") and keeps its config until it is drained.`,
 			case drain && drained:
 				return fmt.Errorf("give --drain or --drained, not both")
 			case drain:
-				evicts := map[string][]string{}
+				evicts := map[string]evictions{}
 				resets := o.stateResets(ctx, nodes, ns, name, key, checkDir, evicts)
 				return o.assignDraining(ctx, nodes, src, resets, evicts, opts)
 			case drained:
 				return o.assignDrained(ctx, nodes, src)
 			}
-			if err := refuseStateResets(ns, name, o.stateResets(ctx, nodes, ns, name, key, checkDir, nil)); err != nil {
+			evicts := map[string]evictions{}
+			if err := refuseStateResets(ns, name, o.stateResets(ctx, nodes, ns, name, key, checkDir, evicts)); err != nil {
+				return err
+			}
+			if err := refuseEvictions(ns, name, evicts); err != nil {
 				return err
 			}
 			for i := range nodes {
@@ -120,7 +128,7 @@ first") and keeps its config until it is drained.`,
 // records there, per node whose eviction thresholds the change raises past its usage, what the restarted
 // kubelet would stop (evictionsOf): such a node is drained too.
 func (o *Options) stateResets(ctx context.Context, nodes []corev1.Node, ns, name, key,
-	checkDir string, evicts map[string][]string) map[string][]disruption.Reset {
+	checkDir string, evicts map[string]evictions) map[string][]disruption.Reset {
 	out := map[string][]disruption.Reset{}
 	for _, n := range nodes {
 		running, kubeletVersion, err := o.runningConfig(ctx, n.Name)
@@ -137,34 +145,67 @@ func (o *Options) stateResets(ctx context.Context, nodes []corev1.Node, ns, name
 			out[n.Name] = r
 		}
 		if evicts != nil && capacity.EvictionChanges(running, next) {
-			if why := o.evictionsOf(ctx, &n, running, next); len(why) > 0 {
-				evicts[n.Name] = why
+			if e := o.evictionsOf(ctx, &n, running, next); len(e.lines) > 0 {
+				evicts[n.Name] = e
 			}
 		}
 	}
 	return out
 }
 
+// evictions is what a node's new eviction thresholds do: the pods the restarted kubelet would stop
+// (predicted), or why that could not be told.
+type evictions struct {
+	lines     []string
+	predicted bool
+}
+
 // evictionsOf says what node's kubelet, restarted with next's eviction thresholds, would stop that it does
 // not under running's (the prediction its sidecar makes before it restarts the kubelet, which refuses an
 // undrained node the change); when that cannot be told, why.
-func (o *Options) evictionsOf(ctx context.Context, node *corev1.Node, running, next map[string]any) []string {
+func (o *Options) evictionsOf(ctx context.Context, node *corev1.Node, running, next map[string]any) evictions {
+	unchecked := func(err error) evictions {
+		return evictions{lines: []string{"its new eviction thresholds could not be checked: " + err.Error()}}
+	}
 	pods, err := o.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
 	if err != nil {
-		return []string{"its new eviction thresholds could not be checked: list its pods: " + err.Error()}
+		return unchecked(fmt.Errorf("list its pods: %w", err))
 	}
 	summary, err := o.statsSummary(ctx, node.Name)
 	if err != nil {
-		return []string{"its new eviction thresholds could not be checked: " + err.Error()}
+		return unchecked(err)
 	}
 	e, err := capacity.Evictions(summary, running, next, pods.Items)
 	if err != nil {
-		return []string{"its new eviction thresholds could not be checked: " + err.Error()}
+		return unchecked(err)
 	}
 	if !e.Stops() {
+		return evictions{}
+	}
+	return evictions{lines: e.Findings(node.Name), predicted: true}
+}
+
+// refuseEvictions fails, before any node is assigned, when a node's kubelet, restarted with the config,
+// would evict or reject pods (its sidecar would refuse it undrained). Nodes whose usage could not be read
+// are left to their sidecars, which read their own kubelet.
+func refuseEvictions(ns, name string, evicts map[string]evictions) error {
+	var refused []string
+	for _, e := range evicts {
+		if e.predicted {
+			for _, l := range e.lines {
+				refused = append(refused, "  "+l)
+			}
+		}
+	}
+	if len(refused) == 0 {
 		return nil
 	}
-	return e.Findings(node.Name)
+	sort.Strings(refused)
+	return fmt.Errorf("the kubelet, restarted with %s/%s, would evict or reject pods under its eviction "+
+		"thresholds, which honours no PodDisruptionBudget; nothing was assigned:\n%s\n"+
+		"assign again with --drain (dkc drains each such node through the Eviction API first), or drain the nodes "+
+		"yourself (kubectl drain NODE --ignore-daemonsets) and assign with --drained", ns, name,
+		strings.Join(refused, "\n"))
 }
 
 // refuseStateResets fails, before any node is assigned, when the config would make a node's kubelet refuse

@@ -33,7 +33,7 @@ type drainOptions struct {
 // node reports the config active or failed, its mark is removed and it is uncordoned, unless someone else
 // had cordoned it. The others are assigned as assign always does. It stops at the first node that fails.
 func (o *Options) assignDraining(ctx context.Context, nodes []corev1.Node, src *corev1.NodeConfigSource,
-	resets map[string][]disruption.Reset, evicts map[string][]string, opts drainOptions) error {
+	resets map[string][]disruption.Reset, evicts map[string]evictions, opts drainOptions) error {
 	d := &nodedrain.Drainer{Client: o.client, FieldManager: "kubectl-dkc", Timeout: opts.drainTimeout,
 		Out: o.io.Out, ErrOut: o.io.ErrOut}
 	ref := src.ConfigMap
@@ -43,7 +43,7 @@ func (o *Options) assignDraining(ctx context.Context, nodes []corev1.Node, src *
 		if checked && found == nil {
 			// Not checked: drained all the same, as asked, rather than left to its sidecar's refusal.
 			fmt.Fprintf(o.io.Out, "node/%s: its state could not be checked; draining it\n", n.Name)
-		} else if len(found) == 0 && len(evicts[n.Name]) == 0 {
+		} else if len(found) == 0 && len(evicts[n.Name].lines) == 0 {
 			where, err := o.setSource(ctx, n, src)
 			if err != nil {
 				return fmt.Errorf("assign node %s: %w", n.Name, err)
@@ -55,7 +55,7 @@ func (o *Options) assignDraining(ctx context.Context, nodes []corev1.Node, src *
 		for _, r := range found {
 			fmt.Fprintf(o.io.Out, "node/%s needs a drain: %s\n", n.Name, r)
 		}
-		for _, why := range evicts[n.Name] {
+		for _, why := range evicts[n.Name].lines {
 			fmt.Fprintf(o.io.Out, "node/%s needs a drain: %s\n", n.Name, why)
 		}
 		if err := o.drainAndAssign(ctx, d, n, src, opts); err != nil {

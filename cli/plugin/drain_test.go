@@ -72,7 +72,16 @@ func TestEvictionsOfUnreadableUsageDrain(t *testing.T) {
 	running := map[string]any{"evictionHard": map[string]any{"memory.available": "100Mi"}}
 	next := map[string]any{"evictionHard": map[string]any{"memory.available": "2Gi"}}
 	got := o.evictionsOf(context.Background(), n, running, next)
-	if len(got) != 1 || !strings.Contains(got[0], "could not be checked") || !strings.Contains(got[0], "stats summary") {
-		t.Errorf("evictionsOf = %q, want one line saying the thresholds could not be checked", got)
+	if len(got.lines) != 1 || got.predicted || !strings.Contains(got.lines[0], "could not be checked") ||
+		!strings.Contains(got.lines[0], "stats summary") {
+		t.Errorf("evictionsOf = %+v, want one line saying the thresholds could not be checked", got)
+	}
+	if err := refuseEvictions("kube-system", "c", map[string]evictions{"n1": got}); err != nil {
+		t.Errorf("assign without --drain refused a node whose usage it could not read (its sidecar reads it): %v", err)
+	}
+	predicted := evictions{lines: []string{"n1: web/a would be evicted (memory.available; it uses 1Gi)"}, predicted: true}
+	if err := refuseEvictions("kube-system", "c", map[string]evictions{"n1": predicted}); err == nil ||
+		!strings.Contains(err.Error(), "n1: web/a would be evicted") || !strings.Contains(err.Error(), "--drain") {
+		t.Errorf("refuseEvictions = %v, want a refusal naming the pod and --drain", err)
 	}
 }

@@ -28,6 +28,7 @@ import (
 //   - `kubectl dkc diff` and `rollout --dry-run` say the node is below it and name the pod as one the
 //     restarted kubelet would stop (rejected as it admits the pod again under MemoryPressure), and not the
 //     sidecar (critical);
+//   - kubectl dkc assign refuses it unless asked to drain;
 //   - assigned through the annotation, the node's sidecar makes the same prediction from its own kubelet's
 //     /stats/summary and /pods, refuses the config before touching the kubelet and says the node must be
 //     drained first, naming the pod: the kubelet's eviction manager would stop it past its budget;
@@ -121,7 +122,17 @@ func TestANewEvictionThresholdWaitsForADrain(t *testing.T) {
 		t.Errorf("kubectl dkc rollout --dry-run: %v, want the EVICTED column and %q\n%s", err, evicted, out)
 	}
 
-	// Through the annotation: the sidecar predicts the same and leaves the kubelet alone.
+	// kubectl dkc assign, without --drain, refuses it before writing anything.
+	out, err = kubectlDKC(ctx, "assign", worker, "--configmap", "kube-system/"+cm.Name, "--kubelet-check-dir",
+		cluster.KubeletCheckDir())
+	if err == nil || !strings.Contains(err.Error(), evicted) || !strings.Contains(err.Error(), "nothing was assigned") {
+		t.Errorf("kubectl dkc assign without --drain: %v, want a refusal naming %q\n%s", err, evicted, out)
+	}
+	if got := srcName(view(t, worker).status.Assigned); got != "local" {
+		t.Errorf("%s assigned %s after assign refused", worker, got)
+	}
+
+	// Through the annotation, which no CLI checks: the sidecar predicts the same and leaves the kubelet alone.
 	starts := kubeletStarts(t, worker)
 	assign(t, worker, cm)
 	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, worker+" refuses the change for want of a drain", func() error {

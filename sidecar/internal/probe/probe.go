@@ -462,6 +462,9 @@ func leaf(file string) (*x509.Certificate, error) {
 // get GETs url; with verify (HTTPS), the token goes with the request, and the connection is used only
 // after verify accepted the certificate presented: the request, headers included, is written after the
 // handshake.
+// maxBody bounds what is read of an answer: a /pods of a node at 250 pods with large specs fits.
+const maxBody = 32 << 20
+
 func (k *Kubelet) get(ctx context.Context, url string, verify func(tls.ConnectionState) error) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -500,9 +503,12 @@ func (k *Kubelet) get(ctx context.Context, url string, verify func(tls.Connectio
 		return nil, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	if err != nil {
 		return nil, err
+	}
+	if len(body) > maxBody {
+		return nil, fmt.Errorf("GET %s: answer larger than %d MiB", url, maxBody>>20)
 	}
 	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
 		return nil, fmt.Errorf("%w: GET %s: %s: %.200s", ErrRefused, url, resp.Status, body)

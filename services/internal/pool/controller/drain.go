@@ -164,7 +164,8 @@ func (c *Controller) startDrain(pool *v1alpha1.KubeletConfigPool, target plan.Ta
 		err := c.drain(ctx, j, pool.Name, target, n.Name, pool.Spec.DrainTimeoutOrDefault())
 		switch {
 		case err == nil:
-			c.drains.set(j, "drained; the sidecar restarts the kubelet (removing the state the change invalidates, if any)", "", true)
+			c.drains.set(j, "drained; the sidecar restarts the kubelet (removing the state the change invalidates, "+
+				"if any)", "", true)
 			c.log.Info("node drained and marked; its sidecar goes on", zap.String("pool", pool.Name),
 				zap.String("node", n.Name), zap.String("revision", target.Revision))
 		case c.runCtx.Err() != nil:

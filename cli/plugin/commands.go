@@ -48,9 +48,10 @@ and its sidecar then removes the state file, with the kubelet stopped, before it
   --drained  you drained and cordoned the nodes yourself: assign marks them drained and assigns; uncordon
              them once they report the config active.
 
-It refuses the same way a config whose eviction thresholds a node's current usage crosses (read from its
-kubelet's stats summary through the apiserver's node proxy: get nodes/proxy), naming the pods the restarted
-kubelet would evict or reject; --drain drains such nodes first (also where the usage cannot be read).
+It refuses the same way a config under whose new eviction thresholds the restarted kubelet would evict or
+reject pods that the running thresholds leave alone (predicted from the node's stats summary through the
+apiserver's node proxy, get nodes/proxy, and its pods, list pods), naming them; --drain drains such nodes
+first (also nodes whose usage cannot be read, when the thresholds change).
 
 Where the check cannot run (no helper for the node's minor, /configz unreadable), assign says so and assigns;
 a node whose sidecar finds that the change needs a drain then refuses it (status "the node must be drained
@@ -91,7 +92,7 @@ first") and keeps its config until it is drained.`,
 			if err := refuseStateResets(ns, name, o.stateResets(ctx, nodes, ns, name, key, checkDir, evicts)); err != nil {
 				return err
 			}
-			if err := refuseEvictions(ns, name, evicts); err != nil {
+			if err := o.refuseEvictions(ns, name, evicts); err != nil {
 				return err
 			}
 			for i := range nodes {
@@ -187,14 +188,17 @@ func (o *Options) evictionsOf(ctx context.Context, node *corev1.Node, running, n
 
 // refuseEvictions fails, before any node is assigned, when a node's kubelet, restarted with the config,
 // would evict or reject pods (its sidecar would refuse it undrained). Nodes whose usage could not be read
-// are left to their sidecars, which read their own kubelet.
-func refuseEvictions(ns, name string, evicts map[string]evictions) error {
+// are warned about and left to their sidecars, which read their own kubelet.
+func (o *Options) refuseEvictions(ns, name string, evicts map[string]evictions) error {
 	var refused []string
-	for _, e := range evicts {
-		if e.predicted {
-			for _, l := range e.lines {
-				refused = append(refused, "  "+l)
-			}
+	for node, e := range evicts {
+		if !e.predicted {
+			fmt.Fprintf(o.io.ErrOut, "warning: node %s: %s; its sidecar predicts again before restarting the kubelet\n",
+				node, strings.Join(e.lines, "; "))
+			continue
+		}
+		for _, l := range e.lines {
+			refused = append(refused, "  "+l)
 		}
 	}
 	if len(refused) == 0 {
@@ -263,7 +267,8 @@ func (o *Options) resetCommand() *cobra.Command {
 		Long: `reset returns nodes to their local kubelet config; each node's dkc-sidecar restarts the kubelet onto it.
 
 Going back can need a drain as much as leaving it did (a node that runs the static CPU manager policy under
-its dkc config and none under its local one): its sidecar then refuses, keeps what the kubelet runs, and
+its dkc config and none under its local one, or whose local eviction thresholds would evict pods its dkc
+config's leave alone): its sidecar then refuses, keeps what the kubelet runs, and
 says the node must be drained first. --drain does it, one node after the other, as assign --drain does:
 cordon, drain, reset marked as drained, wait until the node runs its local config, uncordon.`,
 		Example: `  kubectl dkc reset node-1

@@ -62,13 +62,14 @@ func TestWaitApplied(t *testing.T) {
 	}
 }
 
-// TestEvictionsOfUnreadableUsageDrain: assign --drain drains a node whose new eviction thresholds it cannot
-// check against the node's usage (here: a client without REST access for the stats summary), rather than
-// leave it to its sidecar's refusal. (The prediction itself, from a real kubelet's stats:
-// TestANewEvictionThresholdWaitsForADrain.)
-func TestEvictionsOfUnreadableUsageDrain(t *testing.T) {
+// TestEvictionsOfUnreadableUsage: a node whose usage assign cannot read (here: a client without REST access
+// for the stats summary) is one --drain drains (evictionsOf says why, unpredicted), and one plain assign
+// warns about and leaves to its sidecar; a predicted eviction makes plain assign refuse, naming the pod and
+// --drain. (The prediction from a real kubelet's stats, and the drain: TestANewEvictionThresholdWaitsForADrain.)
+func TestEvictionsOfUnreadableUsage(t *testing.T) {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
-	o := &Options{client: fake.NewClientset(n)}
+	var out bytes.Buffer
+	o := &Options{io: genericiooptions.IOStreams{Out: &out, ErrOut: &out}, client: fake.NewClientset(n)}
 	running := map[string]any{"evictionHard": map[string]any{"memory.available": "100Mi"}}
 	next := map[string]any{"evictionHard": map[string]any{"memory.available": "2Gi"}}
 	got := o.evictionsOf(context.Background(), n, running, next)
@@ -76,11 +77,14 @@ func TestEvictionsOfUnreadableUsageDrain(t *testing.T) {
 		!strings.Contains(got.lines[0], "stats summary") {
 		t.Errorf("evictionsOf = %+v, want one line saying the thresholds could not be checked", got)
 	}
-	if err := refuseEvictions("kube-system", "c", map[string]evictions{"n1": got}); err != nil {
+	if err := o.refuseEvictions("kube-system", "c", map[string]evictions{"n1": got}); err != nil {
 		t.Errorf("assign without --drain refused a node whose usage it could not read (its sidecar reads it): %v", err)
 	}
+	if !strings.Contains(out.String(), "warning: node n1: its new eviction thresholds could not be checked") {
+		t.Errorf("no warning for the unread node: %q", out.String())
+	}
 	predicted := evictions{lines: []string{"n1: web/a would be evicted (memory.available; it uses 1Gi)"}, predicted: true}
-	if err := refuseEvictions("kube-system", "c", map[string]evictions{"n1": predicted}); err == nil ||
+	if err := o.refuseEvictions("kube-system", "c", map[string]evictions{"n1": predicted}); err == nil ||
 		!strings.Contains(err.Error(), "n1: web/a would be evicted") || !strings.Contains(err.Error(), "--drain") {
 		t.Errorf("refuseEvictions = %v, want a refusal naming the pod and --drain", err)
 	}

@@ -86,7 +86,7 @@ const (
 	// would evict pods under its new eviction thresholds (package capacity), and the node is not drained for
 	// this assignment (WatchConfigResponse.drained). Not the config's fault: the kubelet is not restarted and
 	// keeps what it runs, nothing is rolled back, and the node goes ahead — removing the state files with the
-	// kubelet stopped — once it is drained for this assignment. The message names the files and the fields
+	// kubelet stopped, if any — once it is drained for this assignment. The message names the files and the fields
 	// that invalidate them, or the pods, and how to drain the node.
 	DrainRequiredError StatusError = "failed to use config, the node must be drained first, " +
 		"see dkc-sidecar log for details"

@@ -78,8 +78,9 @@ const (
 	// OutcomeStopped: the sidecar is stopping; the next start picks up from what is on disk.
 	OutcomeStopped
 	// OutcomeNeedsDrain: the kubelet would refuse the config on the state its resource managers checkpointed
-	// under the config it runs, and the node is not drained for its assignment; the kubelet was not touched.
-	// The config is not to blame: it may run once that state is removed, on a drained node.
+	// under the config it runs, or would evict pods under its new eviction thresholds (evict.go), and the
+	// node is not drained for its assignment; the kubelet was not touched. The config is not to blame: it
+	// may run on a drained node (that state removed).
 	OutcomeNeedsDrain
 	// OutcomeCannotReset: the kubelet would refuse the config on the state its resource managers checkpointed
 	// under the config it runs, and this node's service manager cannot remove that state (--restart-mode=

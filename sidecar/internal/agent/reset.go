@@ -123,8 +123,9 @@ func (sr stateReset) String() string {
 // planReset compares the config the kubelet runs (its /configz) with target's and returns the state to
 // remove before restarting into target (none: restart as always), or an outcome that stops the restart
 // before anything is touched: OutcomeCannotReset when this node's service manager cannot remove that state,
-// OutcomeNeedsDrain when the node may not lose it, OutcomeTransient when it cannot be removed here. current
-// is the config file the kubelet was last started with.
+// OutcomeNeedsDrain when the node may not lose it (or, for the assignment, when its new eviction thresholds
+// would evict pods: evict.go), OutcomeTransient when it cannot be removed here. current is the config file
+// the kubelet was last started with.
 //
 // The service manager's capability is asked before the drain: a node that can never make the change must
 // not have a pool drain it for nothing, nor wait for a drain that changes nothing.

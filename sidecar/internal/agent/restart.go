@@ -26,8 +26,9 @@ import (
 // kubelet demonstrably does not run what the env file says (a crash between writing the file and restarting).
 // The outcome says whom a failure blames; the error says what failed, for the status's detail and the log.
 // Before a restart it removes the kubelet state the change invalidates, if the node is drained for its
-// assignment (drain), or leaves the kubelet alone if not (OutcomeNeedsDrain) or if this service manager
-// cannot remove it (OutcomeCannotReset; reset.go).
+// assignment (drain), or leaves the kubelet alone if not (OutcomeNeedsDrain, also for pods new eviction
+// thresholds would evict: evict.go) or if this service manager cannot remove it (OutcomeCannotReset;
+// reset.go).
 func (a *Agent) run(ctx context.Context, target candidate, drain drainState) (Outcome, error) {
 	current, err := a.env.Get()
 	if err != nil {

@@ -459,12 +459,12 @@ func leaf(file string) (*x509.Certificate, error) {
 	}
 }
 
-// get GETs url; with verify (HTTPS), the token goes with the request, and the connection is used only
-// after verify accepted the certificate presented: the request, headers included, is written after the
-// handshake.
 // maxBody bounds what is read of an answer: a /pods of a node at 250 pods with large specs fits.
 const maxBody = 32 << 20
 
+// get GETs url; with verify (HTTPS), the token goes with the request, and the connection is used only
+// after verify accepted the certificate presented: the request, headers included, is written after the
+// handshake.
 func (k *Kubelet) get(ctx context.Context, url string, verify func(tls.ConnectionState) error) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {

@@ -387,7 +387,10 @@ type WatchConfigRequest struct {
 	KubeletVersion string `protobuf:"bytes,6,opt,name=kubelet_version,json=kubeletVersion,proto3" json:"kubelet_version,omitempty"`
 	// The drained of the last WatchConfigResponse the node received (false if none since the sidecar started).
 	// The service sends the node's state if it differs.
-	Drained       bool `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"`
+	Drained bool `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"`
+	// The node_capacity of the last WatchConfigResponse the node received (empty if none since the sidecar
+	// started). The service sends the node's state if the Node reports another capacity.
+	NodeCapacity  map[string]string `protobuf:"bytes,8,rep,name=node_capacity,json=nodeCapacity,proto3" json:"node_capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -471,6 +474,13 @@ func (x *WatchConfigRequest) GetDrained() bool {
 	return false
 }
 
+func (x *WatchConfigRequest) GetNodeCapacity() map[string]string {
+	if x != nil {
+		return x.NodeCapacity
+	}
+	return nil
+}
+
 // WatchConfigResponse is the node's complete desired state; each message replaces the previous one.
 type WatchConfigResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -496,7 +506,14 @@ type WatchConfigResponse struct {
 	// (the CPU and memory managers' checkpoints), with the kubelet stopped. Without it, the sidecar refuses
 	// such an assignment before restarting the kubelet, and waits for it. A new message is sent when it
 	// changes; it never changes content_hash.
-	Drained       bool `protobuf:"varint,6,opt,name=drained,proto3" json:"drained,omitempty"`
+	Drained bool `protobuf:"varint,6,opt,name=drained,proto3" json:"drained,omitempty"`
+	// The node's capacity as its Node reports it (status.capacity: resource name to quantity, e.g. "pods":
+	// "110", "memory": "8148240Ki"). Before restarting the kubelet into a config that changes its allocatable,
+	// the sidecar tells from it, and from what the kubelet runs (/configz) and its pods (/pods), which running
+	// pods the restarted kubelet would no longer admit (OutOfpods, OutOfcpu, ...), and waits for a drain
+	// instead of failing them. Empty: not known (the sidecar does not predict). A new message is sent when it
+	// changes.
+	NodeCapacity  map[string]string `protobuf:"bytes,7,rep,name=node_capacity,json=nodeCapacity,proto3" json:"node_capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -571,6 +588,13 @@ func (x *WatchConfigResponse) GetDrained() bool {
 		return x.Drained
 	}
 	return false
+}
+
+func (x *WatchConfigResponse) GetNodeCapacity() map[string]string {
+	if x != nil {
+		return x.NodeCapacity
+	}
+	return nil
 }
 
 // KubeletRestart describes a restart of the kubelet the sidecar performed to change the active config.
@@ -834,7 +858,7 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
 	"\rAppliedConfig\x120\n" +
 	"\x06source\x18\x01 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06source\x12!\n" +
-	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\x92\x02\n" +
+	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xa6\x03\n" +
 	"\x12WatchConfigRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x128\n" +
 	"\flast_applied\x18\x02 \x01(\v2\x15.dkc.v1.AppliedConfigR\vlastApplied\x12\x1d\n" +
@@ -843,7 +867,11 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\x12(\n" +
 	"\x10follows_node_uid\x18\x05 \x01(\bR\x0efollowsNodeUid\x12'\n" +
 	"\x0fkubelet_version\x18\x06 \x01(\tR\x0ekubeletVersion\x12\x18\n" +
-	"\adrained\x18\a \x01(\bR\adrained\"\x87\x02\n" +
+	"\adrained\x18\a \x01(\bR\adrained\x12Q\n" +
+	"\rnode_capacity\x18\b \x03(\v2,.dkc.v1.WatchConfigRequest.NodeCapacityEntryR\fnodeCapacity\x1a?\n" +
+	"\x11NodeCapacityEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9c\x03\n" +
 	"\x13WatchConfigResponse\x122\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x12.dkc.v1.AssignmentR\n" +
@@ -853,7 +881,11 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\rresolved_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fresolvedTime\x12\x19\n" +
 	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\x12'\n" +
 	"\x0fkubelet_version\x18\x05 \x01(\tR\x0ekubeletVersion\x12\x18\n" +
-	"\adrained\x18\x06 \x01(\bR\adrained\"\x82\x01\n" +
+	"\adrained\x18\x06 \x01(\bR\adrained\x12R\n" +
+	"\rnode_capacity\x18\a \x03(\v2-.dkc.v1.WatchConfigResponse.NodeCapacityEntryR\fnodeCapacity\x1a?\n" +
+	"\x11NodeCapacityEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x01\n" +
 	"\x0eKubeletRestart\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
 	"\x06target\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06target\x12.\n" +
@@ -885,7 +917,7 @@ func file_dkc_v1_config_proto_rawDescGZIP() []byte {
 	return file_dkc_v1_config_proto_rawDescData
 }
 
-var file_dkc_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_dkc_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_dkc_v1_config_proto_goTypes = []any{
 	(*ConfigMapNodeConfigSource)(nil), // 0: dkc.v1.ConfigMapNodeConfigSource
 	(*NodeConfigSource)(nil),          // 1: dkc.v1.NodeConfigSource
@@ -898,7 +930,9 @@ var file_dkc_v1_config_proto_goTypes = []any{
 	(*ReportStatusRequest)(nil),       // 8: dkc.v1.ReportStatusRequest
 	(*ReportStatusResponse)(nil),      // 9: dkc.v1.ReportStatusResponse
 	nil,                               // 10: dkc.v1.Assignment.FilesEntry
-	(*timestamppb.Timestamp)(nil),     // 11: google.protobuf.Timestamp
+	nil,                               // 11: dkc.v1.WatchConfigRequest.NodeCapacityEntry
+	nil,                               // 12: dkc.v1.WatchConfigResponse.NodeCapacityEntry
+	(*timestamppb.Timestamp)(nil),     // 13: google.protobuf.Timestamp
 }
 var file_dkc_v1_config_proto_depIdxs = []int32{
 	0,  // 0: dkc.v1.NodeConfigSource.config_map:type_name -> dkc.v1.ConfigMapNodeConfigSource
@@ -909,22 +943,24 @@ var file_dkc_v1_config_proto_depIdxs = []int32{
 	10, // 5: dkc.v1.Assignment.files:type_name -> dkc.v1.Assignment.FilesEntry
 	1,  // 6: dkc.v1.AppliedConfig.source:type_name -> dkc.v1.NodeConfigSource
 	4,  // 7: dkc.v1.WatchConfigRequest.last_applied:type_name -> dkc.v1.AppliedConfig
-	3,  // 8: dkc.v1.WatchConfigResponse.assignment:type_name -> dkc.v1.Assignment
-	11, // 9: dkc.v1.WatchConfigResponse.resolved_time:type_name -> google.protobuf.Timestamp
-	1,  // 10: dkc.v1.KubeletRestart.target:type_name -> dkc.v1.NodeConfigSource
-	11, // 11: dkc.v1.KubeletRestart.time:type_name -> google.protobuf.Timestamp
-	2,  // 12: dkc.v1.ReportStatusRequest.status:type_name -> dkc.v1.NodeConfigStatus
-	7,  // 13: dkc.v1.ReportStatusRequest.restart:type_name -> dkc.v1.KubeletRestart
-	11, // 14: dkc.v1.ReportStatusRequest.observed_time:type_name -> google.protobuf.Timestamp
-	5,  // 15: dkc.v1.ConfigService.WatchConfig:input_type -> dkc.v1.WatchConfigRequest
-	8,  // 16: dkc.v1.ConfigService.ReportStatus:input_type -> dkc.v1.ReportStatusRequest
-	6,  // 17: dkc.v1.ConfigService.WatchConfig:output_type -> dkc.v1.WatchConfigResponse
-	9,  // 18: dkc.v1.ConfigService.ReportStatus:output_type -> dkc.v1.ReportStatusResponse
-	17, // [17:19] is the sub-list for method output_type
-	15, // [15:17] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	11, // 8: dkc.v1.WatchConfigRequest.node_capacity:type_name -> dkc.v1.WatchConfigRequest.NodeCapacityEntry
+	3,  // 9: dkc.v1.WatchConfigResponse.assignment:type_name -> dkc.v1.Assignment
+	13, // 10: dkc.v1.WatchConfigResponse.resolved_time:type_name -> google.protobuf.Timestamp
+	12, // 11: dkc.v1.WatchConfigResponse.node_capacity:type_name -> dkc.v1.WatchConfigResponse.NodeCapacityEntry
+	1,  // 12: dkc.v1.KubeletRestart.target:type_name -> dkc.v1.NodeConfigSource
+	13, // 13: dkc.v1.KubeletRestart.time:type_name -> google.protobuf.Timestamp
+	2,  // 14: dkc.v1.ReportStatusRequest.status:type_name -> dkc.v1.NodeConfigStatus
+	7,  // 15: dkc.v1.ReportStatusRequest.restart:type_name -> dkc.v1.KubeletRestart
+	13, // 16: dkc.v1.ReportStatusRequest.observed_time:type_name -> google.protobuf.Timestamp
+	5,  // 17: dkc.v1.ConfigService.WatchConfig:input_type -> dkc.v1.WatchConfigRequest
+	8,  // 18: dkc.v1.ConfigService.ReportStatus:input_type -> dkc.v1.ReportStatusRequest
+	6,  // 19: dkc.v1.ConfigService.WatchConfig:output_type -> dkc.v1.WatchConfigResponse
+	9,  // 20: dkc.v1.ConfigService.ReportStatus:output_type -> dkc.v1.ReportStatusResponse
+	19, // [19:21] is the sub-list for method output_type
+	17, // [17:19] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_dkc_v1_config_proto_init() }
@@ -938,7 +974,7 @@ func file_dkc_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dkc_v1_config_proto_rawDesc), len(file_dkc_v1_config_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -9,6 +9,7 @@ package assignment
 
 import (
 	"hash/fnv"
+	"maps"
 	"sync"
 	"time"
 
@@ -42,6 +43,9 @@ type State struct {
 	// Drained: the Node is cordoned and drained for exactly Assignment's ConfigMap version
 	// (nodeconfig.IsDrainedFor), so the sidecar may remove the kubelet state the change invalidates.
 	Drained bool
+	// NodeCapacity is the Node's status.capacity (resource name to quantity): the sidecar tells from it which
+	// running pods a restart into a config that shrinks allocatable would fail, before restarting.
+	NodeCapacity map[string]string
 	// Changed is when this state was set.
 	Changed time.Time
 }
@@ -49,7 +53,7 @@ type State struct {
 // Same reports whether two states tell a node the same thing (Changed aside).
 func (s State) Same(o State) bool {
 	return s.SyncError == o.SyncError && s.NodeUID == o.NodeUID && s.KubeletVersion == o.KubeletVersion &&
-		s.Drained == o.Drained && SameAssignment(s.Assignment, o.Assignment)
+		s.Drained == o.Drained && maps.Equal(s.NodeCapacity, o.NodeCapacity) && SameAssignment(s.Assignment, o.Assignment)
 }
 
 // SameAssignment compares by source and content hash, never by payload: cheap for thousands of nodes.
@@ -147,9 +151,17 @@ func (t *Table) Set(node string, s State) bool {
 	return true
 }
 
+// Facts are what a node's state says of its Node object whatever its source: State's NodeUID,
+// KubeletVersion and NodeCapacity.
+type Facts struct {
+	NodeUID        string
+	KubeletVersion string
+	NodeCapacity   map[string]string
+}
+
 // SetSyncError keeps the node's assignment and sets its sync error ("" clears it; one longer than
-// nodeconfig.MaxDetailBytes is truncated) and the UID of the Node object it was found on.
-func (t *Table) SetSyncError(node, nodeUID, kubeletVersion string, syncError nodeconfig.StatusError) bool {
+// nodeconfig.MaxDetailBytes is truncated) and the facts of the Node object it was found on.
+func (t *Table) SetSyncError(node string, f Facts, syncError nodeconfig.StatusError) bool {
 	syncError = nodeconfig.TruncateStatusError(syncError)
 	t.mu.Lock()
 	var s State
@@ -158,7 +170,8 @@ func (t *Table) SetSyncError(node, nodeUID, kubeletVersion string, syncError nod
 	}
 	t.mu.Unlock()
 	// The node keeps the assignment it has, but no drain is vouched for while its source does not resolve.
-	s.SyncError, s.NodeUID, s.KubeletVersion, s.Drained = string(syncError), nodeUID, kubeletVersion, false
+	s.SyncError, s.NodeUID, s.KubeletVersion, s.Drained = string(syncError), f.NodeUID, f.KubeletVersion, false
+	s.NodeCapacity = f.NodeCapacity
 	return t.Set(node, s) // a concurrent Set in between is fine: the controller is the only writer per node
 }
 

@@ -47,7 +47,7 @@ func TestTable(t *testing.T) {
 		t.Fatal("identical Set changed state")
 	}
 	// A sync error keeps the assignment.
-	if !tab.SetSyncError("a", "", "", "failed to sync: x") || !closed(ch) {
+	if !tab.SetSyncError("a", Facts{}, "failed to sync: x") || !closed(ch) {
 		t.Fatal("SetSyncError did not change")
 	}
 	st, _, _ = tab.Get("a")
@@ -79,7 +79,7 @@ func TestTable(t *testing.T) {
 func TestSyncErrorIsTruncated(t *testing.T) {
 	tab := NewTable(nil)
 	huge := nodeconfig.StatusError("failed to sync: invalid source: name: " + strings.Repeat("x", 256<<10))
-	tab.SetSyncError("a", "uid", "v1.37.2", huge)
+	tab.SetSyncError("a", Facts{NodeUID: "uid", KubeletVersion: "v1.37.2"}, huge)
 	s, ok, _ := tab.Get("a")
 	if !ok {
 		t.Fatal("node unknown after SetSyncError")
@@ -136,7 +136,7 @@ func TestTableHoldsOnlyLiveNodes(t *testing.T) {
 			tab.Get("a")
 		}, 0},
 		{"sync error of an unknown node, then deleted", func(tab *Table) {
-			tab.SetSyncError("a", "", "", "failed to sync: x")
+			tab.SetSyncError("a", Facts{}, "failed to sync: x")
 			tab.Delete("a")
 			tab.Get("a")
 		}, 0},
@@ -186,7 +186,7 @@ func TestWaiterOfUnknownNodeWokenByFirstState(t *testing.T) {
 	if ok {
 		t.Fatal("deleted node has a state")
 	}
-	tab.SetSyncError("a", "", "", "failed to sync: x")
+	tab.SetSyncError("a", Facts{}, "failed to sync: x")
 	if !closed(ch) {
 		t.Fatal("state after deletion did not wake the waiter")
 	}

@@ -138,9 +138,11 @@ func New(cfg Config) *Controller {
 // included) do not touch the source: they are skipped. Another UID is another object (deleted and
 // registered again, seen as an update across a relist): its node must be told, whatever its source. So is
 // another kubelet version (a node upgraded in place): configs are validated with that minor's code. So is
-// a cordon or drain mark coming or going: it says whether the node may reset the kubelet's state.
+// a cordon or drain mark coming or going: it says whether the node may reset the kubelet's state. So is
+// another capacity: the sidecar predicts from it which pods a restart would fail.
 func needsSync(o, n *corev1.Node) bool {
 	return o.UID != n.UID || o.Status.NodeInfo.KubeletVersion != n.Status.NodeInfo.KubeletVersion ||
+		!sameCapacity(o.Status.Capacity, n.Status.Capacity) ||
 		sourceChanged(o, n) || o.Spec.Unschedulable != n.Spec.Unschedulable ||
 		o.Annotations[nodeconfig.DrainedAnnotation] != n.Annotations[nodeconfig.DrainedAnnotation]
 }
@@ -276,7 +278,7 @@ func (c *Controller) refuseSource(node *corev1.Node, origin resolve.Origin, se *
 	c.cms.Track(name, "")
 	c.shared.use(name, "")
 	c.paceDone(name)
-	if c.table.SetSyncError(name, string(node.UID), node.Status.NodeInfo.KubeletVersion, se.Status) {
+	if c.table.SetSyncError(name, factsOf(node), se.Status) {
 		c.log.Info("node config source invalid; node keeps its config", zap.String("node", name),
 			zap.String("origin", string(origin)), zap.Stringer("error", se.Status), zap.String("detail", se.Detail))
 	}
@@ -288,9 +290,11 @@ func (c *Controller) assignLocal(node *corev1.Node) {
 	c.cms.Track(name, "")
 	c.shared.use(name, "")
 	c.paceDone(name) // back to the local config: an escape hatch is never held back
-	next := assignment.State{Assignment: resolve.Local(), NodeUID: string(node.UID),
-		KubeletVersion: node.Status.NodeInfo.KubeletVersion, Drained: nodeconfig.IsDrainedFor(node, "", "")}
-	if c.table.Set(name, next) {
+	f := factsOf(node)
+	next := assignment.State{Assignment: resolve.Local(), NodeUID: f.NodeUID, KubeletVersion: f.KubeletVersion,
+		NodeCapacity: f.NodeCapacity, Drained: nodeconfig.IsDrainedFor(node, "", "")}
+	prev, hadPrev, _ := c.table.Get(name)
+	if c.table.Set(name, next) && !c.onlyFactsChanged(name, prev, hadPrev, next) {
 		c.log.Info("node assigned local config", zap.String("node", name))
 	}
 }
@@ -300,13 +304,13 @@ func (c *Controller) assignLocal(node *corev1.Node) {
 // what it runs.
 func (c *Controller) syncConfigMap(node *corev1.Node, origin resolve.Origin,
 	ref *corev1.ConfigMapNodeConfigSource) error {
-	name, uid, kubeletVersion := node.Name, string(node.UID), node.Status.NodeInfo.KubeletVersion
+	name, facts := node.Name, factsOf(node)
 	key := configmaps.Key(ref.Namespace, ref.Name)
 	c.cms.Track(name, key)
 	c.shared.use(name, sourceKey(ref))
 	cm, synced, err := c.cms.Get(key)
 	if err != nil {
-		c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SyncInternalError)
+		c.table.SetSyncError(name, facts, nodeconfig.SyncInternalError)
 		return fmt.Errorf("read configmap %s for node %s: %w", key, name, err)
 	}
 	if !synced {
@@ -315,7 +319,7 @@ func (c *Controller) syncConfigMap(node *corev1.Node, origin resolve.Origin,
 	if cm == nil {
 		c.shared.gone(sourceKey(ref))
 		c.paceDone(name)
-		if c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.DownloadError) {
+		if c.table.SetSyncError(name, facts, nodeconfig.DownloadError) {
 			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name),
 				zap.String("configmap", key))
 		}
@@ -327,7 +331,7 @@ func (c *Controller) syncConfigMap(node *corev1.Node, origin resolve.Origin,
 			c.queue.AddAfter(name, recordsPendingRetry)
 			return nil
 		}
-		if c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SnapshotMismatchError) {
+		if c.table.SetSyncError(name, facts, nodeconfig.SnapshotMismatchError) {
 			var m *revision.Mismatch
 			errors.As(err, &m)
 			c.log.Warn("revision snapshot does not match its revision; node keeps its config", zap.String("node", name),
@@ -344,10 +348,11 @@ func (c *Controller) syncConfigMap(node *corev1.Node, origin resolve.Origin,
 // node back, keeps it on what it runs.
 func (c *Controller) assignConfigMap(node *corev1.Node, origin resolve.Origin, ref *corev1.ConfigMapNodeConfigSource,
 	cm *corev1.ConfigMap) error {
-	name, uid, kubeletVersion := node.Name, string(node.UID), node.Status.NodeInfo.KubeletVersion
+	name, facts := node.Name, factsOf(node)
+	kubeletVersion := facts.KubeletVersion
 	a, err := c.shared.resolve(ref, cm)
 	if err != nil {
-		c.table.SetSyncError(name, uid, kubeletVersion, nodeconfig.SyncInternalError)
+		c.table.SetSyncError(name, facts, nodeconfig.SyncInternalError)
 		return err
 	}
 	give, held := c.pace(node, cm, a)
@@ -357,15 +362,12 @@ func (c *Controller) assignConfigMap(node *corev1.Node, origin resolve.Origin, r
 	prev, hadPrev, _ := c.table.Get(name)
 	// Drained only for the version given: a node held back by the pacer keeps what it runs.
 	drained := !held && nodeconfig.IsDrainedFor(node, cm.UID, cm.ResourceVersion)
-	next := assignment.State{Assignment: give, NodeUID: uid, KubeletVersion: kubeletVersion, Drained: drained}
+	next := assignment.State{Assignment: give, NodeUID: facts.NodeUID, KubeletVersion: kubeletVersion,
+		NodeCapacity: facts.NodeCapacity, Drained: drained}
 	if !c.table.Set(name, next) || held {
 		return nil // unchanged; or held, and the pacer logged that the node waits: what it runs did not change
 	}
-	// An in-place kubelet upgrade changes only the version the sidecar validates with: say so, rather than
-	// announce an assignment nobody made.
-	if hadPrev && prev.KubeletVersion != kubeletVersion && sameExceptVersion(prev, next) {
-		c.log.Info("node kubelet version changed; configs are validated with its minor", zap.String("node", name),
-			zap.String("from", prev.KubeletVersion), zap.String("to", kubeletVersion))
+	if c.onlyFactsChanged(name, prev, hadPrev, next) {
 		return nil
 	}
 	c.log.Info("node assigned config", zap.String("node", name), zap.String("origin", string(origin)),
@@ -382,10 +384,37 @@ func (c *Controller) paceDone(node string) {
 	}
 }
 
-// sameExceptVersion reports whether a and b differ at most in the kubelet version.
+// onlyFactsChanged says whether next, set for node, differs from prev only in what it says of the Node
+// object's kubelet. An in-place kubelet upgrade changes only the version the sidecar validates with: it is
+// said, rather than an assignment nobody made announced. A new capacity (the node restarted on other
+// hardware) is only passed on.
+func (c *Controller) onlyFactsChanged(node string, prev assignment.State, hadPrev bool, next assignment.State) bool {
+	if !hadPrev || !sameExceptVersion(prev, next) {
+		return false
+	}
+	if prev.KubeletVersion != next.KubeletVersion {
+		c.log.Info("node kubelet version changed; configs are validated with its minor", zap.String("node", node),
+			zap.String("from", prev.KubeletVersion), zap.String("to", next.KubeletVersion))
+	}
+	return true
+}
+
+// sameExceptVersion reports whether a and b differ at most in the kubelet version and the node's capacity.
 func sameExceptVersion(a, b assignment.State) bool {
-	a.KubeletVersion = b.KubeletVersion
+	a.KubeletVersion, a.NodeCapacity = b.KubeletVersion, b.NodeCapacity
 	return a.Same(b)
+}
+
+// factsOf is what node's state says of the Node object, whatever its source.
+func factsOf(node *corev1.Node) assignment.Facts {
+	f := assignment.Facts{NodeUID: string(node.UID), KubeletVersion: node.Status.NodeInfo.KubeletVersion}
+	if len(node.Status.Capacity) > 0 {
+		f.NodeCapacity = make(map[string]string, len(node.Status.Capacity))
+		for r, q := range node.Status.Capacity {
+			f.NodeCapacity[string(r)] = q.String()
+		}
+	}
+	return f
 }
 
 // ResolvedConfigs is the number of ConfigMap versions held resolved.
@@ -479,4 +508,17 @@ func runs(node *corev1.Node, uid types.UID) bool {
 		}
 	}
 	return false
+}
+
+// sameCapacity compares two capacities by value (a kubelet status update rewrites them unchanged).
+func sameCapacity(a, b corev1.ResourceList) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for r, q := range a {
+		if p, ok := b[r]; !ok || p.Cmp(q) != 0 {
+			return false
+		}
+	}
+	return true
 }

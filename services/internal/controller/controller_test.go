@@ -5,11 +5,13 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
@@ -337,14 +339,19 @@ func TestNodeObjectFollowed(t *testing.T) {
 	put := func(uid string) {
 		t.Helper()
 		if err := f.store.Update(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: types.UID(uid)},
-			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2"}}}); err != nil {
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2"},
+				Capacity: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"),
+					corev1.ResourceMemory: resource.MustParse("8148240Ki")}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	put("uid-1")
 	f.sync("n1")
-	if st, _, _ := f.table.Get("n1"); st.NodeUID != "uid-1" || st.KubeletVersion != "v1.37.2" {
-		t.Fatalf("state names node %q with kubelet %q, want uid-1 with the Node's v1.37.2", st.NodeUID, st.KubeletVersion)
+	want := map[string]string{"pods": "110", "memory": "8148240Ki"}
+	if st, _, _ := f.table.Get("n1"); st.NodeUID != "uid-1" || st.KubeletVersion != "v1.37.2" ||
+		!maps.Equal(st.NodeCapacity, want) {
+		t.Fatalf("state names node %q with kubelet %q and capacity %v, want uid-1 with the Node's v1.37.2 and %v",
+			st.NodeUID, st.KubeletVersion, st.NodeCapacity, want)
 	}
 	_, _, changed := f.table.Get("n1")
 	put("uid-2")
@@ -372,6 +379,12 @@ func TestNodeObjectFollowed(t *testing.T) {
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Spec: corev1.NodeSpec{Unschedulable: true}}, true},
 		{"drain mark removed", &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a", Annotations: map[string]string{nodeconfig.DrainedAnnotation: "{}"}}},
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}}, true},
+		{"capacity rewritten unchanged",
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")}}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4000m")}}}, false},
+		{"capacity changed",
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")}}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8")}}}, true},
 	} {
 		if got := needsSync(tc.o, tc.n); got != tc.want {
 			t.Errorf("%s: needsSync = %v, want %v", tc.name, got, tc.want)
@@ -388,6 +401,7 @@ func TestSameExceptVersion(t *testing.T) {
 	}{
 		{"only the kubelet version", func(s *assignment.State) { s.KubeletVersion = "v1.37.2" }, true},
 		{"nothing", func(*assignment.State) {}, true},
+		{"the node's capacity", func(s *assignment.State) { s.NodeCapacity = map[string]string{"pods": "110"} }, true},
 		{"the node object", func(s *assignment.State) { s.NodeUID, s.KubeletVersion = "b", "v1.37.2" }, false},
 		{"a sync error", func(s *assignment.State) { s.SyncError = string(nodeconfig.DownloadError) }, false},
 		{"the assignment", func(s *assignment.State) { s.Assignment = nil }, false},

@@ -238,7 +238,7 @@ func TestReportsFollowLiveNodes(t *testing.T) {
 				return
 			}
 			// The report held still writes: here, the service's sync error in place of the reported one.
-			c.table.SetSyncError("a", "", "", syncErr)
+			c.table.SetSyncError("a", assignment.Facts{}, syncErr)
 			c.w.Enqueue("a")
 			c.drain()
 			n, err := c.client.CoreV1().Nodes().Get(context.Background(), "a", metav1.GetOptions{})

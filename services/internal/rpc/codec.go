@@ -90,7 +90,7 @@ type encoded struct {
 // response returns the message telling a node its state; st.Assignment may be nil (no assignment).
 func (e *encodings) response(st assignment.State) (*response, error) {
 	r := &response{own: &dkcv1.WatchConfigResponse{SyncError: st.SyncError, ResolvedTime: timestamppb.New(st.Changed),
-		NodeUid: st.NodeUID, KubeletVersion: st.KubeletVersion, Drained: st.Drained}}
+		NodeUid: st.NodeUID, KubeletVersion: st.KubeletVersion, Drained: st.Drained, NodeCapacity: st.NodeCapacity}}
 	a := st.Assignment
 	if a == nil {
 		return r, nil

@@ -10,6 +10,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
 	"time"
 
@@ -230,6 +231,8 @@ type watchState struct {
 	kubeletVersion string
 	// drained is what the node was last told of its drain (or says it was): a change is sent.
 	drained bool
+	// capacity is the node's capacity as the node says or was last sent: a change is sent.
+	capacity map[string]string
 }
 
 //go:noinline
@@ -260,7 +263,7 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest,
 	}
 	ws.sentSyncError = req.GetSyncError()
 	ws.nodeUID, ws.followsNodeUID, ws.kubeletVersion = req.GetNodeUid(), req.GetFollowsNodeUid(), req.GetKubeletVersion()
-	ws.drained = req.GetDrained()
+	ws.drained, ws.capacity = req.GetDrained(), req.GetNodeCapacity()
 	ws.rc = s.newRecheck(ctx)
 	return ws, nil
 }
@@ -300,11 +303,13 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	// same: its reports name the object they are about (the Node may have been deleted and registered
 	// again). A sidecar of an older version names none and would not use it: nothing more is sent to it for
 	// that. A node told another kubelet version than the Node's now (upgraded in place) is sent its state
-	// again; a sidecar older than kubelet_version never says one, and gets its state once per stream.
+	// again; a sidecar older than kubelet_version never says one, and gets its state once per stream. So for
+	// another capacity (and a sidecar older than node_capacity).
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
 		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
 		(st.NodeUID != "" && st.NodeUID != ws.nodeUID && (ws.nodeUID != "" || ws.followsNodeUID)) ||
-		(st.KubeletVersion != "" && st.KubeletVersion != ws.kubeletVersion) || st.Drained != ws.drained
+		(st.KubeletVersion != "" && st.KubeletVersion != ws.kubeletVersion) || st.Drained != ws.drained ||
+		(len(st.NodeCapacity) > 0 && !maps.Equal(st.NodeCapacity, ws.capacity))
 	if !send {
 		return changed, nil
 	}
@@ -323,6 +328,9 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 		zap.String("syncError", st.SyncError))
 	ws.known, ws.sentSyncError, ws.nodeUID, ws.kubeletVersion = true, st.SyncError, st.NodeUID, st.KubeletVersion
 	ws.drained = st.Drained
+	if len(st.NodeCapacity) > 0 {
+		ws.capacity = st.NodeCapacity
+	}
 	if st.Assignment != nil {
 		ws.has = st.Assignment
 	}

@@ -5,6 +5,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"sync"
 	"testing"
@@ -129,12 +130,12 @@ func TestWatchConfig(t *testing.T) {
 	}
 	// Several changes while the node is not reading arrive as the latest one.
 	table.Set("n1", assignment.State{Assignment: assign("2")})
-	table.SetSyncError("n1", "", "", "failed to sync: x")
+	table.SetSyncError("n1", assignment.Facts{}, "failed to sync: x")
 	if m := recv(t, stream); m.GetAssignment().GetContentHash() != "h2" {
 		t.Fatalf("second message = %v", m)
 	}
 	// The sync error may come with it or right after; the stream ends on the latest state.
-	table.SetSyncError("n1", "", "", "")
+	table.SetSyncError("n1", assignment.Facts{}, "")
 	table.Set("n1", assignment.State{Assignment: assign("3")})
 	for {
 		m := recv(t, stream)
@@ -183,13 +184,15 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		serviceHas    string // the table's sync error
 		wantSyncError string
 		wantNoMessage bool
-		nodeUID       string // the request's node_uid
-		serviceUID    string // the table's NodeUID
-		follows       bool   // the request's follows_node_uid
-		nodeKubelet   string // the request's kubelet_version
-		kubelet       string // the table's KubeletVersion
-		nodeDrained   bool   // the request's drained
-		drained       bool   // the table's Drained
+		nodeUID       string            // the request's node_uid
+		serviceUID    string            // the table's NodeUID
+		follows       bool              // the request's follows_node_uid
+		nodeKubelet   string            // the request's kubelet_version
+		kubelet       string            // the table's KubeletVersion
+		nodeDrained   bool              // the request's drained
+		drained       bool              // the table's Drained
+		nodeCapacity  map[string]string // the request's node_capacity
+		capacity      map[string]string // the table's NodeCapacity
 	}{
 		{name: "cleared while away", nodeHolds: download, serviceHas: "", wantSyncError: ""},
 		{name: "appeared while away", nodeHolds: "", serviceHas: download, wantSyncError: download},
@@ -205,6 +208,11 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		{name: "drained while away", drained: true},
 		{name: "uncordoned while away", nodeDrained: true},
 		{name: "still drained", nodeDrained: true, drained: true, wantNoMessage: true},
+		{name: "capacity changed while away", nodeCapacity: map[string]string{"pods": "110"},
+			capacity: map[string]string{"pods": "110", "cpu": "4"}},
+		{name: "sidecar knows no capacity", capacity: map[string]string{"pods": "110"}},
+		{name: "same capacity", nodeCapacity: map[string]string{"pods": "110"}, capacity: map[string]string{"pods": "110"},
+			wantNoMessage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := assignment.NewTable(nil)
@@ -212,9 +220,9 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			table.Set("n1", assignment.State{Assignment: assign("1"), Drained: tc.drained, SyncError: tc.serviceHas,
-				NodeUID: tc.serviceUID, KubeletVersion: tc.kubelet})
+				NodeUID: tc.serviceUID, KubeletVersion: tc.kubelet, NodeCapacity: tc.capacity})
 			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds, NodeUid: tc.nodeUID, FollowsNodeUid: tc.follows,
-				KubeletVersion: tc.nodeKubelet, Drained: tc.nodeDrained,
+				KubeletVersion: tc.nodeKubelet, Drained: tc.nodeDrained, NodeCapacity: tc.nodeCapacity,
 				LastApplied: &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
 			if err != nil {
 				t.Fatal(err)
@@ -241,9 +249,11 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 					t.Fatalf("resumed stream sent %v; the node already has it", m)
 				}
 				if m.GetSyncError() != tc.wantSyncError || m.GetAssignment().GetContentHash() != "h1" || m.GetNodeUid() != tc.serviceUID ||
-					m.GetKubeletVersion() != tc.kubelet || m.GetDrained() != tc.drained {
-					t.Fatalf("resumed stream sent sync error %q, assignment %q, node %q, kubelet %q; want %q, h1, %q, %q",
-						m.GetSyncError(), m.GetAssignment().GetContentHash(), m.GetNodeUid(), m.GetKubeletVersion(), tc.wantSyncError, tc.serviceUID, tc.kubelet)
+					m.GetKubeletVersion() != tc.kubelet || m.GetDrained() != tc.drained ||
+					!maps.Equal(m.GetNodeCapacity(), tc.capacity) {
+					t.Fatalf("resumed stream sent sync error %q, assignment %q, node %q, kubelet %q, capacity %v; want %q, h1, %q, %q, %v",
+						m.GetSyncError(), m.GetAssignment().GetContentHash(), m.GetNodeUid(), m.GetKubeletVersion(),
+						m.GetNodeCapacity(), tc.wantSyncError, tc.serviceUID, tc.kubelet, tc.capacity)
 				}
 			case <-time.After(wait):
 				if !tc.wantNoMessage {

@@ -243,7 +243,7 @@ func TestAssignmentEncodedOnce(t *testing.T) {
 	}
 	// Per-node fields differ, the assignment's encoding is still shared.
 	for i := range nodes {
-		table.SetSyncError(fmt.Sprintf("n%d", i), "", "", nodeconfig.StatusError(fmt.Sprintf("failed to sync: error of n%d", i)))
+		table.SetSyncError(fmt.Sprintf("n%d", i), assignment.Facts{}, nodeconfig.StatusError(fmt.Sprintf("failed to sync: error of n%d", i)))
 	}
 	check("per-node sync errors", a, func(i int) string { return fmt.Sprintf("failed to sync: error of n%d", i) })
 	b := withFiles("2", 256<<10)

@@ -92,7 +92,10 @@ type Client struct {
 	// drained is the drained of the last response received: resuming, the service sends the state again
 	// when the node's drain says otherwise.
 	drained bool
-	wake    chan struct{}
+	// nodeCapacity is the node's capacity the service last sent; resuming, the service sends the state again
+	// if the Node's differs.
+	nodeCapacity map[string]string
+	wake         chan struct{}
 }
 
 // Option configures a Client.
@@ -183,7 +186,8 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	defer cancel()
 	c.mu.Lock()
 	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError,
-		NodeUid: c.outbox.NodeUID(), FollowsNodeUid: true, KubeletVersion: c.kubeletVersion, Drained: c.drained}
+		NodeUid: c.outbox.NodeUID(), FollowsNodeUid: true, KubeletVersion: c.kubeletVersion, Drained: c.drained,
+		NodeCapacity: c.nodeCapacity}
 	c.mu.Unlock()
 	stream, err := c.rpc.WatchConfig(sctx, req)
 	if err != nil {
@@ -211,6 +215,9 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 			c.kubeletVersion = v
 		}
 		c.drained = d.GetDrained()
+		if m := d.GetNodeCapacity(); len(m) > 0 {
+			c.nodeCapacity = m
+		}
 		c.mu.Unlock()
 		// Latest wins: an update the agent has not taken yet is replaced, so that a burst of reassignments
 		// costs one kubelet restart, not one each. An update without an assignment (only a sync error: the
@@ -224,7 +231,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 				if d.GetAssignment() == nil {
 					d = &dkcv1.WatchConfigResponse{Assignment: old.GetAssignment(), SyncError: d.GetSyncError(),
 						ResolvedTime: d.GetResolvedTime(), NodeUid: d.GetNodeUid(), KubeletVersion: d.GetKubeletVersion(),
-						Drained: d.GetDrained()}
+						Drained: d.GetDrained(), NodeCapacity: d.GetNodeCapacity()}
 				}
 			default:
 			}

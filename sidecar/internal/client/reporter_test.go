@@ -378,14 +378,15 @@ func (s *drainService) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.C
 }
 
 // TestDrainedIsKeptAndResumed: an update that replaces one the agent has not taken yet keeps that one's
-// assignment and carries the newer drained (the service's word on the node now), and a resumed stream tells
-// the service the drained last received, so that it sends the node's state again if it differs.
+// assignment and carries the newer drained and capacity (the service's word on the node now), and a resumed
+// stream tells the service the drained and capacity last received, so that it sends the node's state again
+// if they differ.
 func TestDrainedIsKeptAndResumed(t *testing.T) {
 	a := &dkcv1.Assignment{Source: &dkcv1.NodeConfigSource{ConfigMap: &dkcv1.ConfigMapNodeConfigSource{
 		Namespace: "kube-system", Name: "c", Uid: "u", ResourceVersion: "1", KubeletConfigKey: "kubelet"}}, ContentHash: "h"}
 	svc := &drainService{script: []*dkcv1.WatchConfigResponse{
 		{Assignment: a},
-		{SyncError: "failed to sync: e", Drained: true},
+		{SyncError: "failed to sync: e", Drained: true, NodeCapacity: map[string]string{"pods": "110"}},
 	}}
 	lis := bufconn.Listen(1 << 20)
 	s := grpc.NewServer()
@@ -426,8 +427,12 @@ func TestDrainedIsKeptAndResumed(t *testing.T) {
 	if !resumed.GetDrained() {
 		t.Error("the resumed watch does not say drained, the last drained received")
 	}
+	if got := resumed.GetNodeCapacity(); got["pods"] != "110" || len(got) != 1 {
+		t.Errorf("the resumed watch says capacity %v, not the last received", got)
+	}
 	u := <-updates
-	if !proto.Equal(u.GetAssignment(), a) || !u.GetDrained() || u.GetSyncError() != "failed to sync: e" {
-		t.Errorf("coalesced update %v, want the first's assignment with the second's sync error and drained", u)
+	if !proto.Equal(u.GetAssignment(), a) || !u.GetDrained() || u.GetSyncError() != "failed to sync: e" ||
+		u.GetNodeCapacity()["pods"] != "110" {
+		t.Errorf("coalesced update %v, want the first's assignment with the second's sync error, drained and capacity", u)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
 )
 
@@ -123,6 +124,20 @@ func Under(node *corev1.Node, running, next map[string]any, pods []corev1.Pod) (
 	}
 	c.Unfit = admit(live, after.list)
 	return c, nil
+}
+
+// OnRestart is Under for a node's kubelet whose running config is known as it runs (its /configz, its flags
+// applied, as the sidecar reads it) and next with the node's flags applied too: the node's allocatable now is
+// what running leaves of capacity, so no flag can make the prediction wrong.
+func OnRestart(node string, capacity corev1.ResourceList, running, next map[string]any,
+	pods []corev1.Pod) (Capacity, error) {
+	now, err := allocatableUnder(capacity, running)
+	if err != nil {
+		return Capacity{}, fmt.Errorf("node %s: %w", node, err)
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
+		Status: corev1.NodeStatus{Capacity: capacity, Allocatable: now.list}}
+	return Under(n, running, next, pods)
 }
 
 // admitted are the pods the kubelet admits again when it restarts: those bound to the node that have not

@@ -175,3 +175,37 @@ func TestCritical(t *testing.T) {
 		})
 	}
 }
+
+// TestOnRestart: with the running config as the kubelet runs it (flags applied), the allocatable now is what
+// that config leaves of the capacity — a --max-pods flag shows in it, so the prediction is made, not refused
+// as Unpredicted — and the pods are admitted against what the next config leaves.
+func TestOnRestart(t *testing.T) {
+	capacity := corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceCPU: resource.MustParse("4"),
+		corev1.ResourceMemory: resource.MustParse("8Gi")}
+	pods := make([]corev1.Pod, 3)
+	for i := range pods {
+		pods[i] = corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: string(rune('a' + i)),
+			CreationTimestamp: metav1.Unix(int64(i), 0)}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	}
+	running := map[string]any{"maxPods": float64(50)} // e.g. --max-pods=50
+	got, err := OnRestart("node-1", capacity, running, map[string]any{"maxPods": float64(2),
+		"systemReserved": map[string]any{"cpu": "1"}}, pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Unpredicted != "" || len(got.Unfit) != 1 || got.Unfit[0].Pod != "web/c" ||
+		got.Unfit[0].Resource != corev1.ResourcePods {
+		t.Fatalf("OnRestart = %+v, want web/c rejected for pods, predicted", got)
+	}
+	want := []ResourceFit{{Resource: "pods", Now: "50", Next: "2", Requested: "3"},
+		{Resource: "cpu", Now: "4", Next: "3", Requested: "-"}, {Resource: "memory", Now: "8Gi", Next: "8Gi", Requested: "-"}}
+	for i, w := range want {
+		if got.Resources[i] != w {
+			t.Errorf("resource %d: %+v, want %+v", i, got.Resources[i], w)
+		}
+	}
+	if _, err := OnRestart("node-1", capacity, map[string]any{"kubeReserved": map[string]any{"cpu": "x"}}, running, pods); err == nil ||
+		!strings.Contains(err.Error(), "node node-1") {
+		t.Errorf("a running config that does not parse: %v, want an error naming the node", err)
+	}
+}

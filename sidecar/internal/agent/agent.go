@@ -177,6 +177,7 @@ type Agent struct {
 	syncError      nodeconfig.StatusError   // from the service
 	nodeUID        string                   // the Node object the service's last update was resolved from
 	kubeletVersion string                   // the node kubelet's version, as the service last sent it
+	nodeCapacity   corev1.ResourceList      // the Node's capacity, as the service last sent it
 	localSyncError nodeconfig.StatusError   // checkpointing failed here
 	localSyncWhy   string                   // why, for humans
 	configError    nodeconfig.StatusError   // assigned could not be used
@@ -335,6 +336,9 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 							zap.Error(err))
 					}
 				}
+			}
+			if m := u.GetNodeCapacity(); len(m) > 0 {
+				a.setCapacity(m)
 			}
 			a.Apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError(), Drained: u.GetDrained()})
 		case <-tick.C():

@@ -9,25 +9,36 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/dkc-dev/dkc/internal/capacity"
 	"github.com/dkc-dev/dkc/internal/configcheck"
 )
 
-// This file keeps a restart from evicting pods behind their PodDisruptionBudgets' backs. A kubelet restarted
-// with higher eviction thresholds than the node's usage allows evicts pods at once (and, while admitting
-// the node's pods again under the pressure it finds, rejects some): its eviction manager honours no
-// budget. So before restarting into a config that changes the thresholds, the sidecar asks its own kubelet
-// what its eviction manager decides on (/stats/summary, /pods) and predicts what the new thresholds do
-// (capacity.Evictions, as kubectl dkc diff does). If pods would go, it leaves the kubelet alone and says
-// the node must be drained first, as it does for the resource managers' state: a pool that may drain
-// evicts them through the Eviction API, honouring their budgets; one that may not fails the node, naming
-// them. Only dkc-server's view of the node is missing for a prediction before assignment: it holds no
-// credential a kubelet accepts for its stats (nodes/proxy would be root on every node).
+// This file keeps a restart from failing or evicting running pods behind their PodDisruptionBudgets' backs.
+// In either case the sidecar leaves the kubelet alone and says the node must be drained first, as it does
+// for the resource managers' state: a pool that may drain evicts the pods through the Eviction API,
+// honouring their budgets; one that may not fails the node, naming them.
+//
+// Admission: a kubelet restarted with less allocatable (a lower maxPods, larger reservations or memory
+// eviction threshold) admits the node's pods again, oldest first, against it, and fails those that no
+// longer fit (OutOfpods, OutOfcpu, ...). Before restarting into a config that changes allocatable, the
+// sidecar plays that admission (capacity.OnRestart) with the Node's capacity (the service sends it), the
+// config the kubelet runs (/configz, flags applied) and its pods (/pods). The pool controller refuses such
+// a revision before assigning it where it knows both configs (a node on one of its revisions); this covers
+// the rest: a node on its local config or on another source, or assigned through its annotation.
+//
+// Evictions: a kubelet restarted with higher eviction thresholds than the node's usage allows evicts pods
+// at once (and, while admitting the node's pods again under the pressure it finds, rejects some): its
+// eviction manager honours no budget. So before restarting into a config that changes the thresholds, the
+// sidecar asks its own kubelet what its eviction manager decides on (/stats/summary, /pods) and predicts
+// what the new thresholds do (capacity.Evictions, as kubectl dkc diff does). Only dkc-server's view of the
+// node is missing for a prediction before assignment: it holds no credential a kubelet accepts for its
+// stats (nodes/proxy would be root on every node), and must not send one to the nodes.
 
-// Usage reads what the kubelet's eviction manager decides on; implemented by probe.Kubelet. A Prober
-// without it predicts no evictions.
+// Usage reads what the kubelet's admission and eviction manager decide on; implemented by probe.Kubelet. A
+// Prober without it predicts nothing.
 type Usage interface {
 	Summary(ctx context.Context, kc *configcheck.Checked) (*statsapi.Summary, error)
 	Pods(ctx context.Context, kc *configcheck.Checked) ([]corev1.Pod, error)
@@ -76,4 +87,65 @@ func (a *Agent) evictions(ctx context.Context, listening *configcheck.Checked, r
 		"thresholds, which honours no PodDisruptionBudget: %s; it keeps running its config. To make the change, %s",
 		errNeedsDrain, describe(target.src), strings.Join(ev.Findings(node), "; "),
 		a.drainHow(ds, "restarts the kubelet"))
+}
+
+// setCapacity records the Node's capacity the service sent; a quantity that does not parse is left out
+// (the prediction is then made without that resource, or not at all without pods).
+func (a *Agent) setCapacity(m map[string]string) {
+	c := make(corev1.ResourceList, len(m))
+	for r, v := range m {
+		q, err := resource.ParseQuantity(v)
+		if err != nil {
+			a.log.Warn("node capacity from the service does not parse; left out of admission predictions",
+				zap.String("resource", r), zap.String("quantity", v), zap.Error(err))
+			continue
+		}
+		c[corev1.ResourceName(r)] = q
+	}
+	a.nodeCapacity = c
+}
+
+// admission returns a needs-drain error naming the running pods the kubelet, restarted into target, would
+// no longer admit (it re-admits them oldest first against the allocatable target leaves, and fails those
+// that do not fit), when target changes allocatable from the config it runs (running, reached as
+// listening says); nil when every pod fits, or when that cannot be told (no capacity from the service, the
+// pods unread): the node then goes as it always has, and the pool's workload gate counts the failed pods.
+// Critical pods (static ones, system-critical priority) are not counted: the kubelet evicts others to
+// admit them, as it would under any config.
+func (a *Agent) admission(ctx context.Context, listening *configcheck.Checked, running map[string]any,
+	target candidate, ds drainState) error {
+	if len(a.nodeCapacity) == 0 || !capacity.Changes(running, target.config.Fields) {
+		return nil
+	}
+	usage, ok := a.kubelet.(Usage)
+	if !ok {
+		return nil
+	}
+	node := a.cfg.NodeName
+	if node == "" {
+		node = "the node"
+	}
+	pods, err := usage.Pods(ctx, listening)
+	if err == nil {
+		var got capacity.Capacity
+		got, err = capacity.OnRestart(node, a.nodeCapacity, running, target.config.Fields, pods)
+		if err == nil {
+			var unfit []string
+			for _, u := range got.Unfit {
+				if !u.Preempts {
+					unfit = append(unfit, u.Pod+": "+u.Reason)
+				}
+			}
+			if len(unfit) == 0 {
+				return nil
+			}
+			return fmt.Errorf("%w: the kubelet, restarted with %s, admits the node's running pods again, oldest first, "+
+				"against less room, and would fail %d of them: %s; it keeps running its config. To make the change, %s",
+				errNeedsDrain, describe(target.src), len(unfit), strings.Join(unfit, "; "),
+				a.drainHow(ds, "restarts the kubelet"))
+		}
+	}
+	a.log.Warn("pods the kubelet would no longer admit under the config not predicted; restarting as always",
+		append(sourceFields(target.src), zap.String("node", a.cfg.NodeName), zap.Error(err))...)
+	return nil
 }

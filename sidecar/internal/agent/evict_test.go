@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
@@ -112,5 +113,84 @@ func TestFallbackWaitsForNoDrain(t *testing.T) {
 	n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
 	if n.agent.phase == PhaseWaitingForDrain {
 		t.Errorf("phase %s: the rollback waits for a drain", n.agent.phase)
+	}
+}
+
+// TestAdmissionWaitsForADrain: a config that leaves less room than the node's running pods take is not
+// restarted into while the node is not drained for it — the restarted kubelet would admit the pods again,
+// oldest first, and fail the newest with OutOfpods or OutOfcpu — and the status names them; drained, the
+// kubelet restarts into it. Without the Node's capacity from the service, or without the pods, nothing is
+// predicted, and a config that leaves room restarts as always. Static pods are critical: the kubelet evicts
+// others to admit them, so they are never the ones named.
+func TestAdmissionWaitsForADrain(t *testing.T) {
+	pod := func(name string, age int, cpu string, static bool) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: name, UID: types.UID(name),
+			CreationTimestamp: metav1.Unix(int64(1000+age), 0)},
+			Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		if cpu != "" {
+			p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}
+		}
+		if static {
+			p.Annotations = map[string]string{"kubernetes.io/config.source": "file"}
+		}
+		return p
+	}
+	pods := []corev1.Pod{pod("old", 0, "", true), pod("a", 1, "1", false), pod("b", 2, "1", false),
+		pod("c", 3, "1", false)}
+	capacity := map[string]string{"pods": "110", "cpu": "4", "memory": "8Gi"}
+	tests := []struct {
+		name       string
+		assigned   string
+		capacity   map[string]string
+		noPods     bool
+		wantDrain  bool
+		wantDetail []string
+	}{
+		{name: "maxPods below the pods running", assigned: cfgHeader + "maxPods: 2\n", capacity: capacity,
+			wantDrain: true, wantDetail: []string{"would fail 2 of them", "web/b: pod 3 of 2 allowed (OutOfpods)",
+				"web/c: pod 3 of 2 allowed (OutOfpods)",
+				"kubectl dkc assign node-1 --configmap kube-system/c --key kubelet --drain"}},
+		{name: "a CPU reservation the running pods do not leave", assigned: cfgHeader + "systemReserved:\n  cpu: \"2\"\n",
+			capacity: capacity, wantDrain: true,
+			wantDetail: []string{"would fail 1 of them", "web/c: requests 1 of cpu, 0 left (OutOfcpu)"}},
+		{name: "room for every pod", assigned: cfgHeader + "maxPods: 4\n", capacity: capacity},
+		{name: "capacity not sent", assigned: cfgHeader + "maxPods: 2\n"},
+		{name: "pods not readable", assigned: cfgHeader + "maxPods: 2\n", capacity: capacity, noPods: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newNode(t)
+			n.agent.cfg.NodeName = "node-1"
+			if tt.capacity != nil {
+				n.agent.setCapacity(tt.capacity)
+			}
+			if !tt.noPods {
+				n.kubelet.summary, n.kubelet.pods = &statsapi.Summary{}, pods
+			}
+			n.applyDrained(assignment("u", "1", tt.assigned), false)
+			if !tt.wantDrain {
+				n.expect("1", "1", "local", "", 1)
+				n.checkCalls("restart 1")
+				return
+			}
+			n.expect("1", "local", "local", string(nodeconfig.DrainRequiredError), 0)
+			n.checkCalls()
+			_, detail := n.agent.Status()
+			for _, want := range tt.wantDetail {
+				if !strings.Contains(detail, want) {
+					t.Errorf("detail %q does not say %q", detail, want)
+				}
+			}
+			if strings.Contains(detail, "web/old") || strings.Contains(detail, "web/a:") {
+				t.Errorf("detail %q names a pod the kubelet admits first", detail)
+			}
+			if n.agent.phase != PhaseWaitingForDrain || n.agent.retry {
+				t.Errorf("phase %s, retry %v; want %s, no retry at the ticks", n.agent.phase, n.agent.retry, PhaseWaitingForDrain)
+			}
+			n.applyDrained(assignment("u", "1", tt.assigned), true)
+			n.expect("1", "1", "local", "", 1)
+			n.checkCalls("restart 1")
+		})
 	}
 }

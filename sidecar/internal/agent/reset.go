@@ -123,9 +123,9 @@ func (sr stateReset) String() string {
 // planReset compares the config the kubelet runs (its /configz) with target's and returns the state to
 // remove before restarting into target (none: restart as always), or an outcome that stops the restart
 // before anything is touched: OutcomeCannotReset when this node's service manager cannot remove that state,
-// OutcomeNeedsDrain when the node may not lose it (or, for the assignment, when its new eviction thresholds
-// would evict pods: evict.go), OutcomeTransient when it cannot be removed here. current is the config file
-// the kubelet was last started with.
+// OutcomeNeedsDrain when the node may not lose it (or, for the assignment, when the restarted kubelet would
+// fail or evict running pods: evict.go), OutcomeTransient when it cannot be removed here. current is the
+// config file the kubelet was last started with.
 //
 // The service manager's capability is asked before the drain: a node that can never make the change must
 // not have a pool drain it for nothing, nor wait for a drain that changes nothing.
@@ -147,6 +147,12 @@ func (a *Agent) planReset(ctx context.Context, current string, target candidate,
 			// (A change that needs a drain for the resource managers' state gets one, which also empties the
 			// node of the pods new thresholds would evict. A fallback — last-known-good or the local config
 			// after the assignment failed — goes back to what ran before: the way back waits for no drain.)
+			if err := a.admission(ctx, listening, running, target, ds); err != nil {
+				a.log.Warn("the kubelet would fail running pods when it admits them again under the config, and the "+
+					"node is not drained for its assignment; leaving the kubelet alone",
+					append(sourceFields(target.src), zap.String("node", a.cfg.NodeName), zap.Error(err))...)
+				return sr, OutcomeNeedsDrain, err
+			}
 			if err := a.evictions(ctx, listening, running, target, ds); err != nil {
 				a.log.Warn("the kubelet would evict pods under the config's eviction thresholds, and the node is not "+
 					"drained for its assignment; leaving the kubelet alone",

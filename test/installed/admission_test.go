@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build integration
+
+package installed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/internal/nodedrain"
+	"github.com/dkc-dev/dkc/internal/poll"
+)
+
+// TestAConfigThatFailsPodsWaitsForADrain: the worker runs its local config, which no pool knows, and a
+// Deployment's pod behind a PodDisruptionBudget that allows no disruption. A config whose maxPods is one
+// below the pods running there would have the restarted kubelet re-admit them oldest first and fail the
+// newest, the Deployment's pod, with OutOfpods:
+//   - kubectl dkc assign refuses it unless asked to drain, naming the pod;
+//   - assigned through the annotation, the node's sidecar plays the same admission from the Node's capacity
+//     (which dkc-server sends it), its kubelet's /configz and /pods, refuses the config before touching the
+//     kubelet and says the node must be drained first, naming the pod;
+//   - a pool that may drain, over the worker on its local config (whose running config the pool controller
+//     cannot know), has the node drained on the sidecar's word: the budget holds the eviction back and the
+//     kubelet is not restarted meanwhile; relaxed, the pod moves to the other node, the kubelet restarts
+//     once and runs the config, the node is uncordoned, and no pod was ever failed with OutOfpods.
+func TestAConfigThatFailsPodsWaitsForADrain(t *testing.T) {
+	worker := workerNode()
+	other := cluster.ControlPlaneNode()
+	resetAfter(t)
+	t.Cleanup(func() { undrain(t, worker) })
+	const ns, pool = "admission", "admission-pool"
+	deletePoolAtEnd(t, pool) // runs before undrain and the reset: the pool would assign the node again
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	c := admin(t)
+	before := webBehindABudget(ctx, t, ns, worker)
+	pods, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + worker})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := 0
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			live++
+		}
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(nodeConfig(t, worker, 49)), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["maxPods"] = live - 1
+	raw, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := createConfigData(t, "installed-admission", string(raw))
+	rejected := fmt.Sprintf("%s/%s", ns, before.Name)
+	outOf := fmt.Sprintf("pod %d of %d allowed (OutOfpods)", live, live-1)
+
+	// kubectl dkc assign, without --drain, refuses it before writing anything.
+	out, err := kubectlDKC(ctx, "assign", worker, "--configmap", "kube-system/"+cm.Name, "--kubelet-check-dir",
+		cluster.KubeletCheckDir())
+	if err == nil || !strings.Contains(err.Error(), rejected+" would not be admitted again") ||
+		!strings.Contains(err.Error(), outOf) || !strings.Contains(err.Error(), "nothing was assigned") {
+		t.Errorf("kubectl dkc assign without --drain: %v, want a refusal naming %s and %q\n%s", err, rejected, outOf, out)
+	}
+	if got := srcName(view(t, worker).status.Assigned); got != "local" {
+		t.Errorf("%s assigned %s after assign refused", worker, got)
+	}
+
+	// Through the annotation, which no CLI checks: the sidecar predicts the same and leaves the kubelet alone.
+	starts := kubeletStarts(t, worker)
+	assign(t, worker, cm)
+	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, worker+" refuses the change for want of a drain", func() error {
+		v := view(t, worker)
+		if srcName(v.status.Assigned) != name(cm) || v.status.Error != string(nodeconfig.DrainRequiredError) ||
+			srcName(v.status.Active) != "local" || v.configOK == nil || v.configOK.Status != corev1.ConditionFalse {
+			return errors.New(v.String())
+		}
+		for _, want := range []string{rejected + ": " + outOf, "would fail 1 of them", "--drain"} {
+			if !strings.Contains(v.configOK.Message, want) {
+				t.Fatalf("ConfigOK %q lacks %q", v.configOK.Message, want)
+			}
+		}
+		t.Logf("ConfigOK: %s", v.configOK.Message)
+		return nil
+	})
+	if got := kubeletStarts(t, worker); got != starts {
+		t.Errorf("%s: the kubelet started %d times while the sidecar refused the change, want 0", worker, got-starts)
+	}
+	if p, err := c.CoreV1().Pods(ns).Get(ctx, before.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil ||
+		p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("pod %s stopped while the sidecar refused the change (%v)", before.Name, err)
+	}
+	assign(t, worker, nil)
+	waitRunning(t, worker, nil, 2*time.Minute)
+
+	// A pool that may drain: the sidecar's refusal has the node drained, past the budget only once relaxed.
+	starts = kubeletStarts(t, worker)
+	spec := fmt.Sprintf(`apiVersion: dkc.dev/v1alpha1
+kind: KubeletConfigPool
+metadata: {name: %s}
+spec:
+  nodeSelector: {matchLabels: {kubernetes.io/hostname: %s}}
+  configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
+  disruption: {drain: Allowed, drainTimeout: 5m}
+`, pool, worker, cm.Name)
+	var obj map[string]any
+	if err := yaml.Unmarshal([]byte(spec), &obj); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pools(t).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll.ForNil(t, 3*time.Minute, 300*time.Millisecond, "the pool cordons "+worker+" and waits on the budget", func() error {
+		n, err := c.CoreV1().Nodes().Get(ctx, worker, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !n.Spec.Unschedulable || n.Annotations[nodedrain.CordonedAnnotation] != "pool/"+pool {
+			return fmt.Errorf("unschedulable %v, cordoned by %q; %s", n.Spec.Unschedulable,
+				n.Annotations[nodedrain.CordonedAnnotation], view(t, worker))
+		}
+		return nil
+	})
+	if p, err := c.CoreV1().Pods(ns).Get(ctx, before.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
+		t.Fatalf("pod %s evicted though its budget allows no disruption (%v)", before.Name, err)
+	}
+	if got := kubeletStarts(t, worker); got != starts {
+		t.Errorf("%s: the kubelet started %d times before the node was drained, want 0", worker, got-starts)
+	}
+	if _, err := c.PolicyV1().PodDisruptionBudgets(ns).Patch(ctx, "web", "application/merge-patch+json",
+		[]byte(`{"spec":{"maxUnavailable":1}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	released(t, worker)
+	snap := snapshotCM(t, pool)
+	if v := view(t, worker); srcName(v.status.Active) != name(snap) || v.status.Error != "" {
+		t.Errorf("%s released while it does not run the revision: %s", worker, v)
+	}
+	if after := webPod(t, ns, other, 3*time.Minute); after.Name == before.Name {
+		t.Errorf("pod %s still runs; want it evicted and replaced on %s", before.Name, other)
+	}
+	if got := configzField(t, worker, "maxPods"); got != fmt.Sprint(live-1) {
+		t.Errorf("%s: /configz says maxPods %v, want %d", worker, got, live-1)
+	}
+	if got := kubeletStarts(t, worker) - starts; got != 1 {
+		t.Errorf("%s: the kubelet started %d times for the revision, want once", worker, got)
+	}
+	pods, err = c.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + worker})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if strings.HasPrefix(p.Status.Reason, "OutOf") {
+			t.Errorf("pod %s/%s failed on %s: %s %s", p.Namespace, p.Name, worker, p.Status.Reason, p.Status.Message)
+		}
+	}
+}

@@ -48,10 +48,12 @@ and its sidecar then removes the state file, with the kubelet stopped, before it
   --drained  you drained and cordoned the nodes yourself: assign marks them drained and assigns; uncordon
              them once they report the config active.
 
-It refuses the same way a config under whose new eviction thresholds the restarted kubelet would evict or
-reject pods that the running thresholds leave alone (predicted from the node's stats summary through the
-apiserver's node proxy, get nodes/proxy, and its pods, list pods), naming them; --drain drains such nodes
-first (also nodes whose usage cannot be read, when the thresholds change).
+It refuses the same way, naming the pods, a config under which the restarted kubelet would stop running
+pods: those it would no longer admit in the room the config leaves (it admits the node's pods again, oldest
+first, and fails the newest with OutOfpods, OutOfcpu, ... after a lower maxPods or larger reservations), and
+those its new eviction thresholds would evict or reject where the running ones leave them alone (predicted
+from the node's stats summary through the apiserver's node proxy, get nodes/proxy, and its pods, list pods).
+--drain drains such nodes first (also nodes whose pods or usage cannot be read, when those fields change).
 
 Where the check cannot run (no helper for the node's minor, /configz unreadable), assign says so and assigns;
 a node whose sidecar finds that the change needs a drain then refuses it (status "the node must be drained
@@ -110,7 +112,7 @@ first") and keeps its config until it is drained.`,
 	cmd.Flags().StringVar(&key, "key", "kubelet", "the ConfigMap key holding the KubeletConfiguration")
 	cmd.Flags().BoolVar(&drain, "drain", false,
 		"cordon and drain each node whose kubelet would refuse the change on its resource managers' state, or "+
-			"would evict pods under its new eviction thresholds, one after the other, let its sidecar remove that "+
+			"would reject or evict running pods under it, one after the other, let its sidecar remove that "+
 			"state and restart the kubelet, wait until it runs the config, then uncordon it")
 	drainFlags(cmd, &opts)
 	cmd.Flags().BoolVar(&drained, "drained", false,
@@ -126,8 +128,9 @@ first") and keeps its config until it is drained.`,
 // stateResets compares each node's running config (/configz) with the new one, both as the node kubelet's
 // minor loads them: the state files the change invalidates, per node. A node it cannot check is warned
 // about and has a nil entry (its sidecar checks again before it restarts the kubelet). With evicts, it also
-// records there, per node whose eviction thresholds the change raises past its usage, what the restarted
-// kubelet would stop (evictionsOf): such a node is drained too.
+// records there, per node, the running pods the restarted kubelet would stop: those it would no longer
+// admit in the room the config leaves (admissionOf), and those its new eviction thresholds would evict
+// (evictionsOf). Such a node is drained too.
 func (o *Options) stateResets(ctx context.Context, nodes []corev1.Node, ns, name, key,
 	checkDir string, evicts map[string]evictions) map[string][]disruption.Reset {
 	out := map[string][]disruption.Reset{}
@@ -145,20 +148,57 @@ func (o *Options) stateResets(ctx context.Context, nodes []corev1.Node, ns, name
 		if r := disruption.Resets(running, next); len(r) > 0 {
 			out[n.Name] = r
 		}
-		if evicts != nil && capacity.EvictionChanges(running, next) {
-			if e := o.evictionsOf(ctx, &n, running, next); len(e.lines) > 0 {
-				evicts[n.Name] = e
-			}
+		if evicts == nil {
+			continue
+		}
+		var e evictions
+		if capacity.Changes(running, next) {
+			e = o.admissionOf(ctx, &n, running, next)
+		}
+		if capacity.EvictionChanges(running, next) {
+			ev := o.evictionsOf(ctx, &n, running, next)
+			e.lines, e.unread = append(e.lines, ev.lines...), append(e.unread, ev.unread...)
+		}
+		if len(e.lines)+len(e.unread) > 0 {
+			evicts[n.Name] = e
 		}
 	}
 	return out
 }
 
-// evictions is what a node's new eviction thresholds do: the pods the restarted kubelet would stop
-// (predicted), or why that could not be told.
+// evictions is what a node's kubelet, restarted with a config, would do to its running pods: the pods it
+// would reject or evict (predicted), or why that could not be told.
 type evictions struct {
-	lines     []string
-	predicted bool
+	lines  []string // the pods it would stop, predicted
+	unread []string // why a prediction could not be made
+}
+
+// admissionOf says which running pods node's kubelet, restarted with next, would no longer admit in the
+// room next leaves (capacity.Under: OutOfpods, OutOfcpu, ...; the prediction its sidecar makes before it
+// restarts the kubelet, which refuses an undrained node the change); when that cannot be told, why.
+func (o *Options) admissionOf(ctx context.Context, node *corev1.Node, running, next map[string]any) evictions {
+	unchecked := func(err error) evictions {
+		return evictions{unread: []string{"the pods it admits again under the config could not be checked: " + err.Error()}}
+	}
+	pods, err := o.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
+	if err != nil {
+		return unchecked(fmt.Errorf("list its pods: %w", err))
+	}
+	c, err := capacity.Under(node, running, next, pods.Items)
+	if err != nil {
+		return unchecked(err)
+	}
+	var lines []string
+	for _, u := range c.Unfit {
+		if !u.Preempts {
+			lines = append(lines, fmt.Sprintf("%s: %s would not be admitted again when the kubelet restarts: %s",
+				node.Name, u.Pod, u.Reason))
+		}
+	}
+	if len(lines) == 0 {
+		return evictions{}
+	}
+	return evictions{lines: lines}
 }
 
 // evictionsOf says what node's kubelet, restarted with next's eviction thresholds, would stop that it does
@@ -166,7 +206,7 @@ type evictions struct {
 // undrained node the change); when that cannot be told, why.
 func (o *Options) evictionsOf(ctx context.Context, node *corev1.Node, running, next map[string]any) evictions {
 	unchecked := func(err error) evictions {
-		return evictions{lines: []string{"its new eviction thresholds could not be checked: " + err.Error()}}
+		return evictions{unread: []string{"its new eviction thresholds could not be checked: " + err.Error()}}
 	}
 	pods, err := o.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
 	if err != nil {
@@ -183,19 +223,18 @@ func (o *Options) evictionsOf(ctx context.Context, node *corev1.Node, running, n
 	if !e.Stops() {
 		return evictions{}
 	}
-	return evictions{lines: e.Findings(node.Name), predicted: true}
+	return evictions{lines: e.Findings(node.Name)}
 }
 
 // refuseEvictions fails, before any node is assigned, when a node's kubelet, restarted with the config,
-// would evict or reject pods (its sidecar would refuse it undrained). Nodes whose usage could not be read
-// are warned about and left to their sidecars, which read their own kubelet.
+// would reject or evict pods (its sidecar would refuse it undrained). Nodes whose pods or usage could not be
+// read are warned about and left to their sidecars, which read their own kubelet.
 func (o *Options) refuseEvictions(ns, name string, evicts map[string]evictions) error {
 	var refused []string
 	for node, e := range evicts {
-		if !e.predicted {
+		if len(e.unread) > 0 {
 			fmt.Fprintf(o.io.ErrOut, "warning: node %s: %s; its sidecar predicts again before restarting the kubelet\n",
-				node, strings.Join(e.lines, "; "))
-			continue
+				node, strings.Join(e.unread, "; "))
 		}
 		for _, l := range e.lines {
 			refused = append(refused, "  "+l)
@@ -205,8 +244,9 @@ func (o *Options) refuseEvictions(ns, name string, evicts map[string]evictions) 
 		return nil
 	}
 	sort.Strings(refused)
-	return fmt.Errorf("the kubelet, restarted with %s/%s, would evict or reject pods under its eviction "+
-		"thresholds, which honours no PodDisruptionBudget; nothing was assigned:\n%s\n"+
+	return fmt.Errorf("the kubelet, restarted with %s/%s, would reject running pods it admits again in the "+
+		"room the config leaves, or evict them under its eviction thresholds, honouring no PodDisruptionBudget; "+
+		"nothing was assigned:\n%s\n"+
 		"assign again with --drain (dkc drains each such node through the Eviction API first), or drain the nodes "+
 		"yourself (kubectl drain NODE --ignore-daemonsets) and assign with --drained", ns, name,
 		strings.Join(refused, "\n"))

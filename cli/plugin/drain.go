@@ -27,11 +27,12 @@ type drainOptions struct {
 }
 
 // assignDraining assigns the nodes src one after the other. A node whose kubelet would refuse the change on
-// its resource managers' state (resets), or would evict pods under its new eviction thresholds (evicts), is
-// cordoned, drained, assigned and marked drained for exactly the ConfigMap's version — so that its sidecar
-// removes that state, with the kubelet stopped, or restarts the kubelet on the emptied node — and, once the
-// node reports the config active or failed, its mark is removed and it is uncordoned, unless someone else
-// had cordoned it. The others are assigned as assign always does. It stops at the first node that fails.
+// its resource managers' state (resets), or would reject or evict running pods (evicts, also when that could
+// not be told), is cordoned, drained, assigned and marked drained for exactly the ConfigMap's version — so
+// that its sidecar removes that state, with the kubelet stopped, or restarts the kubelet on the emptied
+// node — and, once the node reports the config active or failed, its mark is removed and it is uncordoned,
+// unless someone else had cordoned it. The others are assigned as assign always does. It stops at the first
+// node that fails.
 func (o *Options) assignDraining(ctx context.Context, nodes []corev1.Node, src *corev1.NodeConfigSource,
 	resets map[string][]disruption.Reset, evicts map[string]evictions, opts drainOptions) error {
 	d := &nodedrain.Drainer{Client: o.client, FieldManager: "kubectl-dkc", Timeout: opts.drainTimeout,
@@ -43,7 +44,7 @@ func (o *Options) assignDraining(ctx context.Context, nodes []corev1.Node, src *
 		if checked && found == nil {
 			// Not checked: drained all the same, as asked, rather than left to its sidecar's refusal.
 			fmt.Fprintf(o.io.Out, "node/%s: its state could not be checked; draining it\n", n.Name)
-		} else if len(found) == 0 && len(evicts[n.Name].lines) == 0 {
+		} else if e := evicts[n.Name]; len(found) == 0 && len(e.lines)+len(e.unread) == 0 {
 			where, err := o.setSource(ctx, n, src)
 			if err != nil {
 				return fmt.Errorf("assign node %s: %w", n.Name, err)
@@ -55,7 +56,7 @@ func (o *Options) assignDraining(ctx context.Context, nodes []corev1.Node, src *
 		for _, r := range found {
 			fmt.Fprintf(o.io.Out, "node/%s needs a drain: %s\n", n.Name, r)
 		}
-		for _, why := range evicts[n.Name].lines {
+		for _, why := range append(evicts[n.Name].lines, evicts[n.Name].unread...) {
 			fmt.Fprintf(o.io.Out, "node/%s needs a drain: %s\n", n.Name, why)
 		}
 		if err := o.drainAndAssign(ctx, d, n, src, opts); err != nil {

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -73,8 +75,8 @@ func TestEvictionsOfUnreadableUsage(t *testing.T) {
 	running := map[string]any{"evictionHard": map[string]any{"memory.available": "100Mi"}}
 	next := map[string]any{"evictionHard": map[string]any{"memory.available": "2Gi"}}
 	got := o.evictionsOf(context.Background(), n, running, next)
-	if len(got.lines) != 1 || got.predicted || !strings.Contains(got.lines[0], "could not be checked") ||
-		!strings.Contains(got.lines[0], "stats summary") {
+	if len(got.lines) != 0 || len(got.unread) != 1 || !strings.Contains(got.unread[0], "could not be checked") ||
+		!strings.Contains(got.unread[0], "stats summary") {
 		t.Errorf("evictionsOf = %+v, want one line saying the thresholds could not be checked", got)
 	}
 	if err := o.refuseEvictions("kube-system", "c", map[string]evictions{"n1": got}); err != nil {
@@ -83,9 +85,38 @@ func TestEvictionsOfUnreadableUsage(t *testing.T) {
 	if !strings.Contains(out.String(), "warning: node n1: its new eviction thresholds could not be checked") {
 		t.Errorf("no warning for the unread node: %q", out.String())
 	}
-	predicted := evictions{lines: []string{"n1: web/a would be evicted (memory.available; it uses 1Gi)"}, predicted: true}
+	predicted := evictions{lines: []string{"n1: web/a would be evicted (memory.available; it uses 1Gi)"}}
 	if err := o.refuseEvictions("kube-system", "c", map[string]evictions{"n1": predicted}); err == nil ||
 		!strings.Contains(err.Error(), "n1: web/a would be evicted") || !strings.Contains(err.Error(), "--drain") {
 		t.Errorf("refuseEvictions = %v, want a refusal naming the pod and --drain", err)
+	}
+}
+
+// TestAdmissionOf: a config whose maxPods is below the pods running on a node names the newest pods, which
+// the restarted kubelet would reject, and plain assign refuses it; one with room names none.
+func TestAdmissionOf(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{
+		Capacity:    corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110")},
+		Allocatable: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110")}}}
+	objs := []runtime.Object{n}
+	for i, name := range []string{"a", "b", "c"} {
+		objs = append(objs, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: name,
+			CreationTimestamp: metav1.Unix(int64(i), 0)}, Spec: corev1.PodSpec{NodeName: "n1"},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	}
+	var out bytes.Buffer
+	o := &Options{io: genericiooptions.IOStreams{Out: &out, ErrOut: &out}, client: fake.NewClientset(objs...)}
+	running := map[string]any{"maxPods": float64(110)}
+	got := o.admissionOf(context.Background(), n, running, map[string]any{"maxPods": float64(2)})
+	if len(got.lines) != 1 || len(got.unread) != 0 || !strings.Contains(got.lines[0], "web/c would not be admitted again") ||
+		!strings.Contains(got.lines[0], "OutOfpods") {
+		t.Fatalf("admissionOf = %+v, want web/c rejected with OutOfpods", got)
+	}
+	if err := o.refuseEvictions("kube-system", "c", map[string]evictions{"n1": got}); err == nil ||
+		!strings.Contains(err.Error(), "web/c") || !strings.Contains(err.Error(), "--drain") {
+		t.Errorf("refuseEvictions = %v, want a refusal naming web/c and --drain", err)
+	}
+	if got := o.admissionOf(context.Background(), n, running, map[string]any{"maxPods": float64(3)}); len(got.lines)+len(got.unread) != 0 {
+		t.Errorf("admissionOf with room for every pod = %+v, want nothing", got)
 	}
 }

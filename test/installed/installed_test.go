@@ -191,11 +191,17 @@ func waitRunning(t *testing.T, node string, cm *corev1.ConfigMap, timeout time.D
 // kubeletStarts counts the kubelet's starts on node from its log: one "Kubelet version" line per start.
 func kubeletStarts(t *testing.T, node string) int {
 	t.Helper()
+	return kubeletLogCount(t, node, `"Kubelet version"`)
+}
+
+// kubeletLogCount counts what node's kubelet logged that contains s.
+func kubeletLogCount(t *testing.T, node, s string) int {
+	t.Helper()
 	raw, err := os.ReadFile(cluster.NodeLogDir(node) + "/kubelet.log")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Count(string(raw), `"Kubelet version"`)
+	return strings.Count(string(raw), s)
 }
 
 // configzQPS is the running kubelet's eventRecordQPS, through the apiserver's node proxy.

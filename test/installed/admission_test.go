@@ -6,20 +6,13 @@ package installed
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
-
-	"github.com/dkc-dev/dkc/internal/nodeconfig"
-	"github.com/dkc-dev/dkc/internal/nodedrain"
-	"github.com/dkc-dev/dkc/internal/poll"
 )
 
 // TestAConfigThatFailsPodsWaitsForADrain: the worker runs its local config, which no pool knows, and a
@@ -46,16 +39,7 @@ func TestAConfigThatFailsPodsWaitsForADrain(t *testing.T) {
 	c := admin(t)
 	denials := kubeletLogCount(t, worker, denied)
 	before := webBehindABudget(ctx, t, ns, worker)
-	pods, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + worker})
-	if err != nil {
-		t.Fatal(err)
-	}
-	live := 0
-	for _, p := range pods.Items {
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			live++
-		}
-	}
+	live := livePods(ctx, t, worker)
 	var cfg map[string]any
 	if err := yaml.Unmarshal([]byte(nodeConfig(t, worker, 49)), &cfg); err != nil {
 		t.Fatal(err)
@@ -81,70 +65,19 @@ func TestAConfigThatFailsPodsWaitsForADrain(t *testing.T) {
 	}
 
 	// Through the annotation, which no CLI checks: the sidecar predicts the same and leaves the kubelet alone.
-	starts := kubeletStarts(t, worker)
-	assign(t, worker, cm)
-	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, worker+" refuses the change for want of a drain", func() error {
-		v := view(t, worker)
-		if srcName(v.status.Assigned) != name(cm) || v.status.Error != string(nodeconfig.DrainRequiredError) ||
-			srcName(v.status.Active) != "local" || v.configOK == nil || v.configOK.Status != corev1.ConditionFalse {
-			return errors.New(v.String())
-		}
-		for _, want := range []string{rejected + ": " + outOf, "would fail 1 of them", "--drain"} {
-			if !strings.Contains(v.configOK.Message, want) {
-				t.Fatalf("ConfigOK %q lacks %q", v.configOK.Message, want)
-			}
-		}
-		t.Logf("ConfigOK: %s", v.configOK.Message)
-		return nil
-	})
-	if got := kubeletStarts(t, worker); got != starts {
-		t.Errorf("%s: the kubelet started %d times while the sidecar refused the change, want 0", worker, got-starts)
-	}
-	if p, err := c.CoreV1().Pods(ns).Get(ctx, before.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil ||
-		p.Status.Phase != corev1.PodRunning {
-		t.Fatalf("pod %s stopped while the sidecar refused the change (%v)", before.Name, err)
-	}
-	assign(t, worker, nil)
-	waitRunning(t, worker, nil, 2*time.Minute)
+	refusedUndrained(t, worker, cm, rejected+": "+outOf, "would fail 1 of them", "--drain")
+	stillRunning(ctx, t, ns, before.Name)
 
 	// A pool that may drain: the sidecar's refusal has the node drained, past the budget only once relaxed.
-	starts = kubeletStarts(t, worker)
-	spec := fmt.Sprintf(`apiVersion: dkc.dev/v1alpha1
-kind: KubeletConfigPool
-metadata: {name: %s}
-spec:
-  nodeSelector: {matchLabels: {kubernetes.io/hostname: %s}}
-  configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
-  disruption: {drain: Allowed, drainTimeout: 5m}
-`, pool, worker, cm.Name)
-	var obj map[string]any
-	if err := yaml.Unmarshal([]byte(spec), &obj); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pools(t).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	poll.ForNil(t, 3*time.Minute, 300*time.Millisecond, "the pool cordons "+worker+" and waits on the budget", func() error {
-		n, err := c.CoreV1().Nodes().Get(ctx, worker, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if !n.Spec.Unschedulable || n.Annotations[nodedrain.CordonedAnnotation] != "pool/"+pool {
-			return fmt.Errorf("unschedulable %v, cordoned by %q; %s", n.Spec.Unschedulable,
-				n.Annotations[nodedrain.CordonedAnnotation], view(t, worker))
-		}
-		return nil
-	})
+	starts := kubeletStarts(t, worker)
+	drainingPool(ctx, t, pool, worker, cm)
 	if p, err := c.CoreV1().Pods(ns).Get(ctx, before.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
 		t.Fatalf("pod %s evicted though its budget allows no disruption (%v)", before.Name, err)
 	}
 	if got := kubeletStarts(t, worker); got != starts {
 		t.Errorf("%s: the kubelet started %d times before the node was drained, want 0", worker, got-starts)
 	}
-	if _, err := c.PolicyV1().PodDisruptionBudgets(ns).Patch(ctx, "web", "application/merge-patch+json",
-		[]byte(`{"spec":{"maxUnavailable":1}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	relaxBudget(ctx, t, ns)
 	released(t, worker)
 	snap := snapshotCM(t, pool)
 	if v := view(t, worker); srcName(v.status.Active) != name(snap) || v.status.Error != "" {

@@ -64,31 +64,10 @@ func TestAssignDrainToTheStaticCPUManager(t *testing.T) {
 	starts := kubeletStarts(t, worker)
 
 	// Through the annotation, which no CLI checks: the sidecar refuses it and leaves the kubelet alone.
-	assign(t, worker, cm)
-	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, worker+" refuses the change for want of a drain", func() error {
-		v := view(t, worker)
-		if srcName(v.status.Assigned) != name(cm) || v.status.Error != string(nodeconfig.DrainRequiredError) ||
-			srcName(v.status.Active) != "local" || v.configOK == nil || v.configOK.Status != corev1.ConditionFalse ||
-			!strings.Contains(v.configOK.Message, "cpu_manager_state") {
-			return errors.New(v.String())
-		}
-		return nil
-	})
-	if got := kubeletStarts(t, worker); got != starts {
-		t.Errorf("%s: the kubelet started %d times while the sidecar refused the change, want 0", worker, got-starts)
-	}
-	assign(t, worker, nil)
-	waitRunning(t, worker, nil, 2*time.Minute)
+	refusedUndrained(t, worker, cm, "cpu_manager_state")
 
 	// --drain: the budget holds the eviction back; nothing restarts meanwhile.
-	out, done := runKubectlDKC(ctx, "assign", worker, "--configmap", "kube-system/"+cm.Name, "--drain",
-		"--drain-timeout", "5m", "--timeout", "4m", "--kubelet-check-dir", cluster.KubeletCheckDir())
-	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, "the drain retries the eviction the budget refuses", func() error {
-		if s := out.String(); !strings.Contains(s, "disruption budget") {
-			return fmt.Errorf("output so far:\n%s", s)
-		}
-		return nil
-	})
+	relax := drainBlockedByBudget(ctx, t, worker, ns, cm)
 	n, err := c.CoreV1().Nodes().Get(ctx, worker, metav1.GetOptions{})
 	if err != nil || !n.Spec.Unschedulable || n.Annotations[nodedrain.CordonedAnnotation] != "kubectl-dkc" {
 		t.Fatalf("%s while the drain waits: unschedulable %v, cordoned by %q (%v); want cordoned by kubectl-dkc",
@@ -102,20 +81,7 @@ func TestAssignDrainToTheStaticCPUManager(t *testing.T) {
 	if startsBeforeDrain != starts {
 		t.Errorf("%s: the kubelet started %d times before the node was drained, want 0", worker, startsBeforeDrain-starts)
 	}
-	if _, err := c.PolicyV1().PodDisruptionBudgets(ns).Patch(ctx, "web", "application/merge-patch+json",
-		[]byte(`{"spec":{"maxUnavailable":1}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var cmdErr error
-	select {
-	case cmdErr = <-done:
-	case <-ctx.Done():
-		t.Fatalf("assign --drain did not return:\n%s", out.String())
-	}
-	if cmdErr != nil {
-		t.Fatalf("assign --drain: %v\n%s", cmdErr, out.String())
-	}
-	t.Logf("assign --drain:\n%s", out.String())
+	relax()
 
 	after := webPod(t, ns, other, 3*time.Minute)
 	if after.Name == before.Name {
@@ -164,33 +130,7 @@ func TestPoolDrainsForTheStaticCPUManager(t *testing.T) {
 	cm := createConfigData(t, "drain-pool-static-cpus", withFields(t, nodeConfig(t, worker, 5),
 		map[string]any{"cpuManagerPolicy": "static", "reservedSystemCPUs": "0"}))
 	starts := kubeletStarts(t, worker)
-	spec := fmt.Sprintf(`apiVersion: dkc.dev/v1alpha1
-kind: KubeletConfigPool
-metadata: {name: %s}
-spec:
-  nodeSelector: {matchLabels: {kubernetes.io/hostname: %s}}
-  configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
-  disruption: {drain: Allowed, drainTimeout: 5m}
-`, pool, worker, cm.Name)
-	var obj map[string]any
-	if err := yaml.Unmarshal([]byte(spec), &obj); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pools(t).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	poll.ForNil(t, 3*time.Minute, 300*time.Millisecond, "the pool cordons "+worker+" and waits on the budget", func() error {
-		n, err := c.CoreV1().Nodes().Get(ctx, worker, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if !n.Spec.Unschedulable || n.Annotations[nodedrain.CordonedAnnotation] != "pool/"+pool {
-			return fmt.Errorf("unschedulable %v, cordoned by %q; %s", n.Spec.Unschedulable,
-				n.Annotations[nodedrain.CordonedAnnotation], view(t, worker))
-		}
-		return nil
-	})
+	drainingPool(ctx, t, pool, worker, cm)
 	// The budget allows no disruption: the pod stays while the drain retries, the node in progress.
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) { // proves a negative: sampled over the drain's retries (every 5s)
@@ -206,10 +146,7 @@ spec:
 	if got := kubeletStarts(t, worker); got != starts {
 		t.Errorf("%s: the kubelet started %d times before the node was drained, want 0", worker, got-starts)
 	}
-	if _, err := c.PolicyV1().PodDisruptionBudgets("drain-pool").Patch(ctx, "web", "application/merge-patch+json",
-		[]byte(`{"spec":{"maxUnavailable":1}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	relaxBudget(ctx, t, "drain-pool")
 
 	released(t, worker)
 	snap := snapshotCM(t, pool)
@@ -451,4 +388,130 @@ func undrain(t *testing.T, node string) {
 		metav1.PatchOptions{}); err != nil {
 		t.Errorf("cleanup: uncordon %s: %v", node, err)
 	}
+}
+
+// refusedUndrained assigns node cm through its annotation, which no CLI checks, and waits until the node's
+// sidecar refuses it for want of a drain (DrainRequired, ConfigOK False and naming each of want) without
+// restarting the kubelet; then it assigns the node its local config again and waits until it runs it. It
+// returns the ConfigOK message.
+func refusedUndrained(t *testing.T, node string, cm *corev1.ConfigMap, want ...string) string {
+	t.Helper()
+	starts := kubeletStarts(t, node)
+	assign(t, node, cm)
+	var msg string
+	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, node+" refuses the change for want of a drain", func() error {
+		v := view(t, node)
+		if srcName(v.status.Assigned) != name(cm) || v.status.Error != string(nodeconfig.DrainRequiredError) ||
+			srcName(v.status.Active) != "local" || v.configOK == nil || v.configOK.Status != corev1.ConditionFalse {
+			return errors.New(v.String())
+		}
+		for _, w := range want {
+			if !strings.Contains(v.configOK.Message, w) {
+				t.Fatalf("ConfigOK %q lacks %q", v.configOK.Message, w)
+			}
+		}
+		msg = v.configOK.Message
+		return nil
+	})
+	t.Logf("ConfigOK: %s", msg)
+	if got := kubeletStarts(t, node); got != starts {
+		t.Errorf("%s: the kubelet started %d times while the sidecar refused the change, want 0", node, got-starts)
+	}
+	assign(t, node, nil)
+	waitRunning(t, node, nil, 2*time.Minute)
+	return msg
+}
+
+// stillRunning fails the test unless pod ns/name runs, not being deleted.
+func stillRunning(ctx context.Context, t *testing.T, ns, name string) {
+	t.Helper()
+	if p, err := admin(t).CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil ||
+		p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("pod %s/%s stopped while nothing may evict it (%v)", ns, name, err)
+	}
+}
+
+// relaxBudget lets webBehindABudget's budget in ns allow one disruption.
+func relaxBudget(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	if _, err := admin(t).PolicyV1().PodDisruptionBudgets(ns).Patch(ctx, "web", "application/merge-patch+json",
+		[]byte(`{"spec":{"maxUnavailable":1}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// drainBlockedByBudget starts kubectl dkc assign --drain of node onto cm and waits until its drain retries
+// the eviction webBehindABudget's budget refuses; wait relaxes the budget in ns and returns once the
+// command succeeded.
+func drainBlockedByBudget(ctx context.Context, t *testing.T, node, ns string, cm *corev1.ConfigMap) (wait func()) {
+	t.Helper()
+	out, done := runKubectlDKC(ctx, "assign", node, "--configmap", "kube-system/"+cm.Name, "--drain",
+		"--drain-timeout", "5m", "--timeout", "4m", "--kubelet-check-dir", cluster.KubeletCheckDir())
+	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, "the drain retries the eviction the budget refuses", func() error {
+		if s := out.String(); !strings.Contains(s, "disruption budget") {
+			return fmt.Errorf("output so far:\n%s", s)
+		}
+		return nil
+	})
+	return func() {
+		t.Helper()
+		relaxBudget(ctx, t, ns)
+		var err error
+		select {
+		case err = <-done:
+		case <-ctx.Done():
+			t.Fatalf("assign --drain did not return:\n%s", out.String())
+		}
+		if err != nil {
+			t.Fatalf("assign --drain: %v\n%s", err, out.String())
+		}
+		t.Logf("assign --drain:\n%s", out.String())
+	}
+}
+
+// drainingPool creates pool over node alone, onto cm, which may drain, and waits until it cordons the node.
+func drainingPool(ctx context.Context, t *testing.T, pool, node string, cm *corev1.ConfigMap) {
+	t.Helper()
+	spec := fmt.Sprintf(`apiVersion: dkc.dev/v1alpha1
+kind: KubeletConfigPool
+metadata: {name: %s}
+spec:
+  nodeSelector: {matchLabels: {kubernetes.io/hostname: %s}}
+  configMap: {namespace: kube-system, name: %s, kubeletConfigKey: kubelet}
+  disruption: {drain: Allowed, drainTimeout: 5m}
+`, pool, node, cm.Name)
+	var obj map[string]any
+	if err := yaml.Unmarshal([]byte(spec), &obj); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pools(t).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll.ForNil(t, 3*time.Minute, 300*time.Millisecond, "the pool cordons "+node+" and waits on the budget", func() error {
+		n, err := admin(t).CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !n.Spec.Unschedulable || n.Annotations[nodedrain.CordonedAnnotation] != "pool/"+pool {
+			return fmt.Errorf("unschedulable %v, cordoned by %q; %s", n.Spec.Unschedulable,
+				n.Annotations[nodedrain.CordonedAnnotation], view(t, node))
+		}
+		return nil
+	})
+}
+
+// livePods counts the pods bound to node that the kubelet admits again when it restarts: those not finished.
+func livePods(ctx context.Context, t *testing.T, node string) int {
+	t.Helper()
+	pods, err := admin(t).CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := 0
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			live++
+		}
+	}
+	return live
 }

@@ -7,7 +7,6 @@ package installed
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -18,7 +17,6 @@ import (
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/internal/poll"
 )
 
@@ -134,58 +132,16 @@ func TestANewEvictionThresholdWaitsForADrain(t *testing.T) {
 
 	// Through the annotation, which no CLI checks: the sidecar predicts the same and leaves the kubelet alone.
 	starts := kubeletStarts(t, worker)
-	assign(t, worker, cm)
-	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, worker+" refuses the change for want of a drain", func() error {
-		v := view(t, worker)
-		if srcName(v.status.Assigned) != name(cm) || v.status.Error != string(nodeconfig.DrainRequiredError) ||
-			srcName(v.status.Active) != "local" || v.configOK == nil || v.configOK.Status != corev1.ConditionFalse {
-			return errors.New(v.String())
-		}
-		for _, want := range []string{pressure, below, evicted, "honours no PodDisruptionBudget", "--drain"} {
-			if !strings.Contains(v.configOK.Message, want) {
-				t.Fatalf("ConfigOK %q lacks %q", v.configOK.Message, want)
-			}
-		}
-		t.Logf("ConfigOK: %s", v.configOK.Message)
-		return nil
-	})
-	if got := kubeletStarts(t, worker); got != starts {
-		t.Errorf("%s: the kubelet started %d times while the sidecar refused the change, want 0", worker, got-starts)
-	}
-	if p, err := c.CoreV1().Pods(ns).Get(ctx, before.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil ||
-		p.Status.Phase != corev1.PodRunning {
-		t.Fatalf("pod %s stopped while the sidecar refused the change (%v)", before.Name, err)
-	}
-	assign(t, worker, nil)
-	waitRunning(t, worker, nil, 2*time.Minute)
+	refusedUndrained(t, worker, cm, pressure, below, evicted, "honours no PodDisruptionBudget", "--drain")
+	stillRunning(ctx, t, ns, before.Name)
 
 	// --drain: the budget holds the eviction back, the kubelet the restart.
-	out2, done := runKubectlDKC(ctx, "assign", worker, "--configmap", "kube-system/"+cm.Name, "--drain",
-		"--drain-timeout", "5m", "--timeout", "4m", "--kubelet-check-dir", cluster.KubeletCheckDir())
-	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, "the drain retries the eviction the budget refuses", func() error {
-		if s := out2.String(); !strings.Contains(s, "disruption budget") {
-			return fmt.Errorf("output so far:\n%s", s)
-		}
-		return nil
-	})
+	relax := drainBlockedByBudget(ctx, t, worker, ns, cm)
 	startsBeforeDrain := kubeletStarts(t, worker)
 	if startsBeforeDrain != starts {
 		t.Errorf("%s: the kubelet started %d times before the node was drained, want 0", worker, startsBeforeDrain-starts)
 	}
-	if _, err := c.PolicyV1().PodDisruptionBudgets(ns).Patch(ctx, "web", "application/merge-patch+json",
-		[]byte(`{"spec":{"maxUnavailable":1}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var cmdErr error
-	select {
-	case cmdErr = <-done:
-	case <-ctx.Done():
-		t.Fatalf("assign --drain did not return:\n%s", out2.String())
-	}
-	if cmdErr != nil {
-		t.Fatalf("assign --drain: %v\n%s", cmdErr, out2.String())
-	}
-	t.Logf("assign --drain:\n%s", out2.String())
+	relax()
 	if after := webPod(t, ns, other, 3*time.Minute); after.Name == before.Name {
 		t.Errorf("pod %s still runs; want it evicted and replaced on %s", before.Name, other)
 	}

@@ -323,16 +323,7 @@ func TestPoolRefusesAConfigThatFailsPods(t *testing.T) {
 	}
 
 	// maxPods one below the pods the kubelet would admit again.
-	pods, err := admin(t).CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + worker})
-	if err != nil {
-		t.Fatal(err)
-	}
-	live := 0
-	for _, p := range pods.Items {
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			live++
-		}
-	}
+	live := livePods(ctx, t, worker)
 	var cfg map[string]any
 	if err := yaml.Unmarshal([]byte(nodeConfig(t, worker, 48)), &cfg); err != nil {
 		t.Fatal(err)

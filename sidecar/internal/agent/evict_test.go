@@ -77,17 +77,7 @@ func TestEvictionsWaitForADrain(t *testing.T) {
 				n.checkCalls("restart 1")
 				return
 			}
-			n.expect("1", "local", "local", string(nodeconfig.DrainRequiredError), 0)
-			n.checkCalls()
-			_, detail := n.agent.Status()
-			for _, want := range tt.wantDetail {
-				if !strings.Contains(detail, want) {
-					t.Errorf("detail %q does not say %q", detail, want)
-				}
-			}
-			if n.agent.phase != PhaseWaitingForDrain || n.agent.retry {
-				t.Errorf("phase %s, retry %v; want %s, no retry at the ticks", n.agent.phase, n.agent.retry, PhaseWaitingForDrain)
-			}
+			waitsForDrain(t, n, tt.wantDetail)
 			if f := n.agent.state.failure(n.mustAssigned()); f != "" {
 				t.Errorf("the config was marked failed: %s", f)
 			}
@@ -174,23 +164,31 @@ func TestAdmissionWaitsForADrain(t *testing.T) {
 				n.checkCalls("restart 1")
 				return
 			}
-			n.expect("1", "local", "local", string(nodeconfig.DrainRequiredError), 0)
-			n.checkCalls()
-			_, detail := n.agent.Status()
-			for _, want := range tt.wantDetail {
-				if !strings.Contains(detail, want) {
-					t.Errorf("detail %q does not say %q", detail, want)
-				}
-			}
-			if strings.Contains(detail, "web/old") || strings.Contains(detail, "web/a:") {
+			if detail := waitsForDrain(t, n, tt.wantDetail); strings.Contains(detail, "web/old") ||
+				strings.Contains(detail, "web/a:") {
 				t.Errorf("detail %q names a pod the kubelet admits first", detail)
-			}
-			if n.agent.phase != PhaseWaitingForDrain || n.agent.retry {
-				t.Errorf("phase %s, retry %v; want %s, no retry at the ticks", n.agent.phase, n.agent.retry, PhaseWaitingForDrain)
 			}
 			n.applyDrained(assignment("u", "1", tt.assigned), true)
 			n.expect("1", "1", "local", "", 1)
 			n.checkCalls("restart 1")
 		})
 	}
+}
+
+// waitsForDrain checks that n's assignment "1" waits for a drain — not applied, the kubelet not restarted,
+// status DrainRequired with a detail naming each of want, no retry at the ticks — and returns the detail.
+func waitsForDrain(t *testing.T, n *node, want []string) string {
+	t.Helper()
+	n.expect("1", "local", "local", string(nodeconfig.DrainRequiredError), 0)
+	n.checkCalls()
+	_, detail := n.agent.Status()
+	for _, w := range want {
+		if !strings.Contains(detail, w) {
+			t.Errorf("detail %q does not say %q", detail, w)
+		}
+	}
+	if n.agent.phase != PhaseWaitingForDrain || n.agent.retry {
+		t.Errorf("phase %s, retry %v; want %s, no retry at the ticks", n.agent.phase, n.agent.retry, PhaseWaitingForDrain)
+	}
+	return detail
 }

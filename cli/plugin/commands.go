@@ -5,6 +5,7 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -173,9 +174,10 @@ type evictions struct {
 	unread []string // why a prediction could not be made
 }
 
-// admissionOf says which running pods node's kubelet, restarted with next, would no longer admit in the
-// room next leaves (capacity.Under: OutOfpods, OutOfcpu, ...; the prediction its sidecar makes before it
-// restarts the kubelet, which refuses an undrained node the change); when that cannot be told, why.
+// admissionOf says which running pods node's kubelet, restarted with next, would stop (capacity.Under:
+// those it would no longer admit in the room next leaves — OutOfpods, OutOfcpu, ... — and critical ones it
+// would admit by evicting others; the prediction its sidecar makes before it restarts the kubelet, which
+// refuses an undrained node the change), or that it would not start at all; when that cannot be told, why.
 func (o *Options) admissionOf(ctx context.Context, node *corev1.Node, running, next map[string]any) evictions {
 	unchecked := func(err error) evictions {
 		return evictions{unread: []string{"the pods it admits again under the config could not be checked: " + err.Error()}}
@@ -185,20 +187,19 @@ func (o *Options) admissionOf(ctx context.Context, node *corev1.Node, running, n
 		return unchecked(fmt.Errorf("list its pods: %w", err))
 	}
 	c, err := capacity.Under(node, running, next, pods.Items)
-	if err != nil {
+	switch {
+	case err != nil:
 		return unchecked(err)
+	case c.NotStarting != "":
+		return evictions{lines: []string{node.Name + ": " + c.NotStarting}}
+	case c.Unpredicted != "":
+		return unchecked(errors.New(c.Unpredicted))
 	}
-	var lines []string
-	for _, u := range c.Unfit {
-		if !u.Preempts {
-			lines = append(lines, fmt.Sprintf("%s: %s would not be admitted again when the kubelet restarts: %s",
-				node.Name, u.Pod, u.Reason))
-		}
+	var e evictions
+	for _, l := range c.Stopping() {
+		e.lines = append(e.lines, node.Name+": "+l)
 	}
-	if len(lines) == 0 {
-		return evictions{}
-	}
-	return evictions{lines: lines}
+	return e
 }
 
 // evictionsOf says what node's kubelet, restarted with next's eviction thresholds, would stop that it does
@@ -244,9 +245,11 @@ func (o *Options) refuseEvictions(ns, name string, evicts map[string]evictions) 
 		return nil
 	}
 	sort.Strings(refused)
-	return fmt.Errorf("the kubelet, restarted with %s/%s, would reject running pods it admits again in the "+
-		"room the config leaves, or evict them under its eviction thresholds, honouring no PodDisruptionBudget; "+
-		"nothing was assigned:\n%s\n"+
+	return fmt.Errorf("the kubelet, restarted with %s/%s, would stop running pods (rejected as it admits them "+
+		"again in the room the config leaves, or evicted for a critical pod or under its eviction thresholds), "+
+		"honouring no PodDisruptionBudget, or would not start; nothing was assigned (predicted from the config as "+
+		"written: where a kubelet flag such as --max-pods sets a field instead, the node's sidecar, which knows "+
+		"its flags, predicts again before the restart):\n%s\n"+
 		"assign again with --drain (dkc drains each such node through the Eviction API first), or drain the nodes "+
 		"yourself (kubectl drain NODE --ignore-daemonsets) and assign with --drained", ns, name,
 		strings.Join(refused, "\n"))
@@ -307,10 +310,11 @@ func (o *Options) resetCommand() *cobra.Command {
 		Long: `reset returns nodes to their local kubelet config; each node's dkc-sidecar restarts the kubelet onto it.
 
 Going back can need a drain as much as leaving it did (a node that runs the static CPU manager policy under
-its dkc config and none under its local one, or whose local eviction thresholds would evict pods its dkc
-config's leave alone): its sidecar then refuses, keeps what the kubelet runs, and
-says the node must be drained first. --drain does it, one node after the other, as assign --drain does:
-cordon, drain, reset marked as drained, wait until the node runs its local config, uncordon.`,
+its dkc config and none under its local one, whose local eviction thresholds would evict pods its dkc
+config's leave alone, or whose local config leaves less room than its running pods take): its sidecar then
+refuses, keeps what the kubelet runs, and says the node must be drained first. --drain does it, one node
+after the other, as assign --drain does: cordon, drain, reset marked as drained, wait until the node runs
+its local config, uncordon.`,
 		Example: `  kubectl dkc reset node-1
   kubectl dkc reset node-1 --drain`,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -93,7 +93,8 @@ func TestEvictionsOfUnreadableUsage(t *testing.T) {
 }
 
 // TestAdmissionOf: a config whose maxPods is below the pods running on a node names the newest pods, which
-// the restarted kubelet would reject, and plain assign refuses it; one with room names none.
+// the restarted kubelet would reject, and plain assign refuses it; one with room names none; one on a node
+// whose allocatable a flag sets is not predicted; one the kubelet would not start with is refused.
 func TestAdmissionOf(t *testing.T) {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{
 		Capacity:    corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110")},
@@ -108,8 +109,7 @@ func TestAdmissionOf(t *testing.T) {
 	o := &Options{io: genericiooptions.IOStreams{Out: &out, ErrOut: &out}, client: fake.NewClientset(objs...)}
 	running := map[string]any{"maxPods": float64(110)}
 	got := o.admissionOf(context.Background(), n, running, map[string]any{"maxPods": float64(2)})
-	if len(got.lines) != 1 || len(got.unread) != 0 || !strings.Contains(got.lines[0], "web/c would not be admitted again") ||
-		!strings.Contains(got.lines[0], "OutOfpods") {
+	if len(got.lines) != 1 || len(got.unread) != 0 || got.lines[0] != "n1: web/c: pod 3 of 2 allowed (OutOfpods)" {
 		t.Fatalf("admissionOf = %+v, want web/c rejected with OutOfpods", got)
 	}
 	if err := o.refuseEvictions("kube-system", "c", map[string]evictions{"n1": got}); err == nil ||
@@ -118,5 +118,19 @@ func TestAdmissionOf(t *testing.T) {
 	}
 	if got := o.admissionOf(context.Background(), n, running, map[string]any{"maxPods": float64(3)}); len(got.lines)+len(got.unread) != 0 {
 		t.Errorf("admissionOf with room for every pod = %+v, want nothing", got)
+	}
+	// A flag sets what the config does not say (the node's allocatable is not its running config's): no
+	// prediction, which plain assign warns about and leaves to the sidecar.
+	if got := o.admissionOf(context.Background(), n, map[string]any{"maxPods": float64(50)},
+		map[string]any{"maxPods": float64(2)}); len(got.lines) != 0 || len(got.unread) != 1 ||
+		!strings.Contains(got.unread[0], "a kubelet flag wins over the config") {
+		t.Errorf("admissionOf on a node whose allocatable a flag sets = %+v, want it unread", got)
+	}
+	// Reservations over the capacity: the kubelet would not start, which plain assign refuses.
+	n.Status.Capacity[corev1.ResourceMemory] = resource.MustParse("1Gi")
+	if got := o.admissionOf(context.Background(), n, running, map[string]any{"maxPods": float64(110),
+		"systemReserved": map[string]any{"memory": "2Gi"}}); len(got.lines) != 1 ||
+		!strings.Contains(got.lines[0], "n1: the kubelet refuses to start") {
+		t.Errorf("admissionOf with reservations over the capacity = %+v, want the refusal to start", got)
 	}
 }

@@ -17,10 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
+	"k8s.io/utils/cpuset"
 )
 
 // Fields are the config fields that change a node's allocatable.
-var Fields = []string{"maxPods", "podsPerCore", "kubeReserved", "systemReserved", "evictionHard"}
+var Fields = []string{"maxPods", "podsPerCore", "kubeReserved", "systemReserved", "reservedSystemCPUs", "evictionHard"}
 
 // systemCriticalPriority is the priority from which the kubelet treats a pod as critical
 // (scheduling.SystemCriticalPriority): it evicts other pods to admit one rather than reject it.
@@ -233,10 +234,10 @@ type allocation struct {
 }
 
 // allocatableUnder is the kubelet's allocatable for capacity under cfg: capacity − kubeReserved −
-// systemReserved − for memory the hard eviction threshold of memory.available (a quantity, or a
-// percentage of capacity) and the hugepages, never below zero; pods are maxPods, or podsPerCore × CPUs
-// when that is set and lower. Reservations over the capacity keep the kubelet from starting
-// (validateNodeAllocatable).
+// systemReserved (for CPU, or the CPUs of reservedSystemCPUs) − for memory the hard eviction threshold of
+// memory.available (a quantity, or a percentage of capacity) and the hugepages, never below zero; pods
+// are maxPods, or podsPerCore × CPUs when that is set and lower. Reservations over the capacity keep the
+// kubelet from starting (validateNodeAllocatable).
 func allocatableUnder(capacity corev1.ResourceList, cfg map[string]any) (allocation, error) {
 	out := allocation{list: corev1.ResourceList{}}
 	var over []string
@@ -252,6 +253,15 @@ func allocatableUnder(capacity corev1.ResourceList, cfg map[string]any) (allocat
 				return allocation{}, err
 			}
 			reservation.Add(v)
+		}
+		if r == corev1.ResourceCPU {
+			// The kubelet reserves the CPUs of reservedSystemCPUs as system-reserved CPU (it refuses the field
+			// beside a kubeReserved or systemReserved cpu).
+			n, err := reservedCPUs(cfg)
+			if err != nil {
+				return allocation{}, err
+			}
+			reservation.Add(*resource.NewQuantity(int64(n), resource.DecimalSI))
 		}
 		if r == corev1.ResourceMemory {
 			v, err := evictionMemory(cfg, c)
@@ -305,6 +315,19 @@ func reserved(cfg map[string]any, field string, r corev1.ResourceName) (resource
 	return q, nil
 }
 
+// reservedCPUs is the number of CPUs in cfg's reservedSystemCPUs (a cpuset such as "0-1,6"); 0 when unset.
+func reservedCPUs(cfg map[string]any) (int, error) {
+	v, _ := cfg["reservedSystemCPUs"].(string)
+	if v == "" {
+		return 0, nil
+	}
+	set, err := cpuset.Parse(v)
+	if err != nil {
+		return 0, fmt.Errorf("reservedSystemCPUs %q: %w", v, err)
+	}
+	return set.Size(), nil
+}
+
 // evictionMemory is the hard eviction threshold of memory.available as the kubelet parses it: a quantity,
 // or a percentage of capacity (float32, as the kubelet's; 0% and 100% mean none).
 func evictionMemory(cfg map[string]any, capacity resource.Quantity) (resource.Quantity, error) {
@@ -338,6 +361,18 @@ func number(v any) float64 {
 		return float64(n)
 	}
 	return 0
+}
+
+// Stopping names the running pods a kubelet restarted under the config stops, a line each ("namespace/name:
+// why"): those it no longer admits, and each critical one it admits only by evicting lower-priority pods,
+// whose PodDisruptionBudgets it does not ask either. Empty when the kubelet would not start at all
+// (NotStarting) or no prediction was made (Unpredicted).
+func (c Capacity) Stopping() []string {
+	out := make([]string, 0, len(c.Unfit))
+	for _, u := range c.Unfit {
+		out = append(out, u.Pod+": "+u.Reason)
+	}
+	return out
 }
 
 // Findings are what c says of node, a line each: admission, then eviction.

@@ -72,6 +72,8 @@ func TestUnder(t *testing.T) {
 		{name: "reserved CPU", next: with(map[string]any{"systemReserved": map[string]any{"cpu": "250m"},
 			"kubeReserved": map[string]any{"cpu": "250m"}}),
 			want: map[corev1.ResourceName]string{corev1.ResourceCPU: "1500m"}, wantUnfit: []string{"default/middle cpu"}},
+		{name: "reserved CPUs", next: with(map[string]any{"reservedSystemCPUs": "0"}),
+			want: map[corev1.ResourceName]string{corev1.ResourceCPU: "1"}, wantUnfit: []string{"default/middle cpu"}},
 		{name: "a critical pod over the limit evicts others", next: with(map[string]any{"maxPods": float64(3)}),
 			pods: append(pods[:len(pods):len(pods)], mirror), wantUnfit: []string{"default/static pods preempts"}},
 		{name: "a memory threshold as a percentage", next: with(map[string]any{"evictionHard": map[string]any{"memory.available": "50%"}}),

@@ -56,8 +56,8 @@ func TestAConfigThatFailsPodsWaitsForADrain(t *testing.T) {
 	// kubectl dkc assign, without --drain, refuses it before writing anything.
 	out, err := kubectlDKC(ctx, "assign", worker, "--configmap", "kube-system/"+cm.Name, "--kubelet-check-dir",
 		cluster.KubeletCheckDir())
-	if err == nil || !strings.Contains(err.Error(), rejected+" would not be admitted again") ||
-		!strings.Contains(err.Error(), outOf) || !strings.Contains(err.Error(), "nothing was assigned") {
+	if err == nil || !strings.Contains(err.Error(), worker+": "+rejected+": "+outOf) ||
+		!strings.Contains(err.Error(), "nothing was assigned") {
 		t.Errorf("kubectl dkc assign without --drain: %v, want a refusal naming %s and %q\n%s", err, rejected, outOf, out)
 	}
 	if got := srcName(view(t, worker).status.Assigned); got != "local" {
@@ -65,7 +65,7 @@ func TestAConfigThatFailsPodsWaitsForADrain(t *testing.T) {
 	}
 
 	// Through the annotation, which no CLI checks: the sidecar predicts the same and leaves the kubelet alone.
-	refusedUndrained(t, worker, cm, rejected+": "+outOf, "would fail 1 of them", "--drain")
+	refusedUndrained(t, worker, cm, rejected+": "+outOf, "would stop 1 of them", "--drain")
 	stillRunning(ctx, t, ns, before.Name)
 
 	// A pool that may drain: the sidecar's refusal has the node drained, past the budget only once relaxed.

@@ -392,9 +392,8 @@ func undrain(t *testing.T, node string) {
 
 // refusedUndrained assigns node cm through its annotation, which no CLI checks, and waits until the node's
 // sidecar refuses it for want of a drain (DrainRequired, ConfigOK False and naming each of want) without
-// restarting the kubelet; then it assigns the node its local config again and waits until it runs it. It
-// returns the ConfigOK message.
-func refusedUndrained(t *testing.T, node string, cm *corev1.ConfigMap, want ...string) string {
+// restarting the kubelet; then it assigns the node its local config again and waits until it runs it.
+func refusedUndrained(t *testing.T, node string, cm *corev1.ConfigMap, want ...string) {
 	t.Helper()
 	starts := kubeletStarts(t, node)
 	assign(t, node, cm)
@@ -419,7 +418,6 @@ func refusedUndrained(t *testing.T, node string, cm *corev1.ConfigMap, want ...s
 	}
 	assign(t, node, nil)
 	waitRunning(t, node, nil, 2*time.Minute)
-	return msg
 }
 
 // stillRunning fails the test unless pod ns/name runs, not being deleted.

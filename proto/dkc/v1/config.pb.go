@@ -389,10 +389,14 @@ type WatchConfigRequest struct {
 	// The service sends the node's state if it differs.
 	Drained bool `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"`
 	// The node_capacity of the last WatchConfigResponse the node received (empty if none since the sidecar
-	// started). The service sends the node's state if the Node reports another capacity.
-	NodeCapacity  map[string]string `protobuf:"bytes,8,rep,name=node_capacity,json=nodeCapacity,proto3" json:"node_capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// started). With follows_node_capacity, the service sends the node's state if the Node reports another
+	// capacity.
+	NodeCapacity map[string]string `protobuf:"bytes,8,rep,name=node_capacity,json=nodeCapacity,proto3" json:"node_capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Set by sidecars that use node_capacity and say it in node_capacity. An older sidecar, which would not
+	// use it, is not sent its state again for it (it gets the capacity with whatever else is sent).
+	FollowsNodeCapacity bool `protobuf:"varint,9,opt,name=follows_node_capacity,json=followsNodeCapacity,proto3" json:"follows_node_capacity,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *WatchConfigRequest) Reset() {
@@ -481,6 +485,13 @@ func (x *WatchConfigRequest) GetNodeCapacity() map[string]string {
 	return nil
 }
 
+func (x *WatchConfigRequest) GetFollowsNodeCapacity() bool {
+	if x != nil {
+		return x.FollowsNodeCapacity
+	}
+	return false
+}
+
 // WatchConfigResponse is the node's complete desired state; each message replaces the previous one.
 type WatchConfigResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -507,12 +518,12 @@ type WatchConfigResponse struct {
 	// such an assignment before restarting the kubelet, and waits for it. A new message is sent when it
 	// changes; it never changes content_hash.
 	Drained bool `protobuf:"varint,6,opt,name=drained,proto3" json:"drained,omitempty"`
-	// The node's capacity as its Node reports it (status.capacity: resource name to quantity, e.g. "pods":
-	// "110", "memory": "8148240Ki"). Before restarting the kubelet into a config that changes its allocatable,
-	// the sidecar tells from it, and from what the kubelet runs (/configz) and its pods (/pods), which running
-	// pods the restarted kubelet would no longer admit (OutOfpods, OutOfcpu, ...), and waits for a drain
-	// instead of failing them. Empty: not known (the sidecar does not predict). A new message is sent when it
-	// changes.
+	// The node's capacity of CPU, memory and hugepages as its Node reports it (status.capacity: resource name
+	// to quantity, e.g. "cpu": "4", "memory": "8148240Ki"). Before restarting the kubelet into a config that
+	// changes its allocatable, the sidecar tells from it, and from what the kubelet runs (/configz) and its
+	// pods (/pods), which running pods the restarted kubelet would stop (OutOfpods, OutOfcpu, ...), and waits
+	// for a drain instead. Empty: not known (the sidecar does not predict). A new message is sent when it
+	// changes, to sidecars that set follows_node_capacity.
 	NodeCapacity  map[string]string `protobuf:"bytes,7,rep,name=node_capacity,json=nodeCapacity,proto3" json:"node_capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -858,7 +869,7 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
 	"\rAppliedConfig\x120\n" +
 	"\x06source\x18\x01 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06source\x12!\n" +
-	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xa6\x03\n" +
+	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xda\x03\n" +
 	"\x12WatchConfigRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x128\n" +
 	"\flast_applied\x18\x02 \x01(\v2\x15.dkc.v1.AppliedConfigR\vlastApplied\x12\x1d\n" +
@@ -868,7 +879,8 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x10follows_node_uid\x18\x05 \x01(\bR\x0efollowsNodeUid\x12'\n" +
 	"\x0fkubelet_version\x18\x06 \x01(\tR\x0ekubeletVersion\x12\x18\n" +
 	"\adrained\x18\a \x01(\bR\adrained\x12Q\n" +
-	"\rnode_capacity\x18\b \x03(\v2,.dkc.v1.WatchConfigRequest.NodeCapacityEntryR\fnodeCapacity\x1a?\n" +
+	"\rnode_capacity\x18\b \x03(\v2,.dkc.v1.WatchConfigRequest.NodeCapacityEntryR\fnodeCapacity\x122\n" +
+	"\x15follows_node_capacity\x18\t \x01(\bR\x13followsNodeCapacity\x1a?\n" +
 	"\x11NodeCapacityEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9c\x03\n" +

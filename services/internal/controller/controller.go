@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -139,7 +140,7 @@ func New(cfg Config) *Controller {
 // registered again, seen as an update across a relist): its node must be told, whatever its source. So is
 // another kubelet version (a node upgraded in place): configs are validated with that minor's code. So is
 // a cordon or drain mark coming or going: it says whether the node may reset the kubelet's state. So is
-// another capacity: the sidecar predicts from it which pods a restart would fail.
+// another capacity of CPU, memory or hugepages: the sidecar predicts from it which pods a restart would fail.
 func needsSync(o, n *corev1.Node) bool {
 	return o.UID != n.UID || o.Status.NodeInfo.KubeletVersion != n.Status.NodeInfo.KubeletVersion ||
 		!sameCapacity(o.Status.Capacity, n.Status.Capacity) ||
@@ -386,8 +387,8 @@ func (c *Controller) paceDone(node string) {
 
 // onlyFactsChanged says whether next, set for node, differs from prev only in what it says of the Node
 // object's kubelet. An in-place kubelet upgrade changes only the version the sidecar validates with: it is
-// said, rather than an assignment nobody made announced. A new capacity (the node restarted on other
-// hardware) is only passed on.
+// said, rather than an assignment nobody made announced. A new capacity (the node restarted with more
+// memory, or other hugepages) is only passed on.
 func (c *Controller) onlyFactsChanged(node string, prev assignment.State, hadPrev bool, next assignment.State) bool {
 	if !hadPrev || !sameExceptVersion(prev, next) {
 		return false
@@ -408,13 +409,25 @@ func sameExceptVersion(a, b assignment.State) bool {
 // factsOf is what node's state says of the Node object, whatever its source.
 func factsOf(node *corev1.Node) assignment.Facts {
 	f := assignment.Facts{NodeUID: string(node.UID), KubeletVersion: node.Status.NodeInfo.KubeletVersion}
-	if len(node.Status.Capacity) > 0 {
-		f.NodeCapacity = make(map[string]string, len(node.Status.Capacity))
-		for r, q := range node.Status.Capacity {
-			f.NodeCapacity[string(r)] = q.String()
+	for r, q := range node.Status.Capacity {
+		if !allocated(r) {
+			continue
 		}
+		if f.NodeCapacity == nil {
+			f.NodeCapacity = map[string]string{}
+		}
+		f.NodeCapacity[string(r)] = q.String()
 	}
 	return f
+}
+
+// allocated says whether the kubelet's allocatable of r follows from its capacity and the config: CPU,
+// memory and hugepages, the capacity the sidecar's admission prediction reads. Pods are not (the kubelet
+// reports maxPods as their capacity: each rollout of it would send every node its state again), nor are
+// ephemeral storage and extended resources (a device plugin's count may change often).
+func allocated(r corev1.ResourceName) bool {
+	return r == corev1.ResourceCPU || r == corev1.ResourceMemory ||
+		strings.HasPrefix(string(r), corev1.ResourceHugePagesPrefix)
 }
 
 // ResolvedConfigs is the number of ConfigMap versions held resolved.
@@ -510,14 +523,14 @@ func runs(node *corev1.Node, uid types.UID) bool {
 	return false
 }
 
-// sameCapacity compares two capacities by value (a kubelet status update rewrites them unchanged).
+// sameCapacity compares two capacities' allocated resources by value (a kubelet status update rewrites them
+// unchanged).
 func sameCapacity(a, b corev1.ResourceList) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for r, q := range a {
-		if p, ok := b[r]; !ok || p.Cmp(q) != 0 {
-			return false
+	for _, pair := range [][2]corev1.ResourceList{{a, b}, {b, a}} {
+		for r, q := range pair[0] {
+			if p, ok := pair[1][r]; allocated(r) && (!ok || p.Cmp(q) != 0) {
+				return false
+			}
 		}
 	}
 	return true

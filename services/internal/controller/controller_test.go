@@ -347,7 +347,7 @@ func TestNodeObjectFollowed(t *testing.T) {
 	}
 	put("uid-1")
 	f.sync("n1")
-	want := map[string]string{"pods": "110", "memory": "8148240Ki"}
+	want := map[string]string{"memory": "8148240Ki"} // not pods: the kubelet's maxPods
 	if st, _, _ := f.table.Get("n1"); st.NodeUID != "uid-1" || st.KubeletVersion != "v1.37.2" ||
 		!maps.Equal(st.NodeCapacity, want) {
 		t.Fatalf("state names node %q with kubelet %q and capacity %v, want uid-1 with the Node's v1.37.2 and %v",
@@ -382,6 +382,12 @@ func TestNodeObjectFollowed(t *testing.T) {
 		{"capacity rewritten unchanged",
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")}}},
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4000m")}}}, false},
+		{"only the pods capacity changed (maxPods)",
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110")}}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("20")}}}, false},
+		{"hugepages appeared",
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{"hugepages-2Mi": resource.MustParse("1Gi")}}}, true},
 		{"capacity changed",
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")}}},
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: "a"}, Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8")}}}, true},

@@ -231,8 +231,10 @@ type watchState struct {
 	kubeletVersion string
 	// drained is what the node was last told of its drain (or says it was): a change is sent.
 	drained bool
-	// capacity is the node's capacity as the node says or was last sent: a change is sent.
-	capacity map[string]string
+	// capacity is the node's capacity as the node says or was last sent: a change is sent to a sidecar
+	// that follows it (followsCapacity), which says what it has.
+	capacity        map[string]string
+	followsCapacity bool
 }
 
 //go:noinline
@@ -263,7 +265,7 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest,
 	}
 	ws.sentSyncError = req.GetSyncError()
 	ws.nodeUID, ws.followsNodeUID, ws.kubeletVersion = req.GetNodeUid(), req.GetFollowsNodeUid(), req.GetKubeletVersion()
-	ws.drained, ws.capacity = req.GetDrained(), req.GetNodeCapacity()
+	ws.drained, ws.capacity, ws.followsCapacity = req.GetDrained(), req.GetNodeCapacity(), req.GetFollowsNodeCapacity()
 	ws.rc = s.newRecheck(ctx)
 	return ws, nil
 }
@@ -303,13 +305,14 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	// same: its reports name the object they are about (the Node may have been deleted and registered
 	// again). A sidecar of an older version names none and would not use it: nothing more is sent to it for
 	// that. A node told another kubelet version than the Node's now (upgraded in place) is sent its state
-	// again; a sidecar older than kubelet_version never says one, and gets its state once per stream. So for
-	// another capacity (and a sidecar older than node_capacity).
+	// again; a sidecar older than kubelet_version never says one, and gets its state once per stream. A
+	// sidecar that follows the node's capacity is sent another one; an older one, which never says it, is
+	// not sent its state for it at each stream's start.
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
 		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
 		(st.NodeUID != "" && st.NodeUID != ws.nodeUID && (ws.nodeUID != "" || ws.followsNodeUID)) ||
 		(st.KubeletVersion != "" && st.KubeletVersion != ws.kubeletVersion) || st.Drained != ws.drained ||
-		(len(st.NodeCapacity) > 0 && !maps.Equal(st.NodeCapacity, ws.capacity))
+		(ws.followsCapacity && len(st.NodeCapacity) > 0 && !maps.Equal(st.NodeCapacity, ws.capacity))
 	if !send {
 		return changed, nil
 	}

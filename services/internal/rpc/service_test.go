@@ -192,6 +192,7 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		nodeDrained   bool              // the request's drained
 		drained       bool              // the table's Drained
 		nodeCapacity  map[string]string // the request's node_capacity
+		oldSidecar    bool              // the request does not set follows_node_capacity
 		capacity      map[string]string // the table's NodeCapacity
 	}{
 		{name: "cleared while away", nodeHolds: download, serviceHas: "", wantSyncError: ""},
@@ -213,6 +214,8 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		{name: "sidecar knows no capacity", capacity: map[string]string{"pods": "110"}},
 		{name: "same capacity", nodeCapacity: map[string]string{"pods": "110"}, capacity: map[string]string{"pods": "110"},
 			wantNoMessage: true},
+		{name: "older sidecar, which follows no capacity", capacity: map[string]string{"pods": "110"}, oldSidecar: true,
+			wantNoMessage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := assignment.NewTable(nil)
@@ -223,7 +226,8 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 				NodeUID: tc.serviceUID, KubeletVersion: tc.kubelet, NodeCapacity: tc.capacity})
 			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds, NodeUid: tc.nodeUID, FollowsNodeUid: tc.follows,
 				KubeletVersion: tc.nodeKubelet, Drained: tc.nodeDrained, NodeCapacity: tc.nodeCapacity,
-				LastApplied: &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
+				FollowsNodeCapacity: !tc.oldSidecar,
+				LastApplied:         &dkcv1.AppliedConfig{Source: assign("1").GetSource(), ContentHash: "h1"}})
 			if err != nil {
 				t.Fatal(err)
 			}

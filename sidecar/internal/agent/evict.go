@@ -106,12 +106,12 @@ func (a *Agent) setCapacity(m map[string]string) {
 }
 
 // admission returns a needs-drain error naming the running pods the kubelet, restarted into target, would
-// no longer admit (it re-admits them oldest first against the allocatable target leaves, and fails those
-// that do not fit), when target changes allocatable from the config it runs (running, reached as
-// listening says); nil when every pod fits, or when that cannot be told (no capacity from the service, the
-// pods unread): the node then goes as it always has, and the pool's workload gate counts the failed pods.
-// Critical pods (static ones, system-critical priority) are not counted: the kubelet evicts others to
-// admit them, as it would under any config.
+// stop, when target changes allocatable from the config it runs (running, reached as listening says): it
+// admits the node's pods again, oldest first, against the allocatable target leaves, rejects those that no
+// longer fit, and admits a critical one that does not fit (the sidecar's own pod, newest after a rollout)
+// by evicting lower-priority pods. nil when every pod fits, or when that cannot be told (no capacity from
+// the service, the pods unread, a config that leaves the kubelet unable to start, which the health wait
+// rolls back): the node then goes as it always has, and the pool's workload gate counts the failed pods.
 func (a *Agent) admission(ctx context.Context, listening *configcheck.Checked, running map[string]any,
 	target candidate, ds drainState) error {
 	if len(a.nodeCapacity) == 0 || !capacity.Changes(running, target.config.Fields) {
@@ -125,27 +125,35 @@ func (a *Agent) admission(ctx context.Context, listening *configcheck.Checked, r
 	if node == "" {
 		node = "the node"
 	}
-	pods, err := usage.Pods(ctx, listening)
-	if err == nil {
-		var got capacity.Capacity
-		got, err = capacity.OnRestart(node, a.nodeCapacity, running, target.config.Fields, pods)
-		if err == nil {
-			var unfit []string
-			for _, u := range got.Unfit {
-				if !u.Preempts {
-					unfit = append(unfit, u.Pod+": "+u.Reason)
-				}
-			}
-			if len(unfit) == 0 {
-				return nil
-			}
-			return fmt.Errorf("%w: the kubelet, restarted with %s, admits the node's running pods again, oldest first, "+
-				"against less room, and would fail %d of them: %s; it keeps running its config. To make the change, %s",
-				errNeedsDrain, describe(target.src), len(unfit), strings.Join(unfit, "; "),
-				a.drainHow(ds, "restarts the kubelet"))
+	predict := func() ([]string, error) {
+		pods, err := usage.Pods(ctx, listening)
+		if err != nil {
+			return nil, fmt.Errorf("read the kubelet's pods: %w", err)
 		}
+		got, err := capacity.OnRestart(node, a.nodeCapacity, running, target.config.Fields, pods)
+		if err != nil {
+			return nil, err
+		}
+		return got.Stopping(), nil
 	}
-	a.log.Warn("pods the kubelet would no longer admit under the config not predicted; restarting as always",
-		append(sourceFields(target.src), zap.String("node", a.cfg.NodeName), zap.Error(err))...)
-	return nil
+	stopping, err := predict()
+	if err != nil {
+		a.log.Warn("pods the kubelet would no longer admit under the config not predicted; restarting as always",
+			append(sourceFields(target.src), zap.String("node", a.cfg.NodeName), zap.Error(err))...)
+		return nil
+	}
+	if len(stopping) == 0 {
+		return nil
+	}
+	n := len(stopping)
+	if n > maxNamedPods {
+		stopping = append(stopping[:maxNamedPods], fmt.Sprintf("and %d more", n-maxNamedPods))
+	}
+	return fmt.Errorf("%w: the kubelet, restarted with %s, admits the node's running pods again, oldest first, "+
+		"against less room, and would stop %d of them, honouring no PodDisruptionBudget: %s; it keeps running its "+
+		"config. To make the change, %s", errNeedsDrain, describe(target.src), n, strings.Join(stopping, "; "),
+		a.drainHow(ds, "restarts the kubelet"))
 }
+
+// maxNamedPods bounds the pods a needs-drain detail names.
+const maxNamedPods = 10

@@ -88,21 +88,36 @@ func TestEvictionsWaitForADrain(t *testing.T) {
 	}
 }
 
-// TestFallbackWaitsForNoDrain: a node whose local config's thresholds its usage crosses runs a config with
-// lower ones that then fails: the rollback to the local config restarts the kubelet at once, though the
-// local thresholds stop pods the failed config's do not — the way back never waits for a drain.
+// TestFallbackWaitsForNoDrain: a node runs a config that then fails, while its local config would stop
+// pods the failed config does not — its usage crosses the local eviction thresholds, or its pods exceed the
+// local maxPods: the rollback to the local config restarts the kubelet at once; the way back never waits
+// for a drain.
 func TestFallbackWaitsForNoDrain(t *testing.T) {
-	n := newNode(t)
-	n.agent.cfg.NodeName = "node-1"
-	if err := os.WriteFile(n.local, []byte(cfgHeader+"evictionHard:\n  memory.available: 2Gi\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n.kubelet.summary, n.kubelet.pods = hungryNode()
-	// Lower thresholds, and never healthy (maxPods 13).
-	n.applyDrained(assignment("u", "1", cfgHeader+"evictionHard:\n  memory.available: 100Mi\nmaxPods: 13\n"), false)
-	n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
-	if n.agent.phase == PhaseWaitingForDrain {
-		t.Errorf("phase %s: the rollback waits for a drain", n.agent.phase)
+	for _, tc := range []struct {
+		name, local, assigned string
+	}{
+		{name: "evictions", local: cfgHeader + "evictionHard:\n  memory.available: 2Gi\n",
+			assigned: cfgHeader + "evictionHard:\n  memory.available: 100Mi\nmaxPods: 13\n"},
+		{name: "admission", local: cfgHeader + "maxPods: 1\n", assigned: cfgHeader + "maxPods: 13\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			n.agent.cfg.NodeName = "node-1"
+			n.agent.setCapacity(map[string]string{"pods": "110", "cpu": "4", "memory": "4Gi"})
+			if err := os.WriteFile(n.local, []byte(tc.local), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			n.kubelet.summary, n.kubelet.pods = hungryNode()
+			newer := n.kubelet.pods[0]
+			newer.Name, newer.UID, newer.CreationTimestamp = "newer", "p2", metav1.Unix(2000, 0)
+			n.kubelet.pods = append(n.kubelet.pods, newer)
+			// Never healthy (maxPods 13).
+			n.applyDrained(assignment("u", "1", tc.assigned), false)
+			n.expect("1", "local", "local", string(nodeconfig.HealthError), 2)
+			if n.agent.phase == PhaseWaitingForDrain {
+				t.Errorf("phase %s: the rollback waits for a drain", n.agent.phase)
+			}
+		})
 	}
 }
 
@@ -110,8 +125,8 @@ func TestFallbackWaitsForNoDrain(t *testing.T) {
 // restarted into while the node is not drained for it — the restarted kubelet would admit the pods again,
 // oldest first, and fail the newest with OutOfpods or OutOfcpu — and the status names them; drained, the
 // kubelet restarts into it. Without the Node's capacity from the service, or without the pods, nothing is
-// predicted, and a config that leaves room restarts as always. Static pods are critical: the kubelet evicts
-// others to admit them, so they are never the ones named.
+// predicted, and a config that leaves room restarts as always. A static pod is critical: one that does not
+// fit is admitted by evicting lower-priority pods, which holds the node as much.
 func TestAdmissionWaitsForADrain(t *testing.T) {
 	pod := func(name string, age int, cpu string, static bool) corev1.Pod {
 		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: name, UID: types.UID(name),
@@ -126,8 +141,9 @@ func TestAdmissionWaitsForADrain(t *testing.T) {
 		}
 		return p
 	}
-	pods := []corev1.Pod{pod("old", 0, "", true), pod("a", 1, "1", false), pod("b", 2, "1", false),
-		pod("c", 3, "1", false)}
+	// The static pod is the newest, as the sidecar's own (system-node-critical) pod is after a rollout.
+	pods := []corev1.Pod{pod("a", 1, "1", false), pod("b", 2, "1", false), pod("c", 3, "1", false),
+		pod("static", 4, "", true)}
 	capacity := map[string]string{"pods": "110", "cpu": "4", "memory": "8Gi"}
 	tests := []struct {
 		name       string
@@ -138,12 +154,14 @@ func TestAdmissionWaitsForADrain(t *testing.T) {
 		wantDetail []string
 	}{
 		{name: "maxPods below the pods running", assigned: cfgHeader + "maxPods: 2\n", capacity: capacity,
-			wantDrain: true, wantDetail: []string{"would fail 2 of them", "web/b: pod 3 of 2 allowed (OutOfpods)",
-				"web/c: pod 3 of 2 allowed (OutOfpods)",
+			wantDrain: true, wantDetail: []string{"would stop 2 of them", "web/c: pod 3 of 2 allowed (OutOfpods)",
+				"web/static: critical, pod 3 of 2 allowed (OutOfpods): the kubelet evicts lower-priority pods",
 				"kubectl dkc assign node-1 --configmap kube-system/c --key kubelet --drain"}},
 		{name: "a CPU reservation the running pods do not leave", assigned: cfgHeader + "systemReserved:\n  cpu: \"2\"\n",
 			capacity: capacity, wantDrain: true,
-			wantDetail: []string{"would fail 1 of them", "web/c: requests 1 of cpu, 0 left (OutOfcpu)"}},
+			wantDetail: []string{"would stop 1 of them", "web/c: requests 1 of cpu, 0 left (OutOfcpu)"}},
+		{name: "only the newest and critical pod over maxPods evicts another", assigned: cfgHeader + "maxPods: 3\n",
+			capacity: capacity, wantDrain: true, wantDetail: []string{"would stop 1 of them", "web/static: critical"}},
 		{name: "room for every pod", assigned: cfgHeader + "maxPods: 4\n", capacity: capacity},
 		{name: "capacity not sent", assigned: cfgHeader + "maxPods: 2\n"},
 		{name: "pods not readable", assigned: cfgHeader + "maxPods: 2\n", capacity: capacity, noPods: true},
@@ -164,8 +182,8 @@ func TestAdmissionWaitsForADrain(t *testing.T) {
 				n.checkCalls("restart 1")
 				return
 			}
-			if detail := waitsForDrain(t, n, tt.wantDetail); strings.Contains(detail, "web/old") ||
-				strings.Contains(detail, "web/a:") {
+			if detail := waitsForDrain(t, n, tt.wantDetail); strings.Contains(detail, "web/a:") ||
+				strings.Contains(detail, "web/b:") {
 				t.Errorf("detail %q names a pod the kubelet admits first", detail)
 			}
 			n.applyDrained(assignment("u", "1", tt.assigned), true)

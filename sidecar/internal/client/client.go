@@ -187,7 +187,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	c.mu.Lock()
 	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError,
 		NodeUid: c.outbox.NodeUID(), FollowsNodeUid: true, KubeletVersion: c.kubeletVersion, Drained: c.drained,
-		NodeCapacity: c.nodeCapacity}
+		NodeCapacity: c.nodeCapacity, FollowsNodeCapacity: true}
 	c.mu.Unlock()
 	stream, err := c.rpc.WatchConfig(sctx, req)
 	if err != nil {

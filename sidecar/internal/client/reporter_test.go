@@ -427,7 +427,7 @@ func TestDrainedIsKeptAndResumed(t *testing.T) {
 	if !resumed.GetDrained() {
 		t.Error("the resumed watch does not say drained, the last drained received")
 	}
-	if got := resumed.GetNodeCapacity(); got["pods"] != "110" || len(got) != 1 {
+	if got := resumed.GetNodeCapacity(); got["pods"] != "110" || len(got) != 1 || !resumed.GetFollowsNodeCapacity() {
 		t.Errorf("the resumed watch says capacity %v, not the last received", got)
 	}
 	u := <-updates

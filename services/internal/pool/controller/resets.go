@@ -41,11 +41,13 @@ type capacityVerdict struct {
 //     memory manager policy, or other reservations under a static one). Each node assigned such a
 //     revision would only fail it and be rolled back, and the pool halt; ConfigInvalid says which nodes and
 //     state files, and how to make the change by hand.
-//   - CapacityRefused: the kubelet, restarted with it, would no longer admit pods running on the node (a
-//     lower maxPods, larger reservations or eviction thresholds: capacity.Under, oldest pods first as the
-//     kubelet re-admits them; critical pods evict others and are not counted), or would not start at all
-//     (reservations over the node's capacity). The pods would fail with OutOfpods, OutOfcpu, ... — which
-//     the workload gate would then count as the node's failure, too late for the pods.
+//   - CapacityRefused (unless the pool may drain): the kubelet, restarted with it, would no longer admit
+//     pods running on the node (a lower maxPods, larger reservations or eviction thresholds:
+//     capacity.Under, oldest pods first as the kubelet re-admits them; a critical pod that no longer fits
+//     evicts others instead), or would not start at all (reservations over the node's capacity). The pods
+//     would fail with OutOfpods, OutOfcpu, ... — which the workload gate would then count as the node's
+//     failure, too late for the pods. A pool that may drain assigns: the node's sidecar, predicting the
+//     same, waits for the drain the pool then makes.
 //
 // A node is judged when it runs one of the pool's own revisions (its status's active source is one of the
 // pool's snapshots): both configs are then known, and compared as the kubelet of the node's minor
@@ -100,9 +102,10 @@ func (c *Controller) nodeChecks(ctx context.Context, pool *v1alpha1.KubeletConfi
 			// admitted again there.
 			continue
 		}
-		if resets.nodes == 0 && capacity.Changes(was.fields, next.fields) {
+		if resets.nodes == 0 && !pool.Spec.MayDrain() && capacity.Changes(was.fields, next.fields) {
 			// (Once a node needs a drain the pool may not make, the revision is refused for that: the other
-			// nodes' pods need not be listed.)
+			// nodes' pods need not be listed. A pool that may drain is not refused: each node's sidecar makes
+			// the same prediction before its restart and waits for the drain the pool then makes.)
 			pods, err := c.nodePods(ctx, n.Name)
 			if err != nil {
 				return nil, err
@@ -157,9 +160,8 @@ func refusedFor(got capacity.Capacity) string {
 	}
 	var pods []string
 	for _, u := range got.Unfit {
-		if !u.Preempts {
-			pods = append(pods, u.Pod+" ("+u.Reason+")")
-		}
+		// A critical pod that no longer fits is admitted by evicting others, past their budgets too.
+		pods = append(pods, u.Pod+" ("+u.Reason+")")
 	}
 	if len(pods) > maxNamedPods {
 		pods = append(pods[:maxNamedPods], fmt.Sprintf("and %d more", len(pods)-maxNamedPods))

@@ -141,18 +141,24 @@ func runningRevisionOf(running string, onIt bool) (*v1alpha1.KubeletConfigPool, 
 // pool's revisions would no longer admit the pods running there (capacity.Under: a lower maxPods fails
 // the newest pod) is ConfigInvalid CapacityRefused naming the node and the pod: no snapshot, no node
 // assigned, and the node's pods are not listed again at every sync (the verdict is kept capacityRecheck).
-// One the pods still fit rolls out.
+// One the pods still fit rolls out, and so does one a pool that may drain makes.
 func TestCapacityRefusedBeforeAnyNode(t *testing.T) {
 	const header = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
 	for _, tc := range []struct {
 		name, next string
+		mayDrain   bool
 		want       string // in ConfigInvalid CapacityRefused's message; "" when the node is assigned
 	}{
 		{name: "maxPods below the pods running", next: header + "maxPods: 1\n", want: "default/newer (pod 2 of 1 allowed (OutOfpods))"},
 		{name: "maxPods still above", next: header + "maxPods: 5\n"},
+		// Its sidecar makes the same prediction and waits for the drain the pool makes then.
+		{name: "maxPods below the pods running, a pool that may drain", next: header + "maxPods: 1\n", mayDrain: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool, n, wasSnap := runningRevisionOf(header+"maxPods: 3\n", true)
+			if tc.mayDrain {
+				pool.Spec.Disruption = &v1alpha1.Disruption{Drain: v1alpha1.DrainAllowed}
+			}
 			n.Status.Capacity = corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"),
 				corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi")}
 			n.Status.Allocatable = corev1.ResourceList{corev1.ResourcePods: resource.MustParse("3"),

@@ -375,6 +375,24 @@ func (c Capacity) Stopping() []string {
 	return out
 }
 
+// DrainKeeps are the pods of pods a drain leaves on the node (kubectl drain --ignore-daemonsets): those of a
+// DaemonSet, and static pods (their mirrors in the API, or as the kubelet's /pods lists them).
+func DrainKeeps(pods []corev1.Pod) []corev1.Pod {
+	var out []corev1.Pod
+	for _, p := range pods {
+		_, mirror := p.Annotations[mirrorAnnotation]
+		source, fromKubelet := p.Annotations[sourceAnnotation]
+		daemon := false
+		for _, o := range p.OwnerReferences {
+			daemon = daemon || (o.Kind == "DaemonSet" && o.Controller != nil && *o.Controller)
+		}
+		if mirror || (fromKubelet && source != "api") || daemon {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // Findings are what c says of node, a line each: admission, then eviction.
 func (c Capacity) Findings(node string) []string {
 	out := c.admission(node)

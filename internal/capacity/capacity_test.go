@@ -211,3 +211,24 @@ func TestOnRestart(t *testing.T) {
 		t.Errorf("a running config that does not parse: %v, want an error naming the node", err)
 	}
 }
+
+// TestDrainKeeps: a drain leaves DaemonSet pods and static pods (mirrors, or as the kubelet lists them) and
+// takes the rest, a pod a DaemonSet owns without controlling it included.
+func TestDrainKeeps(t *testing.T) {
+	yes, no := true, false
+	pods := []corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Name: "daemon", OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Controller: &yes}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "mirror", Annotations: map[string]string{mirrorAnnotation: "x"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "static", Annotations: map[string]string{sourceAnnotation: "file"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "api", Annotations: map[string]string{sourceAnnotation: "api"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "replica", OwnerReferences: []metav1.OwnerReference{{Kind: "ReplicaSet", Controller: &yes}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "adopted", OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Controller: &no}}}},
+	}
+	var got []string
+	for _, p := range DrainKeeps(pods) {
+		got = append(got, p.Name)
+	}
+	if strings.Join(got, ",") != "daemon,mirror,static" {
+		t.Errorf("DrainKeeps = %v, want daemon, mirror, static", got)
+	}
+}

@@ -125,16 +125,24 @@ func (a *Agent) admission(ctx context.Context, listening *configcheck.Checked, r
 	if node == "" {
 		node = "the node"
 	}
+	// stops is what the restarted kubelet stops of pods.
+	stops := func(pods []corev1.Pod) ([]string, error) {
+		got, err := capacity.OnRestart(node, a.nodeCapacity, running, target.config.Fields, pods)
+		return got.Stopping(), err
+	}
+	var kept []string
 	predict := func() ([]string, error) {
 		pods, err := usage.Pods(ctx, listening)
 		if err != nil {
 			return nil, fmt.Errorf("read the kubelet's pods: %w", err)
 		}
-		got, err := capacity.OnRestart(node, a.nodeCapacity, running, target.config.Fields, pods)
-		if err != nil {
+		stopping, err := stops(pods)
+		if err != nil || len(stopping) == 0 {
 			return nil, err
 		}
-		return got.Stopping(), nil
+		// A drain still spares the others, but not these: said, so that nobody waits on it to make room.
+		kept, err = stops(capacity.DrainKeeps(pods))
+		return stopping, err
 	}
 	stopping, err := predict()
 	if err != nil {
@@ -149,9 +157,14 @@ func (a *Agent) admission(ctx context.Context, listening *configcheck.Checked, r
 	if n > maxNamedPods {
 		stopping = append(stopping[:maxNamedPods], fmt.Sprintf("and %d more", n-maxNamedPods))
 	}
+	even := ""
+	if len(kept) > 0 {
+		even = fmt.Sprintf(" (even drained, it would not admit %s: DaemonSet and static pods, which a drain leaves; "+
+			"the config leaves too little room for them)", strings.Join(kept, "; "))
+	}
 	return fmt.Errorf("%w: the kubelet, restarted with %s, admits the node's running pods again, oldest first, "+
 		"against less room, and would stop %d of them, honouring no PodDisruptionBudget: %s; it keeps running its "+
-		"config. To make the change, %s", errNeedsDrain, describe(target.src), n, strings.Join(stopping, "; "),
+		"config%s. To make the change, %s", errNeedsDrain, describe(target.src), n, strings.Join(stopping, "; "), even,
 		a.drainHow(ds, "restarts the kubelet"))
 }
 

@@ -144,6 +144,8 @@ func TestAdmissionWaitsForADrain(t *testing.T) {
 	// The static pod is the newest, as the sidecar's own (system-node-critical) pod is after a rollout.
 	pods := []corev1.Pod{pod("a", 1, "1", false), pod("b", 2, "1", false), pod("c", 3, "1", false),
 		pod("static", 4, "", true)}
+	yes := true // b is a DaemonSet's: a drain leaves it, as it leaves the static pod
+	pods[1].OwnerReferences = []metav1.OwnerReference{{Kind: "DaemonSet", Name: "ds", Controller: &yes}}
 	capacity := map[string]string{"pods": "110", "cpu": "4", "memory": "8Gi"}
 	tests := []struct {
 		name       string
@@ -162,6 +164,9 @@ func TestAdmissionWaitsForADrain(t *testing.T) {
 			wantDetail: []string{"would stop 1 of them", "web/c: requests 1 of cpu, 0 left (OutOfcpu)"}},
 		{name: "only the newest and critical pod over maxPods evicts another", assigned: cfgHeader + "maxPods: 3\n",
 			capacity: capacity, wantDrain: true, wantDetail: []string{"would stop 1 of them", "web/static: critical"}},
+		{name: "too little room even for the pods a drain leaves", assigned: cfgHeader + "maxPods: 1\n", capacity: capacity,
+			wantDrain: true, wantDetail: []string{"would stop 3 of them",
+				"(even drained, it would not admit web/static: critical, pod 2 of 1 allowed (OutOfpods)"}},
 		{name: "room for every pod", assigned: cfgHeader + "maxPods: 4\n", capacity: capacity},
 		{name: "capacity not sent", assigned: cfgHeader + "maxPods: 2\n"},
 		{name: "pods not readable", assigned: cfgHeader + "maxPods: 2\n", capacity: capacity, noPods: true},
@@ -182,9 +187,12 @@ func TestAdmissionWaitsForADrain(t *testing.T) {
 				n.checkCalls("restart 1")
 				return
 			}
-			if detail := waitsForDrain(t, n, tt.wantDetail); strings.Contains(detail, "web/a:") ||
-				strings.Contains(detail, "web/b:") {
+			tight := strings.Contains(tt.assigned, "maxPods: 1\n")
+			if detail := waitsForDrain(t, n, tt.wantDetail); !tight &&
+				(strings.Contains(detail, "web/a:") || strings.Contains(detail, "web/b:")) {
 				t.Errorf("detail %q names a pod the kubelet admits first", detail)
+			} else if strings.Contains(detail, "even drained") != tight {
+				t.Errorf("detail %q: whether a drain makes room, wrong", detail)
 			}
 			n.applyDrained(assignment("u", "1", tt.assigned), true)
 			n.expect("1", "1", "local", "", 1)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -466,5 +467,48 @@ func TestDrainedOnlyForTheMarkedVersion(t *testing.T) {
 	f.putConfigMap("cm", "2") // edited after the drain: the mark names the version before
 	if drained() {
 		t.Error("a ConfigMap changed after the drain is given as drained")
+	}
+}
+
+// TestCapacityChangeIsNoAssignment: a node whose capacity changed (more memory) is sent its state again with
+// the new capacity, and nothing is logged as an assignment; an assignment after it still is.
+func TestCapacityChangeIsNoAssignment(t *testing.T) {
+	for _, source := range []string{"", "cm"} {
+		t.Run("source "+source, func(t *testing.T) {
+			f := newFixture(t)
+			core, logs := observer.New(zap.InfoLevel)
+			f.c.log = zap.New(core)
+			f.putConfigMap("cm", "1")
+			f.putConfigMap("other", "1")
+			withMemory := func(memory string) {
+				t.Helper()
+				n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{}},
+					Status: corev1.NodeStatus{Capacity: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(memory)}}}
+				if source != "" {
+					n.Annotations[nodeconfig.SourceAnnotation] =
+						`{"configMap":{"namespace":"kube-system","name":"cm","kubeletConfigKey":"kubelet"}}`
+				}
+				if err := f.store.Update(n); err != nil {
+					t.Fatal(err)
+				}
+				f.sync("n1")
+			}
+			withMemory("4Gi")
+			assigned := logs.FilterMessageSnippet("assigned").Len()
+			if assigned != 1 {
+				t.Fatalf("%d assignment lines for the first sync, want 1: %v", assigned, logs.All())
+			}
+			withMemory("8Gi")
+			if st, _, _ := f.table.Get("n1"); st.NodeCapacity["memory"] != "8Gi" {
+				t.Errorf("state capacity %v, want memory 8Gi", st.NodeCapacity)
+			}
+			if got := logs.FilterMessageSnippet("assigned").Len(); got != assigned {
+				t.Errorf("a capacity change logged as an assignment: %v", logs.All())
+			}
+			f.assign("n1", "other")
+			if got := logs.FilterMessageSnippet("assigned").Len(); got != assigned+1 {
+				t.Errorf("the assignment after it logged %d lines, want 1: %v", got-assigned, logs.All())
+			}
+		})
 	}
 }

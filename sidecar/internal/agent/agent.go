@@ -188,6 +188,8 @@ type Agent struct {
 	clearPending   bool                     // the assignment's clearAssigned failed: retried with it
 	// the last reconcile could not decide (e.g. kubelet flags unknown yet): try again
 	retry bool
+	// noCapacityLogged: that admission is not predicted for want of a capacity was said once.
+	noCapacityLogged bool
 	// unsynced is the last assignment from the service that could not be checkpointed (a failed disk write,
 	// not a refused payload). The service sends an assignment once per change, so without this the node
 	// would drop it until its next reconnect; it is retried at every tick instead, as the original re-synced

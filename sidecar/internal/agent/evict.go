@@ -114,7 +114,15 @@ func (a *Agent) setCapacity(m map[string]string) {
 // rolls back): the node then goes as it always has, and the pool's workload gate counts the failed pods.
 func (a *Agent) admission(ctx context.Context, listening *configcheck.Checked, running map[string]any,
 	target candidate, ds drainState) error {
-	if len(a.nodeCapacity) == 0 || !capacity.Changes(running, target.config.Fields) {
+	if !capacity.Changes(running, target.config.Fields) {
+		return nil
+	}
+	if len(a.nodeCapacity) == 0 {
+		if !a.noCapacityLogged {
+			a.noCapacityLogged = true
+			a.log.Info("pods the kubelet would no longer admit under a config not predicted: the service sends no "+
+				"node capacity (a dkc-server older than this sidecar)", zap.String("node", a.cfg.NodeName))
+		}
 		return nil
 	}
 	usage, ok := a.kubelet.(Usage)

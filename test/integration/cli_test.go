@@ -374,8 +374,8 @@ func TestKubectlDKCCheckBeforeAKubeletUpgrade(t *testing.T) {
 // pods bound to the real node shows the node's allocatable now and under the config, and names the pod the
 // kubelet may reject when it restarts with it: the newest (it admits the node's pods again, oldest first),
 // with OutOfpods. `kubectl dkc rollout --dry-run` says the same for each node a pool would select, and writes
-// nothing. Then the config is assigned: the restarted kubelet's allocatable is what diff computed, and it
-// refuses one more pod with OutOfpods. (Which pods it admits again at the restart itself depends on whether
+// nothing. `kubectl dkc assign` refuses it, naming that pod; once the pod is gone, it assigns it: the
+// restarted kubelet's allocatable is what diff computed, and it refuses one more pod with OutOfpods. (Which pods it admits again at the restart itself depends on whether
 // its Node informer shows the new allocatable yet: a race, hence "may" in the output, not tested.)
 func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 	resetRealNode(t)
@@ -489,6 +489,22 @@ func TestKubectlDKCDiffNamesPodsThatNoLongerFit(t *testing.T) {
 		}
 		predicted[r] = resource.MustParse(m[1])
 	}
+	// assign refuses it while capacity-b runs there, naming it: the restarted kubelet would fail it.
+	refused := fmt.Sprintf("%s: kube-system/capacity-b: pod %d of %d allowed (OutOfpods)", realNode, bound+2, bound+1)
+	if out, _, err := kubectlDKC(t, "assign", realNode, "--configmap", "kube-system/cli-capacity",
+		"--kubelet-check-dir", cluster.KubeletCheckDir()); err == nil || !strings.Contains(err.Error(), refused) ||
+		!strings.Contains(err.Error(), "nothing was assigned") {
+		t.Fatalf("assign while capacity-b runs: %v, want a refusal naming %q\n%s", err, refused, out)
+	}
+	// Gone from the API and from the kubelet (whose /pods the node's sidecar predicts from), it is assigned.
+	if err := client.CoreV1().Pods("kube-system").Delete(ctx, "capacity-b",
+		metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	poll.For(t, time.Minute, 200*time.Millisecond, "the kubelet to drop capacity-b", func() bool {
+		raw, err := client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", realNode, "proxy", "pods").DoRaw(ctx)
+		return err == nil && !strings.Contains(string(raw), `"capacity-b"`)
+	})
 	if out, _, err := kubectlDKC(t, "assign", realNode, "--configmap", "kube-system/cli-capacity",
 		"--kubelet-check-dir", cluster.KubeletCheckDir()); err != nil {
 		t.Fatalf("assign: %v\n%s", err, out)

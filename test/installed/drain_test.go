@@ -171,6 +171,7 @@ func TestPoolDrainsForTheStaticCPUManager(t *testing.T) {
 // let it go). It returns the pod once the budget counts it.
 func webBehindABudget(ctx context.Context, t *testing.T, ns, worker string) corev1.Pod {
 	t.Helper()
+	schedulable(t, worker) // the pod only prefers worker: while it cannot go there, it goes elsewhere
 	c := admin(t)
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
 		metav1.CreateOptions{}); err != nil {
@@ -388,6 +389,29 @@ func undrain(t *testing.T, node string) {
 		metav1.PatchOptions{}); err != nil {
 		t.Errorf("cleanup: uncordon %s: %v", node, err)
 	}
+	schedulable(t, node)
+}
+
+// schedulable waits until the scheduler would place pods on node again: Ready, uncordoned, and without the
+// not-ready taint the node lifecycle controller sets while a restarted kubelet is not Ready yet (a test
+// that starts a pod meant for node within that window would find it on the other node).
+func schedulable(t *testing.T, node string) {
+	t.Helper()
+	poll.ForNil(t, 2*time.Minute, 300*time.Millisecond, node+" schedulable", func() error {
+		n, err := admin(t).CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Spec.Unschedulable || !nodeReady(n) {
+			return fmt.Errorf("unschedulable %v, ready %v", n.Spec.Unschedulable, nodeReady(n))
+		}
+		for _, taint := range n.Spec.Taints {
+			if taint.Key == corev1.TaintNodeNotReady || taint.Key == corev1.TaintNodeUnreachable {
+				return fmt.Errorf("taint %s", taint.Key)
+			}
+		}
+		return nil
+	})
 }
 
 // refusedUndrained assigns node cm through its annotation, which no CLI checks, and waits until the node's

@@ -3,6 +3,7 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,6 +27,10 @@ const (
 	// it, an object the pool did not create holds its snapshot's name, or the nodes' kubelets would refuse
 	// it on their checkpointed state until drained): caught before any node is touched.
 	ConditionConfigInvalid = "ConfigInvalid"
+	// ConditionPreviewed says what the selected nodes' sidecars found when the pool last previewed a revision
+	// (status.preview): True when no node found anything, False naming the nodes that did, Unknown while the
+	// pool waits for answers. Absent when the pool never previewed one.
+	ConditionPreviewed = "Previewed"
 )
 
 // Condition reasons.
@@ -48,6 +53,9 @@ const (
 	ReasonWaitingForDisruptionBudget = "WaitingForDisruptionBudget"
 	// Outside every maintenance window: nothing new is assigned until the next opens.
 	ReasonWaitingForMaintenanceWindow = "WaitingForMaintenanceWindow"
+	// The pool waits for the selected nodes' sidecars to preview its new revision (status.preview) before
+	// assigning it to any node.
+	ReasonWaitingForPreview = "WaitingForPreview"
 	// Updating (False)
 	ReasonRolloutComplete = "RolloutComplete"
 	ReasonHalted          = "Halted"
@@ -88,6 +96,12 @@ const (
 	// An object with the snapshot's name that the pool did not create, or whose data is not its revision's.
 	ReasonSnapshotMismatch = "SnapshotMismatch"
 	ReasonConfigValid      = "ConfigValid"
+
+	// Previewed. True: NoPodsAffected (every node that answered found nothing; nodes that did not answer
+	// are named). False: NodesAffected (nodes found pods the restart would stop or evict, state the kubelet
+	// would refuse, or a config the node's kubelet refuses). Unknown: WaitingForPreview.
+	ReasonNoPodsAffected = "NoPodsAffected"
+	ReasonNodesAffected  = "NodesAffected"
 )
 
 // Why a node failed a revision (FailedNode.Reason).
@@ -185,6 +199,21 @@ func (s *KubeletConfigPoolSpec) DrainTimeoutOrDefault() time.Duration {
 		return d
 	}
 	return s.Disruption.DrainTimeout.Duration
+}
+
+// PreviewTimeoutOrDefault is spec.disruption.previewTimeout, or its default; 0 turns the preview off.
+func (s *KubeletConfigPoolSpec) PreviewTimeoutOrDefault() time.Duration {
+	if s.Disruption == nil || s.Disruption.PreviewTimeout == nil || s.Disruption.PreviewTimeout.Duration < 0 {
+		d, _ := time.ParseDuration(DefaultPreviewTimeout)
+		return d
+	}
+	return s.Disruption.PreviewTimeout.Duration
+}
+
+// PreviewPrefix starts the message of a Node's ConfigPreview condition that answers the preview of
+// revision rev of pool that the pool requested at requested: the pool counts only such answers.
+func PreviewPrefix(pool, rev string, requested time.Time) string {
+	return fmt.Sprintf("revision %s of pool %s (requested %s): ", rev, pool, requested.UTC().Format(time.RFC3339))
 }
 
 // PodReadinessTimeoutOrDefault is spec.disruption.podReadinessTimeout, or its default; 0 turns the workload gate

@@ -63,6 +63,7 @@ const (
 	DefaultRevisionHistoryLimit = 10
 	DefaultDrainTimeout         = "10m"
 	DefaultPodReadinessTimeout  = "5m"
+	DefaultPreviewTimeout       = "5m"
 )
 
 // KubeletConfigPoolSpec is what the operator declares.
@@ -192,6 +193,19 @@ type Disruption struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="podReadinessTimeout must not be negative"
 	// +optional
 	PodReadinessTimeout *metav1.Duration `json:"podReadinessTimeout,omitempty"`
+
+	// previewTimeout bounds the preview of a new revision: before assigning it to any node, the pool asks
+	// the sidecars of the selected nodes that do not run it what it would do there (status.preview), and
+	// waits for their answers (each Node's ConfigPreview condition) this long at most. A node that does not
+	// answer in time (no sidecar connected, an older one) is named in the Previewed condition and does not
+	// block; its sidecar still checks before its restart. With findings (pods the restarted kubelet would
+	// stop or evict, state it would refuse, a config the node's kubelet refuses), a pool that may not drain
+	// refuses the revision (ConfigInvalid), one that may drain goes on and drains those nodes. "0s" turns
+	// the preview off. Default 5m.
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="previewTimeout must not be negative"
+	// +optional
+	PreviewTimeout *metav1.Duration `json:"previewTimeout,omitempty"`
 }
 
 // MaintenanceWindow is a time of the week when a pool may start assigning nodes. It opens on each of its
@@ -317,6 +331,24 @@ type KubeletConfigPoolStatus struct {
 	// (the controller writes it again when a window opens or closes); absent when the pool has none.
 	// +optional
 	MaintenanceWindow *MaintenanceWindowStatus `json:"maintenanceWindow,omitempty"`
+
+	// preview is the pool's request to the selected nodes' sidecars to preview a revision before any node
+	// is assigned it (spec.disruption.previewTimeout): the dkc-server replicas send it to the nodes they
+	// serve until completionTime is set, and each answer is the Node's ConfigPreview condition, whose
+	// message starts with PreviewPrefix. Absent when no revision was previewed.
+	// +optional
+	Preview *PreviewStatus `json:"preview,omitempty"`
+}
+
+// PreviewStatus is a pool's request for a preview of one revision.
+type PreviewStatus struct {
+	// revision is the revision previewed.
+	Revision string `json:"revision"`
+	// requestTime is when the pool asked; answers made before it are not answers to it.
+	RequestTime metav1.Time `json:"requestTime"`
+	// completionTime is when the pool stopped waiting: every node answered, or previewTimeout passed.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
 }
 
 // MaintenanceWindowStatus is where a pool stands with its maintenance windows.

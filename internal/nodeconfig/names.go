@@ -27,6 +27,24 @@ const (
 	ReasonConfigFailed       = "ConfigFailed"
 )
 
+// PreviewConditionType is the Node condition that answers a pool's preview of a revision (the pool's
+// status.preview): what the node's sidecar found the revision would do there, before any node is assigned
+// it. Its message starts with v1alpha1.PreviewPrefix (the pool, revision and request time it answers).
+// Written by dkc-server, like ConfigOK, from the sidecar's report.
+const PreviewConditionType corev1.NodeConditionType = "ConfigPreview"
+
+// Reasons of the ConfigPreview condition: True NoPodsAffected; False PodsAffected (the restarted kubelet
+// would stop or evict running pods), DrainRequired (it would refuse the state its resource managers
+// checkpointed), ConfigRefused (the node's kubelet refuses the config, its flags and drop-ins applied);
+// Unknown NotPredicted (the sidecar could not tell, and says why).
+const (
+	PreviewNoPodsAffected = "NoPodsAffected"
+	PreviewPodsAffected   = "PodsAffected"
+	PreviewDrainRequired  = "DrainRequired"
+	PreviewConfigRefused  = "ConfigRefused"
+	PreviewNotPredicted   = "NotPredicted"
+)
+
 // EventReason is the original kubelet's reason for a restart to change config.
 const EventReason = "KubeletConfigChanged"
 

@@ -524,7 +524,12 @@ type WatchConfigResponse struct {
 	// pods (/pods), which running pods the restarted kubelet would stop (OutOfpods, OutOfcpu, ...), and waits
 	// for a drain instead. Empty: not known (the sidecar does not predict). A new message is sent when it
 	// changes, to sidecars that set follows_node_capacity.
-	NodeCapacity  map[string]string `protobuf:"bytes,7,rep,name=node_capacity,json=nodeCapacity,proto3" json:"node_capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	NodeCapacity map[string]string `protobuf:"bytes,7,rep,name=node_capacity,json=nodeCapacity,proto3" json:"node_capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// A pool's request to preview a revision on this node before assigning it to any node (the pool's
+	// status.preview): absent when none stands. The sidecar judges it as it would the assignment, without
+	// touching the kubelet, and answers with ReportStatusRequest.preview. A new message is sent when it
+	// changes, and on every new stream while it stands.
+	Preview       *Preview `protobuf:"bytes,8,opt,name=preview,proto3" json:"preview,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -608,6 +613,169 @@ func (x *WatchConfigResponse) GetNodeCapacity() map[string]string {
 	return nil
 }
 
+func (x *WatchConfigResponse) GetPreview() *Preview {
+	if x != nil {
+		return x.Preview
+	}
+	return nil
+}
+
+// Preview is a revision a pool asks a node to preview.
+type Preview struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The KubeletConfigPool.
+	Pool string `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	// The pool's revision (its content hash).
+	Revision string `protobuf:"bytes,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// When the pool asked (status.preview.requestTime); the answer names it, so that an older answer is
+	// never taken for this one.
+	RequestTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=request_time,json=requestTime,proto3" json:"request_time,omitempty"`
+	// The revision's snapshot, resolved and verified as an assignment's is: what the node would be assigned.
+	Assignment    *Assignment `protobuf:"bytes,4,opt,name=assignment,proto3" json:"assignment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Preview) Reset() {
+	*x = Preview{}
+	mi := &file_dkc_v1_config_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Preview) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Preview) ProtoMessage() {}
+
+func (x *Preview) ProtoReflect() protoreflect.Message {
+	mi := &file_dkc_v1_config_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Preview.ProtoReflect.Descriptor instead.
+func (*Preview) Descriptor() ([]byte, []int) {
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Preview) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *Preview) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *Preview) GetRequestTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RequestTime
+	}
+	return nil
+}
+
+func (x *Preview) GetAssignment() *Assignment {
+	if x != nil {
+		return x.Assignment
+	}
+	return nil
+}
+
+// PreviewResult is what a sidecar found a previewed revision would do on its node.
+type PreviewResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Preview answered: its pool, revision and request_time.
+	Pool        string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	Revision    string                 `protobuf:"bytes,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	RequestTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=request_time,json=requestTime,proto3" json:"request_time,omitempty"`
+	// What the restart into the revision would do, as a ConfigPreview condition reason: NoPodsAffected,
+	// PodsAffected (running pods stopped or evicted), DrainRequired (the kubelet would refuse the state its
+	// resource managers checkpointed), ConfigRefused (the node's kubelet refuses the config), NotPredicted.
+	Verdict string `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	// The finding in words: the pods, the fields, the kubelet's error, or why nothing could be predicted.
+	Message       string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PreviewResult) Reset() {
+	*x = PreviewResult{}
+	mi := &file_dkc_v1_config_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PreviewResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PreviewResult) ProtoMessage() {}
+
+func (x *PreviewResult) ProtoReflect() protoreflect.Message {
+	mi := &file_dkc_v1_config_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PreviewResult.ProtoReflect.Descriptor instead.
+func (*PreviewResult) Descriptor() ([]byte, []int) {
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PreviewResult) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *PreviewResult) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *PreviewResult) GetRequestTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RequestTime
+	}
+	return nil
+}
+
+func (x *PreviewResult) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *PreviewResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // KubeletRestart describes a restart of the kubelet the sidecar performed to change the active config.
 type KubeletRestart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -623,7 +791,7 @@ type KubeletRestart struct {
 
 func (x *KubeletRestart) Reset() {
 	*x = KubeletRestart{}
-	mi := &file_dkc_v1_config_proto_msgTypes[7]
+	mi := &file_dkc_v1_config_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +803,7 @@ func (x *KubeletRestart) String() string {
 func (*KubeletRestart) ProtoMessage() {}
 
 func (x *KubeletRestart) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[7]
+	mi := &file_dkc_v1_config_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +816,7 @@ func (x *KubeletRestart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KubeletRestart.ProtoReflect.Descriptor instead.
 func (*KubeletRestart) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{7}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KubeletRestart) GetId() string {
@@ -697,14 +865,17 @@ type ReportStatusRequest struct {
 	// since it started, and from older sidecars). The service acknowledges and drops a report whose node_uid
 	// is not the UID of the Node it would write to: the status is about a deleted object of the same name,
 	// and the node's next report, made for the new object, takes its place.
-	NodeUid       string `protobuf:"bytes,8,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
+	NodeUid string `protobuf:"bytes,8,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
+	// The node's answer to the Preview it was last sent, while that preview stands; absent otherwise and from
+	// older sidecars. Written as the Node's ConfigPreview condition.
+	Preview       *PreviewResult `protobuf:"bytes,9,opt,name=preview,proto3" json:"preview,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportStatusRequest) Reset() {
 	*x = ReportStatusRequest{}
-	mi := &file_dkc_v1_config_proto_msgTypes[8]
+	mi := &file_dkc_v1_config_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +887,7 @@ func (x *ReportStatusRequest) String() string {
 func (*ReportStatusRequest) ProtoMessage() {}
 
 func (x *ReportStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[8]
+	mi := &file_dkc_v1_config_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +900,7 @@ func (x *ReportStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportStatusRequest) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{8}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReportStatusRequest) GetNodeName() string {
@@ -788,6 +959,13 @@ func (x *ReportStatusRequest) GetNodeUid() string {
 	return ""
 }
 
+func (x *ReportStatusRequest) GetPreview() *PreviewResult {
+	if x != nil {
+		return x.Preview
+	}
+	return nil
+}
+
 // ReportStatusResponse acknowledges a report: the service has accepted it and will write it onto the Node.
 type ReportStatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -804,7 +982,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_dkc_v1_config_proto_msgTypes[9]
+	mi := &file_dkc_v1_config_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +994,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[9]
+	mi := &file_dkc_v1_config_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +1007,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{9}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReportStatusResponse) GetRestartQueued() bool {
@@ -883,7 +1061,7 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x15follows_node_capacity\x18\t \x01(\bR\x13followsNodeCapacity\x1a?\n" +
 	"\x11NodeCapacityEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9c\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc7\x03\n" +
 	"\x13WatchConfigResponse\x122\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x12.dkc.v1.AssignmentR\n" +
@@ -894,14 +1072,28 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\bnode_uid\x18\x04 \x01(\tR\anodeUid\x12'\n" +
 	"\x0fkubelet_version\x18\x05 \x01(\tR\x0ekubeletVersion\x12\x18\n" +
 	"\adrained\x18\x06 \x01(\bR\adrained\x12R\n" +
-	"\rnode_capacity\x18\a \x03(\v2-.dkc.v1.WatchConfigResponse.NodeCapacityEntryR\fnodeCapacity\x1a?\n" +
+	"\rnode_capacity\x18\a \x03(\v2-.dkc.v1.WatchConfigResponse.NodeCapacityEntryR\fnodeCapacity\x12)\n" +
+	"\apreview\x18\b \x01(\v2\x0f.dkc.v1.PreviewR\apreview\x1a?\n" +
 	"\x11NodeCapacityEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xac\x01\n" +
+	"\aPreview\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\tR\brevision\x12=\n" +
+	"\frequest_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vrequestTime\x122\n" +
+	"\n" +
+	"assignment\x18\x04 \x01(\v2\x12.dkc.v1.AssignmentR\n" +
+	"assignment\"\xb2\x01\n" +
+	"\rPreviewResult\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\tR\brevision\x12=\n" +
+	"\frequest_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vrequestTime\x12\x18\n" +
+	"\averdict\x18\x04 \x01(\tR\averdict\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\"\x82\x01\n" +
 	"\x0eKubeletRestart\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
 	"\x06target\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06target\x12.\n" +
-	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xca\x02\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xfb\x02\n" +
 	"\x13ReportStatusRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x120\n" +
 	"\x06status\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigStatusR\x06status\x12\x18\n" +
@@ -910,7 +1102,8 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\robserved_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fobservedTime\x12 \n" +
 	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\x12\x1a\n" +
 	"\bsequence\x18\a \x01(\x04R\bsequence\x12\x19\n" +
-	"\bnode_uid\x18\b \x01(\tR\anodeUid\"=\n" +
+	"\bnode_uid\x18\b \x01(\tR\anodeUid\x12/\n" +
+	"\apreview\x18\t \x01(\v2\x15.dkc.v1.PreviewResultR\apreview\"=\n" +
 	"\x14ReportStatusResponse\x12%\n" +
 	"\x0erestart_queued\x18\x01 \x01(\bR\rrestartQueued2\xa4\x01\n" +
 	"\rConfigService\x12H\n" +
@@ -929,7 +1122,7 @@ func file_dkc_v1_config_proto_rawDescGZIP() []byte {
 	return file_dkc_v1_config_proto_rawDescData
 }
 
-var file_dkc_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_dkc_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_dkc_v1_config_proto_goTypes = []any{
 	(*ConfigMapNodeConfigSource)(nil), // 0: dkc.v1.ConfigMapNodeConfigSource
 	(*NodeConfigSource)(nil),          // 1: dkc.v1.NodeConfigSource
@@ -938,13 +1131,15 @@ var file_dkc_v1_config_proto_goTypes = []any{
 	(*AppliedConfig)(nil),             // 4: dkc.v1.AppliedConfig
 	(*WatchConfigRequest)(nil),        // 5: dkc.v1.WatchConfigRequest
 	(*WatchConfigResponse)(nil),       // 6: dkc.v1.WatchConfigResponse
-	(*KubeletRestart)(nil),            // 7: dkc.v1.KubeletRestart
-	(*ReportStatusRequest)(nil),       // 8: dkc.v1.ReportStatusRequest
-	(*ReportStatusResponse)(nil),      // 9: dkc.v1.ReportStatusResponse
-	nil,                               // 10: dkc.v1.Assignment.FilesEntry
-	nil,                               // 11: dkc.v1.WatchConfigRequest.NodeCapacityEntry
-	nil,                               // 12: dkc.v1.WatchConfigResponse.NodeCapacityEntry
-	(*timestamppb.Timestamp)(nil),     // 13: google.protobuf.Timestamp
+	(*Preview)(nil),                   // 7: dkc.v1.Preview
+	(*PreviewResult)(nil),             // 8: dkc.v1.PreviewResult
+	(*KubeletRestart)(nil),            // 9: dkc.v1.KubeletRestart
+	(*ReportStatusRequest)(nil),       // 10: dkc.v1.ReportStatusRequest
+	(*ReportStatusResponse)(nil),      // 11: dkc.v1.ReportStatusResponse
+	nil,                               // 12: dkc.v1.Assignment.FilesEntry
+	nil,                               // 13: dkc.v1.WatchConfigRequest.NodeCapacityEntry
+	nil,                               // 14: dkc.v1.WatchConfigResponse.NodeCapacityEntry
+	(*timestamppb.Timestamp)(nil),     // 15: google.protobuf.Timestamp
 }
 var file_dkc_v1_config_proto_depIdxs = []int32{
 	0,  // 0: dkc.v1.NodeConfigSource.config_map:type_name -> dkc.v1.ConfigMapNodeConfigSource
@@ -952,27 +1147,32 @@ var file_dkc_v1_config_proto_depIdxs = []int32{
 	1,  // 2: dkc.v1.NodeConfigStatus.active:type_name -> dkc.v1.NodeConfigSource
 	1,  // 3: dkc.v1.NodeConfigStatus.last_known_good:type_name -> dkc.v1.NodeConfigSource
 	1,  // 4: dkc.v1.Assignment.source:type_name -> dkc.v1.NodeConfigSource
-	10, // 5: dkc.v1.Assignment.files:type_name -> dkc.v1.Assignment.FilesEntry
+	12, // 5: dkc.v1.Assignment.files:type_name -> dkc.v1.Assignment.FilesEntry
 	1,  // 6: dkc.v1.AppliedConfig.source:type_name -> dkc.v1.NodeConfigSource
 	4,  // 7: dkc.v1.WatchConfigRequest.last_applied:type_name -> dkc.v1.AppliedConfig
-	11, // 8: dkc.v1.WatchConfigRequest.node_capacity:type_name -> dkc.v1.WatchConfigRequest.NodeCapacityEntry
+	13, // 8: dkc.v1.WatchConfigRequest.node_capacity:type_name -> dkc.v1.WatchConfigRequest.NodeCapacityEntry
 	3,  // 9: dkc.v1.WatchConfigResponse.assignment:type_name -> dkc.v1.Assignment
-	13, // 10: dkc.v1.WatchConfigResponse.resolved_time:type_name -> google.protobuf.Timestamp
-	12, // 11: dkc.v1.WatchConfigResponse.node_capacity:type_name -> dkc.v1.WatchConfigResponse.NodeCapacityEntry
-	1,  // 12: dkc.v1.KubeletRestart.target:type_name -> dkc.v1.NodeConfigSource
-	13, // 13: dkc.v1.KubeletRestart.time:type_name -> google.protobuf.Timestamp
-	2,  // 14: dkc.v1.ReportStatusRequest.status:type_name -> dkc.v1.NodeConfigStatus
-	7,  // 15: dkc.v1.ReportStatusRequest.restart:type_name -> dkc.v1.KubeletRestart
-	13, // 16: dkc.v1.ReportStatusRequest.observed_time:type_name -> google.protobuf.Timestamp
-	5,  // 17: dkc.v1.ConfigService.WatchConfig:input_type -> dkc.v1.WatchConfigRequest
-	8,  // 18: dkc.v1.ConfigService.ReportStatus:input_type -> dkc.v1.ReportStatusRequest
-	6,  // 19: dkc.v1.ConfigService.WatchConfig:output_type -> dkc.v1.WatchConfigResponse
-	9,  // 20: dkc.v1.ConfigService.ReportStatus:output_type -> dkc.v1.ReportStatusResponse
-	19, // [19:21] is the sub-list for method output_type
-	17, // [17:19] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	15, // 10: dkc.v1.WatchConfigResponse.resolved_time:type_name -> google.protobuf.Timestamp
+	14, // 11: dkc.v1.WatchConfigResponse.node_capacity:type_name -> dkc.v1.WatchConfigResponse.NodeCapacityEntry
+	7,  // 12: dkc.v1.WatchConfigResponse.preview:type_name -> dkc.v1.Preview
+	15, // 13: dkc.v1.Preview.request_time:type_name -> google.protobuf.Timestamp
+	3,  // 14: dkc.v1.Preview.assignment:type_name -> dkc.v1.Assignment
+	15, // 15: dkc.v1.PreviewResult.request_time:type_name -> google.protobuf.Timestamp
+	1,  // 16: dkc.v1.KubeletRestart.target:type_name -> dkc.v1.NodeConfigSource
+	15, // 17: dkc.v1.KubeletRestart.time:type_name -> google.protobuf.Timestamp
+	2,  // 18: dkc.v1.ReportStatusRequest.status:type_name -> dkc.v1.NodeConfigStatus
+	9,  // 19: dkc.v1.ReportStatusRequest.restart:type_name -> dkc.v1.KubeletRestart
+	15, // 20: dkc.v1.ReportStatusRequest.observed_time:type_name -> google.protobuf.Timestamp
+	8,  // 21: dkc.v1.ReportStatusRequest.preview:type_name -> dkc.v1.PreviewResult
+	5,  // 22: dkc.v1.ConfigService.WatchConfig:input_type -> dkc.v1.WatchConfigRequest
+	10, // 23: dkc.v1.ConfigService.ReportStatus:input_type -> dkc.v1.ReportStatusRequest
+	6,  // 24: dkc.v1.ConfigService.WatchConfig:output_type -> dkc.v1.WatchConfigResponse
+	11, // 25: dkc.v1.ConfigService.ReportStatus:output_type -> dkc.v1.ReportStatusResponse
+	24, // [24:26] is the sub-list for method output_type
+	22, // [22:24] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_dkc_v1_config_proto_init() }
@@ -986,7 +1186,7 @@ func file_dkc_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dkc_v1_config_proto_rawDesc), len(file_dkc_v1_config_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

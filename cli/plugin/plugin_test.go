@@ -250,6 +250,18 @@ func TestVerdict(t *testing.T) {
 				NextOpenTime: &metav1.Time{Time: time.Date(2031, 1, 4, 2, 0, 0, 0, time.UTC)}}
 			return p
 		}(), lineHas: "nothing new is assigned until the next opens at 2031-01-04T02:00:00Z (in "},
+		{name: "the edit taken and previewed on the nodes: the preview's wait", p: func() *v1alpha1.KubeletConfigPool {
+			p := pool(2, "r1", false, cond(v1alpha1.ConditionUpdating, metav1.ConditionTrue, v1alpha1.ReasonWaitingForPreview))
+			p.Status.Preview = &v1alpha1.PreviewStatus{Revision: "r2"}
+			return p
+		}(), revision: "r2", lineHas: "WaitingForPreview message"},
+		{name: "the edit refused on its preview ends it", p: func() *v1alpha1.KubeletConfigPool {
+			refused := cond(v1alpha1.ConditionConfigInvalid, metav1.ConditionTrue, v1alpha1.ReasonCapacityRefused)
+			refused.Message = `configmap kube-system/blue (revision r2) key "kubelet": a kubelet restarted with it would stop pods`
+			p := pool(2, "r1", false, refused)
+			p.Status.Preview = &v1alpha1.PreviewStatus{Revision: "r2"}
+			return p
+		}(), revision: "r2", done: true, stopped: v1alpha1.ReasonCapacityRefused},
 		{name: "a maintenance window that cannot be read ends it", p: pool(2, "r1", false,
 			cond(v1alpha1.ConditionUpdating, metav1.ConditionFalse, v1alpha1.ReasonInvalidMaintenanceWindow)),
 			done: true, stopped: v1alpha1.ReasonInvalidMaintenanceWindow},

@@ -241,6 +241,12 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 			return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: c.Reason, Message: c.Message}
 		}
 	}
+	if pv := p.Status.Preview; !taken && pv != nil && pv.Revision == revision {
+		// Taken, but not assigned anywhere until the nodes' sidecars previewed it.
+		if u := cond(v1alpha1.ConditionUpdating); u != nil && u.Reason == v1alpha1.ReasonWaitingForPreview {
+			return u.Message, false, nil
+		}
+	}
 	if !taken {
 		// An in-place edit is seen by the controller after the ConfigMap's watch event, not with a generation.
 		return fmt.Sprintf("waiting for dkc-server to take revision %s (current %s)", revision, rev), false, nil
@@ -403,6 +409,14 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 			orNone(windowSummary(p.Status.MaintenanceWindow, time.Now())))
 	}
 	fmt.Fprintf(w, "Revision:\t%s\tprevious: %s\n", orNone(p.Status.CurrentRevision), orNone(p.Status.PreviousRevision))
+	if pv := p.Status.Preview; pv != nil {
+		done := "waiting for the nodes' answers"
+		if pv.CompletionTime != nil {
+			done = "completed " + pv.CompletionTime.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "Preview:\trevision %s\trequested %s\t%s\n", pv.Revision,
+			pv.RequestTime.UTC().Format(time.RFC3339), done)
+	}
 	n := p.Status.Nodes
 	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d in progress\t%d failed\t%s\n",
 		n.Selected, n.Updated, n.Ready, n.InProgress, n.Failed, heldSummary(p.Status))

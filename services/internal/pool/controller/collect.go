@@ -105,6 +105,10 @@ func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool
 		kept = append(kept, revision.Kept{Revision: rev, Created: s.CreationTimestamp.Time})
 		byRev[rev] = s
 	}
+	if st.Preview != nil {
+		// The nodes' sidecars read it while they preview it, and it is assigned next unless refused.
+		inUse[st.Preview.Revision] = true
+	}
 	limit := int(pool.Spec.RevisionHistoryLimitOrDefault())
 	for _, rev := range revision.Prune(kept, st.CurrentRevision, st.PreviousRevision, inUse, limit) {
 		s := byRev[rev]

@@ -103,6 +103,10 @@ type Config struct {
 	// Kubelets, if not nil, checks each new revision with the kubelet's own code, for every kubelet minor
 	// among the pool's nodes, before any node is assigned it (kubeletChecks).
 	Kubelets KubeletChecker
+	// Previews: each new revision is previewed on the selected nodes by their sidecars before any node is
+	// assigned it (preview.go), as the pool's spec.disruption.previewTimeout says. Off, no pool waits for
+	// answers (tests of everything else).
+	Previews bool
 }
 
 // Controller rolls KubeletConfigPools out. Build one with New for each term as leader: Run ends with its
@@ -342,6 +346,7 @@ func nodeChanged(o, n *corev1.Node) bool {
 		}
 	}
 	return o.UID != n.UID || ready(o) != ready(n) || !labels.Equals(o.Labels, n.Labels) ||
+		previewOf(o) != previewOf(n) ||
 		o.Spec.Unschedulable != n.Spec.Unschedulable ||
 		!apiequality.Semantic.DeepEqual(o.Spec.ConfigSource, n.Spec.ConfigSource)
 }
@@ -454,14 +459,14 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 	if err != nil {
 		return 0, err
 	}
-	pool, target, invalid, err := c.freeze(ctx, pool, cm, selected)
+	pool, target, invalid, preview, err := c.freeze(ctx, pool, cm, selected, now)
 	if err != nil {
 		return 0, err
 	}
 	if selectorErr != nil {
 		invalid = &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: "spec.nodeSelector: " + selectorErr.Error()}
 	}
-	p, byName, err := c.decideAndAssign(ctx, pool, target, invalid, selected, now)
+	p, byName, err := c.decideAndAssign(ctx, pool, target, invalid, preview, selected, now)
 	if err != nil {
 		return 0, err
 	}
@@ -524,12 +529,15 @@ func (c *Controller) selectNodes(pool *v1alpha1.KubeletConfigPool) (
 // freeze checks the pool's config and freezes it into a revision, its snapshot created if need be: the
 // target to roll out, or why the config is invalid — and then the target is the last valid revision, if
 // any, which the nodes are still judged against. The pool it returns is the one to go on with:
-// ensureSnapshot may have written the pool's record of its snapshots.
+// ensureSnapshot may have written the pool's record of its snapshots. A new revision is previewed on the
+// nodes (preview.go) once its snapshot exists: while the preview waits, the target is the last revision.
 func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap,
-	selected []*corev1.Node) (*v1alpha1.KubeletConfigPool, plan.Target, *plan.Invalid, error) {
+	selected []*corev1.Node, now time.Time) (*v1alpha1.KubeletConfigPool, plan.Target, *plan.Invalid, *plan.Preview,
+	error) {
 	ref := pool.Spec.ConfigMap
 	invalid := checkConfig(ref, c.cfg.Namespaces, cm)
 	var target plan.Target
+	var preview *plan.Preview
 	if invalid == nil {
 		var err error
 		rev, snap := revision.Snapshot(pool, cm)
@@ -537,38 +545,45 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 			// The kubelet's own check, for the minors of the nodes it would reach, before the revision exists.
 			content := []byte(cm.Data[ref.KubeletConfigKey])
 			if invalid, err = c.kubelets.check(ctx, ref, rev, content, kubeletMinors(selected)); err != nil {
-				return nil, plan.Target{}, nil, err
+				return nil, plan.Target{}, nil, nil, err
 			}
 			// And what it would do on the nodes that run one of the pool's revisions: to the state their
 			// kubelets checkpointed (a pool that may drain drains the nodes whose sidecars say so instead,
 			// drain.go), and to the pods running there.
 			if invalid == nil {
 				if invalid, err = c.nodeChecks(ctx, pool, rev, content, selected); err != nil {
-					return nil, plan.Target{}, nil, err
+					return nil, plan.Target{}, nil, nil, err
 				}
 			}
 		}
 		if invalid == nil {
 			if pool, invalid, err = c.ensureSnapshot(ctx, pool, ref.KubeletConfigKey, rev, snap); err != nil {
-				return nil, plan.Target{}, nil, err
+				return nil, plan.Target{}, nil, nil, err
 			}
 		}
-		if invalid == nil {
+		if invalid == nil && rev != pool.Status.CurrentRevision && c.cfg.Previews &&
+			pool.Spec.PreviewTimeoutOrDefault() > 0 {
+			o := c.preview(pool, rev, selected, now)
+			preview, invalid = o.preview, o.invalid
+		}
+		if invalid == nil && (preview == nil || !preview.Waiting) {
 			target = plan.Target{Revision: rev, Source: revision.Source(pool, rev)}
 		}
 	}
-	if cur := pool.Status.CurrentRevision; invalid != nil && cur != "" {
-		// Nodes are judged against the last valid revision meanwhile.
+	if cur := pool.Status.CurrentRevision; target.Revision == "" && cur != "" {
+		// Nodes are judged against the last valid revision meanwhile (while the new one is invalid, or
+		// previewed).
 		target = plan.Target{Revision: cur, Source: revision.Source(pool, cur)}
 	}
-	return pool, target, invalid, nil
+	return pool, target, invalid, preview, nil
 }
 
 // decide plans the pool's next step on the selected nodes as the controller sees them: with the
 // assignments it made that its cache does not show yet (expectations), and the pods of the nodes in the
 // workload gate (pods.go). byName are the selected nodes.
 func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPool, target plan.Target,
-	invalid *plan.Invalid, selected []*corev1.Node, now time.Time) (plan.Plan, map[string]*corev1.Node, error) {
+	invalid *plan.Invalid, preview *plan.Preview, selected []*corev1.Node, now time.Time) (plan.Plan,
+	map[string]*corev1.Node, error) {
 	others := c.selectors()
 	byName := map[string]*corev1.Node{}
 	looked := map[string]bool{} // the nodes whose pods were judged
@@ -588,7 +603,7 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 		}
 		views = append(views, v)
 	}
-	in := plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Nodes: views,
+	in := plan.Input{Pool: c.withAssignmentTime(pool), Target: target, Invalid: invalid, Preview: preview, Nodes: views,
 		Now: now, TermStart: c.termStart}
 	budgets, err := c.budgets(ctx, byName, reads)
 	if err != nil {
@@ -624,10 +639,11 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 // PodDisruptionBudgets, two workers deciding at once would each spend a budget's room before the other's
 // assignment shows (the expectations assignBatch records are what the next decision sees).
 func (c *Controller) decideAndAssign(ctx context.Context, pool *v1alpha1.KubeletConfigPool, target plan.Target,
-	invalid *plan.Invalid, selected []*corev1.Node, now time.Time) (plan.Plan, map[string]*corev1.Node, error) {
+	invalid *plan.Invalid, preview *plan.Preview, selected []*corev1.Node, now time.Time) (plan.Plan,
+	map[string]*corev1.Node, error) {
 	c.budgetMu.Lock()
 	defer c.budgetMu.Unlock()
-	p, byName, err := c.decide(ctx, pool, target, invalid, selected, now)
+	p, byName, err := c.decide(ctx, pool, target, invalid, preview, selected, now)
 	if err != nil {
 		return plan.Plan{}, nil, err
 	}

@@ -155,7 +155,7 @@ func TestFreeze(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			got, target, invalid, err := h.c.freeze(context.Background(), pool, tc.cm, nil)
+			got, target, invalid, _, err := h.c.freeze(context.Background(), pool, tc.cm, nil, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -47,6 +47,22 @@ type Invalid struct {
 	Message string
 }
 
+// Preview is where the pool's preview of its new revision stands (the controller asks the selected
+// nodes' sidecars what the revision would do there before assigning it to any node).
+type Preview struct {
+	// Status is status.preview to write.
+	Status *v1alpha1.PreviewStatus
+	// Condition is the Previewed condition to set: its Status, Reason and Message (Reason "" leaves the
+	// condition as it is).
+	Condition metav1.Condition
+	// Waiting: answers are outstanding. Nothing new is assigned meanwhile (Target is the last revision, if
+	// any, and the nodes are still judged against it), and the Updating condition says so with Message.
+	Waiting bool
+	Message string
+	// Wait is when to decide again though nothing changes: the preview's timeout, or its re-check.
+	Wait time.Duration
+}
+
 // Node is a selected Node as the controller sees it.
 type Node struct {
 	Name string
@@ -109,6 +125,8 @@ type Input struct {
 	// Invalid, when set, stops new assignments; Target is then the last valid revision, if any, and the
 	// nodes are still judged against it.
 	Invalid *Invalid
+	// Preview, when set, is the preview of the new revision; while it waits, nothing new is assigned.
+	Preview *Preview
 	Nodes   []Node
 	Now     time.Time
 	// TermStart is when the current leader's term began (the controller's start as leader). Time before
@@ -263,9 +281,17 @@ func Decide(in Input) Plan {
 		st.LastAssignmentTime = &metav1.Time{Time: now}
 	}
 	conditions(&st, in, b, j)
+	var previewWait time.Duration
+	if pv := in.Preview; pv != nil {
+		st.Preview = pv.Status.DeepCopy()
+		if c := pv.Condition; c.Reason != "" {
+			setCondition(&st, pool, now, v1alpha1.ConditionPreviewed, c.Status, c.Reason, c.Message)
+		}
+		previewWait = pv.Wait
+	}
 
 	p.Status = st
-	p.RequeueAfter = soonest(append(j.requeue, g.wait, w.change))
+	p.RequeueAfter = soonest(append(j.requeue, g.wait, w.change, previewWait))
 	return p
 }
 
@@ -316,6 +342,7 @@ func carried(pool *v1alpha1.KubeletConfigPool, target string) v1alpha1.KubeletCo
 		Conditions:          slices.Clone(old.Conditions),
 		LastAssignmentTime:  old.LastAssignmentTime.DeepCopy(),
 		BatchCompletionTime: old.BatchCompletionTime.DeepCopy(),
+		Preview:             old.Preview.DeepCopy(),
 	}
 	if target != "" && target != old.CurrentRevision {
 		if old.CurrentRevision != "" {
@@ -528,6 +555,9 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 	switch {
 	case in.Invalid != nil:
 		return stopped(v1alpha1.ReasonConfigInvalid, "the config cannot be rolled out: "+in.Invalid.Message)
+	case in.Preview != nil && in.Preview.Waiting:
+		// Before any node is touched: a finding may refuse the revision. The target is still the last one.
+		return rolling(v1alpha1.ReasonWaitingForPreview, in.Preview.Message)
 	case in.Target.Revision == "":
 		return stopped(v1alpha1.ReasonConfigInvalid, "the pool has no revision to roll out yet")
 	case w.err != nil:

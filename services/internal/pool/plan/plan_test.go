@@ -337,6 +337,7 @@ func TestPoolRules(t *testing.T) {
 		pool    []func(*v1alpha1.KubeletConfigPool)
 		target  *Target // default r2
 		invalid *Invalid
+		preview *Preview
 		nodes   []Node
 		assign  string // names, comma-separated
 		counts  string // selected/updated/ready/inProgress/failed/held
@@ -468,6 +469,22 @@ func TestPoolRules(t *testing.T) {
 			nodes: []Node{since(2*time.Hour, assigned("a", status(on, r1, r1, ""))), waiting("b")}, assign: "", counts: "2/0/0/0/1/0",
 			conds:   map[string]string{"Halted": "True/FailureBudgetExhausted"},
 			message: map[string]string{"Degraded": "node a: Timeout: in progress for 31m0s, past nodeTimeout 30m0s (counted from 2026-11-26T11:29:00Z, when this dkc-server became leader): NotActive"}},
+		{name: "a preview waiting: nothing assigned, Updating says why, decided again at its timeout",
+			preview: &Preview{Status: &v1alpha1.PreviewStatus{Revision: "r3"}, Waiting: true, Message: "waiting for a, b",
+				Wait: 5 * time.Minute, Condition: metav1.Condition{Status: metav1.ConditionUnknown,
+					Reason: v1alpha1.ReasonWaitingForPreview, Message: "waiting for a, b"}},
+			nodes: []Node{waiting("a"), waiting("b")}, assign: "", counts: "2/0/0/0/0/0", requeue: 5 * time.Minute,
+			conds:   map[string]string{"Updating": "True/WaitingForPreview", "Previewed": "Unknown/WaitingForPreview"},
+			message: map[string]string{"Updating": "waiting for a, b"}},
+		{name: "a preview waiting on a pool without a revision yet: waiting, not invalid", target: &Target{},
+			preview: &Preview{Status: &v1alpha1.PreviewStatus{Revision: "r1"}, Waiting: true, Message: "waiting for a"},
+			nodes:   []Node{waiting("a")}, assign: "", counts: "1/0/0/0/0/0",
+			conds: map[string]string{"Updating": "True/WaitingForPreview", "ConfigInvalid": "False/ConfigValid"}},
+		{name: "a preview done: the rollout goes on, Previewed says what was found",
+			preview: &Preview{Status: &v1alpha1.PreviewStatus{Revision: "r2"}, Condition: metav1.Condition{
+				Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonNoPodsAffected, Message: "2 of 2 nodes asked found nothing"}},
+			nodes: []Node{waiting("a"), waiting("b")}, assign: "a", counts: "2/0/0/0/0/0",
+			conds: map[string]string{"Updating": "True/RollingOut", "Previewed": "True/NoPodsAffected"}},
 		{name: "held nodes listed up to the bound", nodes: names(v1alpha1.MaxHeldNodesListed+5, func(n string) Node { return windows(waiting(n)) }),
 			assign: "", counts: fmt.Sprintf("%d/0/0/0/0/%d", v1alpha1.MaxHeldNodesListed+5, v1alpha1.MaxHeldNodesListed+5)},
 	} {
@@ -476,7 +493,8 @@ func TestPoolRules(t *testing.T) {
 			if tc.target != nil {
 				target = *tc.target
 			}
-			in := Input{Pool: pool(tc.pool...), Target: target, Invalid: tc.invalid, Nodes: tc.nodes, Now: t0}
+			in := Input{Pool: pool(tc.pool...), Target: target, Invalid: tc.invalid, Preview: tc.preview, Nodes: tc.nodes,
+				Now: t0}
 			if tc.leaderFor > 0 {
 				in.TermStart = t0.Add(-tc.leaderFor)
 			}
@@ -517,8 +535,17 @@ func TestPoolRules(t *testing.T) {
 			if p.RequeueAfter != tc.requeue {
 				t.Errorf("requeue after %v, want %v", p.RequeueAfter, tc.requeue)
 			}
-			if len(p.Status.Conditions) != 6 {
-				t.Errorf("%d conditions, want all 6", len(p.Status.Conditions))
+			want := 6
+			if tc.preview != nil {
+				if tc.preview.Condition.Reason != "" {
+					want++ // Previewed
+				}
+				if p.Status.Preview == nil || p.Status.Preview.Revision != tc.preview.Status.Revision {
+					t.Errorf("status.preview %+v, want %+v", p.Status.Preview, tc.preview.Status)
+				}
+			}
+			if len(p.Status.Conditions) != want {
+				t.Errorf("%d conditions, want all %d", len(p.Status.Conditions), want)
 			}
 		})
 	}

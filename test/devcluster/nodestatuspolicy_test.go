@@ -37,7 +37,7 @@ func (p nodePatchers) Authorize(_ context.Context, a authorizer.Attributes) (aut
 }
 
 // TestOnlyDKCWritesTheNodeStatusItActsOn: the annotations dkc.dev/config-status and dkc.dev/pool-assignment
-// and the ConfigOK condition are set and changed by dkc-server alone, through the Node and nodes/status, on
+// and the ConfigOK and ConfigPreview conditions are set and changed by dkc-server alone, through the Node and nodes/status, on
 // create too; removed also by whoever may patch the Node itself, never by the node; every other Node write
 // (heartbeats, other conditions and annotations, registration) passes whoever makes it.
 func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
@@ -48,6 +48,9 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 	}
 	configOK := corev1.NodeCondition{Type: "ConfigOK", Status: corev1.ConditionFalse, Reason: "ConfigFailed",
 		Message: "failed to validate config, see Kubelet log for details", LastHeartbeatTime: t0, LastTransitionTime: t0}
+	preview := corev1.NodeCondition{Type: "ConfigPreview", Status: corev1.ConditionFalse, Reason: "PodsAffected",
+		Message:           "revision x of pool blue (requested 2026-11-28T05:00:00Z): pod default/a would be evicted",
+		LastHeartbeatTime: t0, LastTransitionTime: t0}
 	const failed = `{"assigned":{"configMap":{"namespace":"kube-system","name":"blue-x","kubeletConfigKey":"kubelet"}},` +
 		`"error":"failed to validate config, see Kubelet log for details"}`
 	base := func() *corev1.Node {
@@ -58,7 +61,7 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 				"dkc.dev/pool-assignment": `{"pool":"blue","revision":"x","time":"2026-11-28T05:00:00Z"}`,
 				"dkc.dev/config-status":   failed,
 			}},
-			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready(t0), configOK}},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready(t0), configOK, preview}},
 		}
 	}
 	edit := func(f func(n *corev1.Node)) *corev1.Node { n := base(); f(n); return n }
@@ -79,6 +82,7 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 		statusMsg     = "only dkc-server may set or change a Node's annotation dkc.dev/config-status"
 		assignmentMsg = "only dkc-server may set or change a Node's annotation dkc.dev/pool-assignment"
 		configOKMsg   = "only dkc-server may set or change a Node's ConfigOK condition"
+		previewMsg    = "only dkc-server may set or change a Node's ConfigPreview condition"
 	)
 	for _, tc := range []struct {
 		name     string
@@ -100,7 +104,7 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "KernelDeadlock", Status: corev1.ConditionFalse})
 		}), base(), everyone, ""},
 		{"conditions reordered", admission.Update, "status", edit(func(n *corev1.Node) {
-			n.Status.Conditions = []corev1.NodeCondition{configOK, ready(t1)}
+			n.Status.Conditions = []corev1.NodeCondition{preview, configOK, ready(t1)}
 		}), base(), everyone, ""},
 		{"another annotation", admission.Update, "", edit(func(n *corev1.Node) { n.Annotations["other"] = "y" }), base(), everyone, ""},
 		{"another annotation via status", admission.Update, "status", edit(func(n *corev1.Node) { delete(n.Annotations, "other") }), base(), everyone, ""},
@@ -147,7 +151,31 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 		{"ConfigOK on create", admission.Create, "", withBare(func(n *corev1.Node) {
 			n.Status.Conditions = append(n.Status.Conditions, configOK)
 		}), none, dkcOnly, configOKMsg},
-		{"ConfigOK removed", admission.Update, "status", edit(func(n *corev1.Node) { n.Status.Conditions = n.Status.Conditions[:1] }), base(), removers, configOKMsg},
+		{"ConfigOK removed", admission.Update, "status", edit(func(n *corev1.Node) {
+			n.Status.Conditions = []corev1.NodeCondition{n.Status.Conditions[0], n.Status.Conditions[2]}
+		}), base(), removers, configOKMsg},
+
+		// Forged ConfigPreview conditions: an answer a pool would count.
+		{"ConfigPreview turned True", admission.Update, "status", edit(func(n *corev1.Node) {
+			n.Status.Conditions[2].Status, n.Status.Conditions[2].Reason = corev1.ConditionTrue, "NoPodsAffected"
+		}), base(), dkcOnly, previewMsg},
+		{"ConfigPreview message", admission.Update, "status", edit(func(n *corev1.Node) {
+			n.Status.Conditions[2].Message = "revision y of pool blue (requested 2026-11-28T05:00:00Z): "
+		}), base(), dkcOnly, previewMsg},
+		{"ConfigPreview heartbeat", admission.Update, "status", edit(func(n *corev1.Node) { n.Status.Conditions[2].LastHeartbeatTime = t1 }), base(), dkcOnly, previewMsg},
+		{"ConfigPreview added", admission.Update, "status", withBare(func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, preview)
+		}), bare(), dkcOnly, previewMsg},
+		{"ConfigPreview added through the Node", admission.Update, "", withBare(func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, preview)
+		}), bare(), dkcOnly, previewMsg},
+		{"second ConfigPreview", admission.Update, "status", edit(func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "ConfigPreview", Status: corev1.ConditionTrue})
+		}), base(), dkcOnly, previewMsg},
+		{"ConfigPreview on create", admission.Create, "", withBare(func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, preview)
+		}), none, dkcOnly, previewMsg},
+		{"ConfigPreview removed", admission.Update, "status", edit(func(n *corev1.Node) { n.Status.Conditions = n.Status.Conditions[:2] }), base(), removers, previewMsg},
 	} {
 		users := []struct {
 			name   string

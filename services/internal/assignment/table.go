@@ -46,6 +46,10 @@ type State struct {
 	// NodeCapacity is the Node's status.capacity (resource name to quantity): the sidecar tells from it which
 	// running pods a restart into a config that shrinks allocatable would fail, before restarting.
 	NodeCapacity map[string]string
+	// Preview is the pool's preview the node is asked for (the first pool by name whose standing preview
+	// selects the node), its snapshot resolved as an assignment; nil when none stands, or the node's own
+	// source is that snapshot already. Nodes sharing one preview share the pointer; treat it as immutable.
+	Preview *dkcv1.Preview
 	// Changed is when this state was set.
 	Changed time.Time
 }
@@ -53,7 +57,18 @@ type State struct {
 // Same reports whether two states tell a node the same thing (Changed aside).
 func (s State) Same(o State) bool {
 	return s.SyncError == o.SyncError && s.NodeUID == o.NodeUID && s.KubeletVersion == o.KubeletVersion &&
-		s.Drained == o.Drained && maps.Equal(s.NodeCapacity, o.NodeCapacity) && SameAssignment(s.Assignment, o.Assignment)
+		s.Drained == o.Drained && maps.Equal(s.NodeCapacity, o.NodeCapacity) &&
+		SameAssignment(s.Assignment, o.Assignment) && SamePreview(s.Preview, o.Preview)
+}
+
+// SamePreview compares two previews by pool, revision, request time and assignment (SameAssignment).
+func SamePreview(a, b *dkcv1.Preview) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.GetPool() == b.GetPool() && a.GetRevision() == b.GetRevision() &&
+		a.GetRequestTime().AsTime().Equal(b.GetRequestTime().AsTime()) &&
+		SameAssignment(a.GetAssignment(), b.GetAssignment())
 }
 
 // SameAssignment compares by source and content hash, never by payload: cheap for thousands of nodes.
@@ -118,9 +133,14 @@ func (t *Table) Get(node string) (State, bool, <-chan struct{}) {
 // than a node accepts is not taken: the node keeps its previous assignment (none if it had none) with
 // tooLargeError, so that no stream ever sends what the node would refuse. Checking here, where every
 // desired state enters, rather than in each stream, puts the error on the Node (package nodestatus reads
-// it from here) and costs one check per node and change, not one per send.
+// it from here) and costs one check per node and change, not one per send. A preview larger than a node
+// accepts is dropped: the node would refuse it as it would the assignment, and the pool, getting no
+// answer, names the node as not answering.
 func (t *Table) Set(node string, s State) bool {
 	tooLarge := payload.CheckSize(s.Assignment.GetFiles()) != nil
+	if s.Preview != nil && payload.CheckSize(s.Preview.GetAssignment().GetFiles()) != nil {
+		s.Preview = nil
+	}
 	t.mu.Lock()
 	e, ok := t.nodes[node]
 	if tooLarge {
@@ -152,11 +172,12 @@ func (t *Table) Set(node string, s State) bool {
 }
 
 // Facts are what a node's state says of its Node object whatever its source: State's NodeUID,
-// KubeletVersion and NodeCapacity.
+// KubeletVersion, NodeCapacity and Preview (the pools that select the Node by its labels).
 type Facts struct {
 	NodeUID        string
 	KubeletVersion string
 	NodeCapacity   map[string]string
+	Preview        *dkcv1.Preview
 }
 
 // SetSyncError keeps the node's assignment and sets its sync error ("" clears it; one longer than
@@ -171,7 +192,7 @@ func (t *Table) SetSyncError(node string, f Facts, syncError nodeconfig.StatusEr
 	t.mu.Unlock()
 	// The node keeps the assignment it has, but no drain is vouched for while its source does not resolve.
 	s.SyncError, s.NodeUID, s.KubeletVersion, s.Drained = string(syncError), f.NodeUID, f.KubeletVersion, false
-	s.NodeCapacity = f.NodeCapacity
+	s.NodeCapacity, s.Preview = f.NodeCapacity, f.Preview
 	return t.Set(node, s) // a concurrent Set in between is fine: the controller is the only writer per node
 }
 

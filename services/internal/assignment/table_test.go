@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
@@ -189,5 +192,35 @@ func TestWaiterOfUnknownNodeWokenByFirstState(t *testing.T) {
 	tab.SetSyncError("a", Facts{}, "failed to sync: x")
 	if !closed(ch) {
 		t.Fatal("state after deletion did not wake the waiter")
+	}
+}
+
+// TestSamePreview: a node's state changes with its preview's pool, revision, request time or content,
+// not with another copy of the same preview.
+func TestSamePreview(t *testing.T) {
+	at := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	p := func(pool, rev string, when time.Time, hash string) *dkcv1.Preview {
+		return &dkcv1.Preview{Pool: pool, Revision: rev, RequestTime: timestamppb.New(when),
+			Assignment: &dkcv1.Assignment{ContentHash: hash}}
+	}
+	base := p("blue", "a", at, "h1")
+	for _, tc := range []struct {
+		name string
+		o    *dkcv1.Preview
+		same bool
+	}{
+		{"a copy", p("blue", "a", at, "h1"), true},
+		{"none", nil, false},
+		{"another pool", p("green", "a", at, "h1"), false},
+		{"another revision", p("blue", "b", at, "h1"), false},
+		{"requested again", p("blue", "a", at.Add(time.Second), "h1"), false},
+		{"other content", p("blue", "a", at, "h2"), false},
+	} {
+		if got := (State{Preview: base}).Same(State{Preview: tc.o}); got != tc.same {
+			t.Errorf("%s: Same = %v, want %v", tc.name, got, tc.same)
+		}
+	}
+	if !(State{}).Same(State{}) {
+		t.Error("two states without a preview differ")
 	}
 }

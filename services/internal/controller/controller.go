@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,7 @@ import (
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 	"github.com/dkc-dev/dkc/services/internal/configmaps"
+	poolrecords "github.com/dkc-dev/dkc/services/internal/pool/records"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 	"github.com/dkc-dev/dkc/services/internal/resolve"
 )
@@ -57,6 +59,8 @@ type Snapshots interface {
 	Synced() bool
 	// Run keeps the records until ctx ends.
 	Run(ctx context.Context) error
+	// Previews are the pools' standing previews by pool name (shared: never modify).
+	Previews() []poolrecords.Preview
 }
 
 // Controller resolves Nodes into the assignment table.
@@ -71,7 +75,8 @@ type Controller struct {
 	shared      *shared           // the resolved ConfigMap versions nodes are on
 	forget      func(node string) // drops what others hold of a deleted Node
 	pacer       Pacer             // nil: direct config changes are not paced
-	snapshots   Snapshots         // nil: no pool records any snapshot
+	snapshots   Snapshots         // nil: no pool records any snapshot, nor asks for a preview
+	previews    *previews         // what is held of the pools' standing previews
 	now         func() time.Time
 }
 
@@ -96,9 +101,10 @@ type Config struct {
 	// with a wake function, which the controller gives through Wake.
 	Pacer Pacer
 	// Snapshots, if not nil, builds the pools' snapshot records, which call onChange with the key of a
-	// snapshot whose record changed. Without them no pool records anything: a pool's snapshot is sent only
-	// to a node already running it.
-	Snapshots func(onChange func(key string)) Snapshots
+	// snapshot whose record changed, and onPreview with the name of a pool whose standing preview did.
+	// Without them no pool records anything: a pool's snapshot is sent only to a node already running it,
+	// and no preview is sent.
+	Snapshots func(onChange func(key string), onPreview func(pool string)) Snapshots
 }
 
 // New wires the controller to its Node informer and builds its ConfigMap tracker.
@@ -114,19 +120,22 @@ func New(cfg Config) *Controller {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodes", MetricsProvider: cfg.QueueMetrics}),
-		shared: newShared(),
-		pacer:  cfg.Pacer,
+		shared:   newShared(),
+		pacer:    cfg.Pacer,
+		previews: newPreviews(),
 	}
 	c.cms = cfg.ConfigMaps(c.onConfigMapChange)
 	if cfg.Snapshots != nil {
-		c.snapshots = cfg.Snapshots(c.onConfigMapChange)
+		c.snapshots = cfg.Snapshots(c.onConfigMapChange, c.onPreviewChange)
 	}
 	_, _ = cfg.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: c.enqueue,
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Node)
 			n, ok2 := newObj.(*corev1.Node)
-			if !ok1 || !ok2 || needsSync(o, n) || c.outcomeChanged(o, n) {
+			// Labels matter while a pool's preview stands: they say whether its selector matches.
+			if !ok1 || !ok2 || needsSync(o, n) || c.outcomeChanged(o, n) ||
+				(c.previewing() && !maps.Equal(o.Labels, n.Labels)) {
 				c.enqueue(newObj)
 			}
 		},
@@ -169,10 +178,19 @@ func (c *Controller) enqueue(obj any) {
 // Wake resolves node again: the pacer calls it when a slot frees for a node waiting for one.
 func (c *Controller) Wake(node string) { c.queue.Add(node) }
 
-// onConfigMapChange re-resolves every node that references the ConfigMap key.
+// onConfigMapChange re-resolves every node that references the ConfigMap key; every node, when it is
+// a standing preview's snapshot.
 func (c *Controller) onConfigMapChange(key string) {
+	all := false
 	for _, n := range c.cms.Nodes(key) {
+		if _, ok := previewHolderPool(n); ok {
+			all = true
+			continue
+		}
 		c.queue.Add(n)
+	}
+	if all {
+		c.enqueueAll()
 	}
 }
 
@@ -245,19 +263,21 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		return fmt.Errorf("get node %s from cache: %w", name, err)
 	}
 	src, origin, err := resolve.NodeSource(node, c.namespaces)
+	facts := factsOf(node)
+	facts.Preview = c.previewFor(node)
 	var se *resolve.SourceError
 	if errors.As(err, &se) {
-		c.refuseSource(node, origin, se)
+		c.refuseSource(node, facts, origin, se)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
 	if src == nil {
-		c.assignLocal(node)
+		c.assignLocal(node, facts)
 		return nil
 	}
-	return c.syncConfigMap(node, origin, src.ConfigMap)
+	return c.syncConfigMap(node, facts, origin, src.ConfigMap)
 }
 
 // forgetNode drops everything held for a deleted Node, so that memory follows the live Nodes.
@@ -274,28 +294,28 @@ func (c *Controller) forgetNode(name string) {
 
 // refuseSource records a source the node must be told is invalid. The node keeps the config it runs, so
 // nothing it referenced before stays tracked or paced.
-func (c *Controller) refuseSource(node *corev1.Node, origin resolve.Origin, se *resolve.SourceError) {
+func (c *Controller) refuseSource(node *corev1.Node, facts assignment.Facts, origin resolve.Origin,
+	se *resolve.SourceError) {
 	name := node.Name
 	c.cms.Track(name, "")
 	c.shared.use(name, "")
 	c.paceDone(name)
-	if c.table.SetSyncError(name, factsOf(node), se.Status) {
+	if c.setSyncError(name, facts, se.Status) {
 		c.log.Info("node config source invalid; node keeps its config", zap.String("node", name),
 			zap.String("origin", string(origin)), zap.Stringer("error", se.Status), zap.String("detail", se.Detail))
 	}
 }
 
 // assignLocal assigns a node without a source its local config.
-func (c *Controller) assignLocal(node *corev1.Node) {
+func (c *Controller) assignLocal(node *corev1.Node, f assignment.Facts) {
 	name := node.Name
 	c.cms.Track(name, "")
 	c.shared.use(name, "")
 	c.paceDone(name) // back to the local config: an escape hatch is never held back
-	f := factsOf(node)
 	next := assignment.State{Assignment: resolve.Local(), NodeUID: f.NodeUID, KubeletVersion: f.KubeletVersion,
-		NodeCapacity: f.NodeCapacity, Drained: nodeconfig.IsDrainedFor(node, "", "")}
+		NodeCapacity: f.NodeCapacity, Drained: nodeconfig.IsDrainedFor(node, "", ""), Preview: f.Preview}
 	prev, hadPrev, _ := c.table.Get(name)
-	if c.table.Set(name, next) && !c.onlyFactsChanged(name, prev, hadPrev, next) {
+	if c.set(name, prev, next) && !c.onlyFactsChanged(name, prev, hadPrev, next) {
 		c.log.Info("node assigned local config", zap.String("node", name))
 	}
 }
@@ -303,15 +323,15 @@ func (c *Controller) assignLocal(node *corev1.Node) {
 // syncConfigMap resolves a node whose source is a ConfigMap: it tracks the ConfigMap, and assigns it only
 // once the tracker has it and a revision snapshot it claims to be checks out; until then the node keeps
 // what it runs.
-func (c *Controller) syncConfigMap(node *corev1.Node, origin resolve.Origin,
+func (c *Controller) syncConfigMap(node *corev1.Node, facts assignment.Facts, origin resolve.Origin,
 	ref *corev1.ConfigMapNodeConfigSource) error {
-	name, facts := node.Name, factsOf(node)
+	name := node.Name
 	key := configmaps.Key(ref.Namespace, ref.Name)
 	c.cms.Track(name, key)
 	c.shared.use(name, sourceKey(ref))
 	cm, synced, err := c.cms.Get(key)
 	if err != nil {
-		c.table.SetSyncError(name, facts, nodeconfig.SyncInternalError)
+		c.setSyncError(name, facts, nodeconfig.SyncInternalError)
 		return fmt.Errorf("read configmap %s for node %s: %w", key, name, err)
 	}
 	if !synced {
@@ -320,7 +340,7 @@ func (c *Controller) syncConfigMap(node *corev1.Node, origin resolve.Origin,
 	if cm == nil {
 		c.shared.gone(sourceKey(ref))
 		c.paceDone(name)
-		if c.table.SetSyncError(name, facts, nodeconfig.DownloadError) {
+		if c.setSyncError(name, facts, nodeconfig.DownloadError) {
 			c.log.Info("configmap of node not found; node keeps its config", zap.String("node", name),
 				zap.String("configmap", key))
 		}
@@ -332,7 +352,7 @@ func (c *Controller) syncConfigMap(node *corev1.Node, origin resolve.Origin,
 			c.queue.AddAfter(name, recordsPendingRetry)
 			return nil
 		}
-		if c.table.SetSyncError(name, facts, nodeconfig.SnapshotMismatchError) {
+		if c.setSyncError(name, facts, nodeconfig.SnapshotMismatchError) {
 			var m *revision.Mismatch
 			errors.As(err, &m)
 			c.log.Warn("revision snapshot does not match its revision; node keeps its config", zap.String("node", name),
@@ -342,19 +362,22 @@ func (c *Controller) syncConfigMap(node *corev1.Node, origin resolve.Origin,
 		}
 		return nil
 	}
-	return c.assignConfigMap(node, origin, ref, cm)
+	return c.assignConfigMap(node, facts, origin, ref, cm)
 }
 
 // assignConfigMap assigns a node the resolved version cm of its source ref, or, where the pacer holds the
 // node back, keeps it on what it runs.
-func (c *Controller) assignConfigMap(node *corev1.Node, origin resolve.Origin, ref *corev1.ConfigMapNodeConfigSource,
-	cm *corev1.ConfigMap) error {
-	name, facts := node.Name, factsOf(node)
+func (c *Controller) assignConfigMap(node *corev1.Node, facts assignment.Facts, origin resolve.Origin,
+	ref *corev1.ConfigMapNodeConfigSource, cm *corev1.ConfigMap) error {
+	name := node.Name
 	kubeletVersion := facts.KubeletVersion
 	a, err := c.shared.resolve(ref, cm)
 	if err != nil {
-		c.table.SetSyncError(name, facts, nodeconfig.SyncInternalError)
+		c.setSyncError(name, facts, nodeconfig.SyncInternalError)
 		return err
+	}
+	if facts.Preview != nil && assignment.SameAssignment(a, facts.Preview.GetAssignment()) {
+		facts.Preview = nil // the node's own source is the previewed snapshot: nothing to preview
 	}
 	give, held := c.pace(node, cm, a)
 	if held {
@@ -364,8 +387,8 @@ func (c *Controller) assignConfigMap(node *corev1.Node, origin resolve.Origin, r
 	// Drained only for the version given: a node held back by the pacer keeps what it runs.
 	drained := !held && nodeconfig.IsDrainedFor(node, cm.UID, cm.ResourceVersion)
 	next := assignment.State{Assignment: give, NodeUID: facts.NodeUID, KubeletVersion: kubeletVersion,
-		NodeCapacity: facts.NodeCapacity, Drained: drained}
-	if !c.table.Set(name, next) || held {
+		NodeCapacity: facts.NodeCapacity, Drained: drained, Preview: facts.Preview}
+	if !c.set(name, prev, next) || held {
 		return nil // unchanged; or held, and the pacer logged that the node waits: what it runs did not change
 	}
 	if c.onlyFactsChanged(name, prev, hadPrev, next) {
@@ -376,6 +399,28 @@ func (c *Controller) assignConfigMap(node *corev1.Node, origin resolve.Origin, r
 		zap.String("resourceVersion", cm.ResourceVersion), zap.String("kubeletConfigKey", ref.KubeletConfigKey),
 		zap.String("kubeletVersion", kubeletVersion), zap.Bool("drained", drained))
 	return nil
+}
+
+// set sets node's state, prev before, and says when its preview changed; it reports whether the state
+// changed.
+func (c *Controller) set(node string, prev, next assignment.State) bool {
+	if !c.table.Set(node, next) {
+		return false
+	}
+	cur, _, _ := c.table.Get(node) // the table may have dropped a preview too large
+	c.logPreview(node, prev.Preview, cur.Preview)
+	return true
+}
+
+// setSyncError is table.SetSyncError, saying when the node's preview changed.
+func (c *Controller) setSyncError(node string, f assignment.Facts, e nodeconfig.StatusError) bool {
+	prev, _, _ := c.table.Get(node)
+	if !c.table.SetSyncError(node, f, e) {
+		return false
+	}
+	cur, _, _ := c.table.Get(node)
+	c.logPreview(node, prev.Preview, cur.Preview)
+	return true
 }
 
 // paceDone frees node's pacing slot or place in line: its source is no direct ConfigMap version now.
@@ -400,9 +445,10 @@ func (c *Controller) onlyFactsChanged(node string, prev assignment.State, hadPre
 	return true
 }
 
-// sameExceptVersion reports whether a and b differ at most in the kubelet version and the node's capacity.
+// sameExceptVersion reports whether a and b differ at most in the kubelet version, the node's capacity
+// and its preview (which set and setSyncError log).
 func sameExceptVersion(a, b assignment.State) bool {
-	a.KubeletVersion, a.NodeCapacity = b.KubeletVersion, b.NodeCapacity
+	a.KubeletVersion, a.NodeCapacity, a.Preview = b.KubeletVersion, b.NodeCapacity, b.Preview
 	return a.Same(b)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/services/internal/configmaps"
+	poolrecords "github.com/dkc-dev/dkc/services/internal/pool/records"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
 )
 
@@ -22,7 +23,10 @@ import (
 type records struct {
 	pools    map[string]*v1alpha1.RevisionSnapshots
 	unsynced bool
+	previews []poolrecords.Preview
 }
+
+func (r *records) Previews() []poolrecords.Preview { return r.previews }
 
 func (r *records) Recorded(pool string) (*v1alpha1.RevisionSnapshots, bool) {
 	rec, ok := r.pools[pool]

@@ -8,7 +8,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 
+	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
 
 // Condition is the ConfigOK condition for a status, worded like the 1.8 KubeletConfigOk messages:
@@ -49,4 +51,31 @@ func describe(s *corev1.NodeConfigSource) string {
 	cm := s.ConfigMap
 	return fmt.Sprintf("%s/%s, UID: %s, ResourceVersion: %s, KubeletConfigKey: %s", cm.Namespace, cm.Name, cm.UID,
 		cm.ResourceVersion, cm.KubeletConfigKey)
+}
+
+// PreviewCondition is the ConfigPreview condition answering a pool's preview with the sidecar's result:
+// True when nothing is affected, False when pods are, a drain is required or the kubelet refuses the
+// config, Unknown when nothing could be predicted (and for a verdict this version does not know, whose
+// reason is then NotPredicted). Its message names what it answers (v1alpha1.PreviewPrefix: the pool counts
+// only answers to its own request), then the sidecar's words, bounded as a status detail is.
+// Timestamps are left to the writer.
+func PreviewCondition(res *dkcv1.PreviewResult) corev1.NodeCondition {
+	cond := corev1.NodeCondition{Type: nodeconfig.PreviewConditionType, Reason: res.GetVerdict()}
+	switch res.GetVerdict() {
+	case nodeconfig.PreviewNoPodsAffected:
+		cond.Status = corev1.ConditionTrue
+	case nodeconfig.PreviewPodsAffected, nodeconfig.PreviewDrainRequired, nodeconfig.PreviewConfigRefused:
+		cond.Status = corev1.ConditionFalse
+	default:
+		cond.Status, cond.Reason = corev1.ConditionUnknown, nodeconfig.PreviewNotPredicted
+	}
+	cond.Message = v1alpha1.PreviewPrefix(res.GetPool(), res.GetRevision(), res.GetRequestTime().AsTime()) +
+		nodeconfig.TruncateDetail(res.GetMessage())
+	return cond
+}
+
+// answers says whether res answers exactly preview p: its pool, revision and request time.
+func answers(res *dkcv1.PreviewResult, p *dkcv1.Preview) bool {
+	return res != nil && p != nil && res.GetPool() == p.GetPool() && res.GetRevision() == p.GetRevision() &&
+		res.GetRequestTime().AsTime().Equal(p.GetRequestTime().AsTime())
 }

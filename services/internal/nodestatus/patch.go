@@ -72,7 +72,7 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	l := w.lock(name)
 	l.Lock()
 	defer l.Unlock()
-	status, message, hold, uid, seq, ok := w.desired(name)
+	status, message, preview, hold, uid, seq, ok := w.desired(name)
 	if !ok {
 		return noReport, nil
 	}
@@ -90,13 +90,13 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 		return 0, fmt.Errorf("encode status of node %s: %w", name, err)
 	}
 	cond := Condition(status, message)
-	digest := writeDigest(string(annotation), cond)
-	if w.shown(name, node, string(annotation), status, cond, digest) {
+	digest := writeDigest(string(annotation), cond, preview)
+	if w.shown(name, node, string(annotation), status, cond, preview, digest) {
 		w.metrics.write("unchanged")
 		w.paid(name, seq)
 		return unchanged, nil
 	}
-	patch, err := statusPatch(node, string(annotation), status, cond, uid, w.clock.Now())
+	patch, err := statusPatch(node, string(annotation), status, cond, preview, uid, w.clock.Now())
 	if err != nil {
 		return 0, err
 	}
@@ -116,8 +116,13 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	w.stateLocked(name).written = &lastWrite{over: node.ResourceVersion, digest: digest}
 	w.mu.Unlock()
 	w.paid(name, seq)
-	w.log.Info("node status written", zap.String("node", name), zap.String("status", string(annotation)),
-		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start)))
+	fields := []zap.Field{zap.String("node", name), zap.String("status", string(annotation)),
+		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start))}
+	if preview != nil {
+		fields = append(fields, zap.String("configPreview", string(preview.Status)),
+			zap.String("previewReason", preview.Reason), zap.String("previewMessage", preview.Message))
+	}
+	w.log.Info("node status written", fields...)
 	return written, nil
 }
 
@@ -147,7 +152,7 @@ func (w *Writer) target(ctx context.Context, name, uid string) (*corev1.Node, ou
 // replica's last patch of it, as that patch (digest) wrote it — a report that follows a write closely (or a
 // queued write that follows a report) would otherwise patch the same status again.
 func (w *Writer) shown(name string, node *corev1.Node, annotation string, status *corev1.NodeConfigStatus,
-	cond corev1.NodeCondition, digest uint64) bool {
+	cond corev1.NodeCondition, preview *corev1.NodeCondition, digest uint64) bool {
 	w.mu.Lock()
 	var last lastWrite
 	wrote := false
@@ -158,20 +163,18 @@ func (w *Writer) shown(name string, node *corev1.Node, annotation string, status
 	if wrote && last.over == node.ResourceVersion {
 		return last.digest == digest
 	}
-	return upToDate(node, annotation, status, cond)
+	return upToDate(node, annotation, status, cond, preview)
 }
 
 // statusPatch is the strategic merge patch of node's status: the annotation, status.config where the
-// apiserver keeps it, and the ConfigOK condition, its transition time kept while its status stays; with the
-// UID precondition when the report names its object.
+// apiserver keeps it, the ConfigOK condition and, if not nil, the ConfigPreview condition, each one's
+// transition time kept while its status stays; with the UID precondition when the report names its
+// object. Conditions merge by type: a patch without ConfigPreview leaves the Node's as it is.
 func statusPatch(node *corev1.Node, annotation string, status *corev1.NodeConfigStatus, cond corev1.NodeCondition,
-	uid string, now time.Time) ([]byte, error) {
-	cond.LastHeartbeatTime = metav1.NewTime(now)
-	cond.LastTransitionTime = metav1.NewTime(now)
-	for _, c := range node.Status.Conditions {
-		if c.Type == nodeconfig.ConditionType && c.Status == cond.Status {
-			cond.LastTransitionTime = c.LastTransitionTime
-		}
+	preview *corev1.NodeCondition, uid string, now time.Time) ([]byte, error) {
+	conds := []corev1.NodeCondition{stamped(node, cond, now)}
+	if preview != nil {
+		conds = append(conds, stamped(node, *preview, now))
 	}
 	meta := map[string]any{"annotations": map[string]string{nodeconfig.StatusAnnotation: annotation}}
 	if uid != "" {
@@ -186,9 +189,22 @@ func statusPatch(node *corev1.Node, annotation string, status *corev1.NodeConfig
 			// Dropped by apiservers ≥ 1.24 unless the Node already has it (docs/design.md, "The apiserver
 			// fact"); kept where allowed.
 			"config":     configPatch(status),
-			"conditions": []corev1.NodeCondition{cond},
+			"conditions": conds,
 		},
 	})
+}
+
+// stamped is cond with its times: heartbeat now, transition now unless node's condition of its type has its
+// status already.
+func stamped(node *corev1.Node, cond corev1.NodeCondition, now time.Time) corev1.NodeCondition {
+	cond.LastHeartbeatTime = metav1.NewTime(now)
+	cond.LastTransitionTime = metav1.NewTime(now)
+	for _, c := range node.Status.Conditions {
+		if c.Type == cond.Type && c.Status == cond.Status {
+			cond.LastTransitionTime = c.LastTransitionTime
+		}
+	}
+	return cond
 }
 
 // patchStatus applies patch to node name's status. The typed client would decode the whole Node the
@@ -242,27 +258,39 @@ func sourcePatch(s *corev1.NodeConfigSource) any {
 	}}
 }
 
-// writeDigest sums what a write puts on the Node: the annotation (the whole status) and the condition.
-func writeDigest(annotation string, cond corev1.NodeCondition) uint64 {
+// writeDigest sums what a write puts on the Node: the annotation (the whole status), the ConfigOK
+// condition and the ConfigPreview condition, if any.
+func writeDigest(annotation string, cond corev1.NodeCondition, preview *corev1.NodeCondition) uint64 {
 	h := fnv.New64a()
-	for _, part := range []string{annotation, string(cond.Status), cond.Reason, cond.Message} {
+	parts := []string{annotation, string(cond.Status), cond.Reason, cond.Message}
+	if preview != nil {
+		parts = append(parts, string(preview.Type), string(preview.Status), preview.Reason, preview.Message)
+	}
+	for _, part := range parts {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
 	return h.Sum64()
 }
 
-// upToDate reports whether the cached Node already carries the status. status.config is compared only
-// where the apiserver keeps it, or a v1.24+ apiserver would be patched forever.
-func upToDate(node *corev1.Node, annotation string, status *corev1.NodeConfigStatus, cond corev1.NodeCondition) bool {
+// upToDate reports whether the cached Node already carries the status, and the preview condition if there
+// is one. status.config is compared only where the apiserver keeps it, or a v1.24+ apiserver would be
+// patched forever.
+func upToDate(node *corev1.Node, annotation string, status *corev1.NodeConfigStatus, cond corev1.NodeCondition,
+	preview *corev1.NodeCondition) bool {
 	if node.Annotations[nodeconfig.StatusAnnotation] != annotation {
 		return false
 	}
 	if node.Status.Config != nil && !apiequality.Semantic.DeepEqual(node.Status.Config, status) {
 		return false
 	}
+	return carries(node, cond) && (preview == nil || carries(node, *preview))
+}
+
+// carries says whether node's condition of cond's type has cond's status, reason and message.
+func carries(node *corev1.Node, cond corev1.NodeCondition) bool {
 	for _, c := range node.Status.Conditions {
-		if c.Type == nodeconfig.ConditionType {
+		if c.Type == cond.Type {
 			return c.Status == cond.Status && c.Reason == cond.Reason && c.Message == cond.Message
 		}
 	}

@@ -32,6 +32,9 @@ type report struct {
 	// seq numbers the reports this replica accepted, so that a write can tell whether the report it wrote
 	// is still the latest.
 	seq uint64
+	// preview is the node's answer to a pool's preview, if the report carried one. It is written (the
+	// ConfigPreview condition) only while it answers the node's current preview (desired).
+	preview *dkcv1.PreviewResult
 	// owed: the report was acknowledged as queued (the inline writes were all taken) and is not on the
 	// Node yet (tests read it; the queue writes it only while the node streams here, see processNext).
 	owed bool
@@ -81,7 +84,16 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 	if req.GetObservedTime() == nil {
 		order.observed = w.clock.Now()
 	}
-	r := report{status: req.GetStatus(), message: req.GetMessage(), order: order, nodeUID: req.GetNodeUid()}
+	r := report{status: req.GetStatus(), message: req.GetMessage(), order: order, nodeUID: req.GetNodeUid(),
+		preview: req.GetPreview()}
+	if res := r.preview; res != nil {
+		if st, _, _ := w.table.Get(node); !answers(res, st.Preview) {
+			w.log.Debug("preview result does not answer the node's current preview; not written",
+				zap.String("node", node), zap.String("pool", res.GetPool()), zap.String("revision", res.GetRevision()),
+				zap.Time("requestTime", res.GetRequestTime().AsTime()), zap.String("previewPool", st.Preview.GetPool()),
+				zap.String("previewRevision", st.Preview.GetRevision()))
+		}
+	}
 	// Past MaxInlineWrites the report is queued instead, unless this replica's cache lacks the Node: only
 	// the inline path can refuse a report of a Node that does not exist (ErrNodeGone), and such reports
 	// are rare.
@@ -218,14 +230,15 @@ func (w *Writer) paid(node string, seq uint64) {
 // Desired is the status the node should carry: the reported one, with the service's sync error in place of
 // the reported error while there is one. ok is false when the node has not reported to this replica.
 func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message string, ok bool) {
-	status, message, _, _, _, ok = w.desired(node)
+	status, message, _, _, _, _, ok = w.desired(node)
 	return status, message, ok
 }
 
-// desired is Desired, how much longer the status waits for its restart's outcome (0: none), the Node
-// object it is about ("": any) and the report's number.
-func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string, hold time.Duration,
-	nodeUID string, seq uint64, ok bool) {
+// desired is Desired, the ConfigPreview condition to write (nil: none, the report answers no preview or
+// not the node's current one), how much longer the status waits for its restart's outcome (0: none), the
+// Node object it is about ("": any) and the report's number.
+func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string,
+	preview *corev1.NodeCondition, hold time.Duration, nodeUID string, seq uint64, ok bool) {
 	w.mu.Lock()
 	r := w.latestLocked(node)
 	var cp report
@@ -234,17 +247,24 @@ func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message 
 	}
 	w.mu.Unlock()
 	if r == nil {
-		return nil, "", 0, "", 0, false
+		return nil, "", nil, 0, "", 0, false
 	}
 	r = &cp
 	status = wire.StatusToCore(r.status)
 	message = r.message
-	if st, known, _ := w.table.Get(node); known && st.SyncError != "" {
+	st, known, _ := w.table.Get(node)
+	if known && st.SyncError != "" {
 		status.Error = st.SyncError
 		message = ""
+	}
+	// Matched at each write, not only when reported: an answer that reaches this replica before the
+	// preview does (the pool's status on a lagging watch) is written once the preview is here.
+	if known && answers(r.preview, st.Preview) {
+		c := PreviewCondition(r.preview)
+		preview = &c
 	}
 	if !r.restarting.IsZero() && status.Error == "" && w.restartDelay > 0 {
 		hold = max(0, w.restartDelay-w.clock.Since(r.restarting))
 	}
-	return status, message, hold, r.nodeUID, r.seq, true
+	return status, message, preview, hold, r.nodeUID, r.seq, true
 }

@@ -41,8 +41,9 @@ func ServerOptions() []grpc.ServerOption {
 
 // response is a WatchConfigResponse whose assignment is already encoded.
 type response struct {
-	shared []byte                     // field 1 encoded, shared with every stream sending that assignment; nil: none
-	own    *dkcv1.WatchConfigResponse // the node's own fields, without the assignment
+	shared  []byte                     // field 1 encoded, shared with every stream sending that assignment; nil: none
+	preview []byte                     // field 8 encoded, shared likewise; nil: none
+	own     *dkcv1.WatchConfigResponse // the node's own fields, without the assignment and preview
 }
 
 var protoCodec = encoding.GetCodecV2(grpcproto.Name)
@@ -61,8 +62,8 @@ func (codec) Marshal(v any) (mem.BufferSlice, error) {
 	if err != nil {
 		return nil, fmt.Errorf("marshal WatchConfigResponse: %w", err)
 	}
-	out := make(mem.BufferSlice, 0, 2)
-	for _, b := range [][]byte{r.shared, own} {
+	out := make(mem.BufferSlice, 0, 3)
+	for _, b := range [][]byte{r.shared, r.preview, own} {
 		if len(b) > 0 {
 			out = append(out, mem.SliceBuffer(b))
 		}
@@ -74,11 +75,19 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error { return protoCodec.Un
 
 // encodings holds the encoding of each assignment sent, for as long as the assignment itself lives: keyed
 // weakly, so that the cache never keeps an assignment (and its 1 MiB) alive, and dropped by a cleanup once
-// the assignment is collected, that is once no node's state and no resolved source holds it any more.
+// the assignment is collected, that is once no node's state and no resolved source holds it any more. A
+// pool's preview carries a snapshot as large, shared by the nodes it selects: it is encoded once as well,
+// as its own part (field 8), beside the assignment's.
 type encodings struct {
-	mu      sync.Mutex
-	m       map[weak.Pointer[dkcv1.Assignment]]*encoded
-	encodes atomic.Int64 // assignments encoded, ever
+	assignments weakEncodings[dkcv1.Assignment]
+	previews    weakEncodings[dkcv1.Preview]
+	encodes     atomic.Int64 // assignments encoded, ever
+}
+
+// weakEncodings holds the encoding of each *T for as long as it lives.
+type weakEncodings[T any] struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[T]]*encoded
 }
 
 type encoded struct {
@@ -87,50 +96,70 @@ type encoded struct {
 	err  error
 }
 
-// response returns the message telling a node its state; st.Assignment may be nil (no assignment).
+// get returns v's encoding, made by encode on first use; encoded says whether this call made it.
+func (w *weakEncodings[T]) get(v *T, encode func() ([]byte, error)) (b []byte, made bool, err error) {
+	k := weak.Make(v)
+	w.mu.Lock()
+	x := w.m[k]
+	if x == nil {
+		if w.m == nil {
+			w.m = map[weak.Pointer[T]]*encoded{}
+		}
+		x = &encoded{}
+		w.m[k] = x
+		runtime.AddCleanup(v, w.forget, k)
+	}
+	w.mu.Unlock()
+	// Thousands of streams wake up together on a new version: one encodes, the others wait for it.
+	x.once.Do(func() {
+		x.b, x.err = encode()
+		made = true
+	})
+	return x.b, made, x.err
+}
+
+func (w *weakEncodings[T]) forget(k weak.Pointer[T]) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.m, k)
+}
+
+func (w *weakEncodings[T]) size() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.m)
+}
+
+// response returns the message telling a node its state; st.Assignment and st.Preview may be nil.
 func (e *encodings) response(st assignment.State) (*response, error) {
 	r := &response{own: &dkcv1.WatchConfigResponse{SyncError: st.SyncError, ResolvedTime: timestamppb.New(st.Changed),
 		NodeUid: st.NodeUID, KubeletVersion: st.KubeletVersion, Drained: st.Drained, NodeCapacity: st.NodeCapacity}}
-	a := st.Assignment
-	if a == nil {
-		return r, nil
-	}
-	k := weak.Make(a)
-	e.mu.Lock()
-	x := e.m[k]
-	if x == nil {
-		if e.m == nil {
-			e.m = map[weak.Pointer[dkcv1.Assignment]]*encoded{}
+	if a := st.Assignment; a != nil {
+		b, made, err := e.assignments.get(a, func() ([]byte, error) {
+			return proto.Marshal(&dkcv1.WatchConfigResponse{Assignment: a})
+		})
+		if made {
+			e.encodes.Add(1)
 		}
-		x = &encoded{}
-		e.m[k] = x
-		runtime.AddCleanup(a, e.forget, k)
+		if err != nil {
+			return nil, fmt.Errorf("encode assignment %s: %w", a.GetContentHash(), err)
+		}
+		r.shared = b
 	}
-	e.mu.Unlock()
-	// Thousands of streams wake up together on a new version: one encodes, the others wait for it.
-	x.once.Do(func() {
-		x.b, x.err = proto.Marshal(&dkcv1.WatchConfigResponse{Assignment: a})
-		e.encodes.Add(1)
-	})
-	if x.err != nil {
-		return nil, fmt.Errorf("encode assignment %s: %w", a.GetContentHash(), x.err)
+	if p := st.Preview; p != nil {
+		b, _, err := e.previews.get(p, func() ([]byte, error) {
+			return proto.Marshal(&dkcv1.WatchConfigResponse{Preview: p})
+		})
+		if err != nil {
+			return nil, fmt.Errorf("encode preview of pool %s revision %s: %w", p.GetPool(), p.GetRevision(), err)
+		}
+		r.preview = b
 	}
-	r.shared = x.b
 	return r, nil
-}
-
-func (e *encodings) forget(k weak.Pointer[dkcv1.Assignment]) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	delete(e.m, k)
 }
 
 // count is how many assignments were encoded.
 func (e *encodings) count() int { return int(e.encodes.Load()) }
 
 // size is how many assignments' encodings are held.
-func (e *encodings) size() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.m)
-}
+func (e *encodings) size() int { return e.assignments.size() }

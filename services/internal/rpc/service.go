@@ -235,6 +235,9 @@ type watchState struct {
 	// that follows it (followsCapacity), which says what it has.
 	capacity        map[string]string
 	followsCapacity bool
+	// preview is the pool preview last sent on this stream (nil: none, or nothing sent yet). The sidecar
+	// does not say which it has, so a new stream sends one that stands; previews are rare.
+	preview *dkcv1.Preview
 }
 
 //go:noinline
@@ -307,12 +310,14 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	// that. A node told another kubelet version than the Node's now (upgraded in place) is sent its state
 	// again; a sidecar older than kubelet_version never says one, and gets its state once per stream. A
 	// sidecar that follows the node's capacity is sent another one; an older one, which never says it, is
-	// not sent its state for it at each stream's start.
+	// not sent its state for it at each stream's start. A pool's preview is sent when it comes, changes or
+	// goes, and on every new stream while it stands (the sidecar does not say which it has).
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
 		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
 		(st.NodeUID != "" && st.NodeUID != ws.nodeUID && (ws.nodeUID != "" || ws.followsNodeUID)) ||
 		(st.KubeletVersion != "" && st.KubeletVersion != ws.kubeletVersion) || st.Drained != ws.drained ||
-		(ws.followsCapacity && len(st.NodeCapacity) > 0 && !maps.Equal(st.NodeCapacity, ws.capacity))
+		(ws.followsCapacity && len(st.NodeCapacity) > 0 && !maps.Equal(st.NodeCapacity, ws.capacity)) ||
+		!assignment.SamePreview(st.Preview, ws.preview)
 	if !send {
 		return changed, nil
 	}
@@ -328,9 +333,10 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	// Per push and node: debug. The assignment's own line is the controller's "node assigned config".
 	ws.log().Debug("pushed config", zap.String("contentHash", st.Assignment.GetContentHash()),
 		zap.Bool("local", st.Assignment != nil && st.Assignment.GetSource().GetConfigMap() == nil),
-		zap.String("syncError", st.SyncError))
+		zap.String("syncError", st.SyncError), zap.String("previewPool", st.Preview.GetPool()),
+		zap.String("previewRevision", st.Preview.GetRevision()))
 	ws.known, ws.sentSyncError, ws.nodeUID, ws.kubeletVersion = true, st.SyncError, st.NodeUID, st.KubeletVersion
-	ws.drained = st.Drained
+	ws.drained, ws.preview = st.Drained, st.Preview
 	if len(st.NodeCapacity) > 0 {
 		ws.capacity = st.NodeCapacity
 	}

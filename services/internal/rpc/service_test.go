@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
@@ -194,6 +196,7 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 		nodeCapacity  map[string]string // the request's node_capacity
 		oldSidecar    bool              // the request does not set follows_node_capacity
 		capacity      map[string]string // the table's NodeCapacity
+		preview       bool              // the table has a pool's preview for the node
 	}{
 		{name: "cleared while away", nodeHolds: download, serviceHas: "", wantSyncError: ""},
 		{name: "appeared while away", nodeHolds: "", serviceHas: download, wantSyncError: download},
@@ -216,14 +219,20 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 			wantNoMessage: true},
 		{name: "older sidecar, which follows no capacity", capacity: map[string]string{"pods": "110"}, oldSidecar: true,
 			wantNoMessage: true},
+		// The sidecar does not say which preview it has: one that stands is sent on every new stream.
+		{name: "a preview stands", preview: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := assignment.NewTable(nil)
 			client := start(t, table, &recordingWriter{})
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
+			var preview *dkcv1.Preview
+			if tc.preview {
+				preview = &dkcv1.Preview{Pool: "blue", Revision: "abc", RequestTime: timestamppb.Now(), Assignment: assign("2")}
+			}
 			table.Set("n1", assignment.State{Assignment: assign("1"), Drained: tc.drained, SyncError: tc.serviceHas,
-				NodeUID: tc.serviceUID, KubeletVersion: tc.kubelet, NodeCapacity: tc.capacity})
+				NodeUID: tc.serviceUID, KubeletVersion: tc.kubelet, NodeCapacity: tc.capacity, Preview: preview})
 			stream, err := client.WatchConfig(ctx, &dkcv1.WatchConfigRequest{NodeName: "n1", SyncError: tc.nodeHolds, NodeUid: tc.nodeUID, FollowsNodeUid: tc.follows,
 				KubeletVersion: tc.nodeKubelet, Drained: tc.nodeDrained, NodeCapacity: tc.nodeCapacity,
 				FollowsNodeCapacity: !tc.oldSidecar,
@@ -254,7 +263,7 @@ func TestResumeReconcilesTheSyncError(t *testing.T) {
 				}
 				if m.GetSyncError() != tc.wantSyncError || m.GetAssignment().GetContentHash() != "h1" || m.GetNodeUid() != tc.serviceUID ||
 					m.GetKubeletVersion() != tc.kubelet || m.GetDrained() != tc.drained ||
-					!maps.Equal(m.GetNodeCapacity(), tc.capacity) {
+					!maps.Equal(m.GetNodeCapacity(), tc.capacity) || !proto.Equal(m.GetPreview(), preview) {
 					t.Fatalf("resumed stream sent sync error %q, assignment %q, node %q, kubelet %q, capacity %v; want %q, h1, %q, %q, %v",
 						m.GetSyncError(), m.GetAssignment().GetContentHash(), m.GetNodeUid(), m.GetKubeletVersion(),
 						m.GetNodeCapacity(), tc.wantSyncError, tc.serviceUID, tc.kubelet, tc.capacity)

@@ -292,8 +292,13 @@ func TestCodecEncodesTheWholeMessage(t *testing.T) {
 		{Assignment: &dkcv1.Assignment{}, ResolvedTime: at}, // local config: present, empty
 		{SyncError: "failed to sync: y", ResolvedTime: at},  // no assignment
 		{Assignment: withFiles("1", 100), ResolvedTime: at, NodeUid: "3c9f7a4e-0d1b-4f55-9a8e-1f2e3d4c5b6a"},
+		// A pool's preview, its snapshot encoded once as the assignment's is.
+		{Assignment: withFiles("1", 100), ResolvedTime: at, SyncError: "failed to sync: z",
+			Preview: &dkcv1.Preview{Pool: "blue", Revision: "abc", RequestTime: at, Assignment: withFiles("2", 100)}},
+		{ResolvedTime: at, Preview: &dkcv1.Preview{Pool: "blue", Revision: "abc", RequestTime: at, Assignment: withFiles("2", 100)}},
 	} {
-		r, err := e.response(assignment.State{Assignment: want.GetAssignment(), SyncError: want.GetSyncError(), Changed: want.GetResolvedTime().AsTime(), NodeUID: want.GetNodeUid()})
+		r, err := e.response(assignment.State{Assignment: want.GetAssignment(), SyncError: want.GetSyncError(), Changed: want.GetResolvedTime().AsTime(), NodeUID: want.GetNodeUid(),
+			Preview: want.GetPreview()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -210,8 +210,9 @@ func (s *server) buildNodeParts(client *kubernetes.Clientset, restCfg *rest.Conf
 			return configmaps.New(configmaps.Config{Log: log.Named("configmaps"), Client: client, Namespaces: s.namespaces,
 				OnChange: onChange})
 		},
-		Snapshots: func(onChange func(key string)) controller.Snapshots {
-			return records.New(records.Config{Log: log.Named("records"), Pools: pools, OnChange: onChange})
+		Snapshots: func(onChange func(key string), onPreview func(pool string)) controller.Snapshots {
+			return records.New(records.Config{Log: log.Named("records"), Pools: pools, OnChange: onChange,
+				OnPreview: onPreview})
 		},
 		Forget: pending.Add, QueueMetrics: queueMetrics, Pacer: s.pacer})
 	// The writer writes unprompted (sync errors, retries) only for nodes streaming from this replica: a
@@ -271,7 +272,7 @@ func (s *server) buildPools(client kubernetes.Interface, pools clientset.Interfa
 		return poolcontroller.New(poolcontroller.Config{Log: s.log.Named("pools"), Client: client, Pools: pools, Nodes: nodes,
 			Namespaces: s.namespaces, Recorder: recorder, Metrics: metrics,
 			Workers: s.cfg.PoolWorkers, QueueMetrics: queueMetrics,
-			Kubelets: kubelets})
+			Kubelets: kubelets, Previews: true})
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -153,5 +154,99 @@ func TestRunKeepsOnlyTheRecords(t *testing.T) {
 	obj, _, _ := r.informer.GetStore().GetByKey("blue")
 	if cached := obj.(*v1alpha1.KubeletConfigPool); cached.Status.CurrentRevision != "" {
 		t.Errorf("cached pool keeps status.currentRevision %q, want only the record", cached.Status.CurrentRevision)
+	}
+}
+
+// TestPreviews: a pool's preview stands from its request until its completion or the pool's deletion;
+// OnPreview is called when it comes, changes (revision, request time, selector, snapshot record) or goes,
+// and only then; the standing previews are listed by pool name.
+func TestPreviews(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC))
+	t1 := metav1.NewTime(t0.Add(time.Minute))
+	a := v1alpha1.RevisionSnapshot{Revision: "a", Namespace: "kube-system", Name: "blue-a", UID: "u1", KubeletConfigKey: "kubelet"}
+	previewing := func(name, rev string, at metav1.Time, done *metav1.Time, sel map[string]string, items ...v1alpha1.RevisionSnapshot) *v1alpha1.KubeletConfigPool {
+		p := pool(items...)
+		p.Name = name
+		p.Spec.NodeSelector = metav1.LabelSelector{MatchLabels: sel}
+		p.Status.Preview = &v1alpha1.PreviewStatus{Revision: rev, RequestTime: at, CompletionTime: done}
+		return p
+	}
+	workers := map[string]string{"role": "worker"}
+	type step struct {
+		old, new any
+		told     bool     // OnPreview called
+		standing []string // pool/revision of the standing previews after it
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{name: "requested, then completed", steps: []step{
+			{new: previewing("blue", "a", t0, nil, workers, a), told: true, standing: []string{"blue/a"}},
+			{old: previewing("blue", "a", t0, nil, workers, a), new: previewing("blue", "a", t0, &t1, workers, a), told: true},
+		}},
+		{name: "unchanged status write", steps: []step{
+			{new: previewing("blue", "a", t0, nil, workers, a), told: true, standing: []string{"blue/a"}},
+			{old: previewing("blue", "a", t0, nil, workers, a), new: previewing("blue", "a", t0, nil, workers, a), standing: []string{"blue/a"}},
+		}},
+		{name: "requested again", steps: []step{
+			{new: previewing("blue", "a", t0, nil, workers, a), told: true, standing: []string{"blue/a"}},
+			{new: previewing("blue", "a", t1, nil, workers, a), told: true, standing: []string{"blue/a"}},
+		}},
+		{name: "selector changed", steps: []step{
+			{new: previewing("blue", "a", t0, nil, workers, a), told: true, standing: []string{"blue/a"}},
+			{new: previewing("blue", "a", t0, nil, map[string]string{"role": "db"}, a), told: true, standing: []string{"blue/a"}},
+		}},
+		{name: "snapshot recorded after the request", steps: []step{
+			{new: previewing("blue", "a", t0, nil, workers), told: true, standing: []string{"blue/a"}},
+			{new: previewing("blue", "a", t0, nil, workers, a), told: true, standing: []string{"blue/a"}},
+		}},
+		{name: "completed before seen", steps: []step{{new: previewing("blue", "a", t0, &t1, workers, a)}}},
+		{name: "two pools, then one deleted", steps: []step{
+			{new: previewing("green", "g", t0, nil, workers), told: true, standing: []string{"green/g"}},
+			{new: previewing("blue", "a", t0, nil, workers, a), told: true, standing: []string{"blue/a", "green/g"}},
+			{old: cache.DeletedFinalStateUnknown{Key: "green", Obj: previewing("green", "g", t0, nil, workers)}, told: true,
+				standing: []string{"blue/a"}},
+		}},
+	} {
+		told := 0
+		r := New(Config{Log: zap.NewNop(), OnPreview: func(string) { told++ }})
+		for i, s := range tc.steps {
+			told = 0
+			r.changed(s.old, s.new)
+			var got []string
+			for _, p := range r.Previews() {
+				got = append(got, p.Pool+"/"+p.Revision)
+			}
+			if (told > 0) != s.told || !slices.Equal(got, s.standing) {
+				t.Errorf("%s, step %d: told %d times, standing %v; want told %v, standing %v", tc.name, i, told, got, s.told, s.standing)
+			}
+		}
+	}
+	// What a node is matched and served by.
+	r := New(Config{Log: zap.NewNop()})
+	r.changed(nil, previewing("blue", "a", t0, nil, workers, a))
+	p := r.Previews()[0]
+	if !p.Recorded || p.Snapshot != a || !p.RequestTime.Equal(t0.Time) ||
+		!p.Selector.Matches(labels.Set{"role": "worker"}) || p.Selector.Matches(labels.Set{"role": "db"}) {
+		t.Errorf("preview %+v, want a's record, requested %v, selecting role=worker", p, t0)
+	}
+}
+
+// TestTransformKeepsPreview: the informer's transform keeps what previews are made of.
+func TestTransformKeepsPreview(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC))
+	p := pool()
+	p.Spec.NodeSelector = metav1.LabelSelector{MatchLabels: map[string]string{"role": "worker"}}
+	p.Spec.ConfigMap.Name = "dropped"
+	p.Status.Preview = &v1alpha1.PreviewStatus{Revision: "a", RequestTime: t0}
+	got, err := transform(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := got.(*v1alpha1.KubeletConfigPool)
+	if kept.Spec.NodeSelector.MatchLabels["role"] != "worker" || kept.Status.Preview == nil ||
+		kept.Status.Preview.Revision != "a" || kept.Spec.ConfigMap.Name != "" {
+		t.Errorf("transformed pool %+v: want its selector and preview kept, the rest dropped", kept)
 	}
 }

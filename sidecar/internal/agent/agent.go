@@ -14,7 +14,9 @@
 // assigns; decide.go the rollback rules as pure decisions, and the Phase and Outcome they speak in
 // (docs/design.md, "The rollback rules"); reconcile.go carrying a round's decisions out; restart.go making the
 // kubelet run a config and judging the outcome; trial.go promotion to last-known-good; report.go the status;
-// phase.go recording the phase; kubeletflags.go the kubelet's command line; state.go the state file.
+// phase.go recording the phase; kubeletflags.go the kubelet's command line; state.go the state file;
+// preview.go answering a pool's preview of a revision, which judges it as a restart would without touching
+// the kubelet or what is assigned.
 package agent
 
 import (
@@ -78,8 +80,10 @@ type Prober interface {
 // Reporter delivers status to the config service, retrying until acknowledged; implemented by the client.
 type Reporter interface {
 	// Report records the node's latest status and, if restart is not nil, queues that restart behind the
-	// ones not yet acknowledged: each restart is delivered (and becomes its Event) once, in order.
-	Report(status *dkcv1.NodeConfigStatus, message string, restart *dkcv1.KubeletRestart)
+	// ones not yet acknowledged: each restart is delivered (and becomes its Event) once, in order. preview
+	// is the node's answer to the pool preview that stands (nil: none stands), part of that status: it
+	// rides on every report of it. The agent never changes a PreviewResult it passed.
+	Report(status *dkcv1.NodeConfigStatus, message string, preview *dkcv1.PreviewResult, restart *dkcv1.KubeletRestart)
 	// Follow says that the reports from now on are about Node object nodeUID: the state the agent applies
 	// next was resolved from it (WatchConfigResponse.node_uid).
 	Follow(nodeUID string)
@@ -95,6 +99,9 @@ type Desired struct {
 	// state that going from the running config to Assignment's invalidates may be removed. It holds for that
 	// assignment only; without an assignment, false withdraws what an earlier update said.
 	Drained bool
+	// Preview is the pool preview that stands (WatchConfigResponse.preview); nil: none stands any more.
+	// It is judged (preview.go) after the assignment is applied, and never touches the kubelet.
+	Preview *dkcv1.Preview
 }
 
 // Config of the agent: what it acts through, then how it behaves.
@@ -201,6 +208,8 @@ type Agent struct {
 	// phase is where the node stands in the rollback rules (decide.go); outcome is the last one logged.
 	phase   Phase
 	outcome string
+	// preview is the pool preview that stands and the node's answer to it (preview.go).
+	preview previewState
 	// Restarts since the last report, in order. One reconcile can restart the kubelet more than once (into
 	// the assigned config, then back to last-known-good when it does not run), and each restart is an Event.
 	pendingRestarts []*dkcv1.KubeletRestart
@@ -307,53 +316,70 @@ func (a *Agent) Applied() *dkcv1.AppliedConfig {
 
 // Run applies the service's updates and checks the trial until ctx ends. An update without an assignment
 // carries only a sync error (the service could not resolve the node's new source): the node keeps what it
-// has.
+// has. A pool preview that stands is judged between updates, never before one that waits (preview.go).
 func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigResponse) error {
 	tick := a.clock.NewTicker(a.cfg.TrialCheckInterval)
 	defer tick.Stop()
 	for {
+		if a.previewDue() && ctx.Err() == nil {
+			// A real assignment goes first: an update already waiting is applied before the preview is
+			// judged, and the loop looks again for the next one.
+			select {
+			case u := <-updates:
+				a.take(ctx, u)
+				continue
+			default:
+			}
+			a.answerPreview(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			a.saveTrial(true) // what this process measured of the trial survives a graceful stop
 			return nil
 		case u := <-updates:
-			if uid := u.GetNodeUid(); uid != "" && uid != a.nodeUID {
-				// Another Node object than before (the Node was registered again, or this sidecar never knew):
-				// Apply's reconcile reports the node's status about it, even when nothing changes on the node.
-				a.follow(uid)
-				a.state.s.NodeUID = uid
-				if err := a.state.save(); err != nil {
-					a.log.Warn("cannot record the Node object followed; a restarted sidecar's first reports will not name it",
-						zap.String("nodeUID", uid), zap.Error(err))
-				}
-			}
-			if v := u.GetKubeletVersion(); v != "" && v != a.kubeletVersion {
-				// Configs are checked with the code of this kubelet's minor from now on.
-				a.log.Info("kubelet version", zap.String("kubeletVersion", v), zap.String("was", a.kubeletVersion))
-				a.kubeletVersion = v
-				if a.state.s.KubeletVersion != v {
-					a.state.s.KubeletVersion = v
-					if err := a.state.save(); err != nil {
-						a.log.Warn("cannot record the kubelet's version; an uninstall would not validate the local config with it",
-							zap.Error(err))
-					}
-				}
-			}
-			if m := u.GetNodeCapacity(); len(m) > 0 {
-				a.setCapacity(m)
-			}
-			a.Apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError(), Drained: u.GetDrained()})
+			a.take(ctx, u)
 		case <-tick.C():
 			if a.unsynced != nil {
 				a.log.Info("retrying checkpoint of the last assignment", sourceFields(checkpoint.SourceOf(a.unsynced))...)
-				a.Apply(ctx, Desired{Assignment: a.unsynced, SyncError: string(a.syncError),
-					Drained: a.drained.of(checkpoint.SourceOf(a.unsynced))})
+				a.apply(ctx, Desired{Assignment: a.unsynced, SyncError: string(a.syncError),
+					Drained: a.drained.of(checkpoint.SourceOf(a.unsynced)), Preview: a.preview.req})
 			} else if a.retry {
 				a.reconcile(ctx)
 			}
 			a.CheckTrial(ctx)
 		}
 	}
+}
+
+// take applies an update from the service; a preview it brings is judged by the caller.
+func (a *Agent) take(ctx context.Context, u *dkcv1.WatchConfigResponse) {
+	if uid := u.GetNodeUid(); uid != "" && uid != a.nodeUID {
+		// Another Node object than before (the Node was registered again, or this sidecar never knew):
+		// apply's reconcile reports the node's status about it, even when nothing changes on the node.
+		a.follow(uid)
+		a.state.s.NodeUID = uid
+		if err := a.state.save(); err != nil {
+			a.log.Warn("cannot record the Node object followed; a restarted sidecar's first reports will not name it",
+				zap.String("nodeUID", uid), zap.Error(err))
+		}
+	}
+	if v := u.GetKubeletVersion(); v != "" && v != a.kubeletVersion {
+		// Configs are checked with the code of this kubelet's minor from now on.
+		a.log.Info("kubelet version", zap.String("kubeletVersion", v), zap.String("was", a.kubeletVersion))
+		a.kubeletVersion = v
+		if a.state.s.KubeletVersion != v {
+			a.state.s.KubeletVersion = v
+			if err := a.state.save(); err != nil {
+				a.log.Warn("cannot record the kubelet's version; an uninstall would not validate the local config with it",
+					zap.Error(err))
+			}
+		}
+	}
+	if m := u.GetNodeCapacity(); len(m) > 0 {
+		a.setCapacity(m)
+	}
+	a.apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError(), Drained: u.GetDrained(),
+		Preview: u.GetPreview()})
 }
 
 // follow makes the reports from now on name Node object uid ("": none).
@@ -364,10 +390,20 @@ func (a *Agent) follow(uid string) {
 	}
 }
 
-// Apply takes a desired state from the service.
+// Apply takes a desired state from the service, then judges its preview if one is due.
 func (a *Agent) Apply(ctx context.Context, d Desired) {
+	a.apply(ctx, d)
+	if a.previewDue() {
+		a.answerPreview(ctx)
+	}
+}
+
+// apply takes a desired state from the service: its assignment is applied, its preview only taken note of
+// (the withdrawal of one is in the reports from here on).
+func (a *Agent) apply(ctx context.Context, d Desired) {
 	a.syncError = nodeconfig.StatusError(d.SyncError)
 	a.takeDrain(d)
+	drop := a.takePreview(d.Preview)
 	if d.Assignment != nil {
 		a.unsynced = nil // a newer assignment replaces one not yet written
 		before, _ := a.store.Assigned()
@@ -383,6 +419,7 @@ func (a *Agent) Apply(ctx context.Context, d Desired) {
 			a.report()
 		}
 	}
+	a.dropPreviewCheckpoint(drop)
 	a.reconcile(ctx)
 }
 

@@ -264,6 +264,7 @@ type recordingReporter struct {
 type reported struct {
 	status  *dkcv1.NodeConfigStatus
 	nodeUID string
+	preview *dkcv1.PreviewResult
 }
 
 func (r *recordingReporter) lastStatus() *dkcv1.NodeConfigStatus {
@@ -272,11 +273,12 @@ func (r *recordingReporter) lastStatus() *dkcv1.NodeConfigStatus {
 	return r.last
 }
 
-func (r *recordingReporter) Report(st *dkcv1.NodeConfigStatus, _ string, restart *dkcv1.KubeletRestart) {
+func (r *recordingReporter) Report(st *dkcv1.NodeConfigStatus, _ string, preview *dkcv1.PreviewResult,
+	restart *dkcv1.KubeletRestart) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last = st
-	r.reports = append(r.reports, reported{status: st, nodeUID: r.following})
+	r.reports = append(r.reports, reported{status: st, nodeUID: r.following, preview: preview})
 	if restart != nil {
 		r.restarts = append(r.restarts, restart)
 	}

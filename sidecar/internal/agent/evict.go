@@ -4,6 +4,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -44,6 +45,37 @@ type Usage interface {
 	Pods(ctx context.Context, kc *configcheck.Checked) ([]corev1.Pod, error)
 }
 
+// errNoUsage: the Prober reads neither the kubelet's pods nor its stats (no Usage), so nothing is predicted.
+var errNoUsage = errors.New("the sidecar's kubelet prober reads neither the kubelet's pods nor its stats")
+
+// errNoCapacity: the config changes allocatable, and the service sent no Node capacity to compute it from.
+var errNoCapacity = errors.New("the service sends no node capacity (a dkc-server older than this sidecar)")
+
+// predictEvictions is what the eviction thresholds of target do to the node's pods as its kubelet sees them
+// now, against the config it runs (running, reached as listening says). changes is false, and nothing is
+// asked of the kubelet, when target changes no eviction threshold; an error says why nothing could be
+// predicted (errNoUsage, the kubelet's stats or pods unread).
+func (a *Agent) predictEvictions(ctx context.Context, listening *configcheck.Checked, running map[string]any,
+	target candidate) (ev capacity.Eviction, changes bool, err error) {
+	if !capacity.EvictionChanges(running, target.config.Fields) {
+		return ev, false, nil
+	}
+	usage, ok := a.kubelet.(Usage)
+	if !ok {
+		return ev, true, errNoUsage
+	}
+	summary, err := usage.Summary(ctx, listening)
+	if err != nil {
+		return ev, true, fmt.Errorf("read the kubelet's stats summary: %w", err)
+	}
+	pods, err := usage.Pods(ctx, listening)
+	if err != nil {
+		return ev, true, fmt.Errorf("read the kubelet's pods: %w", err)
+	}
+	ev, err = capacity.Evictions(summary, running, target.config.Fields, pods)
+	return ev, true, err
+}
+
 // evictions returns a needs-drain error naming the pods the kubelet would evict or reject once restarted
 // into target, with the eviction thresholds the config it runs (running, reached as listening says) does
 // not have; nil when none would go, or when that cannot be told. A prediction that cannot be made does not
@@ -51,42 +83,30 @@ type Usage interface {
 // evicts as the node's failure.
 func (a *Agent) evictions(ctx context.Context, listening *configcheck.Checked, running map[string]any,
 	target candidate, ds drainState) error {
-	if !capacity.EvictionChanges(running, target.config.Fields) {
+	ev, _, err := a.predictEvictions(ctx, listening, running, target)
+	switch {
+	case errors.Is(err, errNoUsage):
 		return nil
-	}
-	usage, ok := a.kubelet.(Usage)
-	if !ok {
-		return nil
-	}
-	predict := func() (capacity.Eviction, error) {
-		summary, err := usage.Summary(ctx, listening)
-		if err != nil {
-			return capacity.Eviction{}, fmt.Errorf("read the kubelet's stats summary: %w", err)
-		}
-		pods, err := usage.Pods(ctx, listening)
-		if err != nil {
-			return capacity.Eviction{}, fmt.Errorf("read the kubelet's pods: %w", err)
-		}
-		return capacity.Evictions(summary, running, target.config.Fields, pods)
-	}
-	ev, err := predict()
-	if err != nil {
+	case err != nil:
 		a.log.Warn("evictions under the config's new eviction thresholds not predicted; restarting as always",
 			append(sourceFields(target.src), zap.String("node", a.cfg.NodeName), zap.Error(err))...)
 		return nil
-	}
-	if !ev.Stops() {
+	case !ev.Stops():
 		// Nothing goes, or the kubelet evicts already under the thresholds it runs: a restart adds nothing.
 		return nil
 	}
-	node := a.cfg.NodeName
-	if node == "" {
-		node = "the node"
-	}
 	return fmt.Errorf("%w: the kubelet, restarted with %s, would evict or reject pods at once under its eviction "+
 		"thresholds, which honours no PodDisruptionBudget: %s; it keeps running its config. To make the change, %s",
-		errNeedsDrain, describe(target.src), strings.Join(ev.Findings(node), "; "),
+		errNeedsDrain, describe(target.src), strings.Join(ev.Findings(a.nodeLabel()), "; "),
 		a.drainHow(ds, "restarts the kubelet"))
+}
+
+// nodeLabel names the node in predictions: its name, or "the node".
+func (a *Agent) nodeLabel() string {
+	if a.cfg.NodeName == "" {
+		return "the node"
+	}
+	return a.cfg.NodeName
 }
 
 // setCapacity records the Node's capacity the service sent; a quantity that does not parse is left out
@@ -105,6 +125,58 @@ func (a *Agent) setCapacity(m map[string]string) {
 	a.nodeCapacity = c
 }
 
+// admissionFinding is what the kubelet, restarted into a config, would do to the running pods when it
+// admits them again.
+type admissionFinding struct {
+	// changes: the config changes allocatable (else nothing else is set, and nothing was asked).
+	changes bool
+	// stopping names every running pod it would stop ("namespace/name: why"), oldest first; kept, those of
+	// them a drain would not spare (DaemonSet and static pods).
+	stopping, kept []string
+	// notStarting says why the kubelet would not start at all (reservations over the node's capacity);
+	// unpredicted, why no pod is named (package capacity's Capacity).
+	notStarting, unpredicted string
+}
+
+// predictAdmission plays the admission of the node's running pods by the kubelet restarted into target,
+// from the config it runs (running, reached as listening says) and the Node's capacity the service sent.
+// An error says why it could not be played (errNoCapacity, errNoUsage, the pods unread); with stopping
+// found, an error says only that kept is unknown.
+func (a *Agent) predictAdmission(ctx context.Context, listening *configcheck.Checked, running map[string]any,
+	target candidate) (admissionFinding, error) {
+	if !capacity.Changes(running, target.config.Fields) {
+		return admissionFinding{}, nil
+	}
+	f := admissionFinding{changes: true}
+	if len(a.nodeCapacity) == 0 {
+		return f, errNoCapacity
+	}
+	usage, ok := a.kubelet.(Usage)
+	if !ok {
+		return f, errNoUsage
+	}
+	pods, err := usage.Pods(ctx, listening)
+	if err != nil {
+		return f, fmt.Errorf("read the kubelet's pods: %w", err)
+	}
+	node := a.nodeLabel()
+	got, err := capacity.OnRestart(node, a.nodeCapacity, running, target.config.Fields, pods)
+	if err != nil {
+		return f, err
+	}
+	f.notStarting, f.unpredicted, f.stopping = got.NotStarting, got.Unpredicted, got.Stopping()
+	if len(f.stopping) == 0 {
+		return f, nil
+	}
+	// A drain still spares the others, but not these: said, so that nobody waits on it to make room.
+	kept, err := capacity.OnRestart(node, a.nodeCapacity, running, target.config.Fields, capacity.DrainKeeps(pods))
+	if err != nil {
+		return f, err
+	}
+	f.kept = kept.Stopping()
+	return f, nil
+}
+
 // admission returns a needs-drain error naming the running pods the kubelet, restarted into target, would
 // stop, when target changes allocatable from the config it runs (running, reached as listening says): it
 // admits the node's pods again, oldest first, against the allocatable target leaves, rejects those that no
@@ -114,66 +186,41 @@ func (a *Agent) setCapacity(m map[string]string) {
 // rolls back): the node then goes as it always has, and the pool's workload gate counts the failed pods.
 func (a *Agent) admission(ctx context.Context, listening *configcheck.Checked, running map[string]any,
 	target candidate, ds drainState) error {
-	if !capacity.Changes(running, target.config.Fields) {
-		return nil
-	}
-	if len(a.nodeCapacity) == 0 {
+	f, err := a.predictAdmission(ctx, listening, running, target)
+	switch {
+	case errors.Is(err, errNoCapacity):
 		if !a.noCapacityLogged {
 			a.noCapacityLogged = true
 			a.log.Info("pods the kubelet would no longer admit under a config not predicted: the service sends no "+
 				"node capacity (a dkc-server older than this sidecar)", zap.String("node", a.cfg.NodeName))
 		}
 		return nil
-	}
-	usage, ok := a.kubelet.(Usage)
-	if !ok {
+	case errors.Is(err, errNoUsage):
 		return nil
-	}
-	node := a.cfg.NodeName
-	if node == "" {
-		node = "the node"
-	}
-	// stops is what the restarted kubelet stops of pods.
-	stops := func(pods []corev1.Pod) ([]string, error) {
-		got, err := capacity.OnRestart(node, a.nodeCapacity, running, target.config.Fields, pods)
-		return got.Stopping(), err
-	}
-	var kept []string
-	predict := func() ([]string, error) {
-		pods, err := usage.Pods(ctx, listening)
-		if err != nil {
-			return nil, fmt.Errorf("read the kubelet's pods: %w", err)
-		}
-		stopping, err := stops(pods)
-		if err != nil || len(stopping) == 0 {
-			return nil, err
-		}
-		// A drain still spares the others, but not these: said, so that nobody waits on it to make room.
-		kept, err = stops(capacity.DrainKeeps(pods))
-		return stopping, err
-	}
-	stopping, err := predict()
-	if err != nil {
+	case err != nil:
 		a.log.Warn("pods the kubelet would no longer admit under the config not predicted; restarting as always",
 			append(sourceFields(target.src), zap.String("node", a.cfg.NodeName), zap.Error(err))...)
 		return nil
-	}
-	if len(stopping) == 0 {
+	case len(f.stopping) == 0:
 		return nil
 	}
-	n := len(stopping)
-	if n > maxNamedPods {
-		stopping = append(stopping[:maxNamedPods], fmt.Sprintf("and %d more", n-maxNamedPods))
-	}
 	even := ""
-	if len(kept) > 0 {
+	if len(f.kept) > 0 {
 		even = fmt.Sprintf(" (even drained, it would not admit %s: DaemonSet and static pods, which a drain leaves; "+
-			"the config leaves too little room for them)", strings.Join(kept, "; "))
+			"the config leaves too little room for them)", strings.Join(f.kept, "; "))
 	}
 	return fmt.Errorf("%w: the kubelet, restarted with %s, admits the node's running pods again, oldest first, "+
 		"against less room, and would stop %d of them, honouring no PodDisruptionBudget: %s; it keeps running its "+
-		"config%s. To make the change, %s", errNeedsDrain, describe(target.src), n, strings.Join(stopping, "; "), even,
-		a.drainHow(ds, "restarts the kubelet"))
+		"config%s. To make the change, %s", errNeedsDrain, describe(target.src), len(f.stopping),
+		strings.Join(named(f.stopping), "; "), even, a.drainHow(ds, "restarts the kubelet"))
+}
+
+// named is lines cut to the first maxNamedPods, and a last one saying how many more there are.
+func named(lines []string) []string {
+	if len(lines) <= maxNamedPods {
+		return lines
+	}
+	return append(lines[:maxNamedPods:maxNamedPods], fmt.Sprintf("and %d more", len(lines)-maxNamedPods))
 }
 
 // maxNamedPods bounds the pods a needs-drain detail names.

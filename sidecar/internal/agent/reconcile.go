@@ -20,7 +20,21 @@ type candidate struct {
 	flags  []string // the kubelet's flags it was checked with
 }
 
+// load checks src's config as the kubelet would run it on this node, and logs the check's warnings.
 func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []string) (candidate, error) {
+	c, err := a.checkConfig(ctx, src, flags)
+	if err != nil {
+		return c, err
+	}
+	for _, w := range c.config.Warnings {
+		a.log.Warn("kubelet config warning", zap.String("file", c.file), zap.String("warning", w))
+	}
+	return c, nil
+}
+
+// checkConfig is load without logging: src's config file (its checkpoint, or the local config) checked with
+// the kubelet's code of the node kubelet's minor, the node's flags and drop-ins applied.
+func (a *Agent) checkConfig(ctx context.Context, src *corev1.NodeConfigSource, flags []string) (candidate, error) {
 	c := candidate{src: src, file: a.cfg.LocalConfig, flags: flags}
 	if src != nil {
 		c.file = a.store.ConfigFile(src.ConfigMap)
@@ -28,9 +42,6 @@ func (a *Agent) load(ctx context.Context, src *corev1.NodeConfigSource, flags []
 	r, err := a.cfg.Checker.Check(ctx, configcheck.Request{File: c.file, Flags: flags, KubeletVersion: a.checkVersion()})
 	if err != nil {
 		return c, err
-	}
-	for _, w := range r.Warnings {
-		a.log.Warn("kubelet config warning", zap.String("file", c.file), zap.String("warning", w))
 	}
 	c.config = r
 	return c, nil

@@ -183,6 +183,9 @@ func (a *Agent) authLikeLocal(ctx context.Context, target candidate) bool {
 // setActive records that the kubelet was proven to run src, on disk too for the next sidecar's first status.
 // A state reset made before is over: the kubelet runs healthy, and may run pods again.
 func (a *Agent) setActive(src *corev1.NodeConfigSource) {
+	if !nodeconfig.SameSource(a.active, src) {
+		a.preview.due = a.preview.req != nil // judged against what the kubelet runs: that changed
+	}
 	a.active, a.activeKnown, a.activeRecorded = src, true, true
 	changed := a.state.setActive(src)
 	if a.state.s.Reset != nil {

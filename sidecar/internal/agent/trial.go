@@ -63,7 +63,10 @@ func (a *Agent) CheckTrial(ctx context.Context) {
 }
 
 func (a *Agent) gc(assigned, lkg *corev1.NodeConfigSource) {
-	removed, err := a.store.GC([]*corev1.NodeConfigSource{assigned, lkg, a.active}, a.cfg.KeepCheckpoints)
+	// A standing preview's checkpoint is kept (the kubelet's check reads it); it goes with the preview
+	// (dropPreviewCheckpoint).
+	removed, err := a.store.GC([]*corev1.NodeConfigSource{assigned, lkg, a.active, a.previewSource()},
+		a.cfg.KeepCheckpoints)
 	if err != nil {
 		a.log.Warn("checkpoint garbage collection failed", zap.Error(err))
 	}

@@ -419,6 +419,23 @@ func (s *Store) GC(keep []*corev1.NodeConfigSource, extra int) ([]string, error)
 	return removed, nil
 }
 
+// Remove removes the source's checkpoint, if there is one, and its UID directory once empty. Nothing may
+// reference it: the agent removes only the checkpoint a preview wrote, once the preview stands no more and
+// nothing assigned, last-known-good or active is that config.
+func (s *Store) Remove(cm *corev1.ConfigMapNodeConfigSource) error {
+	if err := checkSource(cm); err != nil {
+		return fmt.Errorf("remove checkpoint: %w", err)
+	}
+	if err := durable.RemoveAll(s.CheckpointDir(cm)); err != nil {
+		return fmt.Errorf("remove checkpoint %s/%s: %w", cm.UID, cm.ResourceVersion, err)
+	}
+	d := filepath.Join(s.checkpointsDir(), string(cm.UID))
+	if rest, err := os.ReadDir(d); err == nil && len(rest) == 0 {
+		_ = os.Remove(d)
+	}
+	return nil
+}
+
 // SourceOf returns the core source of an assignment (nil: local).
 func SourceOf(a *dkcv1.Assignment) *corev1.NodeConfigSource {
 	return wire.SourceToCore(a.GetSource())

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dkc-dev/dkc/internal/durable"
+	"github.com/dkc-dev/dkc/internal/nodeconfig/wire"
 	"github.com/dkc-dev/dkc/internal/payload"
 	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 )
@@ -403,5 +404,55 @@ func TestNewDirectoriesAreSyncedIntoTheirParents(t *testing.T) {
 		if !synced[d] {
 			t.Errorf("%s created without syncing its parent (synced: %v)", d, synced)
 		}
+	}
+}
+
+// TestRemove: Remove takes one checkpoint away (its UID directory once empty), leaves the UID's others,
+// is a no-op for one not there, and refuses a source that is not one path segment each.
+func TestRemove(t *testing.T) {
+	cm := func(uid, rv string) *corev1.ConfigMapNodeConfigSource {
+		return wire.SourceToCore(assignment(uid, rv, nil).GetSource()).ConfigMap
+	}
+	for _, tc := range []struct {
+		name     string
+		saved    [][2]string // uid, resourceVersion
+		remove   *corev1.ConfigMapNodeConfigSource
+		wantErr  bool
+		wantLeft []string // the checkpoints left, "uid/rv", and UID directories, "uid"
+	}{
+		{name: "the only checkpoint of its UID", saved: [][2]string{{"u", "1"}}, remove: cm("u", "1")},
+		{name: "one of two of its UID", saved: [][2]string{{"u", "1"}, {"u", "2"}}, remove: cm("u", "1"),
+			wantLeft: []string{"u", "u/2"}},
+		{name: "one not there", saved: [][2]string{{"u", "1"}}, remove: cm("v", "1"), wantLeft: []string{"u", "u/1"}},
+		{name: "a resourceVersion that is no path segment", saved: [][2]string{{"u", "1"}}, remove: cm("u", ".."),
+			wantErr: true, wantLeft: []string{"u", "u/1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t)
+			for _, sv := range tc.saved {
+				if err := s.Save(assignment(sv[0], sv[1], map[string]string{"kubelet": "x"})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.Remove(tc.remove); (err != nil) != tc.wantErr {
+				t.Errorf("Remove: %v, want error %v", err, tc.wantErr)
+			}
+			var left []string
+			root := filepath.Join(s.Dir(), "checkpoints")
+			_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+				if err != nil || !d.IsDir() || p == root {
+					return err
+				}
+				rel, _ := filepath.Rel(root, p)
+				left = append(left, filepath.ToSlash(rel))
+				if strings.Count(rel, string(filepath.Separator)) == 1 {
+					return filepath.SkipDir
+				}
+				return nil
+			})
+			if !reflect.DeepEqual(left, tc.wantLeft) {
+				t.Errorf("left %v, want %v", left, tc.wantLeft)
+			}
+		})
 	}
 }

@@ -96,6 +96,16 @@ type Client struct {
 	// if the Node's differs.
 	nodeCapacity map[string]string
 	wake         chan struct{}
+
+	// reportMu makes enqueuing a status and setting its preview one step, and so taking the report to send
+	// and adding the preview to it: the outbox always hands out the status enqueued last (a newer one
+	// replaces a pending one; the last acknowledged one is sent again only while none is newer), so the
+	// preview set with it is that status's — never one of another status, whose number would not change.
+	reportMu sync.Mutex
+	// preview is the agent's answer to the pool preview that stands, set with the status enqueued last: part
+	// of that status (ReportStatusRequest.preview); nil when none stands. (The outbox, shared with the
+	// service's protocol test, carries the status; the preview is added to each report it hands out.)
+	preview *dkcv1.PreviewResult
 }
 
 // Option configures a Client.
@@ -222,7 +232,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 		// Latest wins: an update the agent has not taken yet is replaced, so that a burst of reassignments
 		// costs one kubelet restart, not one each. An update without an assignment (only a sync error: the
 		// service could not resolve the new source) does not drop an assignment still waiting; the newer drained
-		// goes with it, as the service's word on the node now.
+		// and preview go with it, as the service's word on the node now.
 		select {
 		case updates <- d:
 		default:
@@ -231,7 +241,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 				if d.GetAssignment() == nil {
 					d = &dkcv1.WatchConfigResponse{Assignment: old.GetAssignment(), SyncError: d.GetSyncError(),
 						ResolvedTime: d.GetResolvedTime(), NodeUid: d.GetNodeUid(), KubeletVersion: d.GetKubeletVersion(),
-						Drained: d.GetDrained(), NodeCapacity: d.GetNodeCapacity()}
+						Drained: d.GetDrained(), NodeCapacity: d.GetNodeCapacity(), Preview: d.GetPreview()}
 				}
 			default:
 			}
@@ -240,11 +250,27 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	}
 }
 
-// Report is the agent's Reporter: it puts the status, and the restart, in the outbox; RunReporter delivers
-// them.
-func (c *Client) Report(st *dkcv1.NodeConfigStatus, message string, restart *dkcv1.KubeletRestart) {
+// Report is the agent's Reporter: it puts the status, and the restart, in the outbox, with the answer to
+// the preview that stands (nil: none) as part of that status; RunReporter delivers them. A changed answer
+// comes as a new status, numbered as any is.
+func (c *Client) Report(st *dkcv1.NodeConfigStatus, message string, preview *dkcv1.PreviewResult,
+	restart *dkcv1.KubeletRestart) {
+	c.reportMu.Lock()
+	c.preview = preview
 	c.outbox.Enqueue(st, message, restart)
+	c.reportMu.Unlock()
 	c.poke()
+}
+
+// next is the report to send now (outbox.Next) with its status's preview answer; nil when none is pending.
+func (c *Client) next() *dkcv1.ReportStatusRequest {
+	c.reportMu.Lock()
+	defer c.reportMu.Unlock()
+	req := c.outbox.Next()
+	if req != nil {
+		req.Preview = c.preview
+	}
+	return req
 }
 
 // Follow is the agent's word that the statuses it reports from now on follow from the state the service
@@ -266,7 +292,7 @@ func (c *Client) poke() {
 func (c *Client) RunReporter(ctx context.Context) error {
 	var delay time.Duration
 	for {
-		req := c.outbox.Next()
+		req := c.next()
 		if req == nil {
 			if !c.idle(ctx) {
 				return nil

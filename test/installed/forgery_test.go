@@ -28,6 +28,7 @@ const (
 	forgedStatusMsg     = "only dkc-server may set or change a Node's annotation dkc.dev/config-status"
 	forgedAssignmentMsg = "only dkc-server may set or change a Node's annotation dkc.dev/pool-assignment"
 	forgedConfigOKMsg   = "only dkc-server may set or change a Node's ConfigOK condition"
+	forgedPreviewMsg    = "only dkc-server may set or change a Node's ConfigPreview condition"
 )
 
 // impersonating is the admin's client acting as user in groups, as the apiserver would authenticate them.
@@ -46,9 +47,10 @@ func impersonating(t *testing.T, user string, groups ...string) kubernetes.Inter
 }
 
 // TestNodeStatusCannotBeForged: what the pool controller acts on — a Node's dkc.dev/config-status and
-// dkc.dev/pool-assignment — and its ConfigOK condition are written by dkc-server alone. node-2's own kubelet
-// credentials, a ServiceAccount that may patch nodes/status (as node-problem-detector or a CNI agent
-// does), and one that may too and is named dkc-server in another namespace, are refused a forged "updated" status, an assignment time in the future and a forged ConfigOK,
+// dkc.dev/pool-assignment — and its ConfigOK and ConfigPreview conditions are written by dkc-server alone.
+// node-2's own kubelet credentials, a ServiceAccount that may patch nodes/status (as node-problem-detector or
+// a CNI agent does), and one that may too and is named dkc-server in another namespace, are refused a forged
+// "updated" status, an assignment time in the future, a forged ConfigOK and a forged ConfigPreview answer,
 // through the Node and through nodes/status, on create too, and may not remove them; an administrator may
 // remove them (kubectl dkc uninstall). The kubelet's heartbeats, the writer's own condition and dkc-server's
 // status reports still go through. Every forged write is a dry run: without the policy, nothing would change.
@@ -138,6 +140,10 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 	okCond := condition(corev1.NodeCondition{Type: "ConfigOK", Status: corev1.ConditionTrue, Reason: "UsingCurrent",
 		Message: "using current (UID: u)", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()})
 	removeOK := map[string]any{"status": map[string]any{"conditions": []any{map[string]any{"type": "ConfigOK", "$patch": "delete"}}}}
+	// A node answering a pool's preview for itself: "nothing affected" would let the pool assign it.
+	previewCond := condition(corev1.NodeCondition{Type: "ConfigPreview", Status: corev1.ConditionTrue,
+		Reason: "NoPodsAffected", Message: "revision x of pool blue (requested 2026-01-01T00:00:00Z): nothing",
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()})
 	for _, c := range []struct {
 		who    string
 		client kubernetes.Interface
@@ -155,6 +161,8 @@ func TestNodeStatusCannotBeForged(t *testing.T) {
 		refused(c.who+": ConfigOK via nodes/status", patch(c.client, types.StrategicMergePatchType, okCond, "status"), forgedConfigOKMsg)
 		refused(c.who+": status removed via nodes/status", patch(c.client, types.MergePatchType, annotation("dkc.dev/config-status", nil), "status"), forgedStatusMsg)
 		refused(c.who+": ConfigOK removed", patch(c.client, types.StrategicMergePatchType, removeOK, "status"), forgedConfigOKMsg)
+		refused(c.who+": ConfigPreview via nodes/status", patch(c.client, types.StrategicMergePatchType, previewCond, "status"),
+			forgedPreviewMsg)
 		if c.through {
 			refused(c.who+": updated status via the Node", patch(c.client, types.MergePatchType, updated), forgedStatusMsg)
 			refused(c.who+": future assignment via the Node", patch(c.client, types.MergePatchType, future), forgedAssignmentMsg)

@@ -17,6 +17,7 @@ var bySlowest = []string{
 	"TestPoolKeepsPodDisruptionBudgets",
 	"TestANewEvictionThresholdWaitsForADrain",
 	"TestAConfigThatFailsPodsWaitsForADrain",
+	"TestPoolPreviewsOnANodeItCannotJudge",
 	"TestHelmInstall",
 	"TestAssignDrainToTheStaticCPUManager",
 	"TestPoolDrainsForTheStaticCPUManager",

@@ -97,11 +97,16 @@ const (
 	ReasonSnapshotMismatch = "SnapshotMismatch"
 	ReasonConfigValid      = "ConfigValid"
 
-	// Previewed. True: NoPodsAffected (every node that answered found nothing; nodes that did not answer
-	// are named). False: NodesAffected (nodes found pods the restart would stop or evict, state the kubelet
-	// would refuse, or a config the node's kubelet refuses). Unknown: WaitingForPreview.
+	// Previewed. True: NoPodsAffected (every node asked answered and found nothing). False: NodesAffected
+	// (nodes found pods the restart would stop or evict, state the kubelet would refuse, or a config the
+	// node's kubelet refuses). Unknown: WaitingForPreview, NotAllPredicted, PreviewWithdrawn.
 	ReasonNoPodsAffected = "NoPodsAffected"
 	ReasonNodesAffected  = "NodesAffected"
+	// Previewed Unknown: nothing found, but nodes did not answer in time or could not predict (named).
+	ReasonNotAllPredicted = "NotAllPredicted"
+	// Previewed Unknown: the preview stopped before it completed (the config went back to the current
+	// revision, became invalid, or previewTimeout became 0s).
+	ReasonPreviewWithdrawn = "PreviewWithdrawn"
 )
 
 // Why a node failed a revision (FailedNode.Reason).

@@ -563,12 +563,22 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 		}
 		if invalid == nil && rev != pool.Status.CurrentRevision && c.cfg.Previews &&
 			pool.Spec.PreviewTimeoutOrDefault() > 0 {
-			o := c.preview(pool, rev, selected, now)
+			o := c.preview(pool, rev, selected, c.selectors(), now)
 			preview, invalid = o.preview, o.invalid
 		}
 		if invalid == nil && (preview == nil || !preview.Waiting) {
 			target = plan.Target{Revision: rev, Source: revision.Source(pool, rev)}
 		}
+	}
+	if preview == nil && c.cfg.Previews {
+		why := "the config went back to revision " + pool.Status.CurrentRevision
+		switch {
+		case invalid != nil:
+			why = "the config was refused (" + invalid.Reason + ")"
+		case pool.Spec.PreviewTimeoutOrDefault() == 0:
+			why = "spec.disruption.previewTimeout became 0s"
+		}
+		preview = c.abandonedPreview(pool, why)
 	}
 	if cur := pool.Status.CurrentRevision; target.Revision == "" && cur != "" {
 		// Nodes are judged against the last valid revision meanwhile (while the new one is invalid, or

@@ -7,14 +7,18 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
+	"github.com/dkc-dev/dkc/services/internal/pool/revision"
+	"github.com/dkc-dev/dkc/services/internal/resolve"
 )
 
 // This file asks the selected nodes' sidecars what a new revision would do on their nodes before the pool
@@ -62,19 +66,22 @@ type previewOutcome struct {
 
 // preview decides where the preview of the pool's new revision rev stands, on the selected nodes, at now:
 // a request to write, answers to wait for, or the findings (and a refusal). It reads only the pool's
-// status and the Nodes' ConfigPreview conditions; the status write is the rollout's.
+// status and the Nodes' ConfigPreview conditions; the status write is the rollout's. others are every
+// pool's selectors (view): a node another pool selects too is held, and not asked.
 func (c *Controller) preview(pool *v1alpha1.KubeletConfigPool, rev string, selected []*corev1.Node,
-	now time.Time) previewOutcome {
+	others []selector, now time.Time) previewOutcome {
 	timeout := pool.Spec.PreviewTimeoutOrDefault()
 	st := pool.Status.Preview.DeepCopy()
-	refusedBefore := st != nil && st.Revision == rev && st.CompletionTime != nil && refusedOnPreview(pool)
+	// A revision refused for its preview stays refused while its nodes are asked again: ConfigInvalid must not
+	// go False (an Event, a GitOps tool's "progressing") for the minute they take to answer.
+	kept := keptRefusal(pool, rev)
 	if st == nil || st.Revision != rev ||
-		(refusedBefore && !now.Before(st.CompletionTime.Add(previewRecheck))) {
+		(kept != nil && st.CompletionTime != nil && !now.Before(st.CompletionTime.Add(previewRecheck))) {
 		st = &v1alpha1.PreviewStatus{Revision: rev, RequestTime: metav1.Time{Time: now}}
 		c.log.Info("asking the pool's nodes to preview its new revision before assigning it",
 			zap.String("pool", pool.Name), zap.String("revision", rev), zap.Int("nodes", len(selected)))
 	}
-	asked, answers := previewAnswers(pool, st, selected)
+	asked, answers := previewAnswers(pool, st, selected, others, c.cfg.Namespaces)
 	deadline := st.RequestTime.Add(timeout)
 	if st.CompletionTime == nil {
 		if len(answers) < len(asked) && now.Before(deadline) {
@@ -82,20 +89,44 @@ func (c *Controller) preview(pool *v1alpha1.KubeletConfigPool, rev string, selec
 			msg := fmt.Sprintf("revision %s: waiting until %s for %d of %d selected nodes to preview it (%s); nothing "+
 				"is assigned meanwhile", rev, deadline.UTC().Format(time.RFC3339), len(missing), len(asked),
 				capped(missing))
-			return previewOutcome{preview: &plan.Preview{Status: st, Waiting: true, Message: msg,
-				Wait: deadline.Sub(now) + time.Second,
-				Condition: metav1.Condition{Status: metav1.ConditionUnknown, Reason: v1alpha1.ReasonWaitingForPreview,
-					Message: msg}}}
+			out := previewOutcome{preview: &plan.Preview{Status: st, Waiting: true, Message: msg,
+				Wait: deadline.Sub(now) + time.Second}}
+			if kept != nil {
+				// Previewed keeps the findings it refused the revision for until the new answers decide.
+				out.invalid = kept
+				return out
+			}
+			out.preview.Condition = metav1.Condition{Status: metav1.ConditionUnknown,
+				Reason: v1alpha1.ReasonWaitingForPreview, Message: msg}
+			return out
 		}
 		st.CompletionTime = &metav1.Time{Time: now}
+		return c.previewFindings(pool, st, asked, answers, true)
 	}
-	return c.previewFindings(pool, st, asked, answers)
+	return c.previewFindings(pool, st, asked, answers, false)
+}
+
+// abandonedPreview withdraws a preview that no longer stands for anything (nil when none stands): the pool's
+// config went back to its current revision (an undo) or became invalid, or the preview was turned off.
+// Left standing, every replica would send it and every selected sidecar judge it again every minute, for
+// ever. Without a record, a revision that comes back is asked about anew.
+func (c *Controller) abandonedPreview(pool *v1alpha1.KubeletConfigPool, why string) *plan.Preview {
+	st := pool.Status.Preview
+	if st == nil || st.CompletionTime != nil {
+		return nil
+	}
+	c.log.Info("withdrew the pool's preview", zap.String("pool", pool.Name), zap.String("revision", st.Revision),
+		zap.String("why", why))
+	return &plan.Preview{Condition: metav1.Condition{Status: metav1.ConditionUnknown,
+		Reason: v1alpha1.ReasonPreviewWithdrawn, Message: fmt.Sprintf("revision %s: %s before its preview completed",
+			st.Revision, why)}}
 }
 
 // previewFindings makes the Previewed condition of a completed preview, and refuses the revision for
 // findings the pool may not act on.
+// fresh: the preview completed now (its refusal is logged once).
 func (c *Controller) previewFindings(pool *v1alpha1.KubeletConfigPool, st *v1alpha1.PreviewStatus, asked []string,
-	answers map[string]previewAnswer) previewOutcome {
+	answers map[string]previewAnswer, fresh bool) previewOutcome {
 	by := map[string][]string{} // reason → "node: message"
 	for _, n := range asked {
 		a, ok := answers[n]
@@ -103,7 +134,7 @@ func (c *Controller) previewFindings(pool *v1alpha1.KubeletConfigPool, st *v1alp
 			by[""] = append(by[""], n)
 			continue
 		}
-		by[a.reason] = append(by[a.reason], n+": "+a.message)
+		by[a.reason] = append(by[a.reason], n+": "+truncated(a.message, maxPreviewAnswer))
 	}
 	var parts []string
 	add := func(reason, what string) {
@@ -129,6 +160,10 @@ func (c *Controller) previewFindings(pool *v1alpha1.KubeletConfigPool, st *v1alp
 	out := previewOutcome{preview: &plan.Preview{Status: st,
 		Condition: metav1.Condition{Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonNoPodsAffected, Message: summary}}}
 	if !found {
+		if ok < len(asked) {
+			// Nothing found, but not everywhere looked at: not a clean preview.
+			out.preview.Condition.Status, out.preview.Condition.Reason = metav1.ConditionUnknown, v1alpha1.ReasonNotAllPredicted
+		}
 		return out
 	}
 	out.preview.Condition.Status, out.preview.Condition.Reason = metav1.ConditionFalse, v1alpha1.ReasonNodesAffected
@@ -151,34 +186,41 @@ func (c *Controller) previewFindings(pool *v1alpha1.KubeletConfigPool, st *v1alp
 		refuse(v1alpha1.ReasonCapacityRefused, "a kubelet restarted with it would stop or evict running pods, "+
 			"honouring no PodDisruptionBudget, and the pool may not drain (spec.disruption.drain: Never)")
 	}
-	if out.invalid != nil {
+	if out.invalid != nil && fresh {
 		c.log.Info("refused a pool's revision for what its nodes' sidecars previewed", zap.String("pool", pool.Name),
 			zap.String("revision", st.Revision), zap.Int("nodes", len(asked)-ok))
 	}
 	return out
 }
 
-// refusedOnPreview says whether the pool's stored status refuses its revision for a preview's findings.
-func refusedOnPreview(pool *v1alpha1.KubeletConfigPool) bool {
-	for _, c := range pool.Status.Conditions {
-		if c.Type == v1alpha1.ConditionPreviewed {
-			return c.Status == metav1.ConditionFalse
-		}
+// keptRefusal is the pool's stored refusal of rev for its preview's findings, nil when there is none: its
+// Previewed condition is False about rev, and ConfigInvalid True about rev.
+func keptRefusal(pool *v1alpha1.KubeletConfigPool, rev string) *plan.Invalid {
+	pv := meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionPreviewed)
+	ci := meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionConfigInvalid)
+	if pv == nil || pv.Status != metav1.ConditionFalse || !strings.HasPrefix(pv.Message, "revision "+rev+",") ||
+		ci == nil || ci.Status != metav1.ConditionTrue || !strings.Contains(ci.Message, "(revision "+rev+")") {
+		return nil
 	}
-	return false
+	return &plan.Invalid{Reason: ci.Reason, Message: ci.Message}
 }
 
-// previewAnswers are the nodes the preview asks (selected, with a sidecar that reported, not running the
-// revision already), by name, and the answers among them to exactly this request.
-func previewAnswers(pool *v1alpha1.KubeletConfigPool, st *v1alpha1.PreviewStatus, selected []*corev1.Node) (
-	asked []string, answers map[string]previewAnswer) {
+// previewAnswers are the nodes the preview asks, by name, and the answers among them to exactly this
+// request. Asked: the selected nodes the pool would assign the revision — not those without a sidecar or
+// that never reported (no sidecar would answer), those it holds (hand-assigned, selected by another pool
+// too), those whose source already is the revision's snapshot or that run it — which dkc-server's serving
+// replicas send the preview to in turn.
+func previewAnswers(pool *v1alpha1.KubeletConfigPool, st *v1alpha1.PreviewStatus, selected []*corev1.Node,
+	others []selector, allowed resolve.Namespaces) (asked []string, answers map[string]previewAnswer) {
 	prefix := v1alpha1.PreviewPrefix(pool.Name, st.Revision, st.RequestTime.Time)
+	target := plan.Target{Revision: st.Revision, Source: revision.Source(pool, st.Revision)}
 	answers = map[string]previewAnswer{}
 	for _, n := range selected {
-		if noSidecar(n) != "" || n.Annotations[nodeconfig.StatusAnnotation] == "" {
-			continue // no sidecar would answer (the plan holds such a node anyway)
+		v := view(n, pool, target, others, allowed)
+		if v.NoSidecar != "" || v.NoStatus || v.HandAssigned || len(v.OtherPools) > 0 || v.Assigned {
+			continue
 		}
-		if running, _ := runningRevision(pool, statusOf(n)); running == st.Revision {
+		if running, _ := runningRevision(pool, v.Status); running == st.Revision {
 			continue
 		}
 		asked = append(asked, n.Name)
@@ -219,4 +261,18 @@ func previewOf(n *corev1.Node) string {
 		}
 	}
 	return ""
+}
+
+// maxPreviewAnswer bounds what the Previewed condition repeats of each node's answer.
+const maxPreviewAnswer = 1 << 10
+
+// truncated is s cut to at most n bytes, on a rune boundary.
+func truncated(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + " …"
 }

@@ -11,10 +11,12 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
+	"github.com/dkc-dev/dkc/services/internal/resolve"
 )
 
 // answered is n with a ConfigPreview condition answering pool's preview of rev requested at asked.
@@ -53,6 +55,7 @@ func TestPreview(t *testing.T) {
 		drain   v1alpha1.DrainPolicy
 		refused bool // the stored status's Previewed condition is False
 		nodes   func(p *v1alpha1.KubeletConfigPool) []*corev1.Node
+		others  []selector
 		// waiting, the Previewed condition's status and reason, the ConfigInvalid reason ("" none).
 		waiting   bool
 		cond      metav1.ConditionStatus
@@ -84,6 +87,21 @@ func TestPreview(t *testing.T) {
 					unreported(node("d", nil, nil)), runsIt()}
 			}, cond: metav1.ConditionTrue, reason: v1alpha1.ReasonNoPodsAffected, completed: true,
 			mentions: []string{"1 of 1 nodes asked found nothing"}},
+		{name: "nodes the pool holds or has assigned the revision are not asked", status: standing,
+			others: []selector{{pool: "green", sel: labels.SelectorFromSet(labels.Set{"also": "green"})}},
+			nodes: func(p *v1alpha1.KubeletConfigPool) []*corev1.Node {
+				return []*corev1.Node{
+					answered(node("a", nil, nil), p, rev, asked, nodeconfig.PreviewNoPodsAffected, "nothing"),
+					node("b", nil, map[string]string{"pool": "blue", "also": "green"}),
+					node("e", map[string]string{nodeconfig.SourceAnnotation: sourceJSON(revision.Source(p, rev))}, nil),
+					// f was assigned an earlier revision by the pool: asked.
+					answered(node("f", map[string]string{
+						nodeconfig.SourceAnnotation: sourceJSON(revision.Source(p, "r1")),
+						v1alpha1.AnnotationAssignment: assignmentJSON(v1alpha1.Assignment{Pool: p.Name, Revision: "r1",
+							Namespace: "kube-system", KubeletConfigKey: "kubelet"})}, nil),
+						p, rev, asked, nodeconfig.PreviewNoPodsAffected, "nothing")}
+			}, cond: metav1.ConditionTrue, reason: v1alpha1.ReasonNoPodsAffected, completed: true,
+			mentions: []string{"2 of 2 nodes asked found nothing"}},
 		{name: "pods affected, drain Never: refused", status: standing,
 			nodes: func(p *v1alpha1.KubeletConfigPool) []*corev1.Node {
 				return []*corev1.Node{answered(node("a", nil, nil), p, rev, asked, nodeconfig.PreviewPodsAffected, pods),
@@ -104,15 +122,15 @@ func TestPreview(t *testing.T) {
 				return []*corev1.Node{answered(node("a", nil, nil), p, rev, asked, nodeconfig.PreviewConfigRefused, "invalid")}
 			}, cond: metav1.ConditionFalse, reason: v1alpha1.ReasonNodesAffected, invalid: v1alpha1.ReasonValidationFailed,
 			completed: true},
-		{name: "not predicted is no finding", status: standing,
+		{name: "not predicted is no finding, nor a clean preview", status: standing,
 			nodes: func(p *v1alpha1.KubeletConfigPool) []*corev1.Node {
 				return []*corev1.Node{answered(node("a", nil, nil), p, rev, asked, nodeconfig.PreviewNotPredicted, "no /configz")}
-			}, cond: metav1.ConditionTrue, reason: v1alpha1.ReasonNoPodsAffected, completed: true,
+			}, cond: metav1.ConditionUnknown, reason: v1alpha1.ReasonNotAllPredicted, completed: true,
 			mentions: []string{"not predicted on 1 nodes: a: no /configz"}},
 		{name: "past the timeout, the silent are named and do not block",
 			status: &v1alpha1.PreviewStatus{Revision: rev, RequestTime: metav1.Time{Time: t0.Add(-6 * time.Minute)}},
 			nodes:  func(p *v1alpha1.KubeletConfigPool) []*corev1.Node { return []*corev1.Node{node("a", nil, nil)} },
-			cond:   metav1.ConditionTrue, reason: v1alpha1.ReasonNoPodsAffected, completed: true,
+			cond:   metav1.ConditionUnknown, reason: v1alpha1.ReasonNotAllPredicted, completed: true,
 			mentions: []string{"no answer by the timeout from 1 nodes", ": a"}},
 		{name: "a preview of another revision is replaced",
 			status:  &v1alpha1.PreviewStatus{Revision: "r1", RequestTime: metav1.Time{Time: asked}},
@@ -123,12 +141,17 @@ func TestPreview(t *testing.T) {
 				return []*corev1.Node{answered(node("a", nil, nil), p, rev, asked, nodeconfig.PreviewPodsAffected, pods)}
 			}, cond: metav1.ConditionFalse, reason: v1alpha1.ReasonNodesAffected, invalid: v1alpha1.ReasonCapacityRefused,
 			completed: true},
-		{name: "a refusal is asked again after the re-check",
+		{name: "a refusal is asked again after the re-check, and stays refused meanwhile",
 			status: &v1alpha1.PreviewStatus{Revision: rev, RequestTime: metav1.Time{Time: t0.Add(-time.Hour)},
 				CompletionTime: &metav1.Time{Time: t0.Add(-time.Hour)}}, refused: true,
 			nodes: func(p *v1alpha1.KubeletConfigPool) []*corev1.Node {
 				return []*corev1.Node{answered(node("a", nil, nil), p, rev, t0.Add(-time.Hour), nodeconfig.PreviewPodsAffected, pods)}
-			}, waiting: true, cond: metav1.ConditionUnknown, reason: v1alpha1.ReasonWaitingForPreview, newAsk: true},
+			}, waiting: true, invalid: v1alpha1.ReasonCapacityRefused, newAsk: true},
+		{name: "a re-check answered clean lifts the refusal", refused: true,
+			status: &v1alpha1.PreviewStatus{Revision: rev, RequestTime: metav1.Time{Time: asked}},
+			nodes: func(p *v1alpha1.KubeletConfigPool) []*corev1.Node {
+				return []*corev1.Node{answered(node("a", nil, nil), p, rev, asked, nodeconfig.PreviewNoPodsAffected, "")}
+			}, cond: metav1.ConditionTrue, reason: v1alpha1.ReasonNoPodsAffected, completed: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := testPool()
@@ -137,13 +160,17 @@ func TestPreview(t *testing.T) {
 				pool.Spec.Disruption = &v1alpha1.Disruption{Drain: tc.drain}
 			}
 			if tc.refused {
-				pool.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionPreviewed, Status: metav1.ConditionFalse}}
+				pool.Status.Conditions = []metav1.Condition{
+					{Type: v1alpha1.ConditionPreviewed, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonNodesAffected,
+						Message: "revision " + rev + ", requested ...: 0 of 1 nodes asked found nothing"},
+					{Type: v1alpha1.ConditionConfigInvalid, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonCapacityRefused,
+						Message: "configmap kube-system/blue-config (revision " + rev + ") key \"kubelet\": refused"}}
 			}
 			src := revision.Source(pool, rev)
 			pool.Status.RevisionSnapshots = &v1alpha1.RevisionSnapshots{Items: []v1alpha1.RevisionSnapshot{{Revision: rev,
 				Namespace: src.Namespace, Name: src.Name, UID: "snap-uid", KubeletConfigKey: src.KubeletConfigKey}}}
-			c := &Controller{log: zap.NewNop()}
-			o := c.preview(pool, rev, tc.nodes(pool), t0)
+			c := &Controller{log: zap.NewNop(), cfg: Config{Namespaces: resolve.NewNamespaces("kube-system")}}
+			o := c.preview(pool, rev, tc.nodes(pool), tc.others, t0)
 			p := o.preview
 			if p == nil {
 				t.Fatal("no preview")
@@ -165,7 +192,7 @@ func TestPreview(t *testing.T) {
 				t.Errorf("refused (%s: %s), want not", o.invalid.Reason, o.invalid.Message)
 			case tc.invalid != "" && (o.invalid == nil || o.invalid.Reason != tc.invalid):
 				t.Errorf("refused %+v, want %s", o.invalid, tc.invalid)
-			case tc.invalid != "" && (p.Wait <= 0 || p.Wait > previewRecheck+time.Second):
+			case tc.invalid != "" && !tc.waiting && (p.Wait <= 0 || p.Wait > previewRecheck+time.Second):
 				t.Errorf("a refusal decides again in %v, want within the re-check", p.Wait)
 			}
 			if p.Status == nil || p.Status.Revision != rev {

@@ -208,3 +208,73 @@ func TestRequeueAfter(t *testing.T) {
 		})
 	}
 }
+
+// TestFreezePreviews: with previews on, a new revision waits for its preview (the target stays the current
+// revision), and a preview that no longer stands for anything is withdrawn: an undo back to the current
+// revision, or a config refused, while it waited. A completed preview is left as the record it is.
+func TestFreezePreviews(t *testing.T) {
+	good := configMap(map[string]string{"kubelet": goodConfig})
+	rev, _ := revision.Snapshot(testPool(), good)
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	standing := &v1alpha1.PreviewStatus{Revision: "newer", RequestTime: metav1.Time{Time: now.Add(-time.Minute)}}
+	for _, tc := range []struct {
+		name    string
+		cm      *corev1.ConfigMap
+		pool    func(*v1alpha1.KubeletConfigPool)
+		target  string
+		waiting bool
+		reason  string // the Previewed condition's, "" for none set
+		cleared bool   // status.preview withdrawn
+		none    bool   // no preview decided at all
+	}{
+		{name: "a new revision waits for its preview", cm: good,
+			pool:   func(p *v1alpha1.KubeletConfigPool) { p.Status.CurrentRevision = "old" },
+			target: "old", waiting: true, reason: v1alpha1.ReasonWaitingForPreview},
+		{name: "an undo while a preview waits withdraws it", cm: good,
+			pool: func(p *v1alpha1.KubeletConfigPool) {
+				p.Status.CurrentRevision, p.Status.Preview = rev, standing.DeepCopy()
+			},
+			target: rev, reason: v1alpha1.ReasonPreviewWithdrawn, cleared: true},
+		{name: "a config refused while a preview waits withdraws it", cm: configMap(map[string]string{"other": "x"}),
+			pool: func(p *v1alpha1.KubeletConfigPool) {
+				p.Status.CurrentRevision, p.Status.Preview = "old", standing.DeepCopy()
+			},
+			target: "old", reason: v1alpha1.ReasonPreviewWithdrawn, cleared: true},
+		{name: "a completed preview stays", cm: good,
+			pool: func(p *v1alpha1.KubeletConfigPool) {
+				p.Status.CurrentRevision, p.Status.Preview = rev, standing.DeepCopy()
+				p.Status.Preview.CompletionTime = &metav1.Time{Time: now}
+			},
+			target: rev, none: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := testPool()
+			tc.pool(pool)
+			h := newHarness(t, pool, tc.cm)
+			h.c.cfg.Previews = true
+			_, target, _, pv, err := h.c.freeze(context.Background(), pool, tc.cm, []*corev1.Node{node("a", nil, nil)}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if target.Revision != tc.target {
+				t.Errorf("target %q, want %q", target.Revision, tc.target)
+			}
+			if tc.none {
+				if pv != nil {
+					t.Errorf("preview %+v, want none decided", pv)
+				}
+				return
+			}
+			if pv == nil {
+				t.Fatal("no preview decided")
+			}
+			if pv.Waiting != tc.waiting || pv.Condition.Reason != tc.reason {
+				t.Errorf("waiting %v, Previewed %s (%s); want %v, %s", pv.Waiting, pv.Condition.Reason, pv.Condition.Message,
+					tc.waiting, tc.reason)
+			}
+			if (pv.Status == nil) != tc.cleared {
+				t.Errorf("status.preview %+v, want withdrawn: %v", pv.Status, tc.cleared)
+			}
+		})
+	}
+}

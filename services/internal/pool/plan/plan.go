@@ -555,10 +555,7 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 	switch {
 	case in.Invalid != nil:
 		return stopped(v1alpha1.ReasonConfigInvalid, "the config cannot be rolled out: "+in.Invalid.Message)
-	case in.Preview != nil && in.Preview.Waiting:
-		// Before any node is touched: a finding may refuse the revision. The target is still the last one.
-		return rolling(v1alpha1.ReasonWaitingForPreview, in.Preview.Message)
-	case in.Target.Revision == "":
+	case in.Target.Revision == "" && (in.Preview == nil || !in.Preview.Waiting):
 		return stopped(v1alpha1.ReasonConfigInvalid, "the pool has no revision to roll out yet")
 	case w.err != nil:
 		return stopped(v1alpha1.ReasonInvalidMaintenanceWindow, "nothing is assigned: "+w.err.Error())
@@ -566,6 +563,9 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 		return stopped(v1alpha1.ReasonHalted, "the pool is halted: "+prog)
 	case spec.Paused:
 		return stopped(v1alpha1.ReasonPaused, "spec.paused: "+prog)
+	case in.Preview != nil && in.Preview.Waiting:
+		// Before any node is touched: a finding may refuse the revision. The target is still the last one.
+		return rolling(v1alpha1.ReasonWaitingForPreview, in.Preview.Message)
 	case t.notAssigned() == 0 && n.InProgress == 0:
 		if n.Updated == n.Selected {
 			return stopped(v1alpha1.ReasonRolloutComplete, prog)

@@ -10,6 +10,7 @@ tool (
 require (
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/dkc-dev/dkc/internal/kubeletcheck v0.0.0
+	github.com/go-jose/go-jose/v4 v4.1.9
 	github.com/go-logr/zapr v1.3.0
 	github.com/godbus/dbus/v5 v5.2.4
 	github.com/google/go-containerregistry v0.21.6

@@ -47,7 +47,8 @@ func TestServerRBACFileAsTheDevClusterApplies(t *testing.T) {
 			}
 		}
 	}
-	want := map[string]string{"dkc-server-configs": "kube-system", "dkc-server-events": "default", "dkc-server-leader-election": "kube-system"}
+	want := map[string]string{"dkc-server-configs": "kube-system", "dkc-server-events": "default", "dkc-server-leader-election": "kube-system",
+		"dkc-server-sidecar-tokens": "kube-system"}
 	for _, role := range r.roles {
 		if ns, ok := want[role.Name]; !ok || role.Namespace != ns {
 			t.Errorf("Role %s/%s; want only %v", role.Namespace, role.Name, want)

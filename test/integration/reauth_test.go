@@ -6,6 +6,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -31,13 +32,24 @@ const apiserverTokenCache = 10 * time.Second
 // but its token is checked again once per --token-cache-ttl (5s on this dkc-server). Its token bound to a
 // pod, as a DaemonSet pod's is: when the pod is deleted (the token revoked), the stream ends with
 // Unauthenticated within the TTL plus the apiserver's own token cache, the server logs the node and the
-// reason, and counts it. An apiserver that cannot be reached meanwhile (frozen longer than the TTL plus
-// dkc's review timeout) ends no stream: it is strict on refusal, lenient on unavailability.
+// reason, and counts it. With tokens reviewed by the apiserver (--verify-tokens-locally=false), an apiserver
+// that cannot be reached meanwhile (frozen longer than the TTL plus dkc's review timeout) ends no stream: it
+// is strict on refusal, lenient on unavailability. Verified in dkc-server (the default), the tokens need no
+// TokenReview until the pod is deleted, and the streams are checked again as usual while the apiserver is
+// frozen.
 func TestRevokedTokenLosesItsStream(t *testing.T) {
+	for _, local := range []bool{false, true} {
+		t.Run(fmt.Sprintf("verify-tokens-locally=%v", local), func(t *testing.T) { revokedTokenLosesItsStream(t, local) })
+	}
+}
+
+func revokedTokenLosesItsStream(t *testing.T, local bool) {
 	const ttl = 5 * time.Second
 	ctx := testContext(t)
 	client := adminClient(t)
-	server, err := cluster.StartServiceReplica(ctx, "reauth", "--token-cache-ttl="+ttl.String())
+	name := map[bool]string{false: "reauth", true: "reauth-local"}[local]
+	server, err := cluster.StartServiceReplica(ctx, name, "--token-cache-ttl="+ttl.String(),
+		fmt.Sprintf("--verify-tokens-locally=%v", local))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +65,7 @@ func TestRevokedTokenLosesItsStream(t *testing.T) {
 	simNode(t, "sim-revoked")
 	keptToken := simNode(t, "sim-kept")
 	pod, err := client.CoreV1().Pods("kube-system").Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "dkc-sidecar-revoked", Namespace: "kube-system"},
+		ObjectMeta: metav1.ObjectMeta{Name: "dkc-sidecar-revoked-" + name, Namespace: "kube-system"},
 		Spec: corev1.PodSpec{NodeName: "sim-revoked", ServiceAccountName: "dkc-sidecar", AutomountServiceAccountToken: new(bool),
 			Containers: []corev1.Container{{Name: "sidecar", Image: "dkc.local/pause"}}},
 	}, metav1.CreateOptions{})
@@ -81,6 +93,18 @@ func TestRevokedTokenLosesItsStream(t *testing.T) {
 	reauths := func(result string) float64 {
 		return metricAt(t, server.MetricsAddress(), `dkc_server_stream_reauth_total{result="`+result+`"}`)
 	}
+	reviews := func() float64 {
+		return metricAt(t, server.MetricsAddress(), `dkc_server_token_reviews_total{result="authenticated"}`)
+	}
+	if local {
+		// Both tokens, the node-bound and the pod-bound one, verified with the apiserver's published keys
+		// against the cached ServiceAccount, pod and Node: not one TokenReview.
+		accepted := metricAt(t, server.MetricsAddress(), `dkc_server_token_local_verifications_total{result="accepted"}`)
+		if accepted < 2 || reviews() != 0 {
+			t.Errorf("%v tokens verified locally and %v reviewed, want 2 or more and none (log %s)", accepted, reviews(),
+				server.LogFile())
+		}
+	}
 	if err := cluster.Signal("kube-apiserver", syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -96,8 +120,12 @@ func TestRevokedTokenLosesItsStream(t *testing.T) {
 	t.Cleanup(thaw)
 	revoked.quiet(ttl + 12*time.Second) // dkc's review timeout is 10s
 	thaw()
-	if n := reauths("unavailable"); n < 1 {
+	switch n := reauths("unavailable"); {
+	case !local && n < 1:
 		t.Errorf("stream_reauth_total{result=unavailable} = %v after the apiserver was frozen for %v, want at least 1", n, ttl+12*time.Second)
+	case local && (n != 0 || reviews() != 0 || reauths("ok") < 2):
+		t.Errorf("streams checked again while the apiserver was frozen: %v ok, %v unavailable, %v TokenReviews; want ok, "+
+			"with neither", reauths("ok"), n, reviews())
 	}
 	select {
 	case err := <-kept.errs:

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package auth establishes which node a gRPC caller is. Sidecars present a projected ServiceAccount token
-// (audience "dkc") as `authorization: Bearer <token>`; the service verifies it with the apiserver's
-// TokenReview, requires an allowed ServiceAccount, and takes the node from the token's node claim
+// (audience "dkc") as `authorization: Bearer <token>`; the service verifies it itself with the keys the
+// apiserver publishes and its caches of the objects the token names (verifyLocally), or, for what those
+// cannot decide, with the apiserver's TokenReview; it requires an allowed ServiceAccount, and takes the node
+// from the token's node claim
 // (authentication.kubernetes.io/node-name, carried by pod-bound tokens on apiservers ≥ 1.32 and by
 // node-bound tokens). Handlers then allow a caller to act only for its own node, as the Node authorizer does
 // for kubelets. Verified tokens are cached briefly (never past their exp and ExpiryLeeway) so that a
@@ -117,6 +119,9 @@ type Authenticator struct {
 	clock   clock.PassiveClock
 	metrics *Metrics
 	peers   *peerLimiter
+	// keys and objects verify tokens without a TokenReview (verifyLocally); nil keys: every token is reviewed.
+	keys    *Keys
+	objects Objects
 
 	verified *cache.LRUExpireCache // token hash -> verification
 	refused  *cache.LRUExpireCache // token hash -> refusal
@@ -178,6 +183,10 @@ type Config struct {
 	// Clock is where cache expiries, token exp checks and the per-peer buckets read the time; nil: the real
 	// clock. Tests give a fake one.
 	Clock clock.PassiveClock
+	// Keys and Objects, both set, verify tokens in dkc-server (verifyLocally) and send to TokenReview only
+	// what they cannot decide; nil: every token is reviewed.
+	Keys    *Keys
+	Objects Objects
 }
 
 // New returns an Authenticator.
@@ -187,6 +196,9 @@ func New(cfg Config) *Authenticator {
 	}
 	a := &Authenticator{client: cfg.Client, allowed: map[string]bool{}, ttl: cfg.TTL, spread: spreadTenth,
 		clock: cfg.Clock, metrics: cfg.Metrics, peers: newPeerLimiter(cfg.PeerQPS, cfg.PeerBurst)}
+	if cfg.Keys != nil && cfg.Objects != nil {
+		a.keys, a.objects = cfg.Keys, cfg.Objects
+	}
 	for _, sa := range cfg.Allowed {
 		a.allowed[sa] = true
 	}
@@ -317,6 +329,15 @@ func (a *Authenticator) authenticate(ctx context.Context, token string, limitPee
 			"token expired at %s (%v of leeway passed); send the current one",
 			claims.exp.UTC().Format(time.RFC3339), ExpiryLeeway))
 	}
+	if a.keys != nil {
+		// Before the per-peer limit, which budgets TokenReviews: a token decided here costs the apiserver
+		// nothing, however many nodes reconnect from one address.
+		id, result, reason, err := a.verifyLocally(token)
+		a.metrics.verifiedLocally(result)
+		if result == localAccepted || result == localRefused {
+			return a.remember(key, claims.exp, id, reason, err)
+		}
+	}
 	if limitPeer {
 		if addr := peerKey(ctx); !a.peers.allow(addr) {
 			return a.refuse(reasonRateLimited, status.Errorf(codes.ResourceExhausted,
@@ -366,6 +387,13 @@ func (a *Authenticator) verify(ctx context.Context, key, token string, exp time.
 func (a *Authenticator) reviewAndCache(ctx context.Context, key, token string,
 	exp time.Time) (verification, string, error) {
 	id, reason, err := a.review(ctx, token)
+	return a.remember(key, exp, id, reason, err)
+}
+
+// remember caches what a review or the local verification answered for the token whose hash is key (exp:
+// its exp claim) and returns it.
+func (a *Authenticator) remember(key string, exp time.Time, id Identity, reason string,
+	err error) (verification, string, error) {
 	switch {
 	case reason == reasonUnavailable:
 		// Not the caller's fault and not cached: the next call retries.

@@ -94,8 +94,8 @@ func (r *reviewer) valid(token, node string, auds ...string) string {
 	return token
 }
 
-// jwt builds a token shaped like a ServiceAccount JWT (unsigned: the fake reviewer decides validity).
-func jwt(claims map[string]any) string {
+// sjwt builds a token shaped like a ServiceAccount JWT (unsigned: the fake reviewer decides validity).
+func sjwt(claims map[string]any) string {
 	p, err := json.Marshal(claims)
 	if err != nil {
 		panic(err)
@@ -104,7 +104,7 @@ func jwt(claims map[string]any) string {
 	return enc([]byte(`{"alg":"RS256","kid":"k1"}`)) + "." + enc(p) + "." + enc([]byte("signature"))
 }
 
-func garbage(i int) string { return jwt(map[string]any{"iss": "attacker", "n": i}) }
+func garbage(i int) string { return sjwt(map[string]any{"iss": "attacker", "n": i}) }
 
 func fromPeer(ctx context.Context, addr string) context.Context {
 	host, port, err := net.SplitHostPort(addr)
@@ -170,7 +170,7 @@ func TestPeerLimit(t *testing.T) {
 			rv, cs := newReviewer()
 			clk := clocktesting.NewFakeClock(epoch)
 			a := newTestAuthenticator(t, Config{Client: cs, Clock: clk, PeerQPS: tt.qps, PeerBurst: burst})
-			warm := rv.valid(jwt(map[string]any{"n": "warm"}), "n1", Audience)
+			warm := rv.valid(sjwt(map[string]any{"n": "warm"}), "n1", Audience)
 			if tt.warm {
 				if _, err := a.Authenticate(fromPeer(ctx, "10.0.0.1:40000"), warm); err != nil {
 					t.Fatal(err)
@@ -184,7 +184,7 @@ func TestPeerLimit(t *testing.T) {
 				t.Fatalf("50 new garbage tokens cost %d reviews, want %d", got, tt.wantFloodReviews)
 			}
 			clk.Step(tt.advance)
-			token := map[string]string{"valid": rv.valid(jwt(map[string]any{"n": "new"}), "n2", Audience), "warm": warm,
+			token := map[string]string{"valid": rv.valid(sjwt(map[string]any{"n": "new"}), "n2", Audience), "warm": warm,
 				"garbage": garbage(1000), "first garbage": garbage(0)}[tt.probe]
 			before = rv.count()
 			_, err := a.Authenticate(fromPeer(ctx, tt.probeFrom), token)
@@ -242,7 +242,7 @@ func TestConcurrentCallsShareOneReview(t *testing.T) {
 				t.Fatal(err)
 			}
 			a := newTestAuthenticator(t, Config{Client: client, Clock: clocktesting.NewFakeClock(epoch)})
-			tok := jwt(map[string]any{"sub": "node-1"})
+			tok := sjwt(map[string]any{"sub": "node-1"})
 			ctx := fromPeer(context.Background(), "10.0.0.1:1000")
 
 			leaderCtx, cancelLeader := context.WithCancel(ctx)
@@ -298,8 +298,8 @@ func TestConcurrentCallsShareOneReview(t *testing.T) {
 
 func TestTokenShapeAndSize(t *testing.T) {
 	pad := func(n int) string { // a JWT-shaped token of exactly n bytes
-		tok := jwt(map[string]any{"pad": ""})
-		return jwt(map[string]any{"pad": strings.Repeat("x", (n-len(tok))*3/4)})
+		tok := sjwt(map[string]any{"pad": ""})
+		return sjwt(map[string]any{"pad": strings.Repeat("x", (n-len(tok))*3/4)})
 	}
 	tests := []struct {
 		name        string
@@ -307,13 +307,13 @@ func TestTokenShapeAndSize(t *testing.T) {
 		wantCode    codes.Code
 		wantReviews int
 	}{
-		{name: "ordinary size is reviewed", token: jwt(map[string]any{"iss": "x"}), wantCode: codes.Unauthenticated, wantReviews: 1},
+		{name: "ordinary size is reviewed", token: sjwt(map[string]any{"iss": "x"}), wantCode: codes.Unauthenticated, wantReviews: 1},
 		{name: "near the cap is reviewed", token: pad(MaxTokenBytes - 4), wantCode: codes.Unauthenticated, wantReviews: 1},
 		{name: "over the cap is refused without review", token: pad(MaxTokenBytes + 4), wantCode: codes.Unauthenticated},
 		{name: "1 MiB is refused without review", token: pad(1 << 20), wantCode: codes.Unauthenticated},
 		{name: "not a JWT", token: "not-a-token", wantCode: codes.Unauthenticated},
 		{name: "JSON serialization", token: `{"payload":"e30","signatures":[]}`, wantCode: codes.Unauthenticated},
-		{name: "four segments", token: jwt(nil) + ".x", wantCode: codes.Unauthenticated},
+		{name: "four segments", token: sjwt(nil) + ".x", wantCode: codes.Unauthenticated},
 		{name: "padded base64", token: "eyJ9." + base64.URLEncoding.EncodeToString([]byte(`{"a":1}`)) + ".c2ln", wantCode: codes.Unauthenticated},
 		{name: "payload not a JSON object", token: "eyJ9." + base64.RawURLEncoding.EncodeToString([]byte(`[1]`)) + ".c2ln", wantCode: codes.Unauthenticated},
 	}
@@ -338,7 +338,7 @@ func TestRefusalsDoNotEvictVerifiedTokens(t *testing.T) {
 	ctx := context.Background()
 	rv, cs := newReviewer()
 	a := newTestAuthenticator(t, Config{Client: cs, Clock: clocktesting.NewFakeClock(epoch)})
-	good := rv.valid(jwt(map[string]any{"n": "good"}), "n1", Audience)
+	good := rv.valid(sjwt(map[string]any{"n": "good"}), "n1", Audience)
 	if _, err := a.Authenticate(ctx, good); err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +385,7 @@ func TestVerifiedCacheBoundedByExpiry(t *testing.T) {
 			if tt.exp != nil {
 				claims["exp"] = tt.exp
 			}
-			tok := rv.valid(jwt(claims), "n1", Audience)
+			tok := rv.valid(sjwt(claims), "n1", Audience)
 			at := func(d time.Duration) (int, error) {
 				clk.SetTime(epoch.Add(d))
 				before := rv.count()
@@ -448,7 +448,7 @@ func TestAudienceRequired(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			rv, cs := newReviewer()
 			a := newTestAuthenticator(t, Config{Client: cs, Clock: clocktesting.NewFakeClock(epoch), PeerQPS: DefaultPeerQPS, PeerBurst: DefaultPeerBurst})
-			tok := rv.valid(jwt(map[string]any{"iss": "k8s"}), "n1", tt.auds...)
+			tok := rv.valid(sjwt(map[string]any{"iss": "k8s"}), "n1", tt.auds...)
 			if _, err := a.Authenticate(context.Background(), tok); status.Code(err) != tt.wantCode {
 				t.Errorf("status.audiences %q: %v, want %v", tt.auds, err, tt.wantCode)
 			}
@@ -541,7 +541,7 @@ func TestServerOptionsCapHeaders(t *testing.T) {
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
 
-	big := jwt(map[string]any{"pad": strings.Repeat("x", (MaxTokenBytes-200)*3/4)})
+	big := sjwt(map[string]any{"pad": strings.Repeat("x", (MaxTokenBytes-200)*3/4)})
 	tests := []struct {
 		name        string
 		token       string
@@ -549,10 +549,10 @@ func TestServerOptionsCapHeaders(t *testing.T) {
 		wantOK      bool
 		wantReviews int
 	}{
-		{name: "small", token: rv.valid(jwt(map[string]any{"n": 1}), "n1", Audience), wantOK: true, wantReviews: 1},
+		{name: "small", token: rv.valid(sjwt(map[string]any{"n": 1}), "n1", Audience), wantOK: true, wantReviews: 1},
 		{name: "token near MaxTokenBytes fits", token: rv.valid(big, "n1", Audience), wantOK: true, wantReviews: 1},
-		{name: "1 MiB of other metadata", token: rv.valid(jwt(map[string]any{"n": 2}), "n1", Audience), extra: 1 << 20},
-		{name: "64 KiB of other metadata", token: rv.valid(jwt(map[string]any{"n": 3}), "n1", Audience), extra: 64 << 10},
+		{name: "1 MiB of other metadata", token: rv.valid(sjwt(map[string]any{"n": 2}), "n1", Audience), extra: 1 << 20},
+		{name: "64 KiB of other metadata", token: rv.valid(sjwt(map[string]any{"n": 3}), "n1", Audience), extra: 64 << 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -613,7 +613,7 @@ func TestServerEnforcesHeaderCap(t *testing.T) {
 			enc := hpack.NewEncoder(&hb)
 			for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/grpc.health.v1.Health/Check"},
 				{":authority", "x"}, {"content-type", "application/grpc"}, {"te", "trailers"},
-				{"authorization", "Bearer " + rv.valid(jwt(map[string]any{"n": 1}), "n1", Audience)}} {
+				{"authorization", "Bearer " + rv.valid(sjwt(map[string]any{"n": 1}), "n1", Audience)}} {
 				_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
 			}
 			for i, n := range tt.pads {

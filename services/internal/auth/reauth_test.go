@@ -36,7 +36,7 @@ func TestReauthenticate(t *testing.T) {
 	clk := clocktesting.NewFakeClock(epoch)
 	m := NewMetrics(prometheus.NewPedanticRegistry())
 	a := newTestAuthenticator(t, Config{Client: cs, Clock: clk, PeerQPS: 1, PeerBurst: 1, Metrics: m}) // TTL 1m
-	tok := rv.valid(jwt(map[string]any{"iss": "k8s", "exp": epoch.Add(24 * time.Hour).Unix()}), "n1", Audience)
+	tok := rv.valid(sjwt(map[string]any{"iss": "k8s", "exp": epoch.Add(24 * time.Hour).Unix()}), "n1", Audience)
 	ctx := authed(t, a, "10.0.0.1:1", tok)
 	if until, ok := VerifiedUntil(ctx); !ok || !until.Equal(epoch.Add(time.Minute)) {
 		t.Fatalf("VerifiedUntil = %v, %v; want the cache entry's end %v", until, ok, epoch.Add(time.Minute))
@@ -83,7 +83,7 @@ func TestReauthenticate(t *testing.T) {
 	}
 
 	// A token that now names another node ends the stream opened as n1.
-	tok2 := rv.valid(jwt(map[string]any{"iss": "k8s", "n": 2}), "n1", Audience)
+	tok2 := rv.valid(sjwt(map[string]any{"iss": "k8s", "n": 2}), "n1", Audience)
 	ctx = authed(t, a, "10.0.0.2:1", tok2)
 	rv.valid(tok2, "n2", Audience)
 	_, _, err := reauth(5 * time.Minute)
@@ -116,7 +116,7 @@ func TestExpiredTokenEndsItsStreamWithoutReviews(t *testing.T) {
 	m := NewMetrics(prometheus.NewPedanticRegistry())
 	a := newTestAuthenticator(t, Config{Client: cs, Clock: clk, PeerQPS: DefaultPeerQPS, PeerBurst: DefaultPeerBurst, Metrics: m})
 	exp := epoch.Add(-30 * time.Second) // past already, by a clock ahead of the apiserver's
-	tok := rv.valid(jwt(map[string]any{"iss": "k8s", "exp": exp.Unix()}), "n1", Audience)
+	tok := rv.valid(sjwt(map[string]any{"iss": "k8s", "exp": exp.Unix()}), "n1", Audience)
 	ctx := authed(t, a, "10.0.0.1:1", tok)
 	if until, _ := VerifiedUntil(ctx); !until.Equal(exp.Add(ExpiryLeeway)) {
 		t.Fatalf("VerifiedUntil = %v, want the token's exp and the leeway %v", until, exp.Add(ExpiryLeeway))

@@ -33,9 +33,9 @@ func apiserverShape(tokenData string) bool {
 
 func FuzzParseToken(f *testing.F) {
 	for _, s := range []string{
-		jwt(map[string]any{"iss": "https://kubernetes.default.svc", "exp": 1700000000}),
-		jwt(map[string]any{"exp": 1.7e9}), jwt(map[string]any{"exp": "1700000000"}), jwt(map[string]any{"exp": 1e300}),
-		jwt(map[string]any{"iss": 5}), jwt(nil), "not-a-token", "a.b.c", " {.e30.x", "eyJ9.e30=.x", "..", "",
+		sjwt(map[string]any{"iss": "https://kubernetes.default.svc", "exp": 1700000000}),
+		sjwt(map[string]any{"exp": 1.7e9}), sjwt(map[string]any{"exp": "1700000000"}), sjwt(map[string]any{"exp": 1e300}),
+		sjwt(map[string]any{"iss": 5}), sjwt(nil), "not-a-token", "a.b.c", " {.e30.x", "eyJ9.e30=.x", "..", "",
 	} {
 		f.Add(s)
 	}
@@ -69,7 +69,7 @@ func TestParseTokenExp(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := parseToken(jwt(map[string]any{"exp": tt.exp}))
+			c, err := parseToken(sjwt(map[string]any{"exp": tt.exp}))
 			if err != nil {
 				t.Fatal(err)
 			}

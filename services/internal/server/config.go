@@ -43,6 +43,9 @@ type Config struct {
 
 	AllowedServiceAccounts []string
 	TokenCacheTTL          time.Duration
+	// VerifyTokensLocally verifies sidecar tokens with the apiserver's published keys and cached objects,
+	// reviewing only what those cannot decide (--verify-tokens-locally).
+	VerifyTokensLocally bool
 	// TokenReviews have a client and rate limiter of their own (0: sized to the node count,
 	// tokenReviewScale), and a per-caller-address limit for tokens not in the cache (see
 	// services/internal/auth).
@@ -146,6 +149,7 @@ func DefaultConfig() Config {
 		WebhookAddress:         ":9444",
 		AllowedServiceAccounts: []string{"kube-system/dkc-sidecar"},
 		TokenCacheTTL:          time.Minute,
+		VerifyTokensLocally:    true,
 		TokenReviewPeerQPS:     auth.DefaultPeerQPS,
 		TokenReviewPeerBurst:   auth.DefaultPeerBurst,
 		ConfigNamespaces:       []string{"kube-system"}, // where the seed workflow puts configs
@@ -279,6 +283,12 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TokenCacheTTL, "token-cache-ttl", c.TokenCacheTTL,
 		"how long a TokenReview result is reused (never past the token's expiry); also how often an open config stream's "+
 			"token is checked again, so a revoked token loses its stream within it")
+	fs.BoolVar(&c.VerifyTokensLocally, "verify-tokens-locally", c.VerifyTokensLocally,
+		"verify sidecar tokens in dkc-server, as the apiserver does, with the keys it publishes for ServiceAccount tokens "+
+			"(/.well-known/openid-configuration, /openid/v1/jwks, fetched every 5 minutes) and watches of the allowed service "+
+			"accounts, their namespaces' pods (metadata only) and Nodes: a restart or failover then costs the apiserver no "+
+			"TokenReview per reconnecting node. Whatever these cannot decide (a key not published yet, another issuer, a pod "+
+			"not cached yet) is reviewed as with false")
 	fs.Float64Var(&c.TokenReviewQPS, "token-review-qps", c.TokenReviewQPS, fmt.Sprintf(
 		"sustained TokenReviews per second, through a client and rate limiter of their own so that callers with new or "+
 			"garbage tokens cannot spend the budget of Node status writes (--kube-api-qps); a connected sidecar needs one "+

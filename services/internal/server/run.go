@@ -36,6 +36,7 @@ import (
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -68,19 +69,23 @@ import (
 
 // server is dkc-server's parts, built by newServer in dependency order; Run runs them.
 type server struct {
-	cfg        Config
-	log        *zap.Logger
-	tlsConfig  *tls.Config // nil with --insecure
-	reg        *prometheus.Registry
-	factory    informers.SharedInformerFactory
-	namespaces resolve.Namespaces
-	ctrl       *controller.Controller
-	pacer      *pacing.Pacer
-	writer     *nodestatus.Writer
-	svc        *rpc.Service
-	health     *health.Server
-	grpc       *grpc.Server
-	conns      *connLimiter
+	cfg       Config
+	log       *zap.Logger
+	tlsConfig *tls.Config // nil with --insecure
+	reg       *prometheus.Registry
+	factory   informers.SharedInformerFactory
+	// tokenKeys and tokenObjects verify sidecar tokens without TokenReviews; nil with
+	// --verify-tokens-locally=false.
+	tokenKeys    *auth.Keys
+	tokenObjects *auth.InformerObjects
+	namespaces   resolve.Namespaces
+	ctrl         *controller.Controller
+	pacer        *pacing.Pacer
+	writer       *nodestatus.Writer
+	svc          *rpc.Service
+	health       *health.Server
+	grpc         *grpc.Server
+	conns        *connLimiter
 	// The client-side limits of the apiserver client and the TokenReview client, sized to the Node cache.
 	apiLimiter, reviewLimiter *scaledLimiter
 	nodes                     corelisters.NodeLister
@@ -225,8 +230,15 @@ func (s *server) buildNodeParts(client *kubernetes.Clientset, restCfg *rest.Conf
 	if err != nil {
 		return nil, err
 	}
-	authn := auth.New(auth.Config{Client: reviewClient, Allowed: cfg.AllowedServiceAccounts, TTL: cfg.TokenCacheTTL,
-		PeerQPS: cfg.TokenReviewPeerQPS, PeerBurst: cfg.TokenReviewPeerBurst, Metrics: auth.NewMetrics(s.reg)})
+	if err := s.buildTokenVerification(client, restCfg); err != nil {
+		return nil, err
+	}
+	authCfg := auth.Config{Client: reviewClient, Allowed: cfg.AllowedServiceAccounts, TTL: cfg.TokenCacheTTL,
+		PeerQPS: cfg.TokenReviewPeerQPS, PeerBurst: cfg.TokenReviewPeerBurst, Metrics: auth.NewMetrics(s.reg)}
+	if s.tokenObjects != nil {
+		authCfg.Keys, authCfg.Objects = s.tokenKeys, s.tokenObjects
+	}
+	authn := auth.New(authCfg)
 	// Each WatchConfig stream checks its token again once per --token-cache-ttl: a revoked token loses its
 	// stream within the TTL instead of at the connection's max age.
 	s.svc = rpc.New(rpc.Config{Log: log.Named("rpc"), Table: table, Status: s.writer, Metrics: rpc.NewMetrics(s.reg),
@@ -236,6 +248,28 @@ func (s *server) buildNodeParts(client *kubernetes.Clientset, restCfg *rest.Conf
 		return nil, err
 	}
 	return authn, nil
+}
+
+// buildTokenVerification prepares what verifies sidecar tokens without a TokenReview
+// (--verify-tokens-locally): the issuer's keys, fetched through the discovery client (JSON, the apiserver's
+// own paths), and watches of the objects a token names, metadata only; Nodes come from the Node cache.
+func (s *server) buildTokenVerification(client *kubernetes.Clientset, restCfg *rest.Config) error {
+	if !s.cfg.VerifyTokensLocally {
+		return nil
+	}
+	meta, err := metadata.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("create metadata client: %w", err)
+	}
+	s.tokenKeys = auth.NewKeys(auth.APIServerKeys{Client: client.Discovery().RESTClient()}, s.log.Named("tokenkeys"), nil)
+	s.tokenObjects = auth.NewInformerObjects(meta, s.cfg.AllowedServiceAccounts, func(name string) (string, bool) {
+		n, err := s.nodes.Get(name)
+		if err != nil || n.DeletionTimestamp != nil {
+			return "", false
+		}
+		return string(n.UID), true
+	})
+	return nil
 }
 
 // buildGRPC builds the gRPC server, NOT_SERVING until the caches sync, behind the connection limits.
@@ -459,6 +493,10 @@ func (s *server) run(ctx context.Context) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	s.factory.Start(gctx.Done())
+	if s.tokenObjects != nil {
+		s.tokenObjects.Start(gctx.Done())
+		g.Go(func() error { s.tokenKeys.Run(gctx); return nil })
+	}
 	g.Go(func() error { return s.ctrl.Run(gctx, cfg.Workers) })
 	g.Go(func() error { return s.pacer.Run(gctx) })
 	g.Go(func() error { return s.writer.Run(gctx, cfg.StatusWorkers, cfg.ShutdownGrace) })
@@ -517,6 +555,9 @@ func (s *server) run(ctx context.Context) error {
 			s.grpc.Stop()
 		}
 		s.factory.Shutdown()
+		if s.tokenObjects != nil {
+			s.tokenObjects.Shutdown()
+		}
 		return nil
 	})
 	return g.Wait()

@@ -33,8 +33,11 @@ const ParkedRestartTTL = time.Hour
 // the same stream (Confirm): by then the replica's queue has created the Event, the replica says so by
 // acknowledging it as recorded, and the restart is no longer carried — not to every later stream for an
 // hour, where each new replica would create the Event again, every one refused as existing. Each further
-// round waits as long as the restart has been parked, at the least ConfirmAfter.
-const ConfirmAfter = 30 * time.Second
+// round waits as long as the restart has been parked, at the least ConfirmAfter. Short, as a dkc-server
+// replica may stop at any moment (a rolling update soon after a rollout): a round costs the replica one
+// report it answers from memory, never the apiserver, and the doubling bounds the rounds of a restart
+// whose Event waits long in a busy queue.
+const ConfirmAfter = 5 * time.Second
 
 // Outbox holds one node's reports: what is to be sent to the config service, and what an acknowledgement
 // or a new stream changes. It reads no time but through its clock; the sidecar's client

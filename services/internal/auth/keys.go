@@ -180,6 +180,13 @@ func (k *Keys) refresh(ctx context.Context) {
 	k.issuer, k.byID, k.all = issuer, byID, all
 }
 
+// Fetched says whether a fetch has succeeded: tokens signed with the keys it published verify here.
+func (k *Keys) Fetched() bool {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.issuer != ""
+}
+
 // errNoKeys: nothing fetched yet, or the issuer publishes no key under the token's key ID.
 var errNoKeys = errors.New("no published key")
 

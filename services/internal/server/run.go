@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -272,6 +273,26 @@ func (s *server) buildTokenVerification(client *kubernetes.Clientset, restCfg *r
 	return nil
 }
 
+// tokenVerificationWait bounds how long a starting replica waits, once its Node cache is synced, for the
+// issuer's keys and its token watches before it serves: nodes that reconnect before those are ready cost a
+// TokenReview each, but a cluster whose discovery is refused must not keep the replica from serving.
+const tokenVerificationWait = 10 * time.Second
+
+// waitTokenVerification waits, at most tokenVerificationWait, until sidecar tokens can be verified here.
+func (s *server) waitTokenVerification(ctx context.Context) {
+	if s.tokenObjects == nil {
+		return
+	}
+	ready := func(context.Context) (bool, error) { return s.tokenKeys.Fetched() && s.tokenObjects.HasSynced(), nil }
+	wctx, cancel := context.WithTimeout(ctx, tokenVerificationWait)
+	defer cancel()
+	if err := wait.PollUntilContextCancel(wctx, 50*time.Millisecond, true, ready); err != nil && ctx.Err() == nil {
+		s.log.Warn("serving before sidecar tokens can be verified here; they go to TokenReview until they can",
+			zap.Bool("issuerKeysFetched", s.tokenKeys.Fetched()), zap.Bool("tokenWatchesSynced", s.tokenObjects.HasSynced()),
+			zap.Duration("waited", tokenVerificationWait))
+	}
+}
+
 // buildGRPC builds the gRPC server, NOT_SERVING until the caches sync, behind the connection limits.
 func (s *server) buildGRPC(creds credentials.TransportCredentials, authn *auth.Authenticator) {
 	cfg := s.cfg
@@ -508,6 +529,7 @@ func (s *server) run(ctx context.Context) error {
 	g.Go(func() error {
 		// Serve only once the Node cache is synced: before that every node would look unknown.
 		if cache.WaitForNamedCacheSync("dkc-server", gctx.Done(), s.ctrl.Synced) {
+			s.waitTokenVerification(gctx)
 			s.conns.resize(s.nodes)
 			s.setServing(healthpb.HealthCheckResponse_SERVING)
 			s.log.Info("caches synced; serving")

@@ -45,7 +45,15 @@ func main() {
 	fs.IntVar(&cfg.FanoutNodes, "fanout-nodes", 2000,
 		"nodes sharing one ConfigMap in the fan-out and the watch comparison")
 	fs.IntVar(&cfg.ScaleNodes, "scale-nodes", 5000, "connected nodes when measuring dkc-server's memory per node")
-	fs.IntVar(&cfg.MaxNodes, "max-nodes", 10000, "Nodes created, and connected to one replica in the max phase")
+	fs.IntVar(&cfg.MaxNodes, "max-nodes", 10000, "simulated nodes created (Node, token, directory), and connected "+
+		"to one replica in the max phase")
+	fs.IntVar(&cfg.NodeObjects, "node-objects", 0, "Node objects created in setup (default and at least -max-nodes): "+
+		"those beyond -max-nodes carry no config source and never connect; setup reports what a Node object costs the "+
+		"apiserver and dkc-server (apiserver_rss_growth_bytes_per_node_object): raise it where a bigger machine holds "+
+		"more, e.g. 65000")
+	fs.IntVar(&cfg.ReplicaNodes, "replica-nodes", 0, "nodes the replicas phase connects through a load balancer to "+
+		"two replicas, one killed mid-fan-out (at most -max-nodes; default -max-nodes, or the most this process's "+
+		"open-file limit allows at 3 descriptors a node; raise both on a bigger machine, with ulimit -Hn)")
 	fs.IntVar(&cfg.Repetitions, "repetitions", 3,
 		"repetitions of the propagation measurement (the goal is held on the worst)")
 	fs.IntVar(&cfg.PropagationRate, "propagation-rate", 25, "Node source changes per second in the propagation phase")
@@ -57,7 +65,7 @@ func main() {
 		"off (drain Never, podReadinessTimeout 0s) instead of on (drain Allowed, podReadinessTimeout 5m): run both to "+
 		"compare pool_seconds_per_batch")
 	phases := fs.String("phases", "", "comma-separated phases to run: idle, propagation, fanout, watches, scale, max, "+
-		"pool (default all; setup always runs)")
+		"pool, replicas (default all, in that order; setup always runs)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: bench [flags]\n\n"+
 			"Runs dkc's scale benchmark against a real local etcd, kube-apiserver and dkc-server,\n"+

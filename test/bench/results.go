@@ -36,6 +36,8 @@ type Results struct {
 	Goals       map[string]goal    `json:"goals"`
 	// Breakdowns are the watches phase's windows by apiserver request: dkc's beside the design's.
 	Breakdowns []breakdownComparison `json:"apiserverBreakdowns,omitempty"`
+	// Windows are the other phases' measured apiserver windows (the replicas phase's failover).
+	Windows []apiserverWindowResult `json:"apiserverWindows,omitempty"`
 	// goals are the targets, goals' unless overridden (the Deployment's memory limit, read at run time).
 	goals map[string]goal
 }
@@ -65,6 +67,9 @@ var goals = map[string]goal{
 	// Issue 27: a pool's nodes in progress at once, by its status and by the Nodes, never above its
 	// maxUnavailable: 10% of the pool's nodes (Config.PoolNodes), set at run time.
 	"pool_max_in_progress": {Op: "<=", Value: 200},
+	// Issue 42: the survivor of two replicas, every node on it after the other was killed mid-fan-out,
+	// within the Deployment's limits.memory (set at run time). The phase's other figures have no goal.
+	"replicas_survivor_peak_rss_bytes": {Op: "<=", Value: peakGoal},
 }
 
 // peakGoal is the most RSS one replica may reach with 10,000 nodes, fan-out included.
@@ -114,6 +119,9 @@ func (r *Results) WriteJSON(dir string) (string, error) {
 	if len(r.Breakdowns) > 0 {
 		out["apiserverBreakdowns"] = r.Breakdowns
 	}
+	if len(r.Windows) > 0 {
+		out["apiserverWindows"] = r.Windows
+	}
 	for k, v := range r.Values {
 		out[k] = v
 	}
@@ -136,7 +144,7 @@ func (r *Results) Table(w io.Writer) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		g, ok := r.Goals[k]
-		goalText, met := "", ""
+		goalText, met := "—", "—" // no goal: a figure reported as measured
 		if ok {
 			goalText = fmt.Sprintf("%s %s", g.Op, format(k, g.Value))
 			met = map[bool]string{true: "yes", false: "NO"}[g.Met]
@@ -150,6 +158,9 @@ func (r *Results) Table(w io.Writer) {
 	}
 	tw.Flush()
 	for _, b := range r.Breakdowns {
+		b.print(w)
+	}
+	for _, b := range r.Windows {
 		b.print(w)
 	}
 	fmt.Fprintf(w, "machine: %s; took %s\n", r.Machine, r.Took)

@@ -5,6 +5,7 @@ package devcluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -89,7 +90,12 @@ func (r *ServiceReplica) start(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	url := "http://" + r.MetricsAddress() + "/readyz"
-	return p.waitFor(ctx, "ready", func(ctx context.Context) error { return httpOK(ctx, http.DefaultClient, url) })
+	ready := func(ctx context.Context) error { return httpOK(ctx, http.DefaultClient, url) }
+	if err := p.waitFor(ctx, "ready", ready); err != nil {
+		// Not left running for a caller that gets no replica to stop.
+		return errors.Join(err, p.stop(processGrace))
+	}
+	return nil
 }
 
 // Restart stops the replica (SIGTERM: its streams end with Unavailable, as in a rollout) and starts it

@@ -122,6 +122,7 @@ type Authenticator struct {
 	// keys and objects verify tokens without a TokenReview (verifyLocally); nil keys: every token is reviewed.
 	keys    *Keys
 	objects Objects
+	ready   <-chan struct{}
 
 	verified *cache.LRUExpireCache // token hash -> verification
 	refused  *cache.LRUExpireCache // token hash -> refusal
@@ -187,6 +188,10 @@ type Config struct {
 	// what they cannot decide; nil: every token is reviewed.
 	Keys    *Keys
 	Objects Objects
+	// Ready, when set, holds every token that is not cached until it is closed: a replica that starts
+	// accepts connections at once, and a token verified before its Node cache and token watches are synced
+	// would cost a TokenReview (and its first report a Node lookup) for nothing. nil: never held.
+	Ready <-chan struct{}
 }
 
 // New returns an Authenticator.
@@ -196,6 +201,7 @@ func New(cfg Config) *Authenticator {
 	}
 	a := &Authenticator{client: cfg.Client, allowed: map[string]bool{}, ttl: cfg.TTL, spread: spreadTenth,
 		clock: cfg.Clock, metrics: cfg.Metrics, peers: newPeerLimiter(cfg.PeerQPS, cfg.PeerBurst)}
+	a.ready = cfg.Ready
 	if cfg.Keys != nil && cfg.Objects != nil {
 		a.keys, a.objects = cfg.Keys, cfg.Objects
 	}
@@ -328,6 +334,13 @@ func (a *Authenticator) authenticate(ctx context.Context, token string, limitPee
 		return a.refuse(reasonExpired, status.Errorf(codes.Unauthenticated,
 			"token expired at %s (%v of leeway passed); send the current one",
 			claims.exp.UTC().Format(time.RFC3339), ExpiryLeeway))
+	}
+	if a.ready != nil {
+		select {
+		case <-a.ready:
+		case <-ctx.Done():
+			return a.refuse(reasonUnavailable, status.FromContextError(ctx.Err()).Err())
+		}
 	}
 	if a.keys != nil {
 		// Before the per-peer limit, which budgets TokenReviews: a token decided here costs the apiserver

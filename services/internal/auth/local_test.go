@@ -341,3 +341,22 @@ func TestAPIServerKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestTokensWaitForTheReplicaToBeReady: a replica accepts connections before its caches are synced; a token
+// presented meanwhile waits for Ready instead of costing a TokenReview a moment later would not, and a
+// caller that gives up first is told so without one.
+func TestTokensWaitForTheReplicaToBeReady(t *testing.T) {
+	rv, cs := newReviewer()
+	ready := make(chan struct{})
+	a := newTestAuthenticator(t, Config{Client: cs, Ready: ready})
+	token := rv.valid(sjwt(map[string]any{"iss": testIssuer}), "n1", Audience)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := a.Authenticate(ctx, token); err == nil || rv.count() != 0 {
+		t.Fatalf("Authenticate before ready: %v after %d reviews, want an error and none", err, rv.count())
+	}
+	close(ready)
+	if id, err := a.Authenticate(context.Background(), token); err != nil || id.Node != "n1" || rv.count() != 1 {
+		t.Fatalf("Authenticate once ready: %+v, %v after %d reviews, want n1 after one", id, err, rv.count())
+	}
+}

@@ -79,14 +79,16 @@ type server struct {
 	// --verify-tokens-locally=false.
 	tokenKeys    *auth.Keys
 	tokenObjects *auth.InformerObjects
-	namespaces   resolve.Namespaces
-	ctrl         *controller.Controller
-	pacer        *pacing.Pacer
-	writer       *nodestatus.Writer
-	svc          *rpc.Service
-	health       *health.Server
-	grpc         *grpc.Server
-	conns        *connLimiter
+	// ready is closed once the replica serves (its caches synced): calls wait for it to authenticate.
+	ready      chan struct{}
+	namespaces resolve.Namespaces
+	ctrl       *controller.Controller
+	pacer      *pacing.Pacer
+	writer     *nodestatus.Writer
+	svc        *rpc.Service
+	health     *health.Server
+	grpc       *grpc.Server
+	conns      *connLimiter
 	// The client-side limits of the apiserver client and the TokenReview client, sized to the Node cache.
 	apiLimiter, reviewLimiter *scaledLimiter
 	nodes                     corelisters.NodeLister
@@ -234,8 +236,10 @@ func (s *server) buildNodeParts(client *kubernetes.Clientset, restCfg *rest.Conf
 	if err := s.buildTokenVerification(client, restCfg); err != nil {
 		return nil, err
 	}
+	s.ready = make(chan struct{})
 	authCfg := auth.Config{Client: reviewClient, Allowed: cfg.AllowedServiceAccounts, TTL: cfg.TokenCacheTTL,
-		PeerQPS: cfg.TokenReviewPeerQPS, PeerBurst: cfg.TokenReviewPeerBurst, Metrics: auth.NewMetrics(s.reg)}
+		PeerQPS: cfg.TokenReviewPeerQPS, PeerBurst: cfg.TokenReviewPeerBurst, Metrics: auth.NewMetrics(s.reg),
+		Ready: s.ready}
 	if s.tokenObjects != nil {
 		authCfg.Keys, authCfg.Objects = s.tokenKeys, s.tokenObjects
 	}
@@ -530,6 +534,7 @@ func (s *server) run(ctx context.Context) error {
 		// Serve only once the Node cache is synced: before that every node would look unknown.
 		if cache.WaitForNamedCacheSync("dkc-server", gctx.Done(), s.ctrl.Synced) {
 			s.waitTokenVerification(gctx)
+			close(s.ready)
 			s.conns.resize(s.nodes)
 			s.setServing(healthpb.HealthCheckResponse_SERVING)
 			s.log.Info("caches synced; serving")

@@ -31,10 +31,17 @@ const (
 	// (status.preview): True when no node found anything, False naming the nodes that did, Unknown while the
 	// pool waits for answers. Absent when the pool never previewed one.
 	ConditionPreviewed = "Previewed"
+	// ConditionDrifted is True when nodes that were updated no longer run the revision as it was proven
+	// (status.nodes.drifted; each Node's ConfigDrift condition says why), False when none does.
+	ConditionDrifted = "Drifted"
 )
 
 // Condition reasons.
 const (
+	// Drifted
+	ReasonNodesDrifted = "NodesDrifted"
+	ReasonNoDrift      = "NoDrift"
+
 	// Updated
 	ReasonAllNodesUpdated = "AllNodesUpdated"
 	ReasonNodesNotUpdated = "NodesNotUpdated"

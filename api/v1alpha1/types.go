@@ -401,9 +401,9 @@ func (r *RevisionSnapshots) Snapshot(revision string) (RevisionSnapshot, bool) {
 	return RevisionSnapshot{}, false
 }
 
-// NodeCounts counts the selected nodes. Every selected node is in exactly one of updated, inProgress,
-// failed, held, or none of them (not yet assigned the current revision); ready is the updated nodes that
-// are Ready.
+// NodeCounts counts the selected nodes. Every selected node is in exactly one of updated, drifted,
+// inProgress, failed, held, or none of them (not yet assigned the current revision); ready is the updated
+// nodes that are Ready.
 type NodeCounts struct {
 	// selected: the nodes the nodeSelector picks.
 	Selected int32 `json:"selected"`
@@ -418,6 +418,11 @@ type NodeCounts struct {
 	// held: the nodes the pool leaves alone: assigned by hand, selected by another pool too, not run by
 	// the dkc sidecar, or whose sidecar never reported (heldNodes says which).
 	Held int32 `json:"held"`
+	// drifted: the nodes that were updated, and whose kubelet runs something else than the revision since
+	// (their ConfigDrift condition is True: dkc's wiring removed, a flag or drop-in overriding a field, the
+	// kubelet's minor changed): the Drifted condition names them.
+	// +optional
+	Drifted int32 `json:"drifted,omitempty"`
 }
 
 // HeldNode is a node the pool leaves alone.

@@ -366,6 +366,14 @@ type NodeStatus struct {
 	Message   string                   `json:"message,omitempty"`
 	Reported  bool                     `json:"reported"`
 	Transited *metav1.Time             `json:"lastTransitionTime,omitempty"`
+	// Drift is the node's ConfigDrift condition while True: its cause (reason) and message.
+	Drift *Drift `json:"drift,omitempty"`
+}
+
+// Drift is what a node's sidecar found its kubelet running differently from its config.
+type Drift struct {
+	Cause   string `json:"cause"`
+	Message string `json:"message,omitempty"`
 }
 
 // StatusOf reads a node's dkc status from its annotation and ConfigOK condition.
@@ -378,10 +386,13 @@ func StatusOf(n *corev1.Node) NodeStatus {
 		}
 	}
 	for _, c := range n.Status.Conditions {
-		if c.Type == nodeconfig.ConditionType {
+		switch {
+		case c.Type == nodeconfig.ConditionType:
 			ns.ConfigOK, ns.Message = string(c.Status), c.Message
 			t := c.LastTransitionTime
 			ns.Transited = &t
+		case c.Type == nodeconfig.DriftConditionType && c.Status == corev1.ConditionTrue:
+			ns.Drift = &Drift{Cause: c.Reason, Message: c.Message}
 		}
 	}
 	return ns
@@ -398,7 +409,7 @@ func (o *Options) statusCommand() *cobra.Command {
 	var selector string
 	cmd := &cobra.Command{
 		Use:   "status [NODE... | -l SELECTOR]",
-		Short: "Show each node's assigned, active and last-known-good config, error and ConfigOK",
+		Short: "Show each node's assigned, active and last-known-good config, error, ConfigOK and drift",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var nodes []corev1.Node
 			var err error
@@ -419,18 +430,22 @@ func (o *Options) statusCommand() *cobra.Command {
 				return o.print(o.io.Out, rows)
 			}
 			w := tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NODE\tASSIGNED\tACTIVE\tLAST-KNOWN-GOOD\tCONFIGOK\tERROR\tAGE")
+			fmt.Fprintln(w, "NODE\tASSIGNED\tACTIVE\tLAST-KNOWN-GOOD\tCONFIGOK\tDRIFT\tERROR\tAGE")
 			for _, r := range rows {
+				drift := "-"
+				if r.Drift != nil {
+					drift = r.Drift.Cause
+				}
 				if !r.Reported {
-					fmt.Fprintf(w, "%s\t<no dkc sidecar report>\t\t\t%s\t\t\n", r.Node, r.ConfigOK)
+					fmt.Fprintf(w, "%s\t<no dkc sidecar report>\t\t\t%s\t%s\t\t\n", r.Node, r.ConfigOK, drift)
 					continue
 				}
 				age := "-"
 				if r.Transited != nil {
 					age = duration.HumanDuration(time.Since(r.Transited.Time))
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, describe(r.Status.Assigned), describe(r.Status.Active),
-					describe(r.Status.LastKnownGood), r.ConfigOK, r.Status.Error, age)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, describe(r.Status.Assigned),
+					describe(r.Status.Active), describe(r.Status.LastKnownGood), r.ConfigOK, drift, r.Status.Error, age)
 			}
 			return w.Flush()
 		},

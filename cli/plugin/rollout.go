@@ -418,8 +418,8 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 			pv.RequestTime.UTC().Format(time.RFC3339), done)
 	}
 	n := p.Status.Nodes
-	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d in progress\t%d failed\t%s\n",
-		n.Selected, n.Updated, n.Ready, n.InProgress, n.Failed, heldSummary(p.Status))
+	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d drifted\t%d in progress\t%d failed\t%s\n",
+		n.Selected, n.Updated, n.Ready, n.Drifted, n.InProgress, n.Failed, heldSummary(p.Status))
 	_ = w.Flush()
 	w = tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CONDITION\tSTATUS\tREASON\tAGE\tMESSAGE")

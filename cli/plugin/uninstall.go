@@ -184,12 +184,19 @@ func marked(n *corev1.Node) bool {
 			return true
 		}
 	}
-	return n.Spec.ConfigSource != nil || n.Status.Config != nil || hasConfigOK(n)
+	return n.Spec.ConfigSource != nil || n.Status.Config != nil || len(dkcConditions(n)) > 0
 }
 
-func hasConfigOK(n *corev1.Node) bool {
-	return slices.ContainsFunc(n.Status.Conditions,
-		func(c corev1.NodeCondition) bool { return c.Type == nodeconfig.ConditionType })
+// dkcConditions are the conditions dkc-server writes that n carries: ConfigOK, ConfigPreview, ConfigDrift.
+func dkcConditions(n *corev1.Node) []any {
+	var out []any
+	for _, t := range []corev1.NodeConditionType{nodeconfig.ConditionType, nodeconfig.PreviewConditionType,
+		nodeconfig.DriftConditionType} {
+		if slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == t }) {
+			out = append(out, map[string]any{"type": string(t), "$patch": "delete"})
+		}
+	}
+	return out
 }
 
 // writePlan prints what uninstall will do on the cluster st describes.
@@ -651,8 +658,8 @@ func unmarkPatches(n *corev1.Node) (node, status []byte) {
 		node, _ = json.Marshal(p)
 	}
 	s := map[string]any{}
-	if hasConfigOK(n) {
-		s["conditions"] = []any{map[string]any{"type": string(nodeconfig.ConditionType), "$patch": "delete"}}
+	if conds := dkcConditions(n); len(conds) > 0 {
+		s["conditions"] = conds
 	}
 	if n.Status.Config != nil {
 		s["config"] = nil

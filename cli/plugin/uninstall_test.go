@@ -168,6 +168,10 @@ func TestUnmarkPatches(t *testing.T) {
 				Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{configOK, ready}}},
 			`{"metadata":{"annotations":{"dkc.dev/config-status":null}}}`,
 			`{"status":{"conditions":[{"$patch":"delete","type":"ConfigOK"}]}}`},
+		{"a preview's answer and a drift finding: every condition dkc-server writes",
+			corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready,
+				{Type: "ConfigDrift", Status: corev1.ConditionTrue}, {Type: "ConfigPreview", Status: corev1.ConditionTrue}}}},
+			"", `{"status":{"conditions":[{"$patch":"delete","type":"ConfigPreview"},{"$patch":"delete","type":"ConfigDrift"}]}}`},
 		{"nothing of dkc's", corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{"other": "x"}},
 			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}}, "", ""},
 	} {

@@ -45,6 +45,31 @@ const (
 	PreviewNotPredicted   = "NotPredicted"
 )
 
+// DriftConditionType is the Node condition that says whether the kubelet runs what it should: True when
+// its sidecar's last check found the running config (/configz) or dkc's wiring of the kubelet differing from
+// the node's active config, its reason the cause; False (DriftNone) once a check finds no difference. Written
+// by dkc-server, like ConfigOK, from the sidecar's report; absent on nodes whose sidecar never reported one.
+const DriftConditionType corev1.NodeConditionType = "ConfigDrift"
+
+// Reasons of the ConfigDrift condition: the causes a sidecar names (proto Drift.cause), and DriftNone.
+const (
+	DriftWiringRemoved       = "WiringRemoved"
+	DriftWiringReplaced      = "WiringReplaced"
+	DriftFlagOverride        = "FlagOverride"
+	DriftConfigDirDropIn     = "ConfigDirDropIn"
+	DriftKubeletMinorChanged = "KubeletMinorChanged"
+	DriftUnknown             = "Unknown"
+	DriftNone                = "NoDrift"
+)
+
+// DriftCauses are the causes a ConfigDrift condition may name; a sidecar's other answer is written as
+// DriftUnknown.
+var DriftCauses = []string{DriftWiringRemoved, DriftWiringReplaced, DriftFlagOverride, DriftConfigDirDropIn,
+	DriftKubeletMinorChanged, DriftUnknown}
+
+// DriftEventReason is the reason of the Event dkc-server records on a Node when its ConfigDrift turns True.
+const DriftEventReason = "KubeletConfigDrifted"
+
 // EventReason is the original kubelet's reason for a restart to change config.
 const EventReason = "KubeletConfigChanged"
 

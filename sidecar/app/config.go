@@ -72,8 +72,11 @@ type Config struct {
 	KubeletCAFile    string
 	TrialDuration    time.Duration
 	HealthTimeout    time.Duration
-	KeepCheckpoints  int
-	MetricsAddress   string
+	// DriftInterval is how often the kubelet is checked for drift besides after each start the sidecar did
+	// not make; 0: only after those.
+	DriftInterval   time.Duration
+	KeepCheckpoints int
+	MetricsAddress  string
 	// MetricsAuth protects the metrics address (HTTPS, delegated authentication and authorization).
 	MetricsAuth    metricsauth.Options
 	LogLevel       string
@@ -118,6 +121,7 @@ func DefaultConfig() Config {
 		KubeletTokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token",
 		TrialDuration:    10 * time.Minute,
 		HealthTimeout:    2 * time.Minute,
+		DriftInterval:    10 * time.Minute,
 		KeepCheckpoints:  3,
 		MetricsAddress:   DefaultMetricsAddress,
 		MetricsAuth:      metricsauth.DefaultOptions(),
@@ -163,6 +167,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 		"time a new config must run healthy before it becomes last-known-good")
 	fs.DurationVar(&c.HealthTimeout, "health-timeout", c.HealthTimeout,
 		"time the kubelet gets to come back healthy with a new config before it is rolled back")
+	fs.DurationVar(&c.DriftInterval, "drift-interval", c.DriftInterval,
+		"how often the sidecar checks that the kubelet runs what it should (its /configz against the active config's "+
+			"fields, and dkc's drop-in and env file still as dkc wrote them), reported as drift with its cause; besides "+
+			"this, every start of the kubelet the sidecar did not make is checked. 0 disables the periodic check (and the "+
+			"one at the sidecar's start): only those starts are checked")
 	fs.IntVar(&c.KeepCheckpoints, "keep-checkpoints", c.KeepCheckpoints,
 		"unreferenced checkpoints kept besides assigned and last-known-good")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress,
@@ -190,7 +199,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 			"its dkc config, when it does not pass; a kubelet not healthy on it is put back on its dkc config. Talks to no "+
 			"dkc-server. Needs the drop-in's directory mounted read-write")
 	fs.StringVar(&c.KubeletDropIn, "kubelet-dropin", c.KubeletDropIn,
-		"with --uninstall: dkc's kubelet drop-in, which it removes (where --install-kubelet-dropin put it)")
+		"dkc's kubelet drop-in (where --install-kubelet-dropin put it): --uninstall removes it; with --restart-mode=systemd "+
+			"the drift check verifies that the kubelet unit loads it and, where the sidecar sees the file, its content")
 	fs.StringVar(&c.HostProc, "host-proc", c.HostProc,
 		"the node's /proc, where the kubelet's command line is read (<host-proc>/<MainPID>/cmdline); the DaemonSet mounts "+
 			"the host's /proc read-only at /host/proc instead of sharing the host's PID namespace")
@@ -272,9 +282,9 @@ func (c Config) Validate() error {
 	if c.KubeletVersion != "" && checkapi.Minor(c.KubeletVersion) == "" {
 		errs = append(errs, fmt.Errorf("--kubelet-version %q: want a kubelet version such as v1.36.3", c.KubeletVersion))
 	}
-	if c.TrialDuration <= 0 || c.HealthTimeout <= 0 || c.KeepCheckpoints < 0 {
+	if c.TrialDuration <= 0 || c.HealthTimeout <= 0 || c.KeepCheckpoints < 0 || c.DriftInterval < 0 {
 		errs = append(errs, errors.New("--trial-duration and --health-timeout must be positive, "+
-			"--keep-checkpoints not negative"))
+			"--keep-checkpoints and --drift-interval not negative"))
 	}
 	if err := c.MetricsAuth.Validate(); err != nil {
 		errs = append(errs, err)

@@ -84,6 +84,7 @@ func (s *Sidecar) follow(ctx context.Context, log *zap.Logger) error {
 		TrialDuration: cfg.TrialDuration, HealthTimeout: cfg.HealthTimeout, KeepCheckpoints: cfg.KeepCheckpoints,
 		ProcDir: cfg.HostProc, KubeletVersion: cfg.KubeletVersion, KubeletVersionRequired: cfg.Checker == nil,
 		TrialCheckInterval: cfg.TrialCheckInterval, Checker: checker, Trace: cfg.Trace,
+		DriftInterval: cfg.DriftInterval, KubeletDropIn: driftDropIn(cfg),
 	})
 	var metricsServer httpserve.Listener
 	if reg != nil {
@@ -108,6 +109,20 @@ func (s *Sidecar) follow(ctx context.Context, log *zap.Logger) error {
 	err = g.Wait()
 	log.Info("dkc-sidecar stopped")
 	return err
+}
+
+// driftDropIn is dkc's kubelet drop-in the drift check verifies: only under systemd, where it is the
+// kubelet unit's (a kubelet supervised otherwise reads the env file by other means, and a drop-in found at
+// the default path belongs to another kubelet).
+func driftDropIn(cfg Config) string {
+	switch {
+	case cfg.RestartMode != "systemd" || cfg.ServiceManager != nil:
+		return ""
+	case cfg.InstallDropIn != "":
+		return cfg.InstallDropIn
+	default:
+		return cfg.KubeletDropIn
+	}
 }
 
 // kubeletProbes are the injected prober and checker, or the defaults: the kubelet over HTTPS, and the

@@ -37,7 +37,7 @@ func (p nodePatchers) Authorize(_ context.Context, a authorizer.Attributes) (aut
 }
 
 // TestOnlyDKCWritesTheNodeStatusItActsOn: the annotations dkc.dev/config-status and dkc.dev/pool-assignment
-// and the ConfigOK and ConfigPreview conditions are set and changed by dkc-server alone, through the Node and nodes/status, on
+// and the ConfigOK, ConfigPreview and ConfigDrift conditions are set and changed by dkc-server alone, through the Node and nodes/status, on
 // create too; removed also by whoever may patch the Node itself, never by the node; every other Node write
 // (heartbeats, other conditions and annotations, registration) passes whoever makes it.
 func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
@@ -51,6 +51,8 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 	preview := corev1.NodeCondition{Type: "ConfigPreview", Status: corev1.ConditionFalse, Reason: "PodsAffected",
 		Message:           "revision x of pool blue (requested 2026-11-28T05:00:00Z): pod default/a would be evicted",
 		LastHeartbeatTime: t0, LastTransitionTime: t0}
+	drift := corev1.NodeCondition{Type: "ConfigDrift", Status: corev1.ConditionTrue, Reason: "WiringRemoved",
+		Message: "drop-in 90-dkc.conf is gone", LastHeartbeatTime: t0, LastTransitionTime: t0}
 	const failed = `{"assigned":{"configMap":{"namespace":"kube-system","name":"blue-x","kubeletConfigKey":"kubelet"}},` +
 		`"error":"failed to validate config, see Kubelet log for details"}`
 	base := func() *corev1.Node {
@@ -83,6 +85,7 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 		assignmentMsg = "only dkc-server may set or change a Node's annotation dkc.dev/pool-assignment"
 		configOKMsg   = "only dkc-server may set or change a Node's ConfigOK condition"
 		previewMsg    = "only dkc-server may set or change a Node's ConfigPreview condition"
+		driftMsg      = "only dkc-server may set or change a Node's ConfigDrift condition"
 	)
 	for _, tc := range []struct {
 		name     string
@@ -176,6 +179,17 @@ func TestOnlyDKCWritesTheNodeStatusItActsOn(t *testing.T) {
 			n.Status.Conditions = append(n.Status.Conditions, preview)
 		}), none, dkcOnly, previewMsg},
 		{"ConfigPreview removed", admission.Update, "status", edit(func(n *corev1.Node) { n.Status.Conditions = n.Status.Conditions[:2] }), base(), removers, previewMsg},
+
+		// Forged ConfigDrift conditions: a drifted kubelet hidden, or one counted as drifted (and repaired).
+		{"ConfigDrift added", admission.Update, "status", edit(func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, drift)
+		}), base(), dkcOnly, driftMsg},
+		{"ConfigDrift cleared", admission.Update, "status", edit(func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "ConfigDrift",
+				Status: corev1.ConditionFalse, Reason: "NoDrift", LastHeartbeatTime: t1, LastTransitionTime: t1})
+		}), edit(func(n *corev1.Node) { n.Status.Conditions = append(n.Status.Conditions, drift) }), dkcOnly, driftMsg},
+		{"ConfigDrift removed", admission.Update, "status", base(),
+			edit(func(n *corev1.Node) { n.Status.Conditions = append(n.Status.Conditions, drift) }), removers, driftMsg},
 	} {
 		users := []struct {
 			name   string

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -132,6 +133,18 @@ func (c *Cluster) withSystemctl(ctx context.Context, node string, f func(*system
 		return fmt.Errorf("node %s: %w", node, err)
 	}
 	return nil
+}
+
+// DaemonReload is `systemctl daemon-reload` on a real node: what an operator or a package upgrade does after
+// changing unit files.
+func (c *Cluster) DaemonReload(ctx context.Context, node string) error {
+	return c.withSystemctl(ctx, node, func(s *systemctl) error { return s.DaemonReload(ctx) })
+}
+
+// KubeletDropInDir is, on the host, the directory a node of the installed form has as
+// /etc/systemd/system/kubelet.service.d, where the sidecar's init container installs dkc's drop-in.
+func (c *Cluster) KubeletDropInDir(node string) string {
+	return filepath.Join(c.NodeDir(node), "systemd", "kubelet.service.d")
 }
 
 // RestartUnit is `systemctl restart UNIT` on a real node.

@@ -34,6 +34,7 @@ var bySlowest = []string{
 	"TestDedicatedConfigNamespace",
 	"TestSystemBusRestartedDuringAKubeletRestart",
 	"TestNodeDeletedAndRejoined",
+	"TestDriftReportedWhenTheWiringIsRemoved",
 	"TestInstalledFormRunsAsPods",
 	"TestNodeStatusCannotBeForged",
 	"TestGrpcurlThroughPortForward",

@@ -64,6 +64,17 @@ func TestAlertsFire(t *testing.T) {
 			by: "node", want: []string{"n1", "n2"},
 		},
 		{
+			name: "ConfigDrift True on nodes with a sidecar; False, or opted out, silent", alert: "DkcKubeletConfigDrift",
+			load: `
+  kube_node_status_condition{` + ksm + `, node="n1", condition="ConfigDrift", status="true"} 1x20
+  kube_node_status_condition{` + ksm + `, node="n2", condition="ConfigDrift", status="true"} 0x20
+  kube_node_status_condition{` + ksm + `, node="n2", condition="ConfigDrift", status="false"} 1x20
+  kube_node_status_condition{` + ksm + `, node="n9", condition="ConfigDrift", status="true"} 1x20
+  up{` + sidecar1 + `} 1x20
+  up{` + sidecar2 + `} 1x20`,
+			by: "node", want: []string{"n1"},
+		},
+		{
 			name: "opted-out node", alert: "DkcNodeConfigNotOK",
 			load: `
   kube_node_status_condition{` + ksm + `, node="n9", condition="ConfigOK", status="false"} 1x20

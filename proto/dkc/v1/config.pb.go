@@ -776,6 +776,85 @@ func (x *PreviewResult) GetMessage() string {
 	return ""
 }
 
+// Drift is a difference the sidecar found between what the kubelet runs (its /configz) and what it should
+// run: the active config (assigned, last-known-good or local) with the node's flags and drop-ins applied,
+// or dkc's wiring of the kubelet (its drop-in and env file) gone or changed.
+type Drift struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why, where it can be known, as the ConfigDrift condition's reason: WiringRemoved (dkc's drop-in or env
+	// file is gone), WiringReplaced (either changed), FlagOverride (a kubelet flag sets a field the config
+	// sets otherwise), ConfigDirDropIn (a file in the kubelet's --config-dir sets it), KubeletMinorChanged
+	// (the kubelet binary's minor is not the one the config was checked with), Unknown.
+	Cause string `protobuf:"bytes,1,opt,name=cause,proto3" json:"cause,omitempty"`
+	// The KubeletConfiguration fields (JSON paths, e.g. "maxPods", "evictionHard.memory.available") whose
+	// running value differs from the expected one; empty when the cause is the wiring alone.
+	Fields []string `protobuf:"bytes,2,rep,name=fields,proto3" json:"fields,omitempty"`
+	// The finding in words: the file, the flag, the expected and running values, the minors.
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// When the sidecar first found this drift (it stands until a check finds none).
+	DetectedTime  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=detected_time,json=detectedTime,proto3" json:"detected_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Drift) Reset() {
+	*x = Drift{}
+	mi := &file_dkc_v1_config_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Drift) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Drift) ProtoMessage() {}
+
+func (x *Drift) ProtoReflect() protoreflect.Message {
+	mi := &file_dkc_v1_config_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Drift.ProtoReflect.Descriptor instead.
+func (*Drift) Descriptor() ([]byte, []int) {
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Drift) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+func (x *Drift) GetFields() []string {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+func (x *Drift) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Drift) GetDetectedTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DetectedTime
+	}
+	return nil
+}
+
 // KubeletRestart describes a restart of the kubelet the sidecar performed to change the active config.
 type KubeletRestart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -791,7 +870,7 @@ type KubeletRestart struct {
 
 func (x *KubeletRestart) Reset() {
 	*x = KubeletRestart{}
-	mi := &file_dkc_v1_config_proto_msgTypes[9]
+	mi := &file_dkc_v1_config_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +882,7 @@ func (x *KubeletRestart) String() string {
 func (*KubeletRestart) ProtoMessage() {}
 
 func (x *KubeletRestart) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[9]
+	mi := &file_dkc_v1_config_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +895,7 @@ func (x *KubeletRestart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KubeletRestart.ProtoReflect.Descriptor instead.
 func (*KubeletRestart) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{9}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KubeletRestart) GetId() string {
@@ -868,14 +947,18 @@ type ReportStatusRequest struct {
 	NodeUid string `protobuf:"bytes,8,opt,name=node_uid,json=nodeUid,proto3" json:"node_uid,omitempty"`
 	// The node's answer to the Preview it was last sent, while that preview stands; absent otherwise and from
 	// older sidecars. Written as the Node's ConfigPreview condition.
-	Preview       *PreviewResult `protobuf:"bytes,9,opt,name=preview,proto3" json:"preview,omitempty"`
+	Preview *PreviewResult `protobuf:"bytes,9,opt,name=preview,proto3" json:"preview,omitempty"`
+	// What the kubelet runs differs from what it should, found by the sidecar's last check; absent when the
+	// last check found no difference, before the first check, and from older sidecars. Written as the Node's
+	// ConfigDrift condition.
+	Drift         *Drift `protobuf:"bytes,10,opt,name=drift,proto3" json:"drift,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportStatusRequest) Reset() {
 	*x = ReportStatusRequest{}
-	mi := &file_dkc_v1_config_proto_msgTypes[10]
+	mi := &file_dkc_v1_config_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +970,7 @@ func (x *ReportStatusRequest) String() string {
 func (*ReportStatusRequest) ProtoMessage() {}
 
 func (x *ReportStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[10]
+	mi := &file_dkc_v1_config_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +983,7 @@ func (x *ReportStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportStatusRequest) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{10}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReportStatusRequest) GetNodeName() string {
@@ -966,6 +1049,13 @@ func (x *ReportStatusRequest) GetPreview() *PreviewResult {
 	return nil
 }
 
+func (x *ReportStatusRequest) GetDrift() *Drift {
+	if x != nil {
+		return x.Drift
+	}
+	return nil
+}
+
 // ReportStatusResponse acknowledges a report: the service has accepted it and will write it onto the Node.
 type ReportStatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -982,7 +1072,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_dkc_v1_config_proto_msgTypes[11]
+	mi := &file_dkc_v1_config_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1084,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[11]
+	mi := &file_dkc_v1_config_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1097,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{11}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportStatusResponse) GetRestartQueued() bool {
@@ -1089,11 +1179,16 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\tR\brevision\x12=\n" +
 	"\frequest_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vrequestTime\x12\x18\n" +
 	"\averdict\x18\x04 \x01(\tR\averdict\x12\x18\n" +
-	"\amessage\x18\x05 \x01(\tR\amessage\"\x82\x01\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\"\x90\x01\n" +
+	"\x05Drift\x12\x14\n" +
+	"\x05cause\x18\x01 \x01(\tR\x05cause\x12\x16\n" +
+	"\x06fields\x18\x02 \x03(\tR\x06fields\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12?\n" +
+	"\rdetected_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\fdetectedTime\"\x82\x01\n" +
 	"\x0eKubeletRestart\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
 	"\x06target\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06target\x12.\n" +
-	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xfb\x02\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xa0\x03\n" +
 	"\x13ReportStatusRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x120\n" +
 	"\x06status\x18\x02 \x01(\v2\x18.dkc.v1.NodeConfigStatusR\x06status\x12\x18\n" +
@@ -1103,7 +1198,9 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\vincarnation\x18\x06 \x01(\x04R\vincarnation\x12\x1a\n" +
 	"\bsequence\x18\a \x01(\x04R\bsequence\x12\x19\n" +
 	"\bnode_uid\x18\b \x01(\tR\anodeUid\x12/\n" +
-	"\apreview\x18\t \x01(\v2\x15.dkc.v1.PreviewResultR\apreview\"=\n" +
+	"\apreview\x18\t \x01(\v2\x15.dkc.v1.PreviewResultR\apreview\x12#\n" +
+	"\x05drift\x18\n" +
+	" \x01(\v2\r.dkc.v1.DriftR\x05drift\"=\n" +
 	"\x14ReportStatusResponse\x12%\n" +
 	"\x0erestart_queued\x18\x01 \x01(\bR\rrestartQueued2\xa4\x01\n" +
 	"\rConfigService\x12H\n" +
@@ -1122,7 +1219,7 @@ func file_dkc_v1_config_proto_rawDescGZIP() []byte {
 	return file_dkc_v1_config_proto_rawDescData
 }
 
-var file_dkc_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_dkc_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_dkc_v1_config_proto_goTypes = []any{
 	(*ConfigMapNodeConfigSource)(nil), // 0: dkc.v1.ConfigMapNodeConfigSource
 	(*NodeConfigSource)(nil),          // 1: dkc.v1.NodeConfigSource
@@ -1133,13 +1230,14 @@ var file_dkc_v1_config_proto_goTypes = []any{
 	(*WatchConfigResponse)(nil),       // 6: dkc.v1.WatchConfigResponse
 	(*Preview)(nil),                   // 7: dkc.v1.Preview
 	(*PreviewResult)(nil),             // 8: dkc.v1.PreviewResult
-	(*KubeletRestart)(nil),            // 9: dkc.v1.KubeletRestart
-	(*ReportStatusRequest)(nil),       // 10: dkc.v1.ReportStatusRequest
-	(*ReportStatusResponse)(nil),      // 11: dkc.v1.ReportStatusResponse
-	nil,                               // 12: dkc.v1.Assignment.FilesEntry
-	nil,                               // 13: dkc.v1.WatchConfigRequest.NodeCapacityEntry
-	nil,                               // 14: dkc.v1.WatchConfigResponse.NodeCapacityEntry
-	(*timestamppb.Timestamp)(nil),     // 15: google.protobuf.Timestamp
+	(*Drift)(nil),                     // 9: dkc.v1.Drift
+	(*KubeletRestart)(nil),            // 10: dkc.v1.KubeletRestart
+	(*ReportStatusRequest)(nil),       // 11: dkc.v1.ReportStatusRequest
+	(*ReportStatusResponse)(nil),      // 12: dkc.v1.ReportStatusResponse
+	nil,                               // 13: dkc.v1.Assignment.FilesEntry
+	nil,                               // 14: dkc.v1.WatchConfigRequest.NodeCapacityEntry
+	nil,                               // 15: dkc.v1.WatchConfigResponse.NodeCapacityEntry
+	(*timestamppb.Timestamp)(nil),     // 16: google.protobuf.Timestamp
 }
 var file_dkc_v1_config_proto_depIdxs = []int32{
 	0,  // 0: dkc.v1.NodeConfigSource.config_map:type_name -> dkc.v1.ConfigMapNodeConfigSource
@@ -1147,32 +1245,34 @@ var file_dkc_v1_config_proto_depIdxs = []int32{
 	1,  // 2: dkc.v1.NodeConfigStatus.active:type_name -> dkc.v1.NodeConfigSource
 	1,  // 3: dkc.v1.NodeConfigStatus.last_known_good:type_name -> dkc.v1.NodeConfigSource
 	1,  // 4: dkc.v1.Assignment.source:type_name -> dkc.v1.NodeConfigSource
-	12, // 5: dkc.v1.Assignment.files:type_name -> dkc.v1.Assignment.FilesEntry
+	13, // 5: dkc.v1.Assignment.files:type_name -> dkc.v1.Assignment.FilesEntry
 	1,  // 6: dkc.v1.AppliedConfig.source:type_name -> dkc.v1.NodeConfigSource
 	4,  // 7: dkc.v1.WatchConfigRequest.last_applied:type_name -> dkc.v1.AppliedConfig
-	13, // 8: dkc.v1.WatchConfigRequest.node_capacity:type_name -> dkc.v1.WatchConfigRequest.NodeCapacityEntry
+	14, // 8: dkc.v1.WatchConfigRequest.node_capacity:type_name -> dkc.v1.WatchConfigRequest.NodeCapacityEntry
 	3,  // 9: dkc.v1.WatchConfigResponse.assignment:type_name -> dkc.v1.Assignment
-	15, // 10: dkc.v1.WatchConfigResponse.resolved_time:type_name -> google.protobuf.Timestamp
-	14, // 11: dkc.v1.WatchConfigResponse.node_capacity:type_name -> dkc.v1.WatchConfigResponse.NodeCapacityEntry
+	16, // 10: dkc.v1.WatchConfigResponse.resolved_time:type_name -> google.protobuf.Timestamp
+	15, // 11: dkc.v1.WatchConfigResponse.node_capacity:type_name -> dkc.v1.WatchConfigResponse.NodeCapacityEntry
 	7,  // 12: dkc.v1.WatchConfigResponse.preview:type_name -> dkc.v1.Preview
-	15, // 13: dkc.v1.Preview.request_time:type_name -> google.protobuf.Timestamp
+	16, // 13: dkc.v1.Preview.request_time:type_name -> google.protobuf.Timestamp
 	3,  // 14: dkc.v1.Preview.assignment:type_name -> dkc.v1.Assignment
-	15, // 15: dkc.v1.PreviewResult.request_time:type_name -> google.protobuf.Timestamp
-	1,  // 16: dkc.v1.KubeletRestart.target:type_name -> dkc.v1.NodeConfigSource
-	15, // 17: dkc.v1.KubeletRestart.time:type_name -> google.protobuf.Timestamp
-	2,  // 18: dkc.v1.ReportStatusRequest.status:type_name -> dkc.v1.NodeConfigStatus
-	9,  // 19: dkc.v1.ReportStatusRequest.restart:type_name -> dkc.v1.KubeletRestart
-	15, // 20: dkc.v1.ReportStatusRequest.observed_time:type_name -> google.protobuf.Timestamp
-	8,  // 21: dkc.v1.ReportStatusRequest.preview:type_name -> dkc.v1.PreviewResult
-	5,  // 22: dkc.v1.ConfigService.WatchConfig:input_type -> dkc.v1.WatchConfigRequest
-	10, // 23: dkc.v1.ConfigService.ReportStatus:input_type -> dkc.v1.ReportStatusRequest
-	6,  // 24: dkc.v1.ConfigService.WatchConfig:output_type -> dkc.v1.WatchConfigResponse
-	11, // 25: dkc.v1.ConfigService.ReportStatus:output_type -> dkc.v1.ReportStatusResponse
-	24, // [24:26] is the sub-list for method output_type
-	22, // [22:24] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	16, // 15: dkc.v1.PreviewResult.request_time:type_name -> google.protobuf.Timestamp
+	16, // 16: dkc.v1.Drift.detected_time:type_name -> google.protobuf.Timestamp
+	1,  // 17: dkc.v1.KubeletRestart.target:type_name -> dkc.v1.NodeConfigSource
+	16, // 18: dkc.v1.KubeletRestart.time:type_name -> google.protobuf.Timestamp
+	2,  // 19: dkc.v1.ReportStatusRequest.status:type_name -> dkc.v1.NodeConfigStatus
+	10, // 20: dkc.v1.ReportStatusRequest.restart:type_name -> dkc.v1.KubeletRestart
+	16, // 21: dkc.v1.ReportStatusRequest.observed_time:type_name -> google.protobuf.Timestamp
+	8,  // 22: dkc.v1.ReportStatusRequest.preview:type_name -> dkc.v1.PreviewResult
+	9,  // 23: dkc.v1.ReportStatusRequest.drift:type_name -> dkc.v1.Drift
+	5,  // 24: dkc.v1.ConfigService.WatchConfig:input_type -> dkc.v1.WatchConfigRequest
+	11, // 25: dkc.v1.ConfigService.ReportStatus:input_type -> dkc.v1.ReportStatusRequest
+	6,  // 26: dkc.v1.ConfigService.WatchConfig:output_type -> dkc.v1.WatchConfigResponse
+	12, // 27: dkc.v1.ConfigService.ReportStatus:output_type -> dkc.v1.ReportStatusResponse
+	26, // [26:28] is the sub-list for method output_type
+	24, // [24:26] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_dkc_v1_config_proto_init() }
@@ -1186,7 +1286,7 @@ func file_dkc_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dkc_v1_config_proto_rawDesc), len(file_dkc_v1_config_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -4,6 +4,8 @@ package nodestatus
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -78,4 +80,42 @@ func PreviewCondition(res *dkcv1.PreviewResult) corev1.NodeCondition {
 func answers(res *dkcv1.PreviewResult, p *dkcv1.Preview) bool {
 	return res != nil && p != nil && res.GetPool() == p.GetPool() && res.GetRevision() == p.GetRevision() &&
 		res.GetRequestTime().AsTime().Equal(p.GetRequestTime().AsTime())
+}
+
+// DriftCondition is the ConfigDrift condition of a sidecar's drift finding: True with the cause as its
+// reason (DriftUnknown for a cause this version does not know), the differing fields and the sidecar's
+// words, bounded as a status detail; for nil, False DriftNone. Timestamps are left to the writer.
+func DriftCondition(d *dkcv1.Drift) corev1.NodeCondition {
+	if d == nil {
+		return corev1.NodeCondition{Type: nodeconfig.DriftConditionType, Status: corev1.ConditionFalse,
+			Reason: nodeconfig.DriftNone, Message: "the kubelet runs the node's active config, with dkc's wiring in place"}
+	}
+	reason := d.GetCause()
+	if !slices.Contains(nodeconfig.DriftCauses, reason) {
+		reason = nodeconfig.DriftUnknown
+	}
+	msg := d.GetMessage()
+	if f := d.GetFields(); len(f) > 0 {
+		msg = "fields " + strings.Join(f, ", ") + ": " + msg
+	}
+	return corev1.NodeCondition{Type: nodeconfig.DriftConditionType, Status: corev1.ConditionTrue, Reason: reason,
+		Message: nodeconfig.TruncateDetail(msg)}
+}
+
+// driftToWrite is the ConfigDrift condition a write puts on node for a report's drift finding d, nil when
+// none: a finding is written; its absence only clears a condition the Node carries (a sidecar that never
+// found drift, or an older one, leaves no ConfigDrift behind). drifted says the Node turns to True with it.
+func driftToWrite(node *corev1.Node, d *dkcv1.Drift) (cond *corev1.NodeCondition, drifted bool) {
+	var had *corev1.NodeCondition
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == nodeconfig.DriftConditionType {
+			had = &node.Status.Conditions[i]
+		}
+	}
+	if d == nil && had == nil {
+		return nil, false
+	}
+	c := DriftCondition(d)
+	turned := had == nil || had.Status != corev1.ConditionTrue || had.Reason != c.Reason
+	return &c, c.Status == corev1.ConditionTrue && turned
 }

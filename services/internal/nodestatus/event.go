@@ -7,6 +7,7 @@ package nodestatus
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strings"
 	"time"
@@ -70,6 +71,42 @@ func (w *Writer) recordRestart(ctx context.Context, node string, r *dkcv1.Kubele
 	// Per restart and node: debug. The Event is the record; "node status written" says what came of it.
 	w.log.Debug("kubelet restart recorded", zap.String("node", node), zap.String("message", msg))
 	return nil
+}
+
+// recordDrift creates a Warning Event on the Node whose ConfigDrift condition this replica just turned True
+// (cond), so that `kubectl describe node` and event-based alerting show it beside the kubelet's own. Its
+// name is the node's and a digest of the condition, so that two replicas writing the same finding create
+// one. Best effort: the condition is the record, and a failure is logged, not retried.
+func (w *Writer) recordDrift(ctx context.Context, name string, cond corev1.NodeCondition) {
+	h := fnv.New32a()
+	h.Write([]byte(cond.Reason + "\x00" + cond.Message))
+	now := metav1.NewTime(w.clock.Now())
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.drift-%08x", name, h.Sum32()),
+			Namespace: metav1.NamespaceDefault},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: name, UID: types.UID(name)},
+		Reason:         nodeconfig.DriftEventReason,
+		Message:        cond.Reason + ": " + cond.Message,
+		Type:           corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: "dkc-sidecar", Host: name},
+		FirstTimestamp: now,
+		LastTimestamp:  now,
+		Count:          1,
+	}
+	_, err := w.client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev,
+		metav1.CreateOptions{FieldManager: FieldManager})
+	switch {
+	case err == nil:
+		w.metrics.event("created")
+		w.log.Warn("kubelet config drift recorded", zap.String("node", name), zap.String("cause", cond.Reason),
+			zap.String("message", cond.Message))
+	case apierrors.IsAlreadyExists(err):
+		w.metrics.event("duplicate")
+	default:
+		w.metrics.event("error")
+		w.log.Warn("could not record the kubelet config drift event; the ConfigDrift condition shows it",
+			zap.String("node", name), zap.Error(err))
+	}
 }
 
 // eventKnown says whether node's restart id has its Event, as this replica learnt within eventGiveUp.

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -72,16 +73,17 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	l := w.lock(name)
 	l.Lock()
 	defer l.Unlock()
-	status, message, preview, hold, uid, seq, ok := w.desired(name)
+	d, ok := w.desired(name)
 	if !ok {
 		return noReport, nil
 	}
+	status, uid, seq := d.status, d.nodeUID, d.seq
 	node, out, err := w.target(ctx, name, uid)
 	if node == nil {
 		return out, err
 	}
-	if hold > 0 {
-		w.queue.AddAfter(name, hold)
+	if d.hold > 0 {
+		w.queue.AddAfter(name, d.hold)
 		w.metrics.write("held")
 		return held, nil
 	}
@@ -89,14 +91,22 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	if err != nil {
 		return 0, fmt.Errorf("encode status of node %s: %w", name, err)
 	}
-	cond := Condition(status, message)
-	digest := writeDigest(string(annotation), cond, preview)
-	if w.shown(name, node, string(annotation), status, cond, preview, digest) {
+	cond := Condition(status, d.message)
+	var extra []corev1.NodeCondition
+	if d.preview != nil {
+		extra = append(extra, *d.preview)
+	}
+	drift, drifted := driftToWrite(node, d.drift)
+	if drift != nil {
+		extra = append(extra, *drift)
+	}
+	digest := writeDigest(string(annotation), cond, extra)
+	if w.shown(name, node, string(annotation), status, cond, extra, digest) {
 		w.metrics.write("unchanged")
 		w.paid(name, seq)
 		return unchanged, nil
 	}
-	patch, err := statusPatch(node, string(annotation), status, cond, preview, uid, w.clock.Now())
+	patch, err := statusPatch(node, string(annotation), status, cond, extra, uid, w.clock.Now())
 	if err != nil {
 		return 0, err
 	}
@@ -118,11 +128,17 @@ func (w *Writer) write(ctx context.Context, name string) (outcome, error) {
 	w.paid(name, seq)
 	fields := []zap.Field{zap.String("node", name), zap.String("status", string(annotation)),
 		zap.String("configOK", string(cond.Status)), zap.Duration("took", w.clock.Since(start))}
-	if preview != nil {
-		fields = append(fields, zap.String("configPreview", string(preview.Status)),
-			zap.String("previewReason", preview.Reason), zap.String("previewMessage", preview.Message))
+	if p := d.preview; p != nil {
+		fields = append(fields, zap.String("configPreview", string(p.Status)),
+			zap.String("previewReason", p.Reason), zap.String("previewMessage", p.Message))
+	}
+	if drift != nil {
+		fields = append(fields, zap.String("configDrift", string(drift.Status)), zap.String("driftReason", drift.Reason))
 	}
 	w.log.Info("node status written", fields...)
+	if drifted {
+		w.recordDrift(ctx, name, *drift)
+	}
 	return written, nil
 }
 
@@ -152,7 +168,7 @@ func (w *Writer) target(ctx context.Context, name, uid string) (*corev1.Node, ou
 // replica's last patch of it, as that patch (digest) wrote it — a report that follows a write closely (or a
 // queued write that follows a report) would otherwise patch the same status again.
 func (w *Writer) shown(name string, node *corev1.Node, annotation string, status *corev1.NodeConfigStatus,
-	cond corev1.NodeCondition, preview *corev1.NodeCondition, digest uint64) bool {
+	cond corev1.NodeCondition, extra []corev1.NodeCondition, digest uint64) bool {
 	w.mu.Lock()
 	var last lastWrite
 	wrote := false
@@ -163,18 +179,18 @@ func (w *Writer) shown(name string, node *corev1.Node, annotation string, status
 	if wrote && last.over == node.ResourceVersion {
 		return last.digest == digest
 	}
-	return upToDate(node, annotation, status, cond, preview)
+	return upToDate(node, annotation, status, cond, extra)
 }
 
 // statusPatch is the strategic merge patch of node's status: the annotation, status.config where the
-// apiserver keeps it, the ConfigOK condition and, if not nil, the ConfigPreview condition, each one's
+// apiserver keeps it, the ConfigOK condition and the extra ones (ConfigPreview, ConfigDrift), each one's
 // transition time kept while its status stays; with the UID precondition when the report names its
 // object. Conditions merge by type: a patch without ConfigPreview leaves the Node's as it is.
 func statusPatch(node *corev1.Node, annotation string, status *corev1.NodeConfigStatus, cond corev1.NodeCondition,
-	preview *corev1.NodeCondition, uid string, now time.Time) ([]byte, error) {
+	extra []corev1.NodeCondition, uid string, now time.Time) ([]byte, error) {
 	conds := []corev1.NodeCondition{stamped(node, cond, now)}
-	if preview != nil {
-		conds = append(conds, stamped(node, *preview, now))
+	for _, c := range extra {
+		conds = append(conds, stamped(node, c, now))
 	}
 	meta := map[string]any{"annotations": map[string]string{nodeconfig.StatusAnnotation: annotation}}
 	if uid != "" {
@@ -259,12 +275,12 @@ func sourcePatch(s *corev1.NodeConfigSource) any {
 }
 
 // writeDigest sums what a write puts on the Node: the annotation (the whole status), the ConfigOK
-// condition and the ConfigPreview condition, if any.
-func writeDigest(annotation string, cond corev1.NodeCondition, preview *corev1.NodeCondition) uint64 {
+// condition and the extra ones.
+func writeDigest(annotation string, cond corev1.NodeCondition, extra []corev1.NodeCondition) uint64 {
 	h := fnv.New64a()
 	parts := []string{annotation, string(cond.Status), cond.Reason, cond.Message}
-	if preview != nil {
-		parts = append(parts, string(preview.Type), string(preview.Status), preview.Reason, preview.Message)
+	for _, c := range extra {
+		parts = append(parts, string(c.Type), string(c.Status), c.Reason, c.Message)
 	}
 	for _, part := range parts {
 		h.Write([]byte(part))
@@ -273,18 +289,19 @@ func writeDigest(annotation string, cond corev1.NodeCondition, preview *corev1.N
 	return h.Sum64()
 }
 
-// upToDate reports whether the cached Node already carries the status, and the preview condition if there
-// is one. status.config is compared only where the apiserver keeps it, or a v1.24+ apiserver would be
-// patched forever.
+// upToDate reports whether the cached Node already carries the status and the extra conditions.
+// status.config is compared only where the apiserver keeps it, or a v1.24+ apiserver would be patched
+// forever.
 func upToDate(node *corev1.Node, annotation string, status *corev1.NodeConfigStatus, cond corev1.NodeCondition,
-	preview *corev1.NodeCondition) bool {
+	extra []corev1.NodeCondition) bool {
 	if node.Annotations[nodeconfig.StatusAnnotation] != annotation {
 		return false
 	}
 	if node.Status.Config != nil && !apiequality.Semantic.DeepEqual(node.Status.Config, status) {
 		return false
 	}
-	return carries(node, cond) && (preview == nil || carries(node, *preview))
+	missing := func(c corev1.NodeCondition) bool { return !carries(node, c) }
+	return carries(node, cond) && !slices.ContainsFunc(extra, missing)
 }
 
 // carries says whether node's condition of cond's type has cond's status, reason and message.

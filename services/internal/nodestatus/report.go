@@ -35,6 +35,9 @@ type report struct {
 	// preview is the node's answer to a pool's preview, if the report carried one. It is written (the
 	// ConfigPreview condition) only while it answers the node's current preview (desired).
 	preview *dkcv1.PreviewResult
+	// drift is what the sidecar's last check found the kubelet running differently (nil: nothing, or no
+	// check yet, or an older sidecar), written as the ConfigDrift condition.
+	drift *dkcv1.Drift
 	// owed: the report was acknowledged as queued (the inline writes were all taken) and is not on the
 	// Node yet (tests read it; the queue writes it only while the node streams here, see processNext).
 	owed bool
@@ -85,7 +88,7 @@ func (w *Writer) Report(ctx context.Context, node string, req *dkcv1.ReportStatu
 		order.observed = w.clock.Now()
 	}
 	r := report{status: req.GetStatus(), message: req.GetMessage(), order: order, nodeUID: req.GetNodeUid(),
-		preview: req.GetPreview()}
+		preview: req.GetPreview(), drift: req.GetDrift()}
 	if res := r.preview; res != nil {
 		if st, _, _ := w.table.Get(node); !answers(res, st.Preview) {
 			w.log.Debug("preview result does not answer the node's current preview; not written",
@@ -230,15 +233,29 @@ func (w *Writer) paid(node string, seq uint64) {
 // Desired is the status the node should carry: the reported one, with the service's sync error in place of
 // the reported error while there is one. ok is false when the node has not reported to this replica.
 func (w *Writer) Desired(node string) (status *corev1.NodeConfigStatus, message string, ok bool) {
-	status, message, _, _, _, _, ok = w.desired(node)
-	return status, message, ok
+	d, ok := w.desired(node)
+	return d.status, d.message, ok
 }
 
-// desired is Desired, the ConfigPreview condition to write (nil: none, the report answers no preview or
-// not the node's current one), how much longer the status waits for its restart's outcome (0: none), the
-// Node object it is about ("": any) and the report's number.
-func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message string,
-	preview *corev1.NodeCondition, hold time.Duration, nodeUID string, seq uint64, ok bool) {
+// want is what a node's Node should show, from its latest report.
+type want struct {
+	status  *corev1.NodeConfigStatus
+	message string
+	// preview is the ConfigPreview condition to write (nil: none, the report answers no preview or not the
+	// node's current one).
+	preview *corev1.NodeCondition
+	// drift is the report's drift finding (nil: none).
+	drift *dkcv1.Drift
+	// hold is how much longer the status waits for its restart's outcome (0: none).
+	hold time.Duration
+	// nodeUID is the Node object it is about ("": any); seq the report's number.
+	nodeUID string
+	seq     uint64
+}
+
+// desired is Desired with the rest of what the write needs; ok is false when the node has not reported to
+// this replica.
+func (w *Writer) desired(node string) (d want, ok bool) {
 	w.mu.Lock()
 	r := w.latestLocked(node)
 	var cp report
@@ -247,24 +264,23 @@ func (w *Writer) desired(node string) (status *corev1.NodeConfigStatus, message 
 	}
 	w.mu.Unlock()
 	if r == nil {
-		return nil, "", nil, 0, "", 0, false
+		return want{}, false
 	}
 	r = &cp
-	status = wire.StatusToCore(r.status)
-	message = r.message
+	d = want{status: wire.StatusToCore(r.status), message: r.message, drift: r.drift, nodeUID: r.nodeUID, seq: r.seq}
 	st, known, _ := w.table.Get(node)
 	if known && st.SyncError != "" {
-		status.Error = st.SyncError
-		message = ""
+		d.status.Error = st.SyncError
+		d.message = ""
 	}
 	// Matched at each write, not only when reported: an answer that reaches this replica before the
 	// preview does (the pool's status on a lagging watch) is written once the preview is here.
 	if known && answers(r.preview, st.Preview) {
 		c := PreviewCondition(r.preview)
-		preview = &c
+		d.preview = &c
 	}
-	if !r.restarting.IsZero() && status.Error == "" && w.restartDelay > 0 {
-		hold = max(0, w.restartDelay-w.clock.Since(r.restarting))
+	if !r.restarting.IsZero() && d.status.Error == "" && w.restartDelay > 0 {
+		d.hold = max(0, w.restartDelay-w.clock.Since(r.restarting))
 	}
-	return status, message, preview, hold, r.nodeUID, r.seq, true
+	return d, true
 }

@@ -16,7 +16,8 @@
 // kubelet run a config and judging the outcome; trial.go promotion to last-known-good; report.go the status;
 // phase.go recording the phase; kubeletflags.go the kubelet's command line; state.go the state file;
 // preview.go answering a pool's preview of a revision, which judges it as a restart would without touching
-// the kubelet or what is assigned.
+// the kubelet or what is assigned; drift.go finding the kubelet running something else than it should
+// (ReportStatusRequest.drift) without changing anything.
 package agent
 
 import (
@@ -81,9 +82,11 @@ type Prober interface {
 type Reporter interface {
 	// Report records the node's latest status and, if restart is not nil, queues that restart behind the
 	// ones not yet acknowledged: each restart is delivered (and becomes its Event) once, in order. preview
-	// is the node's answer to the pool preview that stands (nil: none stands), part of that status: it
-	// rides on every report of it. The agent never changes a PreviewResult it passed.
-	Report(status *dkcv1.NodeConfigStatus, message string, preview *dkcv1.PreviewResult, restart *dkcv1.KubeletRestart)
+	// is the node's answer to the pool preview that stands (nil: none stands), drift the difference the last
+	// drift check found (nil: none, or no check yet); both are part of that status and ride on every report
+	// of it. The agent never changes a PreviewResult or Drift it passed.
+	Report(status *dkcv1.NodeConfigStatus, message string, preview *dkcv1.PreviewResult, drift *dkcv1.Drift,
+		restart *dkcv1.KubeletRestart)
 	// Follow says that the reports from now on are about Node object nodeUID: the state the agent applies
 	// next was resolved from it (WatchConfigResponse.node_uid).
 	Follow(nodeUID string)
@@ -161,6 +164,13 @@ type Config struct {
 	// a version remembered from an earlier start may be stale (the node upgraded while the sidecar was
 	// down), and a check with another minor's code could restart or roll back a kubelet for nothing.
 	KubeletVersionRequired bool
+	// DriftInterval is how often the kubelet is checked for drift besides after each start of it the
+	// sidecar did not make (drift.go); 0: only after those starts.
+	DriftInterval time.Duration
+	// KubeletDropIn is dkc's kubelet drop-in (--kubelet-dropin), part of the wiring the drift check
+	// verifies: over the service manager (the unit loads it and dkc's env file), and by its content where
+	// the sidecar sees the file. "": not checked by path.
+	KubeletDropIn string
 	// Trace, if set, is called when an assignment is received (TraceReceived) and when a new one is durably
 	// checkpointed (TraceCheckpointed): the benchmark's probes.
 	Trace func(event string, src *corev1.NodeConfigSource)
@@ -210,6 +220,8 @@ type Agent struct {
 	outcome string
 	// preview is the pool preview that stands and the node's answer to it (preview.go).
 	preview previewState
+	// drift is what the drift check found and what it watches (drift.go).
+	drift driftState
 	// Restarts since the last report, in order. One reconcile can restart the kubelet more than once (into
 	// the assigned config, then back to last-known-good when it does not run), and each restart is an Event.
 	pendingRestarts []*dkcv1.KubeletRestart
@@ -339,16 +351,23 @@ func (a *Agent) Run(ctx context.Context, updates <-chan *dkcv1.WatchConfigRespon
 		case u := <-updates:
 			a.take(ctx, u)
 		case <-tick.C():
-			if a.unsynced != nil {
-				a.log.Info("retrying checkpoint of the last assignment", sourceFields(checkpoint.SourceOf(a.unsynced))...)
-				a.apply(ctx, Desired{Assignment: a.unsynced, SyncError: string(a.syncError),
-					Drained: a.drained.of(checkpoint.SourceOf(a.unsynced)), Preview: a.preview.req})
-			} else if a.retry {
-				a.reconcile(ctx)
-			}
-			a.CheckTrial(ctx)
+			a.tick(ctx)
 		}
 	}
+}
+
+// tick is the loop's periodic work: retries, the trial, then the drift check, which never runs while a
+// retry is pending (watchDrift).
+func (a *Agent) tick(ctx context.Context) {
+	if a.unsynced != nil {
+		a.log.Info("retrying checkpoint of the last assignment", sourceFields(checkpoint.SourceOf(a.unsynced))...)
+		a.apply(ctx, Desired{Assignment: a.unsynced, SyncError: string(a.syncError),
+			Drained: a.drained.of(checkpoint.SourceOf(a.unsynced)), Preview: a.preview.req})
+	} else if a.retry {
+		a.reconcile(ctx)
+	}
+	a.CheckTrial(ctx)
+	a.watchDrift(ctx)
 }
 
 // take applies an update from the service; a preview it brings is judged by the caller.
@@ -367,6 +386,7 @@ func (a *Agent) take(ctx context.Context, u *dkcv1.WatchConfigResponse) {
 		// Configs are checked with the code of this kubelet's minor from now on.
 		a.log.Info("kubelet version", zap.String("kubeletVersion", v), zap.String("was", a.kubeletVersion))
 		a.kubeletVersion = v
+		a.drift.due = true // what the kubelet should run is judged with this minor's code now
 		if a.state.s.KubeletVersion != v {
 			a.state.s.KubeletVersion = v
 			if err := a.state.save(); err != nil {

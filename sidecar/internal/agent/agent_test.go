@@ -74,6 +74,9 @@ type fakeKubelet struct {
 	// refusing a sidecar without nodes/stats does.
 	summary *statsapi.Summary
 	pods    []corev1.Pod
+	// flags are the kubelet's command line (without --config): /configz shows the config with them (and
+	// the drop-ins of their --config-dir) applied.
+	flags []string
 }
 
 func (k *fakeKubelet) Summary(context.Context, *configcheck.Checked) (*statsapi.Summary, error) {
@@ -190,9 +193,9 @@ func (k *fakeKubelet) MainPID(context.Context) (int, error) {
 
 func (k *fakeKubelet) runningConfig() (*kubeletconfiginternal.KubeletConfiguration, error) {
 	k.mu.Lock()
-	f := k.running
+	f, flags := k.running, k.flags
 	k.mu.Unlock()
-	r, err := kubeletcheck.Load(context.Background(), f, nil)
+	r, err := kubeletcheck.Load(context.Background(), f, flags)
 	if err != nil {
 		return nil, err
 	}
@@ -265,6 +268,7 @@ type reported struct {
 	status  *dkcv1.NodeConfigStatus
 	nodeUID string
 	preview *dkcv1.PreviewResult
+	drift   *dkcv1.Drift
 }
 
 func (r *recordingReporter) lastStatus() *dkcv1.NodeConfigStatus {
@@ -274,11 +278,11 @@ func (r *recordingReporter) lastStatus() *dkcv1.NodeConfigStatus {
 }
 
 func (r *recordingReporter) Report(st *dkcv1.NodeConfigStatus, _ string, preview *dkcv1.PreviewResult,
-	restart *dkcv1.KubeletRestart) {
+	drift *dkcv1.Drift, restart *dkcv1.KubeletRestart) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last = st
-	r.reports = append(r.reports, reported{status: st, nodeUID: r.following, preview: preview})
+	r.reports = append(r.reports, reported{status: st, nodeUID: r.following, preview: preview, drift: drift})
 	if restart != nil {
 		r.restarts = append(r.restarts, restart)
 	}

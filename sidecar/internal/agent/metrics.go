@@ -15,6 +15,8 @@ type Metrics struct {
 	errorGauge            prometheus.Gauge
 	restarts              prometheus.Counter
 	phase                 *prometheus.GaugeVec
+	drift                 *prometheus.GaugeVec
+	driftChecks           *prometheus.CounterVec
 }
 
 var sourceLabels = []string{"node_config_source", "node_config_uid", "node_config_resource_version",
@@ -37,8 +39,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Name: "sidecar_phase",
 			Help: "Where the node stands in the rollback rules (docs/design.md): 1 on the current phase, 0 on the others."},
 			[]string{"phase"}),
+		drift: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Name: "sidecar_config_drift",
+			Help: "What the kubelet runs differs from what it should (the sidecar's last drift check): 1 on the " +
+				"standing drift's cause, 0 on the others; all 0 when there is none."}, []string{"cause"}),
+		driftChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dkc", Name: "sidecar_drift_checks_total",
+			Help: "Drift checks by result: none (no difference), drift (one found), error (the check could not be made)."},
+			[]string{"result"}),
 	}
-	reg.MustRegister(m.assigned, m.active, m.lkg, m.errorGauge, m.restarts, m.phase)
+	reg.MustRegister(m.assigned, m.active, m.lkg, m.errorGauge, m.restarts, m.phase, m.drift, m.driftChecks)
+	m.setDrift("")
+	for _, r := range []string{driftCheckNone, driftCheckDrift, driftCheckError} {
+		m.driftChecks.WithLabelValues(r)
+	}
 	return m
 }
 
@@ -88,5 +100,32 @@ func (m *Metrics) setPhase(p Phase) {
 			v = 1
 		}
 		m.phase.WithLabelValues(string(q)).Set(v)
+	}
+}
+
+// setDrift sets the drift gauge: 1 on cause ("": none), 0 on every other.
+func (m *Metrics) setDrift(cause string) {
+	if m == nil {
+		return
+	}
+	for _, c := range DriftCauses {
+		v := 0.0
+		if c == cause {
+			v = 1
+		}
+		m.drift.WithLabelValues(c).Set(v)
+	}
+}
+
+// Results of a drift check (dkc_sidecar_drift_checks_total's label).
+const (
+	driftCheckNone  = "none"
+	driftCheckDrift = "drift"
+	driftCheckError = "error"
+)
+
+func (m *Metrics) driftChecked(result string) {
+	if m != nil {
+		m.driftChecks.WithLabelValues(result).Inc()
 	}
 }

@@ -59,6 +59,7 @@ func (a *Agent) checkVersion() string {
 // round.next's (decide.go); this carries them out.
 func (a *Agent) reconcile(ctx context.Context) {
 	defer a.report()
+	defer a.afterOwnStarts(ctx) // before the report: a start the sidecar made is not drift (drift.go)
 	a.retry = false
 	assigned, err := a.store.Assigned()
 	if err != nil {

@@ -327,6 +327,7 @@ func (a *Agent) resetState(ctx context.Context, target candidate, ds drainState,
 	}
 	a.log.Info("stopping kubelet to remove the resource manager state the config invalidates",
 		a.resetFields(target, sr)...)
+	a.drift.ownStarts++ // the kubelet's next start is the sidecar's (drift.go)
 	if err := rs.Stop(ctx); err != nil {
 		// A failed stop job may have stopped it all the same: start it either way (a start of a running
 		// unit restarts it on the same config, harmless on a drained node; one left stopped is not).
@@ -352,6 +353,7 @@ func (a *Agent) startAgain(ctx context.Context, cause error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startAgainTimeout)
 	defer cancel()
 	a.log.Warn("kubelet state reset failed; starting the kubelet again with the config it ran", zap.Error(cause))
+	a.drift.ownStarts++
 	if err := a.svc.Restart(ctx); err != nil {
 		a.log.Error("could not start the kubelet again after a failed state reset", zap.Error(err))
 		return fmt.Errorf("%w; starting the kubelet again with the config it ran failed too: %w", cause, err)

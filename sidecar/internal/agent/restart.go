@@ -54,6 +54,7 @@ func (a *Agent) run(ctx context.Context, target candidate, drain drainState) (Ou
 			a.log.Info("kubelet is not running; starting it", sourceFields(target.src)...)
 		} else if err := a.verify(ctx, target, a.cfg.HealthTimeout, true); err == nil {
 			a.setActive(target.src)
+			a.provenWith(target)
 			return OutcomeHealthy, nil
 		} else if !errors.Is(err, errMismatch) {
 			return a.judge(ctx, target, err)
@@ -99,6 +100,7 @@ func (a *Agent) run(ctx context.Context, target candidate, drain drainState) (Ou
 	}
 	restart := &dkcv1.KubeletRestart{Id: newRestartID(), Target: wire.SourceFromCore(target.src), Time: nil}
 	a.log.Info("restarting kubelet to use config", append(sourceFields(target.src), zap.String("file", target.file))...)
+	a.drift.ownStarts++ // this start is the sidecar's, not one the drift check looks into (drift.go)
 	if err := a.svc.Restart(restartCtx); err != nil {
 		if kubeletFailed(err) {
 			// The kubelet was stopped and started, and failed running this config: a restart that happened
@@ -126,6 +128,7 @@ func (a *Agent) run(ctx context.Context, target candidate, drain drainState) (Ou
 		return a.judge(ctx, target, err)
 	}
 	a.setActive(target.src)
+	a.provenWith(target)
 	a.log.Info("kubelet healthy with config",
 		append(sourceFields(target.src), zap.Duration("took", a.clock.Since(start)))...)
 	return OutcomeHealthy, nil

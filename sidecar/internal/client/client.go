@@ -106,6 +106,9 @@ type Client struct {
 	// of that status (ReportStatusRequest.preview); nil when none stands. (The outbox, shared with the
 	// service's protocol test, carries the status; the preview is added to each report it hands out.)
 	preview *dkcv1.PreviewResult
+	// drift is the agent's last drift finding, set with the status enqueued last as preview is
+	// (ReportStatusRequest.drift); nil when the last check found none.
+	drift *dkcv1.Drift
 }
 
 // Option configures a Client.
@@ -251,24 +254,25 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 }
 
 // Report is the agent's Reporter: it puts the status, and the restart, in the outbox, with the answer to
-// the preview that stands (nil: none) as part of that status; RunReporter delivers them. A changed answer
-// comes as a new status, numbered as any is.
+// the preview that stands (nil: none) and the drift found (nil: none) as part of that status; RunReporter
+// delivers them. A changed answer or drift comes as a new status, numbered as any is.
 func (c *Client) Report(st *dkcv1.NodeConfigStatus, message string, preview *dkcv1.PreviewResult,
-	restart *dkcv1.KubeletRestart) {
+	drift *dkcv1.Drift, restart *dkcv1.KubeletRestart) {
 	c.reportMu.Lock()
-	c.preview = preview
+	c.preview, c.drift = preview, drift
 	c.outbox.Enqueue(st, message, restart)
 	c.reportMu.Unlock()
 	c.poke()
 }
 
-// next is the report to send now (outbox.Next) with its status's preview answer; nil when none is pending.
+// next is the report to send now (outbox.Next) with its status's preview answer and drift; nil when none
+// is pending.
 func (c *Client) next() *dkcv1.ReportStatusRequest {
 	c.reportMu.Lock()
 	defer c.reportMu.Unlock()
 	req := c.outbox.Next()
 	if req != nil {
-		req.Preview = c.preview
+		req.Preview, req.Drift = c.preview, c.drift
 	}
 	return req
 }

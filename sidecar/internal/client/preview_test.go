@@ -85,10 +85,11 @@ func TestPreviewReachesTheAgent(t *testing.T) {
 	}
 }
 
-// TestPreviewRidesOnReports: the agent's answer to a preview is part of the status reported with it: every
-// report of that status carries it, re-sent after reconnects too; a status without one (the preview
-// withdrawn) is a new status, with a new number, and carries none.
-func TestPreviewRidesOnReports(t *testing.T) {
+// TestPreviewAndDriftRideOnReports: the agent's answer to a preview and the drift it found are part of the
+// status reported with them: every report of that status carries them, re-sent after reconnects too; a
+// status without them (the preview withdrawn, the drift gone) is a new status, with a new number, and
+// carries none.
+func TestPreviewAndDriftRideOnReports(t *testing.T) {
 	svc := &awayService{}
 	c := startReporter(t, svc)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -105,7 +106,9 @@ func TestPreviewRidesOnReports(t *testing.T) {
 	}
 	answer := &dkcv1.PreviewResult{Pool: "pool-a", Revision: "r1", RequestTime: timestamppb.New(time.Unix(1000, 0)),
 		Verdict: nodeconfig.PreviewPodsAffected, Message: "web/p2: pod 3 of 2 allowed (OutOfpods)"}
-	c.Report(&dkcv1.NodeConfigStatus{}, "", answer, nil)
+	drift := &dkcv1.Drift{Cause: "FlagOverride", Fields: []string{"maxPods"}, Message: "maxPods: expected 110, running 50",
+		DetectedTime: timestamppb.New(time.Unix(900, 0))}
+	c.Report(&dkcv1.NodeConfigStatus{}, "", answer, drift, nil)
 	poll.UntilNil(t, "the report with the answer sent again after reconnects", func() error {
 		if r := reports(); len(r) < 3 {
 			return fmt.Errorf("%d reports", len(r))
@@ -114,12 +117,13 @@ func TestPreviewRidesOnReports(t *testing.T) {
 	})
 	sent := reports()
 	for _, r := range sent {
-		if !proto.Equal(r.GetPreview(), answer) || r.GetSequence() != sent[0].GetSequence() {
-			t.Errorf("report #%d carries preview %v, want %v with the status's number %d", r.GetSequence(), r.GetPreview(),
-				answer, sent[0].GetSequence())
+		if !proto.Equal(r.GetPreview(), answer) || !proto.Equal(r.GetDrift(), drift) ||
+			r.GetSequence() != sent[0].GetSequence() {
+			t.Errorf("report #%d carries preview %v and drift %v, want %v and %v with the status's number %d",
+				r.GetSequence(), r.GetPreview(), r.GetDrift(), answer, drift, sent[0].GetSequence())
 		}
 	}
-	c.Report(&dkcv1.NodeConfigStatus{}, "", nil, nil)
+	c.Report(&dkcv1.NodeConfigStatus{}, "", nil, nil, nil)
 	poll.UntilNil(t, "a report of the status without a preview", func() error {
 		r := reports()
 		if last := r[len(r)-1]; last.GetSequence() <= sent[0].GetSequence() {
@@ -128,8 +132,9 @@ func TestPreviewRidesOnReports(t *testing.T) {
 		return nil
 	})
 	for _, r := range reports() {
-		if r.GetSequence() > sent[0].GetSequence() && r.GetPreview() != nil {
-			t.Errorf("report #%d, made after the preview was withdrawn, carries %v", r.GetSequence(), r.GetPreview())
+		if r.GetSequence() > sent[0].GetSequence() && (r.GetPreview() != nil || r.GetDrift() != nil) {
+			t.Errorf("report #%d, made after the preview was withdrawn and the drift went, carries %v and %v",
+				r.GetSequence(), r.GetPreview(), r.GetDrift())
 		}
 	}
 }

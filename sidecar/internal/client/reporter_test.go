@@ -102,7 +102,7 @@ func TestQueuedRestartIsConfirmedOnTheSameStream(t *testing.T) {
 	svc := &awayService{queueFirst: true}
 	clk := clocktesting.NewFakeClock(time.Now())
 	c := startReporter(t, svc, withClock(clk))
-	c.Report(&dkcv1.NodeConfigStatus{}, "", nil, &dkcv1.KubeletRestart{Id: "r1"})
+	c.Report(&dkcv1.NodeConfigStatus{}, "", nil, nil, &dkcv1.KubeletRestart{Id: "r1"})
 	seen := func() int { svc.mu.Lock(); defer svc.mu.Unlock(); return svc.seen["r1"] }
 	poll.Until(t, "the restart's first report", func() bool { return seen() == 1 })
 	poll.Until(t, "the restart parked", func() bool { _, ok := c.outbox.NextConfirm(); return ok })
@@ -142,7 +142,7 @@ func TestRestartsAreDeliveredInOrder(t *testing.T) {
 				id := fmt.Sprintf("r%d", i)
 				ids = append(ids, id)
 				final = &dkcv1.NodeConfigStatus{Error: id}
-				c.Report(final, "", nil, &dkcv1.KubeletRestart{Id: id})
+				c.Report(final, "", nil, nil, &dkcv1.KubeletRestart{Id: id})
 			}
 			poll.Until(t, "a few refused attempts", func() bool { svc.mu.Lock(); defer svc.mu.Unlock(); return svc.refused >= 3 })
 			svc.mu.Lock()
@@ -212,16 +212,16 @@ func TestReportsAreNumbered(t *testing.T) {
 		})
 		return got
 	}
-	c.Report(&dkcv1.NodeConfigStatus{Error: "a"}, "", nil, nil)
+	c.Report(&dkcv1.NodeConfigStatus{Error: "a"}, "", nil, nil, nil)
 	wait(1)
-	c.Report(&dkcv1.NodeConfigStatus{Error: "b"}, "", nil, nil)
+	c.Report(&dkcv1.NodeConfigStatus{Error: "b"}, "", nil, nil, nil)
 	wait(2)
 	// Two restarts on one status: the status is sent twice (one restart each), with one number.
 	svc.mu.Lock()
 	svc.away = true
 	svc.mu.Unlock()
-	c.Report(&dkcv1.NodeConfigStatus{Error: "c"}, "", nil, &dkcv1.KubeletRestart{Id: "r1"})
-	c.Report(&dkcv1.NodeConfigStatus{Error: "c"}, "", nil, &dkcv1.KubeletRestart{Id: "r2"})
+	c.Report(&dkcv1.NodeConfigStatus{Error: "c"}, "", nil, nil, &dkcv1.KubeletRestart{Id: "r1"})
+	c.Report(&dkcv1.NodeConfigStatus{Error: "c"}, "", nil, nil, &dkcv1.KubeletRestart{Id: "r2"})
 	svc.mu.Lock()
 	svc.away = false
 	svc.mu.Unlock()
@@ -295,7 +295,7 @@ func TestReportsNameTheNodeObjectTheyWereMadeFor(t *testing.T) {
 		return n
 	}
 	c.Follow("uid-a")
-	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil, nil)
+	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil, nil, nil)
 	waitFor("report x about uid-a", func(r []*dkcv1.ReportStatusRequest, _ []*dkcv1.WatchConfigRequest) bool {
 		return count(r, "x", "uid-a") > 0
 	})
@@ -303,7 +303,7 @@ func TestReportsNameTheNodeObjectTheyWereMadeFor(t *testing.T) {
 	waitFor("x re-sent after reconnects, and a watch naming uid-b", func(r []*dkcv1.ReportStatusRequest, w []*dkcv1.WatchConfigRequest) bool {
 		return count(r, "x", "uid-a") >= 3 && len(w) > 0 && w[len(w)-1].GetNodeUid() == "uid-b"
 	})
-	c.Report(&dkcv1.NodeConfigStatus{Error: "y"}, "", nil, nil)
+	c.Report(&dkcv1.NodeConfigStatus{Error: "y"}, "", nil, nil, nil)
 	waitFor("report y about uid-b", func(r []*dkcv1.ReportStatusRequest, _ []*dkcv1.WatchConfigRequest) bool {
 		return count(r, "y", "uid-b") > 0
 	})
@@ -323,7 +323,7 @@ func TestSameStatusAboutAnotherObjectIsSent(t *testing.T) {
 	svc := newSlowService("uid-a")
 	c := startReporter(t, svc)
 	c.Follow("uid-a")
-	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil, nil)
+	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil, nil, nil)
 	poll.Until(t, "the report about uid-a to be on its way", func() bool {
 		select {
 		case <-svc.slow:
@@ -333,7 +333,7 @@ func TestSameStatusAboutAnotherObjectIsSent(t *testing.T) {
 		}
 	})
 	c.Follow("uid-b")
-	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil, nil)
+	c.Report(&dkcv1.NodeConfigStatus{Error: "x"}, "", nil, nil, nil)
 	close(svc.release)
 	poll.UntilNil(t, "reports acknowledged naming uid-a, then uid-b", func() error {
 		svc.mu.Lock()

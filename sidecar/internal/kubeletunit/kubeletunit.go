@@ -92,9 +92,13 @@ func (e EnvFile) Set(configFile string) error {
 	if err := ValidatePath(configFile); err != nil {
 		return fmt.Errorf("write %s: %w", e.Path, err)
 	}
-	content := fmt.Sprintf("# Written by dkc-sidecar: the kubelet config in use. Do not edit.\n%s=--config=%s\n", Variable,
+	return durable.WriteFile(e.Path, []byte(EnvContent(configFile)), 0o644)
+}
+
+// EnvContent is what Set writes for configFile: the sidecar's drift check compares the file with it.
+func EnvContent(configFile string) string {
+	return fmt.Sprintf("# Written by dkc-sidecar: the kubelet config in use. Do not edit.\n%s=--config=%s\n", Variable,
 		configFile)
-	return durable.WriteFile(e.Path, []byte(content), 0o644)
 }
 
 // Get returns the config file the kubelet's next start uses; "" when the env file does not exist. A file

@@ -143,7 +143,9 @@ const dialTimeout = 2 * time.Second
 
 // ObserveFlags returns checker, through which the prober learns the kubelet's --cert-dir from the command
 // line each config is checked with. The directory is a kubelet flag, not a config field, so it is the same
-// for every config the node runs; the agent checks a config before it probes the kubelet running it.
+// for every config the node runs; the agent checks a config before it probes the kubelet running it. A
+// check without the node's command line (Flags nil: the drift check asks what a config says by itself)
+// teaches nothing.
 func (k *Kubelet) ObserveFlags(checker configcheck.Checker) configcheck.Checker {
 	return flagObserver{Checker: checker, k: k}
 }
@@ -154,10 +156,12 @@ type flagObserver struct {
 }
 
 func (o flagObserver) Check(ctx context.Context, req configcheck.Request) (*configcheck.Checked, error) {
-	dir := CertDir(req.Flags)
-	o.k.mu.Lock()
-	o.k.certDir = dir
-	o.k.mu.Unlock()
+	if req.Flags != nil {
+		dir := CertDir(req.Flags)
+		o.k.mu.Lock()
+		o.k.certDir = dir
+		o.k.mu.Unlock()
+	}
 	return o.Checker.Check(ctx, req)
 }
 

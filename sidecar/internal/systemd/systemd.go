@@ -354,6 +354,21 @@ func (m *Manager) afterBusLoss(ctx context.Context, before string, lost error) e
 	}
 }
 
+// InvocationID is `systemctl show --property InvocationID UNIT`: it identifies the unit's current run,
+// systemd draws a new one at every start (the agent tells the kubelet's starts it did not make by it).
+func (m *Manager) InvocationID(ctx context.Context) (string, error) { return m.invocationID(ctx) }
+
+// DropInPaths is `systemctl show --property DropInPaths UNIT`: the drop-ins systemd loaded for the unit at
+// its last daemon-reload.
+func (m *Manager) DropInPaths(ctx context.Context) ([]string, error) {
+	p, err := m.unitProperty(ctx, "DropInPaths")
+	if err != nil {
+		return nil, fmt.Errorf("read DropInPaths of %s: %w", m.unit, err)
+	}
+	paths, _ := p.Value.Value().([]string)
+	return paths, nil
+}
+
 // invocationID identifies the unit's current run: systemd draws a new one at every start.
 func (m *Manager) invocationID(ctx context.Context) (string, error) {
 	p, err := m.unitProperty(ctx, "InvocationID")

@@ -346,7 +346,7 @@ func nodeChanged(o, n *corev1.Node) bool {
 		}
 	}
 	return o.UID != n.UID || ready(o) != ready(n) || !labels.Equals(o.Labels, n.Labels) ||
-		previewOf(o) != previewOf(n) ||
+		previewOf(o) != previewOf(n) || driftOf(o) != driftOf(n) ||
 		o.Spec.Unschedulable != n.Spec.Unschedulable ||
 		!apiequality.Semantic.DeepEqual(o.Spec.ConfigSource, n.Spec.ConfigSource)
 }

@@ -124,6 +124,14 @@ func unreported(n *corev1.Node) *corev1.Node {
 	return n
 }
 
+// withCondition is n with a condition of type typ.
+func withCondition(n *corev1.Node, typ corev1.NodeConditionType, status corev1.ConditionStatus, reason,
+	msg string) *corev1.Node {
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: typ, Status: status, Reason: reason,
+		Message: msg})
+	return n
+}
+
 func TestView(t *testing.T) {
 	pool := testPool()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -147,6 +155,11 @@ func TestView(t *testing.T) {
 	}{
 		{"never assigned", node("a", nil, nil), plan.Node{Name: "a", Ready: true}, false},
 		{"sidecar never reported", unreported(node("a", nil, nil)), plan.Node{Name: "a", Ready: true, NoStatus: true}, false},
+		{"kubelet drifted", withCondition(node("a", nil, nil), nodeconfig.DriftConditionType, corev1.ConditionTrue,
+			nodeconfig.DriftFlagOverride, "fields maxPods: --max-pods=30"),
+			plan.Node{Name: "a", Ready: true, Drift: "FlagOverride: fields maxPods: --max-pods=30"}, false},
+		{"drift cleared", withCondition(node("a", nil, nil), nodeconfig.DriftConditionType, corev1.ConditionFalse,
+			nodeconfig.DriftNone, "runs its config"), plan.Node{Name: "a", Ready: true}, false},
 		{"a Windows node", node("a", nil, map[string]string{"pool": "blue", corev1.LabelOSStable: "windows"}),
 			plan.Node{Name: "a", Ready: true, NoSidecar: "kubernetes.io/os is windows"}, false},
 		{"a Linux node", node("a", nil, map[string]string{"pool": "blue", corev1.LabelOSStable: "linux"}),

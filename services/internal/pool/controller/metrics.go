@@ -22,7 +22,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		nodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "pool", Name: "nodes",
-			Help: "Nodes a KubeletConfigPool selects, by state: selected, updated, ready, in_progress, failed, " +
+			Help: "Nodes a KubeletConfigPool selects, by state: selected, updated, ready, in_progress, failed, drifted, " +
 				"held (the pool's status.nodes)."},
 			[]string{"pool", "state"}),
 		halted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dkc", Subsystem: "pool", Name: "halted",
@@ -49,7 +49,8 @@ func (m *Metrics) observe(pool string, st v1alpha1.KubeletConfigPoolStatus) {
 	m.halted.WithLabelValues(pool).Set(halted)
 	c := st.Nodes
 	for state, v := range map[string]int32{"selected": c.Selected, "updated": c.Updated, "ready": c.Ready,
-		"in_progress": c.InProgress, "failed": c.Failed, "held": c.Held} {
+		"in_progress": c.InProgress, "failed": c.Failed, "held": c.Held,
+		"drifted": c.Drifted} {
 		m.nodes.WithLabelValues(pool, state).Set(float64(v))
 	}
 }

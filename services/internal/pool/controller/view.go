@@ -88,6 +88,17 @@ func configDetail(n *corev1.Node, statusErr string) string {
 	return ""
 }
 
+// driftOf is the Node's ConfigDrift condition when True, as "<cause>: <message>" (plan.Node.Drift); "" when
+// it has none or it is not True.
+func driftOf(n *corev1.Node) string {
+	for _, c := range n.Status.Conditions {
+		if c.Type == nodeconfig.DriftConditionType && c.Status == corev1.ConditionTrue {
+			return c.Reason + ": " + c.Message
+		}
+	}
+	return ""
+}
+
 func ready(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
@@ -117,7 +128,8 @@ func view(n *corev1.Node, pool *v1alpha1.KubeletConfigPool, target plan.Target, 
 		src = nil
 	}
 	_, reported := n.Annotations[nodeconfig.StatusAnnotation]
-	v := plan.Node{Name: n.Name, Status: statusOf(n), Ready: ready(n), NoSidecar: noSidecar(n), NoStatus: !reported}
+	v := plan.Node{Name: n.Name, Status: statusOf(n), Ready: ready(n), NoSidecar: noSidecar(n), NoStatus: !reported,
+		Drift: driftOf(n)}
 	if v.Status.Error != "" {
 		v.Detail = configDetail(n, v.Status.Error)
 	}

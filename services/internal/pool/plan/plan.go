@@ -98,6 +98,9 @@ type Node struct {
 	// scheduled there, not started yet, never connected), or the annotation was lost. Status is then zero
 	// and says nothing.
 	NoStatus bool
+	// Drift is the Node's ConfigDrift condition when True, as "<cause>: <message>"; "" when its kubelet
+	// runs what its sidecar last checked it against.
+	Drift string
 	// Draining says how the pool's drain of the node goes ("" when none runs), for the verdict's detail;
 	// DrainFailed why it failed ("" unless it did).
 	Draining, DrainFailed string
@@ -166,6 +169,9 @@ const (
 	Failed State = "Failed"
 	// Held: the pool leaves it alone.
 	Held State = "Held"
+	// Drifted: was updated, and its kubelet runs something else since (Node.Drift): not updated, and not
+	// the pool's to restart (its sidecar reports the cause).
+	Drifted State = "Drifted"
 )
 
 // Why a node is in its state (Failed nodes use the v1alpha1.Failure* reasons).
@@ -185,6 +191,8 @@ const (
 	ReasonPreviousRevision = "PreviousRevision"
 	// Updated
 	ReasonProven = "Proven"
+	// Drifted: its sidecar found the kubelet running something else (Node.Drift says what)
+	ReasonDrifted = "KubeletDrifted"
 	// Held
 	ReasonHandAssigned         = "HandAssigned"
 	ReasonSelectedByOtherPools = "SelectedByOtherPools"
@@ -281,6 +289,7 @@ func Decide(in Input) Plan {
 		st.LastAssignmentTime = &metav1.Time{Time: now}
 	}
 	conditions(&st, in, b, j)
+	driftCondition(&st, in, t.drifted)
 	var previewWait time.Duration
 	if pv := in.Preview; pv != nil {
 		st.Preview = pv.Status.DeepCopy()
@@ -430,12 +439,14 @@ type tally struct {
 	// restarting are the nodes whose kubelet restarts or may restart now, by name: in progress, or held
 	// and changing.
 	restarting []string
+	// drifted are the drifted nodes, as "name (cause: message)".
+	drifted []string
 }
 
 // notAssigned are the selected nodes not assigned the target: pending, Ready or not.
 func (t tally) notAssigned() int {
 	n := t.nodes
-	return int(n.Selected - n.Updated - n.InProgress - n.Failed - n.Held)
+	return int(n.Selected - n.Updated - n.Drifted - n.InProgress - n.Failed - n.Held)
 }
 
 // progress is how far the rollout is, for the Updating and Updated conditions' messages.
@@ -457,6 +468,9 @@ func count(verdicts []Verdict) tally {
 			}
 		case InProgress:
 			t.nodes.InProgress++
+		case Drifted:
+			t.nodes.Drifted++
+			t.drifted = append(t.drifted, v.Name+" ("+v.Detail+")")
 		case Failed:
 			t.nodes.Failed++
 		case Held:
@@ -571,7 +585,7 @@ func gates(in Input, t tally, halted bool, batchDone *metav1.Time, maxUnavailabl
 			return stopped(v1alpha1.ReasonRolloutComplete, prog)
 		}
 		return stopped(v1alpha1.ReasonNothingToAssign,
-			fmt.Sprintf("%s; the others are failed (%d) or held (%d)", prog, n.Failed, n.Held))
+			fmt.Sprintf("%s; the others are failed (%d), held (%d) or drifted (%d)", prog, n.Failed, n.Held, n.Drifted))
 	case t.notAssigned() == 0:
 		return inProgress(prog)
 	case !w.state.Open:
@@ -746,6 +760,18 @@ func conditions(st *v1alpha1.KubeletConfigPoolStatus, in Input, b budget, j judg
 	default:
 		set(v1alpha1.ConditionUpdated, metav1.ConditionFalse, v1alpha1.ReasonNodesNotUpdated, progress(st.Nodes))
 	}
+}
+
+// driftCondition sets the Drifted condition: True naming the drifted nodes and why, False when none is.
+func driftCondition(st *v1alpha1.KubeletConfigPoolStatus, in Input, drifted []string) {
+	if len(drifted) == 0 {
+		setCondition(st, in.Pool, in.Now, v1alpha1.ConditionDrifted, metav1.ConditionFalse, v1alpha1.ReasonNoDrift,
+			"every updated node's kubelet runs the revision as it was proven")
+		return
+	}
+	setCondition(st, in.Pool, in.Now, v1alpha1.ConditionDrifted, metav1.ConditionTrue, v1alpha1.ReasonNodesDrifted,
+		fmt.Sprintf("%d nodes updated to revision %s run something else since (their ConfigDrift condition): %s",
+			len(drifted), in.Target.Revision, joinCapped(drifted, "; ")))
 }
 
 // soonest is the shortest of ds that is positive, 0 if none is.
@@ -938,7 +964,12 @@ func judgeTarget(n Node, t Target, c clock, retry int64, mayDrain bool, v Verdic
 	}
 	if sameSource(st.Active, t.Source) && sameSource(st.LastKnownGood, t.Source) {
 		waiting, since := notReadyPods(pods)
-		if waiting == "" {
+		switch {
+		case waiting == "" && n.Drift != "":
+			// Proven once; what its kubelet runs now is not what was proven.
+			v.State, v.Reason, v.Detail = Drifted, ReasonDrifted, n.Drift
+			return v, nil
+		case waiting == "":
 			v.State, v.Reason = Updated, ReasonProven
 			return v, nil
 		}

@@ -123,6 +123,12 @@ func batch(assignedAgo, completedAgo time.Duration) func(*v1alpha1.KubeletConfig
 	}
 }
 
+// drifted is n with its ConfigDrift condition True.
+func drifted(n Node) Node {
+	n.Drift = "WiringRemoved: drop-in gone"
+	return n
+}
+
 // failedBefore records a failure of node for revision under spec.retry r.
 func failedBefore(node, revision string, r int64) func(*v1alpha1.KubeletConfigPool) {
 	return func(p *v1alpha1.KubeletConfigPool) {
@@ -154,6 +160,8 @@ func TestNodeRules(t *testing.T) {
 		{name: "runs it, Ready, in its trial: in progress", node: inTrial("n1"), state: InProgress, reason: ReasonInTrial, wantUnavailable: true},
 		{name: "runs it as last-known-good: updated", node: updated("n1"), state: Updated, reason: ReasonProven},
 		{name: "updated, Node not Ready since: updated, unavailable", node: notReady(updated("n1")), state: Updated, reason: ReasonProven, wantUnavailable: true},
+		{name: "updated, its kubelet runs something else since: drifted", node: drifted(updated("n1")), state: Drifted, reason: ReasonDrifted},
+		{name: "in its trial, drift reported: still in progress", node: drifted(inTrial("n1")), state: InProgress, reason: ReasonInTrial, wantUnavailable: true},
 		{name: "rolled back, Ready again on last-known-good: failed", node: rolledBack("n1"), state: Failed, reason: v1alpha1.FailureRolledBack},
 		{name: "rolled back to the local config: failed", node: assigned("n1", status(on, nil, nil, nodeconfig.HealthError)), state: Failed, reason: v1alpha1.FailureRolledBack},
 		{name: "does not load: failed", node: assigned("n1", status(on, r1, r1, nodeconfig.LoadError)), state: Failed, reason: v1alpha1.FailureConfigRefused},
@@ -359,7 +367,12 @@ func TestPoolRules(t *testing.T) {
 			nodes: []Node{inTrial("a"), waiting("b"), waiting("c")}, assign: "", counts: "3/0/0/1/0/0", requeue: 29 * time.Minute,
 			conds: map[string]string{"Updating": "True/RollingOut"}},
 		{name: "a proven node frees its slot",
-			nodes: []Node{updated("a"), waiting("b"), waiting("c")}, assign: "b", counts: "3/1/1/0/0/0"},
+			nodes: []Node{updated("a"), waiting("b"), waiting("c")}, assign: "b", counts: "3/1/1/0/0/0",
+			conds: map[string]string{"Drifted": "False/NoDrift"}},
+		{name: "a drifted node is not updated and takes no slot; the pool says which and why",
+			nodes: []Node{drifted(updated("a")), updated("b")}, assign: "", counts: "2/1/1/0/0/0",
+			conds:   map[string]string{"Drifted": "True/NodesDrifted", "Updated": "False/NodesNotUpdated", "Updating": "False/NothingToAssign"},
+			message: map[string]string{"Drifted": "a (WiringRemoved: drop-in gone)", "Updating": "drifted (1)"}},
 		{name: "a Node not Ready takes a slot, in progress or not",
 			nodes: []Node{notReady(updated("a")), waiting("b")}, assign: "", counts: "2/1/0/0/0/0",
 			conds: map[string]string{"Updating": "True/WaitingForAvailableNodes"}},
@@ -535,7 +548,7 @@ func TestPoolRules(t *testing.T) {
 			if p.RequeueAfter != tc.requeue {
 				t.Errorf("requeue after %v, want %v", p.RequeueAfter, tc.requeue)
 			}
-			want := 6
+			want := 7 // Paused, ConfigInvalid, Halted, Degraded, Updated, Updating, Drifted
 			if tc.preview != nil {
 				if tc.preview.Condition.Reason != "" {
 					want++ // Previewed

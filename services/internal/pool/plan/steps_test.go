@@ -199,7 +199,7 @@ func TestGates(t *testing.T) {
 		{name: "every node updated: complete", counts: "2/2/2/0/0/0", maxUnavailable: 1,
 			updating: "False/RolloutComplete", message: "2 of 2 nodes updated, 0 in progress"},
 		{name: "the others failed or held: nothing to assign", counts: "3/1/1/0/1/1", maxUnavailable: 1,
-			updating: "False/NothingToAssign", message: "the others are failed (1) or held (1)"},
+			updating: "False/NothingToAssign", message: "the others are failed (1), held (1) or drifted (0)"},
 		{name: "every node assigned, some in progress: rolling out", counts: "2/1/1/1/0/0", unavailable: 1,
 			maxUnavailable: 1, updating: "True/RollingOut"},
 		{name: "a pause between batches waits for the running batch", pool: mods(pausing), counts: "3/0/0/1/0/0",

@@ -223,6 +223,9 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 	}
 	line = fmt.Sprintf("revision %s: %d of %d nodes updated, %d in progress, %d failed, %s",
 		rev, n.Updated, n.Selected, n.InProgress, n.Failed, heldSummary(p.Status))
+	if n.Drifted > 0 {
+		line += fmt.Sprintf(", %d drifted", n.Drifted)
+	}
 	if p.Status.ObservedGeneration < generation {
 		return "waiting for dkc-server to see the pool's generation " + fmt.Sprint(generation), false, nil
 	}
@@ -278,8 +281,8 @@ func verdict(p *v1alpha1.KubeletConfigPool, generation int64, revision string) (
 		if counting > 0 {
 			return line, true, &ErrRolloutStopped{Pool: p.Name, Reason: updating.Reason, Message: updating.Message}
 		}
-		return line + "; nothing more to assign: the others are held or failed before a retry (kubectl dkc rollout status " +
-			p.Name + ")", true, nil
+		return line + "; nothing more to assign: the others are held, drifted or failed before a retry (kubectl dkc " +
+			"rollout status " + p.Name + ")", true, nil
 	}
 	if updating != nil && updating.Status == metav1.ConditionFalse &&
 		updating.Reason == v1alpha1.ReasonInvalidMaintenanceWindow {

@@ -777,14 +777,16 @@ func (x *PreviewResult) GetMessage() string {
 }
 
 // Drift is a difference the sidecar found between what the kubelet runs (its /configz) and what it should
-// run: the active config (assigned, last-known-good or local) with the node's flags and drop-ins applied,
-// or dkc's wiring of the kubelet (its drop-in and env file) gone or changed.
+// run: each field the active config's file sets (assigned or last-known-good) as the file sets it — a
+// kubelet flag or --config-dir drop-in that overrides it is drift, also one there before the config was
+// assigned — and fields only drop-ins set as they set them; or dkc's wiring of the kubelet (its drop-in and
+// env file) gone or changed. Without a cause: the check found no difference.
 type Drift struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Why, where it can be known, as the ConfigDrift condition's reason: WiringRemoved (dkc's drop-in or env
 	// file is gone), WiringReplaced (either changed), FlagOverride (a kubelet flag sets a field the config
 	// sets otherwise), ConfigDirDropIn (a file in the kubelet's --config-dir sets it), KubeletMinorChanged
-	// (the kubelet binary's minor is not the one the config was checked with), Unknown.
+	// (the kubelet binary's minor is not the one the config was checked with), Unknown; "" when none.
 	Cause string `protobuf:"bytes,1,opt,name=cause,proto3" json:"cause,omitempty"`
 	// The KubeletConfiguration fields (JSON paths, e.g. "maxPods", "evictionHard.memory.available") whose
 	// running value differs from the expected one; empty when the cause is the wiring alone.
@@ -948,9 +950,10 @@ type ReportStatusRequest struct {
 	// The node's answer to the Preview it was last sent, while that preview stands; absent otherwise and from
 	// older sidecars. Written as the Node's ConfigPreview condition.
 	Preview *PreviewResult `protobuf:"bytes,9,opt,name=preview,proto3" json:"preview,omitempty"`
-	// What the kubelet runs differs from what it should, found by the sidecar's last check; absent when the
-	// last check found no difference, before the first check, and from older sidecars. Written as the Node's
-	// ConfigDrift condition.
+	// What the sidecar's last drift check found: a Drift with a cause when the kubelet runs something else
+	// than it should, one without a cause when it found no difference. Written as the Node's ConfigDrift
+	// condition (True, or False NoDrift). Absent before the sidecar's first check since it started, and from
+	// older sidecars: the condition is then left as it is.
 	Drift         *Drift `protobuf:"bytes,10,opt,name=drift,proto3" json:"drift,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"sync"
 	"time"
@@ -35,6 +36,10 @@ const (
 	keyRefetchAfter = 30 * time.Second
 	// keyFetchTimeout bounds one fetch of the discovery document and the key set.
 	keyFetchTimeout = 10 * time.Second
+	// MaxKeyAge is how long keys are used after the last fetch that succeeded: the apiserver may have
+	// stopped publishing one (a key rotated out after a compromise) while fetches fail (discovery refused,
+	// a network split). Past it every token goes to TokenReview until a fetch succeeds again.
+	MaxKeyAge = 3 * KeyRefreshInterval
 	// maxKeySetBytes caps what a fetch reads: a key set of a few keys is a few KiB.
 	maxKeySetBytes = 1 << 20
 )
@@ -82,13 +87,19 @@ func (k APIServerKeys) FetchKeys(ctx context.Context) (string, jose.JSONWebKeySe
 }
 
 func (k APIServerKeys) get(ctx context.Context, path string) ([]byte, error) {
-	body, err := k.Client.Get().AbsPath(path).SetHeader("Accept", "application/json, application/jwk-set+json").
-		DoRaw(ctx)
+	rc, err := k.Client.Get().AbsPath(path).SetHeader("Accept", "application/json, application/jwk-set+json").
+		Stream(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", path, err)
+	}
+	defer rc.Close()
+	// Read no more than the cap (and one byte to tell): the cap bounds memory, not only what is kept.
+	body, err := io.ReadAll(io.LimitReader(rc, maxKeySetBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("get %s: %w", path, err)
 	}
 	if len(body) > maxKeySetBytes {
-		return nil, fmt.Errorf("get %s: %d bytes, more than a key set holds (%d)", path, len(body), maxKeySetBytes)
+		return nil, fmt.Errorf("get %s: more than a key set holds (%d bytes)", path, maxKeySetBytes)
 	}
 	return body, nil
 }
@@ -101,12 +112,13 @@ type Keys struct {
 	clock  clock.Clock
 	log    *zap.Logger
 
-	mu      sync.RWMutex
-	issuer  string
-	byID    map[string][]jose.JSONWebKey
-	all     []jose.JSONWebKey
-	fetched time.Time // of the last attempt, successful or not
-	wake    chan struct{}
+	mu        sync.RWMutex
+	issuer    string
+	byID      map[string][]jose.JSONWebKey
+	all       []jose.JSONWebKey
+	fetched   time.Time // of the last attempt, successful or not
+	succeeded time.Time // of the last fetch that succeeded
+	wake      chan struct{}
 }
 
 // NewKeys returns Keys fetched from source once Run runs; nil log: no logs, nil clk: the real clock.
@@ -178,13 +190,15 @@ func (k *Keys) refresh(ctx context.Context) {
 		k.log.Info("service-account issuer keys fetched", zap.String("issuer", issuer), zap.Int("keys", len(all)))
 	}
 	k.issuer, k.byID, k.all = issuer, byID, all
+	k.succeeded = k.fetched
 }
 
-// Fetched says whether a fetch has succeeded: tokens signed with the keys it published verify here.
+// Fetched says whether a fetch has succeeded within MaxKeyAge: tokens signed with the keys it published
+// verify here.
 func (k *Keys) Fetched() bool {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
-	return k.issuer != ""
+	return k.issuer != "" && k.clock.Since(k.succeeded) <= MaxKeyAge
 }
 
 // errNoKeys: nothing fetched yet, or the issuer publishes no key under the token's key ID.
@@ -194,12 +208,12 @@ var errNoKeys = errors.New("no published key")
 // every key for a token without one (as the apiserver tries them). An unknown ID asks Run for a fetch.
 func (k *Keys) lookup(kid string) (string, []jose.JSONWebKey, error) {
 	k.mu.RLock()
-	issuer, keys := k.issuer, k.all
+	issuer, keys, stale := k.issuer, k.all, k.clock.Since(k.succeeded) > MaxKeyAge
 	if kid != "" {
 		keys = k.byID[kid]
 	}
 	k.mu.RUnlock()
-	if issuer == "" || len(keys) == 0 {
+	if issuer == "" || len(keys) == 0 || stale {
 		select {
 		case k.wake <- struct{}{}:
 		default:

@@ -360,3 +360,31 @@ func TestTokensWaitForTheReplicaToBeReady(t *testing.T) {
 		t.Fatalf("Authenticate once ready: %+v, %v after %d reviews, want n1 after one", id, err, rv.count())
 	}
 }
+
+// TestStaleKeysAreNotUsed: keys whose last successful fetch is older than MaxKeyAge — the apiserver may have
+// stopped publishing one while fetches fail — verify nothing: the token is reviewed.
+func TestStaleKeysAreNotUsed(t *testing.T) {
+	rv, cs := newReviewer()
+	key := newRSASigner(t, "k1")
+	src := &keySource{issuer: testIssuer, keys: []jose.JSONWebKey{key.public()}}
+	clk := clocktesting.NewFakeClock(epoch.Add(time.Minute))
+	keys := NewKeys(src, nil, clk)
+	keys.refresh(context.Background())
+	a := newTestAuthenticator(t, Config{Client: cs, Clock: clk, Keys: keys, Objects: cached()})
+	fresh := key.sign(t, podBound())
+	if _, err := a.Authenticate(context.Background(), fresh); err != nil || rv.count() != 0 {
+		t.Fatalf("fresh keys: %v after %d reviews, want accepted without one", err, rv.count())
+	}
+	src.mu.Lock()
+	src.err = errors.New("403 Forbidden")
+	src.mu.Unlock()
+	clk.Step(MaxKeyAge + time.Second)
+	keys.refresh(context.Background())
+	spec := podBound()
+	spec.nbf = clk.Now().Add(-time.Minute) // a token minted now, valid by its time claims
+	token := rv.valid(key.sign(t, spec), "n1", Audience)
+	if _, err := a.Authenticate(context.Background(), token); err != nil || rv.count() != 1 || keys.Fetched() {
+		t.Fatalf("stale keys: %v after %d reviews, Fetched %v; want accepted by one review, not fetched", err, rv.count(),
+			keys.Fetched())
+	}
+}

@@ -84,9 +84,10 @@ func answers(res *dkcv1.PreviewResult, p *dkcv1.Preview) bool {
 
 // DriftCondition is the ConfigDrift condition of a sidecar's drift finding: True with the cause as its
 // reason (DriftUnknown for a cause this version does not know), the differing fields and the sidecar's
-// words, bounded as a status detail; for nil, False DriftNone. Timestamps are left to the writer.
+// words, bounded as a status detail; for a finding without a cause (the check found none), False
+// DriftNone. Timestamps are left to the writer.
 func DriftCondition(d *dkcv1.Drift) corev1.NodeCondition {
-	if d == nil {
+	if d.GetCause() == "" {
 		return corev1.NodeCondition{Type: nodeconfig.DriftConditionType, Status: corev1.ConditionFalse,
 			Reason: nodeconfig.DriftNone, Message: "the kubelet runs the node's active config, with dkc's wiring in place"}
 	}
@@ -103,16 +104,20 @@ func DriftCondition(d *dkcv1.Drift) corev1.NodeCondition {
 }
 
 // driftToWrite is the ConfigDrift condition a write puts on node for a report's drift finding d, nil when
-// none: a finding is written; its absence only clears a condition the Node carries (a sidecar that never
-// found drift, or an older one, leaves no ConfigDrift behind). drifted says the Node turns to True with it.
+// none: a drift is written; "none found" (d without a cause) only clears a condition the Node carries, so
+// that nodes that never drifted carry none; no finding at all (d nil: the sidecar has not checked since it
+// started, or is older) leaves the Node's as it is. drifted says the Node turns to True with it.
 func driftToWrite(node *corev1.Node, d *dkcv1.Drift) (cond *corev1.NodeCondition, drifted bool) {
+	if d == nil {
+		return nil, false
+	}
 	var had *corev1.NodeCondition
 	for i := range node.Status.Conditions {
 		if node.Status.Conditions[i].Type == nodeconfig.DriftConditionType {
 			had = &node.Status.Conditions[i]
 		}
 	}
-	if d == nil && had == nil {
+	if d.GetCause() == "" && had == nil {
 		return nil, false
 	}
 	c := DriftCondition(d)

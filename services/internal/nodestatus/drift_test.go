@@ -20,8 +20,8 @@ import (
 )
 
 // TestDriftWritten: a sidecar's drift finding becomes the ConfigDrift condition, True with its cause, and a
-// Warning Event once; a report without one clears it (False NoDrift); a node that never drifted gets no
-// ConfigDrift at all (older sidecars report none).
+// Warning Event once; a finding of none clears it (False NoDrift), a report without a finding (no check
+// yet, an older sidecar) leaves it; a node that never drifted gets no ConfigDrift at all.
 func TestDriftWritten(t *testing.T) {
 	const name = "n1"
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
@@ -61,7 +61,8 @@ func TestDriftWritten(t *testing.T) {
 		return out
 	}
 
-	report(nil)
+	none := &dkcv1.Drift{}
+	report(none)
 	if c := condition(); c != nil {
 		t.Fatalf("ConfigDrift %+v on a node that never drifted", c)
 	}
@@ -86,7 +87,12 @@ func TestDriftWritten(t *testing.T) {
 	if c := condition(); c == nil || c.Reason != nodeconfig.DriftUnknown {
 		t.Fatalf("ConfigDrift %+v for a cause this version does not know, want Unknown", c)
 	}
+	// A sidecar restarted since, before its first check (or an older one): says nothing, changes nothing.
 	report(nil)
+	if c := condition(); c == nil || c.Status != corev1.ConditionTrue {
+		t.Fatalf("ConfigDrift %+v after a report without a check, want it left True", c)
+	}
+	report(none)
 	if c := condition(); c == nil || c.Status != corev1.ConditionFalse || c.Reason != nodeconfig.DriftNone {
 		t.Fatalf("ConfigDrift %+v after a check found none, want False NoDrift", c)
 	}

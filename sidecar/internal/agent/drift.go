@@ -91,6 +91,9 @@ const (
 type driftState struct {
 	// current is the drift the last check found; nil: none, or no check yet.
 	current *dkcv1.Drift
+	// checked: a check has succeeded since the sidecar started, so that no drift (current nil) is a
+	// finding the reports say (noDrift), not the absence of one.
+	checked bool
 	// last is when the last check ended (the agent's clock); zero: none since the sidecar started.
 	last time.Time
 	// due: check at the next tick.
@@ -215,16 +218,24 @@ func (a *Agent) checkDrift(ctx context.Context) {
 	if ctx.Err() != nil {
 		return // stopping: what failed says nothing of the kubelet
 	}
-	a.drift.last, a.drift.due = a.clock.Now(), false
-	switch {
-	case err != nil:
+	if err != nil {
+		// Still due, at the next tick: a check a kubelet start asked for must not wait for the interval
+		// because the kubelet was not serving /configz yet.
 		a.metrics.driftChecked(driftCheckError)
-		a.log.Info("drift check could not be made; the last finding stands", zap.String("node", a.cfg.NodeName),
-			zap.Error(err))
+		a.log.Info("drift check could not be made; the last finding stands, checking again at the next tick",
+			zap.String("node", a.cfg.NodeName), zap.Error(err))
 		return
-	case f == nil:
+	}
+	a.drift.last, a.drift.due = a.clock.Now(), false
+	if !a.drift.checked {
+		a.drift.checked = true
+		if f == nil && a.drift.current == nil {
+			a.report() // "none found" replaces a drift a Node may still show from before this sidecar started
+		}
+	}
+	if f == nil {
 		a.metrics.driftChecked(driftCheckNone)
-	default:
+	} else {
 		a.metrics.driftChecked(driftCheckDrift)
 	}
 	a.takeDrift(f)
@@ -267,6 +278,21 @@ func (a *Agent) takeDrift(f *finding) {
 
 // Drift is the drift the last check found; nil when it found none or none was made.
 func (a *Agent) Drift() *dkcv1.Drift { return a.drift.current }
+
+// noDrift is what reports carry once a check found none: a Drift without a cause.
+var noDrift = &dkcv1.Drift{}
+
+// driftReport is what the node's reports say of drift: the drift found, noDrift once a check found none,
+// nil before any check succeeded (dkc-server then leaves the Node's ConfigDrift condition as it is).
+func (a *Agent) driftReport() *dkcv1.Drift {
+	switch {
+	case a.drift.current != nil:
+		return a.drift.current
+	case a.drift.checked:
+		return noDrift
+	}
+	return nil
+}
 
 // findDrift makes one check: nil when the kubelet runs what it should, wired as dkc wired it.
 func (a *Agent) findDrift(ctx context.Context) (*finding, error) {
@@ -676,6 +702,13 @@ var irregularFlags = map[string]string{
 	"authorization.mode":                         "authorization-mode",
 	"authorization.webhook.cacheAuthorizedTTL":   "authorization-webhook-cache-authorized-ttl",
 	"authorization.webhook.cacheUnauthorizedTTL": "authorization-webhook-cache-unauthorized-ttl",
+	"podPidsLimit":                               "pod-max-pids",
+	"eventRecordQPS":                             "event-qps",
+	"registryPullQPS":                            "registry-qps",
+	"contentType":                                "kube-api-content-type",
+	"makeIPTablesUtilChains":                     "make-iptables-util-chains",
+	"reservedSystemCPUs":                         "reserved-cpus",
+	"enableContentionProfiling":                  "contention-profiling",
 }
 
 // kebab is the flag name for a field name: maxPods → max-pods, podCIDR → pod-cidr, cpuCFSQuota →

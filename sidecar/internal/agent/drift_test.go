@@ -4,6 +4,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -176,7 +177,8 @@ func (d *driftNode) expectDrift(cause string, fields []string, inMessage ...stri
 			d.t.Errorf("drift message %q does not say %q", got.GetMessage(), s)
 		}
 	}
-	if r := d.lastDrift(); r != got {
+	// Reports say what the last check found: the drift, or a Drift without a cause (none found).
+	if r := d.lastDrift(); (got != nil && r != got) || (got == nil && (r == nil || r.GetCause() != "")) {
 		d.t.Errorf("the last report carries drift %v, want %v", r, got)
 	}
 	for _, c := range DriftCauses {
@@ -323,7 +325,7 @@ func TestDriftCauses(t *testing.T) {
 					t.Errorf("drift %v, want none", got)
 				}
 				for _, r := range d.reporter.reportsSince(before) {
-					if r.drift != nil {
+					if r.drift.GetCause() != "" {
 						t.Errorf("reported drift %v", r.drift)
 					}
 				}
@@ -380,6 +382,10 @@ func TestPeriodicDriftCheck(t *testing.T) {
 	d.tick()
 	if n := d.checks(driftCheckNone); n != 1 {
 		t.Fatalf("%d checks, want 1", n)
+	}
+	// The first check that found none says so, so that a Node's drift from before the sidecar started clears.
+	if r := d.lastDrift(); r == nil || r.GetCause() != "" {
+		t.Fatalf("the report after the first check carries %v, want a Drift without a cause", r)
 	}
 	data, err := os.ReadFile(d.kubelet.env.Path)
 	if err != nil {
@@ -452,7 +458,9 @@ func TestFlagFor(t *testing.T) {
 		{"evictionHard.memory.available", []string{"--eviction-hard=memory.available<1Gi"}, "--eviction-hard"},
 		{"podCIDR", []string{"--pod-cidr=10.0.0.0/24"}, "--pod-cidr"},
 		{"cpuCFSQuota", []string{"--cpu-cfs-quota=false"}, "--cpu-cfs-quota"},
-		{"eventRecordQPS", []string{"--event-record-qps=1"}, "--event-record-qps"},
+		{"eventRecordQPS", []string{"--event-qps=1"}, "--event-qps"},
+		{"podPidsLimit", []string{"--pod-max-pids=100"}, "--pod-max-pids"},
+		{"reservedSystemCPUs", []string{"--reserved-cpus=0-1"}, "--reserved-cpus"},
 		{"kubeAPIQPS", []string{"--kube-api-qps=1"}, "--kube-api-qps"},
 		{"staticPodPath", []string{"--pod-manifest-path=/etc/k"}, "--pod-manifest-path"},
 		{"authentication.x509.clientCAFile", []string{"--client-ca-file=/ca"}, "--client-ca-file"},
@@ -478,5 +486,25 @@ func TestLeafAndDiffLeaves(t *testing.T) {
 	}
 	if got := leaf(running, "evictionHard.memory.available"); got != "200Mi" {
 		t.Errorf("leaf = %v, want 200Mi", got)
+	}
+}
+
+// TestFailedDriftCheckStaysDue: a check that cannot be made (the kubelet not serving /configz yet after a
+// start) is made again at the next tick, not an interval later, and reports say nothing meanwhile.
+func TestFailedDriftCheckStaysDue(t *testing.T) {
+	d := newDriftNode(t, nil, time.Hour)
+	d.apply(assignment("u", "1", cfgHeader+"maxPods: 110\n"), "")
+	d.kubelet.configzErr = errors.New("connection refused")
+	d.tick()
+	if d.checks(driftCheckError) == 0 || d.checks(driftCheckNone) != 0 {
+		t.Fatalf("checks: %v failed, %v none; want a failure first", d.checks(driftCheckError), d.checks(driftCheckNone))
+	}
+	if r := d.lastDrift(); r != nil {
+		t.Errorf("a report before any check succeeded carries %v, want none", r)
+	}
+	d.kubelet.configzErr = nil
+	d.tick()
+	if d.checks(driftCheckNone) != 1 {
+		t.Fatalf("no check at the next tick after a failed one (%v none)", d.checks(driftCheckNone))
 	}
 }

@@ -36,10 +36,10 @@ func (a *Agent) report() {
 	}
 	if a.reporter != nil {
 		if len(a.pendingRestarts) == 0 {
-			a.reporter.Report(st, detail, a.preview.result, a.drift.current, nil)
+			a.reporter.Report(st, detail, a.preview.result, a.driftReport(), nil)
 		}
 		for _, r := range a.pendingRestarts {
-			a.reporter.Report(st, detail, a.preview.result, a.drift.current, r)
+			a.reporter.Report(st, detail, a.preview.result, a.driftReport(), r)
 		}
 	}
 	a.pendingRestarts = nil // the reporter owns them now, until acknowledged

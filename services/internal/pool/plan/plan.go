@@ -451,6 +451,10 @@ func (t tally) notAssigned() int {
 
 // progress is how far the rollout is, for the Updating and Updated conditions' messages.
 func progress(n v1alpha1.NodeCounts) string {
+	if n.Drifted > 0 {
+		return fmt.Sprintf("%d of %d nodes updated, %d in progress, %d drifted", n.Updated, n.Selected, n.InProgress,
+			n.Drifted)
+	}
 	return fmt.Sprintf("%d of %d nodes updated, %d in progress", n.Updated, n.Selected, n.InProgress)
 }
 
@@ -770,7 +774,7 @@ func driftCondition(st *v1alpha1.KubeletConfigPoolStatus, in Input, drifted []st
 		return
 	}
 	setCondition(st, in.Pool, in.Now, v1alpha1.ConditionDrifted, metav1.ConditionTrue, v1alpha1.ReasonNodesDrifted,
-		fmt.Sprintf("%d nodes updated to revision %s run something else since (their ConfigDrift condition): %s",
+		fmt.Sprintf("%d nodes updated to revision %s run something else than it (their ConfigDrift condition): %s",
 			len(drifted), in.Target.Revision, joinCapped(drifted, "; ")))
 }
 

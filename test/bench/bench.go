@@ -905,6 +905,9 @@ func (c watchComparison) report(res *Results, suffix string, n int) {
 	res.note("apiserver_stack_growth_bytes_per_node_design"+suffix, perNode(c.withDKC.mem.stack, c.withDesign.mem.stack))
 	res.set("apiserver_cpu_seconds_dkc"+suffix, c.cpuDKC.Seconds())
 	res.set("apiserver_cpu_seconds_design"+suffix, c.cpuDesign.Seconds())
+	if c.cpuDesign > 0 {
+		res.set("apiserver_start_cpu_ratio_dkc_over_design"+suffix, c.cpuDKC.Seconds()/c.cpuDesign.Seconds())
+	}
 	res.note("apiserver_idle_cpu_seconds_per_minute_dkc"+suffix,
 		c.idleDKC.Seconds()*float64(time.Minute)/float64(idleWindow))
 	res.note("apiserver_idle_cpu_seconds_per_minute_design"+suffix,
@@ -922,7 +925,8 @@ func (c watchComparison) report(res *Results, suffix string, n int) {
 		res.note("apiserver_request_handling_seconds_"+design+suffix, seconds)
 		res.note("apiserver_reviews_"+design+suffix, reviews)
 		if b.RSSPeakBytes > 0 {
-			res.note("apiserver_rss_peak_growth_bytes_"+design+suffix, float64(b.RSSPeakBytes-b.RSSStartBytes))
+			// The apiserver's memory spike in the window: a start of dkc-server against the design's.
+			res.set("apiserver_rss_peak_growth_bytes_"+design+suffix, float64(b.RSSPeakBytes-b.RSSStartBytes))
 		}
 	}
 	res.Breakdowns = append(res.Breakdowns, c.requests)

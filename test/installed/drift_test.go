@@ -28,6 +28,7 @@ import (
 // turns False (NoDrift). The sidecar restarts nothing itself: no repair is configured.
 func TestDriftReportedWhenTheWiringIsRemoved(t *testing.T) {
 	const node = "node-2"
+	diagnoseOnFailure(t)
 	resetAfter(t)
 	local := configzQPS(t, node)
 	cm := createConfig(t, "installed-drift", node, 62)
@@ -80,14 +81,21 @@ func TestDriftReportedWhenTheWiringIsRemoved(t *testing.T) {
 	if got := configzQPS(t, node); got != local {
 		t.Errorf("configz eventRecordQPS %v with dkc's drop-in gone, want the local config's %v", got, local)
 	}
-	events, err := admin(t).CoreV1().Events(metav1.NamespaceDefault).List(ctxFor(t),
-		metav1.ListOptions{FieldSelector: "involvedObject.name=" + node + ",reason=" + nodeconfig.DriftEventReason})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(events.Items) == 0 || events.Items[0].Type != corev1.EventTypeWarning {
-		t.Errorf("no %s Warning Event on %s: %+v", nodeconfig.DriftEventReason, node, events.Items)
-	}
+	// dkc-server records the Event after it wrote the condition: the test may look in between.
+	poll.ForNil(t, 30*time.Second, time.Second, fmt.Sprintf("a %s Warning Event on %s", nodeconfig.DriftEventReason, node),
+		func() error {
+			events, err := admin(t).CoreV1().Events(metav1.NamespaceDefault).List(ctxFor(t),
+				metav1.ListOptions{FieldSelector: "involvedObject.name=" + node + ",reason=" + nodeconfig.DriftEventReason})
+			if err != nil {
+				return err
+			}
+			for _, e := range events.Items {
+				if e.Type == corev1.EventTypeWarning {
+					return nil
+				}
+			}
+			return fmt.Errorf("events: %+v", events.Items)
+		})
 	if out, err := kubectlDKC(ctxFor(t), "status", node); err != nil || !strings.Contains(out, drift.Reason) {
 		t.Errorf("kubectl dkc status %s shows no drift cause %s: %v\n%s", node, drift.Reason, err, out)
 	}

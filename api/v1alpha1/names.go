@@ -199,6 +199,11 @@ func (s *KubeletConfigPoolSpec) NodeTimeoutOrDefault() time.Duration {
 	return s.NodeTimeout.Duration
 }
 
+// RestoresDrift says whether spec.drift.policy is Restore.
+func (s *KubeletConfigPoolSpec) RestoresDrift() bool {
+	return s.Drift != nil && s.Drift.Policy == DriftRestore
+}
+
 // MayDrain says whether spec.disruption.drain is Allowed.
 func (s *KubeletConfigPoolSpec) MayDrain() bool {
 	return s.Disruption != nil && s.Disruption.Drain == DrainAllowed

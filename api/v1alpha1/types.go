@@ -145,6 +145,36 @@ type KubeletConfigPoolSpec struct {
 	// Never.
 	// +optional
 	Disruption *Disruption `json:"disruption,omitempty"`
+
+	// drift says what the pool does about a node that ran its revision as proven and no longer does (the
+	// Node's ConfigDrift condition True: status.nodes.drifted). Unset: policy Report.
+	// +optional
+	Drift *Drift `json:"drift,omitempty"`
+}
+
+// DriftPolicy says what a pool does about drift.
+// +kubebuilder:validation:Enum=Report;Restore
+type DriftPolicy string
+
+const (
+	// DriftReport: drift is reported (the Drifted condition, status.nodes.drifted), nothing is changed.
+	DriftReport DriftPolicy = "Report"
+	// DriftRestore: a node whose drift dkc can repair (its wiring of the kubelet removed or replaced:
+	// WiringRemoved, WiringReplaced) is repaired once within the pool's pacing: its sidecar puts the wiring
+	// back and restarts the kubelet into the config it was assigned. Drift of another cause (a kubelet flag
+	// or a --config-dir drop-in the node's owner set) is reported only.
+	DriftRestore DriftPolicy = "Restore"
+)
+
+// Drift is what a pool does about drift.
+type Drift struct {
+	// policy: Report (default) or Restore. Restore takes a slot of maxUnavailable per node repaired, only
+	// while the pool may assign (not paused or halted, a maintenance window open), and repairs a node at
+	// most once per cause for the config it was assigned: the same cause found again after the repair is
+	// reported, not repaired again, until the node is assigned another config.
+	// +kubebuilder:default=Report
+	// +optional
+	Policy DriftPolicy `json:"policy,omitempty"`
 }
 
 // DrainPolicy says whether a pool may drain nodes.

@@ -395,8 +395,11 @@ type WatchConfigRequest struct {
 	// Set by sidecars that use node_capacity and say it in node_capacity. An older sidecar, which would not
 	// use it, is not sent its state again for it (it gets the capacity with whatever else is sent).
 	FollowsNodeCapacity bool `protobuf:"varint,9,opt,name=follows_node_capacity,json=followsNodeCapacity,proto3" json:"follows_node_capacity,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The drift_repair.id of the last WatchConfigResponse the node received ("" if none since the sidecar
+	// started). The service sends the node's state if the request standing for the node differs.
+	DriftRepairId string `protobuf:"bytes,10,opt,name=drift_repair_id,json=driftRepairId,proto3" json:"drift_repair_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchConfigRequest) Reset() {
@@ -492,6 +495,13 @@ func (x *WatchConfigRequest) GetFollowsNodeCapacity() bool {
 	return false
 }
 
+func (x *WatchConfigRequest) GetDriftRepairId() string {
+	if x != nil {
+		return x.DriftRepairId
+	}
+	return ""
+}
+
 // WatchConfigResponse is the node's complete desired state; each message replaces the previous one.
 type WatchConfigResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -529,7 +539,13 @@ type WatchConfigResponse struct {
 	// status.preview): absent when none stands. The sidecar judges it as it would the assignment, without
 	// touching the kubelet, and answers with ReportStatusRequest.preview. A new message is sent when it
 	// changes, and on every new stream while it stands.
-	Preview       *Preview `protobuf:"bytes,8,opt,name=preview,proto3" json:"preview,omitempty"`
+	Preview *Preview `protobuf:"bytes,8,opt,name=preview,proto3" json:"preview,omitempty"`
+	// A pool's request (spec.drift.policy: Restore) to repair the drift the node reported, for exactly the
+	// assignment above: put dkc's wiring of the kubelet back and restart the kubelet once into the assigned
+	// config. Absent when none stands. The sidecar acts on a request (by id) at most once, only on a drift of
+	// that cause, and records it on disk: the same cause found again for the same assignment is reported, not
+	// repaired again. A new message is sent when it changes; it never changes content_hash.
+	DriftRepair   *DriftRepair `protobuf:"bytes,9,opt,name=drift_repair,json=driftRepair,proto3" json:"drift_repair,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -620,6 +636,68 @@ func (x *WatchConfigResponse) GetPreview() *Preview {
 	return nil
 }
 
+func (x *WatchConfigResponse) GetDriftRepair() *DriftRepair {
+	if x != nil {
+		return x.DriftRepair
+	}
+	return nil
+}
+
+// DriftRepair is a pool's request to repair a node's drift.
+type DriftRepair struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Names the request: when the pool made it (RFC 3339, as the Node's dkc.dev/drift-repair annotation says).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The drift cause the pool asks to repair (a Drift.cause: WiringRemoved or WiringReplaced).
+	Cause         string `protobuf:"bytes,2,opt,name=cause,proto3" json:"cause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DriftRepair) Reset() {
+	*x = DriftRepair{}
+	mi := &file_dkc_v1_config_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriftRepair) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriftRepair) ProtoMessage() {}
+
+func (x *DriftRepair) ProtoReflect() protoreflect.Message {
+	mi := &file_dkc_v1_config_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriftRepair.ProtoReflect.Descriptor instead.
+func (*DriftRepair) Descriptor() ([]byte, []int) {
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DriftRepair) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DriftRepair) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
 // Preview is a revision a pool asks a node to preview.
 type Preview struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -638,7 +716,7 @@ type Preview struct {
 
 func (x *Preview) Reset() {
 	*x = Preview{}
-	mi := &file_dkc_v1_config_proto_msgTypes[7]
+	mi := &file_dkc_v1_config_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +728,7 @@ func (x *Preview) String() string {
 func (*Preview) ProtoMessage() {}
 
 func (x *Preview) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[7]
+	mi := &file_dkc_v1_config_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,7 +741,7 @@ func (x *Preview) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Preview.ProtoReflect.Descriptor instead.
 func (*Preview) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{7}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Preview) GetPool() string {
@@ -713,7 +791,7 @@ type PreviewResult struct {
 
 func (x *PreviewResult) Reset() {
 	*x = PreviewResult{}
-	mi := &file_dkc_v1_config_proto_msgTypes[8]
+	mi := &file_dkc_v1_config_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +803,7 @@ func (x *PreviewResult) String() string {
 func (*PreviewResult) ProtoMessage() {}
 
 func (x *PreviewResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[8]
+	mi := &file_dkc_v1_config_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +816,7 @@ func (x *PreviewResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreviewResult.ProtoReflect.Descriptor instead.
 func (*PreviewResult) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{8}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PreviewResult) GetPool() string {
@@ -801,7 +879,7 @@ type Drift struct {
 
 func (x *Drift) Reset() {
 	*x = Drift{}
-	mi := &file_dkc_v1_config_proto_msgTypes[9]
+	mi := &file_dkc_v1_config_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +891,7 @@ func (x *Drift) String() string {
 func (*Drift) ProtoMessage() {}
 
 func (x *Drift) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[9]
+	mi := &file_dkc_v1_config_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +904,7 @@ func (x *Drift) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drift.ProtoReflect.Descriptor instead.
 func (*Drift) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{9}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Drift) GetCause() string {
@@ -872,7 +950,7 @@ type KubeletRestart struct {
 
 func (x *KubeletRestart) Reset() {
 	*x = KubeletRestart{}
-	mi := &file_dkc_v1_config_proto_msgTypes[10]
+	mi := &file_dkc_v1_config_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -884,7 +962,7 @@ func (x *KubeletRestart) String() string {
 func (*KubeletRestart) ProtoMessage() {}
 
 func (x *KubeletRestart) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[10]
+	mi := &file_dkc_v1_config_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -897,7 +975,7 @@ func (x *KubeletRestart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KubeletRestart.ProtoReflect.Descriptor instead.
 func (*KubeletRestart) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{10}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *KubeletRestart) GetId() string {
@@ -961,7 +1039,7 @@ type ReportStatusRequest struct {
 
 func (x *ReportStatusRequest) Reset() {
 	*x = ReportStatusRequest{}
-	mi := &file_dkc_v1_config_proto_msgTypes[11]
+	mi := &file_dkc_v1_config_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1051,7 @@ func (x *ReportStatusRequest) String() string {
 func (*ReportStatusRequest) ProtoMessage() {}
 
 func (x *ReportStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[11]
+	mi := &file_dkc_v1_config_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1064,7 @@ func (x *ReportStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportStatusRequest) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{11}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportStatusRequest) GetNodeName() string {
@@ -1075,7 +1153,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_dkc_v1_config_proto_msgTypes[12]
+	mi := &file_dkc_v1_config_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1165,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dkc_v1_config_proto_msgTypes[12]
+	mi := &file_dkc_v1_config_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1178,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_dkc_v1_config_proto_rawDescGZIP(), []int{12}
+	return file_dkc_v1_config_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReportStatusResponse) GetRestartQueued() bool {
@@ -1140,7 +1218,7 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
 	"\rAppliedConfig\x120\n" +
 	"\x06source\x18\x01 \x01(\v2\x18.dkc.v1.NodeConfigSourceR\x06source\x12!\n" +
-	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\xda\x03\n" +
+	"\fcontent_hash\x18\x02 \x01(\tR\vcontentHash\"\x82\x04\n" +
 	"\x12WatchConfigRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x128\n" +
 	"\flast_applied\x18\x02 \x01(\v2\x15.dkc.v1.AppliedConfigR\vlastApplied\x12\x1d\n" +
@@ -1151,10 +1229,12 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x0fkubelet_version\x18\x06 \x01(\tR\x0ekubeletVersion\x12\x18\n" +
 	"\adrained\x18\a \x01(\bR\adrained\x12Q\n" +
 	"\rnode_capacity\x18\b \x03(\v2,.dkc.v1.WatchConfigRequest.NodeCapacityEntryR\fnodeCapacity\x122\n" +
-	"\x15follows_node_capacity\x18\t \x01(\bR\x13followsNodeCapacity\x1a?\n" +
+	"\x15follows_node_capacity\x18\t \x01(\bR\x13followsNodeCapacity\x12&\n" +
+	"\x0fdrift_repair_id\x18\n" +
+	" \x01(\tR\rdriftRepairId\x1a?\n" +
 	"\x11NodeCapacityEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc7\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x03\n" +
 	"\x13WatchConfigResponse\x122\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x12.dkc.v1.AssignmentR\n" +
@@ -1166,10 +1246,14 @@ const file_dkc_v1_config_proto_rawDesc = "" +
 	"\x0fkubelet_version\x18\x05 \x01(\tR\x0ekubeletVersion\x12\x18\n" +
 	"\adrained\x18\x06 \x01(\bR\adrained\x12R\n" +
 	"\rnode_capacity\x18\a \x03(\v2-.dkc.v1.WatchConfigResponse.NodeCapacityEntryR\fnodeCapacity\x12)\n" +
-	"\apreview\x18\b \x01(\v2\x0f.dkc.v1.PreviewR\apreview\x1a?\n" +
+	"\apreview\x18\b \x01(\v2\x0f.dkc.v1.PreviewR\apreview\x126\n" +
+	"\fdrift_repair\x18\t \x01(\v2\x13.dkc.v1.DriftRepairR\vdriftRepair\x1a?\n" +
 	"\x11NodeCapacityEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xac\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"3\n" +
+	"\vDriftRepair\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05cause\x18\x02 \x01(\tR\x05cause\"\xac\x01\n" +
 	"\aPreview\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\tR\brevision\x12=\n" +
@@ -1222,7 +1306,7 @@ func file_dkc_v1_config_proto_rawDescGZIP() []byte {
 	return file_dkc_v1_config_proto_rawDescData
 }
 
-var file_dkc_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_dkc_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_dkc_v1_config_proto_goTypes = []any{
 	(*ConfigMapNodeConfigSource)(nil), // 0: dkc.v1.ConfigMapNodeConfigSource
 	(*NodeConfigSource)(nil),          // 1: dkc.v1.NodeConfigSource
@@ -1231,16 +1315,17 @@ var file_dkc_v1_config_proto_goTypes = []any{
 	(*AppliedConfig)(nil),             // 4: dkc.v1.AppliedConfig
 	(*WatchConfigRequest)(nil),        // 5: dkc.v1.WatchConfigRequest
 	(*WatchConfigResponse)(nil),       // 6: dkc.v1.WatchConfigResponse
-	(*Preview)(nil),                   // 7: dkc.v1.Preview
-	(*PreviewResult)(nil),             // 8: dkc.v1.PreviewResult
-	(*Drift)(nil),                     // 9: dkc.v1.Drift
-	(*KubeletRestart)(nil),            // 10: dkc.v1.KubeletRestart
-	(*ReportStatusRequest)(nil),       // 11: dkc.v1.ReportStatusRequest
-	(*ReportStatusResponse)(nil),      // 12: dkc.v1.ReportStatusResponse
-	nil,                               // 13: dkc.v1.Assignment.FilesEntry
-	nil,                               // 14: dkc.v1.WatchConfigRequest.NodeCapacityEntry
-	nil,                               // 15: dkc.v1.WatchConfigResponse.NodeCapacityEntry
-	(*timestamppb.Timestamp)(nil),     // 16: google.protobuf.Timestamp
+	(*DriftRepair)(nil),               // 7: dkc.v1.DriftRepair
+	(*Preview)(nil),                   // 8: dkc.v1.Preview
+	(*PreviewResult)(nil),             // 9: dkc.v1.PreviewResult
+	(*Drift)(nil),                     // 10: dkc.v1.Drift
+	(*KubeletRestart)(nil),            // 11: dkc.v1.KubeletRestart
+	(*ReportStatusRequest)(nil),       // 12: dkc.v1.ReportStatusRequest
+	(*ReportStatusResponse)(nil),      // 13: dkc.v1.ReportStatusResponse
+	nil,                               // 14: dkc.v1.Assignment.FilesEntry
+	nil,                               // 15: dkc.v1.WatchConfigRequest.NodeCapacityEntry
+	nil,                               // 16: dkc.v1.WatchConfigResponse.NodeCapacityEntry
+	(*timestamppb.Timestamp)(nil),     // 17: google.protobuf.Timestamp
 }
 var file_dkc_v1_config_proto_depIdxs = []int32{
 	0,  // 0: dkc.v1.NodeConfigSource.config_map:type_name -> dkc.v1.ConfigMapNodeConfigSource
@@ -1248,34 +1333,35 @@ var file_dkc_v1_config_proto_depIdxs = []int32{
 	1,  // 2: dkc.v1.NodeConfigStatus.active:type_name -> dkc.v1.NodeConfigSource
 	1,  // 3: dkc.v1.NodeConfigStatus.last_known_good:type_name -> dkc.v1.NodeConfigSource
 	1,  // 4: dkc.v1.Assignment.source:type_name -> dkc.v1.NodeConfigSource
-	13, // 5: dkc.v1.Assignment.files:type_name -> dkc.v1.Assignment.FilesEntry
+	14, // 5: dkc.v1.Assignment.files:type_name -> dkc.v1.Assignment.FilesEntry
 	1,  // 6: dkc.v1.AppliedConfig.source:type_name -> dkc.v1.NodeConfigSource
 	4,  // 7: dkc.v1.WatchConfigRequest.last_applied:type_name -> dkc.v1.AppliedConfig
-	14, // 8: dkc.v1.WatchConfigRequest.node_capacity:type_name -> dkc.v1.WatchConfigRequest.NodeCapacityEntry
+	15, // 8: dkc.v1.WatchConfigRequest.node_capacity:type_name -> dkc.v1.WatchConfigRequest.NodeCapacityEntry
 	3,  // 9: dkc.v1.WatchConfigResponse.assignment:type_name -> dkc.v1.Assignment
-	16, // 10: dkc.v1.WatchConfigResponse.resolved_time:type_name -> google.protobuf.Timestamp
-	15, // 11: dkc.v1.WatchConfigResponse.node_capacity:type_name -> dkc.v1.WatchConfigResponse.NodeCapacityEntry
-	7,  // 12: dkc.v1.WatchConfigResponse.preview:type_name -> dkc.v1.Preview
-	16, // 13: dkc.v1.Preview.request_time:type_name -> google.protobuf.Timestamp
-	3,  // 14: dkc.v1.Preview.assignment:type_name -> dkc.v1.Assignment
-	16, // 15: dkc.v1.PreviewResult.request_time:type_name -> google.protobuf.Timestamp
-	16, // 16: dkc.v1.Drift.detected_time:type_name -> google.protobuf.Timestamp
-	1,  // 17: dkc.v1.KubeletRestart.target:type_name -> dkc.v1.NodeConfigSource
-	16, // 18: dkc.v1.KubeletRestart.time:type_name -> google.protobuf.Timestamp
-	2,  // 19: dkc.v1.ReportStatusRequest.status:type_name -> dkc.v1.NodeConfigStatus
-	10, // 20: dkc.v1.ReportStatusRequest.restart:type_name -> dkc.v1.KubeletRestart
-	16, // 21: dkc.v1.ReportStatusRequest.observed_time:type_name -> google.protobuf.Timestamp
-	8,  // 22: dkc.v1.ReportStatusRequest.preview:type_name -> dkc.v1.PreviewResult
-	9,  // 23: dkc.v1.ReportStatusRequest.drift:type_name -> dkc.v1.Drift
-	5,  // 24: dkc.v1.ConfigService.WatchConfig:input_type -> dkc.v1.WatchConfigRequest
-	11, // 25: dkc.v1.ConfigService.ReportStatus:input_type -> dkc.v1.ReportStatusRequest
-	6,  // 26: dkc.v1.ConfigService.WatchConfig:output_type -> dkc.v1.WatchConfigResponse
-	12, // 27: dkc.v1.ConfigService.ReportStatus:output_type -> dkc.v1.ReportStatusResponse
-	26, // [26:28] is the sub-list for method output_type
-	24, // [24:26] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	17, // 10: dkc.v1.WatchConfigResponse.resolved_time:type_name -> google.protobuf.Timestamp
+	16, // 11: dkc.v1.WatchConfigResponse.node_capacity:type_name -> dkc.v1.WatchConfigResponse.NodeCapacityEntry
+	8,  // 12: dkc.v1.WatchConfigResponse.preview:type_name -> dkc.v1.Preview
+	7,  // 13: dkc.v1.WatchConfigResponse.drift_repair:type_name -> dkc.v1.DriftRepair
+	17, // 14: dkc.v1.Preview.request_time:type_name -> google.protobuf.Timestamp
+	3,  // 15: dkc.v1.Preview.assignment:type_name -> dkc.v1.Assignment
+	17, // 16: dkc.v1.PreviewResult.request_time:type_name -> google.protobuf.Timestamp
+	17, // 17: dkc.v1.Drift.detected_time:type_name -> google.protobuf.Timestamp
+	1,  // 18: dkc.v1.KubeletRestart.target:type_name -> dkc.v1.NodeConfigSource
+	17, // 19: dkc.v1.KubeletRestart.time:type_name -> google.protobuf.Timestamp
+	2,  // 20: dkc.v1.ReportStatusRequest.status:type_name -> dkc.v1.NodeConfigStatus
+	11, // 21: dkc.v1.ReportStatusRequest.restart:type_name -> dkc.v1.KubeletRestart
+	17, // 22: dkc.v1.ReportStatusRequest.observed_time:type_name -> google.protobuf.Timestamp
+	9,  // 23: dkc.v1.ReportStatusRequest.preview:type_name -> dkc.v1.PreviewResult
+	10, // 24: dkc.v1.ReportStatusRequest.drift:type_name -> dkc.v1.Drift
+	5,  // 25: dkc.v1.ConfigService.WatchConfig:input_type -> dkc.v1.WatchConfigRequest
+	12, // 26: dkc.v1.ConfigService.ReportStatus:input_type -> dkc.v1.ReportStatusRequest
+	6,  // 27: dkc.v1.ConfigService.WatchConfig:output_type -> dkc.v1.WatchConfigResponse
+	13, // 28: dkc.v1.ConfigService.ReportStatus:output_type -> dkc.v1.ReportStatusResponse
+	27, // [27:29] is the sub-list for method output_type
+	25, // [25:27] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_dkc_v1_config_proto_init() }
@@ -1289,7 +1375,7 @@ func file_dkc_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dkc_v1_config_proto_rawDesc), len(file_dkc_v1_config_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,10 +42,10 @@ const (
 var ErrNotConfirmed = errors.New("nothing changed: run again with --yes to uninstall")
 
 // dkcAnnotations are the Node annotations dkc writes: the assignment (the operator's or a pool's), the
-// pool controller's record, the status, and a drain's mark (a node cordoned by a drain in progress keeps
-// its nodedrain.CordonedAnnotation, which says who cordoned it).
+// pool controller's record, the status, a drain's mark (a node cordoned by a drain in progress keeps its
+// nodedrain.CordonedAnnotation, which says who cordoned it) and a pool's request to repair drift.
 var dkcAnnotations = []string{nodeconfig.SourceAnnotation, v1alpha1.AnnotationAssignment, nodeconfig.StatusAnnotation,
-	nodeconfig.DrainedAnnotation}
+	nodeconfig.DrainedAnnotation, nodeconfig.DriftRepairAnnotation}
 
 func (o *Options) uninstallCommand() *cobra.Command {
 	var ns string

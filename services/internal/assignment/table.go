@@ -50,6 +50,9 @@ type State struct {
 	// selects the node), its snapshot resolved as an assignment; nil when none stands, or the node's own
 	// source is that snapshot already. Nodes sharing one preview share the pointer; treat it as immutable.
 	Preview *dkcv1.Preview
+	// DriftRepair is a pool's request that the node repair its drift (nodeconfig.DriftRepairAnnotation),
+	// only when it names Assignment's ConfigMap version; nil otherwise.
+	DriftRepair *dkcv1.DriftRepair
 	// Changed is when this state was set.
 	Changed time.Time
 }
@@ -58,7 +61,8 @@ type State struct {
 func (s State) Same(o State) bool {
 	return s.SyncError == o.SyncError && s.NodeUID == o.NodeUID && s.KubeletVersion == o.KubeletVersion &&
 		s.Drained == o.Drained && maps.Equal(s.NodeCapacity, o.NodeCapacity) &&
-		SameAssignment(s.Assignment, o.Assignment) && SamePreview(s.Preview, o.Preview)
+		SameAssignment(s.Assignment, o.Assignment) && SamePreview(s.Preview, o.Preview) &&
+		s.DriftRepair.GetId() == o.DriftRepair.GetId() && s.DriftRepair.GetCause() == o.DriftRepair.GetCause()
 }
 
 // SamePreview compares two previews by pool, revision, request time and assignment (SameAssignment).
@@ -192,7 +196,7 @@ func (t *Table) SetSyncError(node string, f Facts, syncError nodeconfig.StatusEr
 	t.mu.Unlock()
 	// The node keeps the assignment it has, but no drain is vouched for while its source does not resolve.
 	s.SyncError, s.NodeUID, s.KubeletVersion, s.Drained = string(syncError), f.NodeUID, f.KubeletVersion, false
-	s.NodeCapacity, s.Preview = f.NodeCapacity, f.Preview
+	s.NodeCapacity, s.Preview, s.DriftRepair = f.NodeCapacity, f.Preview, nil
 	return t.Set(node, s) // a concurrent Set in between is fine: the controller is the only writer per node
 }
 

@@ -31,6 +31,7 @@ import (
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	dkcv1 "github.com/dkc-dev/dkc/proto/dkc/v1"
 	"github.com/dkc-dev/dkc/services/internal/assignment"
 	"github.com/dkc-dev/dkc/services/internal/configmaps"
 	poolrecords "github.com/dkc-dev/dkc/services/internal/pool/records"
@@ -148,13 +149,15 @@ func New(cfg Config) *Controller {
 // included) do not touch the source: they are skipped. Another UID is another object (deleted and
 // registered again, seen as an update across a relist): its node must be told, whatever its source. So is
 // another kubelet version (a node upgraded in place): configs are validated with that minor's code. So is
-// a cordon or drain mark coming or going: it says whether the node may reset the kubelet's state. So is
+// a cordon or drain mark coming or going: it says whether the node may reset the kubelet's state, and a
+// pool's request to repair the node's drift. So is
 // another capacity of CPU, memory or hugepages: the sidecar predicts from it which pods a restart would fail.
 func needsSync(o, n *corev1.Node) bool {
 	return o.UID != n.UID || o.Status.NodeInfo.KubeletVersion != n.Status.NodeInfo.KubeletVersion ||
 		!sameCapacity(o.Status.Capacity, n.Status.Capacity) ||
 		sourceChanged(o, n) || o.Spec.Unschedulable != n.Spec.Unschedulable ||
-		o.Annotations[nodeconfig.DrainedAnnotation] != n.Annotations[nodeconfig.DrainedAnnotation]
+		o.Annotations[nodeconfig.DrainedAnnotation] != n.Annotations[nodeconfig.DrainedAnnotation] ||
+		o.Annotations[nodeconfig.DriftRepairAnnotation] != n.Annotations[nodeconfig.DriftRepairAnnotation]
 }
 
 // sourceChanged says whether an update may change the node's source. It compares exactly (a source without
@@ -388,6 +391,9 @@ func (c *Controller) assignConfigMap(node *corev1.Node, facts assignment.Facts, 
 	drained := !held && nodeconfig.IsDrainedFor(node, cm.UID, cm.ResourceVersion)
 	next := assignment.State{Assignment: give, NodeUID: facts.NodeUID, KubeletVersion: kubeletVersion,
 		NodeCapacity: facts.NodeCapacity, Drained: drained, Preview: facts.Preview}
+	if !held {
+		next.DriftRepair = driftRepairFor(node, cm)
+	}
 	if !c.set(name, prev, next) || held {
 		return nil // unchanged; or held, and the pacer logged that the node waits: what it runs did not change
 	}
@@ -580,4 +586,14 @@ func sameCapacity(a, b corev1.ResourceList) bool {
 		}
 	}
 	return true
+}
+
+// driftRepairFor is the pool's request that node repair its drift, when one names the ConfigMap version cm
+// the node is given; nil otherwise (a request left from an earlier assignment asks nothing).
+func driftRepairFor(node *corev1.Node, cm *corev1.ConfigMap) *dkcv1.DriftRepair {
+	r, ok := nodeconfig.DriftRepairOf(node)
+	if !ok || !r.For(cm.UID, cm.ResourceVersion) {
+		return nil
+	}
+	return &dkcv1.DriftRepair{Id: r.ID(), Cause: r.Cause}
 }

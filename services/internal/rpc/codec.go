@@ -133,7 +133,8 @@ func (w *weakEncodings[T]) size() int {
 // response returns the message telling a node its state; st.Assignment and st.Preview may be nil.
 func (e *encodings) response(st assignment.State) (*response, error) {
 	r := &response{own: &dkcv1.WatchConfigResponse{SyncError: st.SyncError, ResolvedTime: timestamppb.New(st.Changed),
-		NodeUid: st.NodeUID, KubeletVersion: st.KubeletVersion, Drained: st.Drained, NodeCapacity: st.NodeCapacity}}
+		NodeUid: st.NodeUID, KubeletVersion: st.KubeletVersion, Drained: st.Drained, NodeCapacity: st.NodeCapacity,
+		DriftRepair: st.DriftRepair}}
 	if a := st.Assignment; a != nil {
 		b, made, err := e.assignments.get(a, func() ([]byte, error) {
 			return proto.Marshal(&dkcv1.WatchConfigResponse{Assignment: a})

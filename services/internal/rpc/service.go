@@ -238,6 +238,9 @@ type watchState struct {
 	// preview is the pool preview last sent on this stream (nil: none, or nothing sent yet). The sidecar
 	// does not say which it has, so a new stream sends one that stands; previews are rare.
 	preview *dkcv1.Preview
+	// driftRepair is the id of the drift repair request the node was last told of (or says it was): a
+	// change is sent; a sidecar that does not say one gets a standing request on every new stream.
+	driftRepair string
 }
 
 //go:noinline
@@ -269,6 +272,7 @@ func (s *Service) startWatch(req *dkcv1.WatchConfigRequest,
 	ws.sentSyncError = req.GetSyncError()
 	ws.nodeUID, ws.followsNodeUID, ws.kubeletVersion = req.GetNodeUid(), req.GetFollowsNodeUid(), req.GetKubeletVersion()
 	ws.drained, ws.capacity, ws.followsCapacity = req.GetDrained(), req.GetNodeCapacity(), req.GetFollowsNodeCapacity()
+	ws.driftRepair = req.GetDriftRepairId()
 	ws.rc = s.newRecheck(ctx)
 	return ws, nil
 }
@@ -311,13 +315,14 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 	// again; a sidecar older than kubelet_version never says one, and gets its state once per stream. A
 	// sidecar that follows the node's capacity is sent another one; an older one, which never says it, is
 	// not sent its state for it at each stream's start. A pool's preview is sent when it comes, changes or
-	// goes, and on every new stream while it stands (the sidecar does not say which it has).
+	// goes, and on every new stream while it stands (the sidecar does not say which it has). So is a pool's
+	// request to repair the node's drift.
 	send := !ws.known || st.SyncError != ws.sentSyncError ||
 		(st.Assignment != nil && !assignment.SameAssignment(st.Assignment, ws.has)) ||
 		(st.NodeUID != "" && st.NodeUID != ws.nodeUID && (ws.nodeUID != "" || ws.followsNodeUID)) ||
 		(st.KubeletVersion != "" && st.KubeletVersion != ws.kubeletVersion) || st.Drained != ws.drained ||
 		(ws.followsCapacity && len(st.NodeCapacity) > 0 && !maps.Equal(st.NodeCapacity, ws.capacity)) ||
-		!assignment.SamePreview(st.Preview, ws.preview)
+		!assignment.SamePreview(st.Preview, ws.preview) || st.DriftRepair.GetId() != ws.driftRepair
 	if !send {
 		return changed, nil
 	}
@@ -336,7 +341,7 @@ func (s *Service) push(stream dkcv1.ConfigService_WatchConfigServer, ws *watchSt
 		zap.String("syncError", st.SyncError), zap.String("previewPool", st.Preview.GetPool()),
 		zap.String("previewRevision", st.Preview.GetRevision()))
 	ws.known, ws.sentSyncError, ws.nodeUID, ws.kubeletVersion = true, st.SyncError, st.NodeUID, st.KubeletVersion
-	ws.drained, ws.preview = st.Drained, st.Preview
+	ws.drained, ws.preview, ws.driftRepair = st.Drained, st.Preview, st.DriftRepair.GetId()
 	if len(st.NodeCapacity) > 0 {
 		ws.capacity = st.NodeCapacity
 	}

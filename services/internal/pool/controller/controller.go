@@ -122,6 +122,7 @@ type Controller struct {
 	nodes     corelisters.NodeLister
 	cms       ConfigMaps
 	exp       *expectations
+	repairs   repairsAsked
 	// assignedAt is when the controller last assigned nodes of each pool, until the stored status shows
 	// it: a status write that failed after the assignments (a Conflict) must not lose the time, which
 	// starts pauseBetweenBatches' batch.
@@ -340,7 +341,7 @@ func (c *Controller) waitForAPI(ctx context.Context) bool {
 // nodeChanged says whether a Node update can change what a pool sees of it: heartbeats cannot.
 func nodeChanged(o, n *corev1.Node) bool {
 	for _, a := range []string{nodeconfig.SourceAnnotation, nodeconfig.StatusAnnotation, v1alpha1.AnnotationAssignment,
-		nodedrain.CordonedAnnotation, nodeconfig.DrainedAnnotation} {
+		nodedrain.CordonedAnnotation, nodeconfig.DrainedAnnotation, nodeconfig.DriftRepairAnnotation} {
 		if o.Annotations[a] != n.Annotations[a] {
 			return true
 		}
@@ -602,6 +603,7 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 	for _, n := range selected {
 		byName[n.Name] = n
 		v := c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now)
+		v.Repair = c.repairs.of(n.Name, v.Repair)
 		v.Draining, v.DrainFailed = c.drains.of(pool.Name, target.Revision, n.Name)
 		if c.gatesPods(pool, target, v, now) {
 			pods, err := reads.of(n.Name)
@@ -658,6 +660,9 @@ func (c *Controller) decideAndAssign(ctx context.Context, pool *v1alpha1.Kubelet
 		return plan.Plan{}, nil, err
 	}
 	if err := c.assignBatch(ctx, pool, target, p.Assign, byName, now); err != nil {
+		return plan.Plan{}, nil, err
+	}
+	if err := c.askRepairs(ctx, pool, target, p.Repair, byName, now); err != nil {
 		return plan.Plan{}, nil, err
 	}
 	return p, byName, nil

@@ -136,6 +136,7 @@ func TestView(t *testing.T) {
 	pool := testPool()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	target := plan.Target{Revision: "r2", Source: revision.Source(pool, "r2")}
+	repair := nodeconfig.DriftRepair{Cause: nodeconfig.DriftWiringRemoved, UID: "u1", ResourceVersion: "7", RequestTime: t0}
 	r1 := revision.Source(pool, "r1")
 	green, _ := metav1.LabelSelectorAsSelector(&metav1.LabelSelector{MatchLabels: map[string]string{"tier": "green"}})
 	blue, _ := metav1.LabelSelectorAsSelector(&pool.Spec.NodeSelector)
@@ -157,7 +158,20 @@ func TestView(t *testing.T) {
 		{"sidecar never reported", unreported(node("a", nil, nil)), plan.Node{Name: "a", Ready: true, NoStatus: true}, false},
 		{"kubelet drifted", withCondition(node("a", nil, nil), nodeconfig.DriftConditionType, corev1.ConditionTrue,
 			nodeconfig.DriftFlagOverride, "fields maxPods: --max-pods=30"),
-			plan.Node{Name: "a", Ready: true, Drift: "FlagOverride: fields maxPods: --max-pods=30"}, false},
+			plan.Node{Name: "a", Ready: true, Drift: "FlagOverride: fields maxPods: --max-pods=30", DriftCause: nodeconfig.DriftFlagOverride},
+			false},
+		{"asked to repair its drift, for the version it runs", withCondition(node("a", map[string]string{
+			nodeconfig.StatusAnnotation:      `{"active":{"configMap":{"uid":"u1","resourceVersion":"7"}}}`,
+			nodeconfig.DriftRepairAnnotation: nodeconfig.MarshalDriftRepair(repair),
+		}, nil), nodeconfig.DriftConditionType, corev1.ConditionTrue, nodeconfig.DriftWiringRemoved, "drop-in gone"),
+			plan.Node{Name: "a", Ready: true, Status: corev1.NodeConfigStatus{Active: &corev1.NodeConfigSource{
+				ConfigMap: &corev1.ConfigMapNodeConfigSource{UID: "u1", ResourceVersion: "7"}}},
+				Drift: "WiringRemoved: drop-in gone", DriftCause: nodeconfig.DriftWiringRemoved, Repair: &repair}, false},
+		{"a repair request of another version asks nothing", node("a", map[string]string{
+			nodeconfig.StatusAnnotation:      `{"active":{"configMap":{"uid":"u1","resourceVersion":"8"}}}`,
+			nodeconfig.DriftRepairAnnotation: nodeconfig.MarshalDriftRepair(repair),
+		}, nil), plan.Node{Name: "a", Ready: true, Status: corev1.NodeConfigStatus{Active: &corev1.NodeConfigSource{
+			ConfigMap: &corev1.ConfigMapNodeConfigSource{UID: "u1", ResourceVersion: "8"}}}}, false},
 		{"drift cleared", withCondition(node("a", nil, nil), nodeconfig.DriftConditionType, corev1.ConditionFalse,
 			nodeconfig.DriftNone, "runs its config"), plan.Node{Name: "a", Ready: true}, false},
 		{"a Windows node", node("a", nil, map[string]string{"pool": "blue", corev1.LabelOSStable: "windows"}),

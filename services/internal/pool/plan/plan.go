@@ -101,6 +101,13 @@ type Node struct {
 	// Drift is the Node's ConfigDrift condition when True, as "<cause>: <message>"; "" when its kubelet
 	// runs what its sidecar last checked it against.
 	Drift string
+	// DriftCause is the ConfigDrift condition's reason when Drift is set, and DriftSince when it last
+	// turned True.
+	DriftCause string
+	DriftSince time.Time
+	// Repair is the pool's request that the node repair its drift (nodeconfig.DriftRepairAnnotation, or
+	// one just made that the cache does not show yet) when it names the node's source; nil otherwise.
+	Repair *nodeconfig.DriftRepair
 	// Draining says how the pool's drain of the node goes ("" when none runs), for the verdict's detail;
 	// DrainFailed why it failed ("" unless it did).
 	Draining, DrainFailed string
@@ -193,6 +200,8 @@ const (
 	ReasonProven = "Proven"
 	// Drifted: its sidecar found the kubelet running something else (Node.Drift says what)
 	ReasonDrifted = "KubeletDrifted"
+	// InProgress: the pool asked its sidecar to repair its drift (spec.drift.policy Restore)
+	ReasonRepairingDrift = "RepairingDrift"
 	// Held
 	ReasonHandAssigned         = "HandAssigned"
 	ReasonSelectedByOtherPools = "SelectedByOtherPools"
@@ -214,6 +223,9 @@ type Verdict struct {
 	// Changing: a held node whose own config is not settled (syncing, restarting, in its trial): the pool
 	// did not start it, but the node may restart or roll back all the same, so it takes a slot.
 	Changing bool
+	// Repair: a drifted node the pool may ask to repair its drift (spec.drift.policy Restore), once a slot
+	// is free.
+	Repair bool
 }
 
 // Unavailable says whether the node takes one of maxUnavailable's slots.
@@ -223,6 +235,8 @@ func (v Verdict) Unavailable() bool { return v.State == InProgress || v.Changing
 type Plan struct {
 	// Assign are the nodes to assign the target now, by name.
 	Assign []string
+	// Repair are the drifted nodes whose sidecar to ask now to repair their drift, by name.
+	Repair []string
 	// Nodes are the verdicts, by name.
 	Nodes []Verdict
 	// Status is the pool's new status.
@@ -283,11 +297,14 @@ func Decide(in Input) Plan {
 	st.MaintenanceWindow = w.status
 
 	g := gates(in, t, b.halted, st.BatchCompletionTime, p.MaxUnavailable, w, j.podWaits)
-	setCondition(&st, pool, now, v1alpha1.ConditionUpdating, g.status, g.reason, g.message)
 	if len(g.assign) > 0 {
 		p.Assign = g.assign
 		st.LastAssignmentTime = &metav1.Time{Time: now}
 	}
+	if p.Repair = repairs(in, t, g, b.halted, w, p.MaxUnavailable); len(p.Repair) > 0 {
+		g = repairing(g, progress(t.nodes), p.Repair)
+	}
+	setCondition(&st, pool, now, v1alpha1.ConditionUpdating, g.status, g.reason, g.message)
 	conditions(&st, in, b, j)
 	driftCondition(&st, in, t.drifted)
 	var previewWait time.Duration
@@ -402,6 +419,9 @@ func judgeNodes(in Input) judged {
 		if v.State == InProgress && !n.AssignedAt.IsZero() && !n.NoStatus {
 			j.requeue = append(j.requeue, later(n.AssignedAt, in.TermStart).Add(timeout).Sub(in.Now))
 		}
+		if v.Reason == ReasonRepairingDrift {
+			j.requeue = append(j.requeue, n.Repair.RequestTime.Add(timeout).Sub(in.Now))
+		}
 		if v.Reason == ReasonPodsNotReady {
 			j.requeue = append(j.requeue, podPoll)
 			j.podWaits = append(j.podWaits, "node "+n.Name+": "+strings.TrimPrefix(v.Detail, podsDetailPrefix))
@@ -441,6 +461,8 @@ type tally struct {
 	restarting []string
 	// drifted are the drifted nodes, as "name (cause: message)".
 	drifted []string
+	// repairable are the drifted nodes that are Ready and may be asked to repair their drift, by name.
+	repairable []string
 }
 
 // notAssigned are the selected nodes not assigned the target: pending, Ready or not.
@@ -475,6 +497,9 @@ func count(verdicts []Verdict) tally {
 		case Drifted:
 			t.nodes.Drifted++
 			t.drifted = append(t.drifted, v.Name+" ("+v.Detail+")")
+			if v.Repair && v.Ready {
+				t.repairable = append(t.repairable, v.Name)
+			}
 		case Failed:
 			t.nodes.Failed++
 		case Held:
@@ -891,7 +916,7 @@ func judge(n Node, p *v1alpha1.KubeletConfigPool, t Target, recorded map[string]
 		}
 		return v, nil
 	}
-	return judgeTarget(n, t, c, retry, p.Spec.MayDrain(), v)
+	return judgeTarget(n, t, c, retry, p.Spec.MayDrain(), p.Spec.RestoresDrift(), v)
 }
 
 // hold applies rule 2: whether the pool leaves the node alone, and why. It comes before the node's own
@@ -923,7 +948,8 @@ func hold(n Node, pool string, t Target, v Verdict) (Verdict, bool) {
 }
 
 // judgeTarget applies rules 5–7 to a node assigned the target: its status decides, and nodeTimeout.
-func judgeTarget(n Node, t Target, c clock, retry int64, mayDrain bool, v Verdict) (Verdict, *v1alpha1.FailedNode) {
+func judgeTarget(n Node, t Target, c clock, retry int64, mayDrain, restore bool, v Verdict) (Verdict,
+	*v1alpha1.FailedNode) {
 	st := n.Status
 	fail := func(reason, msg string) (Verdict, *v1alpha1.FailedNode) {
 		v.State, v.Reason, v.Detail = Failed, reason, msg
@@ -971,8 +997,7 @@ func judgeTarget(n Node, t Target, c clock, retry int64, mayDrain bool, v Verdic
 		switch {
 		case waiting == "" && n.Drift != "":
 			// Proven once; what its kubelet runs now is not what was proven.
-			v.State, v.Reason, v.Detail = Drifted, ReasonDrifted, n.Drift
-			return v, nil
+			return judgeDrift(n, c, restore, v), nil
 		case waiting == "":
 			v.State, v.Reason = Updated, ReasonProven
 			return v, nil

@@ -123,10 +123,34 @@ func batch(assignedAgo, completedAgo time.Duration) func(*v1alpha1.KubeletConfig
 	}
 }
 
-// drifted is n with its ConfigDrift condition True.
+// drifted is n with its ConfigDrift condition True for two hours: dkc's drop-in removed.
 func drifted(n Node) Node {
-	n.Drift = "WiringRemoved: drop-in gone"
+	n.Drift, n.DriftCause, n.DriftSince = "WiringRemoved: drop-in gone", nodeconfig.DriftWiringRemoved, t0.Add(-2*time.Hour)
 	return n
+}
+
+// flagDrift is n with its ConfigDrift condition True: a kubelet flag overrides a field.
+func flagDrift(n Node) Node {
+	n.Drift, n.DriftCause, n.DriftSince = "FlagOverride: --max-pods sets maxPods", nodeconfig.DriftFlagOverride,
+		t0.Add(-2*time.Hour)
+	return n
+}
+
+// repairAsked has the pool have asked ago for a repair of n's drift cause.
+func repairAsked(ago time.Duration, n Node) Node {
+	n.Repair = &nodeconfig.DriftRepair{Cause: n.DriftCause, RequestTime: t0.Add(-ago)}
+	return n
+}
+
+// driftAgain has n's drift turn True again ago (found again after a repair).
+func driftAgain(ago time.Duration, n Node) Node {
+	n.DriftSince = t0.Add(-ago)
+	return n
+}
+
+// restore sets spec.drift.policy Restore.
+func restore(p *v1alpha1.KubeletConfigPool) {
+	p.Spec.Drift = &v1alpha1.Drift{Policy: v1alpha1.DriftRestore}
 }
 
 // failedBefore records a failure of node for revision under spec.retry r.
@@ -162,6 +186,16 @@ func TestNodeRules(t *testing.T) {
 		{name: "updated, Node not Ready since: updated, unavailable", node: notReady(updated("n1")), state: Updated, reason: ReasonProven, wantUnavailable: true},
 		{name: "updated, its kubelet runs something else since: drifted", node: drifted(updated("n1")), state: Drifted, reason: ReasonDrifted},
 		{name: "in its trial, drift reported: still in progress", node: drifted(inTrial("n1")), state: InProgress, reason: ReasonInTrial, wantUnavailable: true},
+		{name: "drifted, Restore, not asked yet: drifted, a repair candidate", node: drifted(updated("n1")), pool: mods(restore),
+			state: Drifted, reason: ReasonDrifted},
+		{name: "drifted, Restore, repair asked a minute ago: in progress", node: repairAsked(time.Minute, drifted(updated("n1"))),
+			pool: mods(restore), state: InProgress, reason: ReasonRepairingDrift, wantUnavailable: true},
+		{name: "drifted, Restore, found again after the repair: drifted", node: driftAgain(time.Second,
+			repairAsked(time.Minute, drifted(updated("n1")))), pool: mods(restore), state: Drifted, reason: ReasonDrifted},
+		{name: "drifted, Restore, repair asked nodeTimeout ago: drifted", node: repairAsked(31*time.Minute, drifted(updated("n1"))),
+			pool: mods(restore), state: Drifted, reason: ReasonDrifted},
+		{name: "drifted, Report, repair asked a minute ago (policy changed since): drifted", node: repairAsked(time.Minute,
+			drifted(updated("n1"))), state: Drifted, reason: ReasonDrifted},
 		{name: "rolled back, Ready again on last-known-good: failed", node: rolledBack("n1"), state: Failed, reason: v1alpha1.FailureRolledBack},
 		{name: "rolled back to the local config: failed", node: assigned("n1", status(on, nil, nil, nodeconfig.HealthError)), state: Failed, reason: v1alpha1.FailureRolledBack},
 		{name: "does not load: failed", node: assigned("n1", status(on, r1, r1, nodeconfig.LoadError)), state: Failed, reason: v1alpha1.FailureConfigRefused},
@@ -348,6 +382,7 @@ func TestPoolRules(t *testing.T) {
 		preview *Preview
 		nodes   []Node
 		assign  string // names, comma-separated
+		repair  string // names, comma-separated
 		counts  string // selected/updated/ready/inProgress/failed/held
 		conds   map[string]string
 		message map[string]string // substrings of condition messages
@@ -373,6 +408,24 @@ func TestPoolRules(t *testing.T) {
 			nodes: []Node{drifted(updated("a")), updated("b")}, assign: "", counts: "2/1/1/0/0/0",
 			conds:   map[string]string{"Drifted": "True/NodesDrifted", "Updated": "False/NodesNotUpdated", "Updating": "False/NothingToAssign"},
 			message: map[string]string{"Drifted": "a (WiringRemoved: drop-in gone)", "Updating": "drifted (1)"}},
+		{name: "Restore: a drifted node is asked to repair in a free slot",
+			pool: mods(restore), nodes: []Node{drifted(updated("a")), updated("b")}, repair: "a", counts: "2/1/1/0/0/0",
+			conds:   map[string]string{"Drifted": "True/NodesDrifted", "Updating": "True/RollingOut"},
+			message: map[string]string{"Updating": "repairing the drift of a", "Drifted": "repaired once a slot is free"}},
+		{name: "Restore: assignments first, then repairs in the slots left",
+			pool: mods(restore, maxUnavailable(intstr.FromInt32(2))), nodes: []Node{drifted(updated("a")), drifted(updated("b")), waiting("c")},
+			assign: "c", repair: "a", counts: "3/0/0/0/0/0"},
+		{name: "Restore: a repair in progress takes the slot",
+			pool: mods(restore), nodes: []Node{repairAsked(time.Minute, drifted(updated("a"))), drifted(updated("b"))}, counts: "2/0/0/1/0/0",
+			requeue: 29 * time.Minute, conds: map[string]string{"Updating": "True/RollingOut"}},
+		{name: "Restore: a flag's drift is reported, not repaired",
+			pool: mods(restore), nodes: []Node{flagDrift(updated("a"))}, counts: "1/0/0/0/0/0",
+			conds: map[string]string{"Updating": "False/NothingToAssign"}, message: map[string]string{"Drifted": "not repaired"}},
+		{name: "Restore: a paused pool repairs nothing",
+			pool: mods(restore, paused), nodes: []Node{drifted(updated("a"))}, counts: "1/0/0/0/0/0",
+			conds: map[string]string{"Updating": "False/Paused"}},
+		{name: "Report: drift is not repaired",
+			nodes: []Node{drifted(updated("a"))}, counts: "1/0/0/0/0/0", conds: map[string]string{"Updating": "False/NothingToAssign"}},
 		{name: "a Node not Ready takes a slot, in progress or not",
 			nodes: []Node{notReady(updated("a")), waiting("b")}, assign: "", counts: "2/1/0/0/0/0",
 			conds: map[string]string{"Updating": "True/WaitingForAvailableNodes"}},
@@ -525,6 +578,9 @@ func TestPoolRules(t *testing.T) {
 			}
 			if got := strings.Join(p.Assign, ","); got != tc.assign {
 				t.Errorf("assign %q, want %q", got, tc.assign)
+			}
+			if got := strings.Join(p.Repair, ","); got != tc.repair {
+				t.Errorf("repair %q, want %q", got, tc.repair)
 			}
 			c := p.Status.Nodes
 			if got := fmt.Sprintf("%d/%d/%d/%d/%d/%d", c.Selected, c.Updated, c.Ready, c.InProgress, c.Failed, c.Held); got != tc.counts {

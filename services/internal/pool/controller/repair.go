@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/internal/nodeconfig"
+	"github.com/dkc-dev/dkc/services/internal/pool/plan"
+)
+
+// EventRepairingDrift is the reason of the Event a pool records when it asks nodes to repair their drift.
+const EventRepairingDrift = "RepairingDrift"
+
+// This file asks nodes to repair their drift (spec.drift.policy Restore): the plan picks them
+// (plan.Plan.Repair), and the controller writes each Node's nodeconfig.DriftRepairAnnotation, bound to the
+// ConfigMap version the node runs and to the cause its ConfigDrift condition names. dkc-server's node
+// controller sends it to the node's sidecar, which repairs once (docs/pools.md, "Drift").
+
+// driftOfNode is the Node's ConfigDrift condition when True: its cause and when it turned True.
+func driftOfNode(n *corev1.Node) (cause string, since time.Time) {
+	for _, c := range n.Status.Conditions {
+		if c.Type == nodeconfig.DriftConditionType && c.Status == corev1.ConditionTrue {
+			return c.Reason, c.LastTransitionTime.Time
+		}
+	}
+	return "", time.Time{}
+}
+
+// repairOf is the pool's request that n repair its drift when it names the ConfigMap version n runs (its
+// status's active config); nil otherwise.
+func repairOf(n *corev1.Node, st corev1.NodeConfigStatus) *nodeconfig.DriftRepair {
+	r, ok := nodeconfig.DriftRepairOf(n)
+	if !ok || st.Active == nil || st.Active.ConfigMap == nil ||
+		!r.For(st.Active.ConfigMap.UID, st.Active.ConfigMap.ResourceVersion) {
+		return nil
+	}
+	return &r
+}
+
+// repairsAsked are the drift repairs this controller asked for that its Node cache may not show yet, by
+// node: the next decision must count those nodes in progress, not give their slot again.
+type repairsAsked struct {
+	mu sync.Mutex
+	m  map[string]nodeconfig.DriftRepair
+}
+
+// of is the request the node's view should see: what it shows, or the one asked after it.
+func (r *repairsAsked) of(node string, shown *nodeconfig.DriftRepair) *nodeconfig.DriftRepair {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	asked, ok := r.m[node]
+	if !ok {
+		return shown
+	}
+	if shown != nil && !shown.RequestTime.Before(asked.RequestTime) {
+		delete(r.m, node) // the cache caught up
+		return shown
+	}
+	return &asked
+}
+
+func (r *repairsAsked) asked(node string, req nodeconfig.DriftRepair) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]nodeconfig.DriftRepair{}
+	}
+	r.m[node] = req
+}
+
+// askRepairs writes the drift repair requests of the nodes the plan picked, and records one Event for
+// those it asked, even when a write fails. Each write is conditional on the Node's resourceVersion as
+// decided on: a Node changed since (its drift gone, another assignment) is asked nothing.
+func (c *Controller) askRepairs(ctx context.Context, pool *v1alpha1.KubeletConfigPool, target plan.Target,
+	nodes []string, byName map[string]*corev1.Node, now time.Time) error {
+	var asked []string
+	defer func() {
+		if len(asked) > 0 {
+			c.cfg.Recorder.Eventf(pool, corev1.EventTypeNormal, EventRepairingDrift,
+				"asked %d node(s) to repair their kubelet config drift (spec.drift.policy Restore): %s", len(asked),
+				capped(asked))
+		}
+	}()
+	for _, name := range nodes {
+		n := byName[name]
+		if n == nil {
+			continue
+		}
+		st := statusOf(n)
+		cause, _ := driftOfNode(n)
+		if st.Active == nil || st.Active.ConfigMap == nil || cause == "" {
+			continue // what the plan saw is gone
+		}
+		req := nodeconfig.DriftRepair{Cause: cause, UID: st.Active.ConfigMap.UID,
+			ResourceVersion: st.Active.ConfigMap.ResourceVersion, RequestTime: now}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+			"resourceVersion": n.ResourceVersion,
+			"annotations":     map[string]string{nodeconfig.DriftRepairAnnotation: nodeconfig.MarshalDriftRepair(req)},
+		}})
+		if err != nil {
+			return err
+		}
+		c.repairs.asked(name, req)
+		if _, err := c.cfg.Client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch,
+			metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+			c.repairs.forget(name, req)
+			return fmt.Errorf("ask node %s to repair its drift (%s) for pool %s: %w", name, cause, pool.Name, err)
+		}
+		c.log.Info("asked node to repair its kubelet config drift", zap.String("pool", pool.Name),
+			zap.String("node", name), zap.String("cause", cause), zap.String("revision", target.Revision),
+			zap.String("uid", string(req.UID)), zap.String("resourceVersion", req.ResourceVersion))
+		asked = append(asked, name+" ("+cause+")")
+	}
+	return nil
+}
+
+// forget drops req, asked for node, after its write failed.
+func (r *repairsAsked) forget(node string, req nodeconfig.DriftRepair) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur, ok := r.m[node]; ok && cur.RequestTime.Equal(req.RequestTime) {
+		delete(r.m, node)
+	}
+}

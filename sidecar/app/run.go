@@ -207,6 +207,12 @@ func kubeletFlags(cfg Config) []string {
 	return flags
 }
 
+// What the agent finds on systemd's Manager by type (a kubelet restarted otherwise can do neither).
+var (
+	_ agent.StateResetter   = (*systemd.Manager)(nil)
+	_ agent.DropInInstaller = (*systemd.Manager)(nil)
+)
+
 // serviceManager is the injected one, or systemd over D-Bus after checking the kubelet unit loads dkc's env
 // file, or signals by PID file.
 func (s *Sidecar) serviceManager(ctx context.Context, log *zap.Logger) (agent.ServiceManager, func(), error) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dkc-dev/dkc/internal/httpserve"
 	"github.com/dkc-dev/dkc/sidecar/internal/agent"
+	"github.com/dkc-dev/dkc/sidecar/internal/kubeletunit"
 	"github.com/dkc-dev/dkc/sidecar/internal/probe"
 	"github.com/dkc-dev/dkc/sidecar/internal/systemd"
 	"github.com/dkc-dev/dkc/sidecar/internal/uninstall"
@@ -71,7 +72,7 @@ func (s *Sidecar) uninstallNode(ctx context.Context, log *zap.Logger) error {
 		DynamicConfigDir: cfg.DynamicConfigDir, KubeletConfig: cfg.KubeletConfig,
 		DropIn: cfg.KubeletDropIn, ProcDir: cfg.HostProc,
 		HealthTimeout: cfg.HealthTimeout, Checker: checker, KubeletVersion: version, KubeletFlags: flags,
-		Files: []string{agent.StateFileName},
+		Files: []string{agent.StateFileName, kubeletunit.DropInCopyName},
 	})
 	log.Info("dkc-sidecar uninstalling dkc from this node", zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("dropIn", cfg.KubeletDropIn), zap.String("kubeletConfig", cfg.KubeletConfig))

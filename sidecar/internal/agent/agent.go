@@ -17,7 +17,8 @@
 // phase.go recording the phase; kubeletflags.go the kubelet's command line; state.go the state file;
 // preview.go answering a pool's preview of a revision, which judges it as a restart would without touching
 // the kubelet or what is assigned; drift.go finding the kubelet running something else than it should
-// (ReportStatusRequest.drift) without changing anything.
+// (ReportStatusRequest.drift) without changing anything; repair.go repairing dkc's wiring of the kubelet
+// once when a pool asks (WatchConfigResponse.drift_repair).
 package agent
 
 import (
@@ -105,6 +106,10 @@ type Desired struct {
 	// Preview is the pool preview that stands (WatchConfigResponse.preview); nil: none stands any more.
 	// It is judged (preview.go) after the assignment is applied, and never touches the kubelet.
 	Preview *dkcv1.Preview
+	// DriftRepair is a pool's request to repair the node's drift (WatchConfigResponse.drift_repair), for
+	// Assignment (without one: for the assignment last received); nil: none stands. Acted on at most once
+	// (repair.go).
+	DriftRepair *dkcv1.DriftRepair
 }
 
 // Config of the agent: what it acts through, then how it behaves.
@@ -222,6 +227,8 @@ type Agent struct {
 	preview previewState
 	// drift is what the drift check found and what it watches (drift.go).
 	drift driftState
+	// repair is the pool's drift repair request that stands, and what was done and said of it (repair.go).
+	repair repairState
 	// Restarts since the last report, in order. One reconcile can restart the kubelet more than once (into
 	// the assigned config, then back to last-known-good when it does not run), and each restart is an Event.
 	pendingRestarts []*dkcv1.KubeletRestart
@@ -362,12 +369,13 @@ func (a *Agent) tick(ctx context.Context) {
 	if a.unsynced != nil {
 		a.log.Info("retrying checkpoint of the last assignment", sourceFields(checkpoint.SourceOf(a.unsynced))...)
 		a.apply(ctx, Desired{Assignment: a.unsynced, SyncError: string(a.syncError),
-			Drained: a.drained.of(checkpoint.SourceOf(a.unsynced)), Preview: a.preview.req})
+			Drained: a.drained.of(checkpoint.SourceOf(a.unsynced)), Preview: a.preview.req, DriftRepair: a.repair.req})
 	} else if a.retry {
 		a.reconcile(ctx)
 	}
 	a.CheckTrial(ctx)
 	a.watchDrift(ctx)
+	a.repairDrift(ctx) // after the check: a request waits for a finding made on what the kubelet runs now
 }
 
 // take applies an update from the service; a preview it brings is judged by the caller.
@@ -399,7 +407,7 @@ func (a *Agent) take(ctx context.Context, u *dkcv1.WatchConfigResponse) {
 		a.setCapacity(m)
 	}
 	a.apply(ctx, Desired{Assignment: u.GetAssignment(), SyncError: u.GetSyncError(), Drained: u.GetDrained(),
-		Preview: u.GetPreview()})
+		Preview: u.GetPreview(), DriftRepair: u.GetDriftRepair()})
 }
 
 // follow makes the reports from now on name Node object uid ("": none).
@@ -423,12 +431,15 @@ func (a *Agent) Apply(ctx context.Context, d Desired) {
 func (a *Agent) apply(ctx context.Context, d Desired) {
 	a.syncError = nodeconfig.StatusError(d.SyncError)
 	a.takeDrain(d)
+	a.takeRepair(d)
 	drop := a.takePreview(d.Preview)
+	changed := false
 	if d.Assignment != nil {
 		a.unsynced = nil // a newer assignment replaces one not yet written
 		before, _ := a.store.Assigned()
 		a.assign(ctx, d.Assignment)
 		if after, err := a.store.Assigned(); err == nil && !nodeconfig.SameSource(before, after) {
+			changed = true
 			// Say what is assigned before restarting into it, as the original's status did: a restart and
 			// its health wait take seconds, and until now the Node would show the previous assignment as
 			// assigned and active while the kubelet already restarts into another. The new assignment is not
@@ -440,6 +451,12 @@ func (a *Agent) apply(ctx context.Context, d Desired) {
 		}
 	}
 	a.dropPreviewCheckpoint(drop)
+	if !changed {
+		// Before the round: a round restarts a kubelet whose env file is gone or changed by itself, and a
+		// repair the pool asked for is recorded, so that it is never repeated (repair.go). A new assignment
+		// is repaired, if at all, once a drift check looked at the kubelet running it (at a tick).
+		a.repairDrift(ctx)
+	}
 	a.reconcile(ctx)
 }
 

@@ -256,6 +256,9 @@ func (a *Agent) takeDrift(f *finding) {
 		a.report()
 		return
 	}
+	if note := a.repairNote(f.cause); note != "" {
+		f.message += "; " + note
+	}
 	fields := f.fields
 	if len(fields) > maxDriftFields {
 		fields = fields[:maxDriftFields]

@@ -35,6 +35,12 @@ type systemdKubelet struct {
 	external int      // starts made by something else than the sidecar
 	loadsEnv bool     // the unit loads dkc's env file
 	dropIns  []string // the unit's drop-ins
+	// installs are the files installed (DropInInstaller), "SRC DST"; reloads the daemon-reloads.
+	installs []string
+	reloads  int
+	// failInstall: installs fail, as a failed transient unit does; onInstall, if set, runs at each first.
+	failInstall bool
+	onInstall   func(src, dst string)
 }
 
 func (u *systemdKubelet) InvocationID(context.Context) (string, error) {
@@ -102,6 +108,8 @@ type driftNode struct {
 	metrics  *Metrics
 	logs     *observer.ObservedLogs
 	interval time.Duration
+	// cfg is the agent's config, for a restarted sidecar's.
+	cfg Config
 }
 
 func newDriftNode(t *testing.T, flags []string, interval time.Duration) *driftNode {
@@ -125,11 +133,12 @@ func newDriftNode(t *testing.T, flags []string, interval time.Duration) *driftNo
 	core, logs := observer.New(zap.InfoLevel)
 	d.logs, d.metrics = logs, NewMetrics(prometheus.NewRegistry())
 	n.reporter = &recordingReporter{}
-	n.agent = New(Config{Log: zap.New(core), NodeName: "node-1", Store: checkpoint.New(n.dir), Service: d.unit,
+	d.cfg = Config{Log: zap.New(core), NodeName: "node-1", Store: checkpoint.New(n.dir), Service: d.unit,
 		Kubelet: n.kubelet, Reporter: n.reporter, Metrics: d.metrics, Clock: n.clock, LocalConfig: n.local,
 		KubeletFlags: append([]string{}, flags...), Checker: d.checker, TrialDuration: 10 * time.Minute,
 		HealthTimeout: time.Second, KeepCheckpoints: 2, TrialCheckInterval: time.Second, DriftInterval: interval,
-		KubeletDropIn: d.dropIn})
+		KubeletDropIn: d.dropIn}
+	n.agent = New(d.cfg)
 	stop := n.drive()
 	err := n.agent.Init(context.Background())
 	stop()

@@ -17,6 +17,7 @@ type Metrics struct {
 	phase                 *prometheus.GaugeVec
 	drift                 *prometheus.GaugeVec
 	driftChecks           *prometheus.CounterVec
+	driftRepairs          *prometheus.CounterVec
 }
 
 var sourceLabels = []string{"node_config_source", "node_config_uid", "node_config_resource_version",
@@ -45,11 +46,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		driftChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dkc", Name: "sidecar_drift_checks_total",
 			Help: "Drift checks by result: none (no difference), drift (one found), error (the check could not be made)."},
 			[]string{"result"}),
+		driftRepairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dkc", Name: "sidecar_drift_repairs_total",
+			Help: "Pools' drift repair requests the sidecar acted on, by result: repaired (wiring put back, the kubelet " +
+				"restarted healthy into its assigned config), failed (the repair was made and did not come to that), " +
+				"refused_repeat (the cause was repaired before for the same assignment: reported, not repaired again)."},
+			[]string{"result"}),
 	}
-	reg.MustRegister(m.assigned, m.active, m.lkg, m.errorGauge, m.restarts, m.phase, m.drift, m.driftChecks)
+	reg.MustRegister(m.assigned, m.active, m.lkg, m.errorGauge, m.restarts, m.phase, m.drift, m.driftChecks,
+		m.driftRepairs)
 	m.setDrift("")
 	for _, r := range []string{driftCheckNone, driftCheckDrift, driftCheckError} {
 		m.driftChecks.WithLabelValues(r)
+	}
+	for _, r := range []string{repairRepaired, repairFailed, repairRefusedRepeat} {
+		m.driftRepairs.WithLabelValues(r)
 	}
 	return m
 }
@@ -127,5 +137,18 @@ const (
 func (m *Metrics) driftChecked(result string) {
 	if m != nil {
 		m.driftChecks.WithLabelValues(result).Inc()
+	}
+}
+
+// Results of a drift repair request (dkc_sidecar_drift_repairs_total's label).
+const (
+	repairRepaired      = "repaired"
+	repairFailed        = "failed"
+	repairRefusedRepeat = "refused_repeat"
+)
+
+func (m *Metrics) driftRepaired(result string) {
+	if m != nil {
+		m.driftRepairs.WithLabelValues(result).Inc()
 	}
 }

@@ -44,10 +44,16 @@ func (a *Agent) run(ctx context.Context, target candidate, drain drainState) (Ou
 			}
 		}
 	}
-	if current == target.file && a.activeKnown && nodeconfig.SameSource(a.active, target.src) {
+	// A drift repair restarts the kubelet once into the config it runs (repair.go): through all of what
+	// follows, as any restart into it.
+	forced := a.repair.restart != nil && nodeconfig.SameSource(a.repair.restart, target.src)
+	if forced {
+		a.repair.restart = nil
+	}
+	if !forced && current == target.file && a.activeKnown && nodeconfig.SameSource(a.active, target.src) {
 		return OutcomeHealthy, nil
 	}
-	if current == target.file {
+	if !forced && current == target.file {
 		if pid, err := a.svc.MainPID(ctx); err == nil && pid == 0 {
 			// Not running at all (stopped, or its unit failed, e.g. on its start limit): waiting for it to
 			// become healthy would only blame the config for what the service manager did.

@@ -61,6 +61,13 @@ type persisted struct {
 	// restarted in the middle of the reset) removes these files too. Cleared by a healthy config and by a
 	// new assignment.
 	Reset *resetRecord `json:"reset,omitempty"`
+	// DriftRepairs are the drift repairs made for the node's assignment, each written before it is made
+	// (repair.go): a cause repaired once for a ConfigMap version is not repaired again for it, whichever
+	// request asks, and a request is acted on once. Dropped with a new assignment.
+	DriftRepairs []driftRepairRecord `json:"driftRepairs,omitempty"`
+	// DriftRepairIDs are the requests acted on for earlier assignments (the last maxRepairIDs): a request
+	// is never acted on twice, also if the node is assigned its ConfigMap version again.
+	DriftRepairIDs []string `json:"driftRepairIDs,omitempty"`
 }
 
 // resetRecord is a kubelet state reset made for an assignment.
@@ -238,6 +245,10 @@ func (f *stateFile) clearAssigned(src, lkg *corev1.NodeConfigSource) error {
 	// A reset was made under the previous assignment's drain: the new one needs its own.
 	if next.Reset != nil {
 		next.Reset = nil
+		changed = true
+	}
+	// Repairs were for the previous assignment's ConfigMap version: the new one may be repaired again.
+	if dropRepairs(&next, src) {
 		changed = true
 	}
 	if !changed {

@@ -92,6 +92,9 @@ type Client struct {
 	// drained is the drained of the last response received: resuming, the service sends the state again
 	// when the node's drain says otherwise.
 	drained bool
+	// driftRepairID is the drift_repair.id of the last response received ("": none): resuming, the service
+	// sends the state again when the request standing for the node differs.
+	driftRepairID string
 	// nodeCapacity is the node's capacity the service last sent; resuming, the service sends the state again
 	// if the Node's differs.
 	nodeCapacity map[string]string
@@ -200,7 +203,7 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 	c.mu.Lock()
 	req := &dkcv1.WatchConfigRequest{NodeName: c.node, LastApplied: applied(), SyncError: c.syncError,
 		NodeUid: c.outbox.NodeUID(), FollowsNodeUid: true, KubeletVersion: c.kubeletVersion, Drained: c.drained,
-		NodeCapacity: c.nodeCapacity, FollowsNodeCapacity: true}
+		NodeCapacity: c.nodeCapacity, FollowsNodeCapacity: true, DriftRepairId: c.driftRepairID}
 	c.mu.Unlock()
 	stream, err := c.rpc.WatchConfig(sctx, req)
 	if err != nil {
@@ -228,14 +231,15 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 			c.kubeletVersion = v
 		}
 		c.drained = d.GetDrained()
+		c.driftRepairID = d.GetDriftRepair().GetId()
 		if m := d.GetNodeCapacity(); len(m) > 0 {
 			c.nodeCapacity = m
 		}
 		c.mu.Unlock()
 		// Latest wins: an update the agent has not taken yet is replaced, so that a burst of reassignments
 		// costs one kubelet restart, not one each. An update without an assignment (only a sync error: the
-		// service could not resolve the new source) does not drop an assignment still waiting; the newer drained
-		// and preview go with it, as the service's word on the node now.
+		// service could not resolve the new source) does not drop an assignment still waiting; the newer drained,
+		// preview and drift repair go with it, as the service's word on the node now.
 		select {
 		case updates <- d:
 		default:
@@ -244,7 +248,8 @@ func (c *Client) watchOnce(ctx context.Context, applied func() *dkcv1.AppliedCon
 				if d.GetAssignment() == nil {
 					d = &dkcv1.WatchConfigResponse{Assignment: old.GetAssignment(), SyncError: d.GetSyncError(),
 						ResolvedTime: d.GetResolvedTime(), NodeUid: d.GetNodeUid(), KubeletVersion: d.GetKubeletVersion(),
-						Drained: d.GetDrained(), NodeCapacity: d.GetNodeCapacity(), Preview: d.GetPreview()}
+						Drained: d.GetDrained(), NodeCapacity: d.GetNodeCapacity(), Preview: d.GetPreview(),
+						DriftRepair: d.GetDriftRepair()}
 				}
 			default:
 			}

@@ -378,15 +378,16 @@ func (s *drainService) WatchConfig(req *dkcv1.WatchConfigRequest, stream dkcv1.C
 }
 
 // TestDrainedIsKeptAndResumed: an update that replaces one the agent has not taken yet keeps that one's
-// assignment and carries the newer drained and capacity (the service's word on the node now), and a resumed
-// stream tells the service the drained and capacity last received, so that it sends the node's state again
-// if they differ.
+// assignment and carries the newer drained, capacity and drift repair (the service's word on the node now),
+// and a resumed stream tells the service the drained, capacity and drift repair id last received, so that it
+// sends the node's state again if they differ.
 func TestDrainedIsKeptAndResumed(t *testing.T) {
 	a := &dkcv1.Assignment{Source: &dkcv1.NodeConfigSource{ConfigMap: &dkcv1.ConfigMapNodeConfigSource{
 		Namespace: "kube-system", Name: "c", Uid: "u", ResourceVersion: "1", KubeletConfigKey: "kubelet"}}, ContentHash: "h"}
 	svc := &drainService{script: []*dkcv1.WatchConfigResponse{
 		{Assignment: a},
-		{SyncError: "failed to sync: e", Drained: true, NodeCapacity: map[string]string{"pods": "110"}},
+		{SyncError: "failed to sync: e", Drained: true, NodeCapacity: map[string]string{"pods": "110"},
+			DriftRepair: &dkcv1.DriftRepair{Id: "2026-01-02T03:04:05.000000006Z", Cause: "WiringRemoved"}},
 	}}
 	lis := bufconn.Listen(1 << 20)
 	s := grpc.NewServer()
@@ -421,8 +422,11 @@ func TestDrainedIsKeptAndResumed(t *testing.T) {
 		resumed = svc.watches[1]
 		return nil
 	})
-	if svc.watches[0].GetDrained() {
-		t.Error("the first watch says drained: nothing was received yet")
+	if svc.watches[0].GetDrained() || svc.watches[0].GetDriftRepairId() != "" {
+		t.Error("the first watch says drained or a drift repair: nothing was received yet")
+	}
+	if got := resumed.GetDriftRepairId(); got != "2026-01-02T03:04:05.000000006Z" {
+		t.Errorf("the resumed watch says drift repair %q, not the last received", got)
 	}
 	if !resumed.GetDrained() {
 		t.Error("the resumed watch does not say drained, the last drained received")
@@ -432,7 +436,8 @@ func TestDrainedIsKeptAndResumed(t *testing.T) {
 	}
 	u := <-updates
 	if !proto.Equal(u.GetAssignment(), a) || !u.GetDrained() || u.GetSyncError() != "failed to sync: e" ||
-		u.GetNodeCapacity()["pods"] != "110" {
-		t.Errorf("coalesced update %v, want the first's assignment with the second's sync error, drained and capacity", u)
+		u.GetNodeCapacity()["pods"] != "110" || u.GetDriftRepair().GetCause() != "WiringRemoved" {
+		t.Errorf("coalesced update %v, want the first's assignment with the second's sync error, drained, capacity "+
+			"and drift repair", u)
 	}
 }

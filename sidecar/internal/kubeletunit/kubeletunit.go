@@ -42,6 +42,11 @@ EnvironmentFile=-%[1]s
 `, filepath.Join(dynamicConfigDir, EnvFileName))
 }
 
+// DropInCopyName is the sidecar's copy of DropIn in the dynamic config dir: the long-running sidecar cannot
+// write the unit directory, and has the node's systemd copy this file onto the drop-in when it repairs
+// dkc's wiring (systemd.Manager.InstallFile).
+const DropInCopyName = "kubelet-dropin.conf"
+
 // EnvFile is the sidecar's handle on the environment file.
 type EnvFile struct {
 	Path string

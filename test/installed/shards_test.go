@@ -29,6 +29,7 @@ var bySlowest = []string{
 	"TestNodesMovingBetweenReplicas",
 	"TestSnapshotRecreatedWithItsDataIsNotServed",
 	"TestServerPodsDeletedWhileAssignmentsChange",
+	"TestDriftRestoredOnceWithinThePool",
 	"TestKubeletSkew",
 	"TestSidecarStoppedDuringHealthWait",
 	"TestDedicatedConfigNamespace",

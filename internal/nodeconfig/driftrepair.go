@@ -14,10 +14,11 @@ import (
 // DriftRepairAnnotation on a Node is a pool's request (spec.drift.policy: Restore) that the node's sidecar
 // repair the drift its ConfigDrift condition reports: put dkc's wiring of the kubelet back and restart the
 // kubelet once into the config it was assigned. The JSON of a DriftRepair, bound to one ConfigMap version
-// and one cause: a request left behind asks nothing of a node assigned another config since, and the pool
-// never asks twice for the same cause and version — that cause found again after the repair is reported,
-// not repaired in a loop. dkc-server sends a request that names the node's assignment to its sidecar
-// (WatchConfigResponse.drift_repair).
+// and one drift: the cause, and the time the Node's ConfigDrift condition turned True. dkc-server sends a
+// request to the node's sidecar (WatchConfigResponse.drift_repair) only while it is Live — the node still
+// runs that version and that drift stands — so a request left behind asks nothing of a later drift or
+// another config. The pool never asks twice for one cause and version (Asked): that cause found again
+// after the repair is reported, not repaired in a loop.
 const DriftRepairAnnotation = "dkc.dev/drift-repair"
 
 // DriftRepair is the value of DriftRepairAnnotation.
@@ -29,6 +30,11 @@ type DriftRepair struct {
 	ResourceVersion string    `json:"resourceVersion"`
 	// RequestTime is when the pool asked; it names the request (ID).
 	RequestTime time.Time `json:"requestTime"`
+	// DriftSince is when the ConfigDrift condition the pool answered turned True (its lastTransitionTime):
+	// the drift the request is about.
+	DriftSince time.Time `json:"driftSince"`
+	// Asked are the causes the pool asked to repair before on this version, Cause aside.
+	Asked []string `json:"asked,omitempty"`
 }
 
 // ID names the request: its time, RFC 3339 with nanoseconds.
@@ -36,7 +42,7 @@ func (r DriftRepair) ID() string { return r.RequestTime.UTC().Format(time.RFC333
 
 // MarshalDriftRepair is the annotation's value.
 func MarshalDriftRepair(r DriftRepair) string {
-	r.RequestTime = r.RequestTime.UTC()
+	r.RequestTime, r.DriftSince = r.RequestTime.UTC(), r.DriftSince.UTC()
 	b, _ := json.Marshal(r) // strings and a time: cannot fail
 	return string(b)
 }
@@ -53,6 +59,26 @@ func DriftRepairOf(n *corev1.Node) (DriftRepair, bool) {
 		return DriftRepair{}, false
 	}
 	return r, true
+}
+
+// Live says whether the request is about the drift n shows now: its ConfigDrift condition True since
+// DriftSince, with Cause as its reason.
+func (r DriftRepair) Live(n *corev1.Node) bool {
+	cause, since, ok := DriftOf(n)
+	return ok && cause == r.Cause && since.Equal(r.DriftSince)
+}
+
+// AskedFor says whether the pool asked to repair cause on this version before, this request included.
+func (r DriftRepair) AskedFor(cause string) bool { return r.Cause == cause || slices.Contains(r.Asked, cause) }
+
+// DriftOf is n's ConfigDrift condition when True: its cause (reason) and when it turned True.
+func DriftOf(n *corev1.Node) (cause string, since time.Time, ok bool) {
+	for _, c := range n.Status.Conditions {
+		if c.Type == DriftConditionType && c.Status == corev1.ConditionTrue {
+			return c.Reason, c.LastTransitionTime.Time, true
+		}
+	}
+	return "", time.Time{}, false
 }
 
 // For says whether the request is for the ConfigMap version uid/resourceVersion.

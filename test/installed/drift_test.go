@@ -171,11 +171,29 @@ spec:
 		asked = r
 		return nil
 	})
-	if asked.Cause != nodeconfig.DriftWiringRemoved && asked.Cause != nodeconfig.DriftWiringReplaced {
+	if asked.Cause != nodeconfig.DriftWiringRemoved {
 		t.Errorf("the pool asked to repair %s, want the wiring (WiringRemoved)", asked.Cause)
 	}
+	// Reported within a minute, naming the wiring: the Event dkc-server records as the condition turns True.
+	if d := asked.DriftSince.Sub(removedAt.Truncate(time.Second)); d > time.Minute {
+		t.Errorf("drift reported %v after the kubelet's restart, want within a minute", d)
+	}
+	events, err := admin(t).CoreV1().Events(metav1.NamespaceDefault).List(ctxFor(t),
+		metav1.ListOptions{FieldSelector: "involvedObject.name=" + node + ",reason=" + nodeconfig.DriftEventReason})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := false
+	for _, e := range events.Items {
+		named = named || (!e.LastTimestamp.Before(&metav1.Time{Time: removedAt.Truncate(time.Second)}) &&
+			strings.HasPrefix(e.Message, nodeconfig.DriftWiringRemoved+": ") && strings.Contains(e.Message, nodeconfigDropIn))
+	}
+	if !named {
+		t.Errorf("no %s Event on %s since the restart naming dkc's drop-in: %+v", nodeconfig.DriftEventReason, node, events.Items)
+	}
+	// A condition's lastTransitionTime has whole seconds.
 	waitDrift(t, node, 2*time.Minute, func(c *corev1.NodeCondition) bool {
-		return c != nil && c.Status == corev1.ConditionFalse && c.LastTransitionTime.After(asked.RequestTime)
+		return c != nil && c.Status == corev1.ConditionFalse && !c.LastTransitionTime.Time.Before(asked.RequestTime.Truncate(time.Second))
 	})
 	t.Logf("repaired %v after the kubelet's restart by hand (asked %v after it)", time.Since(removedAt).Round(time.Second),
 		asked.RequestTime.Sub(removedAt).Round(time.Second))
@@ -197,7 +215,8 @@ spec:
 	})
 	poll.ForNil(t, time.Minute, time.Second, "pool "+pool+" to say the drift is not repaired again", func() error {
 		c := poolCondition(t, pool, v1alpha1.ConditionDrifted)
-		if c == nil || !strings.Contains(c.Message, "not repaired again") {
+		// The pool's own words (the sidecar's note on the Node's condition says "not repaired again" too).
+		if c == nil || !strings.Contains(c.Message, "found again after the repair the pool asked for") {
 			return fmt.Errorf("pool %s", poolConditions(t, pool))
 		}
 		return nil

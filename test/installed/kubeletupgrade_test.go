@@ -8,11 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +21,6 @@ import (
 	"github.com/dkc-dev/dkc/cli/plugin"
 	"github.com/dkc-dev/dkc/internal/configcheck"
 	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
-	"github.com/dkc-dev/dkc/internal/nodeconfig"
 	"github.com/dkc-dev/dkc/internal/poll"
 )
 
@@ -138,7 +134,7 @@ spec:
 	seenBefore := sidecarLogLines(t, node, pod, seenText)
 	var checksBefore map[string]float64
 	poll.ForNil(t, 2*time.Minute, time.Second, fmt.Sprintf("node %s's sidecar metrics", node), func() error {
-		checksBefore, err = sidecarDriftChecks(ctxFor(t), node, token)
+		checksBefore, err = driftChecks(ctxFor(t), node, token)
 		return err
 	})
 	starts := kubeletStarts(t, node)
@@ -174,7 +170,7 @@ spec:
 		})
 	var checks map[string]float64
 	poll.ForNil(t, time.Minute, time.Second, fmt.Sprintf("a drift check on %s finding none after the upgrade", node), func() error {
-		if checks, err = sidecarDriftChecks(ctxFor(t), node, token); err != nil {
+		if checks, err = driftChecks(ctxFor(t), node, token); err != nil {
 			return err
 		}
 		if checks["none"] > checksBefore["none"] {
@@ -185,7 +181,7 @@ spec:
 	// The sidecar checks again at its next tick (10s) after it learns the new version, and reports only a
 	// change: watch the Node for three ticks, that neither check turns ConfigDrift True nor ConfigOK False.
 	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
-		if d := driftOf(t, node); d != nil && d.Status == corev1.ConditionTrue {
+		if d := driftCondition(t, node); d != nil && d.Status == corev1.ConditionTrue {
 			t.Fatalf("node %s: ConfigDrift True %s (%s) after the kubelet's upgrade to %s with a config it runs", node, d.Reason,
 				d.Message, to)
 		}
@@ -194,14 +190,14 @@ spec:
 			t.Fatalf("node %s after the kubelet's upgrade to %s: %s; want %s active, no error, ConfigOK True", node, to, v, name(cm))
 		}
 	}
-	if checks, err = sidecarDriftChecks(ctxFor(t), node, token); err != nil {
+	if checks, err = driftChecks(ctxFor(t), node, token); err != nil {
 		t.Fatal(err)
 	}
 	if checks["drift"] != checksBefore["drift"] {
 		t.Errorf("node %s: drift checks since the upgrade %v, before %v; want none finding drift", node, checks, checksBefore)
 	}
 	t.Logf("node %s on kubelet %s: %s; drift checks %v (before the upgrade %v); ConfigDrift %s", node, to, view(t, node),
-		checks, checksBefore, describeDrift(driftOf(t, node)))
+		checks, checksBefore, describeCondition(driftCondition(t, node)))
 	if d := kubeletStarts(t, node) - starts; d != 1 {
 		t.Errorf("node %s's kubelet started %d times after the upgrade, want 1 (the test's restart; the sidecar restarts nothing)", node, d)
 	}
@@ -289,69 +285,4 @@ func checkRow(table, object string) string {
 		return strings.Join(rows, "\n")
 	}
 	return rows[0]
-}
-
-// driftOf is node's ConfigDrift condition, nil if it has none (dkc-server writes none on a node that never
-// drifted).
-func driftOf(t *testing.T, node string) *corev1.NodeCondition {
-	t.Helper()
-	n, err := admin(t).CoreV1().Nodes().Get(ctxFor(t), node, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range n.Status.Conditions {
-		if n.Status.Conditions[i].Type == nodeconfig.DriftConditionType {
-			return &n.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
-func describeDrift(c *corev1.NodeCondition) string {
-	if c == nil {
-		return "none"
-	}
-	return fmt.Sprintf("%s %s (%s)", c.Status, c.Reason, c.Message)
-}
-
-// sidecarDriftChecks is node's sidecar's dkc_sidecar_drift_checks_total by result, scraped from the node's
-// address as Prometheus does, with token (dkc-metrics-reader).
-func sidecarDriftChecks(ctx context.Context, node, token string) (map[string]float64, error) {
-	var ip string
-	for _, n := range cluster.State().Nodes {
-		if n.Name == node {
-			ip = n.IP
-		}
-	}
-	if ip == "" {
-		return nil, fmt.Errorf("no node %s in the cluster's state", node)
-	}
-	url := "https://" + net.JoinHostPort(ip, strconv.Itoa(sidecarMetricsPort)) + "/metrics"
-	code, body, err := scrape(ctx, url, token)
-	if err != nil {
-		return nil, err
-	}
-	if code != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %d %s", url, code, body)
-	}
-	checks := map[string]float64{}
-	for line := range strings.Lines(body) {
-		rest, ok := strings.CutPrefix(line, `dkc_sidecar_drift_checks_total{result="`)
-		if !ok {
-			continue
-		}
-		result, value, ok := strings.Cut(rest, `"} `)
-		if !ok {
-			return nil, fmt.Errorf("GET %s: cannot read %q", url, line)
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			return nil, fmt.Errorf("GET %s: %q: %w", url, line, err)
-		}
-		checks[result] = v
-	}
-	if len(checks) == 0 {
-		return nil, fmt.Errorf("GET %s: no dkc_sidecar_drift_checks_total", url)
-	}
-	return checks, nil
 }

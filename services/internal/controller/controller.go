@@ -150,14 +150,21 @@ func New(cfg Config) *Controller {
 // registered again, seen as an update across a relist): its node must be told, whatever its source. So is
 // another kubelet version (a node upgraded in place): configs are validated with that minor's code. So is
 // a cordon or drain mark coming or going: it says whether the node may reset the kubelet's state, and a
-// pool's request to repair the node's drift. So is
+// pool's request to repair the node's drift, and while one stands its drift coming or going. So is
 // another capacity of CPU, memory or hugepages: the sidecar predicts from it which pods a restart would fail.
 func needsSync(o, n *corev1.Node) bool {
 	return o.UID != n.UID || o.Status.NodeInfo.KubeletVersion != n.Status.NodeInfo.KubeletVersion ||
 		!sameCapacity(o.Status.Capacity, n.Status.Capacity) ||
 		sourceChanged(o, n) || o.Spec.Unschedulable != n.Spec.Unschedulable ||
 		o.Annotations[nodeconfig.DrainedAnnotation] != n.Annotations[nodeconfig.DrainedAnnotation] ||
-		o.Annotations[nodeconfig.DriftRepairAnnotation] != n.Annotations[nodeconfig.DriftRepairAnnotation]
+		o.Annotations[nodeconfig.DriftRepairAnnotation] != n.Annotations[nodeconfig.DriftRepairAnnotation] ||
+		(n.Annotations[nodeconfig.DriftRepairAnnotation] != "" && driftKey(o) != driftKey(n))
+}
+
+// driftKey is what of the Node's ConfigDrift condition decides whether a repair request is live.
+func driftKey(n *corev1.Node) string {
+	cause, since, _ := nodeconfig.DriftOf(n)
+	return cause + "@" + since.UTC().Format(time.RFC3339Nano)
 }
 
 // sourceChanged says whether an update may change the node's source. It compares exactly (a source without
@@ -451,10 +458,10 @@ func (c *Controller) onlyFactsChanged(node string, prev assignment.State, hadPre
 	return true
 }
 
-// sameExceptVersion reports whether a and b differ at most in the kubelet version, the node's capacity
-// and its preview (which set and setSyncError log).
+// sameExceptVersion reports whether a and b differ at most in the kubelet version, the node's capacity,
+// its preview and a drift repair request (which set and setSyncError log, or the pool controller).
 func sameExceptVersion(a, b assignment.State) bool {
-	a.KubeletVersion, a.NodeCapacity, a.Preview = b.KubeletVersion, b.NodeCapacity, b.Preview
+	a.KubeletVersion, a.NodeCapacity, a.Preview, a.DriftRepair = b.KubeletVersion, b.NodeCapacity, b.Preview, b.DriftRepair
 	return a.Same(b)
 }
 
@@ -589,10 +596,11 @@ func sameCapacity(a, b corev1.ResourceList) bool {
 }
 
 // driftRepairFor is the pool's request that node repair its drift, when one names the ConfigMap version cm
-// the node is given; nil otherwise (a request left from an earlier assignment asks nothing).
+// the node is given and the drift the node shows now (DriftRepair.Live); nil otherwise: a request left from
+// an earlier assignment or an earlier drift asks nothing, and one whose drift ended is withdrawn.
 func driftRepairFor(node *corev1.Node, cm *corev1.ConfigMap) *dkcv1.DriftRepair {
 	r, ok := nodeconfig.DriftRepairOf(node)
-	if !ok || !r.For(cm.UID, cm.ResourceVersion) {
+	if !ok || !r.For(cm.UID, cm.ResourceVersion) || !r.Live(node) {
 		return nil
 	}
 	return &dkcv1.DriftRepair{Id: r.ID(), Cause: r.Cause}

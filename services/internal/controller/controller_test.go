@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -508,6 +509,45 @@ func TestCapacityChangeIsNoAssignment(t *testing.T) {
 			f.assign("n1", "other")
 			if got := logs.FilterMessageSnippet("assigned").Len(); got != assigned+1 {
 				t.Errorf("the assignment after it logged %d lines, want 1: %v", got-assigned, logs.All())
+			}
+		})
+	}
+}
+
+// TestDriftRepairForTheDriftTheNodeShows: a pool's repair request is sent only while it names the version
+// the node is given and the drift its Node shows now.
+func TestDriftRepairForTheDriftTheNodeShows(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{UID: "u1", ResourceVersion: "7"}}
+	req := nodeconfig.DriftRepair{Cause: nodeconfig.DriftWiringRemoved, UID: "u1", ResourceVersion: "7",
+		RequestTime: t0.Add(time.Minute + 123*time.Millisecond), DriftSince: t0}
+	node := func(r nodeconfig.DriftRepair, status corev1.ConditionStatus, reason string, since time.Time) *corev1.Node {
+		return &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{nodeconfig.DriftRepairAnnotation: nodeconfig.MarshalDriftRepair(r)}},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: nodeconfig.DriftConditionType, Status: status,
+				Reason: reason, LastTransitionTime: metav1.NewTime(since)}}},
+		}
+	}
+	other := req
+	other.ResourceVersion = "6"
+	for _, tc := range []struct {
+		name string
+		node *corev1.Node
+		want bool
+	}{
+		{"the drift asked about stands", node(req, corev1.ConditionTrue, nodeconfig.DriftWiringRemoved, t0), true},
+		{"the drift ended", node(req, corev1.ConditionFalse, nodeconfig.DriftNone, t0.Add(time.Hour)), false},
+		{"a later drift of the same cause", node(req, corev1.ConditionTrue, nodeconfig.DriftWiringRemoved, t0.Add(time.Hour)), false},
+		{"the drift has another cause now", node(req, corev1.ConditionTrue, nodeconfig.DriftWiringReplaced, t0), false},
+		{"for another version", node(other, corev1.ConditionTrue, nodeconfig.DriftWiringRemoved, t0), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := driftRepairFor(tc.node, cm)
+			if (got != nil) != tc.want {
+				t.Fatalf("driftRepairFor = %v, want a request: %v", got, tc.want)
+			}
+			if got != nil && (got.GetId() != req.ID() || got.GetCause() != req.Cause) {
+				t.Errorf("request %v, want id %s cause %s", got, req.ID(), req.Cause)
 			}
 		})
 	}

@@ -603,7 +603,7 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 	for _, n := range selected {
 		byName[n.Name] = n
 		v := c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now)
-		v.Repair = c.repairs.of(n.Name, v.Repair)
+		v.Repair = c.repairs.of(n.Name, v.Status, v.Repair, now)
 		v.Draining, v.DrainFailed = c.drains.of(pool.Name, target.Revision, n.Name)
 		if c.gatesPods(pool, target, v, now) {
 			pods, err := reads.of(n.Name)
@@ -663,6 +663,9 @@ func (c *Controller) decideAndAssign(ctx context.Context, pool *v1alpha1.Kubelet
 		return plan.Plan{}, nil, err
 	}
 	if err := c.askRepairs(ctx, pool, target, p.Repair, byName, now); err != nil {
+		return plan.Plan{}, nil, err
+	}
+	if err := c.withdrawRepairs(ctx, pool, p.Withdraw, byName); err != nil {
 		return plan.Plan{}, nil, err
 	}
 	return p, byName, nil

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,16 +28,6 @@ const EventRepairingDrift = "RepairingDrift"
 // ConfigMap version the node runs and to the cause its ConfigDrift condition names. dkc-server's node
 // controller sends it to the node's sidecar, which repairs once (docs/pools.md, "Drift").
 
-// driftOfNode is the Node's ConfigDrift condition when True: its cause and when it turned True.
-func driftOfNode(n *corev1.Node) (cause string, since time.Time) {
-	for _, c := range n.Status.Conditions {
-		if c.Type == nodeconfig.DriftConditionType && c.Status == corev1.ConditionTrue {
-			return c.Reason, c.LastTransitionTime.Time
-		}
-	}
-	return "", time.Time{}
-}
-
 // repairOf is the pool's request that n repair its drift when it names the ConfigMap version n runs (its
 // status's active config); nil otherwise.
 func repairOf(n *corev1.Node, st corev1.NodeConfigStatus) *nodeconfig.DriftRepair {
@@ -55,21 +46,31 @@ type repairsAsked struct {
 	m  map[string]nodeconfig.DriftRepair
 }
 
-// of is the request the node's view should see: what it shows, or the one asked after it.
-func (r *repairsAsked) of(node string, shown *nodeconfig.DriftRepair) *nodeconfig.DriftRepair {
+// cacheLag bounds how long the Node cache may take to show a request this controller wrote: a request
+// remembered longer (its Node changed meanwhile, or is gone) is forgotten.
+const cacheLag = time.Minute
+
+// of is the request the node's view should see: what it shows, or the one asked after it, while that one
+// is for the version the node runs (st) and younger than cacheLag.
+func (r *repairsAsked) of(node string, st corev1.NodeConfigStatus, shown *nodeconfig.DriftRepair,
+	now time.Time) *nodeconfig.DriftRepair {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	asked, ok := r.m[node]
 	if !ok {
 		return shown
 	}
-	if shown != nil && !shown.RequestTime.Before(asked.RequestTime) {
-		delete(r.m, node) // the cache caught up
+	current := st.Active != nil && st.Active.ConfigMap != nil &&
+		asked.For(st.Active.ConfigMap.UID, st.Active.ConfigMap.ResourceVersion)
+	caughtUp := shown != nil && !shown.RequestTime.Before(asked.RequestTime)
+	if caughtUp || !current || now.Sub(asked.RequestTime) > cacheLag {
+		delete(r.m, node) // the cache caught up, or the node moved on
 		return shown
 	}
 	return &asked
 }
 
+// asked remembers req, written for node.
 func (r *repairsAsked) asked(node string, req nodeconfig.DriftRepair) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -98,12 +99,19 @@ func (c *Controller) askRepairs(ctx context.Context, pool *v1alpha1.KubeletConfi
 			continue
 		}
 		st := statusOf(n)
-		cause, _ := driftOfNode(n)
-		if st.Active == nil || st.Active.ConfigMap == nil || cause == "" {
+		cause, since, ok := nodeconfig.DriftOf(n)
+		if st.Active == nil || st.Active.ConfigMap == nil || !ok {
 			continue // what the plan saw is gone
 		}
 		req := nodeconfig.DriftRepair{Cause: cause, UID: st.Active.ConfigMap.UID,
-			ResourceVersion: st.Active.ConfigMap.ResourceVersion, RequestTime: now}
+			ResourceVersion: st.Active.ConfigMap.ResourceVersion, RequestTime: now, DriftSince: since}
+		if prev := repairOf(n, st); prev != nil {
+			// The causes asked for on this version stay asked: none is asked for twice.
+			req.Asked = prev.Asked
+			if !slices.Contains(req.Asked, prev.Cause) && prev.Cause != cause {
+				req.Asked = append(slices.Clone(req.Asked), prev.Cause)
+			}
+		}
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 			"resourceVersion": n.ResourceVersion,
 			"annotations":     map[string]string{nodeconfig.DriftRepairAnnotation: nodeconfig.MarshalDriftRepair(req)},
@@ -132,4 +140,30 @@ func (r *repairsAsked) forget(node string, req nodeconfig.DriftRepair) {
 	if cur, ok := r.m[node]; ok && cur.RequestTime.Equal(req.RequestTime) {
 		delete(r.m, node)
 	}
+}
+
+// withdrawRepairs removes the standing repair requests of the nodes the plan names (their pool no longer
+// restores drift), each conditional on the Node's resourceVersion as decided on.
+func (c *Controller) withdrawRepairs(ctx context.Context, pool *v1alpha1.KubeletConfigPool, nodes []string,
+	byName map[string]*corev1.Node) error {
+	for _, name := range nodes {
+		n := byName[name]
+		if n == nil {
+			continue
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+			"resourceVersion": n.ResourceVersion,
+			"annotations":     map[string]any{nodeconfig.DriftRepairAnnotation: nil},
+		}})
+		if err != nil {
+			return err
+		}
+		if _, err := c.cfg.Client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch,
+			metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+			return fmt.Errorf("withdraw the drift repair request of node %s for pool %s: %w", name, pool.Name, err)
+		}
+		c.log.Info("withdrew the node's drift repair request: the pool no longer restores drift",
+			zap.String("pool", pool.Name), zap.String("node", name))
+	}
+	return nil
 }

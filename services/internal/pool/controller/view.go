@@ -130,7 +130,7 @@ func view(n *corev1.Node, pool *v1alpha1.KubeletConfigPool, target plan.Target, 
 	_, reported := n.Annotations[nodeconfig.StatusAnnotation]
 	v := plan.Node{Name: n.Name, Status: statusOf(n), Ready: ready(n), NoSidecar: noSidecar(n), NoStatus: !reported,
 		Drift: driftOf(n)}
-	v.DriftCause, v.DriftSince = driftOfNode(n)
+	v.DriftCause, v.DriftSince, _ = nodeconfig.DriftOf(n)
 	v.Repair = repairOf(n, v.Status)
 	if v.Status.Error != "" {
 		v.Detail = configDetail(n, v.Status.Error)

@@ -16,9 +16,10 @@ import (
 // judgeDrift judges a node that proved the target and whose kubelet runs something else since (Node.Drift).
 // It is drifted: not updated, and no failure (the config did nothing wrong). With restore
 // (spec.drift.policy Restore) and a cause its sidecar repairs (dkc's wiring), the pool asks the sidecar to
-// repair it once a slot is free (Verdict.Repair), and counts it in progress until the drift is gone or
-// nodeTimeout has passed since it asked. It asks once per cause and assigned version: the same cause found
-// again after the request is reported, never repaired in a loop.
+// repair it once a slot is free (Verdict.Repair), and counts it in progress while that drift stands, until
+// nodeTimeout has passed since it asked. It asks once per cause and assigned version (DriftRepair.Asked): the
+// same cause found again — a drift that turned True after the one the pool asked about — is reported, never
+// repaired in a loop. A request dated in the future (not the pool's: its clock is now) asks nothing.
 func judgeDrift(n Node, c clock, restore bool, v Verdict) Verdict {
 	v.State, v.Reason, v.Detail = Drifted, ReasonDrifted, n.Drift
 	if !restore {
@@ -30,15 +31,18 @@ func judgeDrift(n Node, c clock, restore bool, v Verdict) Verdict {
 		return v
 	}
 	r := n.Repair
+	if r != nil && r.RequestTime.After(c.now.Add(maxClockSkew)) {
+		r = nil
+	}
 	asked := ""
 	if r != nil {
 		asked = r.RequestTime.UTC().Format(time.RFC3339)
 	}
 	switch {
-	case r == nil || r.Cause != n.DriftCause:
+	case r == nil || !r.AskedFor(n.DriftCause):
 		v.Repair = true
 		v.Detail += " (repaired once a slot is free: spec.drift.policy Restore)"
-	case n.DriftSince.After(r.RequestTime):
+	case r.Cause != n.DriftCause || !r.DriftSince.Equal(n.DriftSince):
 		v.Detail += fmt.Sprintf(" (found again after the repair the pool asked for at %s: not repaired again "+
 			"while the node is assigned this revision)", asked)
 	case c.now.Before(r.RequestTime.Add(c.timeout)):
@@ -49,6 +53,27 @@ func judgeDrift(n Node, c clock, restore bool, v Verdict) Verdict {
 			"not repaired again)", asked, c.timeout)
 	}
 	return v
+}
+
+// maxClockSkew is how far in the future a repair request's time may lie and still be taken for the pool's:
+// replicas' clocks differ by a little.
+const maxClockSkew = time.Minute
+
+// withdrawn are the nodes whose repair request still stands (it is about the drift the node shows now)
+// while the pool does not restore drift (the policy changed): the request is withdrawn, so that no sidecar
+// restarts a kubelet the pool no longer counts as in progress.
+func withdrawn(in Input) []string {
+	if in.Pool.Spec.RestoresDrift() {
+		return nil
+	}
+	var out []string
+	for _, n := range in.Nodes {
+		if r := n.Repair; r != nil && r.Cause == n.DriftCause && r.DriftSince.Equal(n.DriftSince) {
+			out = append(out, n.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // repairs picks the drifted nodes to ask for a repair now: only while the pool may assign (no invalid

@@ -235,8 +235,9 @@ func (v Verdict) Unavailable() bool { return v.State == InProgress || v.Changing
 type Plan struct {
 	// Assign are the nodes to assign the target now, by name.
 	Assign []string
-	// Repair are the drifted nodes whose sidecar to ask now to repair their drift, by name.
-	Repair []string
+	// Repair are the drifted nodes whose sidecar to ask now to repair their drift, by name; Withdraw those
+	// whose standing request to take back (the pool no longer restores drift).
+	Repair, Withdraw []string
 	// Nodes are the verdicts, by name.
 	Nodes []Verdict
 	// Status is the pool's new status.
@@ -301,6 +302,7 @@ func Decide(in Input) Plan {
 		p.Assign = g.assign
 		st.LastAssignmentTime = &metav1.Time{Time: now}
 	}
+	p.Withdraw = withdrawn(in)
 	if p.Repair = repairs(in, t, g, b.halted, w, p.MaxUnavailable); len(p.Repair) > 0 {
 		g = repairing(g, progress(t.nodes), p.Repair)
 	}

@@ -136,15 +136,25 @@ func flagDrift(n Node) Node {
 	return n
 }
 
-// repairAsked has the pool have asked ago for a repair of n's drift cause.
+// repairAsked has the pool have asked ago for a repair of n's drift, as it stands, with sub-second
+// precision as the controller stamps it.
 func repairAsked(ago time.Duration, n Node) Node {
-	n.Repair = &nodeconfig.DriftRepair{Cause: n.DriftCause, RequestTime: t0.Add(-ago)}
+	n.Repair = &nodeconfig.DriftRepair{Cause: n.DriftCause, RequestTime: t0.Add(-ago).Add(123 * time.Millisecond),
+		DriftSince: n.DriftSince}
 	return n
 }
 
-// driftAgain has n's drift turn True again ago (found again after a repair).
+// driftAgain has n's drift turn True again ago (found again after a repair): a second-truncated time, as
+// a condition's lastTransitionTime is.
 func driftAgain(ago time.Duration, n Node) Node {
-	n.DriftSince = t0.Add(-ago)
+	n.DriftSince = t0.Add(-ago).Truncate(time.Second)
+	return n
+}
+
+// driftBecomes has n's standing drift change its cause without turning False (its lastTransitionTime
+// stays).
+func driftBecomes(cause string, n Node) Node {
+	n.DriftCause, n.Drift = cause, cause+": changed"
 	return n
 }
 
@@ -194,6 +204,13 @@ func TestNodeRules(t *testing.T) {
 			repairAsked(time.Minute, drifted(updated("n1")))), pool: mods(restore), state: Drifted, reason: ReasonDrifted},
 		{name: "drifted, Restore, repair asked nodeTimeout ago: drifted", node: repairAsked(31*time.Minute, drifted(updated("n1"))),
 			pool: mods(restore), state: Drifted, reason: ReasonDrifted},
+		{name: "drifted, Restore, found again within the second of the request: drifted", node: driftAgain(time.Minute,
+			repairAsked(time.Minute, drifted(updated("n1")))), pool: mods(restore), state: Drifted, reason: ReasonDrifted},
+		{name: "drifted, Restore, a request dated an hour ahead (forged): a repair candidate", node: repairAsked(-time.Hour,
+			drifted(updated("n1"))), pool: mods(restore), state: Drifted, reason: ReasonDrifted},
+		{name: "drifted, Restore, the drift became another repairable cause: drifted, a candidate again", node: driftBecomes(
+			nodeconfig.DriftWiringReplaced, repairAsked(time.Minute, drifted(updated("n1")))), pool: mods(restore),
+			state: Drifted, reason: ReasonDrifted},
 		{name: "drifted, Report, repair asked a minute ago (policy changed since): drifted", node: repairAsked(time.Minute,
 			drifted(updated("n1"))), state: Drifted, reason: ReasonDrifted},
 		{name: "rolled back, Ready again on last-known-good: failed", node: rolledBack("n1"), state: Failed, reason: v1alpha1.FailureRolledBack},
@@ -728,5 +745,43 @@ func TestLongMessagesAreCut(t *testing.T) {
 		if len(c.Message) > 32768 || !utf8.ValidString(c.Message) {
 			t.Errorf("condition %s: message of %d bytes (valid UTF-8: %v)", c.Type, len(c.Message), utf8.ValidString(c.Message))
 		}
+	}
+}
+
+// TestDriftRepairRules: which drifted nodes a pool asks to repair (Plan.Repair, with a free slot) and whose
+// standing request it withdraws (Plan.Withdraw).
+func TestDriftRepairRules(t *testing.T) {
+	asked := func(cause string, before []string, n Node) Node {
+		n = repairAsked(time.Minute, n)
+		n.Repair.Cause, n.Repair.Asked = cause, before
+		return n
+	}
+	for _, tc := range []struct {
+		name             string
+		pool             []func(*v1alpha1.KubeletConfigPool)
+		node             Node
+		repair, withdraw bool
+	}{
+		{name: "Restore, never asked", pool: mods(restore), node: drifted(updated("a")), repair: true},
+		{name: "Restore, asked about this drift: in progress", pool: mods(restore), node: repairAsked(time.Minute, drifted(updated("a")))},
+		{name: "Restore, a forged request dated ahead: asked again", pool: mods(restore), node: repairAsked(-time.Hour, drifted(updated("a"))),
+			repair: true},
+		{name: "Restore, asked for another cause before: asked for this one", pool: mods(restore),
+			node: asked(nodeconfig.DriftWiringReplaced, nil, drifted(updated("a"))), repair: true},
+		{name: "Restore, this cause asked for two requests ago: found again, not asked", pool: mods(restore),
+			node: driftAgain(time.Second, asked(nodeconfig.DriftWiringReplaced, []string{nodeconfig.DriftWiringRemoved}, drifted(updated("a"))))},
+		{name: "Report, a request about the standing drift: withdrawn", node: repairAsked(time.Minute, drifted(updated("a"))), withdraw: true},
+		{name: "Report, a request about an earlier drift: left alone", node: driftAgain(time.Second, repairAsked(time.Minute, drifted(updated("a"))))},
+		{name: "Report, never asked", node: drifted(updated("a"))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Decide(Input{Pool: pool(tc.pool...), Target: r2, Nodes: []Node{tc.node}, Now: t0})
+			if got := len(p.Repair) == 1; got != tc.repair {
+				t.Errorf("repair %v, want %v (verdicts %+v)", p.Repair, tc.repair, p.Nodes)
+			}
+			if got := len(p.Withdraw) == 1; got != tc.withdraw {
+				t.Errorf("withdraw %v, want %v", p.Withdraw, tc.withdraw)
+			}
+		})
 	}
 }

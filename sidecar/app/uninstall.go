@@ -72,7 +72,7 @@ func (s *Sidecar) uninstallNode(ctx context.Context, log *zap.Logger) error {
 		DynamicConfigDir: cfg.DynamicConfigDir, KubeletConfig: cfg.KubeletConfig,
 		DropIn: cfg.KubeletDropIn, ProcDir: cfg.HostProc,
 		HealthTimeout: cfg.HealthTimeout, Checker: checker, KubeletVersion: version, KubeletFlags: flags,
-		Files: []string{agent.StateFileName, kubeletunit.DropInCopyName},
+		Files: []string{agent.StateFileName, kubeletunit.DropInCopyName, systemd.VersionFileName},
 	})
 	log.Info("dkc-sidecar uninstalling dkc from this node", zap.String("dynamicConfigDir", cfg.DynamicConfigDir),
 		zap.String("dropIn", cfg.KubeletDropIn), zap.String("kubeletConfig", cfg.KubeletConfig))

@@ -18,7 +18,8 @@
 // preview.go answering a pool's preview of a revision, which judges it as a restart would without touching
 // the kubelet or what is assigned; drift.go finding the kubelet running something else than it should
 // (ReportStatusRequest.drift) without changing anything; repair.go repairing dkc's wiring of the kubelet
-// once when a pool asks (WatchConfigResponse.drift_repair).
+// once when a pool asks (WatchConfigResponse.drift_repair); upgrade.go finding a kubelet upgraded in place
+// to a minor that does not run it.
 package agent
 
 import (
@@ -229,6 +230,8 @@ type Agent struct {
 	drift driftState
 	// repair is the pool's drift repair request that stands, and what was done and said of it (repair.go).
 	repair repairState
+	// upgrade watches for a kubelet upgraded in place that does not come up (upgrade.go).
+	upgrade upgradeState
 	// Restarts since the last report, in order. One reconcile can restart the kubelet more than once (into
 	// the assigned config, then back to last-known-good when it does not run), and each restart is an Event.
 	pendingRestarts []*dkcv1.KubeletRestart
@@ -390,18 +393,10 @@ func (a *Agent) take(ctx context.Context, u *dkcv1.WatchConfigResponse) {
 				zap.String("nodeUID", uid), zap.Error(err))
 		}
 	}
-	if v := u.GetKubeletVersion(); v != "" && v != a.kubeletVersion {
+	if v := u.GetKubeletVersion(); v != "" && a.serviceVersion(v) && v != a.kubeletVersion {
 		// Configs are checked with the code of this kubelet's minor from now on.
 		a.log.Info("kubelet version", zap.String("kubeletVersion", v), zap.String("was", a.kubeletVersion))
-		a.kubeletVersion = v
-		a.drift.due = true // what the kubelet should run is judged with this minor's code now
-		if a.state.s.KubeletVersion != v {
-			a.state.s.KubeletVersion = v
-			if err := a.state.save(); err != nil {
-				a.log.Warn("cannot record the kubelet's version; an uninstall would not validate the local config with it",
-					zap.Error(err))
-			}
-		}
+		a.setKubeletVersion(v)
 	}
 	if m := u.GetNodeCapacity(); len(m) > 0 {
 		a.setCapacity(m)

@@ -147,6 +147,7 @@ func (a *Agent) afterOwnStarts(ctx context.Context) {
 		return
 	}
 	a.drift.seenOwn = a.drift.ownStarts
+	a.upgradeEpisodeOver()
 	if run := a.kubeletRun(ctx); run != "" {
 		// Not running (its start failed): the run that comes next is systemd's doing (Restart=) or
 		// someone's, and checked as such.
@@ -194,38 +195,48 @@ func (a *Agent) watchDrift(ctx context.Context) {
 	}
 	run := a.kubeletRun(ctx)
 	if run == "" {
-		return // not running: the next run is a start, checked once it runs
+		// Not running: the next run is a start, checked once it runs. Long down, its binary is asked
+		// whether it was upgraded in place (upgrade.go).
+		a.watchDown(ctx, "not running")
+		return
 	}
 	started := a.drift.run != "" && run != a.drift.run
 	a.drift.run = run
 	periodic := a.cfg.DriftInterval > 0 && (a.drift.last.IsZero() || a.clock.Since(a.drift.last) >= a.cfg.DriftInterval)
 	if !started && !periodic && !a.drift.due {
+		if a.upgrade.watching() {
+			a.watchDown(ctx, "running, not answering")
+		}
 		return
 	}
 	if started {
 		a.log.Info("kubelet started, not by the sidecar; checking it for drift", zap.String("node", a.cfg.NodeName),
 			zap.String("run", run))
 	}
-	a.checkDrift(ctx)
+	if !a.checkDrift(ctx) && ctx.Err() == nil {
+		a.watchDown(ctx, "running, not answering")
+	}
 }
 
-// checkDrift makes one check and takes its finding. A check that cannot be made keeps what the last one
-// found.
-func (a *Agent) checkDrift(ctx context.Context) {
+// checkDrift makes one check and takes its finding; it reports whether the check was made. A check that
+// cannot be made keeps what the last one found.
+func (a *Agent) checkDrift(ctx context.Context) bool {
 	cctx, cancel := context.WithTimeout(ctx, driftTimeout)
 	f, err := a.findDrift(cctx)
 	cancel()
 	if ctx.Err() != nil {
-		return // stopping: what failed says nothing of the kubelet
+		return false // stopping: what failed says nothing of the kubelet
 	}
 	if err != nil {
 		// Still due, at the next tick: a check a kubelet start asked for must not wait for the interval
 		// because the kubelet was not serving /configz yet.
+		a.drift.due = true
 		a.metrics.driftChecked(driftCheckError)
 		a.log.Info("drift check could not be made; the last finding stands, checking again at the next tick",
 			zap.String("node", a.cfg.NodeName), zap.Error(err))
-		return
+		return false
 	}
+	a.upgradeEpisodeOver() // the kubelet answered
 	a.drift.last, a.drift.due = a.clock.Now(), false
 	if !a.drift.checked {
 		a.drift.checked = true
@@ -239,6 +250,7 @@ func (a *Agent) checkDrift(ctx context.Context) {
 		a.metrics.driftChecked(driftCheckDrift)
 	}
 	a.takeDrift(f)
+	return true
 }
 
 // takeDrift makes f the standing drift (nil: none) and, when that changed, logs and reports it. A drift of

@@ -150,6 +150,9 @@ func (a *Agent) reconcile(ctx context.Context) {
 // finish applies a round's result.
 func (a *Agent) finish(r round, d decision) {
 	a.configError, a.detail = d.status, d.detail
+	if detail := a.upgradeDetail(r, d); detail != "" {
+		a.detail = detail // the new minor refuses the assigned config: say so (upgrade.go)
+	}
 	a.retry = a.retry || d.retry
 	if d.activeUnknown {
 		a.activeKnown = false // what runs now is unknown until a round proves it through /configz

@@ -29,6 +29,7 @@ var bySlowest = []string{
 	"TestNodesMovingBetweenReplicas",
 	"TestSnapshotRecreatedWithItsDataIsNotServed",
 	"TestServerPodsDeletedWhileAssignmentsChange",
+	"TestKubeletUpgradedInPlaceToAMinorThatRefusesItsConfig",
 	"TestKubeletUpgradedInPlaceKeepsItsConfig",
 	"TestConfigDirDropInOverridingAFieldIsDrift",
 	"TestDriftRestoredOnceWithinThePool",

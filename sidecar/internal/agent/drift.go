@@ -197,7 +197,7 @@ func (a *Agent) watchDrift(ctx context.Context) {
 	if run == "" {
 		// Not running: the next run is a start, checked once it runs. Long down, its binary is asked
 		// whether it was upgraded in place (upgrade.go).
-		a.watchDown(ctx, "not running")
+		a.watchDown(ctx, "not running", "")
 		return
 	}
 	started := a.drift.run != "" && run != a.drift.run
@@ -205,7 +205,7 @@ func (a *Agent) watchDrift(ctx context.Context) {
 	periodic := a.cfg.DriftInterval > 0 && (a.drift.last.IsZero() || a.clock.Since(a.drift.last) >= a.cfg.DriftInterval)
 	if !started && !periodic && !a.drift.due {
 		if a.upgrade.watching() {
-			a.watchDown(ctx, "running, not answering")
+			a.watchDown(ctx, "running, not answering", run)
 		}
 		return
 	}
@@ -214,7 +214,7 @@ func (a *Agent) watchDrift(ctx context.Context) {
 			zap.String("run", run))
 	}
 	if !a.checkDrift(ctx) && ctx.Err() == nil {
-		a.watchDown(ctx, "running, not answering")
+		a.watchDown(ctx, "running, not answering", run)
 	}
 }
 

@@ -25,11 +25,14 @@ import (
 //
 // So while the node is settled (driftCheckable), an episode begins when a tick sees the kubelet not running,
 // or a drift check fails (it runs, but does not answer); a drift check that succeeds, or a restart the
-// sidecar makes, ends it. Once an episode has lasted --health-timeout, or at once when the unit is failed
-// (systemd gave up), the sidecar asks the binary the kubelet unit starts for its version, through the node's
-// systemd (systemd.Manager.BinaryVersion: a transient unit dkc-kubelet-version-<random>.service running
-// `<ExecStart's program> --version` into <dynamic-config-dir>/kubelet-version), once per episode (a probe
-// that fails is made again at the next tick).
+// sidecar makes, ends it. Only a kubelet seen down, or in another run, during the episode is suspected (it
+// crash-loops, as on a config it refuses): one that runs on without answering — the apiserver away during a
+// control-plane upgrade, the binary on disk replaced but not restarted — is not, as a running kubelet is
+// not refusing its config. Once a suspected episode has lasted --health-timeout, or at once when the unit
+// is failed (systemd gave up), the sidecar asks the binary the kubelet unit starts for its version, through
+// the node's systemd (systemd.Manager.BinaryVersion: a transient unit dkc-kubelet-version-<random>.service
+// running `<ExecStart's program> --version` into <dynamic-config-dir>/kubelet-version, without network),
+// once per episode (a probe that fails is made again at the next tick, at most maxProbes times).
 //
 // A binary of the minor configs are checked with says nothing new: the kubelet is not dkc's to restart. A
 // binary of another minor is the node's kubelet version from now on, as if dkc-server had sent it
@@ -63,8 +66,15 @@ type unitStates interface {
 type upgradeState struct {
 	// down is when the current episode began (the agent's clock); zero: none.
 	down time.Time
-	// probed: the binary's version was asked in this episode.
+	// probed: the binary's version was asked in this episode (or asking failed maxProbes times).
 	probed bool
+	// failedProbes counts the probes of this episode that failed.
+	failedProbes int
+	// firstRun is the kubelet's run (kubeletRun) when the episode began, "" when it did not run; crashing:
+	// the kubelet was seen not running, or another run, since: what a config it refuses does to it. A
+	// kubelet that runs on without answering (the apiserver away, its /configz refused) is not suspected.
+	firstRun string
+	crashing bool
 	// over is the service's kubelet version that the binary's overrode; ignored when the service sends it
 	// again, until it sends another.
 	over string
@@ -83,17 +93,25 @@ func (u *upgradeState) watching() bool { return !u.down.IsZero() && !u.probed }
 
 // upgradeEpisodeOver ends an episode: the kubelet answered, or the sidecar restarted it.
 func (a *Agent) upgradeEpisodeOver() {
-	a.upgrade.down, a.upgrade.probed = time.Time{}, false
+	a.upgrade.down, a.upgrade.probed, a.upgrade.failedProbes = time.Time{}, false, 0
+	a.upgrade.firstRun, a.upgrade.crashing = "", false
 }
+
+// maxProbes bounds the failed version probes of one episode: a binary path the probe refuses, or a
+// systemd that cannot run it, would fail at every tick.
+const maxProbes = 3
 
 // watchDown counts a tick at which the kubelet does not run, or runs without answering, and asks the binary
 // its version when the episode is due (see the file's comment).
-func (a *Agent) watchDown(ctx context.Context, why string) {
+func (a *Agent) watchDown(ctx context.Context, why, run string) {
 	u := &a.upgrade
-	if u.down.IsZero() {
-		u.down = a.clock.Now()
+	switch {
+	case u.down.IsZero():
+		u.down, u.firstRun, u.crashing = a.clock.Now(), run, run == ""
+	case run == "" || run != u.firstRun:
+		u.crashing = true
 	}
-	if u.probed {
+	if u.probed || !u.crashing {
 		return
 	}
 	failed := false
@@ -125,6 +143,12 @@ func (a *Agent) probeVersion(ctx context.Context, why string) {
 	log := a.log.With(zap.String("node", a.cfg.NodeName), zap.String("reason", why),
 		zap.Duration("down", a.clock.Since(a.upgrade.down)))
 	if err != nil {
+		if a.upgrade.failedProbes++; a.upgrade.failedProbes >= maxProbes {
+			a.upgrade.probed = true
+			log.Warn("kubelet not running healthy; cannot ask its binary its version, not asking again until it "+
+				"runs", zap.Int("attempts", a.upgrade.failedProbes), zap.Error(err))
+			return
+		}
 		log.Info("kubelet not running healthy; cannot ask its binary its version, asking again at the next tick",
 			zap.Error(err))
 		return

@@ -273,3 +273,50 @@ func TestKubeletDownWithoutAnUpgradeIsLeftAlone(t *testing.T) {
 		t.Fatalf("%d probes after the kubelet ran and failed again, want 2", n)
 	}
 }
+
+// TestRunningKubeletNotAnsweringIsNoUpgrade: the package replaced the binary on disk (a minor that refuses
+// the config) but nobody restarted the kubelet, and its /configz does not answer (the apiserver away during
+// a control-plane upgrade): the kubelet that runs is not suspected — no probe, no restart — however long it
+// does not answer. Restarted and crash-looping, it is.
+func TestRunningKubeletNotAnsweringIsNoUpgrade(t *testing.T) {
+	d, u := newUpgradeNode(t, refusedOn137)
+	u.vmu.Lock()
+	u.binary = "Kubernetes v1.37.2\n"
+	u.vmu.Unlock()
+	d.kubelet.mu.Lock()
+	d.kubelet.configzErr = errors.New("401 Unauthorized")
+	d.kubelet.mu.Unlock()
+	d.agent.drift.due = true
+	for range 5 {
+		d.tick()
+		d.clock.Step(d.cfg.HealthTimeout)
+	}
+	if n, r := u.probeCount(), d.kubelet.count(); n != 0 || r != 1 {
+		t.Fatalf("%d probes, %d restarts while the kubelet ran on without answering; want none", n, r)
+	}
+	if got := d.agent.kubeletVersion; got != "v1.34.2" {
+		t.Errorf("configs checked with %s, want the running kubelet's v1.34.2", got)
+	}
+	u.crash("Kubernetes v1.37.2\n", true)
+	d.tick()
+	if n := u.probeCount(); n != 1 {
+		t.Fatalf("%d probes once the kubelet crash-loops with its unit failed, want 1", n)
+	}
+}
+
+// TestFailingProbesStop: a probe that keeps failing (a binary path the probe refuses, a systemd that cannot
+// run it) is tried maxProbes times in an episode, not at every tick.
+func TestFailingProbesStop(t *testing.T) {
+	d, u := newUpgradeNode(t, "maxPods: 78\n")
+	u.vmu.Lock()
+	u.probeErr = errors.New("refused path")
+	u.vmu.Unlock()
+	u.crash("Kubernetes v1.37.2\n", true)
+	for range 2 * maxProbes {
+		d.tick()
+		d.clock.Step(time.Second)
+	}
+	if n := u.probeCount(); n != maxProbes {
+		t.Fatalf("%d probes, want %d", n, maxProbes)
+	}
+}

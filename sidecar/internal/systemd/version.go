@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -24,12 +25,17 @@ const VersionUnitPrefix = "dkc-kubelet-version-"
 // binary's `--version` to.
 const VersionFileName = "kubelet-version"
 
-// versionTimeout bounds the version unit: `kubelet --version` prints and exits at once.
-const versionTimeout = 30 * time.Second
+// maxVersionOutput bounds what is read of the binary's --version output.
+const maxVersionOutput = 4 << 10
+
+// versionTimeout bounds the version unit: `kubelet --version` prints and exits at once. Well within the
+// caller's bound (the agent's drift check, 30s), so the unit never outlives the call.
+const versionTimeout = 10 * time.Second
 
 // BinaryVersion is `systemd-run --wait --collect --unit dkc-kubelet-version-<random> --property Type=oneshot
-// --property StandardOutput=truncate:OUT BIN --version`, BIN the program of the unit's (first) ExecStart: the
-// binary the unit starts now, which after an upgrade in place is not the one that last ran. It returns what
+// --property StandardOutput=file:OUT --property PrivateNetwork=yes --property NoNewPrivileges=yes BIN
+// --version`, BIN the program of the unit's (first) ExecStart: the binary the unit starts now, which after
+// an upgrade in place is not the one that last ran. It returns what
 // the binary printed (e.g. "Kubernetes v1.37.2\n") once it exited 0. The sidecar sees neither the node's
 // binaries nor its processes' mounts, so the node's systemd runs the binary, as it runs RemoveFiles's rm.
 func (m *Manager) BinaryVersion(ctx context.Context, out string) (string, error) {
@@ -54,7 +60,12 @@ func (m *Manager) BinaryVersion(ctx context.Context, out string) (string, error)
 	if err != nil {
 		return "", fmt.Errorf("run %s --version: %w", bin, err)
 	}
-	data, err := os.ReadFile(out)
+	f, err := os.Open(out)
+	if err != nil {
+		return "", fmt.Errorf("run %s --version: read its output: %w", bin, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxVersionOutput)) // a version is one short line
 	if err != nil {
 		return "", fmt.Errorf("run %s --version: read its output: %w", bin, err)
 	}
@@ -113,7 +124,11 @@ func VersionUnitProperties(bin, out string) ([]sddbus.Property, error) {
 		sddbus.PropType("oneshot"),
 		{Name: "ExecStart", Value: godbus.MakeVariant([]execCommand{{Path: bin, Args: []string{bin, "--version"},
 			UncleanIsFailure: true}})},
-		{Name: "StandardOutputFileToTruncate", Value: godbus.MakeVariant(out)},
+		// StandardOutput=file: (systemd 236; file:truncate needs 248): BinaryVersion removes the file first.
+		{Name: "StandardOutputFile", Value: godbus.MakeVariant(out)},
+		// Whatever ExecStart names (a wrapper script, too) gets no network and cannot gain privileges.
+		{Name: "PrivateNetwork", Value: godbus.MakeVariant(true)},
+		{Name: "NoNewPrivileges", Value: godbus.MakeVariant(true)},
 		{Name: "TimeoutStartUSec", Value: godbus.MakeVariant(uint64(versionTimeout / time.Microsecond))},
 		{Name: "CollectMode", Value: godbus.MakeVariant("inactive-or-failed")},
 	}, nil

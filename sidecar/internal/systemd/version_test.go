@@ -38,7 +38,8 @@ func TestVersionUnitProperties(t *testing.T) {
 			for _, p := range props {
 				got[p.Name] = p.Value.Value()
 			}
-			if got["Type"] != "oneshot" || got["StandardOutputFileToTruncate"] != tc.out || got["CollectMode"] != "inactive-or-failed" {
+			if got["Type"] != "oneshot" || got["StandardOutputFile"] != tc.out || got["CollectMode"] != "inactive-or-failed" ||
+				got["PrivateNetwork"] != true || got["NoNewPrivileges"] != true {
 				t.Errorf("properties %v", got)
 			}
 			cmds, ok := got["ExecStart"].([]execCommand)

@@ -204,13 +204,16 @@ func kubeletLogCount(t *testing.T, node, s string) int {
 	return strings.Count(string(raw), s)
 }
 
-// configzQPS is the running kubelet's eventRecordQPS, through the apiserver's node proxy.
+// configzQPS is the running kubelet's eventRecordQPS, through the apiserver's node proxy. A kubelet just
+// restarted (by a test, or the sidecar) does not serve /configz for a moment: its answer is waited for.
 func configzQPS(t *testing.T, node string) float64 {
 	t.Helper()
-	raw, err := admin(t).CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node + "/proxy/configz").DoRaw(ctxFor(t))
-	if err != nil {
-		t.Fatalf("configz of %s: %v", node, err)
-	}
+	var raw []byte
+	poll.ForNil(t, time.Minute, 500*time.Millisecond, "configz of "+node, func() error {
+		var err error
+		raw, err = admin(t).CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node + "/proxy/configz").DoRaw(ctxFor(t))
+		return err
+	})
 	var c struct {
 		KubeletConfig struct {
 			EventRecordQPS float64 `json:"eventRecordQPS"`

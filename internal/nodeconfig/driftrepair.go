@@ -69,7 +69,9 @@ func (r DriftRepair) Live(n *corev1.Node) bool {
 }
 
 // AskedFor says whether the pool asked to repair cause on this version before, this request included.
-func (r DriftRepair) AskedFor(cause string) bool { return r.Cause == cause || slices.Contains(r.Asked, cause) }
+func (r DriftRepair) AskedFor(cause string) bool {
+	return r.Cause == cause || slices.Contains(r.Asked, cause)
+}
 
 // DriftOf is n's ConfigDrift condition when True: its cause (reason) and when it turned True.
 func DriftOf(n *corev1.Node) (cause string, since time.Time, ok bool) {

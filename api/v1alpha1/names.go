@@ -150,6 +150,9 @@ const (
 	LabelPool = "dkc.dev/pool"
 	// LabelRevision labels a revision with its name (the content hash).
 	LabelRevision = "dkc.dev/revision"
+	// LabelBaseRevision labels a revision of per-node values (spec.perNode) with the pool revision they
+	// were computed from.
+	LabelBaseRevision = "dkc.dev/base-revision"
 	// AnnotationAssignment on a Node records the pool's last assignment to it, as the JSON of an
 	// Assignment. A node whose source no longer names the revision recorded here was assigned by hand
 	// since: the pool holds it (leaves it alone) until the annotation is removed or the node is set back

@@ -3,6 +3,7 @@
 package v1alpha1
 
 import (
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -150,6 +151,83 @@ type KubeletConfigPoolSpec struct {
 	// Node's ConfigDrift condition True: status.nodes.drifted). Unset: policy Report.
 	// +optional
 	Drift *Drift `json:"drift,omitempty"`
+
+	// perNode computes fields of the kubelet config per Node: each selected node gets the pool's config with
+	// its own values (CEL expressions over the Node) and its own unexpired exceptions applied. Each distinct
+	// result is a revision of its own, with its own snapshot, checked with the kubelet minors of the nodes it
+	// is for before any of them is assigned it; pacing, maxFailures and halts count the nodes across all of
+	// them. Unset: every node gets the pool's config as it is.
+	// +optional
+	PerNode *PerNode `json:"perNode,omitempty"`
+}
+
+// PerNode is how a pool's config differs per node.
+type PerNode struct {
+	// values are fields computed per node, applied in order.
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=map
+	// +listMapKey=field
+	// +optional
+	Values []PerNodeValue `json:"values,omitempty"`
+
+	// exceptions are patches for one node each, applied over its computed values until they expire.
+	// +kubebuilder:validation:MaxItems=100
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Exceptions []PerNodeException `json:"exceptions,omitempty"`
+}
+
+// PerNodeValue is one field of the KubeletConfiguration, computed per node.
+type PerNodeValue struct {
+	// field is the path of the field in the KubeletConfiguration, with its v1beta1 (JSON) names separated
+	// by dots: maxPods, systemReserved.memory. A map key that holds a dot (evictionHard's memory.available)
+	// cannot be named: set the whole map (field evictionHard, an expression giving a map). The field is set
+	// to the expression's value, replacing what the pool's config holds there; missing parents are created.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[A-Za-z][A-Za-z0-9]*(\.[A-Za-z0-9][-A-Za-z0-9_/]*)*$`
+	Field string `json:"field"`
+
+	// expression is a CEL expression (the Kubernetes CEL environment of ValidatingAdmissionPolicy, with its
+	// quantity, regex, list and string libraries) over the variable node: the Node's metadata (name, labels,
+	// annotations) and status (capacity, allocatable, nodeInfo with kubeletVersion). Its value is the
+	// field's: a string, number, bool, list or map. Compiled when the pool is synced: an expression that
+	// does not compile makes the config invalid (ConfigInvalid names it); one that fails on a node fails
+	// that node, which is not touched.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	Expression string `json:"expression"`
+}
+
+// PerNodeException is a patch of one node's config, until it expires.
+type PerNodeException struct {
+	// name says why the exception exists (an incident, a ticket): it labels the node's values in status.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// node is the name of the Node it applies to.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node"`
+
+	// patch is a JSON merge patch (RFC 7386) of the node's KubeletConfiguration, applied over its computed
+	// values: {maxPods: 200} sets maxPods, {systemReserved: {memory: null}} removes a field.
+	// +required
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	Patch apiextensionsv1.JSON `json:"patch"`
+
+	// expires is when the exception stops applying: the node is then assigned its config without it, as
+	// any change is rolled out. Unset: it applies until removed.
+	// +optional
+	Expires *metav1.Time `json:"expires,omitempty"`
 }
 
 // DriftPolicy says what a pool does about drift.
@@ -368,6 +446,30 @@ type KubeletConfigPoolStatus struct {
 	// message starts with PreviewPrefix. Absent when no revision was previewed.
 	// +optional
 	Preview *PreviewStatus `json:"preview,omitempty"`
+
+	// nodeRevisions, with spec.perNode, are the revisions the current revision's per-node values make: each
+	// with the values it holds, how many selected nodes are to run it and how many do. At most the first 100.
+	// +listType=map
+	// +listMapKey=revision
+	// +kubebuilder:validation:MaxItems=100
+	// +optional
+	NodeRevisions []NodeRevision `json:"nodeRevisions,omitempty"`
+}
+
+// NodeRevision is one revision a pool's per-node values make of its current revision.
+type NodeRevision struct {
+	// revision is its name: the hash of the computed config, as any revision's.
+	Revision string `json:"revision"`
+	// values are the fields computed (field=value, the value as JSON) and the exceptions applied
+	// (exception NAME), in the spec's order.
+	// +listType=atomic
+	// +optional
+	Values []string `json:"values,omitempty"`
+	// nodes is how many selected nodes are to run it.
+	Nodes int32 `json:"nodes"`
+	// updated is how many of them run it and have it as last-known-good.
+	// +optional
+	Updated int32 `json:"updated,omitempty"`
 }
 
 // PreviewStatus is a pool's request for a preview of one revision.
@@ -416,6 +518,10 @@ type RevisionSnapshot struct {
 	UID types.UID `json:"uid"`
 	// kubeletConfigKey the revision was hashed with.
 	KubeletConfigKey string `json:"kubeletConfigKey"`
+	// baseRevision, for a snapshot of per-node values (spec.perNode), is the pool revision they were
+	// computed from; absent for a snapshot of the pool's ConfigMap.
+	// +optional
+	BaseRevision string `json:"baseRevision,omitempty"`
 }
 
 // Snapshot returns the record of revision's snapshot; false if there is none.
@@ -469,7 +575,8 @@ type HeldNode struct {
 type FailedNode struct {
 	// name of the Node.
 	Name string `json:"name"`
-	// revision it failed.
+	// revision it failed: the current revision, or with spec.perNode the node's own revision of it (one of
+	// nodeRevisions).
 	Revision string `json:"revision"`
 	// reason: RolledBack, ConfigRefused or Timeout (the Failure* constants).
 	Reason string `json:"reason"`

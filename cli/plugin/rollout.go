@@ -424,6 +424,15 @@ func (o *Options) describePool(p *v1alpha1.KubeletConfigPool) {
 	fmt.Fprintf(w, "Nodes:\t%d selected\t%d updated (%d ready)\t%d drifted\t%d in progress\t%d failed\t%s\n",
 		n.Selected, n.Updated, n.Ready, n.Drifted, n.InProgress, n.Failed, heldSummary(p.Status))
 	_ = w.Flush()
+	if len(p.Status.NodeRevisions) > 0 {
+		// spec.perNode: the node revisions of the current revision, each with its values.
+		w = tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "NODE REVISION\tNODES\tUPDATED\tVALUES")
+		for _, r := range p.Status.NodeRevisions {
+			fmt.Fprintf(w, "%s\t%d\t%d\t%s\n", r.Revision, r.Nodes, r.Updated, orNone(strings.Join(r.Values, ", ")))
+		}
+		_ = w.Flush()
+	}
 	w = tabwriter.NewWriter(o.io.Out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CONDITION\tSTATUS\tREASON\tAGE\tMESSAGE")
 	for _, c := range p.Status.Conditions {
@@ -627,6 +636,10 @@ once the ConfigMap is fixed. Where a GitOps tool applies the pool, revert the ch
 				if snap, err = o.snapshot(ctx, p, rev); err != nil {
 					return err
 				}
+				if base := snap.Labels[v1alpha1.LabelBaseRevision]; base != "" {
+					return fmt.Errorf("revision %s is one node's values of revision %s (spec.perNode): undo to %s, "+
+						"whose per-node values are computed again", rev, base, base)
+				}
 				if _, ok := snap.Data[p.Spec.ConfigMap.KubeletConfigKey]; !ok {
 					return fmt.Errorf("revision %s (%s/%s) has no key %q", rev, snap.Namespace, snap.Name,
 						p.Spec.ConfigMap.KubeletConfigKey)
@@ -766,6 +779,9 @@ differs: undo never takes it, and dkc-server never sends it to a node that does 
 					state = "current"
 				case p.Status.PreviousRevision:
 					state = "previous"
+				}
+				if base := cm.Labels[v1alpha1.LabelBaseRevision]; base != "" && state == "" {
+					state = "per-node values of " + base
 				}
 				if err := checkSnapshot(p, &cm, rev); err != nil {
 					// Listed, so that the operator finds it, and never offered for undo.

@@ -16,6 +16,7 @@ var bySlowest = []string{
 	"TestPoolRefusesAConfigThatFailsPods",
 	"TestPoolKeepsPodDisruptionBudgets",
 	"TestANewEvictionThresholdWaitsForADrain",
+	"TestPerNodeValuesOnRealNodes",
 	"TestAConfigThatFailsPodsWaitsForADrain",
 	"TestPoolPreviewsOnANodeItCannotJudge",
 	"TestHelmInstall",

@@ -86,9 +86,10 @@ func usedConfigMaps(nodes []*corev1.Node, allowed resolve.Namespaces) map[string
 	return used
 }
 
-// prune deletes the pool's revisions past its history limit that no node uses.
+// prune deletes the pool's revisions past its history limit that no node uses, and the node revisions
+// (spec.perNode) that neither a node uses nor the current revision's nodes are to run (targets).
 func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool, st v1alpha1.KubeletConfigPoolStatus,
-	nodes []*corev1.Node) error {
+	targets map[string]bool, nodes []*corev1.Node) error {
 	snaps := c.snapshotsOf(pool.Name)
 	if len(snaps) <= 2 {
 		return nil
@@ -97,20 +98,28 @@ func (c *Controller) prune(ctx context.Context, pool *v1alpha1.KubeletConfigPool
 	inUse := map[string]bool{}
 	var kept []revision.Kept
 	byRev := map[string]*corev1.ConfigMap{}
+	var stale []string // node revisions (spec.perNode) neither used nor a target: made again if need be
 	for _, s := range snaps {
 		rev := s.Labels[v1alpha1.LabelRevision]
-		if used[s.Namespace+"/"+s.Name] {
+		if used[s.Namespace+"/"+s.Name] || targets[rev] {
 			inUse[rev] = true
 		}
-		kept = append(kept, revision.Kept{Revision: rev, Created: s.CreationTimestamp.Time})
 		byRev[rev] = s
+		if s.Labels[v1alpha1.LabelBaseRevision] != "" {
+			// Not history: undo goes back to a pool revision, whose node revisions are computed again.
+			if !inUse[rev] && rev != st.CurrentRevision && rev != st.PreviousRevision {
+				stale = append(stale, rev)
+			}
+			continue
+		}
+		kept = append(kept, revision.Kept{Revision: rev, Created: s.CreationTimestamp.Time})
 	}
 	if st.Preview != nil {
 		// The nodes' sidecars read it while they preview it, and it is assigned next unless refused.
 		inUse[st.Preview.Revision] = true
 	}
 	limit := int(pool.Spec.RevisionHistoryLimitOrDefault())
-	for _, rev := range revision.Prune(kept, st.CurrentRevision, st.PreviousRevision, inUse, limit) {
+	for _, rev := range append(stale, revision.Prune(kept, st.CurrentRevision, st.PreviousRevision, inUse, limit)...) {
 		s := byRev[rev]
 		err := c.deleteSnapshot(ctx, s)
 		if err != nil && !apierrors.IsNotFound(err) {

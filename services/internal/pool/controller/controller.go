@@ -471,13 +471,13 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 	if err != nil {
 		return 0, err
 	}
-	p.Status.RevisionSnapshots = c.keptSnapshots(pool.Status.RevisionSnapshots, p.Status)
+	p.Status.RevisionSnapshots = c.keptSnapshots(pool.Status.RevisionSnapshots, p.Status, target.Revisions())
 	if err := c.writeStatus(ctx, pool, p.Status); err != nil {
 		return 0, err
 	}
 	c.drainNodes(ctx, pool, target, p.Nodes, byName, all)
 	if target.Revision != "" {
-		if err := c.prune(ctx, pool, p.Status, all); err != nil {
+		if err := c.prune(ctx, pool, p.Status, target.Revisions(), all); err != nil {
 			return 0, err
 		}
 	}
@@ -543,6 +543,8 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 		var err error
 		rev, snap := revision.Snapshot(pool, cm)
 		if rev != pool.Status.CurrentRevision && c.cfg.Kubelets != nil {
+			// With per-node values the pool's revision is checked as it is too (nodeTargets checks each
+			// node's own), and nodeChecks is left to each node's sidecar, which predicts on its own config.
 			// The kubelet's own check, for the minors of the nodes it would reach, before the revision exists.
 			content := []byte(cm.Data[ref.KubeletConfigKey])
 			if invalid, err = c.kubelets.check(ctx, ref, rev, content, kubeletMinors(selected)); err != nil {
@@ -551,7 +553,7 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 			// And what it would do on the nodes that run one of the pool's revisions: to the state their
 			// kubelets checkpointed (a pool that may drain drains the nodes whose sidecars say so instead,
 			// drain.go), and to the pods running there.
-			if invalid == nil {
+			if invalid == nil && pool.Spec.PerNode == nil {
 				if invalid, err = c.nodeChecks(ctx, pool, rev, content, selected); err != nil {
 					return nil, plan.Target{}, nil, nil, err
 				}
@@ -562,13 +564,22 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 				return nil, plan.Target{}, nil, nil, err
 			}
 		}
-		if invalid == nil && rev != pool.Status.CurrentRevision && c.cfg.Previews &&
+		perNode := pool.Spec.PerNode != nil
+		var nodes map[string]plan.NodeTarget
+		if invalid == nil && perNode {
+			if pool, nodes, invalid, err = c.nodeTargets(ctx, pool, rev, cm.Data, selected, now); err != nil {
+				return nil, plan.Target{}, nil, nil, err
+			}
+		}
+		// A pool with per-node values is not previewed: each node's sidecar makes the same predictions on
+		// its own config before its restart, and refuses what it must (a failure in the pool's budget).
+		if invalid == nil && rev != pool.Status.CurrentRevision && c.cfg.Previews && !perNode &&
 			pool.Spec.PreviewTimeoutOrDefault() > 0 {
 			o := c.preview(pool, rev, selected, c.selectors(), now)
 			preview, invalid = o.preview, o.invalid
 		}
 		if invalid == nil && (preview == nil || !preview.Waiting) {
-			target = plan.Target{Revision: rev, Source: revision.Source(pool, rev)}
+			target = plan.Target{Revision: rev, Source: revision.Source(pool, rev), Nodes: nodes}
 		}
 	}
 	if preview == nil && c.cfg.Previews {
@@ -576,6 +587,8 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 		switch {
 		case invalid != nil:
 			why = "the config was refused (" + invalid.Reason + ")"
+		case pool.Spec.PerNode != nil:
+			why = "the pool computes values per node (spec.perNode), which are not previewed"
 		case pool.Spec.PreviewTimeoutOrDefault() == 0:
 			why = "spec.disruption.previewTimeout became 0s"
 		}
@@ -585,6 +598,9 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 		// Nodes are judged against the last valid revision meanwhile (while the new one is invalid, or
 		// previewed).
 		target = plan.Target{Revision: cur, Source: revision.Source(pool, cur)}
+		if pool.Spec.PerNode != nil {
+			target.Nodes = assignedTargets(pool, cur, selected)
+		}
 	}
 	return pool, target, invalid, preview, nil
 }
@@ -602,15 +618,16 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 	var views []plan.Node
 	for _, n := range selected {
 		byName[n.Name] = n
-		v := c.exp.apply(pool, n, view(n, pool, target, others, c.cfg.Namespaces), target, now)
+		nt := target.For(n.Name)
+		v := c.exp.apply(pool, n, view(n, pool, nt, others, c.cfg.Namespaces), nt, now)
 		v.Repair = c.repairs.of(n.Name, v.Status, v.Repair, now)
-		v.Draining, v.DrainFailed = c.drains.of(pool.Name, target.Revision, n.Name)
-		if c.gatesPods(pool, target, v, now) {
+		v.Draining, v.DrainFailed = c.drains.of(pool.Name, nt.Revision, n.Name)
+		if c.gatesPods(pool, nt, v, now) {
 			pods, err := reads.of(n.Name)
 			if err != nil {
 				return plan.Plan{}, nil, err
 			}
-			mem := c.gated.saw(pool.Name, n.Name, target.Revision, pods, v.AssignedAt)
+			mem := c.gated.saw(pool.Name, n.Name, nt.Revision, pods, v.AssignedAt)
 			v.Pods, looked[n.Name] = fared(pods, v.AssignedAt, mem), true
 		}
 		views = append(views, v)
@@ -636,12 +653,12 @@ func (c *Controller) decide(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 			if err != nil {
 				return plan.Plan{}, nil, err
 			}
-			c.gated.assigning(pool.Name, node, target.Revision, pods)
+			c.gated.assigning(pool.Name, node, target.For(node).Revision, pods)
 		}
 	}
 	for _, v := range p.Nodes {
 		if v.State == plan.Updated && looked[v.Name] {
-			c.gated.pass(pool.Name, v.Name, target.Revision)
+			c.gated.pass(pool.Name, v.Name, target.For(v.Name).Revision)
 		}
 	}
 	return p, byName, nil
@@ -678,10 +695,11 @@ func (c *Controller) assignBatch(ctx context.Context, pool *v1alpha1.KubeletConf
 	nodes []string, byName map[string]*corev1.Node, now time.Time) error {
 	var assigned []string // the nodes patched so far
 	for _, node := range nodes {
-		a := v1alpha1.Assignment{Pool: pool.Name, Revision: target.Revision, Namespace: target.Source.Namespace,
-			KubeletConfigKey: target.Source.KubeletConfigKey, Time: metav1.Time{Time: now}}
+		nt := target.For(node)
+		a := v1alpha1.Assignment{Pool: pool.Name, Revision: nt.Revision, Namespace: nt.Source.Namespace,
+			KubeletConfigKey: nt.Source.KubeletConfigKey, Time: metav1.Time{Time: now}}
 		c.exp.expect(pool.Name, node, a, now)
-		if err := c.assign(ctx, byName[node], target.Source, a); err != nil {
+		if err := c.assign(ctx, byName[node], nt.Source, a); err != nil {
 			c.exp.drop(pool.Name, node)
 			c.assignedEvent(pool, target, assigned)
 			return err
@@ -694,11 +712,14 @@ func (c *Controller) assignBatch(ctx context.Context, pool *v1alpha1.KubeletConf
 		if was := c.replaced(byName[node], pool); was != "" {
 			// The operator learns what was overwritten, to put it back elsewhere if it mattered.
 			c.log.Info("assigned node, replacing a source the pool had not assigned", zap.String("pool", pool.Name),
-				zap.String("node", node), zap.String("revision", target.Revision), zap.String("replaced", was))
+				zap.String("node", node), zap.String("revision", nt.Revision), zap.String("replaced", was))
 			node += " (replacing " + was + ")"
 		} else {
 			c.log.Info("assigned node", zap.String("pool", pool.Name), zap.String("node", node),
-				zap.String("revision", target.Revision))
+				zap.String("revision", nt.Revision))
+		}
+		if nt.Revision != target.Revision {
+			node += " (its own revision " + nt.Revision + ")"
 		}
 		assigned = append(assigned, node)
 	}

@@ -588,7 +588,7 @@ func TestOnlySnapshotsAreDeleted(t *testing.T) {
 		}
 		add(t, h, append(snaps, lookalikes()...))
 		st := v1alpha1.KubeletConfigPoolStatus{CurrentRevision: snaps[0].Labels[v1alpha1.LabelRevision], PreviousRevision: snaps[1].Labels[v1alpha1.LabelRevision]}
-		if err := h.c.prune(context.Background(), pool, st, nil); err != nil {
+		if err := h.c.prune(context.Background(), pool, st, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		if !h.exists(t, snaps[0]) || !h.exists(t, snaps[1]) || h.exists(t, snaps[2]) {

@@ -100,7 +100,7 @@ func (c *Controller) drainNodes(ctx context.Context, pool *v1alpha1.KubeletConfi
 		}
 		switch {
 		case v.State == plan.InProgress && v.Reason == plan.ReasonDraining:
-			c.startDrain(pool, target, n)
+			c.startDrain(pool, target.For(n.Name), n)
 		case waitsForKubelet(v):
 			// Marked drained: the sidecar resets the state and restarts the kubelet; released once it runs it.
 		case drainedBy(n, pool.Name):

@@ -126,7 +126,7 @@ func (c *Controller) askRepairs(ctx context.Context, pool *v1alpha1.KubeletConfi
 			return fmt.Errorf("ask node %s to repair its drift (%s) for pool %s: %w", name, cause, pool.Name, err)
 		}
 		c.log.Info("asked node to repair its kubelet config drift", zap.String("pool", pool.Name),
-			zap.String("node", name), zap.String("cause", cause), zap.String("revision", target.Revision),
+			zap.String("node", name), zap.String("cause", cause), zap.String("revision", target.For(name).Revision),
 			zap.String("uid", string(req.UID)), zap.String("resourceVersion", req.ResourceVersion))
 		asked = append(asked, name+" ("+cause+")")
 	}

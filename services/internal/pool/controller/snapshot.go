@@ -72,7 +72,7 @@ func (c *Controller) ensureSnapshot(ctx context.Context, pool *v1alpha1.KubeletC
 			Message: err.Error() + "; delete it and the pool creates the snapshot again"}, nil
 	}
 	rec = withSnapshot(rec, v1alpha1.RevisionSnapshot{Revision: rev, Namespace: got.Namespace, Name: got.Name,
-		UID: got.UID, KubeletConfigKey: key})
+		UID: got.UID, KubeletConfigKey: key, BaseRevision: snap.Labels[v1alpha1.LabelBaseRevision]})
 	if apiequality.Semantic.DeepEqual(rec, pool.Status.RevisionSnapshots) {
 		return pool, nil, nil
 	}
@@ -166,16 +166,18 @@ func withSnapshot(rec *v1alpha1.RevisionSnapshots, s v1alpha1.RevisionSnapshot) 
 }
 
 // keptSnapshots is the record the pool's status keeps: the snapshots that still exist, and those of the
-// current and previous revisions whatever the cache shows (one just created may not be there yet). A
+// current and previous revisions and the nodes' own revisions of the current one (targets) whatever the
+// cache shows (one just created may not be there yet). A
 // pruned or deleted snapshot's record goes with it; the record's size follows revisionHistoryLimit.
-func (c *Controller) keptSnapshots(rec *v1alpha1.RevisionSnapshots,
-	st v1alpha1.KubeletConfigPoolStatus) *v1alpha1.RevisionSnapshots {
+func (c *Controller) keptSnapshots(rec *v1alpha1.RevisionSnapshots, st v1alpha1.KubeletConfigPoolStatus,
+	targets map[string]bool) *v1alpha1.RevisionSnapshots {
 	if rec == nil {
 		return nil
 	}
 	out := &v1alpha1.RevisionSnapshots{}
 	for _, r := range rec.Items {
 		if r.Revision == st.CurrentRevision || r.Revision == st.PreviousRevision ||
+			targets[r.Revision] ||
 			c.cachedSnapshot(r.Namespace+"/"+r.Name) != nil {
 			out.Items = append(out.Items, r)
 		}

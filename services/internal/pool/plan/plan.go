@@ -38,6 +38,47 @@ type Target struct {
 	// statuses are compared with it by namespace, name and key (a snapshot is immutable, and a resolved
 	// status source adds UID and ResourceVersion).
 	Source corev1.ConfigMapNodeConfigSource
+	// Nodes, when the pool computes values per node (spec.perNode), are each selected node's own revision
+	// of Revision, by node name: a node's Revision, Source and Refused are its own there (For). A node
+	// missing from it (nil map: the pool has no per-node values) is judged against Revision itself.
+	Nodes map[string]NodeTarget
+	// Refused, on a node's own target (For), says why the node cannot be assigned it: its values could not
+	// be computed, or its kubelet's minor refuses its computed config. The node fails it untouched.
+	Refused string
+}
+
+// NodeTarget is one node's own revision of a pool's revision, with its computed values.
+type NodeTarget struct {
+	Revision string
+	Source   corev1.ConfigMapNodeConfigSource
+	// Values are the node's computed fields and exceptions, as status.nodeRevisions lists them.
+	Values []string
+	// Refused: see Target.Refused.
+	Refused string
+	// NextChange is when the node's values change though nothing else does (an exception expires); zero:
+	// never.
+	NextChange time.Time
+}
+
+// For is node's target: its own revision when the pool computes values per node, else t.
+func (t Target) For(node string) Target {
+	nt, ok := t.Nodes[node]
+	if !ok {
+		return Target{Revision: t.Revision, Source: t.Source}
+	}
+	return Target{Revision: nt.Revision, Source: nt.Source, Refused: nt.Refused}
+}
+
+// Revisions are the revisions nodes are judged against: Revision and every node's own.
+func (t Target) Revisions() map[string]bool {
+	out := map[string]bool{}
+	if t.Revision != "" {
+		out[t.Revision] = true
+	}
+	for _, nt := range t.Nodes {
+		out[nt.Revision] = true
+	}
+	return out
 }
 
 // Invalid says why the pool's newest config cannot be rolled out; nothing is assigned while it is set.
@@ -318,6 +359,7 @@ func Decide(in Input) Plan {
 		previewWait = pv.Wait
 	}
 
+	st.NodeRevisions = nodeRevisions(in.Target, j.verdicts)
 	p.Status = st
 	p.RequeueAfter = soonest(append(j.requeue, g.wait, w.change, previewWait))
 	return p
@@ -400,11 +442,13 @@ type judged struct {
 // judgeNodes applies the node rules (judge) to every selected node, in name order, and keeps the
 // failures recorded for the target of nodes no longer selected.
 func judgeNodes(in Input) judged {
-	target := in.Target.Revision
-	// Rule 1's record: failures of other revisions are forgotten with them.
+	// Rule 1's record: failures of other revisions are forgotten with them. With per-node values a node's
+	// failure stands while its own revision stays what it failed: a node whose values change (a label, an
+	// exception, an expression) gets its new revision like any other pending node.
+	current := in.Target.Revisions()
 	recorded := map[string]v1alpha1.FailedNode{}
 	for _, f := range in.Pool.Status.FailedNodes {
-		if target != "" && f.Revision == target {
+		if current[f.Revision] {
 			recorded[f.Name] = f
 		}
 	}
@@ -417,7 +461,14 @@ func judgeNodes(in Input) judged {
 		termStart: in.TermStart, now: in.Now}
 	j := judged{gone: map[string]bool{}}
 	for _, n := range nodes {
-		v, failure := judge(n, in.Pool, in.Target, recorded, clk)
+		t := in.Target.For(n.Name)
+		if f, ok := recorded[n.Name]; ok && f.Revision != t.Revision {
+			delete(recorded, n.Name)
+		}
+		v, failure := judge(n, in.Pool, t, recorded, clk)
+		if nt, ok := in.Target.Nodes[n.Name]; ok && nt.NextChange.After(in.Now) {
+			j.requeue = append(j.requeue, nt.NextChange.Sub(in.Now))
+		}
 		if v.State == InProgress && !n.AssignedAt.IsZero() && !n.NoStatus {
 			j.requeue = append(j.requeue, later(n.AssignedAt, in.TermStart).Add(timeout).Sub(in.Now))
 		}
@@ -899,6 +950,11 @@ func judge(n Node, p *v1alpha1.KubeletConfigPool, t Target, recorded map[string]
 		return held, nil
 	}
 	switch {
+	case t.Refused != "" && !(n.Revision != "" && n.Revision != t.Revision && !settled(n.Status, n.Source)):
+		// Never assigned: what its kubelet would refuse is not sent to it, and it keeps what it runs.
+		v.State, v.Reason, v.Detail = Failed, v1alpha1.FailureConfigRefused, t.Refused
+		return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: v1alpha1.FailureConfigRefused,
+			Error: t.Refused, Retry: retry, Time: metav1.Time{Time: c.now}}
 	case !n.Assigned && n.Revision != "" && n.Revision != t.Revision && !settled(n.Status, n.Source):
 		v.State, v.Reason, v.Detail = InProgress, ReasonPreviousRevision,
 			"the pool assigned it revision "+n.Revision+", not yet proven: "+waitsFor(n, n.Source)
@@ -1186,4 +1242,39 @@ func pick(b bool, yes, no string) string {
 		return yes
 	}
 	return no
+}
+
+// maxNodeRevisions bounds status.nodeRevisions.
+const maxNodeRevisions = 100
+
+// nodeRevisions is status.nodeRevisions: with per-node values, each node revision of the target with its
+// values, the selected nodes to run it and those that do (Updated), by revision name.
+func nodeRevisions(t Target, verdicts []Verdict) []v1alpha1.NodeRevision {
+	if t.Nodes == nil {
+		return nil
+	}
+	by := map[string]*v1alpha1.NodeRevision{}
+	for _, v := range verdicts {
+		nt, ok := t.Nodes[v.Name]
+		if !ok {
+			continue
+		}
+		r := by[nt.Revision]
+		if r == nil {
+			r = &v1alpha1.NodeRevision{Revision: nt.Revision, Values: slices.Clone(nt.Values)}
+			by[nt.Revision] = r
+		}
+		r.Nodes++
+		if v.State == Updated {
+			r.Updated++
+		}
+	}
+	out := make([]v1alpha1.NodeRevision, 0, len(by))
+	for _, name := range slices.Sorted(maps.Keys(by)) {
+		out = append(out, *by[name])
+	}
+	if len(out) > maxNodeRevisions {
+		out = out[:maxNodeRevisions]
+	}
+	return out
 }

@@ -81,6 +81,19 @@ func Snapshot(pool *v1alpha1.KubeletConfigPool, cm *corev1.ConfigMap) (string, *
 	}
 }
 
+// NodeSnapshot returns the revision of data — a node's own config computed from the pool's revision base
+// (spec.perNode) — and the immutable ConfigMap that freezes it, as Snapshot does for the pool's ConfigMap:
+// in namespace, labelled with the pool, the revision and base (v1alpha1.LabelBaseRevision). A node whose
+// values leave its config as base is its own revision base, with base's snapshot.
+func NodeSnapshot(pool *v1alpha1.KubeletConfigPool, namespace, base string,
+	data map[string]string) (string, *corev1.ConfigMap) {
+	rev, snap := Snapshot(pool, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace}, Data: data})
+	if rev != base {
+		snap.Labels[v1alpha1.LabelBaseRevision] = base
+	}
+	return rev, snap
+}
+
 // Kept is a pool's revision snapshot as the controller lists it.
 type Kept struct {
 	Revision string

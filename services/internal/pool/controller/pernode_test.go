@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package controller
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/dkc-dev/dkc/api/v1alpha1"
+	"github.com/dkc-dev/dkc/services/internal/pool/revision"
+)
+
+// perNodePool computes maxPods from each node's "size" label, over two slots.
+func perNodePool(expression string) *v1alpha1.KubeletConfigPool {
+	p := testPool()
+	mu := intstr.FromInt32(2)
+	p.Spec.MaxUnavailable = &mu
+	p.Spec.PerNode = &v1alpha1.PerNode{Values: []v1alpha1.PerNodeValue{{Field: "maxPods", Expression: expression}}}
+	return p
+}
+
+func sized(name, size string) *corev1.Node {
+	lbls := map[string]string{"pool": "blue"}
+	if size != "" {
+		lbls["size"] = size
+	}
+	return node(name, nil, lbls)
+}
+
+// TestPerNodeValuesAssignEachNodeItsOwnRevision: each node is assigned the snapshot of its own values,
+// created and recorded (with the pool's revision as its base) before it is assigned; the pool's revision
+// stays the ConfigMap's; a node whose expression fails is failed, not assigned.
+func TestPerNodeValuesAssignEachNodeItsOwnRevision(t *testing.T) {
+	pool := perNodePool("node.metadata.labels['size'] == 'big' ? 250 : 110")
+	budget := int32(2) // c's failure alone does not halt the pool
+	pool.Spec.MaxFailures = &budget
+	cm := configMap(map[string]string{"kubelet": goodConfig})
+	h := newHarness(t, pool, cm, sized("a", "big"), sized("b", "small"), sized("c", ""))
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	last := h.pools.updates[len(h.pools.updates)-1]
+	base := revision.Name("kube-system", "kubelet", cm.Data)
+	if last.Status.CurrentRevision != base {
+		t.Errorf("current revision %s, want the ConfigMap's %s", last.Status.CurrentRevision, base)
+	}
+	got := map[string]string{} // node → the maxPods its snapshot holds
+	revs := map[string]string{}
+	for _, name := range h.assigned() {
+		n, err := h.client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, ok := assignmentOf(n)
+		if !ok {
+			t.Fatalf("node %s has no assignment", name)
+		}
+		snap, err := h.client.CoreV1().ConfigMaps("kube-system").Get(context.Background(), revision.SnapshotName("blue", a.Revision), metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("node %s's snapshot: %v", name, err)
+		}
+		if snap.Labels[v1alpha1.LabelBaseRevision] != base {
+			t.Errorf("snapshot %s labelled base %q, want %s", snap.Name, snap.Labels[v1alpha1.LabelBaseRevision], base)
+		}
+		if r, ok := last.Status.RevisionSnapshots.Snapshot(a.Revision); !ok || r.UID != snap.UID || r.BaseRevision != base {
+			t.Errorf("record of %s: %+v (%v), want UID %s base %s", a.Revision, r, ok, snap.UID, base)
+		}
+		for _, l := range strings.Split(snap.Data["kubelet"], "\n") {
+			if strings.HasPrefix(l, "maxPods:") {
+				got[name] = strings.TrimSpace(strings.TrimPrefix(l, "maxPods:"))
+			}
+		}
+		revs[name] = a.Revision
+	}
+	if got["a"] != "250" || got["b"] != "110" || len(got) != 2 {
+		t.Errorf("assigned maxPods %v, want a 250 and b 110, c not assigned", got)
+	}
+	if revs["a"] == revs["b"] {
+		t.Errorf("a and b share revision %s", revs["a"])
+	}
+	if len(last.Status.FailedNodes) != 1 || last.Status.FailedNodes[0].Name != "c" ||
+		last.Status.FailedNodes[0].Reason != v1alpha1.FailureConfigRefused ||
+		!strings.Contains(last.Status.FailedNodes[0].Error, "spec.perNode.values[0] (maxPods)") {
+		t.Errorf("failed nodes %+v, want c ConfigRefused naming the value", last.Status.FailedNodes)
+	}
+	if len(last.Status.NodeRevisions) != 3 {
+		t.Errorf("node revisions %+v, want a's, b's and c's (refused)", last.Status.NodeRevisions)
+	}
+}
+
+// TestPerNodeExpressionThatDoesNotCompileIsInvalid: nothing is created or assigned.
+func TestPerNodeExpressionThatDoesNotCompileIsInvalid(t *testing.T) {
+	h := newHarness(t, perNodePool("node.metadata.labels['size'] ==="), configMap(map[string]string{"kubelet": goodConfig}),
+		sized("a", "big"))
+	if _, err := h.c.sync(context.Background(), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.assigned(); len(got) != 0 {
+		t.Errorf("assigned %v", got)
+	}
+	last := h.pools.updates[len(h.pools.updates)-1]
+	c := meta.FindStatusCondition(last.Status.Conditions, v1alpha1.ConditionConfigInvalid)
+	if c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "spec.perNode.values[0] (maxPods)") {
+		t.Errorf("ConfigInvalid %+v, want True naming the value", c)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -349,7 +350,18 @@ func nodeChanged(o, n *corev1.Node) bool {
 	return o.UID != n.UID || ready(o) != ready(n) || !labels.Equals(o.Labels, n.Labels) ||
 		previewOf(o) != previewOf(n) || driftOf(o) != driftOf(n) ||
 		o.Spec.Unschedulable != n.Spec.Unschedulable ||
-		!apiequality.Semantic.DeepEqual(o.Spec.ConfigSource, n.Spec.ConfigSource)
+		!apiequality.Semantic.DeepEqual(o.Spec.ConfigSource, n.Spec.ConfigSource) || perNodeInputChanged(o, n)
+}
+
+// perNodeInputChanged says whether what per-node values (spec.perNode) read of a Node changed, other than
+// its labels: its annotations, provider ID, taints, capacity, allocatable or kubelet. None changes with a
+// heartbeat.
+func perNodeInputChanged(o, n *corev1.Node) bool {
+	return !maps.Equal(o.Annotations, n.Annotations) || o.Spec.ProviderID != n.Spec.ProviderID ||
+		!apiequality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints) ||
+		!apiequality.Semantic.DeepEqual(o.Status.Capacity, n.Status.Capacity) ||
+		!apiequality.Semantic.DeepEqual(o.Status.Allocatable, n.Status.Allocatable) ||
+		!apiequality.Semantic.DeepEqual(o.Status.NodeInfo, n.Status.NodeInfo)
 }
 
 // enqueueForNode queues the pools whose selector picks the node, and the pool that last assigned it.

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -108,5 +109,35 @@ func TestPerNodeExpressionThatDoesNotCompileIsInvalid(t *testing.T) {
 	c := meta.FindStatusCondition(last.Status.Conditions, v1alpha1.ConditionConfigInvalid)
 	if c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "spec.perNode.values[0] (maxPods)") {
 		t.Errorf("ConfigInvalid %+v, want True naming the value", c)
+	}
+}
+
+// TestNodeChangedByWhatValuesRead: what per-node values read of a Node syncs its pools; a heartbeat does not.
+func TestNodeChangedByWhatValuesRead(t *testing.T) {
+	base := sized("a", "big")
+	base.Status.Capacity = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8Gi")}
+	base.Status.NodeInfo.KubeletVersion = "v1.34.2"
+	for _, tc := range []struct {
+		name   string
+		change func(*corev1.Node)
+		want   bool
+	}{
+		{name: "heartbeat", change: func(n *corev1.Node) {
+			n.Status.Conditions[0].LastHeartbeatTime = metav1.Now()
+		}},
+		{name: "capacity", want: true, change: func(n *corev1.Node) {
+			n.Status.Capacity[corev1.ResourceMemory] = resource.MustParse("16Gi")
+		}},
+		{name: "kubelet upgraded", want: true, change: func(n *corev1.Node) { n.Status.NodeInfo.KubeletVersion = "v1.35.0" }},
+		{name: "annotation", want: true, change: func(n *corev1.Node) { n.Annotations["team"] = "x" }},
+		{name: "label", want: true, change: func(n *corev1.Node) { n.Labels["size"] = "small" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := base.DeepCopy()
+			tc.change(n)
+			if got := nodeChanged(base, n); got != tc.want {
+				t.Errorf("nodeChanged %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

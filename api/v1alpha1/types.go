@@ -578,6 +578,11 @@ type FailedNode struct {
 	// revision it failed: the current revision, or with spec.perNode the node's own revision of it (one of
 	// nodeRevisions).
 	Revision string `json:"revision"`
+	// poolRevision, with spec.perNode, is the pool revision whose per-node values the node failed: the
+	// failure stands, even once the node is gone, while it is the pool's current revision and the node's own
+	// revision of it is the one it failed.
+	// +optional
+	PoolRevision string `json:"poolRevision,omitempty"`
 	// reason: RolledBack, ConfigRefused or Timeout (the Failure* constants).
 	Reason string `json:"reason"`
 	// error: the node's status error (its dkc.dev/config-status), or what the node was waiting for at

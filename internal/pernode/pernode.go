@@ -99,6 +99,11 @@ type Result struct {
 	NextChange time.Time
 }
 
+// MaxValueSize bounds one value's result, as JSON: a field of a kubelet config is a quantity, a number, a
+// short list or map; an expression that builds more (a string repeated) is a mistake, and its result would
+// be copied into the snapshot and the pool's status.
+const MaxValueSize = 4096
+
 // Compute returns node's config: data with key's KubeletConfiguration document having each value's field set
 // to its expression's value over node (in spec order), then the node's unexpired exceptions (Expires unset or
 // after now) merged over it as JSON merge patches (RFC 7386), in spec order. When no value exists and no
@@ -142,10 +147,15 @@ func (p *Program) Compute(node *corev1.Node, key string, data map[string]string,
 			if err != nil {
 				return Result{}, fmt.Errorf("%s on node %s: %w", v.name, node.Name, err)
 			}
+			shown := compact(val)
+			if len(shown) > MaxValueSize {
+				return Result{}, fmt.Errorf("%s on node %s: its value is %d bytes of JSON, more than %d", v.name,
+					node.Name, len(shown), MaxValueSize)
+			}
 			if err := set(doc, v.path, val); err != nil {
 				return Result{}, fmt.Errorf("%s on node %s: %w", v.name, node.Name, err)
 			}
-			res.Values = append(res.Values, v.field+"="+compact(val))
+			res.Values = append(res.Values, v.field+"="+shown)
 		}
 	}
 	for _, e := range applied {

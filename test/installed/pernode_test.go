@@ -7,18 +7,17 @@ package installed
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
-	"github.com/dkc-dev/dkc/cli/plugin"
 	"github.com/dkc-dev/dkc/internal/poll"
 )
 
@@ -42,8 +41,10 @@ const perNodeSpec = `  maxUnavailable: 1
 //   - `kubectl dkc rollout --dry-run` shows each node's computed value;
 //   - each node runs its own value (/configz), from a revision of its own (status.nodeRevisions), one
 //     node at a time;
-//   - an exception giving node-2 a value its kubelet refuses (a negative reservation) fails node-2, which
-//     keeps its running config, and halts the pool; node-1 is not touched;
+//   - an exception giving node-2 a value its kubelet's validation refuses (maxPods -1) fails node-2 before it
+//     is touched, and halts the pool;
+//   - one only the kubelet's start refuses (a negative reservation) is assigned to node-2, rolled back, and
+//     halts the pool; node-1 is never touched;
 //   - the exception removed, node-2's failure goes with its revision and the pool completes again.
 func TestPerNodeValuesOnRealNodes(t *testing.T) {
 	resetAfter(t)
@@ -111,28 +112,33 @@ func TestPerNodeValuesOnRealNodes(t *testing.T) {
 	oneAtATime(t, since)
 	t.Logf("node revisions: %+v", p.Status.NodeRevisions)
 
-	// 3. An exception that node-2's kubelet refuses: node-2 fails, keeps what it runs, and the pool halts
-	// without touching node-1.
+	// 3a. An exception the kubelet's validation refuses (maxPods -1): checked with node-2's minor before it
+	// is touched, node-2 fails ConfigRefused and the pool halts; no kubelet restarts.
+	since = time.Now()
+	patchPerNode(t, pool, `[{"name":"incident-4711","node":"node-2","patch":{"maxPods":-1}}]`)
+	f := waitHaltedOn(t, pool, v1alpha1.FailureConfigRefused)
+	if !strings.Contains(f.Error, "before the node is touched") || !strings.Contains(f.Error, "maxPods") {
+		t.Errorf("node-2's refusal %q does not say it was checked before the node was touched, naming maxPods", f.Error)
+	}
+	for _, n := range nodes {
+		if s := startsSince(t, n, since); len(s) != 0 {
+			t.Errorf("%s: kubelet started %v for a value refused before any node was touched", n, s)
+		}
+	}
+
+	// 3b. One that only the kubelet itself refuses, at its start (a negative reservation: its validation
+	// lets it through): node-2 is assigned its own revision, its kubelet does not come up on it and is
+	// rolled back, and the pool halts; node-1 is not touched. 3a's failure went with its revision.
 	since = time.Now()
 	patchPerNode(t, pool, `[{"name":"incident-4711","node":"node-2","patch":{"systemReserved":{"memory":"-1Mi"}}}]`)
-	out, err = kubectlDKC(ctx, "rollout", "status", pool, "--timeout", "4m")
-	var stopped *plugin.ErrRolloutStopped
-	if !errors.As(err, &stopped) || stopped.Reason != v1alpha1.ReasonFailureBudgetExhausted {
-		t.Fatalf("rollout status with node-2's refused value: %v, want the pool halted\n%s", err, out)
+	f = waitHaltedOn(t, pool, v1alpha1.FailureRolledBack)
+	if s := startsSince(t, "node-2", since); len(s) == 0 {
+		t.Errorf("node-2: no kubelet start, want the restart onto its refused value (and the rollback)")
 	}
-	p = getPool(t, pool)
-	if len(p.Status.FailedNodes) != 1 || p.Status.FailedNodes[0].Name != "node-2" {
-		t.Fatalf("failed nodes %+v, want node-2 alone", p.Status.FailedNodes)
-	}
-	f := p.Status.FailedNodes[0]
-	if f.Revision == own["node-2"].Labels[v1alpha1.LabelRevision] || f.Revision == p.Status.CurrentRevision {
-		t.Errorf("node-2 failed revision %s, want the revision its exception makes", f.Revision)
-	}
-	t.Logf("halted: node-2 failed its own revision %s: %s: %s", f.Revision, f.Reason, f.Error)
 	if s := startsSince(t, "node-1", since); len(s) != 0 {
 		t.Errorf("node-1: kubelet started %v for node-2's exception", s)
 	}
-	waitConfigzMemory(t, "node-2", want["node-2"]) // its running config, whether refused before or after a start
+	waitConfigzMemory(t, "node-2", want["node-2"]) // back on its last-known-good
 
 	// 4. The exception removed: node-2's own revision is the one it ran, its failure goes, and the pool
 	// completes.
@@ -207,4 +213,29 @@ func patchPerNode(t *testing.T, pool, exceptions string) {
 	if _, err := pools(t).Patch(ctxFor(t), pool, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatalf("patch the pool's exceptions: %v", err)
 	}
+}
+
+// waitHaltedOn waits for the pool to halt on node-2 alone failing for reason, with its own revision of the
+// pool's revision, and returns the failure.
+func waitHaltedOn(t *testing.T, pool, reason string) v1alpha1.FailedNode {
+	t.Helper()
+	var f v1alpha1.FailedNode
+	poll.ForNil(t, 4*time.Minute, time.Second, "pool "+pool+" halted on node-2 "+reason, func() error {
+		p := getPool(t, pool)
+		if !meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionHalted) {
+			return fmt.Errorf("not halted: nodes %+v, failed %+v", p.Status.Nodes, p.Status.FailedNodes)
+		}
+		if len(p.Status.FailedNodes) != 1 || p.Status.FailedNodes[0].Name != "node-2" ||
+			p.Status.FailedNodes[0].Reason != reason {
+			return fmt.Errorf("failed nodes %+v, want node-2 alone, %s", p.Status.FailedNodes, reason)
+		}
+		f = p.Status.FailedNodes[0]
+		if f.PoolRevision != p.Status.CurrentRevision || f.Revision == p.Status.CurrentRevision {
+			return fmt.Errorf("node-2 failed revision %s of pool revision %q, want its own revision of %s", f.Revision,
+				f.PoolRevision, p.Status.CurrentRevision)
+		}
+		return nil
+	})
+	t.Logf("halted: node-2 failed its own revision %s: %s: %s", f.Revision, f.Reason, f.Error)
+	return f
 }

@@ -147,6 +147,8 @@ type Controller struct {
 	drains *drains
 	// gated are the nodes through the workload gate this term (pods.go).
 	gated *podsGated
+	// computed keeps each pool's per-node values between syncs (pernode.go).
+	computed *computedValues
 	// capacity are the pools' last CapacityRefused verdicts (nodeChecks), guarded by mu.
 	capacity map[string]capacityVerdict
 	// pdbs are the cluster's PodDisruptionBudgets, which batches keep (budgets.go).
@@ -177,7 +179,8 @@ func New(cfg Config) *Controller {
 		snapshots: map[string]cache.SharedIndexInformer{}, assignedAt: map[string]metav1.Time{},
 		deleted: map[string]bool{}, created: map[string]types.UID{}, capacity: map[string]capacityVerdict{},
 		kubelets: newKubeletChecks(cfg.Kubelets, cfg.Log, cfg.Clock), drains: newDrains(), gated: newPodsGated(),
-		runCtx: context.Background(),
+		computed: newComputedValues(),
+		runCtx:   context.Background(),
 	}
 	// An informer of its own rather than a factory's: it lives for one term, and dkc-server's other pool
 	// informer (package records) keeps only what it reads of each pool.
@@ -447,6 +450,7 @@ func (c *Controller) forget(name string) {
 	c.mu.Lock()
 	delete(c.assignedAt, name)
 	c.mu.Unlock()
+	c.computed.forget(name)
 	c.cms.Track(name, "")
 	c.cfg.Metrics.forget(name)
 	c.gated.forget(name)
@@ -483,13 +487,18 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 	if err != nil {
 		return 0, err
 	}
-	p.Status.RevisionSnapshots = c.keptSnapshots(pool.Status.RevisionSnapshots, p.Status, target.Revisions())
+	// In use: what the nodes are to run, and what the pool just assigned that no cached Node shows yet.
+	inUse := target.Revisions()
+	for _, r := range c.exp.revisions(pool.Name) {
+		inUse[r] = true
+	}
+	p.Status.RevisionSnapshots = c.keptSnapshots(pool.Status.RevisionSnapshots, p.Status, inUse)
 	if err := c.writeStatus(ctx, pool, p.Status); err != nil {
 		return 0, err
 	}
 	c.drainNodes(ctx, pool, target, p.Nodes, byName, all)
 	if target.Revision != "" {
-		if err := c.prune(ctx, pool, p.Status, target.Revisions(), all); err != nil {
+		if err := c.prune(ctx, pool, p.Status, inUse, all); err != nil {
 			return 0, err
 		}
 	}

@@ -4,16 +4,19 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dkc-dev/dkc/api/v1alpha1"
 	"github.com/dkc-dev/dkc/internal/kubeletcheck/checkapi"
+	"github.com/dkc-dev/dkc/internal/payload"
 	"github.com/dkc-dev/dkc/internal/pernode"
 	"github.com/dkc-dev/dkc/services/internal/pool/plan"
 	"github.com/dkc-dev/dkc/services/internal/pool/revision"
@@ -46,7 +49,7 @@ type nodeGroup struct {
 func (c *Controller) nodeTargets(ctx context.Context, pool *v1alpha1.KubeletConfigPool, base string,
 	data map[string]string, selected []*corev1.Node, now time.Time) (*v1alpha1.KubeletConfigPool,
 	map[string]plan.NodeTarget, *plan.Invalid, error) {
-	prog, err := pernode.Compile(pool.Spec.PerNode)
+	values, err := c.computed.of(pool, base)
 	if err != nil {
 		return pool, nil, &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: err.Error()}, nil
 	}
@@ -54,13 +57,15 @@ func (c *Controller) nodeTargets(ctx context.Context, pool *v1alpha1.KubeletConf
 	out := map[string]plan.NodeTarget{}
 	groups := map[string]*nodeGroup{}
 	for _, n := range sortedByName(selected) {
-		res, err := prog.Compute(n, ref.KubeletConfigKey, data, now)
+		res, rev, err := values.compute(n, ref, data, now)
+		if err == nil {
+			err = payload.CheckSize(res.Data) // what a node refuses as too large
+		}
 		if err != nil {
 			out[n.Name] = plan.NodeTarget{Revision: base, Source: revision.Source(pool, base),
 				Refused: fmt.Sprintf("its values of revision %s cannot be computed: %v", base, err)}
 			continue
 		}
-		rev := revision.Name(ref.Namespace, ref.KubeletConfigKey, res.Data)
 		g := groups[rev]
 		if g == nil {
 			g = &nodeGroup{data: res.Data, values: res.Values}
@@ -70,6 +75,7 @@ func (c *Controller) nodeTargets(ctx context.Context, pool *v1alpha1.KubeletConf
 		out[n.Name] = plan.NodeTarget{Revision: rev, Source: revision.Source(pool, rev), Values: res.Values,
 			NextChange: res.NextChange}
 	}
+	values.keep(selected)
 	if len(groups) > maxNodeRevisions {
 		return pool, nil, &plan.Invalid{Reason: v1alpha1.ReasonValidationFailed, Message: fmt.Sprintf(
 			"spec.perNode makes %d different configs of revision %s for the selected nodes, more than %d: round the "+
@@ -156,4 +162,90 @@ func assignedTargets(pool *v1alpha1.KubeletConfigPool, base string, selected []*
 		}
 	}
 	return out
+}
+
+// computedValues keep each pool's compiled spec.perNode and each selected node's result between syncs: a
+// sync computes every selected node's config (a CEL evaluation and a YAML document, ~0.2–0.5 ms), and a
+// pool syncs on every change of any of its nodes. A node's result is kept while the pool's per-node spec,
+// its revision and the Node (its resourceVersion) are the same, and until the soonest exception applied to
+// it expires.
+type computedValues struct {
+	mu    sync.Mutex
+	pools map[string]*poolValues
+}
+
+// poolValues are one pool's: for one per-node spec and revision.
+type poolValues struct {
+	spec, base string
+	prog       *pernode.Program
+	err        error
+	mu         sync.Mutex
+	nodes      map[string]nodeValues
+}
+
+// nodeValues are one node's result, for the Node at resourceVersion.
+type nodeValues struct {
+	uid, resourceVersion string
+	res                  pernode.Result
+	rev                  string
+	err                  error
+}
+
+func newComputedValues() *computedValues { return &computedValues{pools: map[string]*poolValues{}} }
+
+// of returns the pool's values for its per-node spec and revision base; the error is the spec's compile
+// error.
+func (c *computedValues) of(pool *v1alpha1.KubeletConfigPool, base string) (*poolValues, error) {
+	raw, err := json.Marshal(pool.Spec.PerNode)
+	if err != nil {
+		return nil, fmt.Errorf("spec.perNode: %w", err)
+	}
+	spec := string(raw) + "\x00" + pool.Spec.ConfigMap.Namespace + "\x00" + pool.Spec.ConfigMap.KubeletConfigKey
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pools[pool.Name]
+	if p == nil || p.spec != spec || p.base != base {
+		p = &poolValues{spec: spec, base: base, nodes: map[string]nodeValues{}}
+		p.prog, p.err = pernode.Compile(pool.Spec.PerNode)
+		c.pools[pool.Name] = p
+	}
+	return p, p.err
+}
+
+func (c *computedValues) forget(pool string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.pools, pool)
+}
+
+// compute is node n's config of the pool's revision (data) and its revision name, kept or computed now.
+func (p *poolValues) compute(n *corev1.Node, ref v1alpha1.ConfigMapReference, data map[string]string,
+	now time.Time) (pernode.Result, string, error) {
+	p.mu.Lock()
+	kept, ok := p.nodes[n.Name]
+	p.mu.Unlock()
+	if ok && n.ResourceVersion != "" && kept.uid == string(n.UID) && kept.resourceVersion == n.ResourceVersion &&
+		(kept.res.NextChange.IsZero() || now.Before(kept.res.NextChange)) {
+		return kept.res, kept.rev, kept.err
+	}
+	v := nodeValues{uid: string(n.UID), resourceVersion: n.ResourceVersion}
+	v.res, v.err = p.prog.Compute(n, ref.KubeletConfigKey, data, now)
+	if v.err == nil {
+		v.rev = revision.Name(ref.Namespace, ref.KubeletConfigKey, v.res.Data)
+	}
+	p.mu.Lock()
+	p.nodes[n.Name] = v
+	p.mu.Unlock()
+	return v.res, v.rev, v.err
+}
+
+// keep drops the results of nodes the pool no longer selects.
+func (p *poolValues) keep(selected []*corev1.Node) {
+	names := make(map[string]bool, len(selected))
+	for _, n := range selected {
+		names[n.Name] = true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	maps.DeleteFunc(p.nodes, func(name string, _ nodeValues) bool { return !names[name] })
 }

@@ -6,8 +6,10 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -90,8 +92,8 @@ func TestPerNodeValuesAssignEachNodeItsOwnRevision(t *testing.T) {
 		!strings.Contains(last.Status.FailedNodes[0].Error, "spec.perNode.values[0] (maxPods)") {
 		t.Errorf("failed nodes %+v, want c ConfigRefused naming the value", last.Status.FailedNodes)
 	}
-	if len(last.Status.NodeRevisions) != 3 {
-		t.Errorf("node revisions %+v, want a's, b's and c's (refused)", last.Status.NodeRevisions)
+	if len(last.Status.NodeRevisions) != 2 {
+		t.Errorf("node revisions %+v, want a's and b's (c's values could not be computed)", last.Status.NodeRevisions)
 	}
 }
 
@@ -139,5 +141,44 @@ func TestNodeChangedByWhatValuesRead(t *testing.T) {
 				t.Errorf("nodeChanged %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestComputedValuesAreKeptPerNodeVersion: a node's result is computed again only when the Node, the pool's
+// per-node spec or its revision changes, or an exception applied to it expires.
+func TestComputedValuesAreKeptPerNodeVersion(t *testing.T) {
+	pool := perNodePool("node.metadata.labels['size'] == 'big' ? 250 : 110")
+	expires := metav1.NewTime(time.Date(2026, 1, 1, 1, 0, 0, 0, time.UTC))
+	pool.Spec.PerNode.Exceptions = []v1alpha1.PerNodeException{{Name: "x", Node: "a",
+		Patch: apiextensionsv1.JSON{Raw: []byte(`{"eventRecordQPS":7}`)}, Expires: &expires}}
+	ref := pool.Spec.ConfigMap
+	data := map[string]string{"kubelet": goodConfig}
+	now := expires.Add(-time.Hour)
+	c := newComputedValues()
+	values, err := c.of(pool, "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := sized("a", "big")
+	n.ResourceVersion = "1"
+	_, first, _ := values.compute(n, ref, data, now)
+	n.Labels["size"] = "small" // not seen while the resourceVersion says the Node is the same
+	if _, rev, _ := values.compute(n, ref, data, now); rev != first {
+		t.Errorf("recomputed for the same resourceVersion: %s, want %s kept", rev, first)
+	}
+	n.ResourceVersion = "2"
+	_, second, _ := values.compute(n, ref, data, now)
+	if second == first {
+		t.Errorf("not recomputed for a new resourceVersion")
+	}
+	res, third, _ := values.compute(n, ref, data, expires.Time)
+	if third == second || strings.Contains(strings.Join(res.Values, ","), "exception x") {
+		t.Errorf("the expired exception still applies: %v", res.Values)
+	}
+	if again, _ := c.of(pool, "base"); again != values {
+		t.Errorf("the pool's values were made again for the same spec and revision")
+	}
+	if again, _ := c.of(pool, "other"); again == values {
+		t.Errorf("the pool's values were kept for another revision")
 	}
 }

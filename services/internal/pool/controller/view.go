@@ -252,6 +252,18 @@ func (e *expectations) assignedAnywhere(node string, now time.Time) bool {
 	return false
 }
 
+// revisions are the revisions of a pool's unconfirmed assignments: their snapshots are in use though no
+// cached Node shows it yet.
+func (e *expectations) revisions(pool string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, x := range e.m[pool] {
+		out = append(out, x.a.Revision)
+	}
+	return out
+}
+
 // pending counts a pool's unconfirmed assignments (for tests and logs).
 func (e *expectations) pending(pool string) int {
 	e.mu.Lock()

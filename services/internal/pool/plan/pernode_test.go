@@ -97,6 +97,26 @@ func TestPerNodeTargets(t *testing.T) {
 			pool:   mods(failedBefore("gone", "r2b", 0)),
 			nodes:  []Node{assignedTo("n1", r2b, provenOn)},
 			states: "n1=Updated/Proven", halted: true, revs: "r2b:1/1"},
+		{name: "a failure of a node gone stays while its pool revision is the target",
+			target: perNode(map[string]NodeTarget{"n1": r2a}),
+			pool:   mods(failedOwn("gone", "r2x", "r2")),
+			nodes:  []Node{assignedTo("n1", r2a, provenOn)},
+			states: "n1=Updated/Proven", halted: true, revs: "r2a:1/1"},
+		{name: "a failure of a node gone goes with its pool revision",
+			target: perNode(map[string]NodeTarget{"n1": r2a}),
+			pool:   mods(failedOwn("gone", "r1x", "r1")),
+			nodes:  []Node{assignedTo("n1", r2a, provenOn)},
+			states: "n1=Updated/Proven", revs: "r2a:1/1"},
+		{name: "a node whose own revision is not known now keeps its failure",
+			target: perNode(map[string]NodeTarget{"n1": r2a}),
+			pool:   mods(failedOwn("n3", "r2x", "r2")),
+			nodes:  []Node{assignedTo("n1", r2a, provenOn), waiting("n3")},
+			states: "n1=Updated/Proven n3=Failed/RolledBack", halted: true, revs: "r2a:1/1"},
+		{name: "a refusal found after the node was assigned: its status decides, and it takes its slot",
+			target: perNode(map[string]NodeTarget{"n1": refused, "n2": r2a}),
+			pool:   mods(maxFailures(2)),
+			nodes:  []Node{assignedTo("n1", refused, func(s *corev1.NodeConfigSource) corev1.NodeConfigStatus { return status(s, s, r1, "") }), waiting("n2")},
+			states: "n1=InProgress/InTrial n2=Pending/NotAssigned", revs: "r2a:1/0 r2b:1/0"},
 		{name: "an exception's expiry is when to decide again",
 			target: perNode(map[string]NodeTarget{"n3": expiring}),
 			nodes:  []Node{assignedTo("n3", expiring, provenOn)},
@@ -134,6 +154,9 @@ func TestPerNodeTargets(t *testing.T) {
 				if nt, ok := tc.target.Nodes[f.Name]; ok && f.Revision != nt.Revision {
 					t.Errorf("node %s failed revision %s, want its own %s", f.Name, f.Revision, nt.Revision)
 				}
+				if f.Time.Time.Equal(t0) && f.PoolRevision != "r2" { // recorded now
+					t.Errorf("node %s's failure records pool revision %q, want r2", f.Name, f.PoolRevision)
+				}
 			}
 			if i := slices.IndexFunc(p.Status.NodeRevisions, func(r v1alpha1.NodeRevision) bool { return r.Revision == "r2a" }); i >= 0 &&
 				!slices.Equal(p.Status.NodeRevisions[i].Values, r2a.Values) {
@@ -148,3 +171,11 @@ func maxUnavailableOf(n int) func(*v1alpha1.KubeletConfigPool) {
 }
 
 func itoa(n int32) string { return strconv.Itoa(int(n)) }
+
+// failedOwn records a failure of node for its own revision rev of the pool revision pool.
+func failedOwn(node, rev, pool string) func(*v1alpha1.KubeletConfigPool) {
+	return func(p *v1alpha1.KubeletConfigPool) {
+		failedBefore(node, rev, 0)(p)
+		p.Status.FailedNodes[len(p.Status.FailedNodes)-1].PoolRevision = pool
+	}
+}

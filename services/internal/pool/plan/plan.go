@@ -442,13 +442,14 @@ type judged struct {
 // judgeNodes applies the node rules (judge) to every selected node, in name order, and keeps the
 // failures recorded for the target of nodes no longer selected.
 func judgeNodes(in Input) judged {
-	// Rule 1's record: failures of other revisions are forgotten with them. With per-node values a node's
-	// failure stands while its own revision stays what it failed: a node whose values change (a label, an
-	// exception, an expression) gets its new revision like any other pending node.
+	// Rule 1's record: failures of other revisions are forgotten with them. With per-node values a failure
+	// of the target's values stands (its node gone too) while the node's own revision stays what it failed:
+	// a node whose values change (a label, an exception, an expression) gets its new revision like any other
+	// pending node.
 	current := in.Target.Revisions()
 	recorded := map[string]v1alpha1.FailedNode{}
 	for _, f := range in.Pool.Status.FailedNodes {
-		if current[f.Revision] {
+		if current[f.Revision] || (f.PoolRevision != "" && f.PoolRevision == in.Target.Revision) {
 			recorded[f.Name] = f
 		}
 	}
@@ -463,9 +464,16 @@ func judgeNodes(in Input) judged {
 	for _, n := range nodes {
 		t := in.Target.For(n.Name)
 		if f, ok := recorded[n.Name]; ok && f.Revision != t.Revision {
-			delete(recorded, n.Name)
+			// Its values changed since; but a node whose own revision is not known now (the values cannot be
+			// computed while the config is invalid) keeps its failure.
+			if _, own := in.Target.Nodes[n.Name]; own || f.PoolRevision == "" {
+				delete(recorded, n.Name)
+			}
 		}
 		v, failure := judge(n, in.Pool, t, recorded, clk)
+		if failure != nil && in.Target.Nodes != nil && failure.PoolRevision == "" {
+			failure.PoolRevision = in.Target.Revision
+		}
 		if nt, ok := in.Target.Nodes[n.Name]; ok && nt.NextChange.After(in.Now) {
 			j.requeue = append(j.requeue, nt.NextChange.Sub(in.Now))
 		}
@@ -950,7 +958,7 @@ func judge(n Node, p *v1alpha1.KubeletConfigPool, t Target, recorded map[string]
 		return held, nil
 	}
 	switch {
-	case t.Refused != "" && !(n.Revision != "" && n.Revision != t.Revision && !settled(n.Status, n.Source)):
+	case t.Refused != "" && !n.Assigned && !(n.Revision != "" && n.Revision != t.Revision && !settled(n.Status, n.Source)):
 		// Never assigned: what its kubelet would refuse is not sent to it, and it keeps what it runs.
 		v.State, v.Reason, v.Detail = Failed, v1alpha1.FailureConfigRefused, t.Refused
 		return v, &v1alpha1.FailedNode{Name: n.Name, Revision: t.Revision, Reason: v1alpha1.FailureConfigRefused,
@@ -1244,6 +1252,17 @@ func pick(b bool, yes, no string) string {
 	return no
 }
 
+// maxValueShown bounds each value status.nodeRevisions shows (the snapshot holds it whole).
+const maxValueShown = 256
+
+// truncateTo is s cut to at most n bytes of valid UTF-8, marked when cut.
+func truncateTo(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}
+
 // maxNodeRevisions bounds status.nodeRevisions.
 const maxNodeRevisions = 100
 
@@ -1256,12 +1275,15 @@ func nodeRevisions(t Target, verdicts []Verdict) []v1alpha1.NodeRevision {
 	by := map[string]*v1alpha1.NodeRevision{}
 	for _, v := range verdicts {
 		nt, ok := t.Nodes[v.Name]
-		if !ok {
-			continue
+		if !ok || (nt.Refused != "" && len(nt.Values) == 0) {
+			continue // no revision of its own: its values could not be computed
 		}
 		r := by[nt.Revision]
 		if r == nil {
-			r = &v1alpha1.NodeRevision{Revision: nt.Revision, Values: slices.Clone(nt.Values)}
+			r = &v1alpha1.NodeRevision{Revision: nt.Revision}
+			for _, val := range nt.Values {
+				r.Values = append(r.Values, truncateTo(val, maxValueShown))
+			}
 			by[nt.Revision] = r
 		}
 		r.Nodes++

@@ -144,7 +144,8 @@ func orNoValues(values []string) string {
 // what the nodes are judged against while the pool's per-node values cannot be computed now (the config is
 // invalid, or the expressions do not compile). A node assigned none is judged against base, and nothing is
 // assigned meanwhile.
-func assignedTargets(pool *v1alpha1.KubeletConfigPool, base string, selected []*corev1.Node) map[string]plan.NodeTarget {
+func assignedTargets(pool *v1alpha1.KubeletConfigPool, base string,
+	selected []*corev1.Node) map[string]plan.NodeTarget {
 	out := map[string]plan.NodeTarget{}
 	for _, n := range selected {
 		a, ok := assignmentOf(n)

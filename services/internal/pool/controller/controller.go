@@ -489,7 +489,7 @@ func (c *Controller) rollout(ctx context.Context, pool *v1alpha1.KubeletConfigPo
 	}
 	// In use: what the nodes are to run, and what the pool just assigned that no cached Node shows yet.
 	inUse := target.Revisions()
-	for _, r := range c.exp.revisions(pool.Name) {
+	for _, r := range c.exp.revisions(pool.Name, now) {
 		inUse[r] = true
 	}
 	p.Status.RevisionSnapshots = c.keptSnapshots(pool.Status.RevisionSnapshots, p.Status, inUse)
@@ -600,7 +600,10 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 			preview, invalid = o.preview, o.invalid
 		}
 		if invalid == nil && (preview == nil || !preview.Waiting) {
-			target = plan.Target{Revision: rev, Source: revision.Source(pool, rev), Nodes: nodes}
+			target = plan.Target{Revision: rev, Source: revision.Source(pool, rev), PerNode: perNode, Nodes: nodes}
+		}
+		if !perNode {
+			c.computed.forget(pool.Name)
 		}
 	}
 	if preview == nil && c.cfg.Previews {
@@ -620,7 +623,7 @@ func (c *Controller) freeze(ctx context.Context, pool *v1alpha1.KubeletConfigPoo
 		// previewed).
 		target = plan.Target{Revision: cur, Source: revision.Source(pool, cur)}
 		if pool.Spec.PerNode != nil {
-			target.Nodes = assignedTargets(pool, cur, selected)
+			target.PerNode, target.Nodes = true, assignedTargets(pool, cur, selected)
 		}
 	}
 	return pool, target, invalid, preview, nil

@@ -62,7 +62,7 @@ func (c *Controller) nodeTargets(ctx context.Context, pool *v1alpha1.KubeletConf
 			err = payload.CheckSize(res.Data) // what a node refuses as too large
 		}
 		if err != nil {
-			out[n.Name] = plan.NodeTarget{Revision: base, Source: revision.Source(pool, base),
+			out[n.Name] = plan.NodeTarget{Revision: plan.Uncomputed,
 				Refused: fmt.Sprintf("its values of revision %s cannot be computed: %v", base, err)}
 			continue
 		}
@@ -231,9 +231,11 @@ func (p *poolValues) compute(n *corev1.Node, ref v1alpha1.ConfigMapReference, da
 	}
 	v := nodeValues{uid: string(n.UID), resourceVersion: n.ResourceVersion}
 	v.res, v.err = p.prog.Compute(n, ref.KubeletConfigKey, data, now)
-	if v.err == nil {
-		v.rev = revision.Name(ref.Namespace, ref.KubeletConfigKey, v.res.Data)
+	if v.err != nil {
+		// Not kept: an exception that expires may end it, and a failing node is no steady state.
+		return v.res, "", v.err
 	}
+	v.rev = revision.Name(ref.Namespace, ref.KubeletConfigKey, v.res.Data)
 	p.mu.Lock()
 	p.nodes[n.Name] = v
 	p.mu.Unlock()

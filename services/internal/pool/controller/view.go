@@ -254,12 +254,14 @@ func (e *expectations) assignedAnywhere(node string, now time.Time) bool {
 
 // revisions are the revisions of a pool's unconfirmed assignments: their snapshots are in use though no
 // cached Node shows it yet.
-func (e *expectations) revisions(pool string) []string {
+func (e *expectations) revisions(pool string, now time.Time) []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []string
 	for _, x := range e.m[pool] {
-		out = append(out, x.a.Revision)
+		if now.Sub(x.made) <= expectationTTL { // one of a node that left the pool is never confirmed
+			out = append(out, x.a.Revision)
+		}
 	}
 	return out
 }

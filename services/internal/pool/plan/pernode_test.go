@@ -27,7 +27,7 @@ var (
 
 func perNode(nodes map[string]NodeTarget) Target {
 	t := r2
-	t.Nodes = nodes
+	t.PerNode, t.Nodes = true, nodes
 	return t
 }
 
@@ -48,6 +48,7 @@ func rolledBackOn(s *corev1.NodeConfigSource) corev1.NodeConfigStatus {
 func TestPerNodeTargets(t *testing.T) {
 	refused := r2b
 	refused.Refused = "the kubelet 1.35 refuses its own revision r2b"
+	uncomputed := NodeTarget{Revision: Uncomputed, Refused: "its values of revision r2 cannot be computed"}
 	expiring := r2b
 	expiring.NextChange = t0.Add(10 * time.Minute)
 	for _, tc := range []struct {
@@ -117,6 +118,24 @@ func TestPerNodeTargets(t *testing.T) {
 			pool:   mods(maxFailures(2)),
 			nodes:  []Node{assignedTo("n1", refused, func(s *corev1.NodeConfigSource) corev1.NodeConfigStatus { return status(s, s, r1, "") }), waiting("n2")},
 			states: "n1=InProgress/InTrial n2=Pending/NotAssigned", revs: "r2a:1/0 r2b:1/0"},
+		{name: "values that cannot be computed fail a node that runs the pool's revision",
+			target: perNode(map[string]NodeTarget{"n2": uncomputed}),
+			nodes: []Node{func() Node {
+				n := updated("n2") // as the controller sees it: the pool assigned it r2, not its (no) own revision
+				n.Assigned, n.Revision, n.Source = false, r2.Revision, r2.Source
+				return n
+			}()},
+			states: "n2=Failed/ConfigRefused", halted: true},
+		{name: "its failure goes once its values are computed, though they make the pool's revision",
+			target: perNode(map[string]NodeTarget{"n2": {Revision: r2.Revision, Source: r2.Source}}),
+			pool:   mods(failedOwn("n2", Uncomputed, "r2")),
+			nodes:  []Node{updated("n2")},
+			states: "n2=Updated/Proven", revs: "r2:1/1"},
+		{name: "spec.perNode removed: a failure of the node's own revision goes",
+			target: r2,
+			pool:   mods(failedOwn("n2", "r2b", "r2"), failedOwn("gone", "r2b", "r2")),
+			nodes:  []Node{waiting("n2")},
+			states: "n2=Pending/NotAssigned", assign: "n2"},
 		{name: "an exception's expiry is when to decide again",
 			target: perNode(map[string]NodeTarget{"n3": expiring}),
 			nodes:  []Node{assignedTo("n3", expiring, provenOn)},

@@ -38,14 +38,20 @@ type Target struct {
 	// statuses are compared with it by namespace, name and key (a snapshot is immutable, and a resolved
 	// status source adds UID and ResourceVersion).
 	Source corev1.ConfigMapNodeConfigSource
-	// Nodes, when the pool computes values per node (spec.perNode), are each selected node's own revision
-	// of Revision, by node name: a node's Revision, Source and Refused are its own there (For). A node
-	// missing from it (nil map: the pool has no per-node values) is judged against Revision itself.
-	Nodes map[string]NodeTarget
+	// PerNode: the pool computes values per node (spec.perNode). Nodes are then each selected node's own
+	// revision of Revision, by node name: a node's Revision, Source and Refused are its own there (For). A
+	// node missing from it (its own revision is not known now: the config is invalid) is judged against
+	// Revision itself.
+	PerNode bool
+	Nodes   map[string]NodeTarget
 	// Refused, on a node's own target (For), says why the node cannot be assigned it: its values could not
 	// be computed, or its kubelet's minor refuses its computed config. The node fails it untouched.
 	Refused string
 }
+
+// Uncomputed is the revision of a node whose values cannot be computed (NodeTarget.Revision): no revision
+// name is ever this word, so its failure goes once the node has values again, whatever they make.
+const Uncomputed = "uncomputed"
 
 // NodeTarget is one node's own revision of a pool's revision, with its computed values.
 type NodeTarget struct {
@@ -449,7 +455,7 @@ func judgeNodes(in Input) judged {
 	current := in.Target.Revisions()
 	recorded := map[string]v1alpha1.FailedNode{}
 	for _, f := range in.Pool.Status.FailedNodes {
-		if current[f.Revision] || (f.PoolRevision != "" && f.PoolRevision == in.Target.Revision) {
+		if current[f.Revision] || (in.Target.PerNode && f.PoolRevision != "" && f.PoolRevision == in.Target.Revision) {
 			recorded[f.Name] = f
 		}
 	}
@@ -466,12 +472,12 @@ func judgeNodes(in Input) judged {
 		if f, ok := recorded[n.Name]; ok && f.Revision != t.Revision {
 			// Its values changed since; but a node whose own revision is not known now (the values cannot be
 			// computed while the config is invalid) keeps its failure.
-			if _, own := in.Target.Nodes[n.Name]; own || f.PoolRevision == "" {
+			if _, own := in.Target.Nodes[n.Name]; own || f.PoolRevision == "" || !in.Target.PerNode {
 				delete(recorded, n.Name)
 			}
 		}
 		v, failure := judge(n, in.Pool, t, recorded, clk)
-		if failure != nil && in.Target.Nodes != nil && failure.PoolRevision == "" {
+		if failure != nil && in.Target.PerNode && failure.PoolRevision == "" {
 			failure.PoolRevision = in.Target.Revision
 		}
 		if nt, ok := in.Target.Nodes[n.Name]; ok && nt.NextChange.After(in.Now) {
@@ -1269,13 +1275,13 @@ const maxNodeRevisions = 100
 // nodeRevisions is status.nodeRevisions: with per-node values, each node revision of the target with its
 // values, the selected nodes to run it and those that do (Updated), by revision name.
 func nodeRevisions(t Target, verdicts []Verdict) []v1alpha1.NodeRevision {
-	if t.Nodes == nil {
+	if !t.PerNode {
 		return nil
 	}
 	by := map[string]*v1alpha1.NodeRevision{}
 	for _, v := range verdicts {
 		nt, ok := t.Nodes[v.Name]
-		if !ok || (nt.Refused != "" && len(nt.Values) == 0) {
+		if !ok || nt.Revision == Uncomputed {
 			continue // no revision of its own: its values could not be computed
 		}
 		r := by[nt.Revision]

@@ -661,6 +661,9 @@ func TestInitRefusesPathsTheEnvFileCannotName(t *testing.T) {
 func TestUnknownFlagsAreRetried(t *testing.T) {
 	n := newNode(t)
 	n.agent.cfg.KubeletFlags = nil // read them from the running kubelet, which has no PID yet
+	// The fake's PID (4242) must not be found: on a busy machine a real process may hold it, and its command
+	// line would be read as the kubelet's.
+	n.agent.cfg.ProcDir = t.TempDir()
 	n.agent.Apply(context.Background(), Desired{Assignment: &dkcv1.Assignment{}})
 	if st := n.reporter.last; st.GetError() != string(nodeconfig.InternalError) || !n.agent.retry {
 		t.Fatalf("status %v, retry %v; want an internal error to be retried", st, n.agent.retry)

@@ -6,7 +6,6 @@ package installed
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -92,14 +91,7 @@ func TestPoolWaitsForItsMaintenanceWindow(t *testing.T) {
 		t.Fatalf("kubectl dkc rollout status once the window opened: %v\n%s", err, out)
 	}
 	for _, n := range nodes {
-		node, err := admin(t).CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var a v1alpha1.Assignment
-		if err := json.Unmarshal([]byte(node.Annotations[v1alpha1.AnnotationAssignment]), &a); err != nil {
-			t.Fatalf("%s: assignment %q: %v", n, node.Annotations[v1alpha1.AnnotationAssignment], err)
-		}
+		a := assignmentOn(t, n)
 		if a.Time.Before(&metav1.Time{Time: opens}) {
 			t.Errorf("%s assigned at %s, before the window opened at %s", n, a.Time.UTC(), opens.UTC())
 		}

@@ -1224,17 +1224,7 @@ func joinCapped(items []string, sep string) string {
 // maxMessage is metav1.Condition's limit on a message (the CRD's schema refuses a longer one).
 const maxMessage = 32768
 
-func truncate(msg string) string {
-	if len(msg) <= maxMessage {
-		return msg
-	}
-	const tail = " …"
-	cut := maxMessage - len(tail)
-	for cut > 0 && !utf8.RuneStart(msg[cut]) {
-		cut--
-	}
-	return msg[:cut] + tail
-}
+func truncate(msg string) string { return truncateTo(msg, maxMessage) }
 
 func setCondition(st *v1alpha1.KubeletConfigPoolStatus, pool *v1alpha1.KubeletConfigPool, now time.Time,
 	typ string, status metav1.ConditionStatus, reason, msg string) {
@@ -1261,12 +1251,17 @@ func pick(b bool, yes, no string) string {
 // maxValueShown bounds each value status.nodeRevisions shows (the snapshot holds it whole).
 const maxValueShown = 256
 
-// truncateTo is s cut to at most n bytes of valid UTF-8, marked when cut.
+// truncateTo is s cut at a rune boundary to at most n bytes, marked " …" when cut.
 func truncateTo(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return strings.ToValidUTF8(s[:n], "") + "…"
+	const tail = " …"
+	cut := n - len(tail)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + tail
 }
 
 // maxNodeRevisions bounds status.nodeRevisions.
